@@ -7,8 +7,15 @@ import math
 from collections.abc import Callable
 
 
-def _number(kind: str, low: float, high: float, *, low_open: bool, high_open: bool,
-            cast: Callable[[str], float]) -> Callable[[str], float]:
+def _number(
+    kind: str,
+    low: float,
+    high: float,
+    *,
+    low_open: bool,
+    high_open: bool,
+    cast: Callable[[str], float],
+) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
             value = cast(text)
@@ -21,7 +28,9 @@ def _number(kind: str, low: float, high: float, *, low_open: bool, high_open: bo
         if too_low or too_high:
             left = "(" if low_open else "["
             right = ")" if high_open else "]"
-            raise argparse.ArgumentTypeError(f"must be in {left}{low:g}, {high:g}{right}, got {text}")
+            raise argparse.ArgumentTypeError(
+                f"must be in {left}{low:g}, {high:g}{right}, got {text}"
+            )
         return value
 
     return parse
