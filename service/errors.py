@@ -45,9 +45,7 @@ class UnknownNode(ServiceError):
     status = 404
 
     def __init__(self, node: str) -> None:
-        super().__init__(
-            f"node {node!r} is not in the loaded graph", details={"node": node}
-        )
+        super().__init__(f"node {node!r} is not in the loaded graph", details={"node": node})
         self.node = node
 
 

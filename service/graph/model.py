@@ -13,7 +13,13 @@ from service.errors import UnknownNode
 
 @dataclass(frozen=True)
 class GraphStats:
-    """Summary numbers of a loaded graph (safe to show to admins; no per-node data)."""
+    """Summary numbers of a loaded graph (safe to show to admins; no per-node data).
+
+    ``self_loops_dropped`` and ``duplicate_edges_dropped`` count input records (lines of an
+    edge-list file, entries of an edge array); a repeat listed in the other direction (``v u``
+    after ``u v``) counts as a duplicate. ``weights_ignored`` is set when the input had a third
+    column, ``extra_columns_ignored`` when some line had more than three.
+    """
 
     nodes: int
     edges: int
@@ -25,6 +31,8 @@ class GraphStats:
     duplicate_edges_dropped: int = 0
     weights_ignored: bool = False
     source: str = ""
+    extra_columns_ignored: bool = False
+    header_skipped: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -32,9 +40,17 @@ class Graph:
     """Undirected simple graph in CSR form with external-id maps and a content version.
 
     ``indptr``/``indices`` hold the symmetric adjacency (each undirected edge stored in both
-    directions). ``node_ids[i]`` is the external id (a string token) of internal index ``i``.
-    ``version`` is a hash of the canonical edge set and node ids: the same graph always has
-    the same version, a changed graph a new one.
+    directions, every neighbour list sorted ascending, no self-loops). ``indices`` is int32
+    when the node count fits (always, in practice) and ``indptr`` has the same dtype unless the
+    number of stored entries needs int64, so scipy can wrap both without a copy. ``degrees`` is
+    int64 and equals ``np.diff(indptr)``. ``node_ids[i]`` (an object array of ``str``) is the
+    external id of internal index ``i``; ``_index`` maps it back.
+
+    ``version`` is a hash of the canonical edge set and node ids (see
+    :func:`service.graph.build.graph_version`): the same graph always has the same version,
+    whatever the file's line order, separators, duplicates or compression; a changed graph a
+    new one. Use :func:`service.graph.build.build_graph` (or the loader) to make one: it puts
+    the nodes in canonical order and computes the version. Arrays are made read-only.
     """
 
     indptr: np.ndarray
@@ -44,6 +60,14 @@ class Graph:
     version: str
     stats: GraphStats
     _index: dict[str, int] = field(repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.indptr.shape[0] != self.degrees.shape[0] + 1:
+            raise ValueError("indptr must have one entry more than degrees")
+        if self.node_ids.shape[0] != self.degrees.shape[0]:
+            raise ValueError("node_ids and degrees must have the same length")
+        for array in (self.indptr, self.indices, self.degrees, self.node_ids):
+            array.setflags(write=False)
 
     @property
     def n(self) -> int:
@@ -76,6 +100,12 @@ class Graph:
 
     def neighbors(self, index: int) -> np.ndarray:
         return self.indices[self.indptr[index] : self.indptr[index + 1]]
+
+    def edge_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each undirected edge once, as internal indices ``(u, v)`` with ``u < v``, sorted."""
+        rows = np.repeat(np.arange(self.n, dtype=self.indices.dtype), self.degrees)
+        upper = self.indices > rows
+        return rows[upper], self.indices[upper]
 
     @property
     def nbytes(self) -> int:

@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+
+from service.graph.model import Graph
 
 
 def top_k(scores: np.ndarray, k: int, exclude: np.ndarray | None = None) -> np.ndarray:
@@ -31,3 +35,33 @@ def top_k(scores: np.ndarray, k: int, exclude: np.ndarray | None = None) -> np.n
         part = np.arange(pool.shape[0])
     order = np.lexsort((pool[part], -pool_values[part]))
     return pool[part][order][:k]
+
+
+@dataclass(frozen=True)
+class RankedNode:
+    """One entry of a released ranking, by external id."""
+
+    node: str
+    score: float
+
+
+def ranked_results(
+    graph: Graph,
+    seed: int,
+    scores: np.ndarray,
+    k: int,
+    *,
+    exclude_neighbors: bool = False,
+) -> list[RankedNode]:
+    """Top-k of a released vector with external ids, the seed excluded.
+
+    ``exclude_neighbors`` also drops the seed's neighbours: it uses the seed's own edges, which
+    only the personalized model leaves unprotected, so callers allow it only in that mode.
+    """
+    exclude = np.array([seed], dtype=np.int64)
+    if exclude_neighbors:
+        exclude = np.concatenate([exclude, graph.neighbors(seed).astype(np.int64)])
+    best = top_k(scores, k, exclude)
+    ids = graph.external_ids(best)
+    values = np.maximum(scores[best], 0.0)
+    return [RankedNode(node, float(score)) for node, score in zip(ids, values, strict=True)]

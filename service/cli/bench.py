@@ -1,0 +1,178 @@
+"""``bench``: per-query latency of the mechanisms on one graph, and the graph's load cost.
+
+Measures, in one run and on the same seeds: noisy diffusion with a cold seed (noise-free prefix
+computed in the query) and a warm seed (prefix cached), exact PPR, DP-PushFlowCap, and the naive
+reference (papers' style: float64 product and ``numpy.random.laplace`` at every step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import resource
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from service.cli.common import add_mechanism_arguments, load_graph, print_json, print_table
+from service.cli.options import positive_float, positive_int
+from service.errors import InvalidParameter
+from service.graph.model import Graph
+from service.mechanisms.diffusion import noise_free_prefix, noisy_diffusion
+from service.mechanisms.exact import exact_ppr
+from service.mechanisms.operator import walk_operator
+from service.mechanisms.pushflowcap import dp_pushflowcap
+from service.mechanisms.reference import naive_noisy_diffusion
+from service.privacy.calibration import DiffusionConfig, plan_diffusion
+
+
+def _generate_spec(text: str) -> tuple[int, int]:
+    try:
+        nodes, edges = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NODES,EDGES, got {text!r}") from None
+    if nodes < 2 or edges < 1:
+        raise argparse.ArgumentTypeError("need at least 2 nodes and 1 edge")
+    return nodes, edges
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("bench", help="latency of the mechanisms", description=__doc__)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--graph", type=Path, metavar="FILE", help="edge-list file")
+    source.add_argument("--generate", type=_generate_spec, metavar="NODES,EDGES",
+                        help="a generated power-law graph of this size")  # fmt: skip
+    source.add_argument("--demo", action="store_true", help="the built-in demo graph")
+    parser.add_argument("--queries", type=positive_int, default=10, help="seeds to time")
+    parser.add_argument("--epsilon", type=positive_float, default=0.1)
+    parser.add_argument("--mechanisms", nargs="+", default=list(MECHANISMS), metavar="NAME",
+                        help=f"subset of {', '.join(MECHANISMS)}")  # fmt: skip
+    add_mechanism_arguments(parser)
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(handler=run)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize()
+
+
+def _percentiles(samples: list[float]) -> tuple[float, float]:
+    arr = np.asarray(samples) * 1000.0
+    return float(np.percentile(arr, 50)), float(np.percentile(arr, 90))
+
+
+def _query(
+    name: str, graph: Graph, seed: int, config: DiffusionConfig, epsilon: float
+) -> Callable[[], object]:
+    """One query of mechanism ``name`` for ``seed``, ready to time (warm: prefix precomputed)."""
+    if name == "noisy_cold":
+        return partial(noisy_diffusion, graph, seed, config)
+    if name == "noisy_warm":
+        prefix = noise_free_prefix(
+            graph, seed, config.mode, config.beta, config.eta, config.noise_free_steps
+        )
+        return partial(noisy_diffusion, graph, seed, config, prefix=prefix)
+    if name == "exact_ppr":
+        return partial(exact_ppr, graph, seed, config.beta)
+    if name == "pushflowcap":
+        return partial(
+            dp_pushflowcap, graph, seed, beta=config.beta, rounds=config.steps, sigma=1e-6,
+            epsilon=epsilon, mode=config.mode,
+        )  # fmt: skip
+    return partial(
+        naive_noisy_diffusion, graph, seed, beta=config.beta, steps=config.steps,
+        eta=config.eta, noise_scale=config.noise_scale, mode=config.mode,
+    )  # fmt: skip
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+MECHANISMS = ("noisy_cold", "noisy_warm", "exact_ppr", "pushflowcap", "naive_reference")
+
+
+def run(args: argparse.Namespace) -> int:
+    unknown = set(args.mechanisms) - set(MECHANISMS)
+    if unknown:
+        raise InvalidParameter("mechanisms", f"unknown {sorted(unknown)}; choose from {MECHANISMS}")
+    gc.collect()
+    rss_before = _rss_bytes()
+    start = time.perf_counter()
+    if args.generate is not None:
+        from service.graph.generate import generate_graph
+
+        nodes, edges = args.generate
+        graph = generate_graph(nodes, edges, seed=0)
+    else:
+        graph = load_graph(None if args.demo else args.graph)
+    load_seconds = time.perf_counter() - start
+    rss_graph = _rss_bytes() - rss_before
+    walk_operator(graph)  # built once per graph at load in the service
+
+    delta = min(1e-6, 1.0 / max(graph.m, 1))
+    plan = plan_diffusion(args.epsilon, delta, args.steps, args.beta, args.eta, args.mode)
+    config = plan.config
+    pick = np.random.default_rng(12345)  # which seeds to time; not the noise
+    candidates = np.flatnonzero(graph.degrees > 0)
+    seeds = pick.choice(candidates, size=min(args.queries, candidates.size), replace=False)
+
+    timings: dict[str, list[float]] = {name: [] for name in args.mechanisms}
+    for seed in (int(s) for s in seeds):
+        for name in args.mechanisms:
+            timings[name].append(_timed(_query(name, graph, seed, config, args.epsilon)))
+
+    naive = timings.get("naive_reference")
+    naive_p50 = _percentiles(naive)[0] if naive else None
+    rows: list[dict[str, Any]] = []
+    for name, samples in timings.items():
+        p50, p90 = _percentiles(samples)
+        rows.append({
+            "mechanism": name, "p50_ms": p50, "p90_ms": p90, "queries": len(samples),
+            "speedup_vs_naive": (naive_p50 / p50) if naive_p50 else None,
+        })  # fmt: skip
+    graph_report: dict[str, Any] = {
+            "nodes": graph.n, "edges": graph.m, "version": graph.version,
+            "load_seconds": load_seconds, "graph_bytes": graph.nbytes,
+            "bytes_per_adjacency_entry": graph.nbytes / max(graph.indices.shape[0], 1),
+            "rss_increase_bytes": rss_graph,
+    }  # fmt: skip
+    report = {
+        "graph": graph_report,
+        "mechanism": {
+            "epsilon": plan.epsilon, "delta": delta, "beta": config.beta, "steps": config.steps,
+            "noisy_steps": config.noisy_steps, "eta": config.eta,
+            "noise_scale": config.noise_scale, "mode": config.mode.value,
+        },
+        "threads": walk_operator(graph).threads,
+        "latency": rows,
+    }  # fmt: skip
+    if args.json:
+        print_json(report)
+        return 0
+    g = graph_report
+    print(
+        f"graph: {g['nodes']} nodes, {g['edges']} edges, loaded in {g['load_seconds']:.2f} s, "
+        f"{g['graph_bytes'] / 2**20:.1f} MiB arrays ({g['bytes_per_adjacency_entry']:.1f} B per "
+        f"adjacency entry), RSS +{g['rss_increase_bytes'] / 2**20:.1f} MiB"
+    )
+    print(
+        f"noisy diffusion: eps {plan.epsilon:.4g} at delta {delta:.3g}, K {config.steps}, "
+        f"L {config.noisy_steps} noisy steps, b {config.noise_scale:.4g}, {len(seeds)} seeds"
+    )
+    print_table(
+        ["mechanism", "p50 ms", "p90 ms", "x naive (p50)"],
+        [
+            [r["mechanism"], f"{r['p50_ms']:.1f}", f"{r['p90_ms']:.1f}",
+             "-" if r["speedup_vs_naive"] is None else f"{r['speedup_vs_naive']:.1f}"]
+            for r in rows
+        ],
+    )  # fmt: skip
+    return 0

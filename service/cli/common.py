@@ -1,0 +1,52 @@
+"""Pieces shared by the engine commands: graph argument, mechanism arguments, JSON output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from service.cli.options import open_unit_float, positive_float, positive_int
+from service.graph.model import Graph
+from service.privacy.modes import Mode
+from service.serving.graph_holder import load_configured_graph
+
+
+def add_graph_argument(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
+    parser.add_argument(
+        "--graph",
+        type=Path,
+        required=required,
+        metavar="FILE",
+        help="edge-list file (plain or gzip)" + ("" if required else "; default: the demo graph"),
+    )
+
+
+def add_mechanism_arguments(parser: argparse.ArgumentParser, *, eta: float = 1e-7) -> None:
+    parser.add_argument("--beta", type=open_unit_float, default=0.8, help="diffusion weight")
+    parser.add_argument("--steps", type=positive_int, default=100, help="diffusion steps K")
+    parser.add_argument("--eta", type=positive_float, default=eta, help="threshold per degree")
+    parser.add_argument(
+        "--mode", type=Mode, choices=list(Mode), default=Mode.PERSONALIZED, help="privacy model"
+    )
+
+
+def load_graph(path: Path | None) -> Graph:
+    """The graph at ``path``, or the built-in demo graph."""
+    return load_configured_graph(path)
+
+
+def print_json(payload: Any) -> None:
+    json.dump(payload, sys.stdout, indent=2, allow_nan=False)
+    sys.stdout.write("\n")
+
+
+def print_table(headers: list[str], rows: list[list[str]]) -> None:
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    print(line)
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))

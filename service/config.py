@@ -1,0 +1,78 @@
+"""Service configuration from environment variables prefixed ``PPR_`` (pydantic-settings).
+
+Every setting has a safe embedded default: SQLite ledger file, in-process cache, the built-in
+demo graph. Mechanism settings are per deployment (one graph), never taken from clients.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class MechanismSettings(BaseSettings):
+    """How the noisy diffusion runs on this deployment's graph (clients cannot change these)."""
+
+    model_config = SettingsConfigDict(env_prefix="PPR_", extra="ignore")
+
+    beta: float = Field(0.8, gt=0.0, lt=1.0, description="Diffusion weight (teleport 1 - beta).")
+    steps: int = Field(100, ge=1, le=10_000, description="Diffusion steps K.")
+    eta: float = Field(1e-7, gt=0.0, description="Threshold per unit degree: t_i = eta d_i.")
+    epsilon_min: float = Field(0.01, gt=0.0, description="Smallest epsilon a query may ask for.")
+    epsilon_max: float = Field(2.0, gt=0.0, description="Largest epsilon a query may ask for.")
+    default_epsilon: float = Field(0.1, gt=0.0, description="Epsilon of a query that names none.")
+    default_delta: float | None = Field(
+        None, gt=0.0, lt=1.0,
+        description="Delta of new accounts' budgets; unset: min(1e-6, 1/|E|) of the graph.",
+    )  # fmt: skip
+    default_cap_epsilon: float = Field(1.0, gt=0.0, description="Budget cap of new accounts.")
+    max_k: int = Field(1000, ge=1, le=10_000, description="Largest k a query may ask for.")
+    default_k: int = Field(20, ge=1, description="k of a query that names none.")
+
+    @model_validator(mode="after")
+    def _ranges_agree(self) -> MechanismSettings:
+        if self.epsilon_min > self.epsilon_max:
+            raise ValueError("PPR_EPSILON_MIN must not exceed PPR_EPSILON_MAX")
+        if not self.epsilon_min <= self.default_epsilon <= self.epsilon_max:
+            raise ValueError("PPR_DEFAULT_EPSILON must lie in [PPR_EPSILON_MIN, PPR_EPSILON_MAX]")
+        if self.default_k > self.max_k:
+            raise ValueError("PPR_DEFAULT_K must not exceed PPR_MAX_K")
+        return self
+
+    def delta_for(self, edges: int) -> float:
+        if self.default_delta is not None:
+            return self.default_delta
+        return min(1e-6, 1.0 / max(edges, 1))
+
+
+class Settings(MechanismSettings):
+    """All settings of the service process."""
+
+    model_config = SettingsConfigDict(env_prefix="PPR_", extra="ignore")
+
+    graph_path: Path | None = Field(None, description="Edge-list file; unset: the demo graph.")
+    database_url: str = Field("sqlite:///./ppr-ledger.db", description="SQLAlchemy URL.")
+    auto_migrate: bool = Field(False, description="Run migrations at start-up.")
+    redis_url: str | None = Field(None, description="Redis URL; unset: in-process caches.")
+    allow_prefix_in_redis: bool = Field(
+        False, description="Let Redis hold noise-free prefixes (as sensitive as the graph)."
+    )
+    prefix_cache_bytes: int = Field(256 * 2**20, ge=0, description="In-process prefix cache.")
+    replay_ttl_seconds: int = Field(7 * 24 * 3600, ge=60, description="Replay cache TTL.")
+    replay_store_top: int = Field(1000, ge=1, description="Results kept for replays.")
+    create_seed_accounts: bool = Field(
+        True, description="Service accounts may create a seed user's account on first charge."
+    )
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    workers: int = Field(1, ge=1, le=64)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,290 @@
+"""Ranking quality of every mechanism against exact PPR, over a sample of seeds (evaluation.md).
+
+For each sampled seed (uniform over nodes of degree >= 1) the exact PPR is computed once and
+reused for every mechanism and epsilon. Each mechanism's ranking is scored twice:
+
+- ``ndcg`` / ``recall``: the papers' metric, the seed excluded from both lists;
+- ``ndcg_beyond`` / ``recall_beyond``: the seed and its neighbours excluded from both lists
+  (the private ranking is the top-k among non-neighbours).
+
+Mechanisms: ``noisy_diffusion`` (the spec's Mechanism 1, calibrated by ``plan_diffusion``),
+``pushflowcap`` (DP-PushFlowCap, sigma = 1e-6 by default), ``edge_flipping`` (only on graphs of
+at most ``edge_flipping_max_nodes`` nodes; skipped with a note otherwise), and two baselines
+that use no private data: ``neighbours_only`` (the seed's neighbours in random order, then
+random nodes) and ``random``. The baselines do not depend on epsilon: one draw per seed is
+reported under every epsilon.
+
+Randomness: ``rng`` drives the seed sample and the two baselines (it may be seeded for a
+reproducible sample: evaluation is not the serving path); the private mechanisms' noise always
+comes from fresh OS-entropy generators.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from service.errors import InvalidParameter
+from service.evaluation.metrics import mean_ci, ndcg_at_k, private_ranking, recall_at_k
+from service.graph.model import Graph
+from service.mechanisms.diffusion import noise_free_prefix, noisy_diffusion
+from service.mechanisms.edge_flipping import DEFAULT_MAX_NODES, edge_flipping_ppr
+from service.mechanisms.exact import exact_ppr
+from service.mechanisms.pushflowcap import DEFAULT_SIGMA, add_laplace_noise, pushflowcap
+from service.mechanisms.randomness import fresh_generator
+from service.privacy.calibration import DiffusionPlan, plan_diffusion, validate_diffusion_parameters
+from service.privacy.modes import Mode
+
+__all__ = [
+    "DEFAULT_ETA",
+    "DEFAULT_MECHANISMS",
+    "MECHANISMS",
+    "EvaluationRow",
+    "default_delta",
+    "evaluate",
+    "sample_seeds",
+    "validate_parameters",
+]
+
+MECHANISMS = ("noisy_diffusion", "pushflowcap", "neighbours_only", "random", "edge_flipping")
+DEFAULT_MECHANISMS = MECHANISMS
+#: The spec's evaluation setting: eta = 1e-7 with beta = 0.8, K = 100.
+DEFAULT_ETA = 1e-7
+
+CI = tuple[float, float]
+
+
+@dataclass(frozen=True)
+class EvaluationRow:
+    """Mean metrics of one mechanism at one epsilon, with 95% t-intervals over the seeds."""
+
+    mechanism: str
+    epsilon: float
+    ndcg: float
+    ndcg_ci: CI
+    recall: float
+    recall_ci: CI
+    ndcg_beyond: float
+    ndcg_beyond_ci: CI
+    recall_beyond: float
+    recall_beyond_ci: CI
+    seeds: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict; NaN (undefined) becomes None, intervals become [low, high]."""
+
+        def num(x: float) -> float | None:
+            return None if math.isnan(x) else float(x)
+
+        return {
+            "mechanism": self.mechanism,
+            "epsilon": self.epsilon,
+            "ndcg": num(self.ndcg),
+            "ndcg_ci": [num(self.ndcg_ci[0]), num(self.ndcg_ci[1])],
+            "recall": num(self.recall),
+            "recall_ci": [num(self.recall_ci[0]), num(self.recall_ci[1])],
+            "ndcg_beyond": num(self.ndcg_beyond),
+            "ndcg_beyond_ci": [num(self.ndcg_beyond_ci[0]), num(self.ndcg_beyond_ci[1])],
+            "recall_beyond": num(self.recall_beyond),
+            "recall_beyond_ci": [num(self.recall_beyond_ci[0]), num(self.recall_beyond_ci[1])],
+            "seeds": self.seeds,
+        }
+
+
+def default_delta(graph: Graph) -> float:
+    """delta = 1 / |E| (capped at 0.5 so that it stays in (0, 1) on tiny graphs)."""
+    return min(0.5, 1.0 / max(graph.m, 1))
+
+
+def validate_parameters(
+    epsilons: Sequence[float],
+    seeds_count: int,
+    k: int,
+    eta: float,
+    delta: float | None,
+    beta: float,
+    steps: int,
+    mechanisms: Sequence[str],
+    sigma: float = DEFAULT_SIGMA,
+) -> None:
+    """Raise :class:`InvalidParameter` naming the first bad parameter (``delta`` None: default)."""
+    if len(epsilons) == 0:
+        raise InvalidParameter("epsilon", "give at least one epsilon")
+    for eps in epsilons:
+        validate_diffusion_parameters(epsilon=eps)
+    validate_diffusion_parameters(steps=steps, beta=beta, eta=eta)
+    if delta is not None:
+        validate_diffusion_parameters(delta=delta)
+    for name, value in (("seeds", seeds_count), ("k", k)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidParameter(name, f"must be an integer >= 1, got {value!r}")
+    if not (isinstance(sigma, int | float) and math.isfinite(sigma) and sigma > 0):
+        raise InvalidParameter("sigma", f"must be a finite number > 0, got {sigma!r}")
+    if len(mechanisms) == 0:
+        raise InvalidParameter("mechanisms", "give at least one mechanism")
+    unknown = [m for m in mechanisms if m not in MECHANISMS]
+    if unknown:
+        raise InvalidParameter(
+            "mechanisms", f"unknown {', '.join(map(repr, unknown))}; known: {', '.join(MECHANISMS)}"
+        )
+
+
+def sample_seeds(graph: Graph, count: int, rng: np.random.Generator) -> np.ndarray:
+    """``count`` distinct nodes of degree >= 1, uniformly (all of them if there are fewer)."""
+    eligible = np.flatnonzero(graph.degrees >= 1)
+    if eligible.shape[0] == 0:
+        raise InvalidParameter("graph", "has no node of degree >= 1 to use as a seed")
+    size = min(count, eligible.shape[0])
+    return np.sort(rng.choice(eligible, size=size, replace=False))
+
+
+def _score(
+    scores: np.ndarray, exact: np.ndarray, k: int, only_seed: np.ndarray, beyond: np.ndarray
+) -> tuple[float, float, float, float]:
+    """(ndcg, recall, ndcg_beyond, recall_beyond) of one released vector."""
+    head = private_ranking(scores, k, only_seed)
+    tail = private_ranking(scores, k, beyond)
+    return (
+        ndcg_at_k(head, exact, k, only_seed),
+        recall_at_k(head, exact, k, only_seed),
+        ndcg_at_k(tail, exact, k, beyond),
+        recall_at_k(tail, exact, k, beyond),
+    )
+
+
+def _neighbours_first(graph: Graph, seed: int, rng: np.random.Generator) -> np.ndarray:
+    """Scores ranking the seed's neighbours in random order, then every other node at random."""
+    scores = rng.random(graph.n)
+    scores[graph.neighbors(seed)] += 1.0
+    return scores
+
+
+def evaluate(
+    graph: Graph,
+    epsilons: Sequence[float],
+    seeds_count: int = 20,
+    k: int = 100,
+    eta: float = DEFAULT_ETA,
+    delta: float | None = None,
+    beta: float = 0.8,
+    steps: int = 100,
+    mechanisms: Sequence[str] = DEFAULT_MECHANISMS,
+    mode: Mode | str = Mode.PERSONALIZED,
+    rng: np.random.Generator | None = None,
+    *,
+    sigma: float = DEFAULT_SIGMA,
+    edge_flipping_max_nodes: int = DEFAULT_MAX_NODES,
+    progress: Callable[[str], None] | None = None,
+    notes: list[str] | None = None,
+) -> list[EvaluationRow]:
+    """Mean NDCG@k / Recall@k (and the beyond-neighbours variants) per mechanism and epsilon.
+
+    ``delta`` defaults to 1 / |E|; ``steps`` is the diffusion's K and PushFlowCap's R.
+    Rows are ordered by epsilon, then by the order of ``mechanisms``. Reasons for skipped
+    mechanisms are appended to ``notes`` (when given) and sent to ``progress``.
+    """
+    validate_parameters(epsilons, seeds_count, k, eta, delta, beta, steps, mechanisms, sigma)
+    try:
+        mode = Mode(mode)
+    except ValueError:
+        raise InvalidParameter("mode", f"must be one of {[m.value for m in Mode]}") from None
+    delta = default_delta(graph) if delta is None else delta
+    mechanisms = list(dict.fromkeys(mechanisms))
+    epsilons = [float(e) for e in dict.fromkeys(epsilons)]
+    rng = rng if rng is not None else np.random.default_rng()
+
+    def note(text: str) -> None:
+        if notes is not None:
+            notes.append(text)
+        if progress is not None:
+            progress(text)
+
+    if "edge_flipping" in mechanisms and graph.n > edge_flipping_max_nodes:
+        note(
+            f"edge_flipping skipped: O(n^2) and the graph has {graph.n} nodes "
+            f"(limit {edge_flipping_max_nodes})"
+        )
+        mechanisms.remove("edge_flipping")
+
+    plans: dict[float, DiffusionPlan] = {}
+    if "noisy_diffusion" in mechanisms:
+        plans = {eps: plan_diffusion(eps, delta, steps, beta, eta, mode) for eps in epsilons}
+
+    seeds = sample_seeds(graph, seeds_count, rng)
+    # results[(mechanism, eps)] = rows of (ndcg, recall, ndcg_beyond, recall_beyond)
+    results: dict[tuple[str, float], list[tuple[float, float, float, float]]] = {
+        (m, eps): [] for m in mechanisms for eps in epsilons
+    }
+
+    for number, seed_value in enumerate(seeds, start=1):
+        seed = int(seed_value)
+        exact = exact_ppr(graph, seed, beta)
+        only_seed = np.array([seed], dtype=np.int64)
+        beyond = np.concatenate([only_seed, graph.neighbors(seed).astype(np.int64)])
+
+        score = partial(_score, exact=exact, k=k, only_seed=only_seed, beyond=beyond)
+
+        free: dict[str, tuple[float, float, float, float]] = {}
+        if "neighbours_only" in mechanisms:
+            free["neighbours_only"] = score(_neighbours_first(graph, seed, rng))
+        if "random" in mechanisms:
+            free["random"] = score(rng.random(graph.n))
+        capped = (
+            pushflowcap(graph, seed, beta, steps, sigma, mode)
+            if "pushflowcap" in mechanisms
+            else None
+        )
+        prefixes: dict[int, np.ndarray] = {}
+
+        for eps in epsilons:
+            for mechanism in mechanisms:
+                if mechanism in free:
+                    values = free[mechanism]
+                elif mechanism == "noisy_diffusion":
+                    config = plans[eps].config
+                    m = config.noise_free_steps
+                    if m not in prefixes:
+                        prefixes[m] = noise_free_prefix(graph, seed, mode, beta, eta, m)
+                    released = noisy_diffusion(
+                        graph, seed, config, rng=fresh_generator(), prefix=prefixes[m]
+                    )
+                    values = score(released)
+                elif mechanism == "pushflowcap":
+                    assert capped is not None
+                    values = score(add_laplace_noise(capped, sigma, eps, fresh_generator()))
+                else:  # edge_flipping
+                    flipped = edge_flipping_ppr(
+                        graph, seed, beta, eps, mode, fresh_generator(),
+                        max_nodes=edge_flipping_max_nodes,
+                    )  # fmt: skip
+                    values = score(flipped)
+                results[(mechanism, eps)].append(values)
+        if progress is not None:
+            progress(f"seed {number}/{len(seeds)} done")
+
+    rows: list[EvaluationRow] = []
+    for eps in epsilons:
+        for mechanism in mechanisms:
+            table = np.array(results[(mechanism, eps)], dtype=np.float64).reshape(-1, 4)
+            summaries = [mean_ci(table[:, j]) for j in range(4)]
+            rows.append(
+                EvaluationRow(
+                    mechanism=mechanism,
+                    epsilon=eps,
+                    ndcg=summaries[0][0],
+                    ndcg_ci=summaries[0][1],
+                    recall=summaries[1][0],
+                    recall_ci=summaries[1][1],
+                    ndcg_beyond=summaries[2][0],
+                    ndcg_beyond_ci=summaries[2][1],
+                    recall_beyond=summaries[3][0],
+                    recall_beyond_ci=summaries[3][1],
+                    seeds=int(seeds.shape[0]),
+                )
+            )
+    return rows

@@ -1,0 +1,1 @@
+"""The application layer between the HTTP API (or a batch job) and the engine and ledger."""
