@@ -14,6 +14,15 @@ class ServiceError(Exception):
 
     code: str = "internal_error"
     status: int = 500
+    #: Exit status of a CLI command failing with this error: 2 when the person running it can
+    #: fix it (bad input, configuration), 1 otherwise.
+    exit_code: int | None = None
+
+    @property
+    def cli_exit_code(self) -> int:
+        if self.exit_code is not None:
+            return self.exit_code
+        return 2 if self.status < 500 else 1
 
     def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
@@ -67,3 +76,30 @@ class GraphTooLarge(ServiceError):
 
     code = "graph_too_large"
     status = 422
+
+
+class Unauthorized(ServiceError):
+    """Missing, malformed, unknown or revoked credentials."""
+
+    code = "unauthorized"
+    status = 401
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message, details={"reason": reason})
+
+
+class Forbidden(ServiceError):
+    """The caller is known but may not do this."""
+
+    code = "forbidden"
+    status = 403
+
+
+class NotFound(ServiceError):
+    code = "not_found"
+    status = 404
+
+
+class Conflict(ServiceError):
+    code = "conflict"
+    status = 409

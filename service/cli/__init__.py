@@ -18,9 +18,6 @@ from service.errors import ServiceError
 #: Command modules, in the order ``--help`` lists them.
 COMMAND_MODULES = ("calibrate", "query", "evaluate", "bench", "serve", "accounts", "db")
 
-EXIT_USAGE = 2
-EXIT_ERROR = 1
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -46,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args))
     except ServiceError as exc:
         print(f"error [{exc.code}]: {exc.message}", file=sys.stderr)
-        return EXIT_USAGE if exc.status < 500 else EXIT_ERROR
+        return exc.cli_exit_code
     except KeyboardInterrupt:
         return 130
 

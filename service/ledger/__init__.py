@@ -1,0 +1,56 @@
+"""The durable budget ledger: accounts, API keys, budgets, charges, refunds, releases, audit.
+
+``Ledger`` is the only entry point the service needs; records (plain dataclasses) and errors
+come from :mod:`service.ledger.records` and :mod:`service.ledger.ledger`. No SQLAlchemy type
+leaves this package.
+"""
+
+from service.ledger.database import UPGRADE_COMMAND, LedgerGridMismatch, upgrade
+from service.ledger.ledger import (
+    ADMISSION_RTOL,
+    AccountExists,
+    Ledger,
+    LedgerUnavailable,
+    UnknownApiKey,
+    UnknownCharge,
+)
+from service.ledger.records import (
+    ACCOUNT_TYPES,
+    AccountRecord,
+    AccountType,
+    ApiKeyRecord,
+    BudgetExhausted,
+    BudgetView,
+    ChargeReceipt,
+    ChargeRecord,
+    IdempotencyKeyFailed,
+    LedgerNotMigrated,
+    ReleaseKey,
+    StoredRelease,
+    UnknownAccount,
+)
+
+__all__ = [
+    "ACCOUNT_TYPES",
+    "ADMISSION_RTOL",
+    "UPGRADE_COMMAND",
+    "AccountExists",
+    "AccountRecord",
+    "AccountType",
+    "ApiKeyRecord",
+    "BudgetExhausted",
+    "BudgetView",
+    "ChargeReceipt",
+    "ChargeRecord",
+    "IdempotencyKeyFailed",
+    "Ledger",
+    "LedgerGridMismatch",
+    "LedgerNotMigrated",
+    "LedgerUnavailable",
+    "ReleaseKey",
+    "StoredRelease",
+    "UnknownAccount",
+    "UnknownApiKey",
+    "UnknownCharge",
+    "upgrade",
+]

@@ -1,0 +1,267 @@
+"""``accounts``: create accounts and API keys, set budgets, revoke keys, show spend.
+
+Every action is written to the ledger's audit log with no actor (the operator at the command
+line). The database must already be migrated (``python -m service db upgrade``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from service.cli.common import print_json, print_table
+from service.cli.db import Handler, add_database_argument, database_url
+from service.cli.options import open_unit_float, positive_float, positive_int
+from service.config import Settings
+from service.errors import InvalidParameter
+from service.ledger.ledger import Ledger
+from service.ledger.records import ACCOUNT_TYPES, AccountRecord, BudgetView
+
+
+@contextmanager
+def _ledger(args: argparse.Namespace) -> Iterator[Ledger]:
+    ledger = Ledger.from_url(database_url(args), auto_migrate=False)
+    try:
+        yield ledger
+    finally:
+        ledger.dispose()
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "accounts",
+        help="manage accounts, API keys and budgets",
+        description="Manage the ledger's accounts, API keys and privacy budgets.",
+    )
+    actions = parser.add_subparsers(dest="accounts_action", metavar="ACTION", required=True)
+
+    def action(name: str, text: str, handler: Handler) -> argparse.ArgumentParser:
+        sub: argparse.ArgumentParser = actions.add_parser(name, help=text, description=text)
+        add_database_argument(sub)
+        sub.add_argument("--json", action="store_true", help="print JSON")
+        sub.set_defaults(handler=handler)
+        return sub
+
+    create = action("create", "create an account and print its first API key (once)", _create)
+    create.add_argument("--type", choices=ACCOUNT_TYPES, required=True, help="account type")
+    create.add_argument("--node", metavar="ID", help="the user's seed node (user accounts only)")
+    create.add_argument(
+        "--cap", type=positive_float, help="budget cap epsilon; default PPR_DEFAULT_CAP_EPSILON"
+    )
+    create.add_argument(
+        "--delta",
+        type=open_unit_float,
+        help="budget delta; default PPR_DEFAULT_DELTA or min(1e-6, 1/|E|) of the graph",
+    )
+    create.add_argument("--label", help="a free-text label")
+    create.add_argument(
+        "--allow-create-seed-accounts",
+        action="store_true",
+        help="a service account may create a seed user's account on its first charge",
+    )
+    create.add_argument(
+        "--graph",
+        type=Path,
+        metavar="FILE",
+        help="edge-list file the node must be in; default PPR_GRAPH_PATH or the demo graph",
+    )
+
+    listing = action("list", "list accounts with their budgets", _list)
+    listing.add_argument("--type", choices=ACCOUNT_TYPES, help="only accounts of this type")
+    listing.add_argument("--limit", type=positive_int, default=100)
+    listing.add_argument("--offset", type=int, default=0)
+
+    set_budget = action("set-budget", "change an account's cap and/or delta", _set_budget)
+    set_budget.add_argument("account_id", type=positive_int, metavar="ACCOUNT_ID")
+    set_budget.add_argument("--cap", type=positive_float, help="new cap epsilon")
+    set_budget.add_argument("--delta", type=open_unit_float, help="new delta")
+
+    revoke = action("revoke-key", "revoke an API key (idempotent)", _revoke_key)
+    revoke.add_argument("key_id", type=positive_int, metavar="KEY_ID")
+
+    new_key = action("new-key", "create another API key for an account", _new_key)
+    new_key.add_argument("account_id", type=positive_int, metavar="ACCOUNT_ID")
+
+    keys = action("keys", "list an account's API keys (prefixes only)", _keys)
+    keys.add_argument("account_id", type=positive_int, metavar="ACCOUNT_ID")
+
+    budget = action("budget", "show an account's spend and remaining budget", _budget)
+    budget.add_argument("account_id", type=positive_int, metavar="ACCOUNT_ID")
+
+
+def _account_dict(account: AccountRecord, budget: BudgetView | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "account_id": account.account_id,
+        "type": account.type,
+        "node_id": account.node_id,
+        "label": account.label,
+        "allow_create_seed_accounts": account.allow_create_seed_accounts,
+        "created_at": account.created_at,
+    }
+    if budget is not None:
+        body["budget"] = budget.to_dict()
+    return body
+
+
+def _print_budget(budget: BudgetView) -> None:
+    print_table(
+        ["field", "value"],
+        [
+            [key, f"{value:.6g}" if isinstance(value, float) else str(value)]
+            for key, value in budget.to_dict().items()
+        ],
+    )
+
+
+def _create(args: argparse.Namespace) -> int:
+    if args.type == "user" and not args.node:
+        raise InvalidParameter("--node", "a user account needs --node, the seed node it owns")
+    if args.type != "user" and args.node is not None:
+        raise InvalidParameter("--node", f"only user accounts have a node, not {args.type}")
+    settings = Settings()
+    with _ledger(args) as ledger:
+        delta: float | None = args.delta
+        if args.node is not None or delta is None:
+            from service.serving.graph_holder import load_configured_graph
+
+            graph = load_configured_graph(args.graph or settings.graph_path)
+            if args.node is not None:
+                graph.index_of(args.node)  # UnknownNode if the graph does not have it
+            if delta is None:
+                delta = settings.delta_for(graph.m)
+        cap = args.cap if args.cap is not None else settings.default_cap_epsilon
+        account = ledger.create_account(
+            args.type,
+            node_id=args.node,
+            cap_epsilon=cap,
+            delta=delta,
+            label=args.label,
+            allow_create_seed_accounts=args.allow_create_seed_accounts,
+        )
+        api_key, key = ledger.create_api_key(account.account_id)
+    if args.json:
+        print_json(
+            {
+                "account_id": account.account_id,
+                "type": account.type,
+                "node_id": account.node_id,
+                "cap_epsilon": cap,
+                "delta": delta,
+                "key_id": key.key_id,
+                "api_key": api_key,
+            }
+        )
+    else:
+        node = f", node {account.node_id!r}" if account.node_id is not None else ""
+        print(
+            f"created account {account.account_id} ({account.type}{node}): cap {cap:g}, "
+            f"delta {delta:g}"
+        )
+        print(f"API key {key.key_id} (shown only now; store it safely):")
+        print(api_key)
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    with _ledger(args) as ledger:
+        accounts = ledger.list_accounts(type=args.type, limit=args.limit, offset=args.offset)
+        rows = [(account, ledger.budget(account.account_id)) for account in accounts]
+    if args.json:
+        print_json([_account_dict(account, budget) for account, budget in rows])
+        return 0
+    print_table(
+        ["id", "type", "node", "label", "spent", "cap", "remaining", "delta", "charges"],
+        [
+            [
+                str(a.account_id),
+                a.type,
+                a.node_id or "-",
+                a.label or "-",
+                f"{b.spent_epsilon:.4g}",
+                f"{b.cap_epsilon:.4g}",
+                f"{b.remaining_epsilon:.4g}",
+                f"{b.delta:.3g}",
+                str(b.charges),
+            ]
+            for a, b in rows
+        ],
+    )
+    return 0
+
+
+def _set_budget(args: argparse.Namespace) -> int:
+    if args.cap is None and args.delta is None:
+        raise InvalidParameter("--cap/--delta", "give a new cap, a new delta, or both")
+    with _ledger(args) as ledger:
+        budget = ledger.set_budget(args.account_id, cap_epsilon=args.cap, delta=args.delta)
+    if args.json:
+        print_json(budget.to_dict())
+    else:
+        _print_budget(budget)
+    return 0
+
+
+def _revoke_key(args: argparse.Namespace) -> int:
+    with _ledger(args) as ledger:
+        key = ledger.revoke_api_key(args.key_id)
+    if args.json:
+        print_json(
+            {
+                "key_id": key.key_id,
+                "account_id": key.account_id,
+                "prefix": key.prefix,
+                "created_at": key.created_at,
+                "revoked_at": key.revoked_at,
+            }
+        )
+    else:
+        print(f"revoked API key {key.key_id} ({key.prefix}...) of account {key.account_id}")
+    return 0
+
+
+def _new_key(args: argparse.Namespace) -> int:
+    with _ledger(args) as ledger:
+        api_key, key = ledger.create_api_key(args.account_id)
+    if args.json:
+        print_json({"account_id": key.account_id, "key_id": key.key_id, "api_key": api_key})
+    else:
+        print(f"API key {key.key_id} for account {key.account_id} (shown only now; store it):")
+        print(api_key)
+    return 0
+
+
+def _keys(args: argparse.Namespace) -> int:
+    with _ledger(args) as ledger:
+        keys = ledger.list_api_keys(args.account_id)
+    if args.json:
+        print_json(
+            [
+                {
+                    "key_id": k.key_id,
+                    "account_id": k.account_id,
+                    "prefix": k.prefix,
+                    "created_at": k.created_at,
+                    "revoked_at": k.revoked_at,
+                }
+                for k in keys
+            ]
+        )
+    else:
+        print_table(
+            ["key_id", "prefix", "created_at", "revoked_at"],
+            [[str(k.key_id), k.prefix, k.created_at, k.revoked_at or "-"] for k in keys],
+        )
+    return 0
+
+
+def _budget(args: argparse.Namespace) -> int:
+    with _ledger(args) as ledger:
+        budget = ledger.budget(args.account_id)
+    if args.json:
+        print_json(budget.to_dict())
+    else:
+        _print_budget(budget)
+    return 0

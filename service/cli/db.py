@@ -1,0 +1,108 @@
+"""``db``: the ledger database's migrations (``upgrade``, ``current``, ``check``).
+
+``db upgrade`` is the only command that changes the schema (besides the service's
+PPR_AUTO_MIGRATE=true); everything else refuses an out-of-date database with the command to run.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError
+
+from service.cli.common import print_json
+from service.ledger.database import check_migrated, describe_status, make_engine, upgrade_engine
+from service.ledger.ledger import LedgerUnavailable
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def add_database_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--database-url",
+        metavar="URL",
+        default=None,
+        help="SQLAlchemy URL of the ledger; default: PPR_DATABASE_URL (sqlite:///./ppr-ledger.db)",
+    )
+
+
+def database_url(args: argparse.Namespace) -> str:
+    if args.database_url:
+        return str(args.database_url)
+    from service.config import Settings
+
+    return Settings().database_url
+
+
+@contextmanager
+def _engine(args: argparse.Namespace) -> Iterator[Engine]:
+    engine = make_engine(database_url(args))
+    try:
+        yield engine
+    except OperationalError as exc:
+        where = engine.url.render_as_string(hide_password=True)
+        raise LedgerUnavailable(
+            f"cannot reach the ledger database {where}: {str(exc.orig).strip()}"
+        ) from exc
+    finally:
+        engine.dispose()
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "db",
+        help="ledger database migrations",
+        description="Migrate and inspect the ledger database (Alembic migrations shipped with "
+        "the service).",
+    )
+    actions = parser.add_subparsers(dest="db_action", metavar="ACTION", required=True)
+    commands: list[tuple[str, str, Handler]] = [
+        ("upgrade", "migrate the ledger database to the newest schema", _upgrade),
+        ("current", "show the database's revision and the code's", _current),
+        ("check", "exit 0 if the database is at the newest schema on this code's grid", _check),
+    ]
+    for name, text, handler in commands:
+        sub = actions.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        add_database_argument(sub)
+        if name != "upgrade":
+            sub.add_argument("--json", action="store_true", help="print a JSON object")
+        sub.set_defaults(handler=handler)
+
+
+def _upgrade(args: argparse.Namespace) -> int:
+    with _engine(args) as engine:
+        upgrade_engine(engine)
+        check_migrated(engine)
+        status = describe_status(engine)
+    print(f"ledger {status['database']} is at revision {', '.join(status['current'])} (head)")
+    return 0
+
+
+def _current(args: argparse.Namespace) -> int:
+    with _engine(args) as engine:
+        status = describe_status(engine)
+    if args.json:
+        print_json(status)
+    else:
+        current = ", ".join(status["current"]) or "none (empty database)"
+        state = "at head" if status["at_head"] else f"head is {', '.join(status['head'])}"
+        print(f"{status['database']}: revision {current} ({state})")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    with _engine(args) as engine:
+        check_migrated(engine)
+        status = describe_status(engine)
+    if args.json:
+        print_json(status)
+    else:
+        print(
+            f"ok: {status['database']} is at revision {', '.join(status['current'])} on order "
+            f"grid version {status['grid_version']}"
+        )
+    return 0

@@ -1,0 +1,254 @@
+"""Engines and migrations: one configured Engine per process, Alembic driven from code.
+
+SQLite: WAL journal, 30 s busy timeout, foreign keys on, and SQLAlchemy (not the sqlite3
+driver) emits BEGIN (the documented pysqlite recipe), so a write transaction can begin
+``IMMEDIATE``: it takes the database's write lock first and waits for it (busy timeout) instead
+of failing when two writers race. PostgreSQL: ``pool_pre_ping``; admission locks the spend row
+with ``SELECT ... FOR UPDATE``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, create_engine, event, make_url, select
+from sqlalchemy.exc import OperationalError, ProgrammingError
+
+import service
+from service.ledger.records import LedgerNotMigrated
+from service.ledger.tables import META_GRID_FINGERPRINT, META_GRID_VERSION, LedgerMeta
+from service.privacy.orders import GRID_VERSION, grid_fingerprint
+
+#: Execution option naming how SQLAlchemy begins a SQLite transaction.
+SQLITE_BEGIN = "sqlite_begin"
+_SQLITE_BEGIN_MODES = ("DEFERRED", "IMMEDIATE", "EXCLUSIVE")
+SQLITE_BUSY_TIMEOUT_SECONDS = 30.0
+
+UPGRADE_COMMAND = "python -m service db upgrade"
+_PG_MIGRATION_LOCK = 0x70707200  # advisory lock id serialising concurrent upgrades
+_PROCESS_MIGRATION_LOCK = threading.Lock()
+
+
+class LedgerGridMismatch(LedgerNotMigrated):
+    """The stored curves are on another order grid than this code's."""
+
+    code = "ledger_grid_mismatch"
+
+
+def migrations_dir() -> Path:
+    return Path(service.__file__).resolve().parents[1] / "migrations"
+
+
+def is_sqlite(engine: Engine | Connection) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """An Engine configured for the ledger on SQLite or PostgreSQL."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        connect_args = {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_SECONDS}
+        engine = create_engine(parsed, connect_args=connect_args, **kwargs)
+        _install_sqlite_hooks(engine)
+        return engine
+    return create_engine(parsed, pool_pre_ping=True, **kwargs)
+
+
+def _install_sqlite_hooks(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control away from the sqlite3 driver; the "begin" hook emits BEGIN.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_SECONDS * 1000)}")
+            cursor.execute("PRAGMA foreign_keys = ON")
+            if engine.url.database not in (None, "", ":memory:"):
+                cursor.execute("PRAGMA journal_mode = WAL")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        mode = str(conn.get_execution_options().get(SQLITE_BEGIN, "DEFERRED")).upper()
+        if mode not in _SQLITE_BEGIN_MODES:
+            raise ValueError(f"unknown SQLite BEGIN mode {mode!r}")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def write_engine(engine: Engine) -> Engine:
+    """The same engine (same pool), whose transactions begin IMMEDIATE on SQLite."""
+    if is_sqlite(engine):
+        return engine.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"})
+    return engine
+
+
+# --- Alembic ----------------------------------------------------------------------------------
+
+
+def alembic_config(url: str | None = None) -> Config:
+    """An Alembic config for the repository's migrations; the URL never comes from a file."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    if url is not None:
+        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def head_revisions() -> set[str]:
+    return set(ScriptDirectory.from_config(alembic_config()).get_heads())
+
+
+def current_revisions(conn: Connection) -> set[str]:
+    return set(MigrationContext.configure(conn).get_current_heads())
+
+
+@contextmanager
+def _migration_lock(engine: Engine) -> Iterator[Connection]:
+    """One transaction holding a lock that serialises concurrent upgrades of one database."""
+    with write_engine(engine).begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_PG_MIGRATION_LOCK})")
+        yield conn
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Run the migrations up to ``revision`` on the database at ``url`` (idempotent)."""
+    engine = make_engine(url)
+    try:
+        upgrade_engine(engine, revision)
+    finally:
+        engine.dispose()
+
+
+def upgrade_engine(engine: Engine, revision: str = "head") -> None:
+    cfg = alembic_config(engine.url.render_as_string(hide_password=False))
+    # Alembic's migration context is process-global: one upgrade at a time per process; the
+    # database lock below serialises processes.
+    with _PROCESS_MIGRATION_LOCK, _migration_lock(engine) as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
+def sqlite_file_missing(engine: Engine) -> bool:
+    """A SQLite file URL whose file does not exist yet (connecting would create it)."""
+    database = engine.url.database
+    if not is_sqlite(engine) or not database or database == ":memory:":
+        return False
+    if database.startswith("file:"):
+        return False
+    return not Path(database).exists()
+
+
+def check_migrated(engine: Engine) -> None:
+    """Raise :class:`LedgerNotMigrated` unless the database is at head on this code's grid."""
+    heads = head_revisions()
+    if sqlite_file_missing(engine):
+        raise LedgerNotMigrated(
+            f"the ledger database file {engine.url.database} does not exist: create and "
+            f"migrate it with `{UPGRADE_COMMAND}` (with the same PPR_DATABASE_URL or "
+            "--database-url), or start the service with PPR_AUTO_MIGRATE=true",
+            details={"command": UPGRADE_COMMAND},
+        )
+    with engine.connect() as conn:
+        current = current_revisions(conn)
+    if current != heads:
+        where = engine.url.render_as_string(hide_password=True)
+        found = ", ".join(sorted(current)) or "empty, no migrations applied"
+        unknown = sorted(rev for rev in current if not _known_revision(rev))
+        if unknown:
+            raise LedgerNotMigrated(
+                f"the ledger database {where} is at revision {', '.join(unknown)}, which this "
+                f"code does not know (head: {', '.join(sorted(heads))}): it was migrated by a "
+                "newer version of the service; run that version",
+                details={"current": sorted(current), "head": sorted(heads)},
+            )
+        raise LedgerNotMigrated(
+            f"the ledger database {where} is not migrated (revision: {found}; this code needs "
+            f"{', '.join(sorted(heads))}): run `{UPGRADE_COMMAND}` (with the same "
+            "PPR_DATABASE_URL or --database-url), or start the service with "
+            "PPR_AUTO_MIGRATE=true to migrate at start-up",
+            details={"current": sorted(current), "head": sorted(heads), "command": UPGRADE_COMMAND},
+        )
+    check_grid(engine)
+
+
+def _known_revision(revision: str) -> bool:
+    script = ScriptDirectory.from_config(alembic_config())
+    try:
+        return script.get_revision(revision) is not None
+    except Exception:  # alembic raises its own ResolutionError / CommandError subclasses
+        return False
+
+
+def read_meta(engine: Engine) -> dict[str, str]:
+    with engine.connect() as conn:
+        rows = conn.execute(select(LedgerMeta.key, LedgerMeta.value)).all()
+    return {key: value for key, value in rows}
+
+
+def check_grid(engine: Engine) -> None:
+    """Refuse a ledger whose curves are stored on another order grid than this code's."""
+    try:
+        meta = read_meta(engine)
+    except (OperationalError, ProgrammingError) as exc:
+        raise LedgerNotMigrated(
+            f"the ledger database has no readable ledger_meta table ({exc.__class__.__name__}): "
+            f"run `{UPGRADE_COMMAND}`"
+        ) from exc
+    stored = (meta.get(META_GRID_VERSION), meta.get(META_GRID_FINGERPRINT))
+    expected = (str(GRID_VERSION), grid_fingerprint())
+    if stored != expected:
+        raise LedgerGridMismatch(
+            f"the ledger stores RDP curves on order grid version {stored[0]} (fingerprint "
+            f"{stored[1]}), this code uses version {expected[0]} (fingerprint {expected[1]}). "
+            "A change of the order grid needs a migration that converts the stored curves; "
+            "refusing to reinterpret them",
+            details={"stored": list(stored), "expected": list(expected)},
+        )
+
+
+def describe_status(engine: Engine) -> dict[str, Any]:
+    """Current and head revisions and the stored grid, for ``db current``."""
+    current: set[str] = set()
+    if not sqlite_file_missing(engine):
+        with engine.connect() as conn:
+            current = current_revisions(conn)
+    meta: dict[str, str] = {}
+    if current:
+        try:
+            meta = read_meta(engine)
+        except (OperationalError, ProgrammingError):
+            meta = {}
+    heads = head_revisions()
+    return {
+        "database": engine.url.render_as_string(hide_password=True),
+        "current": sorted(current),
+        "head": sorted(heads),
+        "at_head": current == heads,
+        "grid_version": meta.get(META_GRID_VERSION),
+        "grid_fingerprint": meta.get(META_GRID_FINGERPRINT),
+    }
+
+
+__all__ = [
+    "UPGRADE_COMMAND",
+    "LedgerGridMismatch",
+    "alembic_config",
+    "check_grid",
+    "check_migrated",
+    "describe_status",
+    "make_engine",
+    "migrations_dir",
+    "upgrade",
+    "upgrade_engine",
+    "write_engine",
+]

@@ -1,0 +1,232 @@
+"""The ledger's schema as SQLAlchemy 2 typed declarative models (SQLite and PostgreSQL).
+
+Migration ``0001_initial`` creates exactly this schema with Alembic operations; a test checks
+that the two agree. Rows are never deleted: a refund is a compensating row, a revoked key keeps
+its row with ``revoked_at`` set.
+
+Portable choices:
+
+* JSON is stored as TEXT written by :func:`json.dumps`, so Python floats round-trip exactly
+  (``repr``) on both databases, including ``Infinity``.
+* The "one account per seed node" rule is a plain UNIQUE on ``accounts.user_node_id``, a copy
+  of ``node_id`` set only for user accounts (NULLs never collide on either database).
+* Timestamps are ``TIMESTAMP WITH TIME ZONE`` on PostgreSQL and naive UTC text on SQLite.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Dialect,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class JsonText(TypeDecorator[Any]):
+    """A JSON value stored as TEXT (exact float round-trip on every backend)."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
+        if value is None:
+            return None
+        return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        return json.loads(value)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def iso(moment: datetime | None) -> str | None:
+    """ISO 8601 in UTC; naive values (SQLite) are UTC by construction."""
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).isoformat()
+
+
+Timestamp = DateTime(timezone=True)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Account(Base):
+    __tablename__ = "accounts"
+    __table_args__ = (
+        CheckConstraint("type IN ('user', 'service', 'admin')", name="type"),
+        CheckConstraint(
+            "(type = 'user' AND node_id IS NOT NULL AND user_node_id = node_id)"
+            " OR (type <> 'user' AND node_id IS NULL AND user_node_id IS NULL)",
+            name="node_binding",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    type: Mapped[str] = mapped_column(String(16), nullable=False)
+    node_id: Mapped[str | None] = mapped_column(String, nullable=True)
+    user_node_id: Mapped[str | None] = mapped_column(String, nullable=True, unique=True)
+    label: Mapped[str | None] = mapped_column(String, nullable=True)
+    allow_create_seed_accounts: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), nullable=False, index=True)
+    key_hash: Mapped[str] = mapped_column(String(64), nullable=False, unique=True)
+    prefix: Mapped[str] = mapped_column(String(16), nullable=False)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(Timestamp, nullable=True)
+
+
+class Budget(Base):
+    __tablename__ = "budgets"
+    __table_args__ = (
+        CheckConstraint("cap_epsilon > 0", name="cap_positive"),
+        CheckConstraint("delta > 0 AND delta < 1", name="delta_range"),
+    )
+
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    cap_epsilon: Mapped[float] = mapped_column(Double, nullable=False)
+    delta: Mapped[float] = mapped_column(Double, nullable=False)
+    updated_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
+
+
+class Spend(Base):
+    """The composed RDP curve of an account's unrefunded charges: the row locked on admission."""
+
+    __tablename__ = "spend"
+
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    rdp: Mapped[dict[str, Any]] = mapped_column(JsonText, nullable=False)
+    pure_epsilon: Mapped[float] = mapped_column(Double, nullable=False)
+    grid_version: Mapped[int] = mapped_column(Integer, nullable=False)
+    charges: Mapped[int] = mapped_column(Integer, nullable=False)
+    updated_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
+
+
+class Charge(Base):
+    """One admitted query's privacy cost (append-only)."""
+
+    __tablename__ = "charges"
+    __table_args__ = (UniqueConstraint("principal_account_id", "idempotency_key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
+    charged_account_id: Mapped[int] = mapped_column(
+        ForeignKey("accounts.id"), nullable=False, index=True
+    )
+    principal_account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), nullable=False)
+    seed: Mapped[str] = mapped_column(String, nullable=False)
+    mechanism: Mapped[str] = mapped_column(String, nullable=False)
+    mode: Mapped[str] = mapped_column(String, nullable=False)
+    params: Mapped[dict[str, Any]] = mapped_column(JsonText, nullable=False)
+    epsilon: Mapped[float] = mapped_column(Double, nullable=False)
+    rdp: Mapped[dict[str, Any]] = mapped_column(JsonText, nullable=False)
+    pure_epsilon: Mapped[float] = mapped_column(Double, nullable=False)
+    grid_version: Mapped[int] = mapped_column(Integer, nullable=False)
+    graph_version: Mapped[str] = mapped_column(String, nullable=False)
+    request_id: Mapped[str] = mapped_column(String, nullable=False)
+    idempotency_key: Mapped[str | None] = mapped_column(String, nullable=True)
+
+
+class Refund(Base):
+    """A compensating row: the charge's noise was provably never released."""
+
+    __tablename__ = "refunds"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    charge_id: Mapped[int] = mapped_column(ForeignKey("charges.id"), nullable=False, unique=True)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
+    reason: Mapped[str] = mapped_column(Text, nullable=False)
+
+
+class Release(Base):
+    """A released answer, kept so that replaying it is free (post-processing)."""
+
+    __tablename__ = "releases"
+    __table_args__ = (
+        Index(
+            "ix_releases_key",
+            "charged_account_id",
+            "node",
+            "graph_version",
+            "mode",
+            "epsilon",
+        ),
+        Index("ix_releases_idempotency", "principal_account_id", "idempotency_key"),
+    )
+
+    charge_id: Mapped[int] = mapped_column(ForeignKey("charges.id"), primary_key=True)
+    charged_account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), nullable=False)
+    node: Mapped[str] = mapped_column(String, nullable=False)
+    graph_version: Mapped[str] = mapped_column(String, nullable=False)
+    mode: Mapped[str] = mapped_column(String, nullable=False)
+    epsilon: Mapped[float] = mapped_column(Double, nullable=False)
+    results: Mapped[list[Any]] = mapped_column(JsonText, nullable=False)
+    mechanism: Mapped[dict[str, Any]] = mapped_column(JsonText, nullable=False)
+    request_id: Mapped[str] = mapped_column(String, nullable=False)
+    principal_account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), nullable=False)
+    idempotency_key: Mapped[str | None] = mapped_column(String, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
+
+
+class AuditLog(Base):
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
+    actor_account_id: Mapped[int | None] = mapped_column(
+        ForeignKey("accounts.id"), nullable=True
+    )  # NULL: the operator on the command line
+    action: Mapped[str] = mapped_column(String, nullable=False)
+    target_account_id: Mapped[int | None] = mapped_column(ForeignKey("accounts.id"), nullable=True)
+    details: Mapped[dict[str, Any]] = mapped_column(JsonText, nullable=False)
+
+
+class LedgerMeta(Base):
+    """Key/value facts about the stored data, e.g. the order grid the curves are on."""
+
+    __tablename__ = "ledger_meta"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text, nullable=False)
+
+
+META_GRID_VERSION = "grid_version"
+META_GRID_FINGERPRINT = "grid_fingerprint"
+META_LEDGER_ID = "ledger_id"

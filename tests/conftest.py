@@ -1,0 +1,73 @@
+"""Shared fixtures.
+
+Ledger databases: ``sqlite_url`` (a file in tmp_path), ``postgres_url`` (a fresh, uniquely
+named database on the server at PPR_TEST_POSTGRES_URL, dropped afterwards; the test is skipped
+only if the server does not answer), ``ledger_url`` (both, ids "sqlite" and "postgres") and
+``ledger`` (migrated and opened).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, make_url
+from sqlalchemy.exc import OperationalError
+
+from service.ledger import Ledger, upgrade
+
+POSTGRES_BASE_URL = os.environ.get(
+    "PPR_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+
+_postgres_unreachable: str | None = None
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'ledger.db'}"
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh database, unique per test (safe under pytest-xdist), dropped after the test."""
+    global _postgres_unreachable
+    base = make_url(POSTGRES_BASE_URL)
+    shown = base.render_as_string(hide_password=True)
+    if _postgres_unreachable is not None:
+        pytest.skip(_postgres_unreachable)
+    admin = create_engine(base, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5})
+    name = f"ppr_test_{uuid.uuid4().hex}"
+    try:
+        try:
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        except OperationalError as exc:
+            _postgres_unreachable = f"PostgreSQL at {shown} does not answer: {exc.orig}"
+            pytest.skip(_postgres_unreachable)
+        yield base.set(database=name).render_as_string(hide_password=False)
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        admin.dispose()
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+    ]
+)
+def ledger_url(request: pytest.FixtureRequest) -> str:
+    return str(request.getfixturevalue(f"{request.param}_url"))
+
+
+@pytest.fixture
+def ledger(ledger_url: str) -> Iterator[Ledger]:
+    upgrade(ledger_url)
+    opened = Ledger.from_url(ledger_url)
+    yield opened
+    opened.dispose()

@@ -1,0 +1,150 @@
+"""Admission under contention from several processes, each with its own Ledger and engine.
+
+The cap is chosen so that exactly ``N`` identical queries fit (computed independently with
+:class:`RdpCurve`); the processes together try many more. Whatever the interleaving, exactly N
+are admitted, each admitted query has one charge row, and the stored spend is the composition
+of exactly N curves, never above the cap. A few idempotency keys are shared by all processes:
+each of them is charged once and replayed to the others.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import queue
+import traceback
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from service.ledger import BudgetExhausted, Ledger, upgrade
+from service.privacy.accountant import RdpCurve, compose
+from service.privacy.calibration import plan_diffusion
+from service.privacy.modes import Mode
+
+PROCESSES = 4
+ATTEMPTS = 12  # per process
+SHARED_KEYS = 3  # the first attempts of every process use these shared idempotency keys
+FIT = 20  # the cap admits exactly this many queries
+DELTA = 1e-6
+
+
+def query_curve() -> RdpCurve:
+    return plan_diffusion(0.1, DELTA, 100, 0.8, 1e-7, Mode.PERSONALIZED).curve
+
+
+def spent_after(n: int) -> float:
+    return compose([query_curve()] * n).epsilon(DELTA)
+
+
+def hammer(
+    url: str,
+    account: int,
+    principal: int,
+    proc: int,
+    barrier: Any,
+    results: Any,
+) -> None:
+    """One process: its own engine, then ATTEMPTS admissions as fast as it can."""
+    try:
+        ledger = Ledger.from_url(url)
+        curve = query_curve()
+        outcomes: list[tuple[str, int, bool, float]] = []
+        barrier.wait(timeout=60)
+        for i in range(ATTEMPTS):
+            key = f"shared-{i}" if i < SHARED_KEYS else f"p{proc}-{i}"
+            try:
+                receipt = ledger.admit_and_charge(
+                    charged_account_id=account,
+                    principal_account_id=principal,
+                    seed="n1",
+                    mechanism="noisy_diffusion",
+                    mode="personalized",
+                    params={"attempt": i, "proc": proc},
+                    query_curve=curve,
+                    query_epsilon=0.1,
+                    graph_version="g1",
+                    request_id=f"{proc}-{i}",
+                    idempotency_key=key,
+                )
+            except BudgetExhausted as exc:
+                outcomes.append(("refused", -1, False, exc.budget.spent_epsilon))
+            else:
+                outcomes.append(
+                    ("ok", receipt.charge_id, receipt.reused, receipt.budget.spent_epsilon)
+                )
+        ledger.dispose()
+        results.put((proc, outcomes, None))
+    except BaseException:
+        results.put((proc, [], traceback.format_exc()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_processes_never_overspend(backend: str, request: pytest.FixtureRequest) -> None:
+    url = str(request.getfixturevalue(f"{backend}_url"))
+    # independently: the cap half-way between N and N + 1 queries admits exactly N
+    cap = (spent_after(FIT) + spent_after(FIT + 1)) / 2
+    fit = 0
+    while spent_after(fit + 1) <= cap:
+        fit += 1
+    assert fit == FIT
+    assert PROCESSES * (ATTEMPTS - SHARED_KEYS) + SHARED_KEYS > FIT  # contention for the cap
+
+    upgrade(url)
+    setup = Ledger.from_url(url)
+    principal = setup.create_account("service", cap_epsilon=1.0, delta=DELTA).account_id
+    account = setup.create_account("user", node_id="n1", cap_epsilon=cap, delta=DELTA).account_id
+
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(PROCESSES)
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=hammer, args=(url, account, principal, p, barrier, results))
+        for p in range(PROCESSES)
+    ]
+    for proc in procs:
+        proc.start()
+    outcomes: list[tuple[str, int, bool, float]] = []
+    try:
+        for _ in range(PROCESSES):
+            _, got, error = results.get(timeout=120)
+            assert error is None, error
+            outcomes.extend(got)
+    except queue.Empty:  # pragma: no cover
+        pytest.fail("a worker process did not report back")
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():  # pragma: no cover
+                proc.terminate()
+    assert all(proc.exitcode == 0 for proc in procs)
+    assert len(outcomes) == PROCESSES * ATTEMPTS
+
+    charged = [o for o in outcomes if o[0] == "ok" and not o[2]]
+    reused = [o for o in outcomes if o[0] == "ok" and o[2]]
+    refused = [o for o in outcomes if o[0] == "refused"]
+    assert len(charged) == FIT
+    assert len({o[1] for o in charged}) == FIT
+    assert len(reused) == SHARED_KEYS * (PROCESSES - 1)
+    assert len(refused) == PROCESSES * ATTEMPTS - FIT - len(reused)
+    assert all(o[3] <= cap for o in outcomes)
+
+    budget = setup.budget(account)
+    assert budget.charges == FIT == setup.count_charges(account) == setup.count_charges()
+    assert budget.spent_epsilon == spent_after(FIT) <= cap
+    with setup.engine.connect() as conn:
+        shared = conn.execute(
+            text(
+                "SELECT idempotency_key, count(*) FROM charges "
+                "WHERE idempotency_key LIKE 'shared-%' GROUP BY idempotency_key"
+            )
+        ).all()
+        rdp = conn.execute(text("SELECT rdp FROM spend WHERE account_id = :a"), {"a": account})
+        stored = RdpCurve.from_json(json.loads(rdp.scalar_one()))
+    assert sorted(shared) == [(f"shared-{i}", 1) for i in range(SHARED_KEYS)]
+    assert stored == compose([query_curve()] * FIT)
+    setup.dispose()
