@@ -179,13 +179,46 @@ def calibrate(epsilon: float, delta: float, steps: int, beta: float, mode: Mode)
     )
 
 
+def calibration_at(
+    c: float, epsilon: float, delta: float, steps: int, beta: float, mode: Mode
+) -> Calibration | None:
+    """The calibration a given c yields (e.g. one shared by another process), or None when c
+    does not meet ``epsilon`` at ``delta``: a value that would under-noise is never used."""
+    mode = Mode(mode)
+    if mode is Mode.PERSONALIZED and steps == 1:
+        return calibrate(epsilon, delta, steps, beta, mode)
+    if not (math.isfinite(c) and c > 0):
+        return None
+    rdp, pure = diffusion_rdp(c, steps, beta, mode)
+    curve = RdpCurve(rdp, pure)
+    achieved = curve.epsilon(delta)
+    if not achieved <= epsilon:
+        return None
+    return Calibration(
+        c=c, noisy_steps=choose_noisy_steps(c, steps, beta, mode), curve=curve, epsilon=achieved
+    )
+
+
 def plan_diffusion(
-    epsilon: float, delta: float, steps: int, beta: float, eta: float, mode: Mode | str
+    epsilon: float,
+    delta: float,
+    steps: int,
+    beta: float,
+    eta: float,
+    mode: Mode | str,
+    *,
+    calibration: Calibration | None = None,
 ) -> DiffusionPlan:
-    """Calibrate the noisy diffusion for a per-query target (epsilon, delta)."""
+    """Calibrate the noisy diffusion for a per-query target (epsilon, delta).
+
+    ``calibration`` may carry a result found elsewhere (see :func:`calibration_at`); it must
+    be for the same target, and its epsilon is checked against it.
+    """
     validate_diffusion_parameters(epsilon=epsilon, delta=delta, steps=steps, beta=beta, eta=eta)
     mode = Mode(mode)
-    cal = calibrate(float(epsilon), float(delta), int(steps), float(beta), mode)
+    cal = calibration or calibrate(float(epsilon), float(delta), int(steps), float(beta), mode)
+    if cal.epsilon > epsilon:
+        raise ValueError(f"calibration for epsilon {cal.epsilon} used for target {epsilon}")
     noise_scale = 0.0 if math.isinf(cal.c) else eta * cal.c
     config = DiffusionConfig(
         mode=mode, beta=float(beta), steps=int(steps), eta=float(eta),

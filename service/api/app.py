@@ -1,0 +1,57 @@
+"""The FastAPI application factory.
+
+``create_app(settings)`` builds an app whose lifespan opens the ledger (refusing an
+un-migrated database), builds the caches and loads the graph before the first request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from service import __version__
+from service.api.errors import install_error_handlers
+from service.api.observability import CACHE_EVENTS, configure_logging, observe_request
+from service.api.routes import admin, operations, ppr
+from service.api.runtime import build_runtime
+from service.config import Settings, get_settings
+
+DESCRIPTION = """
+Differentially private personalized PageRank. Every answer comes from a noisy graph diffusion
+and is charged, before any noise is drawn, to a durable per-account budget composed by a
+Rényi-DP accountant. Authenticate with `Authorization: Bearer <api key>`.
+"""
+
+
+def _count_cache_event(cache: str, event: str) -> None:
+    CACHE_EVENTS.labels(cache, event).inc()
+
+
+def create_app(settings: Settings | None = None, *, configure_logs: bool = True) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if configure_logs:
+            configure_logging(settings.log_level)
+        runtime = build_runtime(settings, on_cache_event=_count_cache_event)
+        app.state.runtime = runtime
+        try:
+            yield
+        finally:
+            runtime.close()
+
+    app = FastAPI(
+        title="DP personalized PageRank",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.middleware("http")(observe_request)
+    install_error_handlers(app)
+    app.include_router(ppr.router)
+    app.include_router(admin.router)
+    app.include_router(operations.router)
+    return app

@@ -1,0 +1,105 @@
+"""Every error leaves as ``{"error": {"code", "message", ...}}`` with a stable code; never a trace.
+
+Framework errors are mapped too: a wrong type in a query parameter becomes
+``invalid_parameter`` naming the parameter, an unknown route ``not_found``, a wrong method
+``method_not_allowed``. Anything unexpected is logged with its request id and answered with
+``internal_error`` and that id, so an operator can find it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.api.observability import REFUSALS
+from service.errors import ServiceError
+
+log = logging.getLogger(__name__)
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
+
+
+def error_response(
+    status: int, body: dict[str, Any], headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+def _request_id(request: Request) -> str | None:
+    return getattr(request.state, "request_id", None)
+
+
+async def handle_service_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ServiceError)
+    request.state.outcome = exc.code
+    if exc.code == "budget_exhausted":
+        REFUSALS.labels(exc.code).inc()
+    body = exc.to_dict()
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    return error_response(exc.status, body, headers)
+
+
+async def handle_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = [str(part) for part in first.get("loc", ()) if part not in ("query", "path", "body")]
+    name = ".".join(loc) or "request"
+    if first.get("loc", ("",))[0] == "header":
+        name = loc[-1] if loc else "header"
+    reason = str(first.get("msg", "is not valid"))
+    given = first.get("input")
+    message = f"{name}: {reason}" + (
+        f", got {given!r}" if isinstance(given, str | int | float) else ""
+    )
+    request.state.outcome = "invalid_parameter"
+    return error_response(
+        422, {"code": "invalid_parameter", "message": message, "details": {"parameter": name}}
+    )
+
+
+async def handle_http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    request.state.outcome = code
+    message = str(exc.detail) if exc.detail else code.replace("_", " ")
+    if exc.status_code == 404 and message == "Not Found":
+        message = f"no route {request.method} {request.url.path}; see /docs"
+    return error_response(exc.status_code, {"code": code, "message": message}, exc.headers)
+
+
+async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    request_id = _request_id(request)
+    log.error(
+        "unhandled error", exc_info=exc, extra={"request_id": request_id, "path": request.url.path}
+    )
+    request.state.outcome = "internal_error"
+    return error_response(
+        500,
+        {
+            "code": "internal_error",
+            "message": "the service failed unexpectedly and returned no answer. "
+            f"Quote request id {request_id} to the operator",
+        },
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ServiceError, handle_service_error)
+    app.add_exception_handler(RequestValidationError, handle_validation_error)
+    app.add_exception_handler(StarletteHTTPException, handle_http_error)
+    app.add_exception_handler(Exception, handle_unexpected)

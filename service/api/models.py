@@ -1,0 +1,161 @@
+"""Response and request bodies of the HTTP API (pydantic; they are the OpenAPI schema)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.ledger.records import AccountRecord, ApiKeyRecord, BudgetView, ChargeRecord
+from service.serving.schemas import Answer
+
+
+class Result(BaseModel):
+    node: str = Field(description="External node id, as in the edge list.")
+    score: float = Field(description="Released (noisy, clipped at 0) diffusion score.")
+
+
+class Mechanism(BaseModel):
+    name: str
+    mode: Literal["personalized", "edge"]
+    epsilon: float = Field(description="The guarantee this answer's noise gives at `delta`.")
+    delta: float
+    beta: float
+    steps: int
+    noisy_steps: int = Field(description="Steps that carry noise (the last L of `steps`).")
+    eta: float
+    noise_scale: float = Field(description="Laplace scale b per node per noisy step.")
+
+
+class Budget(BaseModel):
+    account_id: int
+    spent_epsilon: float = Field(description="Composed by the RDP accountant at `delta`.")
+    cap_epsilon: float
+    remaining_epsilon: float
+    delta: float
+    charges: int
+
+    @classmethod
+    def of(cls, view: BudgetView) -> Budget:
+        return cls(**view.to_dict())
+
+
+class PprAnswer(BaseModel):
+    node: str
+    graph_version: str
+    results: list[Result]
+    mechanism: Mechanism
+    budget: Budget
+    replayed: bool = Field(description="True: a stored earlier release, nothing charged.")
+    request_id: str
+    epsilon_charged: float = Field(description="Per-query epsilon charged now (0 on replays).")
+
+    @classmethod
+    def of(cls, answer: Answer) -> PprAnswer:
+        return cls(
+            node=answer.node,
+            graph_version=answer.graph_version,
+            results=[Result(node=r.node, score=r.score) for r in answer.results],
+            mechanism=Mechanism(**answer.mechanism),
+            budget=Budget.of(answer.budget),
+            replayed=answer.replayed,
+            request_id=answer.request_id,
+            epsilon_charged=answer.epsilon_charged,
+        )
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    details: dict[str, Any] | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+class Account(BaseModel):
+    account_id: int
+    type: Literal["user", "service", "admin"]
+    node_id: str | None
+    label: str | None
+    allow_create_seed_accounts: bool
+    created_at: str
+
+    @classmethod
+    def of(cls, record: AccountRecord) -> Account:
+        return cls(**record.__dict__)
+
+
+class AccountWithBudget(Account):
+    budget: Budget
+
+
+class ApiKey(BaseModel):
+    key_id: int
+    account_id: int
+    prefix: str
+    created_at: str
+    revoked_at: str | None
+
+    @classmethod
+    def of(cls, record: ApiKeyRecord) -> ApiKey:
+        return cls(**record.__dict__)
+
+
+class NewApiKey(ApiKey):
+    api_key: str = Field(description="Shown once; only its hash is stored.")
+
+
+class CreateAccount(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["user", "service", "admin"]
+    node_id: str | None = Field(None, min_length=1, max_length=200)
+    cap_epsilon: float | None = Field(None, gt=0, le=1e6)
+    delta: float | None = Field(None, gt=0, lt=1)
+    label: str | None = Field(None, max_length=200)
+    allow_create_seed_accounts: bool = False
+
+
+class CreatedAccount(AccountWithBudget):
+    key: NewApiKey
+
+
+class SetBudget(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cap_epsilon: float | None = Field(None, gt=0, le=1e6)
+    delta: float | None = Field(None, gt=0, lt=1)
+
+
+class Charge(BaseModel):
+    charge_id: int
+    created_at: str
+    charged_account_id: int
+    principal_account_id: int
+    seed: str
+    mechanism: str
+    mode: str
+    epsilon: float
+    graph_version: str
+    request_id: str
+    idempotency_key: str | None
+    refunded: bool
+
+    @classmethod
+    def of(cls, record: ChargeRecord) -> Charge:
+        fields = {k: v for k, v in record.__dict__.items() if k != "params"}
+        return cls(**fields)
+
+
+class GraphInfo(BaseModel):
+    version: str
+    source: str
+    nodes: int
+    edges: int
+    degree_min: int
+    degree_mean: float
+    degree_max: int
+    loaded_at: float
+    load_seconds: float

@@ -1,0 +1,131 @@
+"""Metrics (Prometheus) and one structured JSON log line per request.
+
+Never logged or exported: noisy vectors, exact degrees, PPR values, API keys. A log line holds
+the request id, route, status, latency, account id, epsilon charged and outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+from starlette.requests import Request
+from starlette.responses import Response
+
+REQUESTS = Counter(
+    "ppr_http_requests_total", "HTTP requests by route, method and status",
+    ["route", "method", "status"],
+)  # fmt: skip
+LATENCY = Histogram(
+    "ppr_http_request_seconds", "HTTP request latency by route", ["route", "method"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)  # fmt: skip
+EPSILON_CHARGED = Counter(
+    "ppr_epsilon_charged_total",
+    "Sum of per-query epsilons charged (not a composed spend)",
+    ["mode"],
+)
+CHARGES = Counter("ppr_charges_total", "Queries admitted and charged", ["mode"])
+REFUSALS = Counter("ppr_refusals_total", "Queries refused by admission", ["reason"])
+REPLAYS = Counter("ppr_replays_total", "Queries answered from a stored release", ["source"])
+REFUNDS = Counter("ppr_refunds_total", "Charges refunded because no noise was drawn")
+CACHE_EVENTS = Counter("ppr_cache_events_total", "Cache lookups", ["cache", "result"])
+
+_SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+
+access_log = logging.getLogger("service.access")
+
+
+def metrics_response() -> Response:
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        data = generate_latest(registry)
+    else:
+        data = generate_latest()
+    return Response(data, media_type=CONTENT_TYPE_LATEST)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line; ``extra`` fields are included, exceptions as text."""
+
+    _skip = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        payload: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "pid": record.process,
+            "message": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in self._skip and not key.startswith("_"):
+                payload[key] = value
+        if record.exc_info:
+            payload["exception"] = self.formatException(record.exc_info)
+        return json.dumps(payload, default=str)
+
+
+def configure_logging(level: str = "info") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for name in ("uvicorn.access",):
+        logging.getLogger(name).disabled = True  # replaced by our one line per request
+
+
+def request_id_from(request: Request) -> str:
+    given = request.headers.get("x-request-id", "")
+    return given if _SAFE_REQUEST_ID.match(given) else uuid.uuid4().hex
+
+
+async def observe_request(
+    request: Request, call_next: Callable[[Request], Awaitable[Response]]
+) -> Response:
+    """Middleware: request id, metrics and the access log line."""
+    request_id = request_id_from(request)
+    request.state.request_id = request_id
+    start = time.perf_counter()
+    status = 500
+    try:
+        response = await call_next(request)
+        status = response.status_code
+        response.headers["X-Request-ID"] = request_id
+        return response
+    finally:
+        elapsed = time.perf_counter() - start
+        route_obj = request.scope.get("route")
+        route = getattr(route_obj, "path", "unmatched")
+        REQUESTS.labels(route, request.method, str(status)).inc()
+        LATENCY.labels(route, request.method).observe(elapsed)
+        access_log.info(
+            "request",
+            extra={
+                "request_id": request_id,
+                "method": request.method,
+                "route": route,
+                "status": status,
+                "duration_ms": round(elapsed * 1000, 2),
+                "account": getattr(request.state, "account_id", None),
+                "epsilon_charged": getattr(request.state, "epsilon_charged", 0.0),
+                "outcome": getattr(request.state, "outcome", "ok" if status < 400 else "error"),
+            },
+        )

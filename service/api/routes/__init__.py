@@ -1,0 +1,1 @@
+"""HTTP routes, one module per audience: queries, the caller's own budget, admin, operations."""

@@ -1,0 +1,196 @@
+"""Admin endpoints: accounts, keys, budgets, charges, the audit log and the graph.
+
+Every change is written to the ledger's audit log with the acting admin's account id.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, status
+
+from service.api.deps import AdminDep, RuntimeDep
+from service.api.models import (
+    AccountWithBudget,
+    ApiKey,
+    Budget,
+    Charge,
+    CreateAccount,
+    CreatedAccount,
+    ErrorResponse,
+    GraphInfo,
+    NewApiKey,
+    SetBudget,
+)
+from service.api.runtime import Runtime
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"])
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorResponse},
+    403: {"model": ErrorResponse},
+    404: {"model": ErrorResponse},
+    409: {"model": ErrorResponse},
+    422: {"model": ErrorResponse},
+}
+
+Limit = Annotated[int, Query(ge=1, le=1000)]
+Offset = Annotated[int, Query(ge=0)]
+
+
+def _with_budget(runtime: Runtime, account_id: int) -> AccountWithBudget:
+    record = runtime.ledger.get_account(account_id)
+    return AccountWithBudget(**record.__dict__, budget=Budget.of(runtime.ledger.budget(account_id)))
+
+
+@router.get("/accounts", response_model=list[AccountWithBudget], responses=_ERRORS)
+def list_accounts(
+    runtime: RuntimeDep,
+    admin: AdminDep,
+    type: Annotated[Literal["user", "service", "admin"] | None, Query()] = None,
+    limit: Limit = 100,
+    offset: Offset = 0,
+) -> list[AccountWithBudget]:
+    records = runtime.ledger.list_accounts(type=type, limit=limit, offset=offset)
+    return [
+        AccountWithBudget(**r.__dict__, budget=Budget.of(runtime.ledger.budget(r.account_id)))
+        for r in records
+    ]
+
+
+@router.post(
+    "/accounts",
+    response_model=CreatedAccount,
+    status_code=status.HTTP_201_CREATED,
+    responses=_ERRORS,
+)
+def create_account(body: CreateAccount, runtime: RuntimeDep, admin: AdminDep) -> CreatedAccount:
+    """Create an account and its first API key (shown once)."""
+    settings = runtime.settings
+    graph = runtime.graphs.current
+    if body.type == "user" and body.node_id is not None:
+        graph.index_of(body.node_id)  # unknown_node if the graph does not have it
+    record = runtime.ledger.create_account(
+        body.type,
+        node_id=body.node_id,
+        cap_epsilon=settings.default_cap_epsilon if body.cap_epsilon is None else body.cap_epsilon,
+        delta=settings.delta_for(graph.m) if body.delta is None else body.delta,
+        label=body.label,
+        allow_create_seed_accounts=body.allow_create_seed_accounts,
+        actor_account_id=admin.account_id,
+    )
+    key, key_record = runtime.ledger.create_api_key(
+        record.account_id, actor_account_id=admin.account_id
+    )
+    account = _with_budget(runtime, record.account_id)
+    return CreatedAccount(**account.model_dump(), key=NewApiKey(**key_record.__dict__, api_key=key))
+
+
+@router.get("/accounts/{account_id}", response_model=AccountWithBudget, responses=_ERRORS)
+def get_account(account_id: int, runtime: RuntimeDep, admin: AdminDep) -> AccountWithBudget:
+    return _with_budget(runtime, account_id)
+
+
+@router.put("/accounts/{account_id}/budget", response_model=Budget, responses=_ERRORS)
+def set_budget(account_id: int, body: SetBudget, runtime: RuntimeDep, admin: AdminDep) -> Budget:
+    """Change an account's cap and/or delta. The spend is kept as an RDP curve, so it is
+    re-converted at a new delta; a cap below the spend simply refuses further queries."""
+    view = runtime.ledger.set_budget(
+        account_id,
+        cap_epsilon=body.cap_epsilon,
+        delta=body.delta,
+        actor_account_id=admin.account_id,
+    )
+    return Budget.of(view)
+
+
+@router.get("/accounts/{account_id}/keys", response_model=list[ApiKey], responses=_ERRORS)
+def list_keys(account_id: int, runtime: RuntimeDep, admin: AdminDep) -> list[ApiKey]:
+    runtime.ledger.get_account(account_id)
+    return [ApiKey.of(k) for k in runtime.ledger.list_api_keys(account_id)]
+
+
+@router.post(
+    "/accounts/{account_id}/keys",
+    response_model=NewApiKey,
+    status_code=status.HTTP_201_CREATED,
+    responses=_ERRORS,
+)
+def create_key(account_id: int, runtime: RuntimeDep, admin: AdminDep) -> NewApiKey:
+    runtime.ledger.get_account(account_id)
+    key, record = runtime.ledger.create_api_key(account_id, actor_account_id=admin.account_id)
+    return NewApiKey(**record.__dict__, api_key=key)
+
+
+@router.post("/keys/{key_id}/revoke", response_model=ApiKey, responses=_ERRORS)
+def revoke_key(key_id: int, runtime: RuntimeDep, admin: AdminDep) -> ApiKey:
+    """Revoke a key (idempotent). The key's row stays; it no longer authenticates."""
+    return ApiKey.of(runtime.ledger.revoke_api_key(key_id, actor_account_id=admin.account_id))
+
+
+@router.get("/charges", response_model=list[Charge], responses=_ERRORS)
+def list_charges(
+    runtime: RuntimeDep,
+    admin: AdminDep,
+    account_id: Annotated[int | None, Query(ge=1)] = None,
+    limit: Limit = 100,
+    offset: Offset = 0,
+) -> list[Charge]:
+    """Charges, newest first (refunded ones marked); optionally of one charged account."""
+    records = runtime.ledger.list_charges(account_id, limit=limit, offset=offset)
+    return [Charge.of(r) for r in records]
+
+
+@router.get("/audit", responses=_ERRORS)
+def audit_log(runtime: RuntimeDep, admin: AdminDep, limit: Limit = 100) -> list[dict[str, Any]]:
+    return runtime.ledger.list_audit(limit=limit)
+
+
+def _graph_info(runtime: Runtime) -> GraphInfo:
+    loaded = runtime.graphs.loaded
+    assert loaded is not None
+    graph = loaded.graph
+    degrees = runtime.caches.degrees.get(graph.version)
+    if degrees is None:  # another worker's cache may be gone: rebuild it from the graph
+        degrees = graph.degrees
+        runtime.caches.degrees.put(graph.version, degrees)
+    return GraphInfo(
+        version=graph.version,
+        source=loaded.source,
+        nodes=graph.n,
+        edges=graph.m,
+        degree_min=int(degrees.min()) if degrees.size else 0,
+        degree_mean=float(degrees.mean()) if degrees.size else 0.0,
+        degree_max=int(degrees.max()) if degrees.size else 0,
+        loaded_at=loaded.loaded_at,
+        load_seconds=loaded.load_seconds,
+    )
+
+
+@router.get("/graph", response_model=GraphInfo, responses=_ERRORS)
+def graph_info(runtime: RuntimeDep, admin: AdminDep) -> GraphInfo:
+    return _graph_info(runtime)
+
+
+@router.post("/graph/reload", response_model=GraphInfo, responses=_ERRORS)
+def reload_graph(runtime: RuntimeDep, admin: AdminDep) -> GraphInfo:
+    """Load the graph again from its configured location and swap it in atomically.
+
+    Queries in flight finish on the old version. A broken file leaves the old graph serving
+    and answers with the loader's error (`graph_load_error`, naming file and line). With
+    several workers, each process holds its own graph: reload each (or restart them).
+    """
+    previous = runtime.graphs.current.version
+    try:
+        loaded = runtime.graphs.load()
+    except Exception as exc:
+        runtime.ledger.record_audit(
+            admin.account_id, "graph.reload_failed", details={"error": str(exc)[:500]}
+        )
+        raise
+    runtime.ledger.record_audit(
+        admin.account_id,
+        "graph.reload",
+        details={"previous_version": previous, "version": loaded.graph.version},
+    )
+    return _graph_info(runtime)

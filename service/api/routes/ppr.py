@@ -1,0 +1,89 @@
+"""``GET /v1/ppr/{node_id}``: one private PPR answer, admitted and charged before any noise."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Path, Query, Request
+
+from service.api.deps import PrincipalDep, RuntimeDep
+from service.api.models import Budget, ErrorResponse, PprAnswer
+from service.api.observability import CHARGES, EPSILON_CHARGED, REPLAYS
+from service.errors import InvalidParameter
+from service.privacy.modes import Mode
+from service.serving.schemas import QueryRequest
+
+router = APIRouter(prefix="/v1", tags=["queries"])
+
+_ERRORS: dict[int | str, dict[str, object]] = {
+    401: {"model": ErrorResponse, "description": "missing, malformed, unknown or revoked key"},
+    403: {"model": ErrorResponse, "description": "`forbidden` or `budget_exhausted`"},
+    404: {"model": ErrorResponse, "description": "`unknown_node` or `unknown_account`"},
+    409: {"model": ErrorResponse, "description": "`request_in_progress`"},
+    422: {"model": ErrorResponse, "description": "`invalid_parameter`, naming it"},
+}
+
+#: What an Idempotency-Key may look like (printable, bounded).
+_MAX_IDEMPOTENCY_KEY = 200
+
+
+@router.get("/ppr/{node_id}", response_model=PprAnswer, responses=_ERRORS)
+def ppr(
+    request: Request,
+    runtime: RuntimeDep,
+    principal: PrincipalDep,
+    node_id: Annotated[str, Path(min_length=1, max_length=200, description="External node id")],
+    k: Annotated[int | None, Query(description="Results to return (1..max_k, default 20)")] = None,
+    epsilon: Annotated[
+        float | None, Query(description="Per-query epsilon (configured range; default 0.1)")
+    ] = None,
+    mode: Annotated[Mode, Query(description="`personalized` or `edge`")] = Mode.PERSONALIZED,
+    fresh: Annotated[bool, Query(description="Draw new noise even if a release exists")] = False,
+    exclude_neighbors: Annotated[
+        bool, Query(description="Drop the seed's own neighbours (personalized mode only)")
+    ] = False,
+    idempotency_key: Annotated[
+        str | None, Header(description="Retries with the same key return the same answer")
+    ] = None,
+) -> PprAnswer:
+    """A ranked list of nodes close to `node_id`, from the noisy diffusion.
+
+    The seed is never in the list. The answer is charged to the seed user's budget
+    (`personalized`) or to the caller (`edge` by a service account); a repeated query returns
+    the stored release with `replayed: true` and costs nothing unless `fresh=true`.
+    """
+    if idempotency_key is not None and not (
+        0 < len(idempotency_key) <= _MAX_IDEMPOTENCY_KEY and idempotency_key.isprintable()
+    ):
+        raise InvalidParameter(
+            "Idempotency-Key", f"must be 1..{_MAX_IDEMPOTENCY_KEY} printable characters"
+        )
+    settings = runtime.settings
+    answer = runtime.queries.answer(
+        QueryRequest(
+            principal=principal,
+            node=node_id,
+            k=settings.default_k if k is None else k,
+            epsilon=epsilon,
+            mode=mode,
+            fresh=fresh,
+            exclude_neighbors=exclude_neighbors,
+            idempotency_key=idempotency_key,
+            request_id=request.state.request_id,
+        )
+    )
+    request.state.epsilon_charged = answer.epsilon_charged
+    if answer.replayed:
+        request.state.outcome = "replayed"
+        REPLAYS.labels("idempotency" if idempotency_key else "release").inc()
+    else:
+        request.state.outcome = "charged"
+        CHARGES.labels(mode.value).inc()
+        EPSILON_CHARGED.labels(mode.value).inc(answer.epsilon_charged)
+    return PprAnswer.of(answer)
+
+
+@router.get("/me/budget", response_model=Budget, tags=["budget"], responses=_ERRORS)
+def my_budget(runtime: RuntimeDep, principal: PrincipalDep) -> Budget:
+    """The caller's own budget: spend composed by the RDP accountant at the account's delta."""
+    return Budget.of(runtime.ledger.budget(principal.account_id))

@@ -1,0 +1,77 @@
+"""What one service process holds: settings, the graph, the ledger, the caches, the query path.
+
+Built once at start-up (the app's lifespan) and torn down at shutdown. Nothing here knows about
+HTTP, so a batch job can build the same runtime and call ``queries.answer`` directly.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from service.cache.caches import Caches, build_caches
+from service.config import Settings
+from service.graph.model import Graph
+from service.ledger.ledger import Ledger
+from service.serving.graph_holder import GraphHolder
+from service.serving.planner import DiffusionPlanner
+from service.serving.ppr_query import PprQueryService, PrefixProvider
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    graphs: GraphHolder
+    ledger: Ledger
+    caches: Caches
+    queries: PprQueryService
+
+    def close(self) -> None:
+        self.ledger.dispose()
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Ready when the graph is loaded and the ledger answers; a degraded cache is reported
+        but does not make the process unready (answers and charges do not depend on it)."""
+        loaded = self.graphs.loaded
+        database_ok = self.ledger.ping()
+        cache_state = self.caches.state()
+        checks: dict[str, Any] = {
+            "graph": {"status": "ok", "version": loaded.graph.version, "source": loaded.source}
+            if loaded is not None
+            else {"status": "not_loaded"},
+            "database": {"status": "ok" if database_ok else "unreachable"},
+            "cache": cache_state,
+        }
+        return loaded is not None and database_ok, checks
+
+
+def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
+    """Open the ledger (refusing an un-migrated one), build the caches, load the graph."""
+    ledger = Ledger.from_url(settings.database_url, auto_migrate=settings.auto_migrate)
+    try:
+        # Keys live under the ledger's own id: account ids are per ledger, so two ledgers (or a
+        # restored one) sharing a Redis never see each other's replays.
+        caches = build_caches(settings, namespace=ledger.ledger_id, on_event=on_cache_event)
+
+        def remember_degrees(graph: Graph) -> None:
+            caches.degrees.put(graph.version, graph.degrees)
+
+        graphs = GraphHolder(settings.graph_path, on_load=remember_degrees)
+        graphs.load()
+        queries = PprQueryService(
+            graphs=graphs,
+            ledger=ledger,
+            replays=caches.replay,
+            mechanism=settings,
+            prefixes=PrefixProvider(caches.prefixes),
+            planner=DiffusionPlanner(caches.calibration),
+            replay_store_top=settings.replay_store_top,
+            create_seed_accounts=settings.create_seed_accounts,
+        )
+    except BaseException:
+        ledger.dispose()
+        raise
+    return Runtime(settings, graphs, ledger, caches, queries)

@@ -1,0 +1,137 @@
+"""Running the real app against a real ledger database (SQLite file or PostgreSQL) and cache
+(in-process or Redis) for the API tests, in-process (ASGI) or as a uvicorn server."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi.testclient import TestClient
+
+from service.api.app import create_app
+from service.config import Settings
+from service.ledger.ledger import Ledger
+
+#: A small deterministic graph keeps the API tests fast; answers still use the full engine.
+GRAPH_NODES = 400
+GRAPH_EDGES = 2400
+
+
+@dataclass
+class Backend:
+    """Where the ledger and cache of one test live."""
+
+    name: str
+    database_url: str
+    redis_url: str | None
+    graph_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    def settings(self, **overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "graph_path": self.graph_path,
+            "database_url": self.database_url,
+            "redis_url": self.redis_url,
+            "steps": 30,
+            "default_cap_epsilon": 1.0,
+            **overrides,
+        }
+        return Settings(**values)
+
+
+@contextmanager
+def running_app(backend: Backend, **overrides: Any) -> Iterator[TestClient]:
+    """The app with its lifespan (ledger opened, graph loaded) behind an HTTP test client."""
+    app = create_app(backend.settings(**overrides), configure_logs=False)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield client
+
+
+def ledger_of(client: TestClient) -> Ledger:
+    ledger: Ledger = client.app.state.runtime.ledger  # type: ignore[attr-defined]
+    return ledger
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Server:
+    base_url: str
+    log_path: Path
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        """The JSON log lines the server wrote so far (non-JSON lines skipped)."""
+        lines = []
+        for raw in self.log_path.read_text().splitlines():
+            try:
+                lines.append(json.loads(raw))
+            except ValueError:
+                continue
+        return lines
+
+
+@contextmanager
+def uvicorn_server(
+    backend: Backend, *, workers: int = 1, extra_env: dict[str, str] | None = None
+) -> Iterator[Server]:
+    """``python -m service serve`` in a subprocess; yields once every worker is ready."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "PPR_GRAPH_PATH": str(backend.graph_path),
+        "PPR_DATABASE_URL": backend.database_url,
+        "PPR_STEPS": "30",
+        "PPR_LOG_LEVEL": "info",
+        **({"PPR_REDIS_URL": backend.redis_url} if backend.redis_url else {}),
+        **(extra_env or {}),
+    }
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    log_path = backend.graph_path.parent / f"server-{port}.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service", "serve", "--port", str(port),
+             "--workers", str(workers)],
+            env=env, stdout=log_file, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    server = Server(f"http://127.0.0.1:{port}", log_path)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited:\n{log_path.read_text()}")
+            loaded = sum(1 for line in server.log_lines() if line.get("message") == "graph loaded")
+            if loaded >= workers:
+                try:
+                    if httpx.get(f"{server.base_url}/readyz", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server not ready in 120 s:\n{log_path.read_text()}")
+            time.sleep(0.2)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

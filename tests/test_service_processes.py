@@ -1,0 +1,121 @@
+"""The service as it runs in production: uvicorn worker processes, a shared PostgreSQL ledger,
+a Redis that can fail; and the start-up checks of ``python -m service serve``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from service.graph.generate import write_generated_edge_list
+from service.ledger import Ledger, upgrade
+from service.privacy.calibration import plan_diffusion
+from service.privacy.modes import Mode
+from tests.api_support import (
+    GRAPH_EDGES,
+    GRAPH_NODES,
+    Backend,
+    bearer,
+    free_port,
+    ledger_of,
+    running_app,
+    uvicorn_server,
+)
+
+
+@pytest.fixture
+def graph_path(tmp_path: Path) -> Path:
+    path = tmp_path / "graph.txt"
+    write_generated_edge_list(path, GRAPH_NODES, GRAPH_EDGES, seed=7)
+    return path
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_fifty_concurrent_queries_on_two_workers_never_pass_the_cap(
+    postgres_url: str, graph_path: Path
+) -> None:
+    upgrade(postgres_url)
+    backend = Backend("postgres", postgres_url, None, graph_path)
+    ledger = Ledger.from_url(postgres_url)
+    try:
+        user = ledger.create_account("user", node_id="17", cap_epsilon=1.0, delta=1e-6)
+        key, _ = ledger.create_api_key(user.account_id)
+    finally:
+        ledger.dispose()
+    one = plan_diffusion(0.1, 1e-6, 30, 0.8, 1e-7, Mode.PERSONALIZED).curve
+    fits = max(q for q in range(1, 200) if (one * q).epsilon(1e-6) <= 1.0)
+    assert fits < 50  # the cap, not the number of requests, decides
+
+    with uvicorn_server(backend, workers=2) as server:
+
+        def ask(i: int) -> httpx.Response:
+            with httpx.Client(base_url=server.base_url, timeout=60) as http:
+                return http.get("/v1/ppr/17", params={"fresh": "true", "k": 5}, headers=bearer(key))
+
+        with ThreadPoolExecutor(max_workers=50) as pool:
+            responses = list(pool.map(ask, range(50)))
+        log = server.log_lines()
+
+    statuses = [r.status_code for r in responses]
+    answered = [r.json() for r in responses if r.status_code == 200]
+    refused = [r.json() for r in responses if r.status_code != 200]
+    assert set(statuses) <= {200, 403}
+    assert all(e["error"]["code"] == "budget_exhausted" for e in refused)
+    assert len(answered) == fits
+
+    ledger = Ledger.from_url(postgres_url)
+    try:
+        budget = ledger.budget(user.account_id)
+        charges = ledger.list_charges(user.account_id, limit=1000)
+    finally:
+        ledger.dispose()
+    assert len(charges) == budget.charges == len(answered)
+    assert budget.spent_epsilon <= budget.cap_epsilon
+    assert budget.spent_epsilon == pytest.approx((one * fits).epsilon(1e-6))
+    assert {c.request_id for c in charges} == {a["request_id"] for a in answered}
+    served_by = {line["pid"] for line in log if line.get("route") == "/v1/ppr/{node_id}"}
+    assert len(served_by) >= 2, "both worker processes should have answered"
+
+
+def test_serve_refuses_an_unmigrated_database(tmp_path: Path, graph_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "service", "serve", "--graph", str(graph_path),
+         "--database-url", url, "--port", str(free_port())],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "python -m service db upgrade" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_serve_rejects_a_missing_graph_file(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "service", "serve", "--graph", str(tmp_path / "nope.txt")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "nope.txt" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_dead_redis_degrades_but_never_stops_answers(tmp_path: Path, graph_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    upgrade(url)
+    dead_redis = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    backend = Backend("sqlite+dead-redis", url, dead_redis, graph_path)
+    with running_app(backend) as client:
+        ready = client.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["status"] == "degraded"
+        ledger = ledger_of(client)
+        user = ledger.create_account("user", node_id="8", cap_epsilon=1.0, delta=1e-6)
+        key, _ = ledger.create_api_key(user.account_id)
+        first = client.get("/v1/ppr/8", headers=bearer(key))
+        assert first.status_code == 200 and first.json()["replayed"] is False
+        replay = client.get("/v1/ppr/8", headers=bearer(key))
+        assert replay.status_code == 200 and replay.json()["replayed"] is True
+        assert replay.json()["results"] == first.json()["results"]
+        assert ledger.budget(user.account_id).charges == 1
