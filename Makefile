@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 serve: $(STAMP)
+	$(BIN)/python -m service db upgrade
 	$(BIN)/python -m service serve
 
 test: $(STAMP)

@@ -471,3 +471,32 @@ def test_composition_matches_an_independent_accountant(
     assert body["budget"]["spent_epsilon"] == pytest.approx(total.epsilon(delta), rel=1e-12)
     assert body["budget"]["spent_epsilon"] < sum(c.epsilon(delta) for c in curves)
     assert math.isfinite(body["budget"]["remaining_epsilon"])
+
+
+def test_a_failure_before_any_noise_is_refunded(
+    client: TestClient, accounts: Accounts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fault injection: the noise-free prefix cannot be computed (e.g. out of memory). No
+    noise was drawn, so the charge is compensated by a refund row and the budget restored."""
+    account_id, key = accounts.user("140")
+    runtime = client.app.state.runtime  # type: ignore[attr-defined]
+
+    def out_of_memory(*args: object, **kwargs: object) -> None:
+        raise MemoryError("simulated")
+
+    monkeypatch.setattr(runtime.queries.prefixes, "get", out_of_memory)
+    failed = query(client, key, "140", fresh="true")
+    assert failed.status_code == 500
+    assert failed.json()["error"]["code"] == "internal_error"
+    assert failed.json()["error"]["message"].endswith(
+        failed.headers["X-Request-ID"] + " to the operator"
+    )
+    charges = ledger_of(client).list_charges(account_id)
+    assert len(charges) == 1 and charges[0].refunded
+    budget = ledger_of(client).budget(account_id)
+    assert budget.spent_epsilon == 0.0 and budget.charges == 0
+
+    monkeypatch.undo()
+    answered = query(client, key, "140")
+    assert answered.status_code == 200 and answered.json()["budget"]["charges"] == 1
+    assert client.get("/healthz").status_code == 200  # the process keeps serving

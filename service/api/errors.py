@@ -8,19 +8,16 @@ Framework errors are mapped too: a wrong type in a query parameter becomes
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.api.observability import REFUSALS
+from service.api.observability import REFUSALS, internal_error_response
 from service.errors import ServiceError
-
-log = logging.getLogger(__name__)
 
 _HTTP_CODES = {
     400: "bad_request",
@@ -38,10 +35,6 @@ def error_response(
     status: int, body: dict[str, Any], headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
     return JSONResponse({"error": body}, status_code=status, headers=headers)
-
-
-def _request_id(request: Request) -> str | None:
-    return getattr(request.state, "request_id", None)
 
 
 async def handle_service_error(request: Request, exc: Exception) -> JSONResponse:
@@ -82,20 +75,8 @@ async def handle_http_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status_code, {"code": code, "message": message}, exc.headers)
 
 
-async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    request_id = _request_id(request)
-    log.error(
-        "unhandled error", exc_info=exc, extra={"request_id": request_id, "path": request.url.path}
-    )
-    request.state.outcome = "internal_error"
-    return error_response(
-        500,
-        {
-            "code": "internal_error",
-            "message": "the service failed unexpectedly and returned no answer. "
-            f"Quote request id {request_id} to the operator",
-        },
-    )
+async def handle_unexpected(request: Request, exc: Exception) -> Response:
+    return internal_error_response(request, exc)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -25,7 +25,7 @@ from prometheus_client import (
     multiprocess,
 )
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 REQUESTS = Counter(
     "ppr_http_requests_total", "HTTP requests by route, method and status",
@@ -82,6 +82,24 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(payload, default=str)
 
 
+def internal_error_response(request: Request, exc: BaseException) -> Response:
+    """500 ``internal_error`` for an unexpected failure: logged with its request id, which the
+    body quotes; never a trace to the client."""
+    request_id = getattr(request.state, "request_id", None)
+    logging.getLogger("service.api").error(
+        "unhandled error", exc_info=exc, extra={"request_id": request_id, "path": request.url.path}
+    )
+    request.state.outcome = "internal_error"
+    body = {
+        "error": {
+            "code": "internal_error",
+            "message": "the service failed unexpectedly and returned no answer. "
+            f"Quote request id {request_id} to the operator",
+        }
+    }
+    return JSONResponse(body, status_code=500)
+
+
 def configure_logging(level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
@@ -106,7 +124,10 @@ async def observe_request(
     start = time.perf_counter()
     status = 500
     try:
-        response = await call_next(request)
+        try:
+            response = await call_next(request)
+        except Exception as exc:  # not a ServiceError: those are answered by their handler
+            response = internal_error_response(request, exc)
         status = response.status_code
         response.headers["X-Request-ID"] = request_id
         return response
