@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -208,15 +209,7 @@ def _revoke_key(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
         key = ledger.revoke_api_key(args.key_id)
     if args.json:
-        print_json(
-            {
-                "key_id": key.key_id,
-                "account_id": key.account_id,
-                "prefix": key.prefix,
-                "created_at": key.created_at,
-                "revoked_at": key.revoked_at,
-            }
-        )
+        print_json(asdict(key))
     else:
         print(f"revoked API key {key.key_id} ({key.prefix}...) of account {key.account_id}")
     return 0
@@ -237,18 +230,7 @@ def _keys(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
         keys = ledger.list_api_keys(args.account_id)
     if args.json:
-        print_json(
-            [
-                {
-                    "key_id": k.key_id,
-                    "account_id": k.account_id,
-                    "prefix": k.prefix,
-                    "created_at": k.created_at,
-                    "revoked_at": k.revoked_at,
-                }
-                for k in keys
-            ]
-        )
+        print_json([asdict(k) for k in keys])
     else:
         print_table(
             ["key_id", "prefix", "created_at", "revoked_at"],
