@@ -37,7 +37,7 @@ def redis_answers(url: str = REDIS_URL) -> bool:
         pytest.param("postgres+redis", marks=[pytest.mark.postgres, pytest.mark.redis]),
     ]
 )
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     graph_path = tmp_path / "graph.txt"
     write_generated_edge_list(graph_path, GRAPH_NODES, GRAPH_EDGES, seed=7)
     if request.param == "sqlite":
@@ -49,7 +49,27 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
         url = request.getfixturevalue("postgres_url")
         redis_url = REDIS_URL
     upgrade(url)
-    return Backend(request.param, url, redis_url, graph_path)
+    yield Backend(request.param, url, redis_url, graph_path)
+    if redis_url is not None:
+        forget_cached_keys(url, redis_url)
+
+
+def forget_cached_keys(database_url: str, redis_url: str) -> None:
+    """Remove what this test's ledger left in the shared Redis (keys under its ledger id)."""
+    import redis
+
+    ledger = Ledger.from_url(database_url)
+    try:
+        pattern = f"ppr:{ledger.ledger_id}:*"
+    finally:
+        ledger.dispose()
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(client.scan_iter(match=pattern, count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
 
 
 @pytest.fixture

@@ -119,3 +119,45 @@ def test_a_dead_redis_degrades_but_never_stops_answers(tmp_path: Path, graph_pat
         assert replay.status_code == 200 and replay.json()["replayed"] is True
         assert replay.json()["results"] == first.json()["results"]
         assert ledger.budget(user.account_id).charges == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_concurrent_retries_with_one_idempotency_key_charge_once(
+    postgres_url: str, graph_path: Path
+) -> None:
+    upgrade(postgres_url)
+    backend = Backend("postgres", postgres_url, None, graph_path)
+    ledger = Ledger.from_url(postgres_url)
+    try:
+        user = ledger.create_account("user", node_id="23", cap_epsilon=1.0, delta=1e-6)
+        key, _ = ledger.create_api_key(user.account_id)
+    finally:
+        ledger.dispose()
+    headers = {**bearer(key), "Idempotency-Key": "checkout-7"}
+
+    with uvicorn_server(backend, workers=2) as server:
+
+        def ask(i: int) -> httpx.Response:
+            with httpx.Client(base_url=server.base_url, timeout=60) as http:
+                return http.get("/v1/ppr/23", params={"fresh": "true", "k": 5}, headers=headers)
+
+        with ThreadPoolExecutor(max_workers=12) as pool:
+            responses = list(pool.map(ask, range(12)))
+        with httpx.Client(base_url=server.base_url, timeout=60) as http:
+            settled = http.get("/v1/ppr/23", params={"fresh": "true", "k": 5}, headers=headers)
+
+    ok = [r.json() for r in responses if r.status_code == 200]
+    busy = [r.json() for r in responses if r.status_code == 409]
+    assert len(ok) + len(busy) == len(responses)
+    assert all(b["error"]["code"] == "request_in_progress" for b in busy)
+    assert sum(1 for a in ok if not a["replayed"]) == 1
+    assert len({str(a["results"]) for a in ok}) == 1
+    assert settled.status_code == 200 and settled.json()["replayed"] is True
+    assert settled.json()["results"] == ok[0]["results"]
+    ledger = Ledger.from_url(postgres_url)
+    try:
+        assert ledger.budget(user.account_id).charges == 1
+        assert len(ledger.list_charges(user.account_id)) == 1
+    finally:
+        ledger.dispose()
