@@ -161,3 +161,35 @@ def test_concurrent_retries_with_one_idempotency_key_charge_once(
         assert len(ledger.list_charges(user.account_id)) == 1
     finally:
         ledger.dispose()
+
+
+@pytest.mark.postgres
+def test_a_lost_database_is_503_and_the_process_keeps_serving(
+    postgres_url: str, graph_path: Path
+) -> None:
+    """The ledger's database disappears under a running service (dropped with its
+    connections): queries are refused with ledger_unavailable, readiness fails, liveness holds."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+
+    upgrade(postgres_url)
+    backend = Backend("postgres", postgres_url, None, graph_path)
+    with running_app(backend) as client:
+        ledger = ledger_of(client)
+        user = ledger.create_account("user", node_id="31", cap_epsilon=1.0, delta=1e-6)
+        key, _ = ledger.create_api_key(user.account_id)
+        assert client.get("/v1/ppr/31", headers=bearer(key)).status_code == 200
+
+        url = make_url(postgres_url)
+        admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+        try:
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f'DROP DATABASE "{url.database}" WITH (FORCE)')
+        finally:
+            admin.dispose()
+
+        lost = client.get("/v1/ppr/31", headers=bearer(key), params={"fresh": "true"})
+        assert lost.status_code == 503  # authentication already needs the ledger
+        assert lost.json()["error"]["code"] == "ledger_unavailable"
+        assert client.get("/readyz").status_code == 503
+        assert client.get("/healthz").status_code == 200

@@ -22,7 +22,7 @@ from typing import Any, cast
 
 from alembic.util import CommandError
 from sqlalchemy import Engine, func, select, text
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
 from service.errors import InvalidParameter, ServiceError
@@ -100,6 +100,21 @@ class LedgerUnavailable(ServiceError):
 
 
 # --- validation and conversion ----------------------------------------------------------------
+
+
+@contextmanager
+def _unavailable_as_error() -> Iterator[None]:
+    """A database that cannot be reached (or stays locked) is ``ledger_unavailable`` (503).
+
+    A transaction that fails this way did not commit: nothing was charged by it.
+    """
+    try:
+        yield
+    except (OperationalError, InterfaceError) as exc:
+        raise LedgerUnavailable(
+            "the budget ledger database cannot be reached; no answer was released. Retry later",
+            details={"error": type(exc.orig).__name__ if exc.orig is not None else "unknown"},
+        ) from exc
 
 
 def _check_cap(cap_epsilon: float) -> float:
@@ -269,13 +284,21 @@ class Ledger:
 
     @contextmanager
     def _reading(self) -> Iterator[Session]:
-        with Session(self._engine, expire_on_commit=False) as session, session.begin():
+        with (
+            _unavailable_as_error(),
+            Session(self._engine, expire_on_commit=False) as session,
+            session.begin(),
+        ):
             yield session
 
     @contextmanager
     def _writing(self) -> Iterator[Session]:
         """A write transaction: BEGIN IMMEDIATE on SQLite (takes the write lock up front)."""
-        with Session(self._write_engine, expire_on_commit=False) as session, session.begin():
+        with (
+            _unavailable_as_error(),
+            Session(self._write_engine, expire_on_commit=False) as session,
+            session.begin(),
+        ):
             yield session
 
     # --- helpers ------------------------------------------------------------------------------
