@@ -62,6 +62,24 @@ def ledger_of(client: TestClient) -> Ledger:
     return ledger
 
 
+@contextmanager
+def open_ledger(database_url: str) -> Iterator[Ledger]:
+    """The ledger at ``database_url`` outside any app, closed afterwards."""
+    ledger = Ledger.from_url(database_url)
+    try:
+        yield ledger
+    finally:
+        ledger.dispose()
+
+
+def user_with_key(database_url: str, node: str, *, cap_epsilon: float = 1.0) -> tuple[int, str]:
+    """A user account for ``node`` (delta 1e-6) and its API key, made directly in the ledger."""
+    with open_ledger(database_url) as ledger:
+        user = ledger.create_account("user", node_id=node, cap_epsilon=cap_epsilon, delta=1e-6)
+        key, _ = ledger.create_api_key(user.account_id)
+    return user.account_id, key
+
+
 def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 

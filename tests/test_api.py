@@ -13,11 +13,19 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.graph.generate import write_generated_edge_list
-from service.ledger import Ledger, upgrade
+from service.ledger import upgrade
 from service.privacy.accountant import RdpCurve
 from service.privacy.calibration import plan_diffusion
 from service.privacy.modes import Mode
-from tests.api_support import GRAPH_EDGES, GRAPH_NODES, Backend, bearer, ledger_of, running_app
+from tests.api_support import (
+    GRAPH_EDGES,
+    GRAPH_NODES,
+    Backend,
+    bearer,
+    ledger_of,
+    open_ledger,
+    running_app,
+)
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -58,11 +66,8 @@ def forget_cached_keys(database_url: str, redis_url: str) -> None:
     """Remove what this test's ledger left in the shared Redis (keys under its ledger id)."""
     import redis
 
-    ledger = Ledger.from_url(database_url)
-    try:
+    with open_ledger(database_url) as ledger:
         pattern = f"ppr:{ledger.ledger_id}:*"
-    finally:
-        ledger.dispose()
     client = redis.Redis.from_url(redis_url)
     try:
         keys = list(client.scan_iter(match=pattern, count=1000))
@@ -468,11 +473,8 @@ def test_spend_survives_a_restart(backend: Backend) -> None:
         assert after == spent
         replay = query(client, key, "120", epsilon=0.2).json()
         assert replay["replayed"] is True  # the release is durable too
-    ledger = Ledger.from_url(backend.database_url)
-    try:
+    with open_ledger(backend.database_url) as ledger:
         assert ledger.budget(account_id).spent_epsilon == spent["spent_epsilon"]
-    finally:
-        ledger.dispose()
 
 
 def test_composition_matches_an_independent_accountant(

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from service.graph.generate import write_generated_edge_list
-from service.ledger import Ledger, upgrade
+from service.ledger import upgrade
 from service.privacy.calibration import plan_diffusion
 from service.privacy.modes import Mode
 from tests.api_support import (
@@ -22,7 +22,9 @@ from tests.api_support import (
     bearer,
     free_port,
     ledger_of,
+    open_ledger,
     running_app,
+    user_with_key,
     uvicorn_server,
 )
 
@@ -41,12 +43,7 @@ def test_fifty_concurrent_queries_on_two_workers_never_pass_the_cap(
 ) -> None:
     upgrade(postgres_url)
     backend = Backend("postgres", postgres_url, None, graph_path)
-    ledger = Ledger.from_url(postgres_url)
-    try:
-        user = ledger.create_account("user", node_id="17", cap_epsilon=1.0, delta=1e-6)
-        key, _ = ledger.create_api_key(user.account_id)
-    finally:
-        ledger.dispose()
+    account_id, key = user_with_key(postgres_url, "17")
     one = plan_diffusion(0.1, 1e-6, 30, 0.8, 1e-7, Mode.PERSONALIZED).curve
     fits = max(q for q in range(1, 200) if (one * q).epsilon(1e-6) <= 1.0)
     assert fits < 50  # the cap, not the number of requests, decides
@@ -68,12 +65,9 @@ def test_fifty_concurrent_queries_on_two_workers_never_pass_the_cap(
     assert all(e["error"]["code"] == "budget_exhausted" for e in refused)
     assert len(answered) == fits
 
-    ledger = Ledger.from_url(postgres_url)
-    try:
-        budget = ledger.budget(user.account_id)
-        charges = ledger.list_charges(user.account_id, limit=1000)
-    finally:
-        ledger.dispose()
+    with open_ledger(postgres_url) as ledger:
+        budget = ledger.budget(account_id)
+        charges = ledger.list_charges(account_id, limit=1000)
     assert len(charges) == budget.charges == len(answered)
     assert budget.spent_epsilon <= budget.cap_epsilon
     assert budget.spent_epsilon == pytest.approx((one * fits).epsilon(1e-6))
@@ -128,12 +122,7 @@ def test_concurrent_retries_with_one_idempotency_key_charge_once(
 ) -> None:
     upgrade(postgres_url)
     backend = Backend("postgres", postgres_url, None, graph_path)
-    ledger = Ledger.from_url(postgres_url)
-    try:
-        user = ledger.create_account("user", node_id="23", cap_epsilon=1.0, delta=1e-6)
-        key, _ = ledger.create_api_key(user.account_id)
-    finally:
-        ledger.dispose()
+    account_id, key = user_with_key(postgres_url, "23")
     headers = {**bearer(key), "Idempotency-Key": "checkout-7"}
 
     with uvicorn_server(backend, workers=2) as server:
@@ -155,12 +144,9 @@ def test_concurrent_retries_with_one_idempotency_key_charge_once(
     assert len({str(a["results"]) for a in ok}) == 1
     assert settled.status_code == 200 and settled.json()["replayed"] is True
     assert settled.json()["results"] == ok[0]["results"]
-    ledger = Ledger.from_url(postgres_url)
-    try:
-        assert ledger.budget(user.account_id).charges == 1
-        assert len(ledger.list_charges(user.account_id)) == 1
-    finally:
-        ledger.dispose()
+    with open_ledger(postgres_url) as ledger:
+        assert ledger.budget(account_id).charges == 1
+        assert len(ledger.list_charges(account_id)) == 1
 
 
 @pytest.mark.postgres

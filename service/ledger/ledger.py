@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, cast
 
 from alembic.util import CommandError
@@ -103,13 +103,14 @@ class LedgerUnavailable(ServiceError):
 
 
 @contextmanager
-def _unavailable_as_error() -> Iterator[None]:
-    """A database that cannot be reached (or stays locked) is ``ledger_unavailable`` (503).
-
-    A transaction that fails this way did not commit: nothing was charged by it.
+def _transaction(engine: Engine) -> Iterator[Session]:
+    """One transaction on ``engine``; a database that cannot be reached (or stays locked) is
+    ``ledger_unavailable`` (503). A transaction that fails this way did not commit: nothing
+    was charged by it.
     """
     try:
-        yield
+        with Session(engine, expire_on_commit=False) as session, session.begin():
+            yield session
     except (OperationalError, InterfaceError) as exc:
         raise LedgerUnavailable(
             "the budget ledger database cannot be reached; no answer was released. Retry later",
@@ -282,24 +283,12 @@ class Ledger:
     def dispose(self) -> None:
         self._engine.dispose()
 
-    @contextmanager
-    def _reading(self) -> Iterator[Session]:
-        with (
-            _unavailable_as_error(),
-            Session(self._engine, expire_on_commit=False) as session,
-            session.begin(),
-        ):
-            yield session
+    def _reading(self) -> AbstractContextManager[Session]:
+        return _transaction(self._engine)
 
-    @contextmanager
-    def _writing(self) -> Iterator[Session]:
+    def _writing(self) -> AbstractContextManager[Session]:
         """A write transaction: BEGIN IMMEDIATE on SQLite (takes the write lock up front)."""
-        with (
-            _unavailable_as_error(),
-            Session(self._write_engine, expire_on_commit=False) as session,
-            session.begin(),
-        ):
-            yield session
+        return _transaction(self._write_engine)
 
     # --- helpers ------------------------------------------------------------------------------
 

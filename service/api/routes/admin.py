@@ -23,6 +23,7 @@ from service.api.models import (
     SetBudget,
 )
 from service.api.runtime import Runtime
+from service.ledger.records import AccountRecord
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
@@ -38,9 +39,9 @@ Limit = Annotated[int, Query(ge=1, le=1000)]
 Offset = Annotated[int, Query(ge=0)]
 
 
-def _with_budget(runtime: Runtime, account_id: int) -> AccountWithBudget:
-    record = runtime.ledger.get_account(account_id)
-    return AccountWithBudget(**record.__dict__, budget=Budget.of(runtime.ledger.budget(account_id)))
+def _with_budget(runtime: Runtime, record: AccountRecord) -> AccountWithBudget:
+    budget = Budget.of(runtime.ledger.budget(record.account_id))
+    return AccountWithBudget(**record.__dict__, budget=budget)
 
 
 @router.get("/accounts", response_model=list[AccountWithBudget], responses=_ERRORS)
@@ -52,10 +53,7 @@ def list_accounts(
     offset: Offset = 0,
 ) -> list[AccountWithBudget]:
     records = runtime.ledger.list_accounts(type=type, limit=limit, offset=offset)
-    return [
-        AccountWithBudget(**r.__dict__, budget=Budget.of(runtime.ledger.budget(r.account_id)))
-        for r in records
-    ]
+    return [_with_budget(runtime, r) for r in records]
 
 
 @router.post(
@@ -82,13 +80,13 @@ def create_account(body: CreateAccount, runtime: RuntimeDep, admin: AdminDep) ->
     key, key_record = runtime.ledger.create_api_key(
         record.account_id, actor_account_id=admin.account_id
     )
-    account = _with_budget(runtime, record.account_id)
+    account = _with_budget(runtime, record)
     return CreatedAccount(**account.model_dump(), key=NewApiKey(**key_record.__dict__, api_key=key))
 
 
 @router.get("/accounts/{account_id}", response_model=AccountWithBudget, responses=_ERRORS)
 def get_account(account_id: int, runtime: RuntimeDep, admin: AdminDep) -> AccountWithBudget:
-    return _with_budget(runtime, account_id)
+    return _with_budget(runtime, runtime.ledger.get_account(account_id))
 
 
 @router.put("/accounts/{account_id}/budget", response_model=Budget, responses=_ERRORS)
