@@ -6,12 +6,16 @@ demo graph. Mechanism settings are per deployment (one graph), never taken from 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from service.errors import InvalidParameter
+from service.urls import check_database_url, check_redis_url
 
 
 class MechanismSettings(BaseSettings):
@@ -71,6 +75,29 @@ class Settings(MechanismSettings):
     port: int = Field(8000, ge=1, le=65535)
     workers: int = Field(1, ge=1, le=64)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str) -> str:
+        return check_database_url(value)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        return None if value is None else check_redis_url(value)
+
+
+def settings_error(
+    exc: ValidationError, *, flags: Mapping[str, str] | None = None
+) -> InvalidParameter:
+    """The first problem of a settings ``ValidationError`` as one ``invalid_parameter`` error
+    naming the ``PPR_*`` variable, or the command-line flag in ``flags`` that set it."""
+    first = exc.errors()[0]
+    loc = [str(part) for part in first["loc"]]
+    env = "PPR_" + "_".join(loc).upper() if loc else "PPR_* settings"
+    name = (flags or {}).get(env, env)
+    message = str(first["msg"]).removeprefix("Value error, ")
+    return InvalidParameter(name, message)
 
 
 @lru_cache(maxsize=1)

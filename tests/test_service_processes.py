@@ -48,7 +48,10 @@ def test_fifty_concurrent_queries_on_two_workers_never_pass_the_cap(
     fits = max(q for q in range(1, 200) if (one * q).epsilon(1e-6) <= 1.0)
     assert fits < 50  # the cap, not the number of requests, decides
 
-    with uvicorn_server(backend, workers=2) as server:
+    tmp = graph_path.parent / "tmp"
+    tmp.mkdir()
+    with uvicorn_server(backend, workers=2, extra_env={"TMPDIR": str(tmp)}) as server:
+        assert [p.name[:12] for p in tmp.iterdir()] == ["ppr-metrics-"]
 
         def ask(i: int) -> httpx.Response:
             with httpx.Client(base_url=server.base_url, timeout=60) as http:
@@ -74,6 +77,7 @@ def test_fifty_concurrent_queries_on_two_workers_never_pass_the_cap(
     assert {c.request_id for c in charges} == {a["request_id"] for a in answered}
     served_by = {line["pid"] for line in log if line.get("route") == "/v1/ppr/{node_id}"}
     assert len(served_by) >= 2, "both worker processes should have answered"
+    assert list(tmp.iterdir()) == [], "the workers' metrics directory is removed on exit"
 
 
 def test_serve_refuses_an_unmigrated_database(tmp_path: Path, graph_path: Path) -> None:
@@ -125,7 +129,10 @@ def test_concurrent_retries_with_one_idempotency_key_charge_once(
     account_id, key = user_with_key(postgres_url, "23")
     headers = {**bearer(key), "Idempotency-Key": "checkout-7"}
 
-    with uvicorn_server(backend, workers=2) as server:
+    tmp = graph_path.parent / "tmp"
+    tmp.mkdir()
+    with uvicorn_server(backend, workers=2, extra_env={"TMPDIR": str(tmp)}) as server:
+        assert [p.name[:12] for p in tmp.iterdir()] == ["ppr-metrics-"]
 
         def ask(i: int) -> httpx.Response:
             with httpx.Client(base_url=server.base_url, timeout=60) as http:

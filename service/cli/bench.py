@@ -37,6 +37,10 @@ def _generate_spec(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"expected NODES,EDGES, got {text!r}") from None
     if nodes < 2 or edges < 1:
         raise argparse.ArgumentTypeError("need at least 2 nodes and 1 edge")
+    if edges > nodes * (nodes - 1) // 2:
+        raise argparse.ArgumentTypeError(
+            f"{nodes} nodes hold at most {nodes * (nodes - 1) // 2} edges, got {edges}"
+        )
     return nodes, edges
 
 

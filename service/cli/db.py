@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError
 
+from service.cli import options
 from service.cli.common import print_json
 from service.ledger.database import check_migrated, describe_status, make_engine, upgrade_engine
 from service.ledger.ledger import LedgerUnavailable
@@ -25,6 +26,7 @@ def add_database_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--database-url",
         metavar="URL",
+        type=options.database_url,
         default=None,
         help="SQLAlchemy URL of the ledger; default: PPR_DATABASE_URL (sqlite:///./ppr-ledger.db)",
     )
@@ -33,9 +35,14 @@ def add_database_argument(parser: argparse.ArgumentParser) -> None:
 def database_url(args: argparse.Namespace) -> str:
     if args.database_url:
         return str(args.database_url)
-    from service.config import Settings
+    from pydantic import ValidationError
 
-    return Settings().database_url
+    from service.config import Settings, settings_error
+
+    try:
+        return Settings().database_url
+    except ValidationError as exc:
+        raise settings_error(exc) from None
 
 
 @contextmanager

@@ -6,6 +6,8 @@ import argparse
 import math
 from collections.abc import Callable
 
+from service.urls import check_database_url, check_redis_url
+
 
 def _number(
     kind: str,
@@ -20,7 +22,8 @@ def _number(
         try:
             value = cast(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
+            article = "an" if kind[0] in "aeiou" else "a"
+            raise argparse.ArgumentTypeError(f"expected {article} {kind}, got {text!r}") from None
         if math.isnan(value) or math.isinf(value):
             raise argparse.ArgumentTypeError(f"expected a finite {kind}, got {text!r}")
         too_low = value <= low if low_open else value < low
@@ -37,12 +40,32 @@ def _number(
 
 
 def positive_float(text: str) -> float:
-    return _number("a number", 0.0, math.inf, low_open=True, high_open=True, cast=float)(text)
+    return _number("number", 0.0, math.inf, low_open=True, high_open=True, cast=float)(text)
 
 
 def open_unit_float(text: str) -> float:
-    return _number("a number", 0.0, 1.0, low_open=True, high_open=True, cast=float)(text)
+    return _number("number", 0.0, 1.0, low_open=True, high_open=True, cast=float)(text)
 
 
 def positive_int(text: str) -> int:
-    return int(_number("an integer", 1, math.inf, low_open=False, high_open=True, cast=int)(text))
+    return int(_number("integer", 1, math.inf, low_open=False, high_open=True, cast=int)(text))
+
+
+def port(text: str) -> int:
+    return int(_number("port number", 1, 65535, low_open=False, high_open=False, cast=int)(text))
+
+
+def _from_check(check: Callable[[str], str]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        try:
+            return check(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+#: ``--database-url``: a SQLite or PostgreSQL URL whose driver is installed.
+database_url = _from_check(check_database_url)
+#: ``--redis-url``: a redis://, rediss:// or unix:// URL.
+redis_url = _from_check(check_redis_url)

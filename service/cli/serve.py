@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from service.cli.options import positive_int
+from service.cli.options import database_url, port, positive_int, redis_url
 
 
 def register(subparsers: Any) -> None:
@@ -23,18 +24,29 @@ def register(subparsers: Any) -> None:
         help="edge-list file (default: PPR_GRAPH_PATH, else the demo graph)",
     )  # fmt: skip
     parser.add_argument("--host", help="bind address (default: PPR_HOST or 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="port (default: PPR_PORT or 8000)")
+    parser.add_argument("--port", type=port, help="port (default: PPR_PORT or 8000)")
     parser.add_argument("--workers", type=positive_int, help="worker processes (default 1)")
-    parser.add_argument("--database-url", help="SQLAlchemy URL of the ledger")
-    parser.add_argument("--redis-url", help="Redis URL (default: in-process caches)")
+    parser.add_argument("--database-url", type=database_url, help="SQLAlchemy URL of the ledger")
+    parser.add_argument("--redis-url", type=redis_url,
+                        help="Redis URL (default: in-process caches)")  # fmt: skip
     parser.add_argument("--auto-migrate", action="store_true",
                         help="upgrade the ledger's schema at start-up")  # fmt: skip
     parser.set_defaults(handler=run)
 
 
-def _export(args: argparse.Namespace) -> None:
-    """Put flags into the environment so every worker process builds the same Settings."""
-    flags = {
+_FLAG_NAMES = {
+    "PPR_GRAPH_PATH": "--graph",
+    "PPR_HOST": "--host",
+    "PPR_PORT": "--port",
+    "PPR_WORKERS": "--workers",
+    "PPR_DATABASE_URL": "--database-url",
+    "PPR_REDIS_URL": "--redis-url",
+    "PPR_AUTO_MIGRATE": "--auto-migrate",
+}
+
+
+def _flags(args: argparse.Namespace) -> dict[str, str | None]:
+    return {
         "PPR_GRAPH_PATH": None if args.graph is None else str(args.graph.resolve()),
         "PPR_HOST": args.host,
         "PPR_PORT": None if args.port is None else str(args.port),
@@ -43,7 +55,11 @@ def _export(args: argparse.Namespace) -> None:
         "PPR_REDIS_URL": args.redis_url,
         "PPR_AUTO_MIGRATE": "true" if args.auto_migrate else None,
     }
-    for name, value in flags.items():
+
+
+def _export(args: argparse.Namespace) -> None:
+    """Put flags into the environment so every worker process builds the same Settings."""
+    for name, value in _flags(args).items():
         if value is not None:
             os.environ[name] = value
 
@@ -52,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
     from pydantic import ValidationError
 
-    from service.config import Settings
+    from service.config import Settings, settings_error
     from service.errors import InvalidParameter
     from service.ledger.ledger import Ledger
 
@@ -60,23 +76,31 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = Settings()
     except ValidationError as exc:
-        first = exc.errors()[0]
-        name = "PPR_" + "_".join(str(p) for p in first["loc"]).upper()
-        raise InvalidParameter(name, str(first["msg"])) from None
+        # Name the flag when the value came from one, else the environment variable.
+        given = {env: _FLAG_NAMES[env] for env, v in _flags(args).items() if v is not None}
+        raise settings_error(exc, flags=given) from None
     if settings.graph_path is not None and not settings.graph_path.is_file():
-        raise InvalidParameter("graph", f"{settings.graph_path} is not a readable file")
+        name = "--graph" if args.graph is not None else "PPR_GRAPH_PATH"
+        raise InvalidParameter(name, f"{settings.graph_path} is not a readable file")
     # Fail fast, with the command to run, before any worker starts.
     Ledger.from_url(settings.database_url, auto_migrate=settings.auto_migrate).dispose()
+    metrics_dir: str | None = None
     if settings.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="ppr-metrics-")
-    uvicorn.run(
-        "service.api.app:create_app",
-        factory=True,
-        host=settings.host,
-        port=settings.port,
-        workers=settings.workers,
-        log_level=settings.log_level,
-        access_log=False,
-        proxy_headers=True,
-    )
+        metrics_dir = tempfile.mkdtemp(prefix="ppr-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    try:
+        uvicorn.run(
+            "service.api.app:create_app",
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            workers=settings.workers,
+            log_level=settings.log_level,
+            access_log=False,
+            proxy_headers=True,
+        )
+    finally:
+        if metrics_dir is not None:  # the workers' metric files die with this run
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+            del os.environ["PROMETHEUS_MULTIPROC_DIR"]
     return 0

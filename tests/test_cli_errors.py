@@ -1,0 +1,86 @@
+"""Every bad invocation of the CLI ends in one line naming the flag (or the ``PPR_*`` variable
+that set the value) and exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from service.cli import main
+
+
+def fails(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one-line error of ``argv`` (argparse's usage error or ours), after exit status 2."""
+    with pytest.raises(SystemExit) as raised:
+        status = main(argv)
+        raise SystemExit(status)
+    assert raised.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["db", "upgrade", "--database-url", "postgres://u@h/db"], "not 'postgres://'"),
+        (["db", "upgrade", "--database-url", "notaurl"], "not a database URL: 'notaurl'"),
+        (["db", "current", "--database-url", "mysql://u@h/db"], "unsupported database 'mysql'"),
+        (["accounts", "list", "--database-url", "notaurl"], "not a database URL"),
+        (["serve", "--redis-url", "notredis://x"], "not a Redis URL: 'notredis://x'"),
+        (["serve", "--database-url", "mysql://u@h/db"], "unsupported database"),
+        (["bench", "--generate", "10,1000"], "10 nodes hold at most 45 edges, got 1000"),
+        (["serve", "--port", "99999"], "must be in [1, 65535], got 99999"),
+        (["bench", "--demo", "--epsilon", "nan"], "expected a finite number, got 'nan'"),
+        (["bench", "--demo", "--queries", "x"], "expected an integer, got 'x'"),
+    ],
+)
+def test_bad_flags_name_the_flag(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = fails(argv, capsys)
+    assert expected in line
+    flag = [a for a in argv if a.startswith("--")][-1]
+    assert f"argument {flag}" in line
+    assert "PPR_" not in line
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "expected"),
+    [
+        ({"PPR_PORT": "99999"}, ["serve"], "PPR_PORT: Input should be less than or equal"),
+        ({"PPR_DATABASE_URL": "mysql://u@h/db"}, ["accounts", "list"], "PPR_DATABASE_URL"),
+        ({"PPR_DATABASE_URL": "notaurl"}, ["db", "current"], "PPR_DATABASE_URL: not a data"),
+        ({"PPR_REDIS_URL": "x"}, ["serve"], "PPR_REDIS_URL: not a Redis URL"),
+    ],
+)
+def test_bad_environment_names_the_variable(
+    env: dict[str, str],
+    argv: list[str],
+    expected: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    line = fails(argv, capsys)
+    assert line.startswith("error [invalid_parameter]: ") and expected in line
+
+
+def test_a_closed_pipe_is_one_line_not_a_traceback() -> None:
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service", "calibrate", "--epsilon", "0.1", "--delta", "1e-6",
+         "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # like `| true`: the reader is gone before anything is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 2
+    assert "Traceback" not in err and err.strip().splitlines() == [
+        "error [broken_pipe]: the output was closed before the command finished"
+    ]
