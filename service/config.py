@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.budgets import CAP_EPSILON_MAX, CAP_EPSILON_MIN, DELTA_MAX, DELTA_MIN
 from service.errors import InvalidParameter
 from service.urls import check_database_url, check_redis_url
 
@@ -30,10 +31,12 @@ class MechanismSettings(BaseSettings):
     epsilon_max: float = Field(2.0, gt=0.0, description="Largest epsilon a query may ask for.")
     default_epsilon: float = Field(0.1, gt=0.0, description="Epsilon of a query that names none.")
     default_delta: float | None = Field(
-        None, gt=0.0, lt=1.0,
+        None, ge=DELTA_MIN, lt=DELTA_MAX,
         description="Delta of new accounts' budgets; unset: min(1e-6, 1/|E|) of the graph.",
     )  # fmt: skip
-    default_cap_epsilon: float = Field(1.0, gt=0.0, description="Budget cap of new accounts.")
+    default_cap_epsilon: float = Field(
+        1.0, ge=CAP_EPSILON_MIN, le=CAP_EPSILON_MAX, description="Budget cap of new accounts."
+    )
     max_k: int = Field(1000, ge=1, le=10_000, description="Largest k a query may ask for.")
     default_k: int = Field(20, ge=1, description="k of a query that names none.")
 

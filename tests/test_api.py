@@ -375,7 +375,7 @@ def test_admin_input_is_validated(client: TestClient, accounts: Accounts) -> Non
         content=b"{not json",
         headers={**admin, "Content-Type": "application/json"},
     )
-    assert not_json.status_code == 422
+    assert not_json.status_code == 400 and not_json.json()["error"]["code"] == "malformed_json"
 
 
 # -- admin views --------------------------------------------------------------------------

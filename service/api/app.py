@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from service import __version__
 from service.api.errors import install_error_handlers
 from service.api.observability import CACHE_EVENTS, configure_logging, observe_request
+from service.api.openapi import install_openapi
 from service.api.routes import admin, operations, ppr
 from service.api.runtime import build_runtime
 from service.config import Settings, get_settings
@@ -54,4 +55,5 @@ def create_app(settings: Settings | None = None, *, configure_logs: bool = True)
     app.include_router(ppr.router)
     app.include_router(admin.router)
     app.include_router(operations.router)
+    install_openapi(app, settings)
     return app

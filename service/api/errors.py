@@ -15,10 +15,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from service.api.observability import REFUSALS, internal_error_response
 from service.errors import ServiceError
 
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 _HTTP_CODES = {
     400: "bad_request",
     401: "unauthorized",
@@ -50,11 +52,18 @@ async def handle_service_error(request: Request, exc: Exception) -> JSONResponse
 async def handle_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     first = exc.errors()[0] if exc.errors() else {}
+    if first.get("type") == "json_invalid":
+        request.state.outcome = "malformed_json"
+        where = first.get("ctx", {}).get("error", "")
+        return error_response(
+            400,
+            {"code": "malformed_json", "message": f"the body is not valid JSON: {where}".strip()},
+        )
     loc = [str(part) for part in first.get("loc", ()) if part not in ("query", "path", "body")]
     name = ".".join(loc) or "request"
     if first.get("loc", ("",))[0] == "header":
         name = loc[-1] if loc else "header"
-    reason = str(first.get("msg", "is not valid"))
+    reason = str(first.get("msg", "is not valid")).removeprefix("Value error, ")
     given = first.get("input")
     message = f"{name}: {reason}" + (
         f", got {given!r}" if isinstance(given, str | int | float) else ""
@@ -72,7 +81,23 @@ async def handle_http_error(request: Request, exc: Exception) -> JSONResponse:
     message = str(exc.detail) if exc.detail else code.replace("_", " ")
     if exc.status_code == 404 and message == "Not Found":
         message = f"no route {request.method} {request.url.path}; see /docs"
-    return error_response(exc.status_code, {"code": code, "message": message}, exc.headers)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        allowed = allowed_methods(request)
+        headers["Allow"] = ", ".join(allowed)
+        message = f"{request.method} is not allowed here; use {', '.join(allowed)}"
+    return error_response(exc.status_code, {"code": code, "message": message}, headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route accepts at the request's path (Starlette's own 405 lists only
+    the first matching route's methods, e.g. GET but not POST on a path with two routes)."""
+    allowed = []
+    for method in _METHODS:
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] is Match.FULL for route in request.app.router.routes):
+            allowed.append(method)
+    return allowed
 
 
 async def handle_unexpected(request: Request, exc: Exception) -> Response:

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.api.params import BoolField, CapEpsilonField, DeltaField, LabelField, NodeIdField
 from service.ledger.records import AccountRecord, ApiKeyRecord, BudgetView, ChargeRecord
 from service.serving.schemas import Answer
 
@@ -111,11 +112,11 @@ class CreateAccount(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["user", "service", "admin"]
-    node_id: str | None = Field(None, min_length=1, max_length=200)
-    cap_epsilon: float | None = Field(None, gt=0, le=1e6)
-    delta: float | None = Field(None, gt=0, lt=1)
-    label: str | None = Field(None, max_length=200)
-    allow_create_seed_accounts: bool = False
+    node_id: NodeIdField | None = None
+    cap_epsilon: CapEpsilonField | None = None
+    delta: DeltaField | None = None
+    label: LabelField | None = None
+    allow_create_seed_accounts: BoolField = False
 
 
 class CreatedAccount(AccountWithBudget):
@@ -125,8 +126,8 @@ class CreatedAccount(AccountWithBudget):
 class SetBudget(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    cap_epsilon: float | None = Field(None, gt=0, le=1e6)
-    delta: float | None = Field(None, gt=0, lt=1)
+    cap_epsilon: CapEpsilonField | None = None
+    delta: DeltaField | None = None
 
 
 class Charge(BaseModel):

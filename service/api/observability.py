@@ -134,7 +134,7 @@ async def observe_request(
     finally:
         elapsed = time.perf_counter() - start
         route_obj = request.scope.get("route")
-        route = getattr(route_obj, "path", "unmatched")
+        route = getattr(route_obj, "path_format", getattr(route_obj, "path", "unmatched"))
         REQUESTS.labels(route, request.method, str(status)).inc()
         LATENCY.labels(route, request.method).observe(elapsed)
         access_log.info(

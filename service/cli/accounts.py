@@ -15,7 +15,7 @@ from typing import Any
 
 from service.cli.common import print_json, print_table
 from service.cli.db import Handler, add_database_argument, database_url
-from service.cli.options import open_unit_float, positive_float, positive_int
+from service.cli.options import budget_delta, cap_epsilon, positive_int
 from service.config import Settings
 from service.errors import InvalidParameter
 from service.ledger.ledger import Ledger
@@ -50,11 +50,11 @@ def register(subparsers: Any) -> None:
     create.add_argument("--type", choices=ACCOUNT_TYPES, required=True, help="account type")
     create.add_argument("--node", metavar="ID", help="the user's seed node (user accounts only)")
     create.add_argument(
-        "--cap", type=positive_float, help="budget cap epsilon; default PPR_DEFAULT_CAP_EPSILON"
+        "--cap", type=cap_epsilon, help="budget cap epsilon; default PPR_DEFAULT_CAP_EPSILON"
     )
     create.add_argument(
         "--delta",
-        type=open_unit_float,
+        type=budget_delta,
         help="budget delta; default PPR_DEFAULT_DELTA or min(1e-6, 1/|E|) of the graph",
     )
     create.add_argument("--label", help="a free-text label")
@@ -77,8 +77,8 @@ def register(subparsers: Any) -> None:
 
     set_budget = action("set-budget", "change an account's cap and/or delta", _set_budget)
     set_budget.add_argument("account_id", type=positive_int, metavar="ACCOUNT_ID")
-    set_budget.add_argument("--cap", type=positive_float, help="new cap epsilon")
-    set_budget.add_argument("--delta", type=open_unit_float, help="new delta")
+    set_budget.add_argument("--cap", type=cap_epsilon, help="new cap epsilon")
+    set_budget.add_argument("--delta", type=budget_delta, help="new delta")
 
     revoke = action("revoke-key", "revoke an API key (idempotent)", _revoke_key)
     revoke.add_argument("key_id", type=positive_int, metavar="KEY_ID")

@@ -6,6 +6,7 @@ import argparse
 import math
 from collections.abc import Callable
 
+from service.budgets import CAP_EPSILON_MAX, CAP_EPSILON_MIN, DELTA_MAX, DELTA_MIN
 from service.urls import check_database_url, check_redis_url
 
 
@@ -69,3 +70,15 @@ def _from_check(check: Callable[[str], str]) -> Callable[[str], str]:
 database_url = _from_check(check_database_url)
 #: ``--redis-url``: a redis://, rediss:// or unix:// URL.
 redis_url = _from_check(check_redis_url)
+
+
+def cap_epsilon(text: str) -> float:
+    """A budget cap epsilon in the range every account must have."""
+    return _number("number", CAP_EPSILON_MIN, CAP_EPSILON_MAX, low_open=False, high_open=False,
+                   cast=float)(text)  # fmt: skip
+
+
+def budget_delta(text: str) -> float:
+    """A budget delta in the range every account must have."""
+    return _number("number", DELTA_MIN, DELTA_MAX, low_open=False, high_open=True,
+                   cast=float)(text)  # fmt: skip

@@ -93,6 +93,10 @@ class PprQueryService:
     # -- validation and authorization -----------------------------------------------------
 
     def _validate(self, req: QueryRequest) -> float:
+        if req.principal.type == "user" and req.principal.node_id != req.node:
+            # Before the graph lookup: the same 403 for another user's node and for a node
+            # that does not exist, so a key holder cannot list the graph's nodes.
+            raise Forbidden("a user account may query only its own node")
         m = self.mechanism
         if not 1 <= req.k <= m.max_k:
             raise InvalidParameter("k", f"must be an integer in [1, {m.max_k}], got {req.k}")

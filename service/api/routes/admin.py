@@ -22,6 +22,7 @@ from service.api.models import (
     NewApiKey,
     SetBudget,
 )
+from service.api.params import AccountIdPath, AccountIdQuery, KeyIdPath, Limit, Offset
 from service.api.runtime import Runtime
 from service.ledger.records import AccountRecord
 
@@ -34,9 +35,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorResponse},
     422: {"model": ErrorResponse},
 }
-
-Limit = Annotated[int, Query(ge=1, le=1000)]
-Offset = Annotated[int, Query(ge=0)]
 
 
 def _with_budget(runtime: Runtime, record: AccountRecord) -> AccountWithBudget:
@@ -85,12 +83,16 @@ def create_account(body: CreateAccount, runtime: RuntimeDep, admin: AdminDep) ->
 
 
 @router.get("/accounts/{account_id}", response_model=AccountWithBudget, responses=_ERRORS)
-def get_account(account_id: int, runtime: RuntimeDep, admin: AdminDep) -> AccountWithBudget:
+def get_account(
+    account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDep
+) -> AccountWithBudget:
     return _with_budget(runtime, runtime.ledger.get_account(account_id))
 
 
 @router.put("/accounts/{account_id}/budget", response_model=Budget, responses=_ERRORS)
-def set_budget(account_id: int, body: SetBudget, runtime: RuntimeDep, admin: AdminDep) -> Budget:
+def set_budget(
+    account_id: AccountIdPath, body: SetBudget, runtime: RuntimeDep, admin: AdminDep
+) -> Budget:
     """Change an account's cap and/or delta. The spend is kept as an RDP curve, so it is
     re-converted at a new delta; a cap below the spend simply refuses further queries."""
     view = runtime.ledger.set_budget(
@@ -103,7 +105,7 @@ def set_budget(account_id: int, body: SetBudget, runtime: RuntimeDep, admin: Adm
 
 
 @router.get("/accounts/{account_id}/keys", response_model=list[ApiKey], responses=_ERRORS)
-def list_keys(account_id: int, runtime: RuntimeDep, admin: AdminDep) -> list[ApiKey]:
+def list_keys(account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDep) -> list[ApiKey]:
     runtime.ledger.get_account(account_id)
     return [ApiKey.of(k) for k in runtime.ledger.list_api_keys(account_id)]
 
@@ -114,14 +116,14 @@ def list_keys(account_id: int, runtime: RuntimeDep, admin: AdminDep) -> list[Api
     status_code=status.HTTP_201_CREATED,
     responses=_ERRORS,
 )
-def create_key(account_id: int, runtime: RuntimeDep, admin: AdminDep) -> NewApiKey:
+def create_key(account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDep) -> NewApiKey:
     runtime.ledger.get_account(account_id)
     key, record = runtime.ledger.create_api_key(account_id, actor_account_id=admin.account_id)
     return NewApiKey(**record.__dict__, api_key=key)
 
 
 @router.post("/keys/{key_id}/revoke", response_model=ApiKey, responses=_ERRORS)
-def revoke_key(key_id: int, runtime: RuntimeDep, admin: AdminDep) -> ApiKey:
+def revoke_key(key_id: KeyIdPath, runtime: RuntimeDep, admin: AdminDep) -> ApiKey:
     """Revoke a key (idempotent). The key's row stays; it no longer authenticates."""
     return ApiKey.of(runtime.ledger.revoke_api_key(key_id, actor_account_id=admin.account_id))
 
@@ -130,7 +132,7 @@ def revoke_key(key_id: int, runtime: RuntimeDep, admin: AdminDep) -> ApiKey:
 def list_charges(
     runtime: RuntimeDep,
     admin: AdminDep,
-    account_id: Annotated[int | None, Query(ge=1)] = None,
+    account_id: AccountIdQuery = None,
     limit: Limit = 100,
     offset: Offset = 0,
 ) -> list[Charge]:

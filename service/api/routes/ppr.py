@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 
 from service.api.deps import PrincipalDep, RuntimeDep
 from service.api.models import Budget, ErrorResponse, PprAnswer
 from service.api.observability import CHARGES, EPSILON_CHARGED, REPLAYS
+from service.api.params import K_LIMIT, NodeIdPath, QueryBool
 from service.errors import InvalidParameter
 from service.privacy.modes import Mode
 from service.serving.schemas import QueryRequest
@@ -27,20 +28,28 @@ _ERRORS: dict[int | str, dict[str, object]] = {
 _MAX_IDEMPOTENCY_KEY = 200
 
 
-@router.get("/ppr/{node_id}", response_model=PprAnswer, responses=_ERRORS)
+@router.get("/ppr/{node_id:path}", response_model=PprAnswer, responses=_ERRORS)
 def ppr(
     request: Request,
     runtime: RuntimeDep,
     principal: PrincipalDep,
-    node_id: Annotated[str, Path(min_length=1, max_length=200, description="External node id")],
-    k: Annotated[int | None, Query(description="Results to return (1..max_k, default 20)")] = None,
+    node_id: NodeIdPath,
+    k: Annotated[
+        int | None,
+        Query(
+            ge=1, le=K_LIMIT, description="Results to return (1..PPR_MAX_K, default PPR_DEFAULT_K)"
+        ),
+    ] = None,
     epsilon: Annotated[
-        float | None, Query(description="Per-query epsilon (configured range; default 0.1)")
+        float | None,
+        Query(gt=0, description="Per-query epsilon (PPR_EPSILON_MIN..PPR_EPSILON_MAX)"),
     ] = None,
     mode: Annotated[Mode, Query(description="`personalized` or `edge`")] = Mode.PERSONALIZED,
-    fresh: Annotated[bool, Query(description="Draw new noise even if a release exists")] = False,
+    fresh: Annotated[
+        QueryBool, Query(description="Draw new noise even if a release exists")
+    ] = False,
     exclude_neighbors: Annotated[
-        bool, Query(description="Drop the seed's own neighbours (personalized mode only)")
+        QueryBool, Query(description="Drop the seed's own neighbours (personalized mode only)")
     ] = False,
     idempotency_key: Annotated[
         str | None, Header(description="Retries with the same key return the same answer")

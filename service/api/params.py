@@ -1,0 +1,83 @@
+"""Parameter types shared by the routes, so every endpoint states and enforces the same bounds.
+
+The bounds are part of the OpenAPI schema (``minimum``/``maximum``/``pattern``), and a value
+outside them is a 422 ``invalid_parameter`` naming the parameter, never a database error:
+ids fit the ledger's 32-bit integer columns on PostgreSQL and SQLite alike, offsets stay
+below what either database accepts, and labels cannot hold control characters (PostgreSQL
+refuses a NUL in text).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Path, Query
+from pydantic import BeforeValidator, Field, StrictBool
+
+from service.budgets import CAP_EPSILON_MAX, CAP_EPSILON_MIN, DELTA_MAX, DELTA_MIN
+from service.graph.loader import MAX_ID_BYTES
+
+#: Largest id of a ledger row (the ``integer`` columns of PostgreSQL).
+ID_MAX = 2**31 - 1
+#: Largest ``offset`` of a list endpoint.
+OFFSET_MAX = 2**31 - 1
+#: Largest ``limit`` of a list endpoint.
+LIMIT_MAX = 1000
+#: Longest node id: the loader accepts ids of at most this many bytes of UTF-8.
+NODE_ID_MAX = MAX_ID_BYTES
+#: Printable text only: no C0 control characters (NUL, newline, ...) and no DEL.
+PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
+#: Hard bounds of ``k`` and ``epsilon`` (the configured ranges lie inside; the schema served by
+#: a running service states the configured ones).
+K_LIMIT = 10_000
+
+
+def _strict_query_bool(value: Any) -> Any:
+    """Query-string booleans are ``true`` or ``false``; ``1``, ``yes`` or ``on`` are refused."""
+    if isinstance(value, str):
+        lowered = value.lower()
+        if lowered in ("true", "false"):
+            return lowered == "true"
+        raise ValueError("must be true or false")
+    return value
+
+
+AccountIdPath = Annotated[int, Path(ge=1, le=ID_MAX, description="An account id.")]
+KeyIdPath = Annotated[int, Path(ge=1, le=ID_MAX, description="An API key id.")]
+AccountIdQuery = Annotated[
+    int | None, Query(ge=1, le=ID_MAX, description="Only this charged account's rows.")
+]
+Limit = Annotated[int, Query(ge=1, le=LIMIT_MAX, description="Rows to return.")]
+Offset = Annotated[int, Query(ge=0, le=OFFSET_MAX, description="Rows to skip.")]
+QueryBool = Annotated[bool, BeforeValidator(_strict_query_bool)]
+NodeIdPath = Annotated[
+    str,
+    Path(
+        min_length=1,
+        max_length=NODE_ID_MAX,
+        description="External node id, as in the edge list; percent-encode it (a `/` is `%2F`).",
+    ),
+]
+
+# JSON body fields.
+NodeIdField = Annotated[str, Field(min_length=1, max_length=NODE_ID_MAX, pattern=PRINTABLE)]
+LabelField = Annotated[str, Field(max_length=200, pattern=PRINTABLE)]
+CapEpsilonField = Annotated[
+    float,
+    Field(
+        strict=True,
+        ge=CAP_EPSILON_MIN,
+        le=CAP_EPSILON_MAX,
+        description=f"Budget cap epsilon, in [{CAP_EPSILON_MIN:g}, {CAP_EPSILON_MAX:g}].",
+    ),
+]
+DeltaField = Annotated[
+    float,
+    Field(
+        strict=True,
+        ge=DELTA_MIN,
+        lt=DELTA_MAX,
+        description=f"Budget delta, in [{DELTA_MIN:g}, {DELTA_MAX:g}).",
+    ),
+]
+BoolField = StrictBool
