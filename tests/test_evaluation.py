@@ -161,8 +161,28 @@ def test_edge_flipping_skipped_on_large_graphs() -> None:
 
 def test_edge_mode_runs() -> None:
     graph = two_communities(30)
-    rows = evaluate(graph, [1.0], seeds_count=3, k=5, mode=Mode.EDGE, mechanisms=MECHANISMS)
-    assert len(rows) == len(MECHANISMS)
+    notes: list[str] = []
+    rows = evaluate(
+        graph, [1.0], seeds_count=3, k=5, mode=Mode.EDGE, mechanisms=MECHANISMS, notes=notes
+    )
+    assert [r.mechanism for r in rows] == [m for m in MECHANISMS if m != "common_neighbours"]
+    assert len(notes) == 1 and "common_neighbours skipped: personalized mode only" in notes[0]
+
+
+def test_popular_is_one_release_and_common_neighbours_find_the_community() -> None:
+    """Popular is drawn once for the run (the same under every epsilon); at a huge epsilon the
+    noisy common-neighbour counts rank the seed's community first beyond its neighbours."""
+    graph = two_communities(40, seed=5)
+    rows = evaluate(
+        graph, [0.5, 1e5], seeds_count=6, k=10,
+        mechanisms=["popular", "common_neighbours", "random"], rng=np.random.default_rng(2),
+    )  # fmt: skip
+    by = {(r.mechanism, r.epsilon): r for r in rows}
+    assert by[("popular", 0.5)].to_dict() | {"epsilon": 0} == by[("popular", 1e5)].to_dict() | {
+        "epsilon": 0
+    }
+    assert by[("common_neighbours", 1e5)].recall_beyond > 0.5
+    assert by[("common_neighbours", 1e5)].ndcg_beyond > by[("random", 1e5)].ndcg_beyond
 
 
 @pytest.mark.parametrize(
@@ -182,6 +202,7 @@ def test_edge_mode_runs() -> None:
         ({"mechanisms": ["noisy_diffusion", "magic"]}, "mechanisms"),
         ({"mode": "public"}, "mode"),
         ({"sigma": -1.0}, "sigma"),
+        ({"popular_epsilon": 0.0}, "popular_epsilon"),
     ],
 )
 def test_bad_parameters(kwargs: dict[str, object], parameter: str) -> None:
@@ -222,6 +243,7 @@ def test_integration_email_eu_core() -> None:
         ["--epsilon", "1", "--k", "0"],
         ["--epsilon", "1", "--mechanisms", "magic"],
         ["--epsilon", "1", "--mode", "public"],
+        ["--epsilon", "1", "--popular-epsilon", "0"],
     ],
 )
 def test_cli_rejects_bad_arguments(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,6 +18,7 @@ from service.cli.common import add_mechanism_arguments, print_json, print_table
 from service.cli.options import open_unit_float, positive_float, positive_int
 from service.evaluation.runner import (
     DEFAULT_ETA,
+    DEFAULT_POPULAR_EPSILON,
     MECHANISMS,
     EvaluationRow,
     evaluate,
@@ -47,6 +48,9 @@ def register(subparsers: Any) -> None:
                         metavar="M", help=f"any of: {', '.join(MECHANISMS)}")  # fmt: skip
     parser.add_argument("--sigma", type=positive_float, default=DEFAULT_SIGMA,
                         help="PushFlowCap's sensitivity parameter")  # fmt: skip
+    parser.add_argument("--popular-epsilon", type=positive_float, default=DEFAULT_POPULAR_EPSILON,
+                        metavar="EPS_D", help="epsilon of the one graph-wide DP degree release "
+                        "behind 'popular' (not a per-query cost)")  # fmt: skip
     parser.add_argument("--max-flip-nodes", type=positive_int, default=DEFAULT_MAX_NODES,
                         help="largest graph edge flipping runs on")  # fmt: skip
     parser.add_argument("--sample-seed", type=int, default=None,
@@ -94,7 +98,7 @@ def _table(rows: list[EvaluationRow], k: int) -> None:
 def run(args: argparse.Namespace) -> int:
     validate_parameters(
         args.epsilon, args.seeds, args.k, args.eta, args.delta, args.beta, args.steps,
-        args.mechanisms, args.sigma,
+        args.mechanisms, args.sigma, args.popular_epsilon,
     )  # fmt: skip
     from service.graph.loader import load_edge_list
 
@@ -114,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         mode=args.mode,
         rng=np.random.default_rng(args.sample_seed),
         sigma=args.sigma,
+        popular_epsilon=args.popular_epsilon,
         edge_flipping_max_nodes=args.max_flip_nodes,
         progress=_progress,
         notes=notes,

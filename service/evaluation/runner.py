@@ -9,9 +9,13 @@ reused for every mechanism and epsilon. Each mechanism's ranking is scored twice
 
 Mechanisms: ``noisy_diffusion`` (the spec's Mechanism 1, calibrated by ``plan_diffusion``),
 ``pushflowcap`` (DP-PushFlowCap, sigma = 1e-6 by default), ``edge_flipping`` (only on graphs of
-at most ``edge_flipping_max_nodes`` nodes; skipped with a note otherwise), and two baselines
-that use no private data: ``neighbours_only`` (the seed's neighbours in random order, then
-random nodes) and ``random``. The baselines do not depend on epsilon: one draw per seed is
+at most ``edge_flipping_max_nodes`` nodes; skipped with a note otherwise), the two baselines
+beyond the neighbours of privacy-spec.md: ``popular`` (degrees + Lap(2 / eps_d), ONE release
+for the whole run, as the service makes one per graph version; it does not depend on the
+per-query epsilon) and ``common_neighbours`` (|N(s) & N(v)| + Lap(2 / eps) per query,
+personalized mode only; skipped with a note in edge mode), and two baselines that use no
+private data: ``neighbours_only`` (the seed's neighbours in random order, then random nodes)
+and ``random``. The baselines that do not depend on epsilon are drawn once per seed and
 reported under every epsilon.
 
 Randomness: ``rng`` drives the seed sample and the two baselines (it may be seeded for a
@@ -32,17 +36,21 @@ import numpy as np
 from service.errors import InvalidParameter
 from service.evaluation.metrics import mean_ci, ndcg_at_k, private_ranking, recall_at_k
 from service.graph.model import Graph
+from service.mechanisms.common_neighbours import noisy_common_neighbours
 from service.mechanisms.diffusion import noise_free_prefix, noisy_diffusion
 from service.mechanisms.edge_flipping import DEFAULT_MAX_NODES, edge_flipping_ppr
 from service.mechanisms.exact import exact_ppr
+from service.mechanisms.popular import noisy_degrees
 from service.mechanisms.pushflowcap import DEFAULT_SIGMA, add_laplace_noise, pushflowcap
 from service.mechanisms.randomness import fresh_generator
 from service.privacy.calibration import DiffusionPlan, plan_diffusion, validate_diffusion_parameters
+from service.privacy.laplace import COMMON_NEIGHBOUR_SENSITIVITY, DEGREE_SENSITIVITY, plan_laplace
 from service.privacy.modes import Mode
 
 __all__ = [
     "DEFAULT_ETA",
     "DEFAULT_MECHANISMS",
+    "DEFAULT_POPULAR_EPSILON",
     "MECHANISMS",
     "EvaluationRow",
     "default_delta",
@@ -51,10 +59,22 @@ __all__ = [
     "validate_parameters",
 ]
 
-MECHANISMS = ("noisy_diffusion", "pushflowcap", "neighbours_only", "random", "edge_flipping")
+MECHANISMS = (
+    "noisy_diffusion",
+    "popular",
+    "common_neighbours",
+    "pushflowcap",
+    "neighbours_only",
+    "random",
+    "edge_flipping",
+)
 DEFAULT_MECHANISMS = MECHANISMS
+#: Mechanisms that exist in personalized mode only (unbounded sensitivity in edge mode).
+PERSONALIZED_ONLY = frozenset({"common_neighbours"})
 #: The spec's evaluation setting: eta = 1e-7 with beta = 0.8, K = 100.
 DEFAULT_ETA = 1e-7
+#: Epsilon of the one graph-wide degree release behind ``popular``.
+DEFAULT_POPULAR_EPSILON = 0.1
 
 CI = tuple[float, float]
 
@@ -97,8 +117,8 @@ class EvaluationRow:
 
 
 def default_delta(graph: Graph) -> float:
-    """delta = 1 / |E| (capped at 0.5 so that it stays in (0, 1) on tiny graphs)."""
-    return min(0.5, 1.0 / max(graph.m, 1))
+    """delta = min(1e-6, 1 / |E|): the service's default delta of new accounts."""
+    return min(1e-6, 1.0 / max(graph.m, 1))
 
 
 def validate_parameters(
@@ -111,6 +131,7 @@ def validate_parameters(
     steps: int,
     mechanisms: Sequence[str],
     sigma: float = DEFAULT_SIGMA,
+    popular_epsilon: float = DEFAULT_POPULAR_EPSILON,
 ) -> None:
     """Raise :class:`InvalidParameter` naming the first bad parameter (``delta`` None: default)."""
     if len(epsilons) == 0:
@@ -125,6 +146,14 @@ def validate_parameters(
             raise InvalidParameter(name, f"must be an integer >= 1, got {value!r}")
     if not (isinstance(sigma, int | float) and math.isfinite(sigma) and sigma > 0):
         raise InvalidParameter("sigma", f"must be a finite number > 0, got {sigma!r}")
+    if not (
+        isinstance(popular_epsilon, int | float)
+        and math.isfinite(popular_epsilon)
+        and popular_epsilon > 0
+    ):
+        raise InvalidParameter(
+            "popular_epsilon", f"must be a finite number > 0, got {popular_epsilon!r}"
+        )
     if len(mechanisms) == 0:
         raise InvalidParameter("mechanisms", "give at least one mechanism")
     unknown = [m for m in mechanisms if m not in MECHANISMS]
@@ -178,17 +207,21 @@ def evaluate(
     rng: np.random.Generator | None = None,
     *,
     sigma: float = DEFAULT_SIGMA,
+    popular_epsilon: float = DEFAULT_POPULAR_EPSILON,
     edge_flipping_max_nodes: int = DEFAULT_MAX_NODES,
     progress: Callable[[str], None] | None = None,
     notes: list[str] | None = None,
 ) -> list[EvaluationRow]:
     """Mean NDCG@k / Recall@k (and the beyond-neighbours variants) per mechanism and epsilon.
 
-    ``delta`` defaults to 1 / |E|; ``steps`` is the diffusion's K and PushFlowCap's R.
+    ``delta`` defaults to min(1e-6, 1 / |E|), as in the service; ``steps`` is the diffusion's
+    K and PushFlowCap's R.
     Rows are ordered by epsilon, then by the order of ``mechanisms``. Reasons for skipped
     mechanisms are appended to ``notes`` (when given) and sent to ``progress``.
     """
-    validate_parameters(epsilons, seeds_count, k, eta, delta, beta, steps, mechanisms, sigma)
+    validate_parameters(
+        epsilons, seeds_count, k, eta, delta, beta, steps, mechanisms, sigma, popular_epsilon
+    )
     try:
         mode = Mode(mode)
     except ValueError:
@@ -210,10 +243,20 @@ def evaluate(
             f"(limit {edge_flipping_max_nodes})"
         )
         mechanisms.remove("edge_flipping")
+    if mode is Mode.EDGE:
+        for name in [m for m in mechanisms if m in PERSONALIZED_ONLY]:
+            note(f"{name} skipped: personalized mode only (unbounded sensitivity in edge mode)")
+            mechanisms.remove(name)
 
     plans: dict[float, DiffusionPlan] = {}
     if "noisy_diffusion" in mechanisms:
         plans = {eps: plan_diffusion(eps, delta, steps, beta, eta, mode) for eps in epsilons}
+
+    degrees_released: np.ndarray | None = None
+    if "popular" in mechanisms:  # one graph-wide release for every seed, as in the service
+        degree_plan = plan_laplace(popular_epsilon, DEGREE_SENSITIVITY)
+        degrees_released = noisy_degrees(graph, degree_plan, fresh_generator())
+    cn_plans = {eps: plan_laplace(eps, COMMON_NEIGHBOUR_SENSITIVITY) for eps in epsilons}
 
     seeds = sample_seeds(graph, seeds_count, rng)
     # results[(mechanism, eps)] = rows of (ndcg, recall, ndcg_beyond, recall_beyond)
@@ -234,6 +277,8 @@ def evaluate(
             free["neighbours_only"] = score(_neighbours_first(graph, seed, rng))
         if "random" in mechanisms:
             free["random"] = score(rng.random(graph.n))
+        if degrees_released is not None:
+            free["popular"] = score(degrees_released)
         capped = (
             pushflowcap(graph, seed, beta, steps, sigma, mode)
             if "pushflowcap" in mechanisms
@@ -252,6 +297,11 @@ def evaluate(
                         prefixes[m] = noise_free_prefix(graph, seed, mode, beta, eta, m)
                     released = noisy_diffusion(
                         graph, seed, config, rng=fresh_generator(), prefix=prefixes[m]
+                    )
+                    values = score(released)
+                elif mechanism == "common_neighbours":
+                    released = noisy_common_neighbours(
+                        graph, seed, cn_plans[eps], fresh_generator(), mode
                     )
                     values = score(released)
                 elif mechanism == "pushflowcap":
