@@ -72,8 +72,35 @@ class Settings(MechanismSettings):
     replay_ttl_seconds: int = Field(7 * 24 * 3600, ge=60, description="Replay cache TTL.")
     replay_store_top: int = Field(1000, ge=1, description="Results kept for replays.")
     create_seed_accounts: bool = Field(
-        True, description="Service accounts may create a seed user's account on first charge."
+        False,
+        description="Service accounts granted may_create_seed_accounts may create a seed "
+        "user's account on its first charge (both must allow it).",
     )
+    service_quota_epsilon: float = Field(
+        1000.0, gt=0.0,
+        description="Default eps a service account may charge to other accounts per rolling "
+        "24 h (per-account quota_epsilon overrides it).",
+    )  # fmt: skip
+    graph_cap_epsilon: float | None = Field(
+        None, gt=0.0,
+        description="Graph-wide cap on the composed exposure of all accounts; unset: no cap.",
+    )  # fmt: skip
+    exposure_delta: float | None = Field(
+        None, gt=0.0, lt=1.0,
+        description="Delta of the graph-wide exposure; unset: the smallest account delta.",
+    )  # fmt: skip
+    reconcile_after_seconds: float = Field(
+        60.0, ge=1.0,
+        description="An admitted charge with no stored release after this long is refunded.",
+    )  # fmt: skip
+    reconcile_interval_seconds: float = Field(
+        30.0, ge=0.0, description="How often each worker reconciles; 0 turns it off."
+    )
+    twin_wait_seconds: float = Field(
+        10.0, ge=0.0,
+        description="How long a query waits for an identical in-flight query's release "
+        "before answering 409 request_in_progress.",
+    )  # fmt: skip
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     workers: int = Field(1, ge=1, le=64)

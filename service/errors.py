@@ -17,6 +17,8 @@ class ServiceError(Exception):
     #: Exit status of a CLI command failing with this error: 2 when the person running it can
     #: fix it (bad input, configuration), 1 otherwise.
     exit_code: int | None = None
+    #: Seconds after which a retry may succeed (sent as ``Retry-After``), where that is known.
+    retry_after: int | None = None
 
     @property
     def cli_exit_code(self) -> int:

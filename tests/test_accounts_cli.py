@@ -43,10 +43,10 @@ def test_db_commands(capsys: pytest.CaptureFixture[str], ledger_url: str) -> Non
     assert "python -m service db upgrade" in err and "Traceback" not in err
     assert run_json(capsys, "db", "current", *db)["current"] == []
     code, out, _ = run(capsys, "db", "upgrade", *db)
-    assert code == 0 and "0001 (head)" in out
+    assert code == 0 and "0002 (head)" in out
     assert run(capsys, "db", "upgrade", *db)[0] == 0  # idempotent
     status = run_json(capsys, "db", "check", *db)
-    assert status["at_head"] and status["current"] == status["head"] == ["0001"]
+    assert status["at_head"] and status["current"] == status["head"] == ["0002"]
     assert status["grid_version"] == "1"
     code, out, _ = run(capsys, "db", "current", *db)
     assert code == 0 and "at head" in out
@@ -74,7 +74,7 @@ def test_accounts_lifecycle(capsys: pytest.CaptureFixture[str], ledger_url: str)
     assert created["delta"] == settings.delta_for(80_000)  # the demo graph's edges
     svc = run_json(
         capsys, "accounts", "create", "--type", "service", "--cap", "3", "--delta", "1e-7",
-        "--label", "backend", "--allow-create-seed-accounts", *db,
+        "--label", "backend", "--may-create-seed-accounts", *db,
     )  # fmt: skip
     assert (svc["cap_epsilon"], svc["delta"], svc["node_id"]) == (3.0, 1e-7, None)
 
@@ -83,7 +83,7 @@ def test_accounts_lifecycle(capsys: pytest.CaptureFixture[str], ledger_url: str)
         user = ledger.authenticate(created["api_key"])
         assert user is not None and user.account_id == created["account_id"]
         service = ledger.authenticate(svc["api_key"])
-        assert service is not None and service.allow_create_seed_accounts
+        assert service is not None and service.may_create_seed_accounts
         assert service.label == "backend"
     finally:
         ledger.dispose()

@@ -267,34 +267,70 @@ def test_user_only_its_own_seed_admin_never(client: TestClient, accounts: Accoun
     assert charge_count(client) == 1
 
 
-def test_service_account_charges_the_seed_user(client: TestClient, accounts: Accounts) -> None:
-    service_id, service_key = accounts.service(allow_create_seed_accounts=True)
-    user_id, user_key = accounts.user("50")
-    on_behalf = query(client, service_key, "50", k=5)
-    assert on_behalf.status_code == 200
-    assert on_behalf.json()["budget"]["account_id"] == user_id
-    assert client.get("/v1/me/budget", headers=bearer(user_key)).json()["charges"] == 1
-    # a seed without an account gets one on first charge, with the default cap
-    created = query(client, service_key, "51", k=5)
-    assert created.status_code == 200
-    new_account = ledger_of(client).account_for_node("51")
-    assert new_account is not None and new_account.type == "user"
-    assert created.json()["budget"]["account_id"] == new_account.account_id
-    assert created.json()["budget"]["cap_epsilon"] == 1.0
-    # edge mode: a shared answer, charged to the service itself
-    edge = query(client, service_key, "52", k=5, mode="edge")
-    assert edge.status_code == 200 and edge.json()["budget"]["account_id"] == service_id
-    assert ledger_of(client).account_for_node("52") is None
+def test_service_account_charges_the_seed_user(backend: Backend) -> None:
+    with running_app(backend, create_seed_accounts=True) as client:
+        accounts = Accounts(client)
+        service_id, service_key = accounts.service(
+            may_create_seed_accounts=True, modes=["edge", "personalized"]
+        )
+        user_id, user_key = accounts.user("50")
+        on_behalf = query(client, service_key, "50", k=5)
+        assert on_behalf.status_code == 200
+        assert on_behalf.json()["budget"]["account_id"] == user_id
+        assert client.get("/v1/me/budget", headers=bearer(user_key)).json()["charges"] == 1
+        # a seed without an account gets one on first charge, with the default cap
+        created = query(client, service_key, "51", k=5)
+        assert created.status_code == 200
+        new_account = ledger_of(client).account_for_node("51")
+        assert new_account is not None and new_account.type == "user"
+        assert created.json()["budget"]["account_id"] == new_account.account_id
+        assert created.json()["budget"]["cap_epsilon"] == 1.0
+        # edge mode: a shared answer, charged to the service itself
+        edge = query(client, service_key, "52", k=5, mode="edge")
+        assert edge.status_code == 200 and edge.json()["budget"]["account_id"] == service_id
+        assert ledger_of(client).account_for_node("52") is None
 
 
-def test_service_without_creation_right_gets_unknown_account(
-    client: TestClient, accounts: Accounts
-) -> None:
-    _, key = accounts.service()
-    response = query(client, key, "60")
-    assert response.status_code == 404
-    assert response.json()["error"]["code"] == "unknown_account"
-    assert charge_count(client) == 0
+def test_service_scopes_default_to_edge_only(client: TestClient, accounts: Accounts) -> None:
+    """A service account charges users' budgets only if personalized mode was granted, and
+    creates seed accounts only if both its flag and PPR_CREATE_SEED_ACCOUNTS (off) allow it."""
+    service_id, key = accounts.service()
+    accounts.user("60")
+    refused = query(client, key, "60")
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "mode_not_allowed"
+    assert query(client, key, "60", mode="edge").status_code == 200
+    admin = bearer(accounts.admin_key)
+    granted = client.put(
+        f"/v1/admin/accounts/{service_id}/scopes",
+        json={"modes": ["edge", "personalized"], "may_create_seed_accounts": True},
+        headers=admin,
+    )
+    assert granted.status_code == 200, granted.text
+    assert granted.json()["modes"] == ["edge", "personalized"]
+    assert query(client, key, "60").status_code == 200
+    no_account = query(client, key, "61")  # the deployment does not allow creating accounts
+    assert no_account.status_code == 404
+    assert no_account.json()["error"]["code"] == "unknown_account"
+    assert charge_count(client) == 2
+    actions = [row["action"] for row in ledger_of(client).list_audit()]
+    assert "scopes.set" in actions
+
+
+def test_service_quota_refuses_with_retry_after(client: TestClient, accounts: Accounts) -> None:
+    _, key = accounts.service(modes=["personalized"], quota_epsilon=0.25)
+    for node in ("70", "71", "72"):
+        accounts.user(node)
+    assert query(client, key, "70", epsilon=0.1).status_code == 200
+    assert query(client, key, "71", epsilon=0.1).status_code == 200
+    refused = query(client, key, "72", epsilon=0.1)
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "service_quota_exhausted"
+    retry_after = int(refused.headers["Retry-After"])
+    assert 86000 < retry_after <= 86400  # the first charge leaves the 24-hour window
+    assert charge_count(client) == 2
+    # replays are free and not limited by the quota
+    assert query(client, key, "70", epsilon=0.1).json()["replayed"] is True
 
 
 # -- bad input ----------------------------------------------------------------------------
@@ -334,7 +370,7 @@ def test_bad_parameters_are_named(
 
 
 def test_unknown_node_and_bad_idempotency_key(client: TestClient, accounts: Accounts) -> None:
-    _, service_key = accounts.service(allow_create_seed_accounts=True)
+    _, service_key = accounts.service(modes=["personalized"])
     response = query(client, service_key, "no-such-node")
     assert response.status_code == 404 and response.json()["error"]["code"] == "unknown_node"
     too_long = query(client, service_key, "5", idempotency_key="x" * 201)

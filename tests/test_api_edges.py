@@ -107,7 +107,7 @@ def test_malformed_json_is_400_and_integer_booleans_are_refused(
     refused(not_json, 400, "malformed_json")
     integer_flag = client.post(
         "/v1/admin/accounts",
-        json={"type": "service", "allow_create_seed_accounts": 1},
+        json={"type": "service", "may_create_seed_accounts": 1},
         headers=admin,
     )
     refused(integer_flag, 422, "invalid_parameter")

@@ -18,7 +18,7 @@ from service.ledger import (
     UPGRADE_COMMAND,
     AccountExists,
     BudgetExhausted,
-    IdempotencyKeyFailed,
+    ChargeSettled,
     Ledger,
     LedgerGridMismatch,
     LedgerNotMigrated,
@@ -31,7 +31,7 @@ from service.ledger import (
 )
 from service.ledger.database import make_engine
 from service.ledger.keys import hash_api_key
-from service.ledger.tables import Base
+from service.ledger.tables import EXPOSURE_SHARDS, Base
 from service.mechanisms.postprocess import RankedNode
 from service.privacy.accountant import RdpCurve, compose
 from service.privacy.calibration import plan_diffusion
@@ -41,7 +41,7 @@ from service.privacy.orders import GRID_VERSION, grid_fingerprint
 DELTA = 3e-6
 TABLES = {
     "accounts", "api_keys", "budgets", "spend", "charges", "refunds", "releases", "audit_log",
-    "ledger_meta", "alembic_version",
+    "ledger_meta", "alembic_version", "exposure_shards", "graph_releases",
 }  # fmt: skip
 
 
@@ -109,8 +109,10 @@ def test_migration_builds_the_schema_and_matches_the_models(ledger_url: str) -> 
                 MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata
             )
             assert diff == []
-            for table in TABLES - {"alembic_version", "ledger_meta"}:
+            for table in TABLES - {"alembic_version", "ledger_meta", "exposure_shards"}:
                 assert conn.execute(text(f"SELECT count(*) FROM {table}")).scalar() == 0
+            shards = conn.execute(text("SELECT count(*), sum(charges) FROM exposure_shards"))
+            assert tuple(shards.one()) == (EXPOSURE_SHARDS, 0)
     finally:
         engine.dispose()
     ledger = Ledger.from_url(ledger_url)
@@ -186,11 +188,11 @@ def test_grid_mismatch_is_refused(ledger_url: str, key: str, value: str) -> None
 def test_accounts(ledger: Ledger) -> None:
     user = ledger.create_account("user", node_id="n1", cap_epsilon=1.0, delta=DELTA, label="u")
     svc = ledger.create_account(
-        "service", cap_epsilon=5.0, delta=1e-7, allow_create_seed_accounts=True, label="backend"
+        "service", cap_epsilon=5.0, delta=1e-7, may_create_seed_accounts=True, label="backend"
     )
     admin = ledger.create_account("admin", cap_epsilon=1.0, delta=DELTA)
     assert (user.type, user.node_id, user.label) == ("user", "n1", "u")
-    assert svc.allow_create_seed_accounts and svc.node_id is None
+    assert svc.may_create_seed_accounts and svc.node_id is None
     assert ledger.get_account(user.account_id) == user
     assert ledger.account_for_node("n1") == user
     assert ledger.account_for_node("n2") is None
@@ -369,16 +371,17 @@ def test_idempotency_keys(ledger: Ledger) -> None:
     # a reused key returns the charge even when the budget could not take another one
     ledger.set_budget(user, cap_epsilon=0.01)
     assert charge(ledger, user, curve, key="k1", principal=svc).reused
-    # a refunded charge's key is spent
+    # a refunded charge frees its key: the retry is a new charge (if the budget takes it)
     ledger.refund(first.charge_id, reason="failed before noise")
-    with pytest.raises(IdempotencyKeyFailed) as failed:
-        charge(ledger, user, curve, key="k1", principal=svc)
-    assert failed.value.code == "idempotency_key_failed" and "new key" in failed.value.message
-    assert ledger.count_charges(user) == 2
+    ledger.set_budget(user, cap_epsilon=0.5)
+    retry = charge(ledger, user, curve, key="k1", principal=svc)
+    assert not retry.reused and retry.charge_id != first.charge_id
+    assert ledger.count_charges(user) == 3
     charges = ledger.list_charges(user)
-    assert [(c.idempotency_key, c.principal_account_id, c.refunded) for c in charges] == [
-        ("k1", user, False),
-        ("k1", svc, True),
+    assert [(c.idempotency_key, c.principal_account_id, c.state) for c in charges] == [
+        ("k1", svc, "admitted"),
+        ("k1", user, "admitted"),
+        ("k1", svc, "refunded"),
     ]
     assert charges[0].params == {"k": 10, "beta": 0.8} and charges[0].epsilon == 0.1
 
@@ -485,12 +488,18 @@ def test_releases(ledger: Ledger) -> None:
     assert ledger.find_release(ReleaseKey(user, "n1", "g2", "personalized", 0.1)) is None
     assert ledger.find_release(ReleaseKey(user, "n1", "g1", "edge", 0.1)) is None
     assert ledger.find_release(ReleaseKey(svc, "n1", "g1", "personalized", 0.1)) is None
-    # a refunded charge's release is never replayed
-    ledger.refund(second.charge_id, reason="test")
-    assert ledger.find_release(key) == first
-    ledger.refund(first.charge_id, reason="test")
-    assert ledger.find_release(key) is None
-    assert ledger.release_for_idempotency_key(svc, "a") is None
+    # a released charge can never be refunded (its answer may have left the process) ...
+    with pytest.raises(ChargeSettled):
+        ledger.refund(second.charge_id, reason="test")
+    assert ledger.find_release(key) == second
+    # ... and a refunded (e.g. reconciled) charge's answer can never be stored, so never sent
+    third = charge(ledger, user, curve, key="c", principal=svc).charge_id
+    ledger.refund(third, reason="reconciled")
+    with pytest.raises(ChargeSettled):
+        ledger.store_release(release(third, [0.9]), idempotency_key="c", principal_account_id=svc)
+    assert ledger.find_release(key) == second
+    assert ledger.release_for_idempotency_key(svc, "c") is None
+    assert [c.state for c in ledger.list_charges(user)] == ["refunded", "released", "released"]
 
 
 # --- audit and health -------------------------------------------------------------------------

@@ -39,6 +39,7 @@ def create_app(settings: Settings | None = None, *, configure_logs: bool = True)
             configure_logging(settings.log_level)
         runtime = build_runtime(settings, on_cache_event=_count_cache_event)
         app.state.runtime = runtime
+        runtime.start_background()
         try:
             yield
         finally:

@@ -53,7 +53,9 @@ def authenticate(
         account_id=account.account_id,
         type=account.type,
         node_id=account.node_id,
-        allow_create_seed_accounts=account.allow_create_seed_accounts,
+        may_create_seed_accounts=account.may_create_seed_accounts,
+        modes=account.modes,
+        quota_epsilon=account.quota_epsilon,
     )
 
 

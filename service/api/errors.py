@@ -21,6 +21,12 @@ from service.api.observability import REFUSALS, internal_error_response
 from service.errors import ServiceError
 
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+#: Refusals of an admissible-looking query by the ledger, counted by reason.
+REFUSAL_CODES = frozenset(
+    {"budget_exhausted", "service_quota_exhausted", "graph_budget_exhausted", "mode_not_allowed"}
+)
+
 _HTTP_CODES = {
     400: "bad_request",
     401: "unauthorized",
@@ -42,11 +48,15 @@ def error_response(
 async def handle_service_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ServiceError)
     request.state.outcome = exc.code
-    if exc.code == "budget_exhausted":
+    if exc.code in REFUSAL_CODES:
         REFUSALS.labels(exc.code).inc()
     body = exc.to_dict()
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-    return error_response(exc.status, body, headers)
+    headers: dict[str, str] = {}
+    if exc.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    if exc.retry_after is not None:
+        headers["Retry-After"] = str(int(exc.retry_after))
+    return error_response(exc.status, body, headers or None)
 
 
 async def handle_validation_error(request: Request, exc: Exception) -> JSONResponse:

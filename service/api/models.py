@@ -6,7 +6,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.api.params import BoolField, CapEpsilonField, DeltaField, LabelField, NodeIdField
+from service.api.params import (
+    BoolField,
+    CapEpsilonField,
+    DeltaField,
+    LabelField,
+    NodeIdField,
+    QuotaEpsilonField,
+)
 from service.ledger.records import AccountRecord, ApiKeyRecord, BudgetView, ChargeRecord
 from service.serving.schemas import Answer
 
@@ -80,12 +87,19 @@ class Account(BaseModel):
     type: Literal["user", "service", "admin"]
     node_id: str | None
     label: str | None
-    allow_create_seed_accounts: bool
+    may_create_seed_accounts: bool
+    modes: list[Literal["personalized", "edge"]] = Field(
+        description="Service accounts: the modes they may query."
+    )
+    quota_epsilon: float | None = Field(
+        description="Service accounts: eps per rolling 24 h they may charge to other accounts "
+        "(null: the configured default)."
+    )
     created_at: str
 
     @classmethod
     def of(cls, record: AccountRecord) -> Account:
-        return cls(**record.__dict__)
+        return cls(**{**record.__dict__, "modes": list(record.modes)})
 
 
 class AccountWithBudget(Account):
@@ -116,7 +130,46 @@ class CreateAccount(BaseModel):
     cap_epsilon: CapEpsilonField | None = None
     delta: DeltaField | None = None
     label: LabelField | None = None
-    allow_create_seed_accounts: BoolField = False
+    may_create_seed_accounts: BoolField = False
+    modes: list[Literal["personalized", "edge"]] | None = Field(
+        None, min_length=1, description="Service accounts only; default edge only."
+    )
+    quota_epsilon: QuotaEpsilonField | None = Field(
+        None, description="Service accounts only; default the configured quota."
+    )
+
+
+class SetScopes(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    modes: list[Literal["personalized", "edge"]] | None = Field(None, min_length=1)
+    may_create_seed_accounts: BoolField | None = None
+    quota_epsilon: QuotaEpsilonField | None = None
+    default_quota: BoolField = Field(False, description="Use the configured default quota again.")
+
+
+class ExposureByMode(BaseModel):
+    epsilon: float
+    charges: int
+
+
+class ExposurePoint(BaseModel):
+    at: str
+    epsilon: float
+    charges: int
+
+
+class Exposure(BaseModel):
+    """What all accounts together can have learned about any one edge (composed bound)."""
+
+    epsilon: float
+    delta: float
+    charges: int
+    graph_releases: int
+    cap_epsilon: float | None
+    by_mode: dict[str, ExposureByMode]
+    series: list[ExposurePoint]
+    shards_epsilon: float
 
 
 class CreatedAccount(AccountWithBudget):
@@ -143,6 +196,7 @@ class Charge(BaseModel):
     request_id: str
     idempotency_key: str | None
     refunded: bool
+    state: Literal["admitted", "released", "refunded"]
 
     @classmethod
     def of(cls, record: ChargeRecord) -> Charge:

@@ -80,4 +80,14 @@ DeltaField = Annotated[
         description=f"Budget delta, in [{DELTA_MIN:g}, {DELTA_MAX:g}).",
     ),
 ]
+QuotaEpsilonField = Annotated[
+    float,
+    Field(
+        strict=True,
+        gt=0,
+        le=CAP_EPSILON_MAX,
+        description=f"Epsilon a service account may charge to other accounts per rolling 24 "
+        f"hours, in (0, {CAP_EPSILON_MAX:g}].",
+    ),
+]
 BoolField = StrictBool

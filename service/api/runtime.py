@@ -16,7 +16,8 @@ from service.graph.model import Graph
 from service.ledger.ledger import Ledger
 from service.serving.graph_holder import GraphHolder
 from service.serving.planner import DiffusionPlanner
-from service.serving.ppr_query import PprQueryService, PrefixProvider
+from service.serving.ppr_query import AdmissionPolicy, PprQueryService, PrefixProvider
+from service.serving.reconciler import Reconciler
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +29,19 @@ class Runtime:
     ledger: Ledger
     caches: Caches
     queries: PprQueryService
+    reconciler: Reconciler | None = None
+
+    def start_background(self) -> None:
+        self.reconciler = Reconciler(
+            self.ledger,
+            older_than_seconds=self.settings.reconcile_after_seconds,
+            interval_seconds=self.settings.reconcile_interval_seconds,
+        )
+        self.reconciler.start()
 
     def close(self) -> None:
+        if self.reconciler is not None:
+            self.reconciler.stop()
         self.ledger.dispose()
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
@@ -70,6 +82,7 @@ def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
             planner=DiffusionPlanner(caches.calibration),
             replay_store_top=settings.replay_store_top,
             create_seed_accounts=settings.create_seed_accounts,
+            policy=AdmissionPolicy.from_settings(settings),
         )
     except BaseException:
         ledger.dispose()

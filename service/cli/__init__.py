@@ -17,7 +17,16 @@ from collections.abc import Sequence
 from service.errors import ServiceError
 
 #: Command modules, in the order ``--help`` lists them.
-COMMAND_MODULES = ("calibrate", "query", "evaluate", "bench", "serve", "accounts", "db")
+COMMAND_MODULES = (
+    "calibrate",
+    "query",
+    "evaluate",
+    "bench",
+    "serve",
+    "accounts",
+    "ledger",
+    "db",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -59,10 +59,11 @@ def register(subparsers: Any) -> None:
     )
     create.add_argument("--label", help="a free-text label")
     create.add_argument(
-        "--allow-create-seed-accounts",
+        "--may-create-seed-accounts",
         action="store_true",
         help="a service account may create a seed user's account on its first charge",
     )
+    add_scope_arguments(create)
     create.add_argument(
         "--graph",
         type=Path,
@@ -80,6 +81,20 @@ def register(subparsers: Any) -> None:
     set_budget.add_argument("--cap", type=cap_epsilon, help="new cap epsilon")
     set_budget.add_argument("--delta", type=budget_delta, help="new delta")
 
+    scopes = action(
+        "set-scopes", "change a service account's modes, seed-account right and quota", _set_scopes
+    )
+    scopes.add_argument("account_id", type=positive_int, metavar="ACCOUNT_ID")
+    add_scope_arguments(scopes)
+    scopes.add_argument(
+        "--no-create-seed-accounts",
+        action="store_true",
+        help="take back the right to create seed users' accounts",
+    )
+    scopes.add_argument(
+        "--default-quota", action="store_true", help="use PPR_SERVICE_QUOTA_EPSILON again"
+    )
+
     revoke = action("revoke-key", "revoke an API key (idempotent)", _revoke_key)
     revoke.add_argument("key_id", type=positive_int, metavar="KEY_ID")
 
@@ -93,13 +108,36 @@ def register(subparsers: Any) -> None:
     budget.add_argument("account_id", type=positive_int, metavar="ACCOUNT_ID")
 
 
+def _modes(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def add_scope_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--modes",
+        type=_modes,
+        metavar="MODES",
+        help="service accounts: comma-separated modes it may query (default: edge); "
+        "'edge,personalized' lets it charge seed users' budgets",
+    )
+    parser.add_argument(
+        "--quota-epsilon",
+        type=positive_float,
+        metavar="EPS",
+        help="service accounts: eps it may charge to other accounts per rolling 24 h; "
+        "default PPR_SERVICE_QUOTA_EPSILON",
+    )
+
+
 def _account_dict(account: AccountRecord, budget: BudgetView | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "account_id": account.account_id,
         "type": account.type,
         "node_id": account.node_id,
         "label": account.label,
-        "allow_create_seed_accounts": account.allow_create_seed_accounts,
+        "may_create_seed_accounts": account.may_create_seed_accounts,
+        "modes": list(account.modes),
+        "quota_epsilon": account.quota_epsilon,
         "created_at": account.created_at,
     }
     if budget is not None:
@@ -122,6 +160,13 @@ def _create(args: argparse.Namespace) -> int:
         raise InvalidParameter("--node", "a user account needs --node, the seed node it owns")
     if args.type != "user" and args.node is not None:
         raise InvalidParameter("--node", f"only user accounts have a node, not {args.type}")
+    if args.type != "service" and (
+        args.modes is not None or args.quota_epsilon is not None or args.may_create_seed_accounts
+    ):
+        raise InvalidParameter(
+            "--modes/--quota-epsilon/--may-create-seed-accounts",
+            "only service accounts have scopes",
+        )
     settings = Settings()
     with _ledger(args) as ledger:
         delta: float | None = args.delta
@@ -140,7 +185,9 @@ def _create(args: argparse.Namespace) -> int:
             cap_epsilon=cap,
             delta=delta,
             label=args.label,
-            allow_create_seed_accounts=args.allow_create_seed_accounts,
+            may_create_seed_accounts=args.may_create_seed_accounts,
+            modes=args.modes if args.modes is not None else ("edge",),
+            quota_epsilon=args.quota_epsilon,
         )
         api_key, key = ledger.create_api_key(account.account_id)
     if args.json:
@@ -190,6 +237,35 @@ def _list(args: argparse.Namespace) -> int:
             for a, b in rows
         ],
     )
+    return 0
+
+
+def _set_scopes(args: argparse.Namespace) -> int:
+    if args.may_create_seed_accounts and args.no_create_seed_accounts:
+        raise InvalidParameter(
+            "--may-create-seed-accounts", "cannot be given with --no-create-seed-accounts"
+        )
+    if args.quota_epsilon is not None and args.default_quota:
+        raise InvalidParameter("--quota-epsilon", "cannot be given with --default-quota")
+    may_create: bool | None = None
+    if args.may_create_seed_accounts or args.no_create_seed_accounts:
+        may_create = bool(args.may_create_seed_accounts)
+    with _ledger(args) as ledger:
+        account = ledger.set_scopes(
+            args.account_id,
+            modes=args.modes,
+            may_create_seed_accounts=may_create,
+            quota_epsilon=args.quota_epsilon,
+            clear_quota=args.default_quota,
+        )
+    if args.json:
+        print_json(_account_dict(account))
+    else:
+        quota = "default" if account.quota_epsilon is None else f"{account.quota_epsilon:g}"
+        print(
+            f"account {account.account_id}: modes {','.join(account.modes)}, may create seed "
+            f"accounts {account.may_create_seed_accounts}, quota {quota}"
+        )
     return 0
 
 

@@ -16,12 +16,16 @@ refunded charge.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+import random
+import time
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from datetime import UTC, timedelta
 from typing import Any, cast
 
+import numpy as np
 from alembic.util import CommandError
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import CursorResult, Engine, func, select, text, update
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -34,6 +38,7 @@ from service.ledger.database import (
     upgrade_engine,
     write_engine,
 )
+from service.ledger.exposure import ExposureReport, default_delta, exposure_report
 from service.ledger.keys import generate_api_key, hash_api_key, key_prefix
 from service.ledger.records import (
     ACCOUNT_TYPES,
@@ -44,19 +49,25 @@ from service.ledger.records import (
     BudgetView,
     ChargeReceipt,
     ChargeRecord,
-    IdempotencyKeyFailed,
+    ChargeSettled,
+    GraphBudgetExhausted,
+    GraphCap,
     LedgerNotMigrated,
     ReleaseKey,
+    ServiceQuotaExhausted,
     StoredRelease,
     UnknownAccount,
 )
 from service.ledger.tables import (
+    EXPOSURE_SHARDS,
     META_LEDGER_ID,
     Account,
     ApiKey,
     AuditLog,
     Budget,
     Charge,
+    ExposureShard,
+    GraphRelease,
     LedgerMeta,
     Refund,
     Release,
@@ -64,6 +75,7 @@ from service.ledger.tables import (
     iso,
     utcnow,
 )
+from service.ledger.verification import VerifyReport, verify_ledger
 from service.mechanisms.postprocess import RankedNode
 from service.privacy.accountant import RdpCurve
 from service.privacy.orders import GRID_VERSION
@@ -73,10 +85,14 @@ from service.privacy.orders import GRID_VERSION
 #: would evaluate an ulp higher still never exceeds the cap.
 ADMISSION_RTOL = 1e-12
 
-IDEMPOTENCY_REFUNDED_MESSAGE = (
-    "the earlier request with this Idempotency-Key failed before any noise was drawn and was "
-    "refunded; retry with a new key"
-)
+#: The modes an account may be scoped to.
+MODES = ("personalized", "edge")
+
+#: The rolling window of a service account's spending quota.
+QUOTA_WINDOW = timedelta(hours=24)
+
+#: A charge whose twin waits on it but which is older than this is settled by the waiter.
+DEFAULT_STALE_AFTER_SECONDS = 60.0
 
 
 class AccountExists(ServiceError):
@@ -134,14 +150,36 @@ def _check_delta(delta: float) -> float:
     return float(delta)
 
 
+def _check_modes(modes: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    chosen = tuple(dict.fromkeys(m.strip() for m in modes if m.strip()))
+    unknown = [m for m in chosen if m not in MODES]
+    if unknown or not chosen:
+        raise InvalidParameter(
+            "modes", f"must be a non-empty subset of {', '.join(MODES)}, got {list(modes)!r}"
+        )
+    return chosen
+
+
+def _check_quota(quota_epsilon: float | None) -> float | None:
+    if quota_epsilon is None:
+        return None
+    if isinstance(quota_epsilon, bool) or not isinstance(quota_epsilon, int | float):
+        raise InvalidParameter("quota_epsilon", f"must be a number, got {quota_epsilon!r}")
+    if not (math.isfinite(quota_epsilon) and quota_epsilon > 0):
+        raise InvalidParameter("quota_epsilon", f"must be a finite number > 0, got {quota_epsilon}")
+    return float(quota_epsilon)
+
+
 def _account_record(row: Account) -> AccountRecord:
     return AccountRecord(
         account_id=row.id,
         type=cast(AccountType, row.type),
         node_id=row.node_id,
         label=row.label,
-        allow_create_seed_accounts=bool(row.allow_create_seed_accounts),
+        may_create_seed_accounts=bool(row.may_create_seed_accounts),
         created_at=iso(row.created_at) or "",
+        modes=tuple(m for m in (row.modes or "").split(",") if m),
+        quota_epsilon=row.quota_epsilon,
     )
 
 
@@ -170,6 +208,7 @@ def _charge_record(row: Charge, refunded: bool) -> ChargeRecord:
         idempotency_key=row.idempotency_key,
         refunded=refunded,
         params=dict(row.params),
+        state=row.state,
     )
 
 
@@ -181,6 +220,7 @@ def _release_record(row: Release) -> StoredRelease:
             graph_version=row.graph_version,
             mode=row.mode,
             epsilon=row.epsilon,
+            mechanism=row.mechanism_name,
         ),
         charge_id=row.charge_id,
         results=[RankedNode(str(node), float(score)) for node, score in row.results],
@@ -206,8 +246,21 @@ def _view(budget: Budget, spend: Spend, spent: RdpCurve | None = None) -> Budget
     )
 
 
-def _not_refunded() -> Any:
-    return ~select(Refund.id).where(Refund.charge_id == Charge.id).exists()
+def _set_spend(spend: Spend, budget: Budget, curve: RdpCurve, charges: int) -> None:
+    """Write the composed curve, its conversion at the account's delta and the charge count."""
+    spend.rdp = curve.to_json()
+    spend.pure_epsilon = curve.pure
+    spend.grid_version = GRID_VERSION
+    spend.charges = charges
+    spend.epsilon = curve.epsilon(budget.delta)
+    spend.updated_at = utcnow()
+
+
+def _subtract_up(total: RdpCurve, part: RdpCurve) -> RdpCurve:
+    """``total - part`` rounded up (never below the exact difference, never below 0)."""
+    rdp = np.maximum(np.nextafter(total.rdp - part.rdp, np.inf), 0.0)
+    pure = max(float(np.nextafter(total.pure - part.pure, np.inf)), 0.0)
+    return RdpCurve(rdp, pure)
 
 
 class Ledger:
@@ -351,7 +404,9 @@ class Ledger:
         cap_epsilon: float,
         delta: float,
         label: str | None = None,
-        allow_create_seed_accounts: bool = False,
+        may_create_seed_accounts: bool = False,
+        modes: tuple[str, ...] | list[str] = ("edge",),
+        quota_epsilon: float | None = None,
         actor_account_id: int | None = None,
     ) -> AccountRecord:
         if type not in ACCOUNT_TYPES:
@@ -363,6 +418,14 @@ class Ledger:
             raise InvalidParameter("node_id", f"only user accounts have a node, not {type}")
         cap = _check_cap(cap_epsilon)
         dlt = _check_delta(delta)
+        scoped = _check_modes(modes)
+        quota = _check_quota(quota_epsilon)
+        if type != "service" and (may_create_seed_accounts or quota is not None):
+            raise InvalidParameter(
+                "may_create_seed_accounts/quota_epsilon", "only service accounts have scopes"
+            )
+        if type == "user":
+            scoped = ("personalized", "edge")  # a user queries its own node in either mode
         try:
             with self._writing() as session:
                 now = utcnow()
@@ -371,7 +434,9 @@ class Ledger:
                     node_id=node_id,
                     user_node_id=node_id if type == "user" else None,
                     label=label,
-                    allow_create_seed_accounts=bool(allow_create_seed_accounts),
+                    may_create_seed_accounts=bool(may_create_seed_accounts),
+                    modes=",".join(scoped),
+                    quota_epsilon=quota,
                     created_at=now,
                 )
                 session.add(account)
@@ -387,6 +452,7 @@ class Ledger:
                         pure_epsilon=zero.pure,
                         grid_version=GRID_VERSION,
                         charges=0,
+                        epsilon=0.0,
                         updated_at=now,
                     )
                 )
@@ -401,7 +467,9 @@ class Ledger:
                         "label": label,
                         "cap_epsilon": cap,
                         "delta": dlt,
-                        "allow_create_seed_accounts": bool(allow_create_seed_accounts),
+                        "may_create_seed_accounts": bool(may_create_seed_accounts),
+                        "modes": list(scoped),
+                        "quota_epsilon": quota,
                     },
                 )
                 session.flush()
@@ -567,6 +635,7 @@ class Ledger:
                 budget.delta = dlt
             if changes:
                 budget.updated_at = utcnow()
+                spend.epsilon = _spent_curve(spend).epsilon(budget.delta)
                 self._audit(
                     session,
                     "budget.set",
@@ -576,6 +645,48 @@ class Ledger:
                 )
                 session.flush()
             return _view(budget, spend)
+
+    def set_scopes(
+        self,
+        account_id: int,
+        *,
+        modes: tuple[str, ...] | list[str] | None = None,
+        may_create_seed_accounts: bool | None = None,
+        quota_epsilon: float | None = None,
+        clear_quota: bool = False,
+        actor_account_id: int | None = None,
+    ) -> AccountRecord:
+        """Change a service account's scopes (audited): its modes, whether it may create seed
+        users' accounts, and its 24-hour spending quota (``clear_quota``: back to the default)."""
+        scoped = None if modes is None else _check_modes(modes)
+        quota = _check_quota(quota_epsilon)
+        with self._writing() as session:
+            row = self._account(session, account_id)
+            if row.type != "service":
+                raise InvalidParameter("account_id", "only service accounts have scopes")
+            changes: dict[str, Any] = {}
+            if scoped is not None and ",".join(scoped) != row.modes:
+                changes["modes"] = {"old": row.modes.split(","), "new": list(scoped)}
+                row.modes = ",".join(scoped)
+            if may_create_seed_accounts is not None and bool(may_create_seed_accounts) != bool(
+                row.may_create_seed_accounts
+            ):
+                changes["may_create_seed_accounts"] = {
+                    "old": bool(row.may_create_seed_accounts),
+                    "new": bool(may_create_seed_accounts),
+                }
+                row.may_create_seed_accounts = bool(may_create_seed_accounts)
+            new_quota = None if clear_quota else (quota if quota is not None else row.quota_epsilon)
+            if new_quota != row.quota_epsilon:
+                changes["quota_epsilon"] = {"old": row.quota_epsilon, "new": new_quota}
+                row.quota_epsilon = new_quota
+            if changes:
+                self._audit(
+                    session, "scopes.set", actor=actor_account_id, target=account_id,
+                    details=changes,
+                )  # fmt: skip
+                session.flush()
+            return _account_record(row)
 
     # --- admission ----------------------------------------------------------------------------
 
@@ -593,149 +704,574 @@ class Ledger:
         graph_version: str,
         request_id: str,
         idempotency_key: str | None,
+        release_key: ReleaseKey | None = None,
+        quota_epsilon: float | None = None,
+        graph_cap: GraphCap | None = None,
+        stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
     ) -> ChargeReceipt:
         """Admit the query and commit its charge in one transaction, or refuse writing nothing.
 
-        A charge already made under ``(principal_account_id, idempotency_key)`` is returned as
-        ``reused`` without charging again; if that charge was refunded the key is spent and
-        :class:`IdempotencyKeyFailed` is raised.
+        Under the charged account's spend-row lock, in this order:
+
+        * a live charge under ``(principal_account_id, idempotency_key)`` is returned as
+          ``reused`` (nothing charged); a refunded one frees its key, so a retry charges anew;
+        * with a ``release_key`` (a non-fresh query), an identical query already admitted and
+          still in flight, or already released, is returned as ``joined`` (nothing charged);
+          an in-flight twin older than ``stale_after_seconds`` is reconciled (refunded) first;
+        * the budget (the spent curve plus this one, at the account's delta), the principal's
+          24-hour quota when ``quota_epsilon`` is given (a service account charging another
+          account; its own spend row is locked too), and the graph-wide cap when given.
+
+        Locks are always taken in the order: charged spend row, principal spend row, exposure
+        shard rows by ascending shard, so concurrent admissions never deadlock.
         """
         if not isinstance(query_curve, RdpCurve):
             raise TypeError("query_curve must be an RdpCurve")
-        try:
-            with self._writing() as session:
-                spend = self._lock_spend(session, charged_account_id)
-                if idempotency_key is not None:
-                    earlier = self._charge_by_key(session, principal_account_id, idempotency_key)
-                    if earlier is not None:
-                        return self._reused(session, earlier)
-                budget = self._budget_row(session, charged_account_id)
-                spent = _spent_curve(spend)
-                composed = spent + query_curve
-                if composed.epsilon(budget.delta) > budget.cap_epsilon * (1.0 - ADMISSION_RTOL):
-                    raise BudgetExhausted(_view(budget, spend, spent), float(query_epsilon))
-                now = utcnow()
-                charge = Charge(
-                    created_at=now,
-                    charged_account_id=charged_account_id,
-                    principal_account_id=principal_account_id,
-                    seed=seed,
-                    mechanism=mechanism,
-                    mode=mode,
-                    params=params,
-                    epsilon=float(query_epsilon),
-                    rdp=query_curve.to_json(),
-                    pure_epsilon=query_curve.pure,
-                    grid_version=GRID_VERSION,
-                    graph_version=graph_version,
-                    request_id=request_id,
-                    idempotency_key=idempotency_key,
-                )
-                session.add(charge)
-                spend.rdp = composed.to_json()
-                spend.pure_epsilon = composed.pure
-                spend.grid_version = GRID_VERSION
-                spend.charges = spend.charges + 1
-                spend.updated_at = now
-                session.flush()
-                return ChargeReceipt(charge_id=charge.id, budget=_view(budget, spend, composed))
-        except IntegrityError:
-            # A concurrent twin with the same idempotency key committed first.
-            if idempotency_key is None:
-                raise
-            with self._reading() as session:
-                earlier = self._charge_by_key(session, principal_account_id, idempotency_key)
-                if earlier is None:
+        exact_cap = False
+        while True:
+            try:
+                with self._writing() as session:
+                    return self._admit(
+                        session,
+                        charged_account_id=charged_account_id,
+                        principal_account_id=principal_account_id,
+                        seed=seed,
+                        mechanism=mechanism,
+                        mode=mode,
+                        params=params,
+                        query_curve=query_curve,
+                        query_epsilon=query_epsilon,
+                        graph_version=graph_version,
+                        request_id=request_id,
+                        idempotency_key=idempotency_key,
+                        release_key=release_key,
+                        quota_epsilon=quota_epsilon,
+                        graph_cap=graph_cap,
+                        exact_cap=exact_cap,
+                        stale_after_seconds=stale_after_seconds,
+                    )
+            except _NeedsExactCap:
+                exact_cap = True  # rolled back: start again, locking every shard
+            except IntegrityError:
+                # A concurrent twin with the same idempotency key committed first.
+                if idempotency_key is None:
                     raise
+                with self._reading() as session:
+                    earlier = self._charge_by_key(session, principal_account_id, idempotency_key)
+                    if earlier is None:
+                        raise
+                    return self._reused(session, earlier)
+
+    def _admit(
+        self,
+        session: Session,
+        *,
+        charged_account_id: int,
+        principal_account_id: int,
+        seed: str,
+        mechanism: str,
+        mode: str,
+        params: dict[str, Any],
+        query_curve: RdpCurve,
+        query_epsilon: float,
+        graph_version: str,
+        request_id: str,
+        idempotency_key: str | None,
+        release_key: ReleaseKey | None,
+        quota_epsilon: float | None,
+        graph_cap: GraphCap | None,
+        exact_cap: bool,
+        stale_after_seconds: float,
+    ) -> ChargeReceipt:
+        spend = self._lock_spend(session, charged_account_id)
+        budget = self._budget_row(session, charged_account_id)
+        if idempotency_key is not None:
+            earlier = self._charge_by_key(session, principal_account_id, idempotency_key)
+            if earlier is not None:
                 return self._reused(session, earlier)
+        digest = release_key.digest() if release_key is not None else None
+        if release_key is not None and digest is not None:
+            twin = self._twin(session, charged_account_id, digest, stale_after_seconds)
+            if twin is not None:
+                spend = self._lock_spend(session, charged_account_id)  # refreshed by a refund
+                return ChargeReceipt(charge_id=twin, budget=_view(budget, spend), joined=True)
+            released = self._release_row(session, release_key)
+            if released is not None:
+                return ChargeReceipt(
+                    charge_id=released.charge_id, budget=_view(budget, spend), joined=True
+                )
+        spent = _spent_curve(spend)
+        composed = spent + query_curve
+        if composed.epsilon(budget.delta) > budget.cap_epsilon * (1.0 - ADMISSION_RTOL):
+            raise BudgetExhausted(_view(budget, spend, spent), float(query_epsilon))
+        now = utcnow()
+        if quota_epsilon is not None and principal_account_id != charged_account_id:
+            self._check_quota(session, principal_account_id, quota_epsilon, query_epsilon, now)
+        shard = self._add_exposure(session, query_curve, graph_cap, exact_cap)
+        charge = Charge(
+            created_at=now,
+            charged_account_id=charged_account_id,
+            principal_account_id=principal_account_id,
+            seed=seed,
+            mechanism=mechanism,
+            mode=mode,
+            params=params,
+            epsilon=float(query_epsilon),
+            rdp=query_curve.to_json(),
+            pure_epsilon=query_curve.pure,
+            grid_version=GRID_VERSION,
+            graph_version=graph_version,
+            request_id=request_id,
+            idempotency_key=idempotency_key,
+            state="admitted",
+            release_key=digest,
+            exposure_shard=shard,
+        )
+        session.add(charge)
+        _set_spend(spend, budget, composed, spend.charges + 1)
+        spend.last_charge_at = now
+        session.flush()
+        return ChargeReceipt(charge_id=charge.id, budget=_view(budget, spend, composed))
+
+    def _twin(
+        self, session: Session, account_id: int, digest: str, stale_after_seconds: float
+    ) -> int | None:
+        """The in-flight charge of an identical query, if any (a stale one is reconciled)."""
+        row = session.scalars(
+            select(Charge)
+            .where(
+                Charge.charged_account_id == account_id,
+                Charge.release_key == digest,
+                Charge.state == "admitted",
+            )
+            .order_by(Charge.id.desc())
+            .limit(1)
+        ).one_or_none()
+        if row is None:
+            return None
+        age = (utcnow() - _aware(row.created_at)).total_seconds()
+        if age > stale_after_seconds:
+            self._refund_in(
+                session, row, reason=f"reconciled: no release {age:.0f} s after admission",
+                actor=None,
+            )  # fmt: skip
+            return None
+        return row.id
+
+    def _check_quota(
+        self, session: Session, principal: int, quota: float, epsilon: float, now: Any
+    ) -> None:
+        """Refuse when the principal's eps charged to others in the last 24 h would pass its
+        quota. Locks the principal's spend row, so the check and the charge are atomic."""
+        self._lock_spend(session, principal)
+        since = now - QUOTA_WINDOW
+        rows = session.execute(
+            select(Charge.created_at, Charge.epsilon)
+            .where(
+                Charge.principal_account_id == principal,
+                Charge.charged_account_id != principal,
+                Charge.state != "refunded",
+                Charge.created_at > since,
+            )
+            .order_by(Charge.created_at)
+        ).all()
+        used = math.fsum(float(e) for _, e in rows)
+        if used + epsilon <= quota * (1.0 + ADMISSION_RTOL):
+            return
+        # When will enough of the window have expired for this query to fit?
+        excess, retry_after = used + epsilon - quota, QUOTA_WINDOW.total_seconds()
+        freed = 0.0
+        for created_at, eps in rows:
+            freed += float(eps)
+            if freed >= excess:
+                expires = _aware(created_at) + QUOTA_WINDOW
+                retry_after = max(1.0, (expires - now).total_seconds())
+                break
+        raise ServiceQuotaExhausted(
+            f"this service account has charged {used:.4g} epsilon to other accounts in the "
+            f"last 24 hours; its quota is {quota:.4g}. Retry after {math.ceil(retry_after)} s, "
+            "or ask an admin to raise the quota",
+            retry_after=math.ceil(retry_after),
+            details={"used_epsilon": used, "quota_epsilon": quota, "query_epsilon": epsilon},
+        )
+
+    def _add_exposure(
+        self, session: Session, curve: RdpCurve, cap: GraphCap | None, exact: bool
+    ) -> int:
+        """Add ``curve`` to one exposure shard (returned), checking the graph-wide cap.
+
+        Fast path: lock one shard, read all shards, admit if the total plus this curve plus
+        ``EXPOSURE_SHARDS - 1`` copies of ``cap.max_charge`` (the most the other shards' lock
+        holders can add concurrently, each having passed the same check) stays within the cap.
+        Otherwise :class:`_NeedsExactCap` rolls the transaction back and it is retried locking
+        every shard in ascending order, which reads the exact total.
+        """
+        if cap is None:
+            shard = random.randrange(EXPOSURE_SHARDS)
+            row = self._lock_shard(session, shard)
+            _add_to_shard(row, curve)
+            return shard
+        if exact:
+            rows = list(
+                session.scalars(
+                    select(ExposureShard).order_by(ExposureShard.shard).with_for_update()
+                )
+            )
+            total = _shard_total(rows) + curve
+            if total.epsilon(cap.delta) > cap.cap_epsilon * (1.0 - ADMISSION_RTOL):
+                raise _graph_exhausted(cap, _shard_total(rows))
+            row = rows[random.randrange(len(rows))]
+            _add_to_shard(row, curve)
+            return row.shard
+        shard = random.randrange(EXPOSURE_SHARDS)
+        row = self._lock_shard(session, shard)
+        if not bool(np.all(curve.rdp <= cap.max_charge.rdp)) or curve.pure > cap.max_charge.pure:
+            raise _NeedsExactCap()
+        others = session.scalars(select(ExposureShard).where(ExposureShard.shard != shard)).all()
+        total = _shard_total([row, *others]) + curve
+        margin = cap.max_charge * (EXPOSURE_SHARDS - 1)
+        if (total + margin).epsilon(cap.delta) > cap.cap_epsilon * (1.0 - ADMISSION_RTOL):
+            raise _NeedsExactCap()
+        _add_to_shard(row, curve)
+        return shard
+
+    @staticmethod
+    def _lock_shard(session: Session, shard: int) -> ExposureShard:
+        row = session.scalars(
+            select(ExposureShard).where(ExposureShard.shard == shard).with_for_update()
+        ).one_or_none()
+        if row is None:  # pragma: no cover - created by migration 0002
+            raise LedgerNotMigrated("exposure_shards is empty: run the migrations")
+        return row
 
     @staticmethod
     def _charge_by_key(session: Session, principal: int, key: str) -> Charge | None:
         return session.scalars(
             select(Charge).where(
-                Charge.principal_account_id == principal, Charge.idempotency_key == key
+                Charge.principal_account_id == principal,
+                Charge.idempotency_key == key,
+                Charge.state != "refunded",
             )
         ).one_or_none()
 
     def _reused(self, session: Session, charge: Charge) -> ChargeReceipt:
-        refunded = session.scalar(select(Refund.id).where(Refund.charge_id == charge.id))
-        if refunded is not None:
-            raise IdempotencyKeyFailed(
-                IDEMPOTENCY_REFUNDED_MESSAGE,
-                details={"charge_id": charge.id, "idempotency_key": charge.idempotency_key},
-            )
         budget = self._budget_row(session, charge.charged_account_id)
         spend = session.get(Spend, charge.charged_account_id)
         assert spend is not None
         return ChargeReceipt(charge_id=charge.id, budget=_view(budget, spend), reused=True)
 
-    def refund(self, charge_id: int, *, reason: str) -> BudgetView:
-        """Compensate a charge whose noise was provably never released (idempotent)."""
-        try:
+    # --- settling a charge: released or refunded, exactly once ---------------------------------
+
+    def refund(
+        self, charge_id: int, *, reason: str, actor_account_id: int | None = None
+    ) -> BudgetView:
+        """Compensate a charge whose noise was provably never released (idempotent).
+
+        Only an ``admitted`` charge can be refunded; refunding a released one raises
+        :class:`ChargeSettled` (its answer may have left the process).
+        """
+        with self._writing() as session:
+            charge = session.get(Charge, charge_id)
+            if charge is None:
+                raise UnknownCharge(
+                    f"charge {charge_id} does not exist", details={"charge_id": charge_id}
+                )
+            account_id = charge.charged_account_id
+            spend = self._lock_spend(session, account_id)
+            budget = self._budget_row(session, account_id)
+            session.refresh(charge)
+            if charge.state == "refunded":
+                return _view(budget, spend)
+            if charge.state == "released":
+                raise ChargeSettled(
+                    f"charge {charge_id} was released: it cannot be refunded",
+                    details={"charge_id": charge_id},
+                )
+            return self._refund_in(session, charge, reason=reason, actor=actor_account_id)
+
+    def _refund_in(
+        self, session: Session, charge: Charge, *, reason: str, actor: int | None
+    ) -> BudgetView:
+        """Refund an admitted charge inside a transaction that holds its account's spend lock.
+
+        The state moves ``admitted -> refunded`` only if still admitted (so a concurrent
+        release and a refund can never both win); the spend is recomputed as the left fold of
+        the live charges, and the charge's curve leaves its exposure shard (rounded up).
+        """
+        account_id = charge.charged_account_id
+        now = utcnow()
+        moved = _settle(session, charge.id, "refunded", now)
+        spend = self._lock_spend(session, account_id)
+        budget = self._budget_row(session, account_id)
+        if moved != 1:
+            session.refresh(charge)
+            if charge.state == "released":
+                raise ChargeSettled(
+                    f"charge {charge.id} was released: it cannot be refunded",
+                    details={"charge_id": charge.id},
+                )
+            return _view(budget, spend)
+        session.add(Refund(charge_id=charge.id, created_at=now, reason=reason))
+        curves: list[dict[str, Any]] = list(
+            session.scalars(
+                select(Charge.rdp)
+                .where(Charge.charged_account_id == account_id, Charge.state != "refunded")
+                .order_by(Charge.id)
+            )
+        )
+        total = RdpCurve.zero()
+        for data in curves:
+            total = total + RdpCurve.from_json(data)
+        _set_spend(spend, budget, total, len(curves))
+        shard = self._lock_shard(session, charge.exposure_shard)
+        _remove_from_shard(shard, RdpCurve.from_json(charge.rdp))
+        self._audit(
+            session,
+            "charge.refund",
+            actor=actor,
+            target=account_id,
+            details={"charge_id": charge.id, "reason": reason, "epsilon": charge.epsilon},
+        )
+        session.flush()
+        return _view(budget, spend, total)
+
+    def store_release(
+        self,
+        release: StoredRelease,
+        *,
+        idempotency_key: str | None,
+        principal_account_id: int,
+    ) -> None:
+        """Store a released answer and mark its charge ``released``, in one transaction.
+
+        This must commit before the answer leaves the process. Storing the same charge twice is
+        a no-op; a charge already refunded (e.g. reconciled) raises :class:`ChargeSettled`, and
+        the answer must then be discarded, never sent.
+        """
+        key = release.key
+        with self._writing() as session:
+            now = utcnow()
+            moved = _settle(session, release.charge_id, "released", now)
+            if moved != 1:
+                state = session.scalar(select(Charge.state).where(Charge.id == release.charge_id))
+                if state == "released":
+                    return
+                raise ChargeSettled(
+                    f"charge {release.charge_id} is {state or 'missing'}: its answer is discarded",
+                    details={"charge_id": release.charge_id, "state": state},
+                )
+            session.add(
+                Release(
+                    charge_id=release.charge_id,
+                    charged_account_id=key.account_id,
+                    node=key.node,
+                    graph_version=key.graph_version,
+                    mode=key.mode,
+                    epsilon=float(key.epsilon),
+                    mechanism_name=key.mechanism,
+                    results=[[item.node, float(item.score)] for item in release.results],
+                    mechanism=release.mechanism,
+                    request_id=release.request_id,
+                    principal_account_id=principal_account_id,
+                    idempotency_key=idempotency_key,
+                    created_at=now,
+                )
+            )
+
+    def charge_state(self, charge_id: int) -> str:
+        with self._reading() as session:
+            state = session.scalar(select(Charge.state).where(Charge.id == charge_id))
+        if state is None:
+            raise UnknownCharge(
+                f"charge {charge_id} does not exist", details={"charge_id": charge_id}
+            )
+        return str(state)
+
+    def reconcile(
+        self, *, older_than_seconds: float, actor_account_id: int | None = None
+    ) -> list[int]:
+        """Refund every charge still ``admitted`` (no release stored) that is older than the
+        limit, with an audit row each, and settle graph-wide releases left without a payload.
+
+        Sound because an answer leaves the process only after its release is stored, and a
+        release can no longer be stored once its charge is refunded. Returns the refunded ids.
+        """
+        if not (math.isfinite(older_than_seconds) and older_than_seconds >= 0):
+            raise InvalidParameter("older_than", f"must be >= 0 seconds, got {older_than_seconds}")
+        cutoff = utcnow() - timedelta(seconds=older_than_seconds)
+        with self._reading() as session:
+            ids = list(
+                session.scalars(
+                    select(Charge.id)
+                    .where(Charge.state == "admitted", Charge.created_at < cutoff)
+                    .order_by(Charge.id)
+                )
+            )
+        refunded: list[int] = []
+        for charge_id in ids:
             with self._writing() as session:
                 charge = session.get(Charge, charge_id)
-                if charge is None:
-                    raise UnknownCharge(
-                        f"charge {charge_id} does not exist", details={"charge_id": charge_id}
-                    )
-                account_id = charge.charged_account_id
-                spend = self._lock_spend(session, account_id)
-                budget = self._budget_row(session, account_id)
-                done = session.scalar(select(Refund.id).where(Refund.charge_id == charge_id))
-                if done is not None:
-                    return _view(budget, spend)
-                now = utcnow()
-                session.add(Refund(charge_id=charge_id, created_at=now, reason=reason))
-                session.flush()
-                curves: list[dict[str, Any]] = list(
-                    session.scalars(
-                        select(Charge.rdp)
-                        .where(Charge.charged_account_id == account_id, _not_refunded())
-                        .order_by(Charge.id)
-                    )
-                )
-                total = RdpCurve.zero()
-                for data in curves:
-                    total = total + RdpCurve.from_json(data)
-                spend.rdp = total.to_json()
-                spend.pure_epsilon = total.pure
-                spend.grid_version = GRID_VERSION
-                spend.charges = len(curves)
-                spend.updated_at = now
-                self._audit(
+                assert charge is not None
+                self._lock_spend(session, charge.charged_account_id)
+                session.refresh(charge)
+                if charge.state != "admitted":
+                    continue
+                self._refund_in(
                     session,
-                    "charge.refund",
-                    actor=None,
-                    target=account_id,
-                    details={"charge_id": charge_id, "reason": reason, "epsilon": charge.epsilon},
+                    charge,
+                    reason=f"reconciled: no release stored within {older_than_seconds:g} s",
+                    actor=actor_account_id,
                 )
-                session.flush()
-                return _view(budget, spend, total)
-        except IntegrityError:
-            # A concurrent refund of the same charge won the UNIQUE(charge_id) race.
+                refunded.append(charge_id)
+        self._reconcile_graph_releases(cutoff)
+        return refunded
+
+    # --- checks and reports ----------------------------------------------------------------
+
+    def verify(self) -> VerifyReport:
+        """Recompute every derived value from the append-only rows (see ``verification``)."""
+        try:
+            return verify_ledger(self._engine)
+        except (OperationalError, InterfaceError) as exc:
+            raise LedgerUnavailable("the budget ledger database cannot be reached") from exc
+
+    def exposure(
+        self, *, delta: float | None = None, cap_epsilon: float | None = None
+    ) -> ExposureReport:
+        """The graph-wide exposure of every live charge and graph-wide release."""
+        if delta is not None:
+            _check_delta(delta)
+        try:
+            return exposure_report(self._engine, delta=delta, cap_epsilon=cap_epsilon)
+        except (OperationalError, InterfaceError) as exc:
+            raise LedgerUnavailable("the budget ledger database cannot be reached") from exc
+
+    def smallest_delta(self) -> float:
+        return default_delta(self._engine)
+
+    # --- graph-wide releases -------------------------------------------------------------------
+
+    def graph_release(
+        self,
+        graph_version: str,
+        mechanism: str,
+        *,
+        epsilon: float,
+        curve: RdpCurve,
+        draw: Callable[[], bytes],
+        wait_seconds: float = 30.0,
+    ) -> bytes:
+        """The single release of ``mechanism`` about graph ``graph_version`` (e.g. noisy degrees).
+
+        The first caller, in any process, commits its charge to the graph-wide exposure, then
+        calls ``draw()`` and stores the bytes; every other caller gets those same bytes. If the
+        drawing process died before storing, the release is reconciled (refunded) after
+        ``wait_seconds`` and the next caller draws anew.
+        """
+        deadline = time.monotonic() + wait_seconds
+        while True:
             with self._reading() as session:
-                charge = session.get(Charge, charge_id)
-                if charge is None:  # pragma: no cover
-                    raise
-            return self.budget(charge.charged_account_id)
+                row = self._live_graph_release(session, graph_version, mechanism)
+                if row is not None and row.state == "released" and row.payload is not None:
+                    return bytes(row.payload)
+            if row is None:
+                release_id = self._admit_graph_release(graph_version, mechanism, epsilon, curve)
+                if release_id is not None:
+                    try:
+                        payload = draw()
+                    except BaseException:
+                        self._settle_graph_release(release_id, None)  # nothing was drawn/kept
+                        raise
+                    self._settle_graph_release(release_id, payload)
+                    return payload
+                continue  # a twin won the insert: read its release
+            if time.monotonic() > deadline:
+                self._reconcile_graph_releases(utcnow() - timedelta(seconds=wait_seconds))
+                deadline = time.monotonic() + wait_seconds
+            time.sleep(0.05)
+
+    @staticmethod
+    def _live_graph_release(session: Session, version: str, mechanism: str) -> GraphRelease | None:
+        return session.scalars(
+            select(GraphRelease).where(
+                GraphRelease.graph_version == version,
+                GraphRelease.mechanism == mechanism,
+                GraphRelease.state != "refunded",
+            )
+        ).one_or_none()
+
+    def _admit_graph_release(
+        self, version: str, mechanism: str, epsilon: float, curve: RdpCurve
+    ) -> int | None:
+        try:
+            with self._writing() as session:
+                shard = self._add_exposure(session, curve, None, exact=False)
+                row = GraphRelease(
+                    graph_version=version,
+                    mechanism=mechanism,
+                    epsilon=float(epsilon),
+                    rdp=curve.to_json(),
+                    pure_epsilon=curve.pure,
+                    state="admitted",
+                    exposure_shard=shard,
+                    created_at=utcnow(),
+                )
+                session.add(row)
+                self._audit(
+                    session, "graph_release.admit", actor=None, target=None,
+                    details={"graph_version": version, "mechanism": mechanism, "epsilon": epsilon},
+                )  # fmt: skip
+                session.flush()
+                return row.id
+        except IntegrityError:
+            return None
+
+    def _settle_graph_release(self, release_id: int, payload: bytes | None) -> None:
+        with self._writing() as session:
+            row = session.get(GraphRelease, release_id)
+            assert row is not None
+            if row.state != "admitted":
+                raise ChargeSettled(
+                    f"graph release {release_id} is {row.state}", details={"id": release_id}
+                )
+            row.settled_at = utcnow()
+            if payload is None:
+                row.state = "refunded"
+                _remove_from_shard(
+                    self._lock_shard(session, row.exposure_shard), RdpCurve.from_json(row.rdp)
+                )
+            else:
+                row.state = "released"
+                row.payload = payload
+
+    def _reconcile_graph_releases(self, cutoff: Any) -> None:
+        with self._reading() as session:
+            ids = list(
+                session.scalars(
+                    select(GraphRelease.id).where(
+                        GraphRelease.state == "admitted", GraphRelease.created_at < cutoff
+                    )
+                )
+            )
+        for release_id in ids:
+            try:
+                self._settle_graph_release(release_id, None)
+            except ChargeSettled:
+                continue
+
+    # --- reading charges, releases and the audit log -------------------------------------------
 
     def list_charges(
         self, account_id: int | None = None, *, limit: int = 100, offset: int = 0
     ) -> list[ChargeRecord]:
-        """Charges, newest first, with whether each was refunded."""
-        stmt = (
-            select(Charge, Refund.id)
-            .outerjoin(Refund, Refund.charge_id == Charge.id)
-            .order_by(Charge.id.desc())
-            .limit(limit)
-            .offset(offset)
-        )
+        """Charges, newest first, with their state."""
+        stmt = select(Charge).order_by(Charge.id.desc()).limit(limit).offset(offset)
         if account_id is not None:
             stmt = stmt.where(Charge.charged_account_id == account_id)
         with self._reading() as session:
             return [
-                _charge_record(charge, refund is not None)
-                for charge, refund in session.execute(stmt)
+                _charge_record(charge, charge.state == "refunded")
+                for charge in session.scalars(stmt)
             ]
 
     def count_charges(self, account_id: int | None = None) -> int:
@@ -779,57 +1315,33 @@ class Ledger:
                 for row in rows
             ]
 
-    # --- releases -----------------------------------------------------------------------------
-
-    def store_release(
-        self,
-        release: StoredRelease,
-        *,
-        idempotency_key: str | None,
-        principal_account_id: int,
-    ) -> None:
-        """Keep a released answer for free replays (storing the same charge twice is a no-op)."""
-        key = release.key
-        try:
-            with self._writing() as session:
-                session.add(
-                    Release(
-                        charge_id=release.charge_id,
-                        charged_account_id=key.account_id,
-                        node=key.node,
-                        graph_version=key.graph_version,
-                        mode=key.mode,
-                        epsilon=float(key.epsilon),
-                        results=[[item.node, float(item.score)] for item in release.results],
-                        mechanism=release.mechanism,
-                        request_id=release.request_id,
-                        principal_account_id=principal_account_id,
-                        idempotency_key=idempotency_key,
-                        created_at=utcnow(),
-                    )
-                )
-        except IntegrityError:
-            with self._reading() as session:
-                if session.get(Release, release.charge_id) is None:
-                    raise
-
-    def find_release(self, key: ReleaseKey) -> StoredRelease | None:
-        """The newest unrefunded release for ``key`` (epsilon compared exactly)."""
-        stmt = (
+    @staticmethod
+    def _release_row(session: Session, key: ReleaseKey) -> Release | None:
+        return session.scalars(
             select(Release)
+            .join(Charge, Charge.id == Release.charge_id)
             .where(
                 Release.charged_account_id == key.account_id,
                 Release.node == key.node,
                 Release.graph_version == key.graph_version,
                 Release.mode == key.mode,
                 Release.epsilon == float(key.epsilon),
-                ~select(Refund.id).where(Refund.charge_id == Release.charge_id).exists(),
+                Release.mechanism_name == key.mechanism,
+                Charge.state == "released",
             )
             .order_by(Release.charge_id.desc())
             .limit(1)
-        )
+        ).one_or_none()
+
+    def find_release(self, key: ReleaseKey) -> StoredRelease | None:
+        """The newest release for ``key`` (epsilon compared exactly)."""
         with self._reading() as session:
-            row = session.scalars(stmt).one_or_none()
+            row = self._release_row(session, key)
+            return None if row is None else _release_record(row)
+
+    def release_for_charge(self, charge_id: int) -> StoredRelease | None:
+        with self._reading() as session:
+            row = session.get(Release, charge_id)
             return None if row is None else _release_record(row)
 
     def release_for_idempotency_key(
@@ -837,10 +1349,11 @@ class Ledger:
     ) -> StoredRelease | None:
         stmt = (
             select(Release)
+            .join(Charge, Charge.id == Release.charge_id)
             .where(
                 Release.principal_account_id == principal_account_id,
                 Release.idempotency_key == idempotency_key,
-                ~select(Refund.id).where(Refund.charge_id == Release.charge_id).exists(),
+                Charge.state == "released",
             )
             .order_by(Release.charge_id.desc())
             .limit(1)
@@ -848,3 +1361,59 @@ class Ledger:
         with self._reading() as session:
             row = session.scalars(stmt).one_or_none()
             return None if row is None else _release_record(row)
+
+
+def _settle(session: Session, charge_id: int, state: str, now: Any) -> int:
+    """Move a charge from ``admitted`` to ``state``; 1 if it moved, 0 if it was settled already.
+
+    The conditional UPDATE is what makes a release and a refund of one charge exclusive.
+    """
+    result = session.execute(
+        update(Charge)
+        .where(Charge.id == charge_id, Charge.state == "admitted")
+        .values(state=state, settled_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    return int(cast(CursorResult[Any], result).rowcount)
+
+
+class _NeedsExactCap(Exception):
+    """Internal: the fast graph-cap check could not admit; retry locking every shard."""
+
+
+def _aware(moment: Any) -> Any:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _shard_total(rows: list[ExposureShard] | Any) -> RdpCurve:
+    total = RdpCurve.zero()
+    for row in rows:
+        total = total + RdpCurve.from_json(row.rdp)
+    return total
+
+
+def _add_to_shard(row: ExposureShard, curve: RdpCurve) -> None:
+    total = RdpCurve.from_json(row.rdp) + curve
+    row.rdp = total.to_json()
+    row.pure_epsilon = total.pure
+    row.charges = row.charges + 1
+    row.updated_at = utcnow()
+
+
+def _remove_from_shard(row: ExposureShard, curve: RdpCurve) -> None:
+    total = _subtract_up(RdpCurve.from_json(row.rdp), curve)
+    row.rdp = total.to_json()
+    row.pure_epsilon = total.pure
+    row.charges = max(0, row.charges - 1)
+    row.updated_at = utcnow()
+
+
+def _graph_exhausted(cap: GraphCap, spent: RdpCurve) -> GraphBudgetExhausted:
+    used = spent.epsilon(cap.delta)
+    return GraphBudgetExhausted(
+        f"the graph-wide exposure cap of {cap.cap_epsilon:.4g} (delta {cap.delta:.3g}) would be "
+        f"exceeded: all accounts together have spent {used:.4g}. No new noisy answers can be "
+        "released until an operator raises PPR_GRAPH_CAP_EPSILON; replays stay free",
+        details={"graph_cap_epsilon": cap.cap_epsilon, "exposure_epsilon": used,
+                 "delta": cap.delta},
+    )  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -18,8 +19,12 @@ class AccountRecord:
     type: AccountType
     node_id: str | None
     label: str | None
-    allow_create_seed_accounts: bool
+    may_create_seed_accounts: bool
     created_at: str  # ISO 8601, UTC
+    #: Service accounts: the modes they may query (default edge only).
+    modes: tuple[str, ...] = ("edge",)
+    #: Service accounts: eps per rolling 24 h chargeable to other accounts (None: default).
+    quota_epsilon: float | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,9 @@ class ChargeReceipt:
     charge_id: int
     budget: BudgetView  # after the charge
     reused: bool = False  # an earlier charge with the same idempotency key was found instead
+    #: An identical query (same release key) was already admitted or released: nothing was
+    #: charged, and ``charge_id`` is that twin's charge, whose release is the answer.
+    joined: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,7 @@ class ChargeRecord:
     idempotency_key: str | None
     refunded: bool
     params: dict[str, Any] = field(default_factory=dict)
+    state: str = "admitted"
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,21 @@ class ReleaseKey:
     graph_version: str
     mode: str
     epsilon: float
+    mechanism: str = "noisy_diffusion"
+
+    def digest(self) -> str:
+        """A stable 64-character digest (the in-flight twin index of the ledger)."""
+        text = "\x1f".join(
+            [
+                str(self.account_id),
+                self.node,
+                self.graph_version,
+                self.mode,
+                repr(float(self.epsilon)),
+                self.mechanism,
+            ]
+        )
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -122,6 +146,44 @@ class LedgerNotMigrated(ServiceError):
     exit_code = 2  # the operator runs the command the message names
 
 
-class IdempotencyKeyFailed(ServiceError):
-    code = "idempotency_key_failed"
-    status = 409
+class ServiceQuotaExhausted(ServiceError):
+    """A service account reached the eps it may charge to other accounts in 24 hours."""
+
+    code = "service_quota_exhausted"
+    status = 429
+
+    def __init__(self, message: str, *, retry_after: int, details: dict[str, Any]) -> None:
+        super().__init__(message, details={**details, "retry_after_seconds": retry_after})
+        self.retry_after = max(1, int(retry_after))
+
+
+class GraphBudgetExhausted(ServiceError):
+    """The graph-wide exposure cap would be exceeded."""
+
+    code = "graph_budget_exhausted"
+    status = 403
+
+
+class ChargeSettled(ServiceError):
+    """The charge was refunded (e.g. reconciled): its answer must never be released."""
+
+    code = "charge_settled"
+    status = 503
+
+
+class ModeNotAllowed(ServiceError):
+    code = "mode_not_allowed"
+    status = 403
+
+
+@dataclass(frozen=True)
+class GraphCap:
+    """The optional graph-wide cap: composed exposure of all accounts at ``delta``.
+
+    ``max_charge`` bounds (order by order) the curve of any charge that takes the fast path;
+    a charge above it, or one near the cap, locks every exposure shard and checks exactly.
+    """
+
+    cap_epsilon: float
+    delta: float
+    max_charge: Any  # RdpCurve (kept untyped here to keep records free of privacy imports)

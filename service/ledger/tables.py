@@ -28,10 +28,11 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
-    UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -98,7 +99,12 @@ class Account(Base):
     node_id: Mapped[str | None] = mapped_column(String, nullable=True)
     user_node_id: Mapped[str | None] = mapped_column(String, nullable=True, unique=True)
     label: Mapped[str | None] = mapped_column(String, nullable=True)
-    allow_create_seed_accounts: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    may_create_seed_accounts: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    #: Service accounts: the modes the account may query, comma-separated (default edge only).
+    modes: Mapped[str] = mapped_column(String(64), nullable=False, server_default="edge")
+    #: Service accounts: eps per rolling 24 h they may charge to other accounts; NULL: the
+    #: configured default (``PPR_SERVICE_QUOTA_EPSILON``).
+    quota_epsilon: Mapped[float | None] = mapped_column(Double, nullable=True)
     created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
 
 
@@ -136,14 +142,38 @@ class Spend(Base):
     pure_epsilon: Mapped[float] = mapped_column(Double, nullable=False)
     grid_version: Mapped[int] = mapped_column(Integer, nullable=False)
     charges: Mapped[int] = mapped_column(Integer, nullable=False)
+    #: The spend converted at the account's delta, kept current by every charge, refund and
+    #: budget change (so lists can sort and filter on it in SQL).
+    epsilon: Mapped[float] = mapped_column(Double, nullable=False, server_default="0", index=True)
+    last_charge_at: Mapped[datetime | None] = mapped_column(Timestamp, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
 
 
+#: A charge's life: ``admitted`` (committed before any noise is drawn), then exactly one of
+#: ``released`` (its answer is stored) or ``refunded`` (provably nothing left the process).
+CHARGE_STATES = ("admitted", "released", "refunded")
+_LIVE = "state <> 'refunded'"
+
+
 class Charge(Base):
-    """One admitted query's privacy cost (append-only)."""
+    """One admitted query's privacy cost (append-only but for its state)."""
 
     __tablename__ = "charges"
-    __table_args__ = (UniqueConstraint("principal_account_id", "idempotency_key"),)
+    __table_args__ = (
+        CheckConstraint("state IN ('admitted', 'released', 'refunded')", name="state"),
+        # An Idempotency-Key names one live charge; once refunded, a retry may charge anew.
+        Index(
+            "uq_charges_idempotency_live",
+            "principal_account_id",
+            "idempotency_key",
+            unique=True,
+            sqlite_where=text(_LIVE),
+            postgresql_where=text(_LIVE),
+        ),
+        Index("ix_charges_state_created_at", "state", "created_at"),
+        Index("ix_charges_release_key", "charged_account_id", "release_key"),
+        Index("ix_charges_principal_created_at", "principal_account_id", "created_at"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
@@ -162,6 +192,13 @@ class Charge(Base):
     graph_version: Mapped[str] = mapped_column(String, nullable=False)
     request_id: Mapped[str] = mapped_column(String, nullable=False)
     idempotency_key: Mapped[str | None] = mapped_column(String, nullable=True)
+    state: Mapped[str] = mapped_column(String(16), nullable=False, server_default="admitted")
+    #: Digest of the release key of a non-fresh query: identical concurrent queries find their
+    #: in-flight twin by it. NULL for ``fresh`` queries (they always draw new noise).
+    release_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    #: Which graph-wide exposure shard row this charge was added to.
+    exposure_shard: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    settled_at: Mapped[datetime | None] = mapped_column(Timestamp, nullable=True)
 
 
 class Refund(Base):
@@ -187,6 +224,7 @@ class Release(Base):
             "graph_version",
             "mode",
             "epsilon",
+            "mechanism_name",
         ),
         Index("ix_releases_idempotency", "principal_account_id", "idempotency_key"),
     )
@@ -197,12 +235,64 @@ class Release(Base):
     graph_version: Mapped[str] = mapped_column(String, nullable=False)
     mode: Mapped[str] = mapped_column(String, nullable=False)
     epsilon: Mapped[float] = mapped_column(Double, nullable=False)
+    mechanism_name: Mapped[str] = mapped_column(
+        String, nullable=False, server_default="noisy_diffusion"
+    )
     results: Mapped[list[Any]] = mapped_column(JsonText, nullable=False)
     mechanism: Mapped[dict[str, Any]] = mapped_column(JsonText, nullable=False)
     request_id: Mapped[str] = mapped_column(String, nullable=False)
     principal_account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), nullable=False)
     idempotency_key: Mapped[str | None] = mapped_column(String, nullable=True)
     created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
+
+
+#: How many rows the graph-wide exposure is spread over: a charge updates one of them, so
+#: concurrent charges of different accounts rarely wait for each other.
+EXPOSURE_SHARDS = 16
+
+
+class ExposureShard(Base):
+    """A part of the graph-wide exposure: the composed curve of the live charges (and graph-wide
+    releases) assigned to this shard. Their sum over shards bounds what all accounts together
+    have learned about any one edge."""
+
+    __tablename__ = "exposure_shards"
+
+    shard: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    rdp: Mapped[dict[str, Any]] = mapped_column(JsonText, nullable=False)
+    pure_epsilon: Mapped[float] = mapped_column(Double, nullable=False)
+    charges: Mapped[int] = mapped_column(Integer, nullable=False)
+    updated_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
+
+
+class GraphRelease(Base):
+    """A release about the whole graph (e.g. noisy degrees), made once per graph version and
+    mechanism and charged to the graph-wide exposure only (no account pays for it)."""
+
+    __tablename__ = "graph_releases"
+    __table_args__ = (
+        CheckConstraint("state IN ('admitted', 'released', 'refunded')", name="state"),
+        Index(
+            "uq_graph_releases_live",
+            "graph_version",
+            "mechanism",
+            unique=True,
+            sqlite_where=text(_LIVE),
+            postgresql_where=text(_LIVE),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    graph_version: Mapped[str] = mapped_column(String, nullable=False)
+    mechanism: Mapped[str] = mapped_column(String, nullable=False)
+    epsilon: Mapped[float] = mapped_column(Double, nullable=False)
+    rdp: Mapped[dict[str, Any]] = mapped_column(JsonText, nullable=False)
+    pure_epsilon: Mapped[float] = mapped_column(Double, nullable=False)
+    state: Mapped[str] = mapped_column(String(16), nullable=False)
+    exposure_shard: Mapped[int] = mapped_column(Integer, nullable=False)
+    payload: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
+    settled_at: Mapped[datetime | None] = mapped_column(Timestamp, nullable=True)
 
 
 class AuditLog(Base):

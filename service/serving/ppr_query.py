@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import replace
+import time
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -19,11 +20,19 @@ from service.cache.caches import PrefixCache, ReplayCache
 from service.config import MechanismSettings
 from service.errors import Conflict, Forbidden, InvalidParameter
 from service.graph.model import Graph
-from service.ledger.ledger import Ledger
-from service.ledger.records import ReleaseKey, StoredRelease
+from service.ledger.ledger import Ledger, LedgerUnavailable
+from service.ledger.records import (
+    ChargeReceipt,
+    ChargeSettled,
+    GraphCap,
+    ModeNotAllowed,
+    ReleaseKey,
+    StoredRelease,
+)
 from service.mechanisms.diffusion import noise_free_prefix, noisy_diffusion
 from service.mechanisms.postprocess import RankedNode, ranked_results
 from service.mechanisms.randomness import fresh_generator
+from service.privacy.accountant import RdpCurve
 from service.privacy.calibration import DiffusionPlan
 from service.privacy.modes import Mode
 from service.serving.graph_holder import GraphHolder
@@ -46,6 +55,35 @@ class IdempotencyKeyReused(InvalidParameter):
 
 class RequestInProgress(Conflict):
     code = "request_in_progress"
+
+    def __init__(self, message: str, *, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class AdmissionPolicy:
+    """What admission enforces beyond each account's own cap (from the settings)."""
+
+    service_quota_epsilon: float | None = None  # default quota of service accounts
+    graph_cap_epsilon: float | None = None
+    exposure_delta: float | None = None  # None: the smallest account delta
+    stale_after_seconds: float = 60.0  # an in-flight twin older than this is reconciled
+    twin_wait_seconds: float = 10.0  # how long to wait for an in-flight twin's release
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> AdmissionPolicy:
+        return cls(
+            service_quota_epsilon=settings.service_quota_epsilon,
+            graph_cap_epsilon=settings.graph_cap_epsilon,
+            exposure_delta=settings.exposure_delta,
+            stale_after_seconds=settings.reconcile_after_seconds,
+            twin_wait_seconds=settings.twin_wait_seconds,
+        )
+
+
+#: How often an admission is retried after the charge it waited on was refunded.
+_MAX_ADMISSIONS = 3
 
 
 class PrefixProvider:
@@ -79,7 +117,8 @@ class PprQueryService:
         prefixes: PrefixProvider,
         planner: DiffusionPlanner | None = None,
         replay_store_top: int = 1000,
-        create_seed_accounts: bool = True,
+        create_seed_accounts: bool = False,
+        policy: AdmissionPolicy | None = None,
     ) -> None:
         self.graphs = graphs
         self.ledger = ledger
@@ -89,6 +128,9 @@ class PprQueryService:
         self.planner = planner or DiffusionPlanner()
         self.replay_store_top = replay_store_top
         self.create_seed_accounts = create_seed_accounts
+        self.policy = policy or AdmissionPolicy()
+        self._max_charge: dict[str, RdpCurve] = {}
+        self._exposure_delta: tuple[float, float] | None = None  # (value, read at monotonic)
 
     # -- validation and authorization -----------------------------------------------------
 
@@ -120,9 +162,15 @@ class PprQueryService:
                 raise Forbidden("a user account may query only its own node")
             return principal.account_id
         if principal.type == "service":
+            if mode.value not in principal.modes:
+                raise ModeNotAllowed(
+                    f"this service account may query in {', '.join(principal.modes)} mode only; "
+                    f"an admin must grant {mode.value!r} (accounts set-scopes --modes)",
+                    details={"mode": mode.value, "modes": list(principal.modes)},
+                )
             if mode is Mode.EDGE:
                 return principal.account_id  # shared answers: every edge protected, paid by caller
-            allow_create = self.create_seed_accounts and principal.allow_create_seed_accounts
+            allow_create = self.create_seed_accounts and principal.may_create_seed_accounts
             return self.ledger.user_account_for_node(
                 node,
                 create=allow_create,
@@ -138,7 +186,9 @@ class PprQueryService:
         epsilon = self._validate(req)
         seed = graph.index_of(req.node)
         account_id = self._charged_account(req.principal, req.node, req.mode, graph)
-        key = ReleaseKey(account_id, req.node, graph.version, req.mode.value, epsilon)
+        key = ReleaseKey(
+            account_id, req.node, graph.version, req.mode.value, epsilon, MECHANISM_NAME
+        )
 
         if req.idempotency_key is not None:
             stored = self._release_for_idempotency_key(req)
@@ -146,42 +196,39 @@ class PprQueryService:
                 if stored.key != key:
                     raise IdempotencyKeyReused()
                 return self._replay(stored, req, graph, seed, account_id)
+        join_twins = not req.fresh
         if not req.fresh:
             stored = self._find_release(key)
-            if stored is not None and self._covers(stored, req, graph, seed):
-                return self._replay(stored, req, graph, seed, account_id)
+            if stored is not None:
+                if self._covers(stored, req, graph, seed):
+                    return self._replay(stored, req, graph, seed, account_id)
+                join_twins = False  # the stored release is too short for this query: draw anew
 
         delta = self.ledger.account_delta(account_id)
         m = self.mechanism
         plan = self.planner.plan(epsilon, delta, m.steps, m.beta, m.eta, req.mode)
         mechanism = self._mechanism_dict(plan)
-        receipt = self.ledger.admit_and_charge(
-            charged_account_id=account_id,
-            principal_account_id=req.principal.account_id,
-            seed=req.node,
-            mechanism=MECHANISM_NAME,
-            mode=req.mode.value,
-            params=mechanism,
-            query_curve=plan.curve,
-            query_epsilon=plan.epsilon,
-            graph_version=graph.version,
-            request_id=req.request_id,
-            idempotency_key=req.idempotency_key,
-        )
-        if receipt.reused:
-            # A twin with the same Idempotency-Key was admitted first: answer with its release.
-            stored = self._release_for_idempotency_key(req)
-            if stored is None:
-                raise RequestInProgress(
-                    "a request with this Idempotency-Key is still being answered; retry shortly"
-                )
-            if stored.key != key:
-                raise IdempotencyKeyReused()
-            return self._replay(stored, req, graph, seed, account_id)
+        for _ in range(_MAX_ADMISSIONS):
+            receipt = self._admit(req, graph, key if join_twins else None, account_id, plan,
+                                  mechanism)  # fmt: skip
+            if not (receipt.reused or receipt.joined):
+                break
+            # An identical query (or a retry with the same Idempotency-Key) was admitted
+            # first: its release is the answer, once stored. If it is refunded instead (its
+            # worker died and it was reconciled), admission runs again and may charge.
+            stored = self._wait_for_release(receipt.charge_id)
+            if stored is not None:
+                if stored.key != key:
+                    raise IdempotencyKeyReused()
+                return self._replay(stored, req, graph, seed, account_id)
+        else:
+            raise RequestInProgress(
+                "an identical request is still being answered; retry shortly", retry_after=1
+            )
 
         results = self._release(graph, seed, plan, receipt.charge_id, req)
         stored = StoredRelease(key, receipt.charge_id, results, mechanism, req.request_id)
-        self._store(stored, req)
+        self._store(stored, req)  # before the answer leaves the process, or no answer
         return Answer(
             node=req.node,
             graph_version=graph.version,
@@ -193,6 +240,92 @@ class PprQueryService:
             charged_account_id=account_id,
             epsilon_charged=plan.epsilon,
         )
+
+    # -- admission ------------------------------------------------------------------------
+
+    def _admit(
+        self,
+        req: QueryRequest,
+        graph: Graph,
+        key: ReleaseKey | None,
+        account_id: int,
+        plan: DiffusionPlan,
+        mechanism: dict[str, Any],
+    ) -> ChargeReceipt:
+        principal = req.principal
+        quota: float | None = None
+        if principal.type == "service" and account_id != principal.account_id:
+            quota = (
+                principal.quota_epsilon
+                if principal.quota_epsilon is not None
+                else self.policy.service_quota_epsilon
+            )
+        return self.ledger.admit_and_charge(
+            charged_account_id=account_id,
+            principal_account_id=principal.account_id,
+            seed=req.node,
+            mechanism=str(mechanism["name"]),
+            mode=req.mode.value,
+            params=mechanism,
+            query_curve=plan.curve,
+            query_epsilon=plan.epsilon,
+            graph_version=graph.version,
+            request_id=req.request_id,
+            idempotency_key=req.idempotency_key,
+            release_key=key,
+            quota_epsilon=quota,
+            graph_cap=self._graph_cap(graph),
+            stale_after_seconds=self.policy.stale_after_seconds,
+        )
+
+    def _graph_cap(self, graph: Graph) -> GraphCap | None:
+        cap = self.policy.graph_cap_epsilon
+        if cap is None:
+            return None
+        return GraphCap(cap, self._current_exposure_delta(), self._max_charge_curve(graph))
+
+    def _current_exposure_delta(self) -> float:
+        if self.policy.exposure_delta is not None:
+            return self.policy.exposure_delta
+        cached = self._exposure_delta
+        if cached is None or time.monotonic() - cached[1] > 10.0:
+            cached = (self.ledger.smallest_delta(), time.monotonic())
+            self._exposure_delta = cached
+        return cached[0]
+
+    def _max_charge_curve(self, graph: Graph) -> RdpCurve:
+        """Order by order, the largest curve a query at the largest epsilon can have (at the
+        graph's default delta). A charge above it is still admitted exactly, only slower."""
+        hit = self._max_charge.get(graph.version)
+        if hit is None:
+            m = self.mechanism
+            delta = m.delta_for(graph.m)
+            curves = [
+                self.planner.plan(m.epsilon_max, delta, m.steps, m.beta, m.eta, mode).curve
+                for mode in Mode
+            ]
+            hit = RdpCurve(np.max([c.rdp for c in curves], axis=0), max(c.pure for c in curves))
+            self._max_charge = {graph.version: hit}
+        return hit
+
+    def _wait_for_release(self, charge_id: int) -> StoredRelease | None:
+        """The release of ``charge_id`` once stored; None once it is refunded. A charge still
+        in flight after ``twin_wait_seconds`` answers 409 with Retry-After."""
+        deadline = time.monotonic() + self.policy.twin_wait_seconds
+        pause = 0.005
+        while True:
+            state = self.ledger.charge_state(charge_id)
+            if state == "released":
+                return self.ledger.release_for_charge(charge_id)
+            if state == "refunded":
+                return None
+            if time.monotonic() >= deadline:
+                raise RequestInProgress(
+                    "an identical request is still being answered; retry shortly",
+                    retry_after=max(1, math.ceil(self.policy.twin_wait_seconds)),
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
 
     # -- stored releases: the database is the truth, the replay cache sits in front ---------
 
@@ -218,15 +351,33 @@ class PprQueryService:
         return stored
 
     def _store(self, stored: StoredRelease, req: QueryRequest) -> None:
+        """Store the release and mark its charge released; only then may the answer leave.
+
+        If storing fails the answer is discarded and the client gets 503 ``ledger_unavailable``:
+        nothing was released, the charge stays admitted and is refunded by reconciliation.
+        """
         try:
             self.ledger.store_release(
                 stored,
                 idempotency_key=req.idempotency_key,
                 principal_account_id=req.principal.account_id,
             )
-        except Exception:  # the answer is charged and released; a lost replay costs a re-query
-            log.exception("storing a release failed", extra={"request_id": req.request_id})
-            return
+        except LedgerUnavailable:
+            log.warning(
+                "storing a release failed; the answer was discarded",
+                extra={"request_id": req.request_id, "charge_id": stored.charge_id},
+            )
+            raise
+        except ChargeSettled as exc:
+            log.warning(
+                "the charge was settled before its release was stored; answer discarded",
+                extra={"request_id": req.request_id, "charge_id": stored.charge_id},
+            )
+            raise LedgerUnavailable(
+                "this request took too long and its charge was reconciled; no answer was "
+                "released and nothing was charged. Retry",
+                details={"charge_id": stored.charge_id},
+            ) from exc
         if self.replays is not None:
             self.replays.put(stored)
             if req.idempotency_key is not None:

@@ -17,7 +17,9 @@ class Principal:
     account_id: int
     type: str  # "user" | "service" | "admin"
     node_id: str | None = None
-    allow_create_seed_accounts: bool = False
+    may_create_seed_accounts: bool = False
+    modes: tuple[str, ...] = ("edge",)
+    quota_epsilon: float | None = None  # None: the configured default for service accounts
 
 
 @dataclass(frozen=True)

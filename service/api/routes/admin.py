@@ -11,6 +11,7 @@ from fastapi import APIRouter, Query, status
 
 from service.api.deps import AdminDep, RuntimeDep
 from service.api.models import (
+    Account,
     AccountWithBudget,
     ApiKey,
     Budget,
@@ -18,12 +19,15 @@ from service.api.models import (
     CreateAccount,
     CreatedAccount,
     ErrorResponse,
+    Exposure,
     GraphInfo,
     NewApiKey,
     SetBudget,
+    SetScopes,
 )
 from service.api.params import AccountIdPath, AccountIdQuery, KeyIdPath, Limit, Offset
 from service.api.runtime import Runtime
+from service.errors import InvalidParameter
 from service.ledger.records import AccountRecord
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
@@ -39,7 +43,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 def _with_budget(runtime: Runtime, record: AccountRecord) -> AccountWithBudget:
     budget = Budget.of(runtime.ledger.budget(record.account_id))
-    return AccountWithBudget(**record.__dict__, budget=budget)
+    return AccountWithBudget(**Account.of(record).model_dump(), budget=budget)
 
 
 @router.get("/accounts", response_model=list[AccountWithBudget], responses=_ERRORS)
@@ -72,7 +76,9 @@ def create_account(body: CreateAccount, runtime: RuntimeDep, admin: AdminDep) ->
         cap_epsilon=settings.default_cap_epsilon if body.cap_epsilon is None else body.cap_epsilon,
         delta=settings.delta_for(graph.m) if body.delta is None else body.delta,
         label=body.label,
-        allow_create_seed_accounts=body.allow_create_seed_accounts,
+        may_create_seed_accounts=body.may_create_seed_accounts,
+        modes=tuple(body.modes) if body.modes is not None else ("edge",),
+        quota_epsilon=body.quota_epsilon,
         actor_account_id=admin.account_id,
     )
     key, key_record = runtime.ledger.create_api_key(
@@ -102,6 +108,42 @@ def set_budget(
         actor_account_id=admin.account_id,
     )
     return Budget.of(view)
+
+
+@router.put("/accounts/{account_id}/scopes", response_model=Account, responses=_ERRORS)
+def set_scopes(account_id: int, body: SetScopes, runtime: RuntimeDep, admin: AdminDep) -> Account:
+    """Change a service account's scopes (audited): the modes it may query (personalized mode
+    charges seed users' budgets and must be granted explicitly), whether it may create seed
+    users' accounts, and its 24-hour quota of eps charged to other accounts."""
+    if body.quota_epsilon is not None and body.default_quota:
+        raise InvalidParameter("quota_epsilon", "cannot be given with default_quota")
+    record = runtime.ledger.set_scopes(
+        account_id,
+        modes=tuple(body.modes) if body.modes is not None else None,
+        may_create_seed_accounts=body.may_create_seed_accounts,
+        quota_epsilon=body.quota_epsilon,
+        clear_quota=body.default_quota,
+        actor_account_id=admin.account_id,
+    )
+    return Account.of(record)
+
+
+@router.get("/exposure", response_model=Exposure, responses=_ERRORS)
+def exposure(
+    runtime: RuntimeDep,
+    admin: AdminDep,
+    delta: Annotated[float | None, Query(gt=0, lt=1)] = None,
+) -> Exposure:
+    """The graph-wide exposure: every live charge of every account (and every graph-wide
+    release) composed by the RDP accountant into one bound on what all accounts together can
+    have learned about any one edge, with its hourly growth. `delta` defaults to
+    `PPR_EXPOSURE_DELTA`, or else the smallest account delta."""
+    settings = runtime.settings
+    report = runtime.ledger.exposure(
+        delta=delta if delta is not None else settings.exposure_delta,
+        cap_epsilon=settings.graph_cap_epsilon,
+    )
+    return Exposure.model_validate(report.to_dict())
 
 
 @router.get("/accounts/{account_id}/keys", response_model=list[ApiKey], responses=_ERRORS)

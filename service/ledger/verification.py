@@ -1,0 +1,203 @@
+"""``ledger verify``: recompute everything the ledger derives and compare it with what it stores.
+
+Every account's spend is recomputed from its live (unrefunded) charges, curve by curve on the
+stored grid, in charge-id order, and compared with the stored curve, count and converted
+epsilon. Charge states are checked against the release and refund rows (``released`` iff a
+release is stored, ``refunded`` iff a refund row exists). Admitted charges without a release
+are counted by age: they are in flight, or their process died and ``ledger reconcile`` settles
+them. The exposure shards must bound the composition of every live charge and graph-wide
+release (they are rounded up on refunds, never down).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session
+
+from service.ledger.tables import (
+    EXPOSURE_SHARDS,
+    Account,
+    Budget,
+    Charge,
+    ExposureShard,
+    GraphRelease,
+    Refund,
+    Release,
+    Spend,
+    utcnow,
+)
+from service.privacy.accountant import RdpCurve
+
+#: Relative tolerance of a recomputed value against the stored one (they are computed by the
+#: same left fold, so they normally agree bit for bit).
+RTOL = 1e-9
+AGE_BUCKETS: tuple[tuple[str, float], ...] = (
+    ("under_1m", 60.0),
+    ("1m_to_1h", 3600.0),
+    ("over_1h", float("inf")),
+)
+
+
+@dataclass
+class VerifyReport:
+    accounts_checked: int = 0
+    charges_checked: int = 0
+    mismatches: list[dict[str, Any]] = field(default_factory=list)
+    admitted_without_release: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+def _close(a: np.ndarray, b: np.ndarray) -> bool:
+    return bool(np.allclose(a, b, rtol=RTOL, atol=1e-12))
+
+
+def verify_ledger(engine: Engine) -> VerifyReport:
+    report = VerifyReport()
+    with Session(engine) as session:
+        _check_spends(session, report)
+        _check_states(session, report)
+        _check_admitted(session, report)
+        _check_exposure(session, report)
+    return report
+
+
+def _check_spends(session: Session, report: VerifyReport) -> None:
+    spends = {
+        row.account_id: (row, delta)
+        for row, delta in session.execute(
+            select(Spend, Budget.delta).join(Budget, Budget.account_id == Spend.account_id)
+        )
+    }
+    report.accounts_checked = int(session.scalar(select(func.count(Account.id))) or 0)
+    folds: dict[int, tuple[RdpCurve, int]] = {}
+    stmt = (
+        select(Charge.charged_account_id, Charge.rdp)
+        .where(Charge.state != "refunded")
+        .order_by(Charge.charged_account_id, Charge.id)
+        .execution_options(yield_per=2000)
+    )
+    rows: Any = session.execute(stmt)
+    for account_id, rdp in rows:
+        total, count = folds.get(account_id, (RdpCurve.zero(), 0))
+        folds[account_id] = (total + RdpCurve.from_json(rdp), count + 1)
+        report.charges_checked += 1
+    for account_id, (spend, delta) in spends.items():
+        total, count = folds.pop(account_id, (RdpCurve.zero(), 0))
+        stored = RdpCurve.from_json(spend.rdp)
+        problems = []
+        if not _close(stored.rdp, total.rdp) or not np.isclose(stored.pure, total.pure, RTOL):
+            problems.append("spent curve differs from the composition of its live charges")
+        if spend.charges != count:
+            problems.append(f"charge count {spend.charges} stored, {count} live charges")
+        expected = total.epsilon(delta)
+        if not np.isclose(spend.epsilon, expected, rtol=RTOL, atol=1e-12):
+            problems.append(f"spent epsilon {spend.epsilon!r} stored, {expected!r} recomputed")
+        for problem in problems:
+            report.mismatches.append({"kind": "spend", "account_id": account_id, "detail": problem})
+    for account_id in folds:
+        report.mismatches.append(
+            {"kind": "spend", "account_id": account_id, "detail": "charges without a spend row"}
+        )
+
+
+def _check_states(session: Session, report: VerifyReport) -> None:
+    checks = [
+        (
+            "released charge without a stored release",
+            select(Charge.id).where(
+                Charge.state == "released",
+                ~select(Release.charge_id).where(Release.charge_id == Charge.id).exists(),
+            ),
+        ),
+        (
+            "release stored for a charge that is not released",
+            select(Release.charge_id)
+            .join(Charge, Charge.id == Release.charge_id)
+            .where(Charge.state != "released"),
+        ),
+        (
+            "refunded charge without a refund row",
+            select(Charge.id).where(
+                Charge.state == "refunded",
+                ~select(Refund.id).where(Refund.charge_id == Charge.id).exists(),
+            ),
+        ),
+        (
+            "refund row for a charge that is not refunded",
+            select(Refund.charge_id)
+            .join(Charge, Charge.id == Refund.charge_id)
+            .where(Charge.state != "refunded"),
+        ),
+    ]
+    for detail, stmt in checks:
+        for charge_id in session.scalars(stmt.limit(1000)):
+            report.mismatches.append({"kind": "state", "charge_id": charge_id, "detail": detail})
+
+
+def _check_admitted(session: Session, report: VerifyReport) -> None:
+    now = utcnow()
+    counts = {name: 0 for name, _ in AGE_BUCKETS}
+    oldest = 0.0
+    for (created_at,) in session.execute(
+        select(Charge.created_at).where(Charge.state == "admitted")
+    ):
+        moment = (
+            created_at if created_at.tzinfo is not None else created_at.replace(tzinfo=now.tzinfo)
+        )
+        age = max(0.0, (now - moment).total_seconds())
+        oldest = max(oldest, age)
+        for name, limit in AGE_BUCKETS:
+            if age < limit:
+                counts[name] += 1
+                break
+    report.admitted_without_release = {
+        "count": sum(counts.values()),
+        "by_age": counts,
+        "oldest_seconds": round(oldest, 3),
+    }
+
+
+def _check_exposure(session: Session, report: VerifyReport) -> None:
+    exact = [RdpCurve.zero() for _ in range(EXPOSURE_SHARDS)]
+    counts = [0] * EXPOSURE_SHARDS
+    live_charges = select(Charge.exposure_shard, Charge.rdp).where(Charge.state != "refunded")
+    live_graph = select(GraphRelease.exposure_shard, GraphRelease.rdp).where(
+        GraphRelease.state != "refunded"
+    )
+    for stmt in (live_charges, live_graph):
+        rows: Any = session.execute(stmt.execution_options(yield_per=2000))
+        for shard, rdp in rows:
+            exact[shard] = exact[shard] + RdpCurve.from_json(rdp)
+            counts[shard] += 1
+    rows = {row.shard: row for row in session.scalars(select(ExposureShard))}
+    for shard in range(EXPOSURE_SHARDS):
+        row = rows.get(shard)
+        if row is None:
+            report.mismatches.append(
+                {"kind": "exposure", "shard": shard, "detail": "exposure shard row missing"}
+            )
+            continue
+        stored = RdpCurve.from_json(row.rdp)
+        slack = 1e-12 * np.abs(exact[shard].rdp) + 1e-15  # summation order, not understatement
+        below = bool(np.any(stored.rdp < exact[shard].rdp - slack)) or (
+            stored.pure < exact[shard].pure * (1 - 1e-12) - 1e-15
+        )
+        if below or not _close(stored.rdp, exact[shard].rdp) or row.charges != counts[shard]:
+            report.mismatches.append(
+                {
+                    "kind": "exposure",
+                    "shard": shard,
+                    "detail": "exposure shard does not match its live charges"
+                    + (" (it understates them)" if below else ""),
+                }
+            )
