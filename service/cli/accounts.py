@@ -15,7 +15,7 @@ from typing import Any
 
 from service.cli.common import print_json, print_table
 from service.cli.db import Handler, add_database_argument, database_url
-from service.cli.options import budget_delta, cap_epsilon, positive_int
+from service.cli.options import budget_delta, cap_epsilon, positive_float, positive_int
 from service.config import Settings
 from service.errors import InvalidParameter
 from service.ledger.ledger import Ledger
