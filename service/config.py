@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.budgets import CAP_EPSILON_MAX, CAP_EPSILON_MIN, DELTA_MAX, DELTA_MIN
@@ -101,6 +101,27 @@ class Settings(MechanismSettings):
         description="How long a query waits for an identical in-flight query's release "
         "before answering 409 request_in_progress.",
     )  # fmt: skip
+    # Limits (each documented in the README; 0 turns a rate limit off).
+    max_body_bytes: int = Field(1 * 2**20, ge=1024, description="Largest request body (413 above).")
+    max_header_bytes: int = Field(
+        32 * 2**10, ge=1024, description="Largest total of request header names and values (431)."
+    )
+    rate_limit_per_second: float = Field(
+        1000.0, ge=0.0, description="Requests per second per account (token refill); 0: off."
+    )
+    rate_limit_burst: int = Field(2000, ge=1, description="Token bucket capacity per account.")
+    engine_concurrency: int = Field(
+        16, ge=1, le=1024, description="Queries computing at once per worker process."
+    )
+    engine_queue: int = Field(
+        512, ge=0, description="Queries waiting for the engine per worker (503 beyond)."
+    )
+    engine_queue_timeout_seconds: float = Field(
+        30.0, gt=0.0, description="Longest wait for the engine before 503 overloaded."
+    )
+    metrics_token: SecretStr | None = Field(
+        None, description="If set, /metrics needs 'Authorization: Bearer <token>'."
+    )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     workers: int = Field(1, ge=1, le=64)

@@ -467,7 +467,8 @@ def test_graph_reload_swaps_and_a_broken_file_keeps_the_old_graph(
 
 def test_health_readiness_and_metrics(client: TestClient, accounts: Accounts) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
-    ready = client.get("/readyz")
+    assert client.get("/readyz").json() == {"status": "ok"}  # no key: the status only
+    ready = client.get("/readyz", headers=bearer(accounts.admin_key))
     assert ready.status_code == 200
     checks = ready.json()["checks"]
     assert checks["graph"]["status"] == "ok" and checks["database"]["status"] == "ok"

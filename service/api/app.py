@@ -13,6 +13,7 @@ from fastapi import FastAPI
 
 from service import __version__
 from service.api.errors import install_error_handlers
+from service.api.limits import RequestLimits
 from service.api.observability import CACHE_EVENTS, configure_logging, observe_request
 from service.api.openapi import install_openapi
 from service.api.routes import admin, operations, ppr
@@ -51,7 +52,12 @@ def create_app(settings: Settings | None = None, *, configure_logs: bool = True)
         description=DESCRIPTION,
         lifespan=lifespan,
     )
-    app.middleware("http")(observe_request)
+    app.add_middleware(
+        RequestLimits,
+        max_body_bytes=settings.max_body_bytes,
+        max_header_bytes=settings.max_header_bytes,
+    )
+    app.middleware("http")(observe_request)  # outermost: request ids and logs cover the limits
     install_error_handlers(app)
     app.include_router(ppr.router)
     app.include_router(admin.router)

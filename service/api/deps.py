@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -49,6 +50,7 @@ def authenticate(
             "unknown or revoked API key; ask an admin for a new one", reason="invalid"
         )
     request.state.account_id = account.account_id
+    runtime.limiter.check(account.account_id)  # 429 rate_limited past the account's rate
     return Principal(
         account_id=account.account_id,
         type=account.type,
@@ -69,3 +71,29 @@ def require_admin(principal: PrincipalDep) -> Principal:
 
 
 AdminDep = Annotated[Principal, Depends(require_admin)]
+
+
+async def engine_slot(request: Request) -> AsyncIterator[None]:
+    """A turn at the engine: waits in the bounded queue, or 503 ``overloaded``."""
+    runtime: Runtime = request.app.state.runtime
+    async with runtime.gate.slot():
+        yield
+
+
+#: Declare after the principal, so only authenticated, rate-limited requests queue.
+EngineTurn = Annotated[None, Depends(engine_slot, scope="function")]
+
+
+def is_admin_request(request: Request, runtime: Runtime) -> bool:
+    """Whether the request carries a valid admin key (never raises: for public endpoints that
+    show more to admins)."""
+    header = request.headers.get("authorization", "")
+    scheme, _, key = header.partition(" ")
+    key = key.strip()
+    if scheme.lower() != "bearer" or not _KEY_SHAPE.match(key):
+        return False
+    try:
+        account = runtime.ledger.authenticate(key)
+    except Exception:
+        return False
+    return account is not None and account.type == "admin"

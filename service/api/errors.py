@@ -20,6 +20,8 @@ from starlette.routing import Match
 from service.api.observability import REFUSALS, internal_error_response
 from service.errors import ServiceError
 
+#: Retry-After of a 503 that names no wait of its own (the ledger database is unreachable).
+LEDGER_RETRY_AFTER_SECONDS = 5
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 
 #: Refusals of an admissible-looking query by the ledger, counted by reason.
@@ -36,6 +38,7 @@ _HTTP_CODES = {
     406: "not_acceptable",
     413: "payload_too_large",
     415: "unsupported_media_type",
+    431: "headers_too_large",
 }
 
 
@@ -54,9 +57,12 @@ async def handle_service_error(request: Request, exc: Exception) -> JSONResponse
     headers: dict[str, str] = {}
     if exc.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
-    if exc.retry_after is not None:
-        headers["Retry-After"] = str(int(exc.retry_after))
-    return error_response(exc.status, body, headers or None)
+    retry_after = exc.retry_after
+    if retry_after is None and exc.status == 503:
+        retry_after = LEDGER_RETRY_AFTER_SECONDS
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
+    return error_response(exc.status, body, headers)
 
 
 async def handle_validation_error(request: Request, exc: Exception) -> JSONResponse:

@@ -111,8 +111,14 @@ def configure_logging(level: str = "info") -> None:
 
 
 def request_id_from(request: Request) -> str:
+    """This request's id: always fresh (a random UUID's hex), so it is unique across requests
+    and the ledger's ``charges.request_id`` cannot be made to collide with another request's.
+    A well-formed client ``X-Request-ID`` (1-64 of ``A-Za-z0-9._:-``) is kept as its prefix,
+    ``<client id>.<fresh hex>``, so the client can still find its own requests; anything else
+    the client sends is ignored."""
+    fresh = uuid.uuid4().hex
     given = request.headers.get("x-request-id", "")
-    return given if _SAFE_REQUEST_ID.match(given) else uuid.uuid4().hex
+    return f"{given}.{fresh}" if _SAFE_REQUEST_ID.match(given) else fresh
 
 
 async def observe_request(

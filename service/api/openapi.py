@@ -3,7 +3,7 @@
 Routes declare their own errors; what every route of one kind can answer is added here, so a
 new endpoint gets it without repeating it:
 
-* authenticated operations: 401 (key), 500 ``internal_error`` and
+* authenticated operations: 401 (key), 429 ``rate_limited``, 500 ``internal_error`` and
   503 ``ledger_unavailable`` (every request looks its key up in the ledger);
 * operations with a JSON body: 400 ``malformed_json`` and 413 ``payload_too_large``;
 * the configured bounds of ``k`` and ``epsilon`` (``PPR_MAX_K``, ``PPR_EPSILON_MIN``,
@@ -30,6 +30,8 @@ _RETRY_AFTER = {
 
 AUTHENTICATED_ERRORS: dict[str, dict[str, Any]] = {
     "401": {"description": "`unauthorized`: missing, malformed, unknown or revoked key"},
+    "429": {"description": "`rate_limited`: this account's requests are over its rate limit",
+            "headers": _RETRY_AFTER},
     "500": {"description": "`internal_error`: an unexpected failure (quote the request id)"},
     "503": {"description": "`ledger_unavailable`: the ledger database does not answer",
             "headers": _RETRY_AFTER},

@@ -7,7 +7,7 @@ HTTP, so a batch job can build the same runtime and call ``queries.answer`` dire
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from service.cache.caches import Caches, build_caches
@@ -15,6 +15,7 @@ from service.config import Settings
 from service.graph.model import Graph
 from service.ledger.ledger import Ledger
 from service.serving.graph_holder import GraphHolder
+from service.serving.limits import EngineGate, RateLimiter
 from service.serving.planner import DiffusionPlanner
 from service.serving.ppr_query import AdmissionPolicy, PprQueryService, PrefixProvider
 from service.serving.reconciler import Reconciler
@@ -30,6 +31,8 @@ class Runtime:
     caches: Caches
     queries: PprQueryService
     reconciler: Reconciler | None = None
+    limiter: RateLimiter = field(default_factory=lambda: RateLimiter(0, 1))
+    gate: EngineGate = field(default_factory=lambda: EngineGate(16, 512, 30.0))
 
     def start_background(self) -> None:
         self.reconciler = Reconciler(
@@ -42,6 +45,7 @@ class Runtime:
     def close(self) -> None:
         if self.reconciler is not None:
             self.reconciler.stop()
+        self.limiter.close()
         self.ledger.dispose()
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
@@ -84,7 +88,16 @@ def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
             create_seed_accounts=settings.create_seed_accounts,
             policy=AdmissionPolicy.from_settings(settings),
         )
+        limiter = RateLimiter(
+            settings.rate_limit_per_second,
+            settings.rate_limit_burst,
+            redis_url=settings.redis_url,
+            namespace=ledger.ledger_id,
+        )
     except BaseException:
         ledger.dispose()
         raise
-    return Runtime(settings, graphs, ledger, caches, queries)
+    gate = EngineGate(
+        settings.engine_concurrency, settings.engine_queue, settings.engine_queue_timeout_seconds
+    )
+    return Runtime(settings, graphs, ledger, caches, queries, limiter=limiter, gate=gate)

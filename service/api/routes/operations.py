@@ -1,15 +1,18 @@
-"""Liveness, readiness and metrics (no authentication: they reveal nothing about the graph
-beyond its version, and they are what load balancers and Prometheus scrape)."""
+"""Liveness, readiness and metrics: what load balancers and Prometheus scrape, so no API key.
+Without an admin key they say little: ``/readyz`` only its status; ``/metrics`` can require a
+token of its own (``PPR_METRICS_TOKEN``)."""
 
 from __future__ import annotations
 
+import hmac
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from service.api.deps import RuntimeDep
+from service.api.deps import RuntimeDep, is_admin_request
 from service.api.observability import metrics_response
+from service.errors import Unauthorized
 
 router = APIRouter(tags=["operations"])
 
@@ -20,20 +23,37 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", responses={503: {"description": "not ready: graph or database"}})
-def readyz(runtime: RuntimeDep) -> JSONResponse:
+@router.get(
+    "/readyz",
+    responses={503: {"description": "not ready: graph or database"}},
+)
+def readyz(request: Request, runtime: RuntimeDep) -> JSONResponse:
     """Ready: graph loaded and database reachable. A Redis outage shows as `degraded` but keeps
-    the process ready: answers and charges never depend on the cache."""
+    the process ready: answers and charges never depend on the cache. Only the status is shown,
+    unless the request carries an admin key: then the checks (graph version and source,
+    database, cache state) too."""
     ready, checks = runtime.readiness()
     cache_ok = checks["cache"].get("status") == "ok"
     body: dict[str, Any] = {
         "status": ("ok" if cache_ok else "degraded") if ready else "unavailable",
-        "checks": checks,
     }
+    if is_admin_request(request, runtime):
+        body["checks"] = checks
     return JSONResponse(body, status_code=200 if ready else 503)
 
 
-@router.get("/metrics", response_class=Response)
-def metrics() -> Response:
-    """Prometheus text format."""
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={401: {"description": "PPR_METRICS_TOKEN is set and the request lacks it"}},
+)
+def metrics(request: Request, runtime: RuntimeDep) -> Response:
+    """Prometheus text format. With PPR_METRICS_TOKEN set, send
+    `Authorization: Bearer <token>` (Prometheus: `authorization: {credentials: <token>}`)."""
+    token = runtime.settings.metrics_token
+    if token is not None:
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        expected = token.get_secret_value().encode()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+            raise Unauthorized("send 'Authorization: Bearer <PPR_METRICS_TOKEN>'", reason="metrics")
     return metrics_response()

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
 
-from service.api.deps import PrincipalDep, RuntimeDep
+from service.api.deps import EngineTurn, PrincipalDep, RuntimeDep
 from service.api.models import Budget, ErrorResponse, PprAnswer
 from service.api.observability import CHARGES, EPSILON_CHARGED, REPLAYS
 from service.api.params import K_LIMIT, NodeIdPath, QueryBool
@@ -28,11 +28,23 @@ _ERRORS: dict[int | str, dict[str, object]] = {
 _MAX_IDEMPOTENCY_KEY = 200
 
 
-@router.get("/ppr/{node_id:path}", response_model=PprAnswer, responses=_ERRORS)
+@router.get(
+    "/ppr/{node_id:path}",
+    response_model=PprAnswer,
+    responses={
+        **_ERRORS,
+        503: {
+            "model": ErrorResponse,
+            "description": "`overloaded` (the engine's queue is full; see Retry-After) or "
+            "`ledger_unavailable`",
+        },
+    },
+)
 def ppr(
     request: Request,
     runtime: RuntimeDep,
     principal: PrincipalDep,
+    _turn: EngineTurn,
     node_id: NodeIdPath,
     k: Annotated[
         int | None,

@@ -1,0 +1,236 @@
+"""Limits in front of the engine: per-account rate limits and a bounded queue.
+
+* :class:`RateLimiter`: a token bucket per account (``PPR_RATE_LIMIT_PER_SECOND`` refill,
+  ``PPR_RATE_LIMIT_BURST`` capacity). With Redis, one bucket per account shared by every worker
+  and machine, updated atomically by a Lua script on Redis's own clock; without Redis, or while
+  Redis does not answer, a bucket per process. Past the limit: ``429 rate_limited`` with the
+  seconds to wait.
+* :class:`EngineGate`: at most ``PPR_ENGINE_CONCURRENCY`` queries computing per process and at
+  most ``PPR_ENGINE_QUEUE`` waiting, each for at most ``PPR_ENGINE_QUEUE_TIMEOUT_SECONDS``.
+  Past that: ``503 overloaded`` with ``Retry-After``, instead of latency without bound.
+
+Both refuse before anything is charged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from service.errors import ServiceError
+
+log = logging.getLogger(__name__)
+
+
+class RateLimited(ServiceError):
+    """The account's request rate is over its limit."""
+
+    code = "rate_limited"
+    status = 429
+
+    def __init__(self, retry_after_seconds: float) -> None:
+        wait = max(1, math.ceil(retry_after_seconds))
+        super().__init__(
+            f"too many requests for this account; retry in {wait} s",
+            details={"retry_after_seconds": wait},
+        )
+        self.retry_after = wait
+
+
+class Overloaded(ServiceError):
+    """The engine's queue is full, or a request waited in it too long."""
+
+    code = "overloaded"
+    status = 503
+
+    def __init__(self, message: str, retry_after_seconds: int = 1) -> None:
+        super().__init__(message, details={"retry_after_seconds": retry_after_seconds})
+        self.retry_after = retry_after_seconds
+
+
+# --- rate limits -------------------------------------------------------------------------------
+
+
+class LocalBuckets:
+    """Token buckets in this process, one per key, least recently used dropped past ``size``."""
+
+    def __init__(
+        self,
+        rate: float,
+        burst: float,
+        *,
+        size: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.size = size
+        self.clock = clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def take(self, key: str) -> float:
+        """0.0 if a token was taken, else the seconds until one is available."""
+        with self._lock:
+            now = self.clock()
+            tokens, at = self._buckets.pop(key, (self.burst, now))
+            tokens = min(self.burst, tokens + max(0.0, now - at) * self.rate)
+            wait = 0.0
+            if tokens >= 1.0:
+                tokens -= 1.0
+            else:
+                wait = (1.0 - tokens) / self.rate
+            self._buckets[key] = (tokens, now)
+            while len(self._buckets) > self.size:
+                self._buckets.popitem(last=False)
+            return wait
+
+
+#: One atomic step of a token bucket held in a Redis hash {tokens, at}; Redis's clock.
+#: Returns {1, "0"} when a token was taken, else {0, "<seconds to wait>"}.
+TOKEN_BUCKET_LUA = """
+local rate = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens = tonumber(state[1])
+local at = tonumber(state[2])
+if tokens == nil or at == nil then
+  tokens = burst
+  at = now
+end
+tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
+local allowed = 0
+local wait = 0
+if tokens >= 1 then
+  tokens = tokens - 1
+  allowed = 1
+else
+  wait = (1 - tokens) / rate
+end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
+redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 1000)
+return {allowed, tostring(wait)}
+"""
+
+
+class RedisBuckets:
+    """Token buckets in Redis under ``ppr:<namespace>:rate:<key>``, one atomic script call per
+    request. Errors propagate (the :class:`RateLimiter` falls back to its local buckets)."""
+
+    def __init__(self, url: str, rate: float, burst: float, *, namespace: str) -> None:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        self.rate = rate
+        self.burst = burst
+        self.prefix = f"ppr:{namespace}:rate:"
+        self.client: Any = redis.Redis.from_url(
+            url, socket_connect_timeout=0.5, socket_timeout=0.5, retry=Retry(NoBackoff(), 0)
+        )
+        self._script = self.client.register_script(TOKEN_BUCKET_LUA)
+
+    def take(self, key: str) -> float:
+        allowed, wait = self._script(keys=[self.prefix + key], args=[self.rate, self.burst])
+        return 0.0 if int(allowed) == 1 else float(wait)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class RateLimiter:
+    """Per-account token buckets: in Redis when configured (falling back to this process's own
+    buckets for ``redis_retry_seconds`` after a Redis error), else in process. A rate of 0
+    turns the limit off."""
+
+    def __init__(
+        self,
+        rate: float,
+        burst: float,
+        *,
+        redis_url: str | None = None,
+        namespace: str = "",
+        redis_retry_seconds: float = 5.0,
+    ) -> None:
+        self.enabled = rate > 0
+        self.local = LocalBuckets(rate, burst) if self.enabled else None
+        self.remote = (
+            RedisBuckets(redis_url, rate, burst, namespace=namespace)
+            if self.enabled and redis_url is not None
+            else None
+        )
+        self.redis_retry_seconds = redis_retry_seconds
+        self._remote_down_until = 0.0
+
+    def check(self, account_id: int) -> None:
+        """Take one token of ``account_id``'s bucket, or raise :class:`RateLimited`."""
+        if self.local is None:
+            return
+        key = str(account_id)
+        wait: float | None = None
+        if self.remote is not None and time.monotonic() >= self._remote_down_until:
+            try:
+                wait = self.remote.take(key)
+            except Exception as exc:
+                self._remote_down_until = time.monotonic() + self.redis_retry_seconds
+                log.warning("rate limiter: Redis failed, using in-process buckets: %s", exc)
+        if wait is None:
+            wait = self.local.take(key)
+        if wait > 0.0:
+            raise RateLimited(wait)
+
+    def close(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
+
+
+# --- the engine's queue ------------------------------------------------------------------------
+
+
+class EngineGate:
+    """A bounded queue in front of the engine (per process, in the event loop)."""
+
+    def __init__(self, concurrency: int, queue: int, timeout_seconds: float) -> None:
+        self.concurrency = concurrency
+        self.queue = queue
+        self.timeout_seconds = timeout_seconds
+        self._slots: asyncio.Semaphore | None = None
+        self.waiting = 0
+        self.running = 0
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.concurrency)
+        slots = self._slots
+        if slots.locked():
+            if self.waiting >= self.queue:
+                raise Overloaded(
+                    f"the engine is busy ({self.running} running, {self.waiting} waiting); retry"
+                )
+            self.waiting += 1
+            try:
+                await asyncio.wait_for(slots.acquire(), self.timeout_seconds)
+            except TimeoutError:
+                raise Overloaded(
+                    f"waited {self.timeout_seconds:g} s for the engine without a turn; retry"
+                ) from None
+            finally:
+                self.waiting -= 1
+        else:
+            await slots.acquire()
+        self.running += 1
+        try:
+            yield
+        finally:
+            self.running -= 1
+            slots.release()

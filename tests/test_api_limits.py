@@ -1,0 +1,211 @@
+"""Limits of the HTTP surface: body and header sizes, per-account rate limits (in process and
+in Redis), the engine's bounded queue, request ids a client cannot forge, and public endpoints
+that say little."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from service.serving.limits import EngineGate, Overloaded, RedisBuckets
+from tests.api_support import Backend, bearer, ledger_of, running_app, user_with_key, uvicorn_server
+from tests.test_api import (  # fixtures by name
+    REDIS_URL,
+    Accounts,
+    accounts,
+    backend,
+    client,
+    query,
+    redis_answers,
+)
+
+sqlite_only = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+
+
+def refused(response: httpx.Response, status: int, code: str) -> None:
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["code"] == code
+
+
+@sqlite_only
+def test_body_and_header_sizes_are_limited(backend: Backend) -> None:
+    with running_app(backend, max_body_bytes=4096, max_header_bytes=8192) as client:
+        accounts = Accounts(client)
+        admin = bearer(accounts.admin_key)
+        refused(client.request("GET", "/healthz", content=b"x" * 5_000_000), 413,
+                "payload_too_large")  # fmt: skip
+
+        def chunks():  # no Content-Length: counted as it arrives
+            for _ in range(10):
+                yield b" " * 1000
+
+        streamed = client.post(
+            "/v1/admin/accounts",
+            content=chunks(),
+            headers={**admin, "Content-Type": "application/json"},
+        )
+        refused(streamed, 413, "payload_too_large")
+        big_header = client.get("/healthz", headers={"X-Padding": "a" * 10_000})
+        refused(big_header, 431, "headers_too_large")
+        assert big_header.headers["X-Request-ID"]
+        fits = client.post(
+            "/v1/admin/accounts", json={"type": "service", "label": "a" * 100}, headers=admin
+        )
+        assert fits.status_code == 201
+
+
+@sqlite_only
+def test_rate_limit_in_process_is_per_account(backend: Backend) -> None:
+    with running_app(backend, rate_limit_per_second=0.01, rate_limit_burst=3) as client:
+        accounts = Accounts(client)
+        _, first = accounts.service()
+        _, second = accounts.service()
+        answers = [client.get("/v1/me/budget", headers=bearer(first)) for _ in range(4)]
+        assert [r.status_code for r in answers] == [200, 200, 200, 429]
+        refused(answers[-1], 429, "rate_limited")
+        assert 1 <= int(answers[-1].headers["Retry-After"]) <= 100
+        assert client.get("/v1/me/budget", headers=bearer(second)).status_code == 200
+        assert query(client, first, "5").status_code == 429  # nothing computed, nothing charged
+        assert ledger_of(client).list_charges(None, limit=10) == []
+
+
+@pytest.mark.redis
+def test_redis_token_bucket_is_atomic_across_clients() -> None:
+    if not redis_answers():
+        pytest.skip(f"Redis does not answer at {REDIS_URL}")
+    namespace = f"test-{uuid.uuid4().hex}"
+    buckets = [RedisBuckets(REDIS_URL, 0.001, 10, namespace=namespace) for _ in range(4)]
+    try:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            waits = list(pool.map(lambda i: buckets[i % 4].take("acct"), range(40)))
+        assert sum(1 for w in waits if w == 0.0) == 10  # the burst, exactly, over 4 clients
+        assert all(w > 100 for w in waits if w > 0.0)  # 1 token per 1000 s
+        assert buckets[0].take("other") == 0.0  # buckets are per key
+    finally:
+        buckets[0].client.delete(*buckets[0].client.keys(f"ppr:{namespace}:*"))
+        for b in buckets:
+            b.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_rate_limit_is_shared_by_processes_through_redis(postgres_url: str, tmp_path: Path) -> None:
+    if not redis_answers():
+        pytest.skip(f"Redis does not answer at {REDIS_URL}")
+    from service.graph.generate import write_generated_edge_list
+    from service.ledger import upgrade
+
+    graph = tmp_path / "g.txt"
+    write_generated_edge_list(graph, 100, 300, seed=1)
+    upgrade(postgres_url)
+    backend = Backend("postgres+redis", postgres_url, REDIS_URL, graph)
+    _, key = user_with_key(postgres_url, "3")
+    limits = {"rate_limit_per_second": 0.01, "rate_limit_burst": 4}
+    with running_app(backend, **limits) as one, running_app(backend, **limits) as two:
+        statuses = [
+            (one if i % 2 else two).get("/v1/me/budget", headers=bearer(key)).status_code
+            for i in range(6)
+        ]
+        ledger_id = ledger_of(one).ledger_id
+    assert statuses == [200, 200, 200, 200, 429, 429]
+    import redis
+
+    redis.Redis.from_url(REDIS_URL).delete(f"ppr:{ledger_id}:rate:1")
+
+
+def test_engine_gate_bounds_the_queue() -> None:
+    async def scenario() -> list[str]:
+        gate = EngineGate(concurrency=1, queue=1, timeout_seconds=0.2)
+        outcomes: list[str] = []
+        release = asyncio.Event()
+
+        async def hold() -> None:
+            async with gate.slot():
+                await release.wait()
+
+        async def ask() -> None:
+            try:
+                async with gate.slot():
+                    outcomes.append("ran")
+            except Overloaded as exc:
+                outcomes.append(f"503 after {exc.retry_after}")
+
+        holder = asyncio.create_task(hold())
+        await asyncio.sleep(0)
+        waiter = asyncio.create_task(ask())  # queued
+        await asyncio.sleep(0)
+        await ask()  # the queue (1) is full: refused at once
+        await waiter  # times out after 0.2 s
+        release.set()
+        await holder
+        await ask()  # free again
+        return outcomes
+
+    assert asyncio.run(scenario()) == ["503 after 1", "503 after 1", "ran"]
+
+
+@sqlite_only
+def test_overload_is_503_with_retry_after_and_nothing_charged(backend: Backend) -> None:
+    _, key = user_with_key(backend.database_url, "9")
+    env = {"PPR_ENGINE_CONCURRENCY": "1", "PPR_ENGINE_QUEUE": "0"}
+    with uvicorn_server(backend, extra_env=env) as server:
+
+        def ask(i: int) -> httpx.Response:
+            with httpx.Client(base_url=server.base_url, timeout=60) as http:
+                return http.get("/v1/ppr/9", params={"fresh": "true", "k": 3},
+                                headers=bearer(key))  # fmt: skip
+
+        with ThreadPoolExecutor(max_workers=30) as pool:
+            responses = list(pool.map(ask, range(30)))
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) <= {200, 403, 503} and 503 in statuses
+    for response in responses:
+        if response.status_code == 503:
+            refused(response, 503, "overloaded")
+            assert response.headers["Retry-After"] == "1"
+    from tests.api_support import open_ledger
+
+    with open_ledger(backend.database_url) as ledger:
+        charged = len(ledger.list_charges(None, limit=100))
+    assert charged == statuses.count(200)
+
+
+def test_request_ids_are_fresh_and_keep_a_well_formed_client_prefix(
+    client: TestClient, accounts: Accounts
+) -> None:
+    _, key = accounts.user("21")
+    sent = {**bearer(key), "X-Request-ID": "trace-42"}
+    first = client.get("/v1/ppr/21", params={"k": 3}, headers=sent)
+    second = client.get("/v1/ppr/21", params={"k": 3, "fresh": "true"}, headers=sent)
+    ids = [r.json()["request_id"] for r in (first, second)]
+    assert all(i.startswith("trace-42.") and len(i) == len("trace-42.") + 32 for i in ids)
+    assert ids[0] != ids[1] and [r.headers["X-Request-ID"] for r in (first, second)] == ids
+    stored = {c.request_id for c in ledger_of(client).list_charges(None, limit=10)}
+    assert stored == set(ids)
+    for bad in ("", "a" * 65, "has space", "semi;colon", ids[0]):
+        answer = client.get("/v1/me/budget", headers={**bearer(key), "X-Request-ID": bad})
+        rid = answer.headers["X-Request-ID"]
+        assert rid not in ids and len(rid.rsplit(".", 1)[-1]) == 32
+
+
+@sqlite_only
+def test_public_endpoints_say_little(backend: Backend) -> None:
+    with running_app(backend, metrics_token="s3cret-token") as client:
+        accounts = Accounts(client)
+        ready = client.get("/readyz")
+        assert ready.status_code == 200 and ready.json() == {"status": "ok"}
+        assert str(backend.graph_path) not in ready.text
+        user = client.get("/readyz", headers=bearer(accounts.user("4")[1]))
+        assert user.json() == {"status": "ok"}
+        admin = client.get("/readyz", headers=bearer(accounts.admin_key)).json()
+        assert admin["checks"]["graph"]["source"] == str(backend.graph_path)
+        refused(client.get("/metrics"), 401, "unauthorized")
+        refused(client.get("/metrics", headers=bearer("wrong-token")), 401, "unauthorized")
+        scraped = client.get("/metrics", headers=bearer("s3cret-token"))
+        assert scraped.status_code == 200 and "ppr_http_requests_total" in scraped.text
