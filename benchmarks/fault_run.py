@@ -8,8 +8,8 @@ with retries would), while a worker is SIGKILLed every ``--kill-every`` seconds 
 stopped and restarted. Then it stops the server and runs ``ledger reconcile`` and
 ``ledger verify`` and prints what happened to every charge.
 
-    .venv/bin/python benchmarks/fault_run.py --generate 100000,1000000 --requests 300 --kill-every 4
-    .venv/bin/python benchmarks/fault_run.py --own-postgres --restart-postgres-every 15 --requests 300
+    .venv/bin/python benchmarks/fault_run.py --generate 100000,1000000 --kill-every 10
+    .venv/bin/python benchmarks/fault_run.py --own-postgres --restart-postgres-every 15
 
 Sends traffic only to 127.0.0.1. Not part of the test suite.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -34,9 +35,15 @@ from typing import Any
 
 import httpx
 
-PG_BIN = Path("/usr/lib/postgresql") / (
-    sorted(os.listdir("/usr/lib/postgresql"))[-1] if Path("/usr/lib/postgresql").exists() else "15"
-) / "bin"
+PG_BIN = (
+    Path("/usr/lib/postgresql")
+    / (
+        sorted(os.listdir("/usr/lib/postgresql"))[-1]
+        if Path("/usr/lib/postgresql").exists()
+        else "15"
+    )
+    / "bin"
+)
 
 
 def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
@@ -71,10 +78,8 @@ class OwnPostgres:
                           "stop")  # fmt: skip
 
     def destroy(self) -> None:
-        try:
+        with contextlib.suppress(subprocess.CalledProcessError):
             self.stop()
-        except subprocess.CalledProcessError:
-            pass
         shutil.rmtree(self.dir, ignore_errors=True)
 
     @property
@@ -282,8 +287,9 @@ def main() -> int:
         conflicts = [k for k in outcomes if k.endswith("#conflict")]
         print(f"\n{args.requests} keys in {elapsed:.1f} s; workers SIGKILLed: {len(kills)}; "
               f"PostgreSQL restarts: {restarts[0]}")  # fmt: skip
-        print(f"answered keys: {len(answered)} / {args.requests}; unanswered: "
-              f"{args.requests - len(answered)}; keys answered differently: {len(conflicts)}")  # fmt: skip
+        unanswered = args.requests - len(answered)
+        print(f"answered keys: {len(answered)} / {args.requests}; unanswered: {unanswered}; "
+              f"keys answered differently: {len(conflicts)}")  # fmt: skip
         print(f"HTTP attempts: {sum(result['attempts'].values())}; by status: "
               f"{dict(sorted(result['statuses'].items()))}")  # fmt: skip
         states = Counter(c.state for c in charges)
