@@ -165,8 +165,9 @@ def test_edge_mode_runs() -> None:
     rows = evaluate(
         graph, [1.0], seeds_count=3, k=5, mode=Mode.EDGE, mechanisms=MECHANISMS, notes=notes
     )
-    assert [r.mechanism for r in rows] == [m for m in MECHANISMS if m != "common_neighbours"]
-    assert len(notes) == 1 and "common_neighbours skipped: personalized mode only" in notes[0]
+    personalized_only = {"common_neighbours", "blended"}
+    assert [r.mechanism for r in rows] == [m for m in MECHANISMS if m not in personalized_only]
+    assert len(notes) == 2 and all("skipped: personalized mode only" in n for n in notes)
 
 
 def test_popular_is_one_release_and_common_neighbours_find_the_community() -> None:
@@ -175,7 +176,8 @@ def test_popular_is_one_release_and_common_neighbours_find_the_community() -> No
     graph = two_communities(40, seed=5)
     rows = evaluate(
         graph, [0.5, 1e5], seeds_count=6, k=10,
-        mechanisms=["popular", "common_neighbours", "random"], rng=np.random.default_rng(2),
+        mechanisms=["popular", "common_neighbours", "blended", "random"],
+        rng=np.random.default_rng(2),
     )  # fmt: skip
     by = {(r.mechanism, r.epsilon): r for r in rows}
     assert by[("popular", 0.5)].to_dict() | {"epsilon": 0} == by[("popular", 1e5)].to_dict() | {
@@ -183,6 +185,9 @@ def test_popular_is_one_release_and_common_neighbours_find_the_community() -> No
     }
     assert by[("common_neighbours", 1e5)].recall_beyond > 0.5
     assert by[("common_neighbours", 1e5)].ndcg_beyond > by[("random", 1e5)].ndcg_beyond
+    # blended puts the seed's friends first and finds the community beyond them
+    assert by[("blended", 1e5)].recall > by[("common_neighbours", 1e5)].recall
+    assert by[("blended", 1e5)].recall_beyond > 0.5
 
 
 @pytest.mark.parametrize(
@@ -276,7 +281,7 @@ def test_cli_json_and_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert main([*base, "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
     assert len(payload) == 2 * len(MECHANISMS)
-    assert payload[0]["mechanism"] == "noisy_diffusion" and payload[0]["seeds"] == 3
+    assert payload[0]["mechanism"] == "blended" and payload[0]["seeds"] == 3
     assert len(payload[0]["ndcg_ci"]) == 2
     assert main([*base, "--mechanisms", "random", "pushflowcap"]) == 0
     out = capsys.readouterr().out

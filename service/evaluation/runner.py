@@ -13,7 +13,9 @@ at most ``edge_flipping_max_nodes`` nodes; skipped with a note otherwise), the t
 beyond the neighbours of privacy-spec.md: ``popular`` (degrees + Lap(2 / eps_d), ONE release
 for the whole run, as the service makes one per graph version; it does not depend on the
 per-query epsilon) and ``common_neighbours`` (|N(s) & N(v)| + Lap(2 / eps) per query,
-personalized mode only; skipped with a note in edge mode), and two baselines that use no
+personalized mode only; skipped with a note in edge mode), ``blended`` (the two blended by a
+hold-out check on the seed's own friends; personalized only; its degree release is the same
+one ``popular`` uses), and two baselines that use no
 private data: ``neighbours_only`` (the seed's neighbours in random order, then random nodes)
 and ``random``. The baselines that do not depend on epsilon are drawn once per seed and
 reported under every epsilon.
@@ -36,6 +38,7 @@ import numpy as np
 from service.errors import InvalidParameter
 from service.evaluation.metrics import mean_ci, ndcg_at_k, private_ranking, recall_at_k
 from service.graph.model import Graph
+from service.mechanisms.blended import blended_ranking
 from service.mechanisms.common_neighbours import noisy_common_neighbours
 from service.mechanisms.diffusion import noise_free_prefix, noisy_diffusion
 from service.mechanisms.edge_flipping import DEFAULT_MAX_NODES, edge_flipping_ppr
@@ -60,6 +63,7 @@ __all__ = [
 ]
 
 MECHANISMS = (
+    "blended",
     "noisy_diffusion",
     "popular",
     "common_neighbours",
@@ -70,7 +74,7 @@ MECHANISMS = (
 )
 DEFAULT_MECHANISMS = MECHANISMS
 #: Mechanisms that exist in personalized mode only (unbounded sensitivity in edge mode).
-PERSONALIZED_ONLY = frozenset({"common_neighbours"})
+PERSONALIZED_ONLY = frozenset({"common_neighbours", "blended"})
 #: The spec's evaluation setting: eta = 1e-7 with beta = 0.8, K = 100.
 DEFAULT_ETA = 1e-7
 #: Epsilon of the one graph-wide degree release behind ``popular``.
@@ -253,8 +257,9 @@ def evaluate(
         plans = {eps: plan_diffusion(eps, delta, steps, beta, eta, mode) for eps in epsilons}
 
     degrees_released: np.ndarray | None = None
-    if "popular" in mechanisms:  # one graph-wide release for every seed, as in the service
-        degree_plan = plan_laplace(popular_epsilon, DEGREE_SENSITIVITY)
+    degree_plan = plan_laplace(popular_epsilon, DEGREE_SENSITIVITY)
+    if "popular" in mechanisms or "blended" in mechanisms:
+        # one graph-wide release shared by every seed, as the service makes one per version
         degrees_released = noisy_degrees(graph, degree_plan, fresh_generator())
     cn_plans = {eps: plan_laplace(eps, COMMON_NEIGHBOUR_SENSITIVITY) for eps in epsilons}
 
@@ -277,7 +282,7 @@ def evaluate(
             free["neighbours_only"] = score(_neighbours_first(graph, seed, rng))
         if "random" in mechanisms:
             free["random"] = score(rng.random(graph.n))
-        if degrees_released is not None:
+        if degrees_released is not None and "popular" in mechanisms:
             free["popular"] = score(degrees_released)
         capped = (
             pushflowcap(graph, seed, beta, steps, sigma, mode)
@@ -304,6 +309,13 @@ def evaluate(
                         graph, seed, cn_plans[eps], fresh_generator(), mode
                     )
                     values = score(released)
+                elif mechanism == "blended":
+                    assert degrees_released is not None
+                    blended = blended_ranking(
+                        graph, seed, cn_plans[eps], degrees_released, degree_plan.scale,
+                        fresh_generator(), mode,
+                    )  # fmt: skip
+                    values = score(blended.scores)
                 elif mechanism == "pushflowcap":
                     assert capped is not None
                     values = score(add_laplace_noise(capped, sigma, eps, fresh_generator()))

@@ -1,0 +1,171 @@
+"""``blended`` (personalized mode only): noisy common neighbours and DP degrees, blended by
+how well each recovers the seed's own friends.
+
+Inputs (the only ones that touch protected edges):
+
+- c~ = |N(s) & N(v)| + Lap(2 / eps) for every v: this query's release (pure eps-DP, charged
+  to the seed's account; :mod:`service.mechanisms.common_neighbours`);
+- d~ = d + Lap(2 / eps_d): the graph version's one DP degree release (``popular``; charged
+  once to the graph-wide exposure; :mod:`service.mechanisms.popular`).
+
+Everything else is post-processing of (c~, d~) with the seed's own neighbour list N(s), which
+the personalized model leaves unprotected (the answer goes to s, who knows their friends):
+
+1. z-score both vectors over V \\ {s}: z_c, z_d; and weigh each by its reliability among the
+   candidates C = V \\ ({s} | N(s)): R = 1 - (noise variance) / (observed variance over C),
+   floored at 0.01 (Kelley's true-score estimate: the share of the spread that is signal;
+   the noise variances 2 b^2 and 2 b_d^2 are known exactly).
+2. For each weight w on a fixed grid 0, 0.05, ..., 1, rank V \\ {s} by
+   w R_c z_c + (1 - w) R_d z_d and score how well the top min(d_s, 50) recovers N(s) (NDCG
+   with gain 1 per friend). Keep the median of the weights within 5% of the best score. This
+   is link prediction's standard hold-out check, with the seed's known friends as the
+   validation set: on graphs where friends of friends share many friends (clustered,
+   ego-network-like) it moves toward the common-neighbour signal, where popularity predicts
+   friendship (dense, well-mixed graphs) toward the degrees; where it cannot tell, the
+   median keeps the reliability-weighted middle.
+3. Scores: the blend, shifted to be positive, with the seed's neighbours placed first (free
+   information in this model); the seed itself scores 0.
+
+The guarantee is therefore exactly that of the two releases (docs/ranking.md): per query
+pure eps-DP for every edge not touching s, plus the graph version's eps_d once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.errors import InvalidParameter
+from service.graph.model import Graph
+from service.mechanisms.common_neighbours import noisy_common_neighbours, require_personalized
+from service.mechanisms.randomness import fresh_generator
+from service.privacy.laplace import LaplacePlan
+from service.privacy.modes import Mode
+
+__all__ = [
+    "VALIDATION_DEPTH",
+    "WEIGHTS",
+    "BlendedRanking",
+    "blend",
+    "blended_ranking",
+    "choose_weight",
+    "reliability",
+]
+
+#: Weights of the common-neighbour signal that the hold-out check chooses from.
+WEIGHTS = np.linspace(0.0, 1.0, 21)
+#: The hold-out check scores the top min(d_s, VALIDATION_DEPTH) of the ranking.
+VALIDATION_DEPTH = 50
+#: Weights scoring within this share of the best are ties; their median is used.
+TIE_TOLERANCE = 0.05
+#: Smallest reliability: a signal drowned in noise still orders what is left to order.
+MIN_RELIABILITY = 0.01
+
+
+@dataclass(frozen=True)
+class BlendedRanking:
+    """The released scores (higher is better), the weight the hold-out check chose for the
+    common-neighbour signal and the two reliabilities (all functions of the releases)."""
+
+    scores: np.ndarray
+    weight: float
+    reliability_counts: float
+    reliability_degrees: float
+
+
+def _standardize(x: np.ndarray, pool: np.ndarray) -> np.ndarray:
+    values = x[pool]
+    spread = float(values.std())
+    centre = float(values.mean())
+    if not np.isfinite(spread) or spread <= 0.0:
+        return np.zeros_like(x)
+    return (x - centre) / spread
+
+
+def _recovery(scores: np.ndarray, is_friend: np.ndarray, depth: int) -> float:
+    """DCG of the top ``depth`` of ``scores`` with gain 1 per friend (ties by index)."""
+    top = np.argpartition(-scores, depth - 1)[:depth]
+    top = top[np.lexsort((top, -scores[top]))]
+    return float(np.sum(is_friend[top] / np.log2(np.arange(2, depth + 2))))
+
+
+def reliability(values: np.ndarray, noise_scale: float) -> float:
+    """1 - 2 b^2 / variance(values), in [MIN_RELIABILITY, 1]: the share of the spread of
+    ``values`` (released with Lap(b) noise, variance 2 b^2) that is signal."""
+    if values.shape[0] < 2:
+        return 1.0
+    observed = float(values.var(ddof=1))
+    if not np.isfinite(observed) or observed <= 0.0:
+        return MIN_RELIABILITY
+    return float(min(1.0, max(MIN_RELIABILITY, 1.0 - 2.0 * noise_scale**2 / observed)))
+
+
+def choose_weight(counts: np.ndarray, degrees: np.ndarray, friends: np.ndarray) -> float:
+    """The grid weight whose blend best recovers ``friends`` (a boolean mask over the pool):
+    the median of those scoring within TIE_TOLERANCE of the best.
+
+    ``counts`` and ``degrees`` (the two weighted signals) cover the pool (every node but the
+    seed). With no friend in the pool the check is uninformative: the middle weight 0.5.
+    """
+    count = int(friends.sum())
+    if count == 0:
+        return 0.5
+    depth = min(count, VALIDATION_DEPTH, friends.shape[0])
+    gains = np.array([_recovery(w * counts + (1.0 - w) * degrees, friends, depth) for w in WEIGHTS])
+    best = WEIGHTS[gains >= gains.max() * (1.0 - TIE_TOLERANCE)]
+    return float(np.median(best))
+
+
+def blend(
+    graph: Graph,
+    seed: int,
+    counts: np.ndarray,
+    degrees: np.ndarray,
+    counts_scale: float,
+    degrees_scale: float,
+) -> BlendedRanking:
+    """Post-processing of the two releases (``counts`` = c~ with Lap(``counts_scale``) noise,
+    ``degrees`` = d~ with Lap(``degrees_scale``) noise) with N(seed)."""
+    n = graph.n
+    if counts.shape != (n,) or degrees.shape != (n,):
+        raise InvalidParameter("released", f"both released vectors must have shape ({n},)")
+    counts = np.asarray(counts, dtype=np.float64)
+    degrees = np.asarray(degrees, dtype=np.float64)
+    pool = np.ones(n, dtype=bool)
+    pool[seed] = False
+    friends = np.zeros(n, dtype=bool)
+    friends[graph.neighbors(seed)] = True
+    candidates = pool & ~friends
+    r_counts = reliability(counts[candidates], counts_scale)
+    r_degrees = reliability(degrees[candidates], degrees_scale)
+    z_counts = r_counts * _standardize(counts, pool)
+    z_degrees = r_degrees * _standardize(degrees, pool)
+    weight = choose_weight(z_counts[pool], z_degrees[pool], friends[pool])
+    mixed = weight * z_counts + (1.0 - weight) * z_degrees
+    low, high = float(mixed[pool].min(initial=0.0)), float(mixed[pool].max(initial=0.0))
+    scores = mixed - low + 1.0  # >= 1 on the pool: top-k clips at 0 and must not tie them
+    scores[friends] += high - low + 1.0  # the seed's friends first (free in this model)
+    scores[seed] = 0.0
+    return BlendedRanking(scores, weight, r_counts, r_degrees)
+
+
+def blended_ranking(
+    graph: Graph,
+    seed: int,
+    plan: LaplacePlan,
+    degrees_released: np.ndarray,
+    degrees_scale: float,
+    rng: np.random.Generator | None = None,
+    mode: Mode | str = Mode.PERSONALIZED,
+) -> BlendedRanking:
+    """Draw this query's c~ (``plan``: Lap(2 / eps)) and blend it with the version's d~
+    (released with Lap(``degrees_scale``) noise).
+
+    ``rng`` defaults to a fresh OS-entropy generator; ``degrees_released`` must be the graph
+    version's single stored degree release, never a fresh one per query.
+    """
+    require_personalized(mode, "blended")
+    rng = rng if rng is not None else fresh_generator()
+    counts = noisy_common_neighbours(graph, seed, plan, rng, mode)
+    return blend(graph, seed, counts, degrees_released, plan.scale, degrees_scale)

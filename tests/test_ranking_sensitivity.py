@@ -1,0 +1,134 @@
+"""Brute force: the l1 sensitivities behind ``popular``, ``common_neighbours`` and ``blended``.
+
+Every graph on 5 nodes (all 1,024 of them), every seed, every pair {a, b} not touching the seed
+(the personalized model leaves the seed's own edges unprotected), the edge toggled (added when
+absent, removed when present; this covers endpoints of degree 0 and 1): the common-neighbour
+counts move by at most 2 in l1 and the degrees by exactly 2. Random graphs on 6-10 nodes
+likewise. The worst cases reach the bounds, so smaller constants would be wrong.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from service.mechanisms.blended import blend, blended_ranking
+from service.mechanisms.common_neighbours import common_neighbour_counts
+from service.privacy.laplace import COMMON_NEIGHBOUR_SENSITIVITY, DEGREE_SENSITIVITY, plan_laplace
+from tests.graph_helpers import graph_from_edges, random_graph
+
+
+def _all_graphs(n: int) -> np.ndarray:
+    """Adjacency matrices of every simple graph on n nodes, shape (2^(n(n-1)/2), n, n)."""
+    pairs = list(itertools.combinations(range(n), 2))
+    masks = np.arange(1 << len(pairs))
+    adjacency = np.zeros((masks.shape[0], n, n), dtype=np.int64)
+    for bit, (u, v) in enumerate(pairs):
+        present = (masks >> bit) & 1
+        adjacency[:, u, v] = present
+        adjacency[:, v, u] = present
+    return adjacency
+
+
+def _worst_changes(adjacency: np.ndarray) -> tuple[int, int, dict[str, int]]:
+    """Largest l1 change of the seed's common-neighbour counts and of the degrees over every
+    seed and every protected pair of every graph in ``adjacency`` (a batch); and how many
+    toggles had an endpoint of degree 0 and of degree 1 before the toggle."""
+    n = adjacency.shape[1]
+    worst_counts = worst_degrees = 0
+    seen = {"degree 0": 0, "degree 1": 0, "added": 0, "removed": 0}
+    for seed in range(n):
+        counts = adjacency @ adjacency[:, seed, :, None]  # (graphs, n, 1): |N(v) & N(seed)|
+        for a, b in itertools.combinations([v for v in range(n) if v != seed], 2):
+            toggled = adjacency.copy()
+            toggled[:, a, b] = toggled[:, b, a] = 1 - adjacency[:, a, b]
+            new_counts = toggled @ toggled[:, seed, :, None]
+            change = np.abs(new_counts - counts).sum(axis=(1, 2))
+            worst_counts = max(worst_counts, int(change.max()))
+            degree_change = np.abs(toggled.sum(axis=2) - adjacency.sum(axis=2)).sum(axis=1)
+            worst_degrees = max(worst_degrees, int(degree_change.max()))
+            assert np.all(degree_change == 2)
+            ends = np.minimum(adjacency[:, a].sum(axis=1), adjacency[:, b].sum(axis=1))
+            seen["degree 0"] += int((ends == 0).sum())
+            seen["degree 1"] += int((ends == 1).sum())
+            seen["added"] += int((adjacency[:, a, b] == 0).sum())
+            seen["removed"] += int((adjacency[:, a, b] == 1).sum())
+    return worst_counts, worst_degrees, seen
+
+
+def test_every_graph_on_five_nodes() -> None:
+    worst_counts, worst_degrees, seen = _worst_changes(_all_graphs(5))
+    assert worst_counts <= COMMON_NEIGHBOUR_SENSITIVITY
+    assert worst_degrees <= DEGREE_SENSITIVITY
+    assert worst_counts == COMMON_NEIGHBOUR_SENSITIVITY  # attained: both ends are friends of s
+    assert all(count > 0 for count in seen.values()), seen
+
+
+def test_random_graphs_on_six_to_ten_nodes() -> None:
+    rng = np.random.default_rng(12)
+    attained = 0
+    for _ in range(60):
+        n = int(rng.integers(6, 11))
+        graph = random_graph(n, float(rng.uniform(0.1, 0.8)), rng)
+        adjacency = graph.adjacency.toarray().astype(np.int64)[None]
+        worst_counts, worst_degrees, _ = _worst_changes(adjacency)
+        assert worst_counts <= COMMON_NEIGHBOUR_SENSITIVITY
+        assert worst_degrees <= DEGREE_SENSITIVITY
+        attained = max(attained, worst_counts)
+    assert attained == COMMON_NEIGHBOUR_SENSITIVITY
+
+
+def test_the_library_counts_agree_with_the_brute_force() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        graph = random_graph(9, 0.4, rng)
+        dense = graph.adjacency.toarray()
+        for seed in range(graph.n):
+            np.testing.assert_array_equal(common_neighbour_counts(graph, seed), dense @ dense[seed])
+
+
+def test_edge_mode_is_unbounded() -> None:
+    """Why common neighbours are refused in edge mode: the seed's edge {s, a} moves c on all
+    of N(a), so the change grows with a's degree."""
+    star = [(1, v) for v in range(2, 12)]  # node 1 has ten friends; the seed 0 none
+    without = graph_from_edges(star, 12)
+    with_edge = graph_from_edges([*star, (0, 1)], 12)
+    change = np.abs(common_neighbour_counts(with_edge, 0) - common_neighbour_counts(without, 0))
+    assert change.sum() >= 10 > COMMON_NEIGHBOUR_SENSITIVITY
+
+
+def test_blended_reads_the_graph_only_through_the_releases_and_the_seeds_friends() -> None:
+    """Post-processing: for neighbouring graphs (one edge not touching the seed) and the same
+    released vectors, ``blend`` gives the same answer, so its guarantee is the releases'."""
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        graph = random_graph(12, 0.3, rng)
+        seed = int(rng.integers(12))
+        others = [v for v in range(12) if v != seed]
+        a, b = rng.choice(others, size=2, replace=False)
+        dense = graph.adjacency.toarray().astype(bool)
+        dense[a, b] = dense[b, a] = not dense[a, b]
+        u, v = np.nonzero(np.triu(dense, k=1))
+        neighbour = graph_from_edges(zip(u.tolist(), v.tolist(), strict=True), 12)
+        counts, degrees = rng.normal(size=12), rng.normal(size=12)
+        first = blend(graph, seed, counts, degrees, 2.0, 20.0)
+        second = blend(neighbour, seed, counts, degrees, 2.0, 20.0)
+        np.testing.assert_array_equal(first.scores, second.scores)
+        assert first.weight == second.weight
+
+
+@pytest.mark.parametrize("epsilon", [0.1, 1.0])
+def test_blended_ranks_friends_first_and_never_the_seed(epsilon: float) -> None:
+    rng = np.random.default_rng(8)
+    graph = random_graph(60, 0.1, rng)
+    seed = int(np.argmax(graph.degrees))
+    degrees = graph.degrees + rng.laplace(0.0, 20.0, graph.n)
+    result = blended_ranking(graph, seed, plan_laplace(epsilon, 2.0), degrees, 20.0)
+    friends = graph.neighbors(seed)
+    order = np.argsort(-result.scores, kind="stable")
+    assert set(order[: friends.shape[0]].tolist()) == set(friends.tolist())
+    assert result.scores[seed] == 0.0 and np.all(np.delete(result.scores, seed) >= 1.0)
+    assert 0.0 <= result.weight <= 1.0
+    assert 0.01 <= result.reliability_counts <= 1.0 and 0.01 <= result.reliability_degrees <= 1.0
