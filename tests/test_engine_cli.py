@@ -119,7 +119,10 @@ def test_bench_reports_every_mechanism(capsys: pytest.CaptureFixture[str]) -> No
     rows = out["latency"]
     assert isinstance(rows, list)
     names = {row["mechanism"] for row in rows}
-    expected = {"noisy_cold", "noisy_warm", "exact_ppr", "pushflowcap", "naive_reference"}
+    expected = {
+        "noisy_cold", "noisy_warm", "blended", "common_neighbours", "exact_ppr", "pushflowcap",
+        "naive_reference",
+    }  # fmt: skip
     assert names == expected
     assert all(row["queries"] == 2 and row["p50_ms"] > 0 for row in rows)
     graph = out["graph"]

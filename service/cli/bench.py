@@ -1,8 +1,10 @@
 """``bench``: per-query latency of the mechanisms on one graph, and the graph's load cost.
 
 Measures, in one run and on the same seeds: noisy diffusion with a cold seed (noise-free prefix
-computed in the query) and a warm seed (prefix cached), exact PPR, DP-PushFlowCap, and the naive
-reference (papers' style: float64 product and ``numpy.random.laplace`` at every step).
+computed in the query) and a warm seed (prefix cached), exact PPR, DP-PushFlowCap, the naive
+reference (papers' style: float64 product and ``numpy.random.laplace`` at every step), and, in
+personalized mode, noisy common neighbours and ``blended`` (noisy common neighbours blended with
+the graph version's DP degree release, drawn once before timing as the service stores it).
 """
 
 from __future__ import annotations
@@ -22,12 +24,17 @@ from service.cli.common import add_mechanism_arguments, load_graph, print_json, 
 from service.cli.options import positive_float, positive_int
 from service.errors import InvalidParameter
 from service.graph.model import Graph
+from service.mechanisms.blended import blended_ranking
+from service.mechanisms.common_neighbours import noisy_common_neighbours
 from service.mechanisms.diffusion import noise_free_prefix, noisy_diffusion
 from service.mechanisms.exact import exact_ppr
 from service.mechanisms.operator import walk_operator
+from service.mechanisms.popular import noisy_degrees
 from service.mechanisms.pushflowcap import dp_pushflowcap
 from service.mechanisms.reference import naive_noisy_diffusion
 from service.privacy.calibration import DiffusionConfig, plan_diffusion
+from service.privacy.laplace import COMMON_NEIGHBOUR_SENSITIVITY, DEGREE_SENSITIVITY, plan_laplace
+from service.privacy.modes import Mode
 
 
 def _generate_spec(text: str) -> tuple[int, int]:
@@ -53,8 +60,9 @@ def register(subparsers: Any) -> None:
     source.add_argument("--demo", action="store_true", help="the built-in demo graph")
     parser.add_argument("--queries", type=positive_int, default=10, help="seeds to time")
     parser.add_argument("--epsilon", type=positive_float, default=0.1)
-    parser.add_argument("--mechanisms", nargs="+", default=list(MECHANISMS), metavar="NAME",
-                        help=f"subset of {', '.join(MECHANISMS)}")  # fmt: skip
+    parser.add_argument("--mechanisms", nargs="+", default=None, metavar="NAME",
+                        help=f"subset of {', '.join(MECHANISMS)} (default: all that the mode "
+                        "offers)")  # fmt: skip
     add_mechanism_arguments(parser)
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(handler=run)
@@ -71,9 +79,22 @@ def _percentiles(samples: list[float]) -> tuple[float, float]:
 
 
 def _query(
-    name: str, graph: Graph, seed: int, config: DiffusionConfig, epsilon: float
+    name: str,
+    graph: Graph,
+    seed: int,
+    config: DiffusionConfig,
+    epsilon: float,
+    degrees: np.ndarray | None = None,
 ) -> Callable[[], object]:
     """One query of mechanism ``name`` for ``seed``, ready to time (warm: prefix precomputed)."""
+    if name == "common_neighbours":
+        plan = plan_laplace(epsilon, COMMON_NEIGHBOUR_SENSITIVITY)
+        return partial(noisy_common_neighbours, graph, seed, plan)
+    if name == "blended":
+        assert degrees is not None
+        plan = plan_laplace(epsilon, COMMON_NEIGHBOUR_SENSITIVITY)
+        scale = plan_laplace(DEGREE_EPSILON, DEGREE_SENSITIVITY).scale
+        return partial(blended_ranking, graph, seed, plan, degrees, scale)
     if name == "noisy_cold":
         return partial(noisy_diffusion, graph, seed, config)
     if name == "noisy_warm":
@@ -100,13 +121,30 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-MECHANISMS = ("noisy_cold", "noisy_warm", "exact_ppr", "pushflowcap", "naive_reference")
+MECHANISMS = (
+    "noisy_cold",
+    "noisy_warm",
+    "blended",
+    "common_neighbours",
+    "exact_ppr",
+    "pushflowcap",
+    "naive_reference",
+)
+PERSONALIZED_ONLY = frozenset({"blended", "common_neighbours"})
+#: eps_d of the one degree release ``blended`` reuses (the service's default).
+DEGREE_EPSILON = 0.1
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.mechanisms is None:
+        args.mechanisms = [
+            m for m in MECHANISMS if args.mode is Mode.PERSONALIZED or m not in PERSONALIZED_ONLY
+        ]
     unknown = set(args.mechanisms) - set(MECHANISMS)
     if unknown:
         raise InvalidParameter("mechanisms", f"unknown {sorted(unknown)}; choose from {MECHANISMS}")
+    if args.mode is not Mode.PERSONALIZED and PERSONALIZED_ONLY & set(args.mechanisms):
+        raise InvalidParameter("mechanisms", "blended and common_neighbours are personalized only")
     gc.collect()
     rss_before = _rss_bytes()
     start = time.perf_counter()
@@ -128,10 +166,12 @@ def run(args: argparse.Namespace) -> int:
     candidates = np.flatnonzero(graph.degrees > 0)
     seeds = pick.choice(candidates, size=min(args.queries, candidates.size), replace=False)
 
+    degrees = noisy_degrees(graph, plan_laplace(DEGREE_EPSILON, DEGREE_SENSITIVITY))
     timings: dict[str, list[float]] = {name: [] for name in args.mechanisms}
     for seed in (int(s) for s in seeds):
         for name in args.mechanisms:
-            timings[name].append(_timed(_query(name, graph, seed, config, args.epsilon)))
+            query = _query(name, graph, seed, config, args.epsilon, degrees)
+            timings[name].append(_timed(query))
 
     naive = timings.get("naive_reference")
     naive_p50 = _percentiles(naive)[0] if naive else None
