@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "evaluate",
     "bench",
     "serve",
+    "loadtest",
     "accounts",
     "ledger",
     "db",

@@ -1,0 +1,184 @@
+"""``loadtest``: drive a running service (or one it starts) and print req/s and latencies.
+
+Every run measures ``/healthz`` first, as the reference for what the framework alone can do
+on this machine at this moment, then the chosen query phases with the same connections:
+``fresh`` (new noise per request, random seeds, charged), ``replay`` (stored releases),
+``mixed`` (``--replay-fraction`` of replays) and ``batch`` (``POST /v1/ppr/batch`` with
+``--batch-size`` random seeds). The load runs against a service account made for the run in
+the ledger at ``--database-url`` (or ``--key``), with a cap no run reaches.
+
+Examples::
+
+    python -m service loadtest --start --graph ../shared/data/facebook_combined.txt
+    python -m service loadtest --start --workers 2 --port 8601 \\
+        --database-url postgresql+psycopg://postgres@127.0.0.1:5432/ppr \\
+        --redis-url redis://127.0.0.1:6379/0 --graph ../shared/data/facebook_combined.txt
+    python -m service loadtest --url http://127.0.0.1:8000 --key ppr_... --phases healthz,fresh
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from service.cli.options import open_unit_float, positive_float, positive_int
+
+
+def _phases(text: str) -> tuple[str, ...]:
+    from service.loadtest.workload import PHASES
+
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [name for name in names if name not in PHASES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of {', '.join(PHASES)}; got {text!r}"
+        )
+    return names
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "loadtest",
+        help="HTTP load test: req/s and p50/p90/p99 against /healthz in the same run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    target = parser.add_argument_group("target")
+    target.add_argument("--url", help="base URL of a running service (default: --start)")
+    target.add_argument("--start", action="store_true",
+                        help="start `serve` on 127.0.0.1:PORT, stop it after")  # fmt: skip
+    target.add_argument("--port", type=positive_int, default=8601, help="port for --start")
+    target.add_argument("--workers", type=positive_int, default=2, help="workers for --start")
+    target.add_argument("--graph", type=Path, metavar="FILE",
+                        help="edge-list file the server loads (default: PPR_GRAPH_PATH, else "
+                        "the demo graph); the seeds are drawn from it")  # fmt: skip
+    target.add_argument("--database-url",
+                        help="ledger URL (default: PPR_DATABASE_URL; with --start and none "
+                        "given, a fresh SQLite file)")  # fmt: skip
+    target.add_argument("--redis-url", help="Redis URL for --start (default: PPR_REDIS_URL)")
+    target.add_argument("--key", help="API key of a service account (default: create one)")
+    load = parser.add_argument_group("load")
+    load.add_argument("--phases", type=_phases, default=("healthz", "fresh", "replay"),
+                      help="comma-separated: healthz,fresh,replay,mixed,batch "
+                      "(default healthz,fresh,replay)")  # fmt: skip
+    load.add_argument("--concurrency", "-c", type=positive_int, default=32,
+                      help="open connections (default 32)")  # fmt: skip
+    load.add_argument("--duration", "-d", type=positive_float, default=10.0,
+                      help="seconds per phase (default 10)")  # fmt: skip
+    load.add_argument("--warmup", type=float, default=3.0,
+                      help="unreported seconds before each query phase (default 3)")  # fmt: skip
+    load.add_argument("--seeds", type=positive_int,
+                      help="distinct random seeds fresh and batch requests draw from "
+                      "(default: every node of the graph)")  # fmt: skip
+    load.add_argument("--replay-seeds", type=positive_int, default=100,
+                      help="stored releases replays draw from (default 100)")  # fmt: skip
+    load.add_argument("--replay-fraction", type=open_unit_float, default=0.5,
+                      help="share of replays in the mixed phase (default 0.5)")  # fmt: skip
+    load.add_argument("--batch-size", type=positive_int, default=200,
+                      help="seeds per batch call (default 200)")  # fmt: skip
+    load.add_argument("--mode", choices=("edge", "personalized"), default="edge")
+    load.add_argument("--epsilon", type=positive_float, default=0.1)
+    load.add_argument("--k", type=positive_int, default=20)
+    load.add_argument("--driver", choices=("auto", "wrk", "httpx"), default="auto",
+                      help="wrk (C, Lua-scripted; the default when installed) or an asyncio "
+                      "httpx generator")  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from service.config import MechanismSettings, Settings
+    from service.errors import InvalidParameter
+    from service.loadtest.report import reference_rps, table
+    from service.loadtest.run import RunPlan, run_phases, sample_seeds
+    from service.loadtest.server import served, service_account_key
+    from service.loadtest.wrk_driver import wrk_available
+    from service.serving.graph_holder import load_configured_graph
+
+    if args.url is None and not args.start:
+        raise InvalidParameter("url", "give --url of a running service, or --start")
+    if args.url is not None and args.start:
+        raise InvalidParameter("start", "--start and --url exclude each other")
+    if args.key is None and args.mode != "edge":
+        raise InvalidParameter("mode", "personalized load needs --key of a scoped service account")
+    settings = Settings()
+    graph_path = args.graph if args.graph is not None else settings.graph_path
+    if graph_path is not None and not Path(graph_path).is_file():
+        raise InvalidParameter("graph", f"{graph_path} is not a readable file")
+    driver = args.driver
+    if driver == "auto":
+        driver = "wrk" if wrk_available() else "httpx"
+    graph = load_configured_graph(None if graph_path is None else Path(graph_path).resolve())
+    rng = random.Random()
+    all_ids = graph.external_ids(np.arange(graph.n))
+    seeds = sample_seeds(all_ids, args.seeds, rng)
+    replay_seeds = sample_seeds(list(seeds), args.replay_seeds, rng)
+    plan = RunPlan(
+        phases=args.phases,
+        concurrency=args.concurrency,
+        seconds=args.duration,
+        warmup_seconds=max(0.0, args.warmup),
+        seeds=seeds,
+        replay_seeds=replay_seeds,
+        mixed_replay_fraction=args.replay_fraction,
+        mode=args.mode,
+        epsilon=args.epsilon,
+        k=args.k,
+        batch_size=args.batch_size,
+        driver=driver,
+    )
+    with ExitStack() as stack:
+        database_url = args.database_url or settings.database_url
+        if args.start:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ppr-load-")))
+            if args.database_url is None and "PPR_DATABASE_URL" not in os.environ:
+                database_url = f"sqlite:///{tmp / 'ledger.db'}"
+            log_path = tmp / "server.log"
+            print(f"starting serve --workers {args.workers} on :{args.port} ...", file=sys.stderr)
+            base_url = stack.enter_context(
+                served(
+                    port=args.port,
+                    workers=args.workers,
+                    graph=None if graph_path is None else Path(graph_path).resolve(),
+                    database_url=database_url,
+                    redis_url=args.redis_url or settings.redis_url,
+                    log_path=log_path,
+                )
+            )
+        else:
+            base_url = args.url.rstrip("/")
+        key = args.key or service_account_key(
+            database_url, delta=MechanismSettings().delta_for(graph.m)
+        )
+
+        def progress(result: Any) -> None:
+            print(f"  {result.phase}: {result.rps:,.1f} req/s", file=sys.stderr)
+
+        results = run_phases(base_url, plan, key, on_result=progress)
+    ref = reference_rps(results)
+    if args.json:
+        out = {
+            "graph": {"nodes": graph.n, "edges": graph.m, "source": str(graph_path or "demo")},
+            "driver": driver,
+            "concurrency": args.concurrency,
+            "duration_s": args.duration,
+            "phases": [r.to_dict(ref) for r in results],
+        }
+        print(json.dumps(out, indent=2))
+    else:
+        print(
+            f"graph: {graph.n:,} nodes, {graph.m:,} edges; driver {driver}; "
+            f"{args.concurrency} connections; {args.duration:g} s per phase; mode {args.mode}, "
+            f"epsilon {args.epsilon:g}, k {args.k}"
+        )
+        print(table(results))
+    return 0

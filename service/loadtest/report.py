@@ -1,0 +1,74 @@
+"""Results of a load phase and the table a run prints."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class PhaseResult:
+    phase: str
+    driver: str
+    concurrency: int
+    seconds: float
+    requests: int
+    errors: int  # non-2xx answers + socket errors + timeouts
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    items_per_request: int = 1
+    item_errors: int = 0  # per-item errors inside 200 answers (batch)
+    statuses: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def items_per_second(self) -> float:
+        return self.rps * self.items_per_request
+
+    def to_dict(self, reference_rps: float | None = None) -> dict[str, Any]:
+        out = asdict(self)
+        out["rps"] = self.rps
+        out["items_per_second"] = self.items_per_second
+        out["fraction_of_healthz"] = (
+            self.rps / reference_rps if reference_rps else None
+        )  # the ratio the targets are stated in
+        return out
+
+
+def percentiles_ms(latencies_s: list[float]) -> tuple[float, float, float]:
+    if not latencies_s:
+        nan = float("nan")
+        return nan, nan, nan
+    p50, p90, p99 = np.percentile(np.asarray(latencies_s) * 1000.0, [50, 90, 99])
+    return float(p50), float(p90), float(p99)
+
+
+def reference_rps(results: list[PhaseResult]) -> float | None:
+    for result in results:
+        if result.phase == "healthz":
+            return result.rps
+    return None
+
+
+def table(results: list[PhaseResult]) -> str:
+    ref = reference_rps(results)
+    head = (
+        "| phase | driver | conns | requests | req/s | % of /healthz | items/s | p50 ms | p90 ms "
+        "| p99 ms | errors | item errors |"
+    )
+    lines = [head, "| " + " | ".join(["---"] * 12) + " |"]
+    for r in results:
+        share = f"{100 * r.rps / ref:.1f}%" if ref else "-"
+        items = f"{r.items_per_second:,.0f}" if r.items_per_request > 1 else "-"
+        lines.append(
+            f"| {r.phase} | {r.driver} | {r.concurrency} | {r.requests:,} | {r.rps:,.1f} | "
+            f"{share} | {items} | {r.p50_ms:.1f} | {r.p90_ms:.1f} | {r.p99_ms:.1f} | "
+            f"{r.errors} | {r.item_errors} |"
+        )
+    return "\n".join(lines)

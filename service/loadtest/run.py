@@ -1,0 +1,94 @@
+"""One load-test run: the phases in order, against one server, with one key."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import httpx
+
+from service.errors import ServiceError
+from service.loadtest.httpx_driver import run_httpx
+from service.loadtest.report import PhaseResult
+from service.loadtest.workload import Workload
+from service.loadtest.wrk_driver import run_wrk
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    phases: tuple[str, ...]
+    concurrency: int
+    seconds: float
+    warmup_seconds: float
+    seeds: tuple[str, ...]
+    replay_seeds: tuple[str, ...]
+    mixed_replay_fraction: float
+    mode: str
+    epsilon: float
+    k: int
+    batch_size: int
+    driver: str  # "wrk" | "httpx"
+
+
+def workloads(plan: RunPlan, key: str) -> list[Workload]:
+    headers = {"Authorization": f"Bearer {key}"}
+    base = Workload(
+        name="",
+        kind="ppr",
+        seeds=plan.seeds,
+        replay_seeds=plan.replay_seeds,
+        mode=plan.mode,
+        epsilon=plan.epsilon,
+        k=plan.k,
+        headers=headers,
+    )
+    shapes = {
+        "healthz": replace(base, name="healthz", kind="path", path="/healthz", headers={}),
+        "fresh": replace(base, name="fresh", replay_fraction=0.0),
+        "replay": replace(base, name="replay", replay_fraction=1.0),
+        "mixed": replace(base, name="mixed", replay_fraction=plan.mixed_replay_fraction),
+        "batch": replace(base, name="batch", kind="batch", batch_size=plan.batch_size),
+    }
+    return [shapes[name] for name in plan.phases]
+
+
+def store_replay_releases(base_url: str, workload: Workload) -> None:
+    """One (charged) query per replay seed, so the replay phase finds stored releases."""
+    with httpx.Client(base_url=base_url, headers=workload.headers, timeout=60) as client:
+        for seed in workload.replay_seeds:
+            response = client.get(workload.ppr_path(seed, fresh=False))
+            if response.status_code != 200:
+                raise ServiceError(
+                    f"preparing replays: GET {seed} answered {response.status_code}: "
+                    f"{response.text[:300]}"
+                )
+
+
+def run_phases(
+    base_url: str,
+    plan: RunPlan,
+    key: str,
+    *,
+    on_result: Callable[[PhaseResult], None] | None = None,
+) -> list[PhaseResult]:
+    drive = run_wrk if plan.driver == "wrk" else run_httpx
+    results: list[PhaseResult] = []
+    prepared = False
+    for workload in workloads(plan, key):
+        if workload.kind == "ppr" and workload.replay_fraction > 0 and not prepared:
+            store_replay_releases(base_url, workload)
+            prepared = True
+        if plan.warmup_seconds > 0 and workload.kind != "path":
+            drive(base_url, workload, concurrency=plan.concurrency, seconds=plan.warmup_seconds)
+        result = drive(base_url, workload, concurrency=plan.concurrency, seconds=plan.seconds)
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+    return results
+
+
+def sample_seeds(all_ids: list[str], count: int | None, rng: random.Random) -> tuple[str, ...]:
+    if count is None or count >= len(all_ids):
+        return tuple(all_ids)
+    return tuple(rng.sample(all_ids, count))

@@ -1,0 +1,95 @@
+"""Starting ``python -m service serve`` for a run, and an account to load it with."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from service.errors import ServiceError
+
+
+def _graph_loaded_lines(log_path: Path) -> int:
+    count = 0
+    for raw in log_path.read_text(errors="replace").splitlines():
+        try:
+            if json.loads(raw).get("message") == "graph loaded":
+                count += 1
+        except ValueError:
+            continue
+    return count
+
+
+@contextmanager
+def served(
+    *,
+    port: int,
+    workers: int,
+    graph: Path | None,
+    database_url: str,
+    redis_url: str | None,
+    log_path: Path,
+    extra_env: dict[str, str] | None = None,
+    ready_timeout_s: float = 180.0,
+) -> Iterator[str]:
+    """``serve`` on 127.0.0.1:``port`` (migrating the ledger first); yields its base URL once
+    every worker has loaded the graph, and stops it afterwards."""
+    command = [
+        sys.executable, "-m", "service", "serve", "--host", "127.0.0.1", "--port", str(port),
+        "--workers", str(workers), "--database-url", database_url, "--auto-migrate",
+    ]  # fmt: skip
+    if graph is not None:
+        command += ["--graph", str(graph)]
+    if redis_url:
+        command += ["--redis-url", redis_url]
+    env = {**os.environ, "PPR_LOG_LEVEL": "info", **(extra_env or {})}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    base_url = f"http://127.0.0.1:{port}"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        while True:
+            if proc.poll() is not None:
+                tail = log_path.read_text(errors="replace")[-2000:]
+                raise ServiceError(f"the server exited with status {proc.returncode}:\n{tail}")
+            if _graph_loaded_lines(log_path) >= workers:
+                try:
+                    if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+            if time.monotonic() > deadline:
+                raise ServiceError(f"the server was not ready in {ready_timeout_s:.0f} s")
+            time.sleep(0.2)
+        yield base_url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def service_account_key(database_url: str, *, delta: float, cap_epsilon: float = 1e6) -> str:
+    """A new service account (edge mode, a cap no load run reaches) and its API key, made in
+    the ledger directly (the run names the ledger it loads)."""
+    from service.ledger.ledger import Ledger
+
+    ledger = Ledger.from_url(database_url)
+    try:
+        account = ledger.create_account(
+            "service", cap_epsilon=cap_epsilon, delta=delta, label="loadtest"
+        )
+        key, _ = ledger.create_api_key(account.account_id)
+    finally:
+        ledger.dispose()
+    return key

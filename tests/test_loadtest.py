@@ -1,0 +1,97 @@
+"""``python -m service loadtest``: it starts the real service, drives every phase with both
+drivers, and reports what was sent (the figures themselves are never asserted on)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from service.graph.generate import write_generated_edge_list
+from service.loadtest.workload import Workload
+from service.loadtest.wrk_driver import lua_string, script_for, wrk_available
+from tests.api_support import free_port
+
+
+@pytest.fixture
+def graph_path(tmp_path: Path) -> Path:
+    path = tmp_path / "graph.txt"
+    write_generated_edge_list(path, 300, 1500, seed=3)
+    return path
+
+
+def loadtest(graph_path: Path, tmp_path: Path, *extra: str) -> dict[str, object]:
+    command = [
+        sys.executable, "-m", "service", "loadtest", "--start", "--workers", "1",
+        "--port", str(free_port()), "--graph", str(graph_path),
+        "--database-url", f"sqlite:///{tmp_path / 'ledger.db'}",
+        "--duration", "1", "--warmup", "0", "--concurrency", "4", "--replay-seeds", "5",
+        "--json", *extra,
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "driver",
+    [
+        "httpx",
+        pytest.param(
+            "wrk", marks=pytest.mark.skipif(not wrk_available(), reason="wrk is not installed")
+        ),
+    ],
+)
+def test_every_phase_runs_against_a_started_server(
+    graph_path: Path, tmp_path: Path, driver: str
+) -> None:
+    out = loadtest(
+        graph_path, tmp_path, "--driver", driver,
+        "--phases", "healthz,fresh,replay,mixed,batch", "--batch-size", "3",
+    )  # fmt: skip
+    phases = {p["phase"]: p for p in out["phases"]}  # type: ignore[attr-defined]
+    assert list(phases) == ["healthz", "fresh", "replay", "mixed", "batch"]
+    assert out["graph"] == {"nodes": 300, "edges": 1500, "source": str(graph_path)}
+    for name, phase in phases.items():
+        assert phase["driver"] == driver
+        assert phase["requests"] > 0, name
+        assert phase["errors"] == 0, (name, phase["statuses"])
+        assert set(phase["statuses"]) == {"200"}, name
+        assert phase["p50_ms"] <= phase["p90_ms"] <= phase["p99_ms"]
+    assert phases["healthz"]["fraction_of_healthz"] == 1.0
+    assert phases["batch"]["items_per_request"] == 3
+    assert phases["batch"]["items_per_second"] == pytest.approx(3 * phases["batch"]["rps"])
+    assert phases["batch"]["item_errors"] == 0
+
+
+def test_bad_flags_are_one_line_errors(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "service", "loadtest", "--phases", "healthz,nope"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "healthz, fresh, replay, mixed, batch" in done.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "service", "loadtest", "--graph", str(tmp_path / "none.txt"),
+         "--url", "http://127.0.0.1:1"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.startswith("error [invalid_parameter]: graph:")
+
+
+def test_the_wrk_script_carries_any_node_id_and_the_key() -> None:
+    assert lua_string('a"b\\c\né') == '"a\\034b\\092c\\010\\195\\169"'
+    workload = Workload(
+        name="batch", kind="batch", seeds=("7", 'x"y'), batch_size=2,
+        headers={"Authorization": "Bearer ppr_k"},
+    )  # fmt: skip
+    script = script_for(workload)
+    assert '["Authorization"]="Bearer ppr_k"' in script
+    assert '"\\034x\\092\\034y\\034"' in script  # the JSON-encoded id '"x\"y"'
+    assert "local batch_size = 2" in script
