@@ -122,6 +122,12 @@ class Settings(MechanismSettings):
     metrics_token: SecretStr | None = Field(
         None, description="If set, /metrics needs 'Authorization: Bearer <token>'."
     )
+    batch_max_items: int = Field(
+        1000, ge=1, le=100_000, description="Most seeds one POST /v1/ppr/batch call may carry."
+    )
+    batch_concurrency: int = Field(
+        32, ge=1, le=1024, description="Batch items answered at once per process (all batches)."
+    )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     workers: int = Field(1, ge=1, le=64)

@@ -16,7 +16,7 @@ from service.api.errors import install_error_handlers
 from service.api.limits import RequestLimits
 from service.api.observability import CACHE_EVENTS, configure_logging, observe_request
 from service.api.openapi import install_openapi
-from service.api.routes import admin, operations, ppr
+from service.api.routes import admin, batch, operations, ppr
 from service.api.runtime import build_runtime
 from service.config import Settings, get_settings
 
@@ -59,6 +59,7 @@ def create_app(settings: Settings | None = None, *, configure_logs: bool = True)
     )
     app.middleware("http")(observe_request)  # outermost: request ids and logs cover the limits
     install_error_handlers(app)
+    app.include_router(batch.router)
     app.include_router(ppr.router)
     app.include_router(admin.router)
     app.include_router(operations.router)

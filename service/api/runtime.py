@@ -14,6 +14,7 @@ from service.cache.caches import Caches, build_caches
 from service.config import Settings
 from service.graph.model import Graph
 from service.ledger.ledger import Ledger
+from service.serving.batch import BatchQueryService
 from service.serving.graph_holder import GraphHolder
 from service.serving.limits import EngineGate, RateLimiter
 from service.serving.planner import DiffusionPlanner
@@ -30,6 +31,7 @@ class Runtime:
     ledger: Ledger
     caches: Caches
     queries: PprQueryService
+    batch: BatchQueryService
     reconciler: Reconciler | None = None
     limiter: RateLimiter = field(default_factory=lambda: RateLimiter(0, 1))
     gate: EngineGate = field(default_factory=lambda: EngineGate(16, 512, 30.0))
@@ -46,6 +48,7 @@ class Runtime:
         if self.reconciler is not None:
             self.reconciler.stop()
         self.limiter.close()
+        self.batch.close()
         self.ledger.dispose()
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
@@ -100,4 +103,7 @@ def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
     gate = EngineGate(
         settings.engine_concurrency, settings.engine_queue, settings.engine_queue_timeout_seconds
     )
-    return Runtime(settings, graphs, ledger, caches, queries, limiter=limiter, gate=gate)
+    batch = BatchQueryService(queries, concurrency=settings.batch_concurrency)
+    return Runtime(
+        settings, graphs, ledger, caches, queries, batch, limiter=limiter, gate=gate
+    )

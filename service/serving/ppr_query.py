@@ -154,6 +154,10 @@ class PprQueryService:
             )
         return float(epsilon)
 
+    def validate(self, req: QueryRequest) -> float:
+        """Check k, epsilon and the mode's options without answering; the epsilon to use."""
+        return self._validate(req)
+
     def _charged_account(self, principal: Principal, node: str, mode: Mode, graph: Graph) -> int:
         if principal.type == "admin":
             raise Forbidden("admin accounts manage budgets and cannot query")

@@ -28,6 +28,15 @@ _ERRORS: dict[int | str, dict[str, object]] = {
 _MAX_IDEMPOTENCY_KEY = 200
 
 
+def check_idempotency_key(idempotency_key: str | None) -> None:
+    if idempotency_key is not None and not (
+        0 < len(idempotency_key) <= _MAX_IDEMPOTENCY_KEY and idempotency_key.isprintable()
+    ):
+        raise InvalidParameter(
+            "Idempotency-Key", f"must be 1..{_MAX_IDEMPOTENCY_KEY} printable characters"
+        )
+
+
 @router.get(
     "/ppr/{node_id:path}",
     response_model=PprAnswer,
@@ -73,12 +82,7 @@ def ppr(
     (`personalized`) or to the caller (`edge` by a service account); a repeated query returns
     the stored release with `replayed: true` and costs nothing unless `fresh=true`.
     """
-    if idempotency_key is not None and not (
-        0 < len(idempotency_key) <= _MAX_IDEMPOTENCY_KEY and idempotency_key.isprintable()
-    ):
-        raise InvalidParameter(
-            "Idempotency-Key", f"must be 1..{_MAX_IDEMPOTENCY_KEY} printable characters"
-        )
+    check_idempotency_key(idempotency_key)
     settings = runtime.settings
     answer = runtime.queries.answer(
         QueryRequest(

@@ -1,0 +1,101 @@
+"""Bodies of ``POST /v1/ppr/batch`` (pydantic; they are its OpenAPI schema, with examples)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic.config import JsonDict
+
+from service.api.models import ErrorBody, Result
+from service.privacy.modes import Mode
+
+NodeId = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+
+_QUERY_EXAMPLE: JsonDict = {
+    "nodes": ["42", "107", "no-such-node"],
+    "epsilon": 0.1,
+    "k": 3,
+    "mode": "edge",
+}
+
+_ANSWER_EXAMPLE: JsonDict = {
+    "items": [
+        {
+            "node": "42",
+            "results": [
+                {"node": "329", "score": 0.0111},
+                {"node": "24", "score": 0.0109},
+                {"node": "7", "score": 0.0101},
+            ],
+            "replayed": False,
+            "epsilon_charged": 0.09999988140953486,
+        },
+        {
+            "node": "107",
+            "results": [
+                {"node": "1684", "score": 0.0213},
+                {"node": "1912", "score": 0.0198},
+                {"node": "3437", "score": 0.0190},
+            ],
+            "replayed": True,
+            "epsilon_charged": 0.0,
+        },
+        {
+            "node": "no-such-node",
+            "error": {
+                "code": "unknown_node",
+                "message": "node 'no-such-node' is not in the loaded graph",
+                "details": {"node": "no-such-node"},
+            },
+        },
+    ],
+    "request_id": "f02cf19a37934461957028ddb367e6fb",
+    "epsilon_charged": 0.09999988140953486,
+}
+
+
+class BatchQuery(BaseModel):
+    """Seeds answered in one call; every other field applies to each of them."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        coerce_numbers_to_str=True,
+        json_schema_extra={"examples": [_QUERY_EXAMPLE]},
+    )
+
+    nodes: list[NodeId] = Field(
+        min_length=1,
+        description="External node ids, answered in this order (at most PPR_BATCH_MAX_ITEMS).",
+    )
+    epsilon: float | None = Field(
+        None, description="Per-item epsilon (configured range; default PPR_DEFAULT_EPSILON)."
+    )
+    k: int | None = Field(None, description="Results per item (1..max_k, default 20).")
+    mode: Mode = Field(
+        Mode.PERSONALIZED,
+        description="`personalized`: each seed user's account is charged (within the caller's "
+        "scopes); `edge`: the caller is charged for every item.",
+    )
+    fresh: bool = Field(False, description="Draw new noise even where a release exists.")
+    exclude_neighbors: bool = Field(
+        False, description="Drop each seed's own neighbours (personalized mode only)."
+    )
+
+
+class BatchItem(BaseModel):
+    """One seed's answer (`results`) or the error it alone failed with (`error`)."""
+
+    node: str
+    results: list[Result] | None = None
+    replayed: bool | None = Field(None, description="True: a stored release, nothing charged.")
+    epsilon_charged: float | None = Field(None, description="Epsilon charged for this item.")
+    error: ErrorBody | None = None
+
+
+class BatchAnswer(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [_ANSWER_EXAMPLE]})
+
+    items: list[BatchItem] = Field(description="One per requested node, in the given order.")
+    request_id: str
+    epsilon_charged: float = Field(description="Sum of the items' per-query epsilons charged.")

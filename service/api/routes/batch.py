@@ -1,0 +1,103 @@
+"""``POST /v1/ppr/batch``: many seeds in one call, each charged as a single query would be."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import JSONResponse
+
+from service.api.batch_models import BatchAnswer, BatchQuery
+from service.api.deps import EngineTurn, PrincipalDep, RuntimeDep
+from service.api.models import ErrorResponse
+from service.api.observability import CHARGES, EPSILON_CHARGED, REFUSALS, REPLAYS
+from service.api.routes.ppr import check_idempotency_key
+from service.errors import InvalidParameter
+from service.serving.batch import BatchRequest
+
+router = APIRouter(prefix="/v1", tags=["queries"])
+
+_ERRORS: dict[int | str, dict[str, object]] = {
+    401: {"model": ErrorResponse, "description": "missing, malformed, unknown or revoked key"},
+    403: {"model": ErrorResponse, "description": "`forbidden` (admin accounts cannot query)"},
+    422: {
+        "model": ErrorResponse,
+        "description": "`invalid_parameter` for the whole call (too many nodes, bad k/epsilon)",
+    },
+    503: {
+        "model": ErrorResponse,
+        "description": "`overloaded` (the engine's queue is full; see Retry-After)",
+    },
+}
+
+
+@router.post("/ppr/batch", response_model=BatchAnswer, responses=_ERRORS)
+def ppr_batch(
+    request: Request,
+    runtime: RuntimeDep,
+    principal: PrincipalDep,
+    _turn: EngineTurn,
+    body: BatchQuery,
+    idempotency_key: Annotated[
+        str | None,
+        Header(description="A retry with the same key charges each item at most once"),
+    ] = None,
+) -> JSONResponse:
+    """Private PPR answers for many seeds, one item per node in the order given.
+
+    Each item is admitted, charged and answered exactly as `GET /v1/ppr/{node}` would be
+    (replays are free; `fresh` draws new noise). An item that fails (`budget_exhausted`,
+    `unknown_node`, `unknown_account`, `forbidden`, ...) carries its own `error`; the others
+    are answered. With an `Idempotency-Key`, each item gets a key derived from it and its
+    position and node, so a retried batch charges no item twice.
+    """
+    check_idempotency_key(idempotency_key)
+    settings = runtime.settings
+    if len(body.nodes) > settings.batch_max_items:
+        raise InvalidParameter(
+            "nodes", f"at most {settings.batch_max_items} per call (PPR_BATCH_MAX_ITEMS)"
+        )
+    items = runtime.batch.answer(
+        BatchRequest(
+            principal=principal,
+            nodes=body.nodes,
+            k=settings.default_k if body.k is None else body.k,
+            epsilon=body.epsilon,
+            mode=body.mode,
+            fresh=body.fresh,
+            exclude_neighbors=body.exclude_neighbors,
+            idempotency_key=idempotency_key,
+            request_id=request.state.request_id,
+        )
+    )
+    out: list[dict[str, Any]] = []
+    charged = 0.0
+    for item in items:
+        if item.answer is not None:
+            answer = item.answer
+            out.append(
+                {
+                    "node": item.node,
+                    "results": [{"node": r.node, "score": r.score} for r in answer.results],
+                    "replayed": answer.replayed,
+                    "epsilon_charged": answer.epsilon_charged,
+                }
+            )
+            if answer.replayed:
+                REPLAYS.labels("batch").inc()
+            else:
+                charged += answer.epsilon_charged
+                CHARGES.labels(body.mode.value).inc()
+                EPSILON_CHARGED.labels(body.mode.value).inc(answer.epsilon_charged)
+        else:
+            assert item.error is not None
+            if item.error.code == "budget_exhausted":
+                REFUSALS.labels(item.error.code).inc()
+            out.append({"node": item.node, "error": item.error.to_dict()})
+    request.state.epsilon_charged = charged
+    request.state.outcome = "batch"
+    # Built directly (the schema above documents it): thousands of results per call are not
+    # re-validated on the way out.
+    return JSONResponse(
+        {"items": out, "request_id": request.state.request_id, "epsilon_charged": charged}
+    )
