@@ -24,7 +24,7 @@ accounts = test_api.accounts
 
 @pytest.fixture
 def client(backend: Backend) -> Iterator[TestClient]:
-    with running_app(backend, batch_max_items=5) as client:
+    with running_app(backend, batch_max_items=5, create_seed_accounts=True) as client:
         yield client
 
 
@@ -41,11 +41,11 @@ def test_edge_mode_items_in_order_with_their_own_errors(
     client: TestClient, accounts: Accounts
 ) -> None:
     service_id, key = accounts.service()
-    response = batch(client, key, ["3", "no-such-node", 7], epsilon=0.1, k=4, mode="edge")
+    response = batch(client, key, ["3", "no-such-node", 7, "3"], epsilon=0.1, k=4, mode="edge")
     assert response.status_code == 200, response.text
     body = response.json()
     items = body["items"]
-    assert [item["node"] for item in items] == ["3", "no-such-node", "7"]
+    assert [item["node"] for item in items] == ["3", "no-such-node", "7", "3"]
     assert items[1] == {
         "node": "no-such-node",
         "error": {
@@ -54,14 +54,17 @@ def test_edge_mode_items_in_order_with_their_own_errors(
             "details": {"node": "no-such-node"},
         },
     }
-    for item in (items[0], items[2]):
+    for item in (items[0], items[2], items[3]):
         assert len(item["results"]) == 4
         assert item["node"] not in {r["node"] for r in item["results"]}
-        assert item["replayed"] is False and item["epsilon_charged"] == pytest.approx(0.1)
+    assert items[2]["replayed"] is False and items[2]["epsilon_charged"] == pytest.approx(0.1)
+    # the repeated seed is the same query: charged once, the twin answered with its release
+    assert sorted([items[0]["replayed"], items[3]["replayed"]]) == [False, True]
+    assert items[3]["results"] == items[0]["results"]
     assert body["epsilon_charged"] == pytest.approx(0.2)
     charges = ledger_of(client).list_charges(service_id)
     assert len(charges) == 2 and {c.seed for c in charges} == {"3", "7"}
-    assert {c.request_id for c in charges} <= {f"{body['request_id']}.{i}" for i in range(3)}
+    assert {c.request_id for c in charges} <= {f"{body['request_id']}.{i}" for i in range(4)}
     # the same path as a single query: GET finds the stored release
     single = query(client, key, "7", k=4, epsilon=0.1, mode="edge")
     assert single.json()["replayed"] is True
@@ -122,7 +125,7 @@ def test_budget_exhausted_items_are_refused_alone(client: TestClient, accounts: 
 
 
 def test_personalized_items_charge_each_seed_user(client: TestClient, accounts: Accounts) -> None:
-    _, key = accounts.service(allow_create_seed_accounts=True)
+    _, key = accounts.service(may_create_seed_accounts=True, modes=["edge", "personalized"])
     user_id, _ = accounts.user("30")
     response = batch(client, key, ["30", "31"], k=3)
     assert [("results" in i) for i in response.json()["items"]] == [True, True]
@@ -131,7 +134,7 @@ def test_personalized_items_charge_each_seed_user(client: TestClient, accounts: 
     created = ledger.account_for_node("31")
     assert created is not None and ledger.budget(created.account_id).charges == 1
     # without the right to create seed accounts, the seed without one is that item's error
-    _, narrow = accounts.service()
+    _, narrow = accounts.service(modes=["personalized"])
     items = batch(client, narrow, ["30", "32"], k=3).json()["items"]
     assert "results" in items[0]
     assert items[1]["error"]["code"] == "unknown_account"
