@@ -104,6 +104,4 @@ def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
         settings.engine_concurrency, settings.engine_queue, settings.engine_queue_timeout_seconds
     )
     batch = BatchQueryService(queries, concurrency=settings.batch_concurrency)
-    return Runtime(
-        settings, graphs, ledger, caches, queries, batch, limiter=limiter, gate=gate
-    )
+    return Runtime(settings, graphs, ledger, caches, queries, batch, limiter=limiter, gate=gate)
