@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from service.graph.generate import write_generated_edge_list
 from service.ledger import upgrade
+from service.mechanisms.postprocess import score_grid
 from service.privacy.accountant import RdpCurve
 from service.privacy.calibration import plan_diffusion
 from service.privacy.modes import Mode
@@ -148,7 +149,11 @@ def test_a_user_queries_its_own_seed(client: TestClient, accounts: Accounts) -> 
         "delta": budget["delta"], "beta": 0.8, "steps": 30,
         "noisy_steps": plan.config.noisy_steps, "eta": 1e-7,
         "noise_scale": plan.config.noise_scale,
+        "score_grid": score_grid(plan.config.noise_scale),
     }  # fmt: skip
+    grid = mech["score_grid"]
+    assert grid == 2.0 ** math.floor(math.log2(plan.config.noise_scale / 256))
+    assert all((r["score"] / grid).is_integer() for r in body["results"])
     assert budget["account_id"] == account_id and budget["charges"] == 1
     assert budget["spent_epsilon"] == pytest.approx(plan.curve.epsilon(budget["delta"]))
     assert budget["remaining_epsilon"] == pytest.approx(1.0 - budget["spent_epsilon"])

@@ -20,7 +20,10 @@ from service.serving.schemas import Answer
 
 class Result(BaseModel):
     node: str = Field(description="External node id, as in the edge list.")
-    score: float = Field(description="Released (noisy, clipped at 0) diffusion score.")
+    score: float = Field(
+        description="Released score: noisy, clipped at 0, an integer multiple of "
+        "`mechanism.score_grid`."
+    )
 
 
 class Mechanism(BaseModel):
@@ -33,6 +36,12 @@ class Mechanism(BaseModel):
     noisy_steps: int = Field(description="Steps that carry noise (the last L of `steps`).")
     eta: float
     noise_scale: float = Field(description="Laplace scale b per node per noisy step.")
+    score_grid: float | None = Field(
+        default=None,
+        description="Every released score is an exact integer multiple of this power of two "
+        "(about b / 256), so no low-order bit of a floating-point noise sample is released. "
+        "Absent only on answers released before rounding was introduced.",
+    )
 
 
 class Budget(BaseModel):

@@ -15,7 +15,7 @@ from service.cli.common import (
 from service.cli.options import open_unit_float, positive_float, positive_int
 from service.errors import InvalidParameter
 from service.mechanisms.diffusion import noisy_diffusion
-from service.mechanisms.postprocess import ranked_results
+from service.mechanisms.postprocess import ranked_results, score_grid
 from service.privacy.calibration import plan_diffusion
 from service.privacy.modes import Mode
 
@@ -50,8 +50,11 @@ def run(args: argparse.Namespace) -> int:
     delta = args.delta if args.delta is not None else min(1e-6, 1.0 / max(graph.m, 1))
     plan = plan_diffusion(args.epsilon, delta, args.steps, args.beta, args.eta, args.mode)
     scores = noisy_diffusion(graph, seed, plan.config)
-    results = ranked_results(graph, seed, scores, args.k, exclude_neighbors=args.exclude_neighbors)
     config = plan.config
+    grid = score_grid(config.noise_scale)
+    results = ranked_results(
+        graph, seed, scores, args.k, grid=grid, exclude_neighbors=args.exclude_neighbors
+    )
     payload = {
         "node": args.seed,
         "graph_version": graph.version,
@@ -66,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
             "noisy_steps": config.noisy_steps,
             "eta": config.eta,
             "noise_scale": config.noise_scale,
+            "score_grid": grid,
         },
     }
     if args.json:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +38,30 @@ def top_k(scores: np.ndarray, k: int, exclude: np.ndarray | None = None) -> np.n
     return pool[part][order][:k]
 
 
+#: The grid is this many times finer than the noise scale (and a power of two).
+GRID_STEPS_PER_SCALE = 256
+#: The grid of a release that carries no noise (a one-step personalized diffusion).
+NOISELESS_GRID = 2.0**-40
+
+
+def score_grid(noise_scale: float) -> float:
+    """The grid released scores are rounded to: the largest power of two <= b / 256.
+
+    A power of two, so that every multiple of it is an exact float64 (up to 2^53 steps) and
+    dividing by it is exact. It is ~2^-8 of the noise scale, so rounding moves a score by far
+    less than the noise already does, and ~2^30 times coarser than the float64 spacing of the
+    scores, so no low-order bit of a floating-point Laplace sample survives (Mironov 2012).
+    """
+    if not noise_scale > 0 or not math.isfinite(noise_scale):
+        return NOISELESS_GRID
+    return float(2.0 ** math.floor(math.log2(noise_scale / GRID_STEPS_PER_SCALE)))
+
+
+def round_to_grid(scores: np.ndarray, grid: float) -> np.ndarray:
+    """Each score as the nearest integer multiple of ``grid`` (post-processing)."""
+    return np.round(np.asarray(scores, dtype=np.float64) / grid) * grid
+
+
 @dataclass(frozen=True)
 class RankedNode:
     """One entry of a released ranking, by external id."""
@@ -51,13 +76,19 @@ def ranked_results(
     scores: np.ndarray,
     k: int,
     *,
+    grid: float,
     exclude_neighbors: bool = False,
 ) -> list[RankedNode]:
     """Top-k of a released vector with external ids, the seed excluded.
 
+    The vector is first rounded to multiples of ``grid`` (see :func:`score_grid`) and ranked
+    as rounded (ties by internal index), so that nothing in the answer, order included,
+    depends on bits below the grid.
+
     ``exclude_neighbors`` also drops the seed's neighbours: it uses the seed's own edges, which
     only the personalized model leaves unprotected, so callers allow it only in that mode.
     """
+    scores = round_to_grid(scores, grid)
     exclude = np.array([seed], dtype=np.int64)
     if exclude_neighbors:
         exclude = np.concatenate([exclude, graph.neighbors(seed).astype(np.int64)])

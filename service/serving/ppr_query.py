@@ -30,7 +30,7 @@ from service.ledger.records import (
     StoredRelease,
 )
 from service.mechanisms.diffusion import noise_free_prefix, noisy_diffusion
-from service.mechanisms.postprocess import RankedNode, ranked_results
+from service.mechanisms.postprocess import RankedNode, ranked_results, score_grid
 from service.mechanisms.randomness import fresh_generator
 from service.privacy.accountant import RdpCurve
 from service.privacy.calibration import DiffusionPlan
@@ -406,7 +406,7 @@ class PprQueryService:
         keep = self.replay_store_top
         if req.mode is Mode.PERSONALIZED:
             keep += int(graph.degrees[seed])  # room to drop the seed's neighbours on replay
-        return ranked_results(graph, seed, scores, keep)
+        return ranked_results(graph, seed, scores, keep, grid=score_grid(config.noise_scale))
 
     # -- replays --------------------------------------------------------------------------
 
@@ -453,6 +453,7 @@ class PprQueryService:
             "noisy_steps": c.noisy_steps,
             "eta": c.eta,
             "noise_scale": c.noise_scale,
+            "score_grid": score_grid(c.noise_scale),
         }
 
 

@@ -1,0 +1,58 @@
+"""Released scores are rounded to a power-of-two grid well above float64 spacing (post-processing
+against the low-bit attack on floating-point Laplace noise) and well below the noise scale."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from service.mechanisms.diffusion import noisy_diffusion
+from service.mechanisms.postprocess import (
+    NOISELESS_GRID,
+    ranked_results,
+    round_to_grid,
+    score_grid,
+)
+from service.privacy.calibration import plan_diffusion
+from service.privacy.modes import Mode
+from tests.graph_helpers import random_graph
+
+
+@pytest.mark.parametrize("scale", [8e-6, 7.99969e-06, 1e-7, 0.5, 20.0, 2.0**-20])
+def test_the_grid_is_a_power_of_two_far_below_the_noise_scale(scale: float) -> None:
+    grid = score_grid(scale)
+    exponent = math.log2(grid)
+    assert exponent == int(exponent)
+    assert scale / 512 < grid <= scale / 256
+
+
+def test_a_noiseless_release_still_has_a_grid() -> None:
+    assert score_grid(0.0) == NOISELESS_GRID
+
+
+def test_rounding_is_exact_and_moves_a_score_by_at_most_half_a_step() -> None:
+    rng = np.random.default_rng(3)
+    scores = rng.laplace(0.01, 8e-6, 10_000)
+    grid = score_grid(8e-6)
+    rounded = round_to_grid(scores, grid)
+    steps = rounded / grid
+    assert np.array_equal(steps, np.round(steps))
+    assert np.max(np.abs(rounded - scores)) <= grid / 2
+    # Nothing below the grid survives: the low mantissa bits of every score are zero.
+    mantissa_bits = np.frexp(rounded[rounded != 0])[0] * 2.0**53
+    low_bits = 53 - int(math.log2(0.02 / grid)) - 1
+    assert np.all(np.mod(mantissa_bits, 2.0**low_bits) == 0)
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_released_rankings_are_multiples_of_the_grid(mode: Mode) -> None:
+    graph = random_graph(60, 0.1, np.random.default_rng(1))
+    plan = plan_diffusion(0.5, 1e-6, 30, 0.8, 1e-7, mode)
+    grid = score_grid(plan.config.noise_scale)
+    scores = noisy_diffusion(graph, 0, plan.config)
+    results = ranked_results(graph, 0, scores, 20, grid=grid)
+    values = [r.score for r in results]
+    assert all((v / grid).is_integer() for v in values)
+    assert values == sorted(values, reverse=True)
