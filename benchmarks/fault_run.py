@@ -261,6 +261,7 @@ def main() -> int:
         t0 = time.perf_counter()
         result = asyncio.run(drive(base, key, nodes, args, time.monotonic() + args.deadline))
         elapsed = time.perf_counter() - t0
+        server_exit = server.poll()
         stop.set()
         for t in threads:
             t.join(timeout=30)
@@ -308,6 +309,11 @@ def main() -> int:
             and all(v <= 1 for v in released_keys.values())
             and states.get("admitted", 0) == 0
         )
+        if server_exit is not None:
+            print(f"the server's supervisor exited during the run with code {server_exit}")
+        if not ok:
+            print("--- last lines of the server's log ---")
+            print((workdir / "server.log").read_text(errors="replace")[-6000:])
         print("RESULT:", "OK" if ok else "FAILED")
         return 0 if ok else 1
     finally:

@@ -96,6 +96,11 @@ class Settings(MechanismSettings):
     reconcile_interval_seconds: float = Field(
         30.0, ge=0.0, description="How often each worker reconciles; 0 turns it off."
     )
+    ledger_connect_timeout_seconds: float = Field(
+        60.0, ge=0.0,
+        description="How long a starting worker waits for an unreachable ledger database "
+        "before it gives up (0: fail at once).",
+    )  # fmt: skip
     twin_wait_seconds: float = Field(
         10.0, ge=0.0,
         description="How long a query waits for an identical in-flight query's release "

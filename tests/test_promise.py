@@ -336,3 +336,41 @@ def test_graph_cap_holds_under_concurrent_charges(ledger_url: str) -> None:
         assert ledger.verify().ok
     finally:
         ledger.dispose()
+
+
+# -- a worker restarted while the database is down -----------------------------------------------
+
+
+@pytest.mark.postgres
+def test_a_starting_worker_waits_for_the_database(postgres_url: str) -> None:
+    """uvicorn stops the whole server when a restarted worker fails to start: a worker that
+    starts while PostgreSQL is briefly unreachable must wait for it, not fail."""
+    from service.api.runtime import open_ledger as open_runtime_ledger
+    from service.config import Settings
+    from service.ledger import LedgerUnavailable
+
+    missing = make_url(postgres_url).set(database=make_url(postgres_url).database + "_later")
+    url = missing.render_as_string(hide_password=False)
+    admin = create_engine(make_url(POSTGRES_BASE_URL), isolation_level="AUTOCOMMIT")
+
+    with pytest.raises(LedgerUnavailable):  # no wait allowed: the database does not answer
+        open_runtime_ledger(Settings(database_url=url, ledger_connect_timeout_seconds=0))
+
+    def appear() -> None:  # the (migrated) database comes back a moment later, at once
+        with admin.connect() as conn:
+            conn.exec_driver_sql(
+                f'ALTER DATABASE "{make_url(postgres_url).database}" RENAME TO "{missing.database}"'
+            )
+
+    upgrade(postgres_url)
+    later = threading.Timer(1.0, appear)
+    later.start()
+    try:
+        ledger = open_runtime_ledger(Settings(database_url=url, ledger_connect_timeout_seconds=60))
+        assert ledger.ledger_id and ledger.ping()
+        ledger.dispose()
+    finally:
+        later.join()
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{missing.database}" WITH (FORCE)')
+        admin.dispose()

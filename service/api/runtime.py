@@ -7,13 +7,14 @@ HTTP, so a batch job can build the same runtime and call ``queries.answer`` dire
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from service.cache.caches import Caches, build_caches
 from service.config import Settings
 from service.graph.model import Graph
-from service.ledger.ledger import Ledger
+from service.ledger.ledger import Ledger, LedgerUnavailable
 from service.serving.batch import BatchQueryService
 from service.serving.graph_holder import GraphHolder
 from service.serving.limits import EngineGate, RateLimiter
@@ -67,9 +68,35 @@ class Runtime:
         return loaded is not None and database_ok, checks
 
 
+def open_ledger(settings: Settings) -> Ledger:
+    """Open the ledger, waiting up to ``ledger_connect_timeout_seconds`` while its database
+    does not answer.
+
+    A worker that the server restarts (after a crash) while the database is briefly down must
+    not fail its start-up: uvicorn's supervisor stops the whole server when a worker fails to
+    start. An un-migrated ledger or one on another order grid is refused at once.
+    """
+    deadline = time.monotonic() + settings.ledger_connect_timeout_seconds
+    pause = 0.25
+    while True:
+        ledger: Ledger | None = None
+        try:
+            ledger = Ledger.from_url(settings.database_url, auto_migrate=settings.auto_migrate)
+            _ = ledger.ledger_id  # read once now, while the database answers
+            return ledger
+        except LedgerUnavailable as exc:
+            if ledger is not None:
+                ledger.dispose()
+            if time.monotonic() + pause > deadline:
+                raise
+            log.warning("the ledger database does not answer; retrying: %s", exc)
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
+
+
 def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
     """Open the ledger (refusing an un-migrated one), build the caches, load the graph."""
-    ledger = Ledger.from_url(settings.database_url, auto_migrate=settings.auto_migrate)
+    ledger = open_ledger(settings)
     try:
         # Keys live under the ledger's own id: account ids are per ledger, so two ledgers (or a
         # restored one) sharing a Redis never see each other's replays.
