@@ -47,7 +47,7 @@ class Call(Generic[T]):
 
     method: str
     path: str
-    parse: Callable[[Any], T]
+    parse: Callable[[bytes], T]  # the JSON body, read straight into the typed answer
     params: Mapping[str, Any] = field(default_factory=dict)
     body: Any = None
     idempotency_key: str | None = None
@@ -68,7 +68,7 @@ class Call(Generic[T]):
     def result(self, response: httpx.Response) -> T:
         """The typed answer of a 2xx ``response``."""
         try:
-            return self.parse(response.json())
+            return self.parse(response.content)
         except ValueError as exc:  # not JSON, or not the shape this client reads
             raise InvalidResponse(
                 f"{self.method} {self.path}: the answer could not be read: {exc}",
@@ -110,8 +110,8 @@ def error_from_response(response: httpx.Response) -> PprError:
     )
 
 
-def _reader(shape: Any) -> Callable[[Any], Any]:
-    return TypeAdapter(shape).validate_python
+def _reader(shape: Any) -> Callable[[bytes], Any]:
+    return TypeAdapter(shape).validate_json
 
 
 _read_accounts = _reader(list[AccountWithBudget])
@@ -161,7 +161,7 @@ def ppr(node: NodeId, **options: Unpack[QueryOptions]) -> Call[PprAnswer]:
     many attempts it takes (see :class:`QueryOptions`)."""
     params, key = _query(options)
     path = f"/v1/ppr/{quote(str(node), safe='')}"
-    return Call("GET", path, PprAnswer.model_validate, params=params, idempotency_key=key)
+    return Call("GET", path, PprAnswer.model_validate_json, params=params, idempotency_key=key)
 
 
 def batch(nodes: Sequence[NodeId], **options: Unpack[QueryOptions]) -> Call[BatchAnswer]:
@@ -170,12 +170,14 @@ def batch(nodes: Sequence[NodeId], **options: Unpack[QueryOptions]) -> Call[Batc
     :class:`QueryOptions`)."""
     fields, key = _query(options)
     body = {"nodes": [str(node) for node in nodes], **fields}
-    return Call("POST", "/v1/ppr/batch", BatchAnswer.model_validate, body=body, idempotency_key=key)
+    return Call(
+        "POST", "/v1/ppr/batch", BatchAnswer.model_validate_json, body=body, idempotency_key=key
+    )
 
 
 def budget() -> Call[Budget]:
     """``GET /v1/me/budget``: the caller's own budget."""
-    return Call("GET", "/v1/me/budget", Budget.model_validate)
+    return Call("GET", "/v1/me/budget", Budget.model_validate_json)
 
 
 # -- admin -----------------------------------------------------------------------------------
@@ -191,7 +193,9 @@ def list_accounts(
 
 def get_account(account_id: int) -> Call[AccountWithBudget]:
     """``GET /v1/admin/accounts/{account_id}``."""
-    return Call("GET", f"/v1/admin/accounts/{int(account_id)}", AccountWithBudget.model_validate)
+    return Call(
+        "GET", f"/v1/admin/accounts/{int(account_id)}", AccountWithBudget.model_validate_json
+    )
 
 
 def create_account(
@@ -218,7 +222,11 @@ def create_account(
         quota_epsilon=quota_epsilon,
     )
     return Call(
-        "POST", "/v1/admin/accounts", CreatedAccount.model_validate, body=body, resend_safe=False
+        "POST",
+        "/v1/admin/accounts",
+        CreatedAccount.model_validate_json,
+        body=body,
+        resend_safe=False,
     )
 
 
@@ -228,7 +236,7 @@ def set_budget(
     """``PUT /v1/admin/accounts/{account_id}/budget``: a new cap and/or delta."""
     body = _given(cap_epsilon=cap_epsilon, delta=delta)
     return Call(
-        "PUT", f"/v1/admin/accounts/{int(account_id)}/budget", Budget.model_validate, body=body
+        "PUT", f"/v1/admin/accounts/{int(account_id)}/budget", Budget.model_validate_json, body=body
     )
 
 
@@ -253,7 +261,7 @@ def set_scopes(
     return Call(
         "PUT",
         f"/v1/admin/accounts/{int(account_id)}/scopes",
-        AccountModel.model_validate,
+        AccountModel.model_validate_json,
         body=body,
     )
 
@@ -269,14 +277,14 @@ def create_key(account_id: int) -> Call[NewApiKey]:
     return Call(
         "POST",
         f"/v1/admin/accounts/{int(account_id)}/keys",
-        NewApiKey.model_validate,
+        NewApiKey.model_validate_json,
         resend_safe=False,
     )
 
 
 def revoke_key(key_id: int) -> Call[ApiKey]:
     """``POST /v1/admin/keys/{key_id}/revoke`` (idempotent)."""
-    return Call("POST", f"/v1/admin/keys/{int(key_id)}/revoke", ApiKey.model_validate)
+    return Call("POST", f"/v1/admin/keys/{int(key_id)}/revoke", ApiKey.model_validate_json)
 
 
 def list_charges(
@@ -294,15 +302,17 @@ def audit_log(*, limit: int | None = None) -> Call[list[AuditEntry]]:
 
 def exposure(*, delta: float | None = None) -> Call[Exposure]:
     """``GET /v1/admin/exposure``: the graph-wide composed exposure of all accounts."""
-    return Call("GET", "/v1/admin/exposure", Exposure.model_validate, params=_given(delta=delta))
+    return Call(
+        "GET", "/v1/admin/exposure", Exposure.model_validate_json, params=_given(delta=delta)
+    )
 
 
 def graph_info() -> Call[GraphInfo]:
     """``GET /v1/admin/graph``: the loaded graph's version, size and degrees."""
-    return Call("GET", "/v1/admin/graph", GraphInfo.model_validate)
+    return Call("GET", "/v1/admin/graph", GraphInfo.model_validate_json)
 
 
 def reload_graph() -> Call[GraphInfo]:
     """``POST /v1/admin/graph/reload``: load the graph again and swap it in (a broken file
     raises ``GraphLoadError`` and the old graph keeps serving)."""
-    return Call("POST", "/v1/admin/graph/reload", GraphInfo.model_validate)
+    return Call("POST", "/v1/admin/graph/reload", GraphInfo.model_validate_json)
