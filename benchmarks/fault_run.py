@@ -10,6 +10,11 @@ stopped and restarted. Then it stops the server and runs ``ledger reconcile`` an
 
     .venv/bin/python benchmarks/fault_run.py --generate 100000,1000000 --kill-every 10
     .venv/bin/python benchmarks/fault_run.py --own-postgres --restart-postgres-every 15
+    .venv/bin/python benchmarks/fault_run.py --driver client --kill-every 3
+
+``--driver client`` sends the queries with ``service.client.AsyncPprClient`` (its own retries,
+the same key on each) instead of the hand-written retry loop, and counts every HTTP attempt
+at its transport.
 
 Sends traffic only to 127.0.0.1. Not part of the test suite.
 """
@@ -163,6 +168,67 @@ async def drive(
     return {"outcomes": outcomes, "attempts": attempts, "statuses": statuses}
 
 
+class CountingTransport(httpx.AsyncBaseTransport):
+    """The client's transport, counting every HTTP attempt by key and by status."""
+
+    def __init__(self, concurrency: int) -> None:
+        limits = httpx.Limits(max_connections=concurrency)
+        self.inner = httpx.AsyncHTTPTransport(limits=limits)
+        self.attempts: Counter[str] = Counter()
+        self.statuses: Counter[str] = Counter()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.attempts[request.headers.get("idempotency-key", "")] += 1
+        try:
+            response = await self.inner.handle_async_request(request)
+        except httpx.TransportError as exc:
+            self.statuses[type(exc).__name__] += 1
+            raise
+        self.statuses[str(response.status_code)] += 1
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def drive_client(
+    base_url: str, key: str, nodes: list[str], args: argparse.Namespace, stop_at: float
+) -> dict[str, Any]:
+    """As :func:`drive`, with the typed client's retries; a call that exhausts them is called
+    again with the same key until the deadline (as a backend would)."""
+    from service.client import AsyncPprClient, PprClientError, RetryPolicy
+
+    outcomes: dict[str, Any] = {}
+    transport = CountingTransport(args.concurrency)
+    sem = asyncio.Semaphore(args.concurrency)
+    policy = RetryPolicy(attempts=8, backoff=0.25, max_backoff=2.0)
+    async with AsyncPprClient(base_url, key, retry=policy, transport=transport) as ppr:
+
+        async def one(i: int) -> None:
+            idem = f"fault-{args.run_id}-{i}"
+            node = random.choice(nodes)
+            asks = 2 if args.reask else 1
+            while time.monotonic() < stop_at and asks > 0:
+                try:
+                    async with sem:
+                        answer = await ppr.ppr(
+                            node, mode="edge", epsilon=args.epsilon, k=10, idempotency_key=idem
+                        )
+                except PprClientError:
+                    await asyncio.sleep(0.5)
+                    continue
+                results = [r.model_dump() for r in answer.results]
+                previous = outcomes.get(idem)
+                if previous is not None and previous["results"] != results:
+                    outcomes[idem + "#conflict"] = results
+                outcomes[idem] = {"results": results, "replayed": answer.replayed}
+                asks -= 1
+            outcomes.setdefault(idem, None)
+
+        await asyncio.gather(*(one(i) for i in range(args.requests)))
+    return {"outcomes": outcomes, "attempts": transport.attempts, "statuses": transport.statuses}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base-url", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
@@ -180,6 +246,8 @@ def main() -> int:
     parser.add_argument("--deadline", type=float, default=600.0, help="seconds for the run")
     parser.add_argument("--reconcile-after", type=float, default=15.0)
     parser.add_argument("--reask", action="store_true", help="ask every key twice")
+    parser.add_argument("--driver", choices=("raw", "client"), default="raw",
+                        help="raw: a retry loop here; client: service.client")  # fmt: skip
     parser.add_argument("--run-id", default=str(int(time.time())))
     args = parser.parse_args()
 
@@ -259,7 +327,8 @@ def main() -> int:
             t.start()
         nodes = [str(i) for i in range(n)]
         t0 = time.perf_counter()
-        result = asyncio.run(drive(base, key, nodes, args, time.monotonic() + args.deadline))
+        driver = drive_client if args.driver == "client" else drive
+        result = asyncio.run(driver(base, key, nodes, args, time.monotonic() + args.deadline))
         elapsed = time.perf_counter() - t0
         server_exit = server.poll()
         stop.set()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -31,9 +32,10 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'ledger.db'}"
 
 
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    """A fresh database, unique per test (safe under pytest-xdist), dropped after the test."""
+@contextmanager
+def postgres_database() -> Iterator[str]:
+    """A fresh, uniquely named database (safe under pytest-xdist), dropped afterwards; skips
+    the test if the server does not answer."""
     global _postgres_unreachable
     base = make_url(POSTGRES_BASE_URL)
     shown = base.render_as_string(hide_password=True)
@@ -53,6 +55,13 @@ def postgres_url() -> Iterator[str]:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         admin.dispose()
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh database, unique per test (safe under pytest-xdist), dropped after the test."""
+    with postgres_database() as url:
+        yield url
 
 
 @pytest.fixture(
