@@ -33,6 +33,7 @@ def test_ids_beyond_the_columns_are_422_not_500(client: TestClient, accounts: Ac
         calls = [
             client.get(f"/v1/admin/accounts/{big}", headers=admin),
             client.put(f"/v1/admin/accounts/{big}/budget", json={"cap_epsilon": 1}, headers=admin),
+            client.put(f"/v1/admin/accounts/{big}/scopes", json={"modes": ["edge"]}, headers=admin),
             client.get(f"/v1/admin/accounts/{big}/keys", headers=admin),
             client.post(f"/v1/admin/accounts/{big}/keys", headers=admin),
             client.post(f"/v1/admin/keys/{big}/revoke", headers=admin),

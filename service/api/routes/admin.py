@@ -111,7 +111,9 @@ def set_budget(
 
 
 @router.put("/accounts/{account_id}/scopes", response_model=Account, responses=_ERRORS)
-def set_scopes(account_id: int, body: SetScopes, runtime: RuntimeDep, admin: AdminDep) -> Account:
+def set_scopes(
+    account_id: AccountIdPath, body: SetScopes, runtime: RuntimeDep, admin: AdminDep
+) -> Account:
     """Change a service account's scopes (audited): the modes it may query (personalized mode
     charges seed users' budgets and must be granted explicitly), whether it may create seed
     users' accounts, and its 24-hour quota of eps charged to other accounts."""
