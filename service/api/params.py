@@ -61,6 +61,7 @@ NodeIdPath = Annotated[
 
 # JSON body fields.
 NodeIdField = Annotated[str, Field(min_length=1, max_length=NODE_ID_MAX, pattern=PRINTABLE)]
+GraphFileField = Annotated[str, Field(min_length=1, max_length=1024, pattern=PRINTABLE)]
 LabelField = Annotated[str, Field(max_length=200, pattern=PRINTABLE)]
 CapEpsilonField = Annotated[
     float,
