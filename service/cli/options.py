@@ -44,6 +44,11 @@ def positive_float(text: str) -> float:
     return _number("number", 0.0, math.inf, low_open=True, high_open=True, cast=float)(text)
 
 
+def seconds(text: str) -> float:
+    """A duration in seconds, 0 up to a day."""
+    return _number("number", 0.0, 86400.0, low_open=False, high_open=False, cast=float)(text)
+
+
 def open_unit_float(text: str) -> float:
     return _number("number", 0.0, 1.0, low_open=True, high_open=True, cast=float)(text)
 
