@@ -96,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
         f"soak: serve --workers {args.workers} on 127.0.0.1:{args.port}, ledger "
         f"{_shown(database_url)}, redis {_shown(redis_url) if redis_url else 'none'}, graph "
         f"{graph.n:,} nodes / {graph.m:,} edges; {args.minutes:g} min at "
-        f"{args.load_fraction:.0%} of measured throughput",
+        f"{args.load_fraction:.0%} of measured throughput; in-process prefix cache up to "
+        f"{settings.prefix_cache_bytes / 2**20:.0f} MiB per worker (PPR_PREFIX_CACHE_BYTES: "
+        f"it fills as new seeds are queried, so RSS grows by up to that much before any leak)",
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="ppr-soak-") as tmp:
