@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test lint typecheck check bench clean
+.PHONY: install serve test fuzz lint typecheck check bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,12 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+
+# Schemathesis over every endpoint with user, service and admin keys, on SQLite and on
+# PostgreSQL + Redis, with many more examples than the suite's run (FUZZ_EXAMPLES per mode).
+FUZZ_EXAMPLES ?= 60
+fuzz: $(STAMP)
+	PPR_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -n 2 -q tests/test_api_fuzz.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check service tests benchmarks

@@ -62,6 +62,11 @@ class Settings(MechanismSettings):
     model_config = SettingsConfigDict(env_prefix="PPR_", extra="ignore")
 
     graph_path: Path | None = Field(None, description="Edge-list file; unset: the demo graph.")
+    graph_dir: Path | None = Field(
+        None,
+        description="Directory an admin may load graph files from by name "
+        '(POST /v1/admin/graph/reload {"path": ...}); unset: only the configured file.',
+    )
     database_url: str = Field("sqlite:///./ppr-ledger.db", description="SQLAlchemy URL.")
     auto_migrate: bool = Field(False, description="Run migrations at start-up.")
     redis_url: str | None = Field(None, description="Redis URL; unset: in-process caches.")

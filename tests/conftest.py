@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, make_url
@@ -80,3 +81,23 @@ def ledger(ledger_url: str) -> Iterator[Ledger]:
     opened = Ledger.from_url(ledger_url)
     yield opened
     opened.dispose()
+
+
+#: A test's ``record_property`` under this name is printed in the run's summary (with xdist too).
+SUMMARY_PROPERTY = "summary"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print what tests recorded as their summary (e.g. the Schemathesis request counts)."""
+    lines = [
+        str(value)
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "call"
+        for name, value in getattr(report, "user_properties", ())
+        if name == SUMMARY_PROPERTY
+    ]
+    if lines:
+        terminalreporter.section("summaries")
+        for line in lines:
+            terminalreporter.write_line(line)

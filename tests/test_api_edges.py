@@ -5,12 +5,14 @@ on the embedded default and on PostgreSQL + Redis alike."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from service.api.params import ID_MAX
+from service.graph.generate import write_generated_edge_list
 from tests.api_support import Backend, bearer, running_app
 from tests.test_api import (  # fixtures by name
     Accounts,
@@ -33,6 +35,7 @@ def test_ids_beyond_the_columns_are_422_not_500(client: TestClient, accounts: Ac
         calls = [
             client.get(f"/v1/admin/accounts/{big}", headers=admin),
             client.put(f"/v1/admin/accounts/{big}/budget", json={"cap_epsilon": 1}, headers=admin),
+            client.put(f"/v1/admin/accounts/{big}/scopes", json={"modes": ["edge"]}, headers=admin),
             client.get(f"/v1/admin/accounts/{big}/keys", headers=admin),
             client.post(f"/v1/admin/accounts/{big}/keys", headers=admin),
             client.post(f"/v1/admin/keys/{big}/revoke", headers=admin),
@@ -173,3 +176,39 @@ def test_the_schema_states_bounds_and_errors(client: TestClient) -> None:
     assert {"400", "413", "500", "503"} <= set(create["responses"])
     health = schema["paths"]["/healthz"]["get"]
     assert set(health["responses"]) == {"200"}
+
+
+def test_graph_reload_loads_only_files_inside_the_graph_directory(
+    backend: Backend, tmp_path: Path
+) -> None:
+    graphs = tmp_path / "graphs"
+    (graphs / "2026-11").mkdir(parents=True)
+    write_generated_edge_list(graphs / "2026-11" / "edges.txt", 300, 1500, seed=3)
+    (graphs / "out").symlink_to(backend.graph_path)  # a link pointing out of the directory
+    reload = "/v1/admin/graph/reload"
+
+    with running_app(backend) as client:  # no PPR_GRAPH_DIR: only the configured file
+        admin = bearer(Accounts(client).admin_key)
+        refused(client.post(reload, json={"path": "x.txt"}, headers=admin), 422,
+                "invalid_parameter")  # fmt: skip
+        assert client.post(reload, headers=admin).status_code == 200  # no body: as before
+
+    with running_app(backend, graph_dir=graphs) as client:
+        admin = bearer(Accounts(client).admin_key)
+        before = client.get("/v1/admin/graph", headers=admin).json()
+        for bad in ("../graph.txt", str(backend.graph_path), "out", "missing.txt", ".", "a\x00"):
+            answer = client.post(reload, json={"path": bad}, headers=admin)
+            refused(answer, 422, "invalid_parameter")
+            assert answer.json()["error"]["details"]["parameter"] == "path", answer.text
+        for bad_body in ({"file": "2026-11/edges.txt"}, ["2026-11/edges.txt"], {"path": 3}):
+            refused(client.post(reload, json=bad_body, headers=admin), 422, "invalid_parameter")
+        assert client.get("/v1/admin/graph", headers=admin).json()["version"] == before["version"]
+
+        loaded = client.post(reload, json={"path": "2026-11/edges.txt"}, headers=admin)
+        assert loaded.status_code == 200, loaded.text
+        assert loaded.json()["nodes"] == 300 and loaded.json()["version"] != before["version"]
+        assert loaded.json()["source"] == str((graphs / "2026-11" / "edges.txt").resolve())
+        again = client.post(reload, json={}, headers=admin)  # the chosen file stays current
+        assert again.status_code == 200 and again.json()["source"] == loaded.json()["source"]
+        audit = client.get("/v1/admin/audit", headers=admin).json()
+        assert any(e["action"] == "graph.reload" for e in audit)

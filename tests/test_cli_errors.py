@@ -36,6 +36,11 @@ def fails(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["serve", "--port", "99999"], "must be in [1, 65535], got 99999"),
         (["bench", "--demo", "--epsilon", "nan"], "expected a finite number, got 'nan'"),
         (["bench", "--demo", "--queries", "x"], "expected an integer, got 'x'"),
+        (["accounts", "list", "--offset", str(2**70)], "must be in [0, 2147483647]"),
+        (["accounts", "list", "--offset", "-1"], "must be in [0, 2147483647], got -1"),
+        (["accounts", "list", "--limit", str(2**70)], "must be in [1, 1000]"),
+        (["accounts", "create", "--type", "service", "--label", "a\tb"], "control characters"),
+        (["db", "upgrade", "--wait", "-1"], "must be in [0, 86400], got -1"),
     ],
 )
 def test_bad_flags_name_the_flag(
@@ -68,6 +73,22 @@ def test_bad_environment_names_the_variable(
         monkeypatch.setenv(name, value)
     line = fails(argv, capsys)
     assert line.startswith("error [invalid_parameter]: ") and expected in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "name"),
+    [
+        (["accounts", "budget", str(2**31)], "ACCOUNT_ID"),
+        (["accounts", "set-budget", str(2**63), "--cap", "1"], "ACCOUNT_ID"),
+        (["accounts", "set-scopes", "0", "--modes", "edge"], "ACCOUNT_ID"),
+        (["accounts", "revoke-key", str(10**30)], "KEY_ID"),
+    ],
+)
+def test_ids_beyond_the_ledger_columns_name_the_argument(
+    argv: list[str], name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = fails(argv, capsys)
+    assert f"argument {name}: must be in [1, 2147483647]" in line
 
 
 def test_a_closed_pipe_is_one_line_not_a_traceback() -> None:

@@ -42,6 +42,10 @@ _HTTP_CODES = {
 }
 
 
+#: Where FastAPI says a request value came from (the first part of a validation error's loc).
+_LOCATIONS = ("query", "path", "body", "header", "cookie")
+
+
 def error_response(
     status: int, body: dict[str, Any], headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
@@ -75,9 +79,14 @@ async def handle_validation_error(request: Request, exc: Exception) -> JSONRespo
             400,
             {"code": "malformed_json", "message": f"the body is not valid JSON: {where}".strip()},
         )
-    loc = [str(part) for part in first.get("loc", ()) if part not in ("query", "path", "body")]
-    name = ".".join(loc) or "request"
-    if first.get("loc", ("",))[0] == "header":
+    where_from, *inside = first.get("loc", ("",)) or ("",)
+    loc = (
+        [str(part) for part in inside]
+        if where_from in _LOCATIONS
+        else [str(where_from), *map(str, inside)]
+    )
+    name = ".".join(part for part in loc if part) or "request"
+    if where_from == "header":
         name = loc[-1] if loc else "header"
     reason = str(first.get("msg", "is not valid")).removeprefix("Value error, ")
     given = first.get("input")

@@ -10,6 +10,7 @@ from service.api.params import (
     BoolField,
     CapEpsilonField,
     DeltaField,
+    GraphFileField,
     LabelField,
     NodeIdField,
     QuotaEpsilonField,
@@ -211,6 +212,18 @@ class Charge(BaseModel):
     def of(cls, record: ChargeRecord) -> Charge:
         fields = {k: v for k, v in record.__dict__.items() if k != "params"}
         return cls(**fields)
+
+
+class ReloadGraph(BaseModel):
+    """What ``POST /v1/admin/graph/reload`` may carry: nothing (reload the current file), or
+    the name of a file inside ``PPR_GRAPH_DIR`` to load instead."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: GraphFileField | None = Field(
+        None,
+        description="A graph file inside PPR_GRAPH_DIR, relative to it (e.g. "
+        "`2026-11/edges.txt.gz`); absent: reload the current file.",
+    )
 
 
 class GraphInfo(BaseModel):

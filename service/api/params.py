@@ -14,19 +14,12 @@ from typing import Annotated, Any
 from fastapi import Path, Query
 from pydantic import BeforeValidator, Field, StrictBool
 
+from service.bounds import ID_MAX, LABEL_MAX, LIMIT_MAX, OFFSET_MAX, PRINTABLE
 from service.budgets import CAP_EPSILON_MAX, CAP_EPSILON_MIN, DELTA_MAX, DELTA_MIN
 from service.graph.loader import MAX_ID_BYTES
 
-#: Largest id of a ledger row (the ``integer`` columns of PostgreSQL).
-ID_MAX = 2**31 - 1
-#: Largest ``offset`` of a list endpoint.
-OFFSET_MAX = 2**31 - 1
-#: Largest ``limit`` of a list endpoint.
-LIMIT_MAX = 1000
 #: Longest node id: the loader accepts ids of at most this many bytes of UTF-8.
 NODE_ID_MAX = MAX_ID_BYTES
-#: Printable text only: no C0 control characters (NUL, newline, ...) and no DEL.
-PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
 #: Hard bounds of ``k`` and ``epsilon`` (the configured ranges lie inside; the schema served by
 #: a running service states the configured ones).
 K_LIMIT = 10_000
@@ -61,7 +54,8 @@ NodeIdPath = Annotated[
 
 # JSON body fields.
 NodeIdField = Annotated[str, Field(min_length=1, max_length=NODE_ID_MAX, pattern=PRINTABLE)]
-LabelField = Annotated[str, Field(max_length=200, pattern=PRINTABLE)]
+GraphFileField = Annotated[str, Field(min_length=1, max_length=1024, pattern=PRINTABLE)]
+LabelField = Annotated[str, Field(max_length=LABEL_MAX, pattern=PRINTABLE)]
 CapEpsilonField = Annotated[
     float,
     Field(

@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "bench",
     "serve",
     "loadtest",
+    "soak",
     "accounts",
     "ledger",
     "db",

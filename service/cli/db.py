@@ -7,6 +7,8 @@ PPR_AUTO_MIGRATE=true); everything else refuses an out-of-date database with the
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -53,7 +55,7 @@ def _engine(args: argparse.Namespace) -> Iterator[Engine]:
     except OperationalError as exc:
         where = engine.url.render_as_string(hide_password=True)
         raise LedgerUnavailable(
-            f"cannot reach the ledger database {where}: {str(exc.orig).strip()}"
+            f"cannot reach the ledger database {where}: {' '.join(str(exc.orig).split())}"
         ) from exc
     finally:
         engine.dispose()
@@ -77,14 +79,36 @@ def register(subparsers: Any) -> None:
         add_database_argument(sub)
         if name != "upgrade":
             sub.add_argument("--json", action="store_true", help="print a JSON object")
+        else:
+            sub.add_argument(
+                "--wait",
+                metavar="SECONDS",
+                type=options.seconds,
+                default=0.0,
+                help="retry for up to SECONDS while the database does not answer (a container "
+                "starting beside it); default 0: fail at once",
+            )
         sub.set_defaults(handler=handler)
 
 
+#: Pause between attempts of ``db upgrade --wait``.
+_RETRY_SECONDS = 1.0
+
+
 def _upgrade(args: argparse.Namespace) -> int:
-    with _engine(args) as engine:
-        upgrade_engine(engine)
-        check_migrated(engine)
-        status = describe_status(engine)
+    deadline = time.monotonic() + args.wait
+    while True:
+        try:
+            with _engine(args) as engine:
+                upgrade_engine(engine)
+                check_migrated(engine)
+                status = describe_status(engine)
+            break
+        except LedgerUnavailable as exc:
+            if time.monotonic() + _RETRY_SECONDS > deadline:
+                raise
+            print(f"waiting for the ledger database: {exc}", file=sys.stderr, flush=True)
+            time.sleep(_RETRY_SECONDS)
     print(f"ledger {status['database']} is at revision {', '.join(status['current'])} (head)")
     return 0
 

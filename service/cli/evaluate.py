@@ -36,7 +36,10 @@ def register(subparsers: Any) -> None:
         "seeds (degree >= 1): NDCG@k and Recall@k with the seed excluded, and beyond the "
         "seed's neighbours, as means with 95% t-intervals.",
     )
-    parser.add_argument("--graph", required=True, metavar="FILE", help="edge-list file")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--graph", metavar="FILE", help="edge-list file")
+    source.add_argument("--demo", action="store_true",
+                        help="the built-in 10,000-node demo graph (no file needed)")  # fmt: skip
     parser.add_argument("--epsilon", type=positive_float, nargs="+", required=True,
                         metavar="E", help="per-query epsilon(s)")  # fmt: skip
     parser.add_argument("--seeds", type=positive_int, default=20, help="seeds to sample")
@@ -100,9 +103,14 @@ def run(args: argparse.Namespace) -> int:
         args.epsilon, args.seeds, args.k, args.eta, args.delta, args.beta, args.steps,
         args.mechanisms, args.sigma, args.popular_epsilon,
     )  # fmt: skip
-    from service.graph.loader import load_edge_list
+    if args.demo:
+        from service.graph.demo import demo_graph
 
-    graph = load_edge_list(args.graph)
+        graph = demo_graph()
+    else:
+        from service.graph.loader import load_edge_list
+
+        graph = load_edge_list(args.graph)
     _progress(f"graph: {graph.n} nodes, {graph.m} edges")
     notes: list[str] = []
     rows = evaluate(

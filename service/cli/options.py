@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 
+from service.bounds import ID_MAX, LABEL_MAX, LIMIT_MAX, OFFSET_MAX, PRINTABLE
 from service.budgets import CAP_EPSILON_MAX, CAP_EPSILON_MIN, DELTA_MAX, DELTA_MIN
 from service.urls import check_database_url, check_redis_url
+
+
+def _shown(bound: float) -> str:
+    """A bound as written: whole numbers in full (2147483647, not 2.14748e+09)."""
+    if math.isfinite(bound) and float(bound).is_integer() and abs(bound) < 1e16:
+        return str(int(bound))
+    return f"{bound:g}"
 
 
 def _number(
@@ -33,7 +42,7 @@ def _number(
             left = "(" if low_open else "["
             right = ")" if high_open else "]"
             raise argparse.ArgumentTypeError(
-                f"must be in {left}{low:g}, {high:g}{right}, got {text}"
+                f"must be in {left}{_shown(low)}, {_shown(high)}{right}, got {text}"
             )
         return value
 
@@ -42,6 +51,35 @@ def _number(
 
 def positive_float(text: str) -> float:
     return _number("number", 0.0, math.inf, low_open=True, high_open=True, cast=float)(text)
+
+
+def account_id(text: str) -> int:
+    return int(_number("account id", 1, ID_MAX, low_open=False, high_open=False, cast=int)(text))
+
+
+def key_id(text: str) -> int:
+    return int(_number("key id", 1, ID_MAX, low_open=False, high_open=False, cast=int)(text))
+
+
+def offset(text: str) -> int:
+    return int(_number("integer", 0, OFFSET_MAX, low_open=False, high_open=False, cast=int)(text))
+
+
+def limit(text: str) -> int:
+    return int(_number("integer", 1, LIMIT_MAX, low_open=False, high_open=False, cast=int)(text))
+
+
+def label(text: str) -> str:
+    if len(text) > LABEL_MAX:
+        raise argparse.ArgumentTypeError(f"at most {LABEL_MAX} characters, got {len(text)}")
+    if re.fullmatch(PRINTABLE, text) is None:
+        raise argparse.ArgumentTypeError("must not contain control characters (tab, newline, ...)")
+    return text
+
+
+def seconds(text: str) -> float:
+    """A duration in seconds, 0 up to a day."""
+    return _number("number", 0.0, 86400.0, low_open=False, high_open=False, cast=float)(text)
 
 
 def open_unit_float(text: str) -> float:

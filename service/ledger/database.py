@@ -44,7 +44,19 @@ class LedgerGridMismatch(LedgerNotMigrated):
 
 
 def migrations_dir() -> Path:
-    return Path(service.__file__).resolve().parents[1] / "migrations"
+    """The Alembic migrations: inside the installed package (a wheel ships them as
+    ``service/migrations``), else the top-level ``migrations/`` of a source checkout."""
+    package = Path(service.__file__).resolve().parent
+    packaged = package / "migrations"
+    if (packaged / "env.py").is_file():
+        return packaged
+    checkout = package.parent / "migrations"
+    if (checkout / "env.py").is_file():
+        return checkout
+    raise FileNotFoundError(
+        f"the ledger's migrations are missing: neither {packaged} (an installed wheel) nor "
+        f"{checkout} (a source checkout) holds env.py; reinstall the package"
+    )
 
 
 def is_sqlite(engine: Engine | Connection) -> bool:

@@ -41,6 +41,27 @@ def served(
 ) -> Iterator[str]:
     """``serve`` on 127.0.0.1:``port`` (migrating the ledger first); yields its base URL once
     every worker has loaded the graph, and stops it afterwards."""
+    with served_process(
+        port=port, workers=workers, graph=graph, database_url=database_url,
+        redis_url=redis_url, log_path=log_path, extra_env=extra_env,
+        ready_timeout_s=ready_timeout_s,
+    ) as (base_url, _):  # fmt: skip
+        yield base_url
+
+
+@contextmanager
+def served_process(
+    *,
+    port: int,
+    workers: int,
+    graph: Path | None,
+    database_url: str,
+    redis_url: str | None,
+    log_path: Path,
+    extra_env: dict[str, str] | None = None,
+    ready_timeout_s: float = 180.0,
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """As ``served``, yielding the server's process too (its children are the workers)."""
     command = [
         sys.executable, "-m", "service", "serve", "--host", "127.0.0.1", "--port", str(port),
         "--workers", str(workers), "--database-url", database_url, "--auto-migrate",
@@ -69,7 +90,7 @@ def served(
             if time.monotonic() > deadline:
                 raise ServiceError(f"the server was not ready in {ready_timeout_s:.0f} s")
             time.sleep(0.2)
-        yield base_url
+        yield base_url, proc
     finally:
         proc.terminate()
         try:

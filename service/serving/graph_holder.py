@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from service.errors import InvalidParameter
 from service.graph.model import Graph
 from service.mechanisms.operator import walk_operator
 
@@ -36,6 +37,30 @@ def load_configured_graph(path: Path | None) -> Graph:
     from service.graph.loader import load_edge_list
 
     return load_edge_list(path)
+
+
+def graph_file_in(directory: Path | None, name: str) -> Path:
+    """The file ``name`` names inside ``directory`` (``PPR_GRAPH_DIR``), and never elsewhere.
+
+    ``name`` is relative to the directory; after resolving ``..`` and symbolic links the file
+    must still lie inside it and exist. Raises ``InvalidParameter("path", ...)`` otherwise, and
+    when no directory is configured.
+    """
+    if directory is None:
+        raise InvalidParameter(
+            "path",
+            "loading a graph from a chosen file is off: set PPR_GRAPH_DIR to the directory "
+            "admins may load graph files from (or reload the configured file with no body)",
+        )
+    if not name or "\x00" in name or Path(name).is_absolute():
+        raise InvalidParameter("path", "must be a file name relative to PPR_GRAPH_DIR")
+    root = directory.resolve()
+    candidate = (root / name).resolve()
+    if not candidate.is_relative_to(root) or candidate == root:
+        raise InvalidParameter("path", "must name a file inside PPR_GRAPH_DIR")
+    if not candidate.is_file():
+        raise InvalidParameter("path", f"no such file in PPR_GRAPH_DIR: {name!r}")
+    return candidate
 
 
 class GraphHolder:
@@ -66,15 +91,19 @@ class GraphHolder:
             raise RuntimeError("no graph loaded yet")
         return loaded.graph
 
-    def load(self) -> LoadedGraph:
-        """Load from the configured location and swap it in; the old graph serves until then."""
+    def load(self, path: Path | None = None) -> LoadedGraph:
+        """Load from ``path`` (default: the current location) and swap it in; the old graph
+        serves until then. A new ``path`` becomes the current location only if it loads."""
         with self._reload_lock:
             start = time.perf_counter()
-            graph = self._loader(self._path)
+            source_path = path if path is not None else self._path
+            graph = self._loader(source_path)
             walk_operator(graph)  # build the kernel before the graph takes traffic
             if self._on_load is not None:
                 self._on_load(graph)
-            loaded = LoadedGraph(graph, self.source, time.time(), time.perf_counter() - start)
+            source = str(source_path) if source_path is not None else "demo"
+            loaded = LoadedGraph(graph, source, time.time(), time.perf_counter() - start)
+            self._path = source_path
             self._current = loaded  # a single reference assignment: atomic for readers
             log.info(
                 "graph loaded",

@@ -22,6 +22,7 @@ from service.api.models import (
     Exposure,
     GraphInfo,
     NewApiKey,
+    ReloadGraph,
     SetBudget,
     SetScopes,
 )
@@ -29,6 +30,7 @@ from service.api.params import AccountIdPath, AccountIdQuery, KeyIdPath, Limit, 
 from service.api.runtime import Runtime
 from service.errors import InvalidParameter
 from service.ledger.records import AccountRecord
+from service.serving.graph_holder import graph_file_in
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
@@ -111,7 +113,9 @@ def set_budget(
 
 
 @router.put("/accounts/{account_id}/scopes", response_model=Account, responses=_ERRORS)
-def set_scopes(account_id: int, body: SetScopes, runtime: RuntimeDep, admin: AdminDep) -> Account:
+def set_scopes(
+    account_id: AccountIdPath, body: SetScopes, runtime: RuntimeDep, admin: AdminDep
+) -> Account:
     """Change a service account's scopes (audited): the modes it may query (personalized mode
     charges seed users' budgets and must be granted explicitly), whether it may create seed
     users' accounts, and its 24-hour quota of eps charged to other accounts."""
@@ -215,24 +219,40 @@ def graph_info(runtime: RuntimeDep, admin: AdminDep) -> GraphInfo:
 
 
 @router.post("/graph/reload", response_model=GraphInfo, responses=_ERRORS)
-def reload_graph(runtime: RuntimeDep, admin: AdminDep) -> GraphInfo:
-    """Load the graph again from its configured location and swap it in atomically.
+def reload_graph(
+    runtime: RuntimeDep, admin: AdminDep, body: ReloadGraph | None = None
+) -> GraphInfo:
+    """Load the graph again and swap it in atomically.
 
-    Queries in flight finish on the old version. A broken file leaves the old graph serving
-    and answers with the loader's error (`graph_load_error`, naming file and line). With
-    several workers, each process holds its own graph: reload each (or restart them).
+    With no body (or `{}`), the current file is read again (`PPR_GRAPH_PATH`, or the file last
+    loaded). With `{"path": "NAME"}`, the file NAME inside `PPR_GRAPH_DIR` is loaded instead
+    and becomes the current file; a name that leaves that directory (`..`, an absolute path,
+    a symbolic link pointing out) or a service with no `PPR_GRAPH_DIR` is
+    `422 invalid_parameter`. Queries in flight finish on the old version. A broken file
+    leaves the old graph serving and answers with the loader's error (`graph_load_error`,
+    naming file and line). With several workers, each process holds its own graph: reload
+    each (or restart them).
     """
     previous = runtime.graphs.current.version
+    path = None
+    if body is not None and body.path is not None:
+        path = graph_file_in(runtime.settings.graph_dir, body.path)
     try:
-        loaded = runtime.graphs.load()
+        loaded = runtime.graphs.load(path)
     except Exception as exc:
         runtime.ledger.record_audit(
-            admin.account_id, "graph.reload_failed", details={"error": str(exc)[:500]}
+            admin.account_id,
+            "graph.reload_failed",
+            details={"error": str(exc)[:500], "path": body.path if body else None},
         )
         raise
     runtime.ledger.record_audit(
         admin.account_id,
         "graph.reload",
-        details={"previous_version": previous, "version": loaded.graph.version},
+        details={
+            "previous_version": previous,
+            "version": loaded.graph.version,
+            "source": loaded.source,
+        },
     )
     return _graph_info(runtime)

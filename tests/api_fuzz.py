@@ -1,0 +1,165 @@
+"""Schemathesis over every operation of the served OpenAPI schema, with each kind of key.
+
+Used by the suite (``tests/test_api_fuzz.py``, a few examples per operation and key) and by the
+longer run (``make fuzz``: ``PPR_FUZZ_EXAMPLES`` examples). Requests go through the real app
+(its lifespan open: ledger, graph, caches) by Schemathesis's ASGI transport. Each case is
+generated from the schema, valid (``positive``) or not (``negative``), sent with one account's
+key, and its response checked: never a 5xx, and status code, content type, headers and body
+as the schema documents them. Failures are collected, not raised one by one, so one run shows
+every kind of failure at once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import schemathesis
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from schemathesis import GenerationMode
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
+
+
+@dataclass
+class FuzzReport:
+    """What one run sent and what came back."""
+
+    requests: int = 0
+    statuses: Counter[int] = field(default_factory=Counter)
+    by_operation: Counter[str] = field(default_factory=Counter)
+    failures: dict[str, str] = field(default_factory=dict)  # one example per kind of failure
+
+    @property
+    def server_errors(self) -> int:
+        return sum(n for status, n in self.statuses.items() if status >= 500)
+
+    def add(self, other: FuzzReport) -> None:
+        self.requests += other.requests
+        self.statuses.update(other.statuses)
+        self.by_operation.update(other.by_operation)
+        for kind, example in other.failures.items():
+            self.failures.setdefault(kind, example)
+
+    def table(self, title: str) -> str:
+        statuses = ", ".join(f"{s}: {n}" for s, n in sorted(self.statuses.items()))
+        lines = [
+            f"{title}: {self.requests} requests, {self.server_errors} with a 5xx, "
+            f"{len(self.failures)} kinds of check failure",
+            f"  statuses: {statuses}",
+        ]
+        lines += [f"  FAIL {kind}: {example}" for kind, example in sorted(self.failures.items())]
+        return "\n".join(lines)
+
+
+def fuzz_app(
+    client: TestClient,
+    keys: Mapping[str, str],
+    *,
+    examples: int,
+    own_nodes: Mapping[str, str] | None = None,
+) -> FuzzReport:
+    """Send Schemathesis's coverage cases (boundary values, both modes) and ``examples``
+    generated cases per operation, generation mode and key through ``client``.
+
+    ``keys`` maps a role (``user``, ``service``, ``admin``) to its API key; ``own_nodes`` maps a
+    role to a node it may query, so that answers (not only refusals) are checked as well.
+    ``client`` is a ``TestClient`` whose context (the app's lifespan) is open.
+    """
+    app = client.app
+    schema = schemathesis.openapi.from_dict(app.openapi())  # type: ignore[attr-defined]
+    report = FuzzReport()
+    modes = [GenerationMode.POSITIVE, GenerationMode.NEGATIVE]
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        coverage = list(
+            schema.iter_coverage_cases(
+                operation,
+                generation_modes=modes,
+                generation_config=schema.config.generation_for(operation=operation),
+            )
+        )
+        for role, key in keys.items():
+            sender = _Sender(client, key, report, role)
+            for case in coverage[:COVERAGE_CASES_MAX]:
+                sender.send(case)
+            strategies = [operation.as_strategy(generation_mode=mode) for mode in modes]
+            node = (own_nodes or {}).get(role)
+            if node is not None and "{node_id}" in operation.path:
+                strategies.append(operation.as_strategy(path_parameters={"node_id": node}))
+            _generate(st.one_of(strategies), examples * len(strategies), sender)
+    return report
+
+
+#: Most coverage cases sent per operation and key (they are deterministic boundary values).
+COVERAGE_CASES_MAX = 200
+
+
+@dataclass
+class _Sender:
+    client: TestClient
+    key: str
+    report: FuzzReport
+    role: str
+
+    def send(self, case: schemathesis.Case) -> None:
+        headers = {"Authorization": f"Bearer {self.key}"}
+        kwargs = case.as_transport_kwargs(base_url=str(self.client.base_url), headers=headers)
+        content = kwargs.pop("data", None)
+        if isinstance(content, str):
+            content = content.encode()
+        response = self.client.request(
+            kwargs.pop("method"),
+            kwargs.pop("url"),
+            params=kwargs.pop("params", None),
+            headers=kwargs.pop("headers", None),
+            cookies=kwargs.pop("cookies", None) or None,
+            json=kwargs.pop("json", None) if "json" in kwargs else None,
+            content=content,
+        )
+        label = case.operation.label
+        self.report.requests += 1
+        self.report.statuses[response.status_code] += 1
+        self.report.by_operation[label] += 1
+        try:
+            case.validate_response(response, checks=CHECKS, headers=headers)
+        except Exception as exc:  # a Failure or a group of them: keep one example per kind
+            for failure in getattr(exc, "exceptions", [exc]):
+                kind = f"{label} [{type(failure).__name__}] -> {response.status_code}"
+                self.report.failures.setdefault(
+                    kind,
+                    f"{self.role}: {case.as_curl_command()} :: "
+                    f"{str(failure).splitlines()[0][:300]} :: {response.text[:300]}",
+                )
+
+
+def _generate(strategy: st.SearchStrategy[Any], examples: int, sender: _Sender) -> None:
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],  # no shrinking: collect, do not minimise
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=strategy)
+    def send(case: schemathesis.Case) -> None:
+        sender.send(case)
+
+    send()

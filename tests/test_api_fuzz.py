@@ -1,0 +1,42 @@
+"""Schemathesis over every endpoint with a user, a service and an admin key, on the embedded
+default (SQLite, in-process caches) and on PostgreSQL + Redis: no 5xx, and every response as
+the schema documents it. A few examples per operation here; ``make fuzz`` runs many more
+(``PPR_FUZZ_EXAMPLES``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import pytest
+
+from tests.api_fuzz import fuzz_app
+from tests.api_support import Backend, running_app
+from tests.conftest import SUMMARY_PROPERTY
+from tests.test_api import Accounts, backend  # fixtures by name
+
+EXAMPLES = int(os.environ.get("PPR_FUZZ_EXAMPLES", "4"))
+
+
+# Schemathesis's own strategies use the random module; not this project's code.
+@pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")
+def test_no_5xx_and_every_response_matches_the_schema(
+    backend: Backend, record_property: Callable[[str, object], None]
+) -> None:
+    # A generous rate limit of its own keeps the generated traffic from being mostly 429s.
+    with running_app(backend, rate_limit_per_second=0) as client:
+        accounts = Accounts(client)
+        _, user_key = accounts.user("5", cap_epsilon=1000.0)
+        _, service_key = accounts.service(modes=["edge", "personalized"])
+        keys = {"user": user_key, "service": service_key, "admin": accounts.admin_key}
+        report = fuzz_app(
+            client,
+            keys,
+            examples=EXAMPLES,
+            own_nodes={"user": "5", "service": "7"},
+        )
+    title = f"schemathesis on {backend.name}, {EXAMPLES} examples per operation, mode and key"
+    record_property(SUMMARY_PROPERTY, report.table(title))
+    assert report.requests > 0
+    assert report.server_errors == 0, report.table(backend.name)
+    assert not report.failures, report.table(backend.name)

@@ -1,0 +1,45 @@
+"""``python -m service soak`` end to end, shortened to seconds: it starts ``serve`` with two
+workers, measures, loads, samples each worker's memory and verifies the ledger (the figures
+themselves are never asserted on)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from service.graph.generate import write_generated_edge_list
+from service.loadtest.soak import rss_bytes, worker_pids
+from tests.api_support import free_port
+
+
+def test_rss_and_workers_of_a_missing_process_are_empty() -> None:
+    assert rss_bytes(os.getpid()) is not None and rss_bytes(os.getpid()) > 0  # type: ignore[operator]
+    assert rss_bytes(2**22 + 12345) is None
+    assert worker_pids(2**22 + 12345) == []
+
+
+@pytest.mark.slow
+def test_a_short_soak_reports_errors_memory_per_worker_and_verifies(tmp_path: Path) -> None:
+    graph = tmp_path / "graph.txt"
+    write_generated_edge_list(graph, 300, 1500, seed=3)
+    command = [
+        sys.executable, "-m", "service", "soak", "--minutes", "0.1", "--interval", "2",
+        "--measure-seconds", "2", "--concurrency", "4", "--workers", "2",
+        "--port", str(free_port()), "--graph", str(graph),
+        "--database-url", f"sqlite:///{tmp_path / 'ledger.db'}",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PPR_")}
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, check=False, env=env
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert re.search(r"^requests: [\d,]+ in 6 s .* errors: 0 ", out, re.M), out
+    workers = re.findall(r"^\| (\d+) \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [+-][\d.]+ \|$", out, re.M)
+    assert len(workers) == 2, out
+    assert "mismatches 0, admitted without release 0: ledger OK" in out
