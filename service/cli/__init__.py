@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "accounts",
     "ledger",
     "db",
+    "batch",
 )
 
 
