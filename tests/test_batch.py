@@ -33,6 +33,7 @@ from tests.test_cache import REDIS_URL
 SEEDS = 520
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_a_worker_killed_mid_run_then_a_rerun_charges_every_user_exactly_once(
     postgres_url: str, tmp_path: Path
@@ -86,10 +87,11 @@ def test_a_retried_block_replays_its_stored_seeds_and_refunds_the_dead_charge(
     summary = run_batch(
         options(url, graph, seeds, tmp_path / "r.parquet", run_id="retry", failure=kill, retries=2)
     )
-    assert summary.failed == 0 and answered_or_replayed(summary) == count
-    assert summary.reconciled >= 1
-    # Seeds a lost attempt had stored come back as replays: charged once, not twice.
-    assert summary.answered + summary.replayed == count
+    assert summary.failed == 0 and summary.reconciled >= 1
+    # Seeds a lost attempt had stored are replayed by the retry, not charged again; the
+    # summary still counts them as charged by this run.
+    assert (summary.answered, summary.replayed) == (count, 0)
+    assert summary.epsilon_charged == pytest.approx(0.1 * count, rel=1e-4)
     charges = assert_exactly_once(url, "retry", [str(i) for i in range(count)])
     assert sum(1 for c in charges if c[1] == "refunded") == summary.reconciled
 

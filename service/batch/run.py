@@ -271,6 +271,7 @@ def run_batch(
             exclude_neighbors=options.exclude_neighbors,
             create_missing_accounts=options.create_missing_accounts,
             graph_path=str(graph_path.resolve()) if graph_path is not None else None,
+            invocation=secrets.token_hex(4),
             failure=options.failure,
         )
         _check_query(spec, graph, ledger)

@@ -49,9 +49,11 @@ def seed_idempotency_key(
     return "batchrun-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:48]
 
 
-def seed_request_id(run_id: str, node: str) -> str:
-    """The request id recorded on the seed's charge: names the run in the audit trail."""
-    return f"batch:{run_id}:{node}"
+def seed_request_id(run_id: str, invocation: str, node: str) -> str:
+    """The request id recorded on the seed's charge and release: names the run (and which
+    invocation of it, so a release stored by a lost attempt of this same invocation counts as
+    charged by it) in the audit trail."""
+    return f"batch:{run_id}:{invocation}:{node}"
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,12 @@ class BatchSpec:
     exclude_neighbors: bool = False
     create_missing_accounts: bool = False
     graph_path: str | None = None  # where a local worker loads the graph from; None: demo
+    #: Random per invocation of the command (reruns of a run id get new ones).
+    invocation: str = "0"
     failure: FailureInjection | None = field(default=None, compare=False)
+
+    def request_id(self, node: str) -> str:
+        return seed_request_id(self.run_id, self.invocation, node)
 
     def idempotency_key(self, node: str) -> str:
         return seed_idempotency_key(self.run_id, self.graph_version, node, self.mode, self.epsilon)

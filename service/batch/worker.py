@@ -37,7 +37,7 @@ from service.batch.spec import (
     FailureInjection,
     InjectedFailure,
     SeedOutcome,
-    seed_request_id,
+    Status,
 )
 from service.cache.caches import build_caches
 from service.errors import ServiceError
@@ -229,7 +229,7 @@ class BlockAnswerer:
             fresh=spec.fresh,
             exclude_neighbors=spec.exclude_neighbors,
             idempotency_key=spec.idempotency_key(seed.node),
-            request_id=seed_request_id(spec.run_id, seed.node),
+            request_id=spec.request_id(seed.node),
         )
         try:
             answer = self.queries.answer(request)
@@ -242,11 +242,19 @@ class BlockAnswerer:
             return SeedOutcome(
                 seed.node, "failed", code="internal_error", message=f"{type(exc).__name__}: {exc}"
             )
+        status: Status = "answered"
+        charged = answer.epsilon_charged
+        if answer.replayed:
+            if answer.extra.get("original_request_id") == request.request_id:
+                # Stored by a lost attempt of this same invocation: charged by this run.
+                charged = float(answer.mechanism.get("epsilon", 0.0))
+            else:
+                status = "replayed"
         return SeedOutcome(
             seed.node,
-            "replayed" if answer.replayed else "answered",
+            status,
             results=tuple((r.node, r.score) for r in answer.results),
-            epsilon_charged=answer.epsilon_charged,
+            epsilon_charged=charged,
         )
 
 
