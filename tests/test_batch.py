@@ -177,7 +177,9 @@ def test_a_service_account_is_the_principal_within_its_modes_and_quota(
         rows = conn.execute(text("SELECT user_node, k, results FROM recs ORDER BY user_node"))
         stored = {r[0]: (r[1], r[2]) for r in rows}
     engine.dispose()
-    assert sorted(stored) == ["0", "1", "2"]
+    # Which three fit in the quota depends on which worker admits first.
+    assert sorted(stored) == sorted(c[0] for c in charges if c[1] == "released")
+    assert len(stored) == 3
     assert all(k == 10 and len(results) == 10 for k, results in stored.values())
 
     # Edge mode: the backend itself is charged.

@@ -151,7 +151,12 @@ class RayEngine:
 
     def _connect(self) -> bool:
         """Connect (or start a local instance); True if this call started Ray here."""
-        import ray
+        try:
+            import ray
+        except ImportError as exc:
+            raise RayUnavailable(
+                "Ray is not installed: pip install 'dp-ppr-service[ray]' (make install does)"
+            ) from exc
 
         if ray.is_initialized():
             return False
@@ -176,9 +181,9 @@ class RayEngine:
         return True
 
     def run(self, spec: BatchSpec, graph: Graph, blocks: list[Block]) -> Iterator[Outcome]:
+        started = self._connect()
         import ray
 
-        started = self._connect()
         try:
             yield from self._run(ray, spec, graph, blocks)
         finally:

@@ -89,6 +89,7 @@ class BatchSummary:
     failed: int = 0
     epsilon_charged: float = 0.0
     reconciled: int = 0  # admitted charges of dead attempts or failed seeds, refunded
+    worker_cpu_seconds: float = 0.0  # CPU time the workers spent on the blocks that completed
     setup_seconds: float = 0.0
     elapsed_seconds: float = 0.0
     failures: dict[str, int] = field(default_factory=dict)  # error code -> seeds
@@ -100,9 +101,16 @@ class BatchSummary:
         done += self.failed
         return done / self.elapsed_seconds if self.elapsed_seconds > 0 else 0.0
 
+    @property
+    def seeds_per_cpu_second(self) -> float:
+        """Seeds answered or replayed per second of worker CPU: seeds/s per fully used core."""
+        done = self.answered + self.replayed
+        return done / self.worker_cpu_seconds if self.worker_cpu_seconds > 0 else 0.0
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["seeds_per_second"] = self.seeds_per_second
+        data["seeds_per_cpu_second"] = self.seeds_per_cpu_second
         return data
 
     def add(self, outcome: SeedOutcome) -> None:
@@ -359,6 +367,7 @@ def _execute(
                 for outcome in item.outcomes:
                     summary.add(outcome)
                 summary.reconciled += item.reconciled
+                summary.worker_cpu_seconds += item.cpu_seconds
                 progress.update(summary, len(item.outcomes))
             else:
                 failed_blocks.append(item)
@@ -441,6 +450,8 @@ def summary_lines(summary: BatchSummary) -> list[str]:
         f"refunded (dead)      {summary.reconciled} admitted charge(s) of ended attempts",
         f"seeds per second     {summary.seeds_per_second:.2f} ({summary.elapsed_seconds:.1f} s "
         f"answering, {summary.setup_seconds:.1f} s setup)",
+        f"per core             {summary.seeds_per_cpu_second:.2f} seeds per worker CPU-second "
+        f"({summary.worker_cpu_seconds:.1f} CPU-s in the workers)",
     ]
     if skipped.get("not_in_graph"):
         lines.insert(6, f"not in graph         {skipped['not_in_graph']} user account(s)")

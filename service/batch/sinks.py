@@ -164,7 +164,8 @@ class RedisSink:
             self._client = redis.Redis.from_url(clean, socket_timeout=10)
             self._client.ping()
         except (redis.RedisError, ValueError) as exc:
-            raise SinkUnavailable(f"--out: cannot reach Redis at {clean!r}: {exc}") from exc
+            where = f"{parts.hostname}:{parts.port or 6379}" if parts.hostname else parts.path
+            raise SinkUnavailable(f"--out: cannot reach Redis at {where}: {exc}") from exc
         self._error = redis.RedisError
 
     def write(self, outcomes: Sequence[SeedOutcome]) -> None:

@@ -123,6 +123,7 @@ class BlockResult:
     index: int
     outcomes: list[SeedOutcome]
     reconciled: int = 0
+    cpu_seconds: float = 0.0  # the worker process's CPU time for this block (all its threads)
 
 
 @dataclass(frozen=True)

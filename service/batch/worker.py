@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 
 from sqlalchemy import Engine
@@ -180,6 +181,7 @@ class BlockAnswerer:
     # -- the block ----------------------------------------------------------------------------
 
     def answer_block(self, spec: BatchSpec, index: int, nodes: list[str]) -> BlockResult:
+        cpu_start = time.process_time()
         if isinstance(self.ledger, _FailingLedger):
             self.ledger.arm(index)
         seeds = [_Seed(node) for node in nodes]
@@ -194,7 +196,8 @@ class BlockAnswerer:
                 seed.outcome = self._answer(spec, seed)
         failed = [s for s in seeds if s.outcome is not None and s.outcome.status == "failed"]
         reconciled += self._refund_failed(spec, failed)
-        return BlockResult(index, [s.outcome for s in seeds if s.outcome is not None], reconciled)
+        outcomes = [s.outcome for s in seeds if s.outcome is not None]
+        return BlockResult(index, outcomes, reconciled, time.process_time() - cpu_start)
 
     def _take_over(self, spec: BatchSpec, seeds: list[_Seed]) -> int:
         """Refund charges that earlier attempts at these seeds left admitted (see module doc)."""
