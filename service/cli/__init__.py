@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "accounts",
     "ledger",
     "db",
+    "batch",
 )
 
 

@@ -25,7 +25,7 @@ from typing import Any, cast
 
 import numpy as np
 from alembic.util import CommandError
-from sqlalchemy import CursorResult, Engine, func, select, text, update
+from sqlalchemy import CursorResult, Engine, func, select, text, tuple_, update
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -1361,6 +1361,32 @@ class Ledger:
         with self._reading() as session:
             row = session.scalars(stmt).one_or_none()
             return None if row is None else _release_record(row)
+
+    def admitted_charges_for_keys(self, keys: list[tuple[int, str]]) -> list[ChargeRecord]:
+        """The charges still ``admitted`` (no release stored) under any of the
+        ``(principal_account_id, idempotency_key)`` pairs, oldest first.
+
+        A batch job calls it for the seeds of a block whose previous attempt ended (its worker
+        died, or the attempt failed): those charges can no longer be released by anyone, so
+        they may be refunded.
+        """
+        if not keys:
+            return []
+        pairs = list(dict.fromkeys((int(p), str(k)) for p, k in keys))
+        records: list[ChargeRecord] = []
+        with self._reading() as session:
+            for start in range(0, len(pairs), 500):
+                chunk = pairs[start : start + 500]
+                rows = session.scalars(
+                    select(Charge)
+                    .where(
+                        tuple_(Charge.principal_account_id, Charge.idempotency_key).in_(chunk),
+                        Charge.state == "admitted",
+                    )
+                    .order_by(Charge.id)
+                )
+                records.extend(_charge_record(row, False) for row in rows)
+        return records
 
 
 def _settle(session: Session, charge_id: int, state: str, now: Any) -> int:

@@ -71,11 +71,12 @@ _operators: weakref.WeakKeyDictionary[Graph, WalkOperator] = weakref.WeakKeyDict
 _lock = threading.Lock()
 
 
-def walk_operator(graph: Graph) -> WalkOperator:
-    """The shared operator of a graph, built on first use."""
+def walk_operator(graph: Graph, *, threads: int | None = None) -> WalkOperator:
+    """The shared operator of a graph, built on first use (with ``threads`` threads, default
+    :func:`default_threads`; a process of a pool that runs one query per core passes 1)."""
     with _lock:
         op = _operators.get(graph)
         if op is None:
-            op = WalkOperator(graph)
+            op = WalkOperator(graph, threads)
             _operators[graph] = op
         return op

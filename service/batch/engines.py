@@ -1,0 +1,235 @@
+"""Where blocks of seeds run: a process pool on this machine (``local``) or a Ray cluster (``ray``).
+
+Both take the run's blocks, keep a bounded number in flight, and yield each block's result as it
+completes (so results stream to the sink), or a :class:`BlockFailure` once a block has failed
+``retries + 1`` times. A retried block runs again from its first seed: its seeds already stored
+are replayed from the ledger, and the charges its dead attempt left admitted are refunded
+first (:mod:`service.batch.worker`), so no seed is charged twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from service.batch.shared_graph import SharedGraph, graph_from_shared
+from service.batch.spec import BatchSpec, BlockFailure, BlockResult
+from service.batch.worker import answerer_for
+from service.errors import ServiceError
+from service.graph.model import Graph
+
+log = logging.getLogger(__name__)
+
+Block = tuple[int, list[str]]
+Outcome = BlockResult | BlockFailure
+
+
+class Engine(Protocol):
+    name: str
+
+    def run(self, spec: BatchSpec, graph: Graph, blocks: list[Block]) -> Iterator[Outcome]: ...
+
+
+@dataclass
+class _Attempts:
+    retries: int
+    counts: dict[int, int] = field(default_factory=dict)
+
+    def failed(self, block: Block, error: str, queue: deque[Block]) -> BlockFailure | None:
+        """Requeue ``block`` for another attempt, or give it up (returned)."""
+        index = block[0]
+        self.counts[index] = self.counts.get(index, 0) + 1
+        log.warning("batch block %d failed (attempt %d): %s", index, self.counts[index], error)
+        if self.counts[index] <= self.retries:
+            queue.append(block)
+            return None
+        return BlockFailure(index, block[1], error, self.counts[index])
+
+
+# -- local: a process pool -------------------------------------------------------------------------
+
+_local_graphs: dict[tuple[str | None, str], Graph] = {}
+
+
+def _local_block(spec: BatchSpec, index: int, nodes: list[str]) -> BlockResult:
+    """Runs in a pool process: load the run's graph once, then answer the block."""
+    key = (spec.graph_path, spec.graph_version)
+    graph = _local_graphs.get(key)
+    if graph is None:
+        from service.serving.graph_holder import load_configured_graph
+
+        graph = load_configured_graph(Path(spec.graph_path) if spec.graph_path else None)
+        _local_graphs.clear()
+        _local_graphs[key] = graph
+    return answerer_for(spec, graph).answer_block(spec, index, nodes)
+
+
+class LocalEngine:
+    """Blocks on a pool of ``workers`` processes (spawned, so nothing of the driver is shared).
+
+    Every process loads the graph file itself (memory: one graph per process) and checks that
+    its version is the run's. A process that dies breaks the pool: the blocks in flight are
+    retried on a fresh pool.
+    """
+
+    name = "local"
+
+    def __init__(self, *, workers: int | None = None, retries: int = 3) -> None:
+        self.workers = workers or os.cpu_count() or 1
+        self.retries = retries
+
+    def run(self, spec: BatchSpec, graph: Graph, blocks: list[Block]) -> Iterator[Outcome]:
+        queue: deque[Block] = deque(blocks)
+        attempts = _Attempts(self.retries)
+        context = multiprocessing.get_context("spawn")
+        while queue:
+            with ProcessPoolExecutor(self.workers, mp_context=context) as pool:
+                in_flight: dict[Future[BlockResult], Block] = {}
+                broken = False
+                while (queue or in_flight) and not broken:
+                    while queue and len(in_flight) < 2 * self.workers:
+                        block = queue.popleft()
+                        in_flight[pool.submit(_local_block, spec, *block)] = block
+                    done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        block = in_flight.pop(future)
+                        try:
+                            yield future.result()
+                        except BrokenProcessPool:
+                            broken = True
+                            lost = attempts.failed(block, "a worker process died", queue)
+                            if lost is not None:
+                                yield lost
+                        except Exception as exc:
+                            lost = attempts.failed(block, _describe(exc), queue)
+                            if lost is not None:
+                                yield lost
+                if broken:  # every other block in flight went down with the pool
+                    for future, block in in_flight.items():
+                        if future.done() and future.exception() is None:
+                            yield future.result()
+                            continue
+                        lost = attempts.failed(block, "a worker process died", queue)
+                        if lost is not None:
+                            yield lost
+                    pool.shutdown(wait=True, cancel_futures=True)
+
+
+# -- ray -------------------------------------------------------------------------------------------
+
+
+def _ray_block(shared: SharedGraph, spec: BatchSpec, index: int, nodes: list[str]) -> BlockResult:
+    """Runs as a Ray task: the graph arrives from the object store as read-only views."""
+    return answerer_for(spec, graph_from_shared(shared)).answer_block(spec, index, nodes)
+
+
+class RayEngine:
+    """Blocks as Ray tasks on a cluster (``address``) or on a local instance started here.
+
+    The graph is put into the object store once; each task takes a block and returns its
+    outcomes to this process, which writes them to the sink as tasks complete. Ray retries a
+    task whose worker died or that raised (``retries`` times), without double charges (see
+    :mod:`service.batch.worker`).
+    """
+
+    name = "ray"
+
+    def __init__(
+        self, *, address: str | None = None, workers: int | None = None, retries: int = 3
+    ) -> None:
+        self.address = address
+        self.workers = workers
+        self.retries = retries
+
+    def _connect(self) -> bool:
+        """Connect (or start a local instance); True if this call started Ray here."""
+        try:
+            import ray
+        except ImportError as exc:
+            raise RayUnavailable(
+                "Ray is not installed: pip install 'dp-ppr-service[ray]' (make install does)"
+            ) from exc
+
+        if ray.is_initialized():
+            return False
+        if self.address is None:
+            ray.init(
+                address="local",  # a fresh instance, never someone else's
+                num_cpus=self.workers or os.cpu_count() or 1,
+                include_dashboard=False,
+                logging_level=logging.WARNING,
+                configure_logging=False,
+            )
+        else:
+            try:
+                ray.init(
+                    address=self.address, logging_level=logging.WARNING, configure_logging=False
+                )
+            except (ConnectionError, ValueError, RuntimeError) as exc:
+                raise RayUnavailable(
+                    f"cannot join the Ray cluster at {self.address!r}: {exc}. Start one with "
+                    "'ray start --head' or leave --address out to start a local instance"
+                ) from exc
+        return True
+
+    def run(self, spec: BatchSpec, graph: Graph, blocks: list[Block]) -> Iterator[Outcome]:
+        started = self._connect()
+        import ray
+
+        try:
+            yield from self._run(ray, spec, graph, blocks)
+        finally:
+            if started:
+                ray.shutdown()
+
+    def _run(
+        self, ray: Any, spec: BatchSpec, graph: Graph, blocks: list[Block]
+    ) -> Iterator[Outcome]:
+        shared = ray.put(SharedGraph.of(graph))
+        spec_ref = ray.put(spec)
+        task = ray.remote(_ray_block).options(
+            num_cpus=1, max_retries=self.retries, retry_exceptions=True
+        )
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        limit = max(2, 2 * cpus)
+        queue: deque[Block] = deque(blocks)
+        in_flight: dict[Any, Block] = {}
+        while queue or in_flight:
+            while queue and len(in_flight) < limit:
+                block = queue.popleft()
+                in_flight[task.remote(shared, spec_ref, *block)] = block
+            ready, _ = ray.wait(list(in_flight), num_returns=1)
+            for ref in ready:
+                index, nodes = in_flight.pop(ref)
+                try:
+                    yield ray.get(ref)
+                except Exception as exc:  # every retry failed (RayTaskError, WorkerCrashedError)
+                    yield BlockFailure(index, nodes, _describe(exc), self.retries + 1)
+
+
+class RayUnavailable(ServiceError):
+    code = "ray_unavailable"
+    status = 503
+    exit_code = 2
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(exc).__name__}: {first}"[:300]
+
+
+def make_engine(
+    name: str, *, workers: int | None, retries: int, address: str | None = None
+) -> Engine:
+    if name == "ray":
+        return RayEngine(address=address, workers=workers, retries=retries)
+    return LocalEngine(workers=workers, retries=retries)

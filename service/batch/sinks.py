@@ -1,0 +1,319 @@
+"""Where a run's answers go: a Parquet file, a Redis hash per user, or a SQL table.
+
+Every answer written here was stored in the ledger first (its release is durable), so a sink
+that fails loses nothing: a rerun with the same run id replays the stored releases for free and
+writes them again. Writes are idempotent per (run, user): the Parquet file is written whole
+under a temporary name and renamed at the end, a Redis hash and a table row are overwritten.
+
+``--out`` forms:
+
+* ``FILE.parquet`` or ``parquet:FILE`` - one row per user (pyarrow);
+* ``redis://HOST:PORT/DB?prefix=ppr:recs:&ttl=SECONDS`` (also ``rediss://``, ``unix://``) -
+  a hash per user under ``<prefix><user>`` (default prefix ``ppr:recs:``; no TTL by default);
+* ``postgresql+psycopg://USER@HOST/DB?table=NAME`` (or ``sqlite:///FILE?table=NAME``) - rows
+  upserted by (run_id, user) into table NAME (default ``ppr_recommendations``), created if
+  missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from service.batch.spec import SeedOutcome
+from service.errors import InvalidParameter, ServiceError
+
+DEFAULT_REDIS_PREFIX = "ppr:recs:"
+DEFAULT_TABLE = "ppr_recommendations"
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+_SQL_SCHEMES = ("postgresql", "postgresql+psycopg", "postgresql+psycopg2", "sqlite")
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+SINK_EXAMPLES = (
+    "recs.parquet, redis://127.0.0.1:6379/0 or postgresql+psycopg://USER@HOST/DB?table=NAME"
+)
+
+
+class SinkUnavailable(ServiceError):
+    """The sink named by --out cannot be opened or written."""
+
+    code = "sink_unavailable"
+    status = 503
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What every written answer is labelled with."""
+
+    run_id: str
+    graph_version: str
+    mode: str
+    epsilon: float
+    k: int
+
+
+class Sink(Protocol):
+    description: str
+
+    def write(self, outcomes: Sequence[SeedOutcome]) -> None: ...
+
+    def close(self) -> None:
+        """Make everything written durable (and visible, for the Parquet file)."""
+
+    def abort(self) -> None:
+        """Give up: release resources (a Parquet file is not made visible)."""
+
+
+def _results_json(outcome: SeedOutcome) -> str:
+    return json.dumps(
+        [{"node": node, "score": score} for node, score in outcome.results],
+        separators=(",", ":"),
+        allow_nan=False,
+    )
+
+
+# -- Parquet ---------------------------------------------------------------------------------------
+
+
+class ParquetSink:
+    def __init__(self, path: Path, info: RunInfo) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.path = path
+        self.description = f"Parquet file {path}"
+        self.info = info
+        if not path.parent.is_dir():
+            raise SinkUnavailable(f"--out: the directory {str(path.parent)!r} does not exist")
+        self._tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        self._pa = pa
+        self._schema = pa.schema(
+            [
+                ("user", pa.string()),
+                (
+                    "recommendations",
+                    pa.list_(pa.struct([("node", pa.string()), ("score", pa.float64())])),
+                ),
+                ("run_id", pa.string()),
+                ("graph_version", pa.string()),
+                ("mode", pa.string()),
+                ("epsilon", pa.float64()),
+            ]
+        )
+        try:
+            self._writer = pq.ParquetWriter(str(self._tmp), self._schema, compression="zstd")
+        except OSError as exc:
+            raise SinkUnavailable(f"--out: cannot write {str(path)!r}: {exc}") from exc
+
+    def write(self, outcomes: Sequence[SeedOutcome]) -> None:
+        if not outcomes:
+            return
+        info = self.info
+        table = self._pa.table(
+            {
+                "user": [o.node for o in outcomes],
+                "recommendations": [
+                    [{"node": node, "score": score} for node, score in o.results] for o in outcomes
+                ],
+                "run_id": [info.run_id] * len(outcomes),
+                "graph_version": [info.graph_version] * len(outcomes),
+                "mode": [info.mode] * len(outcomes),
+                "epsilon": [info.epsilon] * len(outcomes),
+            },
+            schema=self._schema,
+        )
+        self._writer.write_table(table)
+
+    def close(self) -> None:
+        self._writer.close()
+        os.replace(self._tmp, self.path)
+
+    def abort(self) -> None:
+        self._writer.close()
+        self._tmp.unlink(missing_ok=True)
+
+
+# -- Redis -----------------------------------------------------------------------------------------
+
+
+class RedisSink:
+    def __init__(self, url: str, info: RunInfo) -> None:
+        import redis
+
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query))
+        self.prefix = query.pop("prefix", DEFAULT_REDIS_PREFIX)
+        ttl = query.pop("ttl", None)
+        try:
+            self.ttl = None if ttl is None else int(ttl)
+        except ValueError:
+            raise InvalidParameter("--out", f"ttl must be whole seconds, got {ttl!r}") from None
+        if self.ttl is not None and self.ttl <= 0:
+            raise InvalidParameter("--out", f"ttl must be > 0 seconds, got {ttl!r}")
+        clean = urlunsplit(parts._replace(query=urlencode(query)))
+        self.description = f"Redis hashes {self.prefix}<user> at {parts.hostname or parts.path}"
+        self.info = info
+        try:
+            self._client = redis.Redis.from_url(clean, socket_timeout=10)
+            self._client.ping()
+        except (redis.RedisError, ValueError) as exc:
+            where = f"{parts.hostname}:{parts.port or 6379}" if parts.hostname else parts.path
+            raise SinkUnavailable(f"--out: cannot reach Redis at {where}: {exc}") from exc
+        self._error = redis.RedisError
+
+    def write(self, outcomes: Sequence[SeedOutcome]) -> None:
+        info = self.info
+        now = datetime.now(UTC).isoformat()
+        pipe = self._client.pipeline(transaction=False)
+        for outcome in outcomes:
+            key = f"{self.prefix}{outcome.node}"
+            fields: dict[Any, Any] = {
+                "results": _results_json(outcome),
+                "run_id": info.run_id,
+                "graph_version": info.graph_version,
+                "mode": info.mode,
+                "epsilon": repr(info.epsilon),
+                "k": str(info.k),
+                "written_at": now,
+            }
+            pipe.delete(key)  # a user's hash holds one run's answer, never a mix
+            pipe.hset(key, mapping=fields)
+            if self.ttl is not None:
+                pipe.expire(key, self.ttl)
+        try:
+            pipe.execute()
+        except self._error as exc:
+            raise SinkUnavailable(f"writing to Redis failed: {exc}") from exc
+
+    def close(self) -> None:
+        self._client.close()
+
+    def abort(self) -> None:
+        self._client.close()
+
+
+# -- SQL (PostgreSQL; SQLite too) ------------------------------------------------------------------
+
+
+class SqlSink:
+    def __init__(self, url: str, info: RunInfo) -> None:
+        from sqlalchemy import (
+            JSON,
+            Column,
+            DateTime,
+            Double,
+            Integer,
+            MetaData,
+            String,
+            Table,
+            create_engine,
+            make_url,
+        )
+        from sqlalchemy.exc import SQLAlchemyError
+
+        parsed = make_url(url)
+        query = dict(parsed.query)
+        table_name = str(query.pop("table", DEFAULT_TABLE))
+        if not _IDENTIFIER.fullmatch(table_name):
+            raise InvalidParameter(
+                "--out", f"table must be a plain SQL identifier, got {table_name!r}"
+            )
+        parsed = parsed.set(query=query)
+        self.info = info
+        self.description = f"table {table_name} in {parsed.render_as_string(hide_password=True)}"
+        self.table = Table(
+            table_name,
+            MetaData(),
+            Column("run_id", String(64), primary_key=True),
+            Column("user_node", String, primary_key=True),
+            Column("graph_version", String(64), nullable=False),
+            Column("mode", String(16), nullable=False),
+            Column("epsilon", Double, nullable=False),
+            Column("k", Integer, nullable=False),
+            Column("results", JSON, nullable=False),
+            Column("written_at", DateTime(timezone=True), nullable=False),
+        )
+        self._error = SQLAlchemyError
+        try:
+            self.engine = create_engine(parsed, pool_pre_ping=True)
+            self.table.metadata.create_all(self.engine, checkfirst=True)
+        except SQLAlchemyError as exc:
+            where = parsed.render_as_string(hide_password=True)
+            raise SinkUnavailable(f"--out: cannot use the database {where}: {exc.args[0]}") from exc
+        if self.engine.dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+            self._insert: Any = pg_insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+            self._insert = sqlite_insert
+
+    def write(self, outcomes: Sequence[SeedOutcome]) -> None:
+        if not outcomes:
+            return
+        info = self.info
+        now = datetime.now(UTC)
+        rows = [
+            {
+                "run_id": info.run_id,
+                "user_node": o.node,
+                "graph_version": info.graph_version,
+                "mode": info.mode,
+                "epsilon": info.epsilon,
+                "k": info.k,
+                "results": [{"node": node, "score": score} for node, score in o.results],
+                "written_at": now,
+            }
+            for o in outcomes
+        ]
+        stmt = self._insert(self.table)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["run_id", "user_node"],
+            set_={
+                name: stmt.excluded[name]
+                for name in ("graph_version", "mode", "epsilon", "k", "results", "written_at")
+            },
+        )
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(stmt, rows)
+        except self._error as exc:
+            raise SinkUnavailable(f"writing to {self.description} failed: {exc}") from exc
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def abort(self) -> None:
+        self.engine.dispose()
+
+
+def open_sink(target: str, info: RunInfo) -> Sink:
+    """The sink ``target`` names (see the module docstring); nothing is charged before this."""
+    if target.startswith("parquet:"):
+        return ParquetSink(Path(target.removeprefix("parquet:")).expanduser().resolve(), info)
+    scheme = urlsplit(target).scheme.lower() if "://" in target else ""
+    if scheme in _REDIS_SCHEMES:
+        return RedisSink(target, info)
+    if scheme in _SQL_SCHEMES:
+        from service.urls import check_database_url
+
+        try:
+            check_database_url(target)
+        except ValueError as exc:
+            raise InvalidParameter("--out", str(exc)) from None
+        return SqlSink(target, info)
+    if scheme:
+        raise InvalidParameter(
+            "--out", f"unsupported sink {scheme + '://'!r}; expected {SINK_EXAMPLES}"
+        )
+    if target.endswith(".parquet"):
+        return ParquetSink(Path(target).expanduser().resolve(), info)
+    raise InvalidParameter("--out", f"not a sink: {target!r}; expected {SINK_EXAMPLES}")

@@ -1,0 +1,112 @@
+"""Helpers of the batch tests: the graph, the options, and the ledger checks of a run."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from service.batch import BatchOptions, BatchSummary, FailureInjection
+from service.config import Settings
+from service.ledger import Ledger, upgrade
+from service.privacy.modes import Mode
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+#: Fewer diffusion steps than the default keep the tests quick; the path is the same.
+STEPS = 20
+
+
+def facebook_graph() -> Path:
+    path = DATA / "facebook_combined.txt"
+    if not path.is_file():
+        pytest.skip(f"{path} is not there (the shared data sits beside the checkout)")
+    return path
+
+
+def seeds_file(tmp_path: Path, count: int, *, start: int = 0) -> Path:
+    path = tmp_path / "seeds.txt"
+    path.write_text("# users to precompute\n" + "".join(f"{i}\n" for i in range(start, count)))
+    return path
+
+
+def options(
+    url: str,
+    graph: Path,
+    seeds: Path,
+    out: Path | str,
+    *,
+    run_id: str,
+    engine: str = "local",
+    failure: FailureInjection | None = None,
+    retries: int = 0,
+    mode: Mode = Mode.PERSONALIZED,
+    service_account_id: int | None = None,
+    create: bool = True,
+    block_size: int = 40,
+    k: int = 10,
+) -> BatchOptions:
+    return BatchOptions(
+        sink=str(out),
+        mode=mode,
+        epsilon=0.1,
+        k=k,
+        accounts_file=seeds,
+        graph_path=graph,
+        run_id=run_id,
+        service_account_id=service_account_id,
+        create_missing_accounts=create,
+        engine=engine,
+        workers=2,
+        block_size=block_size,
+        retries=retries,
+        settings=Settings(database_url=url, steps=STEPS, redis_url=None),
+        progress=False,
+        failure=failure,
+    )
+
+
+def migrated(url: str) -> str:
+    upgrade(url)
+    return url
+
+
+def run_charges(url: str, run_id: str) -> list[tuple[str, str, int, str]]:
+    """(seed, state, principal, idempotency key) of every charge the run made."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT seed, state, principal_account_id, idempotency_key FROM charges "
+                    "WHERE request_id LIKE :prefix ORDER BY id"
+                ),
+                {"prefix": f"batch:{run_id}:%"},
+            ).all()
+    finally:
+        engine.dispose()
+    return [(str(r[0]), str(r[1]), int(r[2]), str(r[3])) for r in rows]
+
+
+def assert_exactly_once(url: str, run_id: str, nodes: list[str]) -> list[tuple[str, str, int, str]]:
+    """Every node has exactly one live charge for the run, and it is released; nothing of the
+    run is left admitted; the ledger verifies."""
+    charges = run_charges(url, run_id)
+    live = Counter(seed for seed, state, _, _ in charges if state != "refunded")
+    assert set(live) == set(nodes), "every user answered, no one else"
+    assert set(live.values()) == {1}, "exactly one live charge per user for the run"
+    assert all(state in ("released", "refunded") for _, state, _, _ in charges)
+    ledger = Ledger.from_url(url)
+    try:
+        report = ledger.verify()
+    finally:
+        ledger.dispose()
+    assert report.ok, report.mismatches
+    assert report.admitted_without_release.get("count", 0) == 0
+    return charges
+
+
+def answered_or_replayed(summary: BatchSummary) -> int:
+    return summary.answered + summary.replayed
