@@ -2,6 +2,7 @@
 
 * ``refusals``: every query the ledger refused (budget, service quota, graph-wide cap, mode),
   so refusals by reason survive restarts and add up over every worker.
+* ``ix_spend_epsilon_account_id``: the accounts table sorted by spent eps, ties by id.
 * ``ix_charges_created_at``: per-hour queries and eps over a recent window.
 * ``ix_audit_log_target_account_id``, ``ix_audit_log_action``: the filterable audit log.
 
@@ -49,6 +50,7 @@ def upgrade() -> None:
     )
     op.create_index("ix_refusals_created_at", "refusals", ["created_at"])
     op.create_index("ix_charges_created_at", "charges", ["created_at"])
+    op.create_index("ix_spend_epsilon_account_id", "spend", ["epsilon", "account_id"])
     op.create_index("ix_audit_log_target_account_id", "audit_log", ["target_account_id"])
     op.create_index("ix_audit_log_action", "audit_log", ["action"])
 
@@ -56,6 +58,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index("ix_audit_log_action", table_name="audit_log")
     op.drop_index("ix_audit_log_target_account_id", table_name="audit_log")
+    op.drop_index("ix_spend_epsilon_account_id", table_name="spend")
     op.drop_index("ix_charges_created_at", table_name="charges")
     op.drop_index("ix_refusals_created_at", table_name="refusals")
     op.drop_table("refusals")

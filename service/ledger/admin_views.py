@@ -144,26 +144,28 @@ def _used_col() -> Any:
     return Spend.epsilon / Budget.cap_epsilon
 
 
-_SORT_COLUMNS: dict[str, Any] = {
-    "account_id": Account.id,
-    "spent": Spend.epsilon,
-    "cap": Budget.cap_epsilon,
-    "delta": Budget.delta,
-    "charges": Spend.charges,
-    "created": Account.created_at,
+#: Sort key -> (column, tie-breaker). The tie-breaker is the account id *of the same table*,
+#: so an index on (column, account_id) serves the order without a sort on either database.
+_SORT_COLUMNS: dict[str, tuple[Any, Any]] = {
+    "account_id": (Account.id, None),
+    "spent": (Spend.epsilon, Spend.account_id),
+    "charges": (Spend.charges, Spend.account_id),
+    "cap": (Budget.cap_epsilon, Budget.account_id),
+    "delta": (Budget.delta, Budget.account_id),
+    "created": (Account.created_at, Account.id),
 }
 
 
-def _sort_column(sort: str) -> Any:
+def _sort_columns(sort: str) -> tuple[Any, Any]:
     if sort in _SORT_COLUMNS:
         return _SORT_COLUMNS[sort]
     if sort == "remaining":
-        return _remaining_col()
+        return _remaining_col(), Spend.account_id
     if sort == "used":
-        return _used_col()
+        return _used_col(), Spend.account_id
     if sort == "last_charge":
         # never-charged accounts sort as the oldest
-        return func.coalesce(Spend.last_charge_at, Account.created_at)
+        return func.coalesce(Spend.last_charge_at, Account.created_at), Spend.account_id
     raise InvalidParameter("sort", f"must be one of {', '.join(ACCOUNT_SORTS)}, got {sort!r}")
 
 
@@ -186,13 +188,16 @@ def _filtered(stmt: Any, flt: AccountFilter) -> Any:
             clauses.append(Account.id == int(q))
         stmt = stmt.where(or_(*clauses))
     if flt.status == "active":
-        stmt = stmt.where(Spend.charges > 0)
+        stmt = stmt.where(Spend.epsilon > 0)
     elif flt.status == "idle":
-        stmt = stmt.where(Spend.charges == 0)
+        stmt = stmt.where(Spend.epsilon <= 0)
     elif flt.status == "near_cap":
-        stmt = stmt.where(Spend.epsilon >= Budget.cap_epsilon * flt.near_cap_fraction)
+        # spent >= fraction * cap > 0: the first condition narrows by the spend index
+        stmt = stmt.where(
+            Spend.epsilon > 0, Spend.epsilon >= Budget.cap_epsilon * flt.near_cap_fraction
+        )
     elif flt.status == "over_cap":
-        stmt = stmt.where(Spend.epsilon > Budget.cap_epsilon)
+        stmt = stmt.where(Spend.epsilon > 0, Spend.epsilon > Budget.cap_epsilon)
     if flt.min_spent_epsilon is not None:
         stmt = stmt.where(Spend.epsilon >= flt.min_spent_epsilon)
     return stmt
@@ -202,6 +207,49 @@ def _joined(stmt: Any) -> Any:
     return stmt.join(Budget, Budget.account_id == Account.id).join(
         Spend, Spend.account_id == Account.id
     )
+
+
+_SORT_TABLES: dict[str, frozenset[str]] = {
+    "account_id": frozenset({"account"}),
+    "created": frozenset({"account"}),
+    "spent": frozenset({"spend"}),
+    "charges": frozenset({"spend"}),
+    "cap": frozenset({"budget"}),
+    "delta": frozenset({"budget"}),
+    "remaining": frozenset({"spend", "budget"}),
+    "used": frozenset({"spend", "budget"}),
+    "last_charge": frozenset({"spend", "account"}),
+}
+
+
+def _tables_read(flt: AccountFilter) -> set[str]:
+    tables: set[str] = set()
+    if flt.status != "any" or flt.min_spent_epsilon is not None:
+        tables.add("spend")
+    if flt.status in ("near_cap", "over_cap"):
+        tables.add("budget")
+    if flt.type is not None or flt.q:
+        tables.add("account")
+    return tables
+
+
+def _from(tables: set[str] | frozenset[str], *columns: Any) -> Any:
+    """``select(columns)`` over just these tables, joined on the account id (every account has
+    exactly one budget and one spend row, so leaving a table out never changes the rows)."""
+    order = [t for t in ("spend", "budget", "account") if t in tables] or ["account"]
+    keys = {"spend": Spend.account_id, "budget": Budget.account_id, "account": Account.id}
+    models = {"spend": Spend, "budget": Budget, "account": Account}
+    stmt = select(*columns).select_from(models[order[0]])
+    for table in order[1:]:
+        stmt = stmt.join(models[table], keys[table] == keys[order[0]])
+    return stmt
+
+
+def _id_column(tables: set[str] | frozenset[str]) -> Any:
+    for table, key in (("spend", Spend.account_id), ("budget", Budget.account_id)):
+        if table in tables:
+            return key
+    return Account.id
 
 
 def _account_row(row: Any) -> AccountRow:
@@ -259,27 +307,36 @@ class AdminViews:
     ) -> Page:
         """One page of accounts with their budgets, sorted and filtered in SQL; ties are
         broken by account id (same direction), so the order is stable across pages."""
-        column = _sort_column(sort)
-        order = [column.desc(), Account.id.desc()] if descending else [column.asc(), Account.id]
-        if sort == "account_id":
-            order = order[:1]
-        stmt = _filtered(
-            _joined(
-                select(
-                    Account,
-                    Budget.cap_epsilon,
-                    Budget.delta,
-                    Spend.epsilon,
-                    Spend.charges,
-                    Spend.last_charge_at,
-                )
-            ),
-            flt,
-        )
-        count = _filtered(_joined(select(func.count()).select_from(Account)), flt)
+        column, tie = _sort_columns(sort)
+        order = [column.desc() if descending else column.asc()]
+        if tie is not None:
+            order.append(tie.desc() if descending else tie.asc())
+        filtered = _tables_read(flt)
+        # The page's ids first, from only the tables the filter and the sort read (an index
+        # scan for the default order), then the 50 full rows: deep pages stay cheap.
+        needed = filtered | _SORT_TABLES[sort]
+        ids_stmt = _filtered(_from(needed, _id_column(needed)), flt)
+        count = _filtered(_from(filtered, func.count()), flt)
         with self._reading() as session:
             total = int(session.scalar(count) or 0)
-            rows = session.execute(stmt.order_by(*order).limit(limit).offset(offset)).all()
+            ids = [
+                int(i)
+                for i in session.scalars(ids_stmt.order_by(*order).limit(limit).offset(offset))
+            ]
+            rows = session.execute(
+                _joined(
+                    select(
+                        Account,
+                        Budget.cap_epsilon,
+                        Budget.delta,
+                        Spend.epsilon,
+                        Spend.charges,
+                        Spend.last_charge_at,
+                    )
+                ).where(Account.id.in_(ids))
+            ).all()
+        position = {account_id: i for i, account_id in enumerate(ids)}
+        rows.sort(key=lambda row: position[row[0].id])
         return Page(total, limit, offset, [_account_row(r) for r in rows])
 
     # --- overview ------------------------------------------------------------------------------

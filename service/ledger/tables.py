@@ -136,6 +136,10 @@ class Spend(Base):
     """The composed RDP curve of an account's unrefunded charges: the row locked on admission."""
 
     __tablename__ = "spend"
+    __table_args__ = (
+        # the admin accounts table's default order (spent, then account id) without a sort
+        Index("ix_spend_epsilon_account_id", "epsilon", "account_id"),
+    )
 
     account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
     rdp: Mapped[dict[str, Any]] = mapped_column(JsonText, nullable=False)

@@ -93,7 +93,8 @@ def account_table(
     ] = None,
     status: Annotated[
         Literal["any", "active", "near_cap", "over_cap", "idle"],
-        Query(description="active: has charges; idle: none; near_cap: spent >= fraction * cap."),
+        Query(description="active: spent > 0; idle: nothing spent; near_cap: spent >= "
+              "fraction * cap; over_cap: spent > cap."),
     ] = "any",
     near_cap_fraction: Annotated[float, Query(gt=0, le=1)] = 0.8,
     min_spent_epsilon: Annotated[float | None, Query(ge=0, le=1e9)] = None,

@@ -34,6 +34,7 @@
   function timeLabel(ms, spanMs) {
     const d = new Date(ms);
     const iso = d.toISOString();
+    if (spanMs <= 600e3) return iso.slice(11, 19);
     if (spanMs <= 2 * 86400e3) return iso.slice(11, 16);
     return iso.slice(5, 10) + " " + iso.slice(11, 16);
   }

@@ -282,8 +282,13 @@
   }
 
   function drawExposure(container, exposure, height) {
-    const points = exposure.series.map((p) => ({ x: Date.parse(p.at), y: p.epsilon }));
-    if (points.length) points.push({ x: Math.max(Date.now(), points[points.length - 1].x), y: exposure.epsilon });
+    /* each hourly value is reached by the end of its hour: start from zero, step up per hour */
+    const now = Date.now();
+    const points = exposure.series.map((p) => ({ x: Math.min(Date.parse(p.at) + 3600e3, now), y: p.epsilon }));
+    if (points.length) {
+      points.unshift({ x: Date.parse(exposure.series[0].at), y: 0 });
+      points.push({ x: Math.max(now, points[points.length - 1].x), y: exposure.epsilon });
+    }
     const lines = exposure.cap_epsilon ? [{ y: exposure.cap_epsilon, label: `cap ε ${fmt(exposure.cap_epsilon)}`, cls: "cap" }] : [];
     window.Charts.lineChart(container, { series: [{ name: "composed exposure ε", cls: "s1", points, step: true }],
       lines, yLabel: "ε", height, title: "graph-wide exposure" });
@@ -354,15 +359,26 @@
         flag ? h("div", { class: "stat-note" }, "cap is below what is already spent: every further query is refused") : null),
       stat("Charges", String(bv.charges)));
     renderBudget(b, b.cap_epsilon < b.spent_epsilon);
-    root.appendChild(card("Budget", budgetStats, budgetForm(account, renderBudget)));
-
     const chart = h("div", { class: "chart-box", id: "chart-curve" });
-    const saved = curve.naive_epsilon - curve.composed_epsilon;
-    root.appendChild(card("Cumulative ε over time", chart,
-      h("p", { class: "muted", id: "curve-note" }, curve.charges
-        ? `${curve.charges} live charges. Composed by the RDP accountant: ε ${eps(curve.composed_epsilon)}; the per-query ε added up: ${eps(curve.naive_epsilon)}` +
-          (saved > 0 ? ` (composition saves ${eps(saved)}).` : ".")
-        : "No live charges yet.")));
+    const note = h("p", { class: "muted", id: "curve-note" });
+    const drawCurve = (c) => {
+      const saved = c.naive_epsilon - c.composed_epsilon;
+      note.textContent = c.charges
+        ? `${c.charges} live charges. Composed by the RDP accountant at δ ${c.delta.toExponential(1)}: ε ${eps(c.composed_epsilon)}; ` +
+          `the per-query ε added up: ${eps(c.naive_epsilon)}` + (saved > 0 ? ` (composition saves ${eps(saved)}).` : ".")
+        : "No live charges yet.";
+      window.Charts.lineChart(chart, {
+        series: [{ name: "composed (RDP accountant)", cls: "s1", points: c.points.map((p) => ({ x: Date.parse(p.at), y: p.composed_epsilon })), step: true },
+          { name: "naive sum of per-query ε", cls: "s2", points: c.points.map((p) => ({ x: Date.parse(p.at), y: p.naive_epsilon })), step: true }],
+        lines: [{ y: c.cap_epsilon, label: `cap ε ${fmt(c.cap_epsilon)}`, cls: "cap" }],
+        yLabel: "cumulative ε", title: "cumulative epsilon" });
+    };
+    const onSaved = async (bv, flag) => {
+      renderBudget(bv, flag);
+      drawCurve(await api(`/v1/admin/accounts/${id}/curve`));
+    };
+    root.appendChild(card("Budget", budgetStats, budgetForm(account, onSaved)));
+    root.appendChild(card("Cumulative ε over time", chart, note));
 
     if (service) root.appendChild(card("Service account", serviceSection(service)));
     root.appendChild(card("API keys", keysSection(account)));
@@ -375,13 +391,7 @@
     }
     view().replaceChildren(root);
 
-    const pts = curve.points.map((p) => ({ x: Date.parse(p.at), y: p.composed_epsilon }));
-    const naive = curve.points.map((p) => ({ x: Date.parse(p.at), y: p.naive_epsilon }));
-    window.Charts.lineChart(chart, {
-      series: [{ name: "composed (RDP accountant)", cls: "s1", points: pts, step: true },
-        { name: "naive sum of per-query ε", cls: "s2", points: naive, step: true }],
-      lines: [{ y: curve.cap_epsilon, label: `cap ε ${fmt(curve.cap_epsilon)}`, cls: "cap" }],
-      yLabel: "cumulative ε", title: "cumulative epsilon" });
+    drawCurve(curve);
     chargesTable(charges, id, "charged");
   }
 
@@ -427,7 +437,7 @@
           try {
             const result = await api(`/v1/admin/accounts/${account.account_id}/budget`, { method: "PUT", json: body });
             Object.assign(b, result);
-            renderBudget(result, result.cap_below_spent);
+            await renderBudget(result, result.cap_below_spent);
             message.replaceChildren(h("p", { class: result.cap_below_spent ? "warn-text" : "ok-text", id: "budget-saved" },
               `Saved. Remaining ε ${eps(result.remaining_epsilon)}.` + (result.cap_below_spent ? " Flagged: cap below spent." : "")));
           } catch (error) {
@@ -490,6 +500,9 @@
     return h("div", {}, box, h("div", { class: "actions" }, issue), shown);
   }
 
+  /* the parameters shown in the charges table (all of them in the cell's tooltip) */
+  const SHOWN_PARAMS = ["delta", "steps", "noisy_steps", "noise_scale", "beta"];
+
   function chargesTable(container, id, role) {
     const state = { offset: 0, limit: 20, state: "" };
     async function load() {
@@ -503,7 +516,8 @@
           h("tbody", {}, page.items.length ? page.items.map((c) => h("tr", {},
             h("td", {}, `#${c.charge_id}`), h("td", {}, when(c.created_at)), h("td", {}, c.seed), h("td", {}, c.mechanism), h("td", {}, c.mode),
             h("td", { class: "num" }, fmt(c.epsilon)),
-            h("td", { class: "params" }, Object.entries(c.params).map(([k, v]) => `${k}=${typeof v === "number" ? fmt(v) : v}`).join(" ")),
+            h("td", { class: "params", title: JSON.stringify(c.params) }, Object.entries(c.params)
+              .filter(([k]) => SHOWN_PARAMS.includes(k)).map(([k, v]) => `${k}=${typeof v === "number" ? fmt(v) : v}`).join(" ")),
             h("td", {}, accountLink(role === "charged" ? c.principal_account_id : c.charged_account_id)),
             h("td", {}, h("span", { class: `badge state-${c.state}` }, c.state))))
             : h("tr", {}, h("td", { colspan: 9, class: "muted" }, "No charges")))),
