@@ -9,9 +9,11 @@ only if the server does not answer), ``ledger_url`` (both, ids "sqlite" and "pos
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, make_url
@@ -71,3 +73,23 @@ def ledger(ledger_url: str) -> Iterator[Ledger]:
     opened = Ledger.from_url(ledger_url)
     yield opened
     opened.dispose()
+
+
+#: Where tests leave files for people to look at (screenshots of the browser test).
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Name the artifacts this run wrote (e.g. the dashboard's screenshots)."""
+    started = getattr(config, "_ppr_started", None)
+    if started is None or not ARTIFACTS.is_dir():
+        return
+    fresh = sorted(p for p in ARTIFACTS.rglob("*.png") if p.stat().st_mtime >= started)
+    if fresh:
+        terminalreporter.write_line(f"test artifacts ({len(fresh)} screenshots):")
+        for path in fresh:
+            terminalreporter.write_line(f"  {path}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config._ppr_started = time.time()  # type: ignore[attr-defined]

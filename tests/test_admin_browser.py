@@ -40,7 +40,7 @@ CHROMIUM_ARGS = [
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "browser"
 
 pytestmark = pytest.mark.skipif(
-    not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"
+    not Path(CHROMIUM).exists(), reason="Debian's chromium is missing (apt-get install chromium)"
 )
 
 
@@ -77,7 +77,7 @@ def served(tmp_path: Path) -> Iterator[tuple[str, Seeded]]:
     upgrade(url)
     seeded = Seeded(url)
     backend = Backend("sqlite", url, None, graph_path)
-    with uvicorn_server(backend) as server:
+    with uvicorn_server(backend, extra_env={"PPR_GRAPH_CAP_EPSILON": "10"}) as server:
         base = server.base_url
         with httpx.Client(base_url=base, timeout=30) as http:
             for node, epsilons in (("19", [0.2, 0.2, 0.3, 0.1, 0.25] + [0.05] * 12), ("20", [0.5]),
@@ -160,8 +160,10 @@ def test_admin_dashboard_in_chromium(served: tuple[str, Seeded]) -> None:
             row.locator("a").first.click()
 
             # the account page: both curves, then a cap change with a confirmation step
-            page.wait_for_selector("#chart-curve path[data-series='composed (RDP accountant)']", state="attached")
-            page.wait_for_selector("#chart-curve path[data-series='naive sum of per-query ε']", state="attached")
+            for series in ("composed (RDP accountant)", "naive sum of per-query ε"):
+                page.wait_for_selector(
+                    f"#chart-curve path[data-series='{series}']", state="attached"
+                )
             note = page.locator("#curve-note").inner_text()
             assert "17 live charges" in note and "composition saves" in note
             with httpx.Client(base_url=base) as http:
@@ -200,6 +202,7 @@ def test_admin_dashboard_in_chromium(served: tuple[str, Seeded]) -> None:
             page.click("#nav a[data-view=exposure]")
             page.wait_for_selector("#chart-exposure svg path.series", state="attached")
             assert page.locator("#exposure-modes tbody tr").count() >= 1
+            assert "cap ε 10" in page.locator("#chart-exposure").inner_text()
             _shot(page, "06-exposure")
 
             # the audit log, filtered
@@ -220,12 +223,15 @@ def test_admin_dashboard_in_chromium(served: tuple[str, Seeded]) -> None:
             docs.goto(f"{base}/docs")
             docs.wait_for_selector(".swagger-ui .info .title")
             docs.get_by_text("/v1/admin/account-table", exact=True).first.wait_for()
-            assert "DP personalized PageRank" in docs.locator(".swagger-ui .info .title").inner_text()
-            _shot(docs, "08-docs-offline")
+            title = docs.locator(".swagger-ui .info .title").inner_text()
+            assert "DP personalized PageRank" in title
+            docs.screenshot(path=str(ARTIFACTS / "08-docs-offline.png"))
             redoc = context.new_page()
             redoc.goto(f"{base}/redoc")
-            redoc.get_by_text("/v1/admin/account-table").first.wait_for(state="attached", timeout=30000)
-            _shot(redoc, "09-redoc-offline")
+            redoc.get_by_text("/v1/admin/account-table").first.wait_for(
+                state="attached", timeout=30000
+            )
+            redoc.screenshot(path=str(ARTIFACTS / "09-redoc-offline.png"))
             assert blocked == [], f"requests left this machine: {blocked}"
         finally:
             browser.close()

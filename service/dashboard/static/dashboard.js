@@ -282,7 +282,8 @@
   }
 
   function drawExposure(container, exposure, height) {
-    /* each hourly value is reached by the end of its hour: start from zero, step up per hour */
+    /* hourly totals: each hour's value is reached by the end of that hour (drawn as a ramp
+       across the hour, since when within it is not known at this resolution) */
     const now = Date.now();
     const points = exposure.series.map((p) => ({ x: Math.min(Date.parse(p.at) + 3600e3, now), y: p.epsilon }));
     if (points.length) {
@@ -290,7 +291,7 @@
       points.push({ x: Math.max(now, points[points.length - 1].x), y: exposure.epsilon });
     }
     const lines = exposure.cap_epsilon ? [{ y: exposure.cap_epsilon, label: `cap ε ${fmt(exposure.cap_epsilon)}`, cls: "cap" }] : [];
-    window.Charts.lineChart(container, { series: [{ name: "composed exposure ε", cls: "s1", points, step: true }],
+    window.Charts.lineChart(container, { series: [{ name: "composed exposure ε", cls: "s1", points }],
       lines, yLabel: "ε", height, title: "graph-wide exposure" });
   }
 
