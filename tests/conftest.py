@@ -9,6 +9,7 @@ only if the server does not answer), ``ledger_url`` (both, ids "sqlite" and "pos
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -86,9 +87,17 @@ def ledger(ledger_url: str) -> Iterator[Ledger]:
 #: A test's ``record_property`` under this name is printed in the run's summary (with xdist too).
 SUMMARY_PROPERTY = "summary"
 
+#: Where tests leave files for people to look at (screenshots of the browser test).
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Print what tests recorded as their summary (e.g. the Schemathesis request counts)."""
+
+def pytest_configure(config: pytest.Config) -> None:
+    config._ppr_started = time.time()  # type: ignore[attr-defined]
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Print what tests recorded as their summary (e.g. the Schemathesis request counts) and
+    name the artifacts this run wrote (e.g. the dashboard's screenshots)."""
     lines = [
         str(value)
         for reports in terminalreporter.stats.values()
@@ -101,3 +110,11 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.section("summaries")
         for line in lines:
             terminalreporter.write_line(line)
+    started = getattr(config, "_ppr_started", None)
+    if started is None or not ARTIFACTS.is_dir():
+        return
+    fresh = sorted(p for p in ARTIFACTS.rglob("*.png") if p.stat().st_mtime >= started)
+    if fresh:
+        terminalreporter.write_line(f"test artifacts ({len(fresh)} screenshots):")
+        for path in fresh:
+            terminalreporter.write_line(f"  {path}")

@@ -41,7 +41,7 @@ from service.privacy.orders import GRID_VERSION, grid_fingerprint
 DELTA = 3e-6
 TABLES = {
     "accounts", "api_keys", "budgets", "spend", "charges", "refunds", "releases", "audit_log",
-    "ledger_meta", "alembic_version", "exposure_shards", "graph_releases",
+    "ledger_meta", "alembic_version", "exposure_shards", "graph_releases", "refusals",
 }  # fmt: skip
 
 

@@ -16,6 +16,7 @@ from service.api.errors import install_error_handlers
 from service.api.limits import RequestLimits
 from service.api.observability import CACHE_EVENTS, configure_logging, observe_request
 from service.api.openapi import install_openapi
+from service.api.pages import install_pages
 from service.api.routes import admin, batch, operations, ppr
 from service.api.runtime import build_runtime
 from service.config import Settings, get_settings
@@ -51,6 +52,8 @@ def create_app(settings: Settings | None = None, *, configure_logs: bool = True)
         version=__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
+        docs_url=None,  # /docs and /redoc come from install_pages, with packaged assets
+        redoc_url=None,
     )
     app.add_middleware(
         RequestLimits,
@@ -63,5 +66,6 @@ def create_app(settings: Settings | None = None, *, configure_logs: bool = True)
     app.include_router(ppr.router)
     app.include_router(admin.router)
     app.include_router(operations.router)
+    install_pages(app)  # the admin dashboard (its API and /admin) and offline /docs, /redoc
     install_openapi(app, settings)
     return app

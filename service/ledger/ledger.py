@@ -15,6 +15,7 @@ refunded charge.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
@@ -70,6 +71,7 @@ from service.ledger.tables import (
     GraphRelease,
     LedgerMeta,
     Refund,
+    Refusal,
     Release,
     Spend,
     iso,
@@ -93,6 +95,9 @@ QUOTA_WINDOW = timedelta(hours=24)
 
 #: A charge whose twin waits on it but which is older than this is settled by the waiter.
 DEFAULT_STALE_AFTER_SECONDS = 60.0
+
+
+log = logging.getLogger(__name__)
 
 
 class AccountExists(ServiceError):
@@ -752,6 +757,15 @@ class Ledger:
                     )
             except _NeedsExactCap:
                 exact_cap = True  # rolled back: start again, locking every shard
+            except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
+                self.record_refusal(
+                    refusal.code,
+                    charged_account_id=charged_account_id,
+                    principal_account_id=principal_account_id,
+                    mode=mode,
+                    epsilon=query_epsilon,
+                )
+                raise
             except IntegrityError:
                 # A concurrent twin with the same idempotency key committed first.
                 if idempotency_key is None:
@@ -1298,6 +1312,32 @@ class Ledger:
                 target=target_account_id,
                 details=dict(details or {}),
             )
+
+    def record_refusal(
+        self,
+        reason: str,
+        *,
+        charged_account_id: int | None = None,
+        principal_account_id: int | None = None,
+        mode: str | None = None,
+        epsilon: float | None = None,
+    ) -> None:
+        """Keep a refused query (its own transaction; nothing was charged). Best effort: a
+        refusal is answered even when this write fails."""
+        try:
+            with self._writing() as session:
+                session.add(
+                    Refusal(
+                        created_at=utcnow(),
+                        reason=reason,
+                        charged_account_id=charged_account_id,
+                        principal_account_id=principal_account_id,
+                        mode=mode,
+                        epsilon=epsilon,
+                    )
+                )
+        except Exception:
+            log.warning("could not record a %s refusal", reason, exc_info=True)
 
     def list_audit(self, limit: int = 100) -> list[dict[str, Any]]:
         """Audit rows, newest first."""

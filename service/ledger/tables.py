@@ -136,6 +136,10 @@ class Spend(Base):
     """The composed RDP curve of an account's unrefunded charges: the row locked on admission."""
 
     __tablename__ = "spend"
+    __table_args__ = (
+        # the admin accounts table's default order (spent, then account id) without a sort
+        Index("ix_spend_epsilon_account_id", "epsilon", "account_id"),
+    )
 
     account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
     rdp: Mapped[dict[str, Any]] = mapped_column(JsonText, nullable=False)
@@ -173,6 +177,7 @@ class Charge(Base):
         Index("ix_charges_state_created_at", "state", "created_at"),
         Index("ix_charges_release_key", "charged_account_id", "release_key"),
         Index("ix_charges_principal_created_at", "principal_account_id", "created_at"),
+        Index("ix_charges_created_at", "created_at"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -295,8 +300,31 @@ class GraphRelease(Base):
     settled_at: Mapped[datetime | None] = mapped_column(Timestamp, nullable=True)
 
 
+class Refusal(Base):
+    """A query the ledger refused (budget, quota, graph-wide cap or mode): kept so admins see
+    refusals by reason across every worker and restart. Written in its own transaction after
+    the refusal; nothing was charged."""
+
+    __tablename__ = "refusals"
+    __table_args__ = (Index("ix_refusals_created_at", "created_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
+    reason: Mapped[str] = mapped_column(String(64), nullable=False)
+    charged_account_id: Mapped[int | None] = mapped_column(ForeignKey("accounts.id"), nullable=True)
+    principal_account_id: Mapped[int | None] = mapped_column(
+        ForeignKey("accounts.id"), nullable=True
+    )
+    mode: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    epsilon: Mapped[float | None] = mapped_column(Double, nullable=True)
+
+
 class AuditLog(Base):
     __tablename__ = "audit_log"
+    __table_args__ = (
+        Index("ix_audit_log_target_account_id", "target_account_id"),
+        Index("ix_audit_log_action", "action"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)

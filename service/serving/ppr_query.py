@@ -167,6 +167,9 @@ class PprQueryService:
             return principal.account_id
         if principal.type == "service":
             if mode.value not in principal.modes:
+                self.ledger.record_refusal(
+                    ModeNotAllowed.code, principal_account_id=principal.account_id, mode=mode.value
+                )
                 raise ModeNotAllowed(
                     f"this service account may query in {', '.join(principal.modes)} mode only; "
                     f"an admin must grant {mode.value!r} (accounts set-scopes --modes)",

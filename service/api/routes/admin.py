@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, status
 
+from service.api.dashboard_models import BudgetChange
 from service.api.deps import AdminDep, RuntimeDep
 from service.api.models import (
     Account,
@@ -97,19 +98,20 @@ def get_account(
     return _with_budget(runtime, runtime.ledger.get_account(account_id))
 
 
-@router.put("/accounts/{account_id}/budget", response_model=Budget, responses=_ERRORS)
+@router.put("/accounts/{account_id}/budget", response_model=BudgetChange, responses=_ERRORS)
 def set_budget(
     account_id: AccountIdPath, body: SetBudget, runtime: RuntimeDep, admin: AdminDep
-) -> Budget:
-    """Change an account's cap and/or delta. The spend is kept as an RDP curve, so it is
-    re-converted at a new delta; a cap below the spend simply refuses further queries."""
+) -> BudgetChange:
+    """Change an account's cap and/or delta (audited). The spend is kept as an RDP curve, so
+    it is re-converted at a new delta; a cap below the spend is allowed (flagged as
+    `cap_below_spent`) and simply refuses further queries."""
     view = runtime.ledger.set_budget(
         account_id,
         cap_epsilon=body.cap_epsilon,
         delta=body.delta,
         actor_account_id=admin.account_id,
     )
-    return Budget.of(view)
+    return BudgetChange(**view.to_dict(), cap_below_spent=view.cap_epsilon < view.spent_epsilon)
 
 
 @router.put("/accounts/{account_id}/scopes", response_model=Account, responses=_ERRORS)
