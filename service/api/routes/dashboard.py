@@ -38,8 +38,9 @@ from service.api.dashboard_models import (
 )
 from service.api.deps import AdminDep, RuntimeDep
 from service.api.models import ErrorResponse, SetBudget
-from service.api.params import ID_MAX, AccountIdPath, Limit, Offset
+from service.api.params import AccountIdPath, Limit, Offset
 from service.api.runtime import Runtime
+from service.bounds import ID_MAX
 from service.ledger.admin_views import AccountFilter, AdminViews
 
 router = APIRouter(prefix="/v1/admin", tags=["admin dashboard"])
