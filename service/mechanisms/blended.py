@@ -66,21 +66,32 @@ MIN_RELIABILITY = 0.01
 @dataclass(frozen=True)
 class BlendedRanking:
     """The released scores (higher is better), the weight the hold-out check chose for the
-    common-neighbour signal and the two reliabilities (all functions of the releases)."""
+    common-neighbour signal and the two reliabilities (all functions of the releases), and
+    the Laplace scale of the larger of the two noise terms in the scores' own units (what the
+    served scores' grid is derived from)."""
 
     scores: np.ndarray
     weight: float
     reliability_counts: float
     reliability_degrees: float
+    score_noise_scale: float = 0.0
+
+
+def _spread(x: np.ndarray, pool: np.ndarray) -> float:
+    spread = float(x[pool].std())
+    return spread if np.isfinite(spread) and spread > 0.0 else 0.0
 
 
 def _standardize(x: np.ndarray, pool: np.ndarray) -> np.ndarray:
-    values = x[pool]
-    spread = float(values.std())
-    centre = float(values.mean())
-    if not np.isfinite(spread) or spread <= 0.0:
+    spread = _spread(x, pool)
+    if spread <= 0.0:
         return np.zeros_like(x)
-    return (x - centre) / spread
+    return (x - float(x[pool].mean())) / spread
+
+
+def _scale_in_z(scale: float, weight: float, spread: float) -> float:
+    """Laplace(``scale``) noise of a vector, in units of ``weight`` times its z-score."""
+    return weight * scale / spread if spread > 0.0 else 0.0
 
 
 def _recovery(scores: np.ndarray, is_friend: np.ndarray, depth: int) -> float:
@@ -147,7 +158,11 @@ def blend(
     scores = mixed - low + 1.0  # >= 1 on the pool: top-k clips at 0 and must not tie them
     scores[friends] += high - low + 1.0  # the seed's friends first (free in this model)
     scores[seed] = 0.0
-    return BlendedRanking(scores, weight, r_counts, r_degrees)
+    noise = max(
+        _scale_in_z(counts_scale, weight * r_counts, _spread(counts, pool)),
+        _scale_in_z(degrees_scale, (1.0 - weight) * r_degrees, _spread(degrees, pool)),
+    )
+    return BlendedRanking(scores, weight, r_counts, r_degrees, noise)
 
 
 def blended_ranking(
