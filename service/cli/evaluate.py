@@ -100,8 +100,10 @@ def run(args: argparse.Namespace) -> int:
         args.epsilon, args.seeds, args.k, args.eta, args.delta, args.beta, args.steps,
         args.mechanisms, args.sigma, args.popular_epsilon,
     )  # fmt: skip
+    from service.config import MechanismSettings
     from service.graph.loader import load_edge_list
 
+    default_mechanism = MechanismSettings().default_mechanism.value
     graph = load_edge_list(args.graph)
     _progress(f"graph: {graph.n} nodes, {graph.m} edges")
     notes: list[str] = []
@@ -122,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         edge_flipping_max_nodes=args.max_flip_nodes,
         progress=_progress,
         notes=notes,
+        default_mechanism=default_mechanism,
     )
     if args.json:
         print_json([row.to_dict() for row in rows])
