@@ -73,6 +73,11 @@ class Mechanism(BaseModel):
     reliability_degrees: float | None = Field(
         None, description="blended: share of the degrees' spread that is signal."
     )
+    counts_signal: bool | None = Field(
+        None,
+        description="blended: whether the counts carry signal among the candidates (a 5% "
+        "test); without it the weight of the counts is at most 0.5.",
+    )
     score_grid: float | None = Field(
         default=None,
         description="Every released score is an exact integer multiple of this power of two "

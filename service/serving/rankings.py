@@ -226,5 +226,6 @@ def draw_ranking(
             "weight": ranking.weight,
             "reliability_counts": ranking.reliability_counts,
             "reliability_degrees": ranking.reliability_degrees,
+            "counts_signal": ranking.counts_signal,
         },
     )
