@@ -313,3 +313,24 @@ def test_service_default_is_the_new_ranking() -> None:
 
     assert Settings().default_mechanism.value == "blended"
     assert Mode.PERSONALIZED.value == "personalized"
+
+
+def test_the_degree_release_respects_the_graph_cap(backend: Backend) -> None:
+    """A degree release that would pass PPR_GRAPH_CAP_EPSILON is refused (nothing drawn or
+    charged); under a cap it fits, it is made and counted in the exposure the cap reads."""
+    with running_app(backend, graph_cap_epsilon=0.05) as client:
+        accounts = Accounts(client)
+        _, key = accounts.user("3")
+        for mechanism in ("popular", "blended"):
+            refused = query(client, key, "3", k=5, mechanism=mechanism)
+            assert refused.status_code == 403, refused.text
+            assert refused.json()["error"]["code"] == "graph_budget_exhausted", refused.text
+        assert graph_releases(backend.database_url) == []
+        assert charge_count(client) == 0
+        ok = query(client, key, "3", k=5, epsilon=0.02, mechanism="common_neighbours")
+        assert ok.status_code == 200, ok.text
+    with running_app(backend, graph_cap_epsilon=0.5) as client:
+        _, key = accounts.user("4")
+        assert query(client, key, "4", k=5, mechanism="popular").status_code == 200
+        assert len(graph_releases(backend.database_url)) == 1
+        assert ledger_of(client).exposure(delta=1e-6).graph_releases == 1

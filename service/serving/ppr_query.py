@@ -235,7 +235,9 @@ class PprQueryService:
         else:
             # blended's degree release is made (or read) before admission: it is the graph
             # version's, charged once to the graph-wide exposure, never to this account
-            degrees = self.degree_releases.get(graph) if name is RankingMechanism.BLENDED else None
+            degrees = None
+            if name is RankingMechanism.BLENDED:
+                degrees = self.degree_releases.get(graph, self._graph_cap(graph))
             plan = plan_ranking(name, epsilon, req.mode, degrees)
             mechanism = plan.describe()
         for _ in range(_MAX_ADMISSIONS):
@@ -468,7 +470,7 @@ class PprQueryService:
             stored = self._release_for_idempotency_key(req)
             if stored is not None:  # the key belongs to a charged query
                 raise IdempotencyKeyReused()
-        degrees = self.degree_releases.get(graph)
+        degrees = self.degree_releases.get(graph, self._graph_cap(graph))
         extra = int(graph.degrees[seed]) if req.exclude_neighbors else 0
         results = ranked_results(
             graph, seed, degrees.values, req.k + extra, grid=degrees.grid,

@@ -26,6 +26,7 @@ import numpy as np
 from service.cache.caches import ReleasedDegreeCache
 from service.graph.model import Graph
 from service.ledger.ledger import Ledger
+from service.ledger.records import GraphCap
 from service.mechanisms.blended import blend
 from service.mechanisms.common_neighbours import noisy_common_neighbours
 from service.mechanisms.popular import degrees_from_bytes, degrees_to_bytes, noisy_degrees
@@ -97,18 +98,20 @@ class DegreeReleases:
         self._local: dict[str, ReleasedDegrees] = {}
         self._lock = threading.Lock()
 
-    def get(self, graph: Graph) -> ReleasedDegrees:
+    def get(self, graph: Graph, cap: GraphCap | None = None) -> ReleasedDegrees:
+        """The version's release; making it is refused if it would pass the graph-wide ``cap``
+        (403 ``graph_budget_exhausted``), reading an existing one never is."""
         hit = self._local.get(graph.version)
         if hit is not None:
             return hit
         with self._lock:  # one ledger round trip per process and version
             hit = self._local.get(graph.version)
             if hit is None:
-                hit = ReleasedDegrees(graph.version, self._fetch(graph), self.plan)
+                hit = ReleasedDegrees(graph.version, self._fetch(graph, cap), self.plan)
                 self._local = {graph.version: hit}  # the current version only
             return hit
 
-    def _fetch(self, graph: Graph) -> np.ndarray:
+    def _fetch(self, graph: Graph, cap: GraphCap | None) -> np.ndarray:
         scale = self.plan.scale
         if self.cache is not None:
             cached = self.cache.get(graph.version, scale, graph.n)
@@ -127,6 +130,7 @@ class DegreeReleases:
             curve=self.plan.curve,
             draw=draw,
             wait_seconds=self.wait_seconds,
+            cap=cap,
         )
         released = degrees_from_bytes(payload, graph.n)
         if self.cache is not None:
