@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.budgets import CAP_EPSILON_MAX, CAP_EPSILON_MIN, DELTA_MAX, DELTA_MIN
 from service.errors import InvalidParameter
+from service.mechanisms.registry import DEFAULT_MECHANISM, RankingMechanism
 from service.urls import check_database_url, check_redis_url
 
 
@@ -39,6 +40,16 @@ class MechanismSettings(BaseSettings):
     )
     max_k: int = Field(1000, ge=1, le=10_000, description="Largest k a query may ask for.")
     default_k: int = Field(20, ge=1, description="k of a query that names none.")
+    default_mechanism: RankingMechanism = Field(
+        DEFAULT_MECHANISM,
+        description="Ranking of a query that names none (personalized mode); a "
+        "personalized-only default is noisy_diffusion in edge mode.",
+    )
+    popular_epsilon: float = Field(
+        0.1, gt=0.0, le=10.0,
+        description="Epsilon of the one DP degree release per graph version behind `popular` "
+        "and `blended` (charged once to the graph-wide exposure, never to an account).",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _ranges_agree(self) -> MechanismSettings:

@@ -192,7 +192,7 @@ def test_state_reports_backend(caches: Caches, request: pytest.FixtureRequest) -
     backend = "redis" if "redis" in request.node.callspec.id else "memory"
     assert state["backend"] == backend
     assert state["status"] == "ok" and state["last_error"] is None
-    assert set(caches.stats()) == {"degrees", "calibration", "replay", "prefix"}
+    assert set(caches.stats()) == {"degrees", "calibration", "replay", "prefix", "released_degrees"}
 
 
 def test_events_reach_the_hook() -> None:

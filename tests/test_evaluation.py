@@ -91,7 +91,7 @@ def test_rows_shape_and_ranges() -> None:
     assert [(r.mechanism, r.epsilon) for r in rows] == [
         (m, e) for e in (0.5, 2.0) for m in MECHANISMS
     ]
-    assert notes == []
+    assert notes == ["default = blended (the service's default in personalized mode)"]
     for row in rows:
         assert row.seeds == 5
         for value, ci in (
@@ -167,7 +167,54 @@ def test_edge_mode_runs() -> None:
     )
     personalized_only = {"common_neighbours", "blended"}
     assert [r.mechanism for r in rows] == [m for m in MECHANISMS if m not in personalized_only]
-    assert len(notes) == 2 and all("skipped: personalized mode only" in n for n in notes)
+    assert len(notes) == 3 and all("skipped: personalized mode only" in n for n in notes[:2])
+    assert notes[2] == "default = noisy_diffusion (the service's default in edge mode)"
+
+
+def _same_numbers(a: EvaluationRow, b: EvaluationRow) -> bool:
+    return (a.ndcg, a.recall, a.ndcg_beyond, a.recall_beyond, a.seeds) == (
+        b.ndcg, b.recall, b.ndcg_beyond, b.recall_beyond, b.seeds
+    )  # fmt: skip
+
+
+def test_default_row_is_the_services_default() -> None:
+    graph = two_communities(30)
+    rows = evaluate(
+        graph, [0.5, 1.0], seeds_count=4, k=5, rng=np.random.default_rng(2),
+        mechanisms=["common_neighbours", "blended", "default"],
+    )  # fmt: skip
+    by = {(r.mechanism, r.epsilon): r for r in rows}
+    assert [r.mechanism for r in rows] == ["common_neighbours", "blended", "default"] * 2
+    for eps in (0.5, 1.0):  # the same draws, reported under the default's name
+        assert _same_numbers(by[("default", eps)], by[("blended", eps)])
+    # another configured default, not asked for by name: computed, shown as `default` only
+    notes: list[str] = []
+    rows = evaluate(
+        graph, [1.0], seeds_count=4, k=5, rng=np.random.default_rng(2),
+        mechanisms=["random", "default"], default_mechanism="popular", notes=notes,
+    )  # fmt: skip
+    assert [r.mechanism for r in rows] == ["random", "default"]
+    assert notes == ["default = popular (the service's default in personalized mode)"]
+    # edge mode: a personalized-only default is the diffusion there, as in the service
+    rows = evaluate(
+        graph, [1.0], seeds_count=3, k=5, mode=Mode.EDGE, rng=np.random.default_rng(2),
+        mechanisms=["noisy_diffusion", "default"],
+    )  # fmt: skip
+    assert _same_numbers(rows[0], rows[1])
+
+
+def test_cli_default_row_follows_the_setting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    edges = tmp_path / "edges.txt"
+    _write_edges(edges)
+    monkeypatch.setenv("PPR_DEFAULT_MECHANISM", "common_neighbours")
+    argv = ["evaluate", "--graph", str(edges), "--epsilon", "1", "--seeds", "3", "--k", "5",
+            "--mechanisms", "common_neighbours", "default", "--sample-seed", "1"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "note: default = common_neighbours" in out
+    assert [line.split()[0] for line in out.splitlines()[2:4]] == ["common_neighbours", "default"]
 
 
 def test_popular_is_one_release_and_common_neighbours_find_the_community() -> None:

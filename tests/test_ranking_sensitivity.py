@@ -132,3 +132,56 @@ def test_blended_ranks_friends_first_and_never_the_seed(epsilon: float) -> None:
     assert result.scores[seed] == 0.0 and np.all(np.delete(result.scores, seed) >= 1.0)
     assert 0.0 <= result.weight <= 1.0
     assert 0.01 <= result.reliability_counts <= 1.0 and 0.01 <= result.reliability_degrees <= 1.0
+
+
+@pytest.mark.parametrize("name", ["common_neighbours", "blended"])
+def test_the_served_draw_is_post_processing_of_the_proven_release(name: str) -> None:
+    """What the service releases (``draw_ranking``) is the Laplace release of the counts, rounded
+    to its grid, then (``blended``) blended with the stored degree release: with the same
+    generator it equals that composition exactly, so the proofs above cover the served path."""
+    from service.mechanisms.common_neighbours import noisy_common_neighbours
+    from service.mechanisms.postprocess import round_to_grid, score_grid
+    from service.mechanisms.registry import RankingMechanism
+    from service.privacy.modes import Mode
+    from service.serving.rankings import RankingPlan, ReleasedDegrees, draw_ranking
+
+    rng = np.random.default_rng(11)
+    graph = random_graph(80, 0.08, rng)
+    seed = int(np.argmax(graph.degrees))
+    degree_plan = plan_laplace(0.1, DEGREE_SENSITIVITY)
+    released = round_to_grid(
+        graph.degrees + rng.laplace(0.0, degree_plan.scale, graph.n), score_grid(20.0)
+    )
+    degrees = ReleasedDegrees(graph.version, released, degree_plan)
+    laplace = plan_laplace(0.5, COMMON_NEIGHBOUR_SENSITIVITY)
+    mechanism = RankingMechanism(name)
+    plan = RankingPlan(
+        mechanism, Mode.PERSONALIZED, laplace,
+        degrees if mechanism is RankingMechanism.BLENDED else None,
+    )  # fmt: skip
+    served = draw_ranking(graph, seed, plan, np.random.default_rng(3))
+    counts = round_to_grid(
+        noisy_common_neighbours(graph, seed, laplace, np.random.default_rng(3)),
+        score_grid(laplace.scale),
+    )
+    if mechanism is RankingMechanism.COMMON_NEIGHBOURS:
+        np.testing.assert_array_equal(served.scores, counts)
+        assert served.grid == score_grid(4.0)
+    else:
+        expected = blend(graph, seed, counts, released, laplace.scale, degree_plan.scale)
+        np.testing.assert_array_equal(served.scores, expected.scores)
+        assert served.grid == score_grid(expected.score_noise_scale) > 0
+        assert served.extra["weight"] == expected.weight
+
+
+def test_the_signal_test_has_its_level_and_finds_signal() -> None:
+    """Under "every candidate has the same count" the test fires about 5% of the time; counts
+    that differ by several noise scales are found."""
+    from service.mechanisms.blended import counts_carry_signal
+
+    rng = np.random.default_rng(17)
+    fired = [counts_carry_signal(3.0 + rng.laplace(0.0, 4.0, 2000), 4.0) for _ in range(1000)]
+    assert 0.025 <= float(np.mean(fired)) <= 0.08
+    spread = rng.integers(0, 40, 2000).astype(float)
+    assert all(counts_carry_signal(spread + rng.laplace(0.0, 4.0, 2000), 4.0) for _ in range(20))
+    assert not counts_carry_signal(np.array([1.0]), 4.0)

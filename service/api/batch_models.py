@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from pydantic.config import JsonDict
 
 from service.api.models import ErrorBody, Result
+from service.mechanisms.registry import RankingMechanism
 from service.privacy.modes import Mode
 
 NodeId = Annotated[str, StringConstraints(min_length=1, max_length=200)]
@@ -76,6 +77,11 @@ class BatchQuery(BaseModel):
         Mode.PERSONALIZED,
         description="`personalized`: each seed user's account is charged (within the caller's "
         "scopes); `edge`: the caller is charged for every item.",
+    )
+    mechanism: RankingMechanism | None = Field(
+        None,
+        description="The ranking, as in GET /v1/ppr/{node} (default PPR_DEFAULT_MECHANISM; "
+        "common_neighbours and blended are personalized mode only).",
     )
     fresh: bool = Field(False, description="Draw new noise even where a release exists.")
     exclude_neighbors: bool = Field(

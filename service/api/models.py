@@ -28,20 +28,63 @@ class Result(BaseModel):
 
 
 class Mechanism(BaseModel):
-    name: str
+    """What produced the answer, with its parameters. Fields that do not apply to a mechanism
+    are absent."""
+
+    name: Literal["noisy_diffusion", "popular", "common_neighbours", "blended"] = Field(
+        description="`noisy_diffusion` (the diffusion of the spec), `popular` (the graph "
+        "version's one DP degree release, ranked), `common_neighbours` (|N(s) & N(v)| + "
+        "Laplace, personalized only) or `blended` (both blended by a hold-out check on the "
+        "seed's own friends, personalized only); see docs/ranking.md."
+    )
     mode: Literal["personalized", "edge"]
-    epsilon: float = Field(description="The guarantee this answer's noise gives at `delta`.")
-    delta: float
-    beta: float
-    steps: int
-    noisy_steps: int = Field(description="Steps that carry noise (the last L of `steps`).")
-    eta: float
-    noise_scale: float = Field(description="Laplace scale b per node per noisy step.")
+    epsilon: float = Field(
+        description="The guarantee this answer's noise gives at `delta` (for `popular`: the "
+        "degree release's, paid once per graph version by the graph-wide exposure)."
+    )
+    delta: float = Field(description="0 for the pure-DP Laplace mechanisms.")
+    beta: float | None = Field(None, description="noisy_diffusion: diffusion weight.")
+    steps: int | None = Field(None, description="noisy_diffusion: diffusion steps K.")
+    noisy_steps: int | None = Field(
+        None, description="noisy_diffusion: steps that carry noise (the last L of `steps`)."
+    )
+    eta: float | None = Field(None, description="noisy_diffusion: threshold per unit degree.")
+    noise_scale: float = Field(
+        description="Laplace scale b: per node per noisy step (noisy_diffusion), of the "
+        "common-neighbour counts (common_neighbours, blended) or of the degrees (popular)."
+    )
+    sensitivity: float | None = Field(
+        None, description="Laplace mechanisms: the l1 sensitivity b is calibrated to (2)."
+    )
+    degree_epsilon: float | None = Field(
+        None, description="popular, blended: epsilon of the graph version's degree release."
+    )
+    degree_noise_scale: float | None = Field(
+        None, description="popular, blended: Laplace scale of the degree release."
+    )
+    degree_release: str | None = Field(
+        None, description="popular, blended: how the degree release is charged."
+    )
+    weight: float | None = Field(
+        None, description="blended: weight of the common-neighbour signal the hold-out chose."
+    )
+    reliability_counts: float | None = Field(
+        None, description="blended: share of the counts' spread that is signal."
+    )
+    reliability_degrees: float | None = Field(
+        None, description="blended: share of the degrees' spread that is signal."
+    )
+    counts_signal: bool | None = Field(
+        None,
+        description="blended: whether the counts carry signal among the candidates (a 5% "
+        "test); without it the weight of the counts is at most 0.5.",
+    )
     score_grid: float | None = Field(
         default=None,
         description="Every released score is an exact integer multiple of this power of two "
-        "(about b / 256), so no low-order bit of a floating-point noise sample is released. "
-        "Absent only on answers released before rounding was introduced.",
+        "(about 1/256 of the Laplace scale behind the scores, in their units), so no "
+        "low-order bit of a floating-point noise sample is released. Absent only on answers "
+        "released before rounding was introduced.",
     )
 
 

@@ -20,6 +20,7 @@ from service.serving.graph_holder import GraphHolder
 from service.serving.limits import EngineGate, RateLimiter
 from service.serving.planner import DiffusionPlanner
 from service.serving.ppr_query import AdmissionPolicy, PprQueryService, PrefixProvider
+from service.serving.rankings import DegreeReleases
 from service.serving.reconciler import Reconciler
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,9 @@ def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
             replay_store_top=settings.replay_store_top,
             create_seed_accounts=settings.create_seed_accounts,
             policy=AdmissionPolicy.from_settings(settings),
+            degree_releases=DegreeReleases(
+                ledger, settings.popular_epsilon, caches.released_degrees
+            ),
         )
         limiter = RateLimiter(
             settings.rate_limit_per_second,

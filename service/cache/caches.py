@@ -174,6 +174,45 @@ class DegreeCache(_Counted):
         return degrees
 
 
+class ReleasedDegreeCache(_Counted):
+    """The graph version's one DP degree release (float64, public once released), keyed by
+    version and noise scale; no TTL. The ledger's stored bytes are the truth: this cache only
+    saves workers a database read, and a value of the wrong length is discarded."""
+
+    name = "released_degrees"
+
+    def __init__(self, store: ByteStore, *, on_event: EventHook | None = None) -> None:
+        super().__init__(on_event)
+        self.store = store
+
+    @staticmethod
+    def key(version: str, scale: float) -> str:
+        return f"released-degrees:v1:{version}:{scale!r}"
+
+    def put(self, version: str, scale: float, released: np.ndarray) -> None:
+        array = np.asarray(released, dtype=np.float64)
+        if array.ndim != 1:
+            raise ValueError("a degree release must be a 1-D vector")
+        self._write(self.store, self.key(version, scale), encode_array(array))
+
+    def get(self, version: str, scale: float, n: int) -> np.ndarray | None:
+        """The read-only released vector of length ``n``, or None (a miss, or a bad value)."""
+        raw = self._read(self.store, self.key(version, scale))
+        if raw is None:
+            self._event("miss")
+            return None
+        try:
+            released = decode_array(raw, dtype="<f8", ndim=1)
+            if released.shape != (n,) or not np.all(np.isfinite(released)):
+                raise CorruptValue(f"expected {n} finite values")
+        except CorruptValue as exc:
+            log.warning("discarding a corrupt cached degree release (%s)", exc)
+            self._event("discarded")
+            return None
+        self._event("hit")
+        return released
+
+
 # -- calibration ---------------------------------------------------------------------------
 
 
@@ -264,7 +303,12 @@ class CalibrationCache(_Counted):
 
 
 def _key_parts(key: ReleaseKey) -> list[Any]:
-    return [key.account_id, key.node, key.graph_version, key.mode, repr(float(key.epsilon))]
+    parts: list[Any] = [
+        key.account_id, key.node, key.graph_version, key.mode, repr(float(key.epsilon))
+    ]  # fmt: skip
+    if key.mechanism != "noisy_diffusion":  # the diffusion's keys are as before mechanisms
+        parts.append(key.mechanism)
+    return parts
 
 
 def encode_release(release: StoredRelease) -> bytes:
@@ -284,8 +328,15 @@ def decode_release(raw: bytes) -> StoredRelease:
         doc = json.loads(raw)
         if doc["v"] != 1:
             raise CorruptValue("unknown release version")
-        account_id, node, graph_version, mode, epsilon = doc["key"]
-        key = ReleaseKey(int(account_id), str(node), str(graph_version), str(mode), float(epsilon))
+        parts = doc["key"]
+        if len(parts) not in (5, 6):
+            raise CorruptValue("a release key has 5 or 6 parts")
+        account_id, node, graph_version, mode, epsilon = parts[:5]
+        mechanism_name = str(parts[5]) if len(parts) == 6 else "noisy_diffusion"
+        key = ReleaseKey(
+            int(account_id), str(node), str(graph_version), str(mode), float(epsilon),
+            mechanism_name,
+        )  # fmt: skip
         results = [RankedNode(str(n), float(s)) for n, s in doc["results"]]
         mechanism = doc["mechanism"]
         if not isinstance(mechanism, dict):
@@ -461,6 +512,7 @@ class Caches:
     replay: ReplayCache
     prefixes: PrefixCache
     store: ByteStore
+    released_degrees: ReleasedDegreeCache | None = None
 
     def state(self) -> dict[str, Any]:
         """For /readyz: ``{"backend": "redis"|"memory", "status", "last_error"}`` and more."""
@@ -470,7 +522,15 @@ class Caches:
 
     def stats(self) -> dict[str, dict[str, int]]:
         return {
-            c.name: c.stats() for c in (self.degrees, self.calibration, self.replay, self.prefixes)
+            c.name: c.stats()
+            for c in (
+                self.degrees,
+                self.calibration,
+                self.replay,
+                self.prefixes,
+                self.released_degrees,
+            )
+            if c is not None
         }
 
     def close(self) -> None:
@@ -512,4 +572,5 @@ def build_caches(
         replay=ReplayCache(store, ttl_seconds=settings.replay_ttl_seconds, on_event=on_event),
         prefixes=PrefixCache(prefix_local, prefix_remote, on_event=on_event),
         store=store,
+        released_degrees=ReleasedDegreeCache(store, on_event=on_event),
     )

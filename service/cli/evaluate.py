@@ -103,6 +103,9 @@ def run(args: argparse.Namespace) -> int:
         args.epsilon, args.seeds, args.k, args.eta, args.delta, args.beta, args.steps,
         args.mechanisms, args.sigma, args.popular_epsilon,
     )  # fmt: skip
+    from service.config import MechanismSettings
+
+    default_mechanism = MechanismSettings().default_mechanism.value
     if args.demo:
         from service.graph.demo import demo_graph
 
@@ -130,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         edge_flipping_max_nodes=args.max_flip_nodes,
         progress=_progress,
         notes=notes,
+        default_mechanism=default_mechanism,
     )
     if args.json:
         print_json([row.to_dict() for row in rows])

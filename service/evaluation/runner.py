@@ -18,7 +18,8 @@ hold-out check on the seed's own friends; personalized only; its degree release 
 one ``popular`` uses), and two baselines that use no
 private data: ``neighbours_only`` (the seed's neighbours in random order, then random nodes)
 and ``random``. The baselines that do not depend on epsilon are drawn once per seed and
-reported under every epsilon.
+reported under every epsilon. The row ``default`` repeats the service's default ranking
+(``PPR_DEFAULT_MECHANISM`` as resolved for the mode) under that name.
 
 Randomness: ``rng`` drives the seed sample and the two baselines (it may be seeded for a
 reproducible sample: evaluation is not the serving path); the private mechanisms' noise always
@@ -46,6 +47,7 @@ from service.mechanisms.exact import exact_ppr
 from service.mechanisms.popular import noisy_degrees
 from service.mechanisms.pushflowcap import DEFAULT_SIGMA, add_laplace_noise, pushflowcap
 from service.mechanisms.randomness import fresh_generator
+from service.mechanisms.registry import DEFAULT_MECHANISM, resolve_mechanism
 from service.privacy.calibration import DiffusionPlan, plan_diffusion, validate_diffusion_parameters
 from service.privacy.laplace import COMMON_NEIGHBOUR_SENSITIVITY, DEGREE_SENSITIVITY, plan_laplace
 from service.privacy.modes import Mode
@@ -54,6 +56,7 @@ __all__ = [
     "DEFAULT_ETA",
     "DEFAULT_MECHANISMS",
     "DEFAULT_POPULAR_EPSILON",
+    "DEFAULT_ROW",
     "MECHANISMS",
     "EvaluationRow",
     "default_delta",
@@ -71,8 +74,13 @@ MECHANISMS = (
     "neighbours_only",
     "random",
     "edge_flipping",
+    "default",
 )
 DEFAULT_MECHANISMS = MECHANISMS
+#: The extra row that shows the service's default ranking (PPR_DEFAULT_MECHANISM, resolved for
+#: the mode as the service resolves it: a personalized-only default is noisy_diffusion in edge
+#: mode). Its numbers are those of the mechanism it resolves to, from the same draws.
+DEFAULT_ROW = "default"
 #: Mechanisms that exist in personalized mode only (unbounded sensitivity in edge mode).
 PERSONALIZED_ONLY = frozenset({"common_neighbours", "blended"})
 #: The spec's evaluation setting: eta = 1e-7 with beta = 0.8, K = 100.
@@ -215,6 +223,7 @@ def evaluate(
     edge_flipping_max_nodes: int = DEFAULT_MAX_NODES,
     progress: Callable[[str], None] | None = None,
     notes: list[str] | None = None,
+    default_mechanism: str = DEFAULT_MECHANISM.value,
 ) -> list[EvaluationRow]:
     """Mean NDCG@k / Recall@k (and the beyond-neighbours variants) per mechanism and epsilon.
 
@@ -251,6 +260,14 @@ def evaluate(
         for name in [m for m in mechanisms if m in PERSONALIZED_ONLY]:
             note(f"{name} skipped: personalized mode only (unbounded sensitivity in edge mode)")
             mechanisms.remove(name)
+    reported = list(mechanisms)
+    resolved = DEFAULT_ROW
+    if DEFAULT_ROW in mechanisms:
+        resolved = resolve_mechanism(None, mode, default_mechanism).value
+        note(f"default = {resolved} (the service's default in {mode.value} mode)")
+        mechanisms.remove(DEFAULT_ROW)
+        if resolved not in mechanisms:
+            mechanisms.append(resolved)
 
     plans: dict[float, DiffusionPlan] = {}
     if "noisy_diffusion" in mechanisms:
@@ -331,8 +348,9 @@ def evaluate(
 
     rows: list[EvaluationRow] = []
     for eps in epsilons:
-        for mechanism in mechanisms:
-            table = np.array(results[(mechanism, eps)], dtype=np.float64).reshape(-1, 4)
+        for mechanism in reported:
+            source = resolved if mechanism == DEFAULT_ROW else mechanism
+            table = np.array(results[(source, eps)], dtype=np.float64).reshape(-1, 4)
             summaries = [mean_ci(table[:, j]) for j in range(4)]
             rows.append(
                 EvaluationRow(

@@ -1174,13 +1174,15 @@ class Ledger:
         curve: RdpCurve,
         draw: Callable[[], bytes],
         wait_seconds: float = 30.0,
+        cap: GraphCap | None = None,
     ) -> bytes:
         """The single release of ``mechanism`` about graph ``graph_version`` (e.g. noisy degrees).
 
         The first caller, in any process, commits its charge to the graph-wide exposure, then
         calls ``draw()`` and stores the bytes; every other caller gets those same bytes. If the
         drawing process died before storing, the release is reconciled (refunded) after
-        ``wait_seconds`` and the next caller draws anew.
+        ``wait_seconds`` and the next caller draws anew. With a graph-wide ``cap``, a release
+        that would pass it is refused (:class:`GraphBudgetExhausted`) and nothing is drawn.
         """
         deadline = time.monotonic() + wait_seconds
         while True:
@@ -1189,7 +1191,9 @@ class Ledger:
                 if row is not None and row.state == "released" and row.payload is not None:
                     return bytes(row.payload)
             if row is None:
-                release_id = self._admit_graph_release(graph_version, mechanism, epsilon, curve)
+                release_id = self._admit_graph_release(
+                    graph_version, mechanism, epsilon, curve, cap
+                )
                 if release_id is not None:
                     try:
                         payload = draw()
@@ -1215,11 +1219,12 @@ class Ledger:
         ).one_or_none()
 
     def _admit_graph_release(
-        self, version: str, mechanism: str, epsilon: float, curve: RdpCurve
+        self, version: str, mechanism: str, epsilon: float, curve: RdpCurve, cap: GraphCap | None
     ) -> int | None:
         try:
             with self._writing() as session:
-                shard = self._add_exposure(session, curve, None, exact=False)
+                # a one-time release: the exact cap check (every shard locked) is cheap enough
+                shard = self._add_exposure(session, curve, cap, exact=cap is not None)
                 row = GraphRelease(
                     graph_version=version,
                     mechanism=mechanism,

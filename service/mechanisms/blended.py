@@ -23,7 +23,15 @@ the personalized model leaves unprotected (the answer goes to s, who knows their
    ego-network-like) it moves toward the common-neighbour signal, where popularity predicts
    friendship (dense, well-mixed graphs) toward the degrees; where it cannot tell, the
    median keeps the reliability-weighted middle.
-3. Scores: the blend, shifted to be positive, with the seed's neighbours placed first (free
+3. The friends are a biased validation set: they share more friends with the seed than any
+   candidate does (triangles), so their counts stand out of the noise where the candidates'
+   do not. A weight above the middle (0.5) is therefore kept only if the counts carry signal
+   AMONG THE CANDIDATES, by a one-sided 5% test of "every candidate has the same count":
+   under it c~ = const + Lap(b), whose sample variance has mean 2 b^2 and standard error
+   b^2 sqrt(20 / m) over m candidates (Laplace fourth moment 24 b^4); signal if the observed
+   variance exceeds 2 b^2 by more than 1.645 standard errors. Otherwise the weight is capped
+   at 0.5.
+4. Scores: the blend, shifted to be positive, with the seed's neighbours placed first (free
    information in this model); the seed itself scores 0.
 
 The guarantee is therefore exactly that of the two releases (docs/ranking.md): per query
@@ -50,6 +58,7 @@ __all__ = [
     "blend",
     "blended_ranking",
     "choose_weight",
+    "counts_carry_signal",
     "reliability",
 ]
 
@@ -61,26 +70,42 @@ VALIDATION_DEPTH = 50
 TIE_TOLERANCE = 0.05
 #: Smallest reliability: a signal drowned in noise still orders what is left to order.
 MIN_RELIABILITY = 0.01
+#: One-sided 5% normal quantile of the test for signal in the candidates' counts.
+SIGNAL_Z = 1.645
+#: Largest weight of the counts when the test finds no signal among the candidates.
+NO_SIGNAL_WEIGHT_CAP = 0.5
 
 
 @dataclass(frozen=True)
 class BlendedRanking:
     """The released scores (higher is better), the weight the hold-out check chose for the
-    common-neighbour signal and the two reliabilities (all functions of the releases)."""
+    common-neighbour signal and the two reliabilities (all functions of the releases), and
+    the Laplace scale of the larger of the two noise terms in the scores' own units (what the
+    served scores' grid is derived from)."""
 
     scores: np.ndarray
     weight: float
     reliability_counts: float
     reliability_degrees: float
+    score_noise_scale: float = 0.0
+    counts_signal: bool = True
+
+
+def _spread(x: np.ndarray, pool: np.ndarray) -> float:
+    spread = float(x[pool].std())
+    return spread if np.isfinite(spread) and spread > 0.0 else 0.0
 
 
 def _standardize(x: np.ndarray, pool: np.ndarray) -> np.ndarray:
-    values = x[pool]
-    spread = float(values.std())
-    centre = float(values.mean())
-    if not np.isfinite(spread) or spread <= 0.0:
+    spread = _spread(x, pool)
+    if spread <= 0.0:
         return np.zeros_like(x)
-    return (x - centre) / spread
+    return (x - float(x[pool].mean())) / spread
+
+
+def _scale_in_z(scale: float, weight: float, spread: float) -> float:
+    """Laplace(``scale``) noise of a vector, in units of ``weight`` times its z-score."""
+    return weight * scale / spread if spread > 0.0 else 0.0
 
 
 def _recovery(scores: np.ndarray, is_friend: np.ndarray, depth: int) -> float:
@@ -99,6 +124,18 @@ def reliability(values: np.ndarray, noise_scale: float) -> float:
     if not np.isfinite(observed) or observed <= 0.0:
         return MIN_RELIABILITY
     return float(min(1.0, max(MIN_RELIABILITY, 1.0 - 2.0 * noise_scale**2 / observed)))
+
+
+def counts_carry_signal(values: np.ndarray, noise_scale: float) -> bool:
+    """One-sided 5% test that ``values`` (released with Lap(``noise_scale``) noise) are not all
+    the same count: their sample variance exceeds the noise's 2 b^2 by more than SIGNAL_Z
+    standard errors (b^2 sqrt(20 / m) for m values of constant + Laplace noise)."""
+    m = values.shape[0]
+    if m < 2:
+        return False
+    observed = float(values.var(ddof=1))
+    b2 = noise_scale**2
+    return bool(np.isfinite(observed) and observed - 2.0 * b2 > SIGNAL_Z * b2 * np.sqrt(20.0 / m))
 
 
 def choose_weight(counts: np.ndarray, degrees: np.ndarray, friends: np.ndarray) -> float:
@@ -142,12 +179,19 @@ def blend(
     z_counts = r_counts * _standardize(counts, pool)
     z_degrees = r_degrees * _standardize(degrees, pool)
     weight = choose_weight(z_counts[pool], z_degrees[pool], friends[pool])
+    signal = counts_carry_signal(counts[candidates], counts_scale)
+    if not signal:
+        weight = min(weight, NO_SIGNAL_WEIGHT_CAP)
     mixed = weight * z_counts + (1.0 - weight) * z_degrees
     low, high = float(mixed[pool].min(initial=0.0)), float(mixed[pool].max(initial=0.0))
     scores = mixed - low + 1.0  # >= 1 on the pool: top-k clips at 0 and must not tie them
     scores[friends] += high - low + 1.0  # the seed's friends first (free in this model)
     scores[seed] = 0.0
-    return BlendedRanking(scores, weight, r_counts, r_degrees)
+    noise = max(
+        _scale_in_z(counts_scale, weight * r_counts, _spread(counts, pool)),
+        _scale_in_z(degrees_scale, (1.0 - weight) * r_degrees, _spread(degrees, pool)),
+    )
+    return BlendedRanking(scores, weight, r_counts, r_degrees, noise, signal)
 
 
 def blended_ranking(

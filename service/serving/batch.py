@@ -41,6 +41,7 @@ class BatchRequest:
     exclude_neighbors: bool = False
     idempotency_key: str | None = None
     request_id: str = ""
+    mechanism: str | None = None
 
     def item(self, index: int) -> QueryRequest:
         node = self.nodes[index]
@@ -55,6 +56,7 @@ class BatchRequest:
             exclude_neighbors=self.exclude_neighbors,
             idempotency_key=None if key is None else item_idempotency_key(key, index, node),
             request_id=f"{self.request_id}.{index}",
+            mechanism=self.mechanism,
         )
 
 

@@ -32,11 +32,20 @@ from service.ledger.records import (
 from service.mechanisms.diffusion import noise_free_prefix, noisy_diffusion
 from service.mechanisms.postprocess import RankedNode, ranked_results, score_grid
 from service.mechanisms.randomness import fresh_generator
+from service.mechanisms.registry import RankingMechanism, resolve_mechanism
 from service.privacy.accountant import RdpCurve
 from service.privacy.calibration import DiffusionPlan
+from service.privacy.curves import laplace_curve
 from service.privacy.modes import Mode
 from service.serving.graph_holder import GraphHolder
 from service.serving.planner import DiffusionPlanner
+from service.serving.rankings import (
+    DegreeReleases,
+    RankingPlan,
+    degree_block,
+    draw_ranking,
+    plan_ranking,
+)
 from service.serving.schemas import Answer, Principal, QueryRequest
 
 log = logging.getLogger(__name__)
@@ -119,6 +128,7 @@ class PprQueryService:
         replay_store_top: int = 1000,
         create_seed_accounts: bool = False,
         policy: AdmissionPolicy | None = None,
+        degree_releases: DegreeReleases | None = None,
     ) -> None:
         self.graphs = graphs
         self.ledger = ledger
@@ -129,6 +139,7 @@ class PprQueryService:
         self.replay_store_top = replay_store_top
         self.create_seed_accounts = create_seed_accounts
         self.policy = policy or AdmissionPolicy()
+        self.degree_releases = degree_releases or DegreeReleases(ledger, mechanism.popular_epsilon)
         self._max_charge: dict[str, RdpCurve] = {}
         self._exposure_delta: tuple[float, float] | None = None  # (value, read at monotonic)
 
@@ -155,8 +166,14 @@ class PprQueryService:
         return float(epsilon)
 
     def validate(self, req: QueryRequest) -> float:
-        """Check k, epsilon and the mode's options without answering; the epsilon to use."""
-        return self._validate(req)
+        """Check k, epsilon, the mechanism and the mode's options without answering; the
+        epsilon to use."""
+        epsilon = self._validate(req)
+        self._mechanism_for(req)
+        return epsilon
+
+    def _mechanism_for(self, req: QueryRequest) -> RankingMechanism:
+        return resolve_mechanism(req.mechanism, req.mode, self.mechanism.default_mechanism)
 
     def _charged_account(self, principal: Principal, node: str, mode: Mode, graph: Graph) -> int:
         if principal.type == "admin":
@@ -191,11 +208,12 @@ class PprQueryService:
     def answer(self, req: QueryRequest) -> Answer:
         graph = self.graphs.current  # one version for the whole request
         epsilon = self._validate(req)
+        name = self._mechanism_for(req)
         seed = graph.index_of(req.node)
         account_id = self._charged_account(req.principal, req.node, req.mode, graph)
-        key = ReleaseKey(
-            account_id, req.node, graph.version, req.mode.value, epsilon, MECHANISM_NAME
-        )
+        if name is RankingMechanism.POPULAR:
+            return self._answer_popular(req, graph, seed, account_id)
+        key = ReleaseKey(account_id, req.node, graph.version, req.mode.value, epsilon, name.value)
 
         if req.idempotency_key is not None:
             stored = self._release_for_idempotency_key(req)
@@ -211,10 +229,20 @@ class PprQueryService:
                     return self._replay(stored, req, graph, seed, account_id)
                 join_twins = False  # the stored release is too short for this query: draw anew
 
-        delta = self.ledger.account_delta(account_id)
-        m = self.mechanism
-        plan = self.planner.plan(epsilon, delta, m.steps, m.beta, m.eta, req.mode)
-        mechanism = self._mechanism_dict(plan)
+        plan: DiffusionPlan | RankingPlan
+        if name is RankingMechanism.NOISY_DIFFUSION:
+            delta = self.ledger.account_delta(account_id)
+            m = self.mechanism
+            plan = self.planner.plan(epsilon, delta, m.steps, m.beta, m.eta, req.mode)
+            mechanism = self._mechanism_dict(plan)
+        else:
+            # blended's degree release is made (or read) before admission: it is the graph
+            # version's, charged once to the graph-wide exposure, never to this account
+            degrees = None
+            if name is RankingMechanism.BLENDED:
+                degrees = self.degree_releases.get(graph, self._graph_cap(graph))
+            plan = plan_ranking(name, epsilon, req.mode, degrees)
+            mechanism = plan.describe()
         for _ in range(_MAX_ADMISSIONS):
             receipt = self._admit(req, graph, key if join_twins else None, account_id, plan,
                                   mechanism)  # fmt: skip
@@ -233,7 +261,12 @@ class PprQueryService:
                 "an identical request is still being answered; retry shortly", retry_after=1
             )
 
-        results = self._release(graph, seed, plan, receipt.charge_id, req)
+        if isinstance(plan, DiffusionPlan):
+            results = self._release(graph, seed, plan, receipt.charge_id, req)
+        else:
+            results, mechanism = self._release_ranking(
+                graph, seed, plan, receipt.charge_id, req, mechanism
+            )
         stored = StoredRelease(key, receipt.charge_id, results, mechanism, req.request_id)
         self._store(stored, req)  # before the answer leaves the process, or no answer
         return Answer(
@@ -256,7 +289,7 @@ class PprQueryService:
         graph: Graph,
         key: ReleaseKey | None,
         account_id: int,
-        plan: DiffusionPlan,
+        plan: DiffusionPlan | RankingPlan,
         mechanism: dict[str, Any],
     ) -> ChargeReceipt:
         principal = req.principal
@@ -310,7 +343,7 @@ class PprQueryService:
             curves = [
                 self.planner.plan(m.epsilon_max, delta, m.steps, m.beta, m.eta, mode).curve
                 for mode in Mode
-            ]
+            ] + [laplace_curve(m.epsilon_max)]
             hit = RdpCurve(np.max([c.rdp for c in curves], axis=0), max(c.pure for c in curves))
             self._max_charge = {graph.version: hit}
         return hit
@@ -410,6 +443,63 @@ class PprQueryService:
         if req.mode is Mode.PERSONALIZED:
             keep += int(graph.degrees[seed])  # room to drop the seed's neighbours on replay
         return ranked_results(graph, seed, scores, keep, grid=score_grid(config.noise_scale))
+
+    def _release_ranking(
+        self,
+        graph: Graph,
+        seed: int,
+        plan: RankingPlan,
+        charge_id: int,
+        req: QueryRequest,
+        mechanism: dict[str, Any],
+    ) -> tuple[list[RankedNode], dict[str, Any]]:
+        """``common_neighbours`` / ``blended``: this query's Laplace draw, post-processed."""
+        try:
+            rng = fresh_generator()
+        except BaseException:
+            self.ledger.refund(charge_id, reason="failed before any noise was drawn")
+            raise
+        drawn = draw_ranking(graph, seed, plan, rng)
+        keep = self.replay_store_top + int(graph.degrees[seed])
+        results = ranked_results(graph, seed, drawn.scores, keep, grid=drawn.grid)
+        return results, {**mechanism, **drawn.extra}
+
+    def _answer_popular(
+        self, req: QueryRequest, graph: Graph, seed: int, account_id: int
+    ) -> Answer:
+        """``popular``: the version's one degree release, ranked. Post-processing of a stored
+        graph-wide release: nothing is charged to any account and nothing new is stored."""
+        if req.idempotency_key is not None:
+            stored = self._release_for_idempotency_key(req)
+            if stored is not None:  # the key belongs to a charged query
+                raise IdempotencyKeyReused()
+        degrees = self.degree_releases.get(graph, self._graph_cap(graph))
+        extra = int(graph.degrees[seed]) if req.exclude_neighbors else 0
+        results = ranked_results(
+            graph, seed, degrees.values, req.k + extra, grid=degrees.grid,
+            exclude_neighbors=req.exclude_neighbors,
+        )  # fmt: skip
+        mechanism = {
+            "name": RankingMechanism.POPULAR.value,
+            "mode": req.mode.value,
+            "epsilon": degrees.plan.epsilon,
+            "delta": 0.0,
+            "sensitivity": degrees.plan.sensitivity,
+            "noise_scale": degrees.plan.scale,
+            "score_grid": degrees.grid,
+            **degree_block(degrees),
+        }
+        return Answer(
+            node=req.node,
+            graph_version=graph.version,
+            results=results[: req.k],
+            mechanism=mechanism,
+            budget=self.ledger.budget(account_id),
+            replayed=False,
+            request_id=req.request_id,
+            charged_account_id=account_id,
+            epsilon_charged=0.0,
+        )
 
     # -- replays --------------------------------------------------------------------------
 

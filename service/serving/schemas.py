@@ -33,6 +33,7 @@ class QueryRequest:
     exclude_neighbors: bool = False
     idempotency_key: str | None = None
     request_id: str = ""
+    mechanism: str | None = None  # None: the configured default for the mode
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,7 @@ def ppr_batch(
             mode=body.mode,
             fresh=body.fresh,
             exclude_neighbors=body.exclude_neighbors,
+            mechanism=body.mechanism,
             idempotency_key=idempotency_key,
             request_id=request.state.request_id,
         )

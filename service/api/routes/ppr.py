@@ -11,6 +11,7 @@ from service.api.models import Budget, ErrorResponse, PprAnswer
 from service.api.observability import CHARGES, EPSILON_CHARGED, REPLAYS
 from service.api.params import K_LIMIT, NodeIdPath, QueryBool
 from service.errors import InvalidParameter
+from service.mechanisms.registry import RankingMechanism
 from service.privacy.modes import Mode
 from service.serving.schemas import QueryRequest
 
@@ -40,6 +41,7 @@ def check_idempotency_key(idempotency_key: str | None) -> None:
 @router.get(
     "/ppr/{node_id:path}",
     response_model=PprAnswer,
+    response_model_exclude_none=True,  # mechanism fields that do not apply are absent
     responses={
         **_ERRORS,
         503: {
@@ -66,6 +68,15 @@ def ppr(
         Query(gt=0, description="Per-query epsilon (PPR_EPSILON_MIN..PPR_EPSILON_MAX)"),
     ] = None,
     mode: Annotated[Mode, Query(description="`personalized` or `edge`")] = Mode.PERSONALIZED,
+    mechanism: Annotated[
+        RankingMechanism | None,
+        Query(
+            description="The ranking: `noisy_diffusion`, `popular`, `common_neighbours` or "
+            "`blended` (the last two personalized mode only: 422 in edge mode). Default "
+            "PPR_DEFAULT_MECHANISM (blended), or noisy_diffusion in edge mode when the "
+            "default is personalized-only."
+        ),
+    ] = None,
     fresh: Annotated[
         QueryBool, Query(description="Draw new noise even if a release exists")
     ] = False,
@@ -76,11 +87,13 @@ def ppr(
         str | None, Header(description="Retries with the same key return the same answer")
     ] = None,
 ) -> PprAnswer:
-    """A ranked list of nodes close to `node_id`, from the noisy diffusion.
+    """A ranked list of nodes close to `node_id`, from the chosen private ranking.
 
     The seed is never in the list. The answer is charged to the seed user's budget
     (`personalized`) or to the caller (`edge` by a service account); a repeated query returns
     the stored release with `replayed: true` and costs nothing unless `fresh=true`.
+    `popular` charges no account: its degree release is made once per graph version and
+    paid by the graph-wide exposure. The `mechanism` block names what was used.
     """
     check_idempotency_key(idempotency_key)
     settings = runtime.settings
@@ -95,12 +108,15 @@ def ppr(
             exclude_neighbors=exclude_neighbors,
             idempotency_key=idempotency_key,
             request_id=request.state.request_id,
+            mechanism=mechanism,
         )
     )
     request.state.epsilon_charged = answer.epsilon_charged
     if answer.replayed:
         request.state.outcome = "replayed"
         REPLAYS.labels("idempotency" if idempotency_key else "release").inc()
+    elif answer.epsilon_charged == 0.0:
+        request.state.outcome = "graph_release"  # popular: post-processing, nothing charged
     else:
         request.state.outcome = "charged"
         CHARGES.labels(mode.value).inc()

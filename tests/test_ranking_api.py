@@ -1,0 +1,336 @@
+"""``mechanism=`` on the query and batch endpoints, on SQLite and on PostgreSQL + Redis: each
+ranking is charged as its own release, replays key on the mechanism, the personalized-only
+rankings are refused in edge mode, and the graph version's one DP degree release is charged to
+the graph-wide exposure exactly once, also when two worker processes ask for it at once."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from service.graph.generate import write_generated_edge_list
+from service.graph.loader import load_edge_list
+from service.ledger import upgrade
+from service.mechanisms.common_neighbours import common_neighbour_counts
+from service.mechanisms.postprocess import score_grid
+from service.mechanisms.registry import DEFAULT_MECHANISM
+from service.privacy.accountant import RdpCurve
+from service.privacy.calibration import plan_diffusion
+from service.privacy.curves import laplace_curve
+from service.privacy.laplace import plan_laplace
+from service.privacy.modes import Mode
+from service.serving.rankings import degree_release_name
+from tests import test_api
+from tests.api_support import (
+    GRAPH_EDGES,
+    GRAPH_NODES,
+    Backend,
+    bearer,
+    ledger_of,
+    open_ledger,
+    running_app,
+    user_with_key,
+    uvicorn_server,
+)
+from tests.test_api import Accounts, charge_count, query
+
+backend = test_api.backend
+
+
+@pytest.fixture
+def client(backend: Backend) -> Iterator[TestClient]:
+    # the service's real default ranking (the shared test settings pin noisy_diffusion)
+    with running_app(backend, default_mechanism=DEFAULT_MECHANISM.value) as client:
+        yield client
+
+
+@pytest.fixture
+def accounts(client: TestClient) -> Accounts:
+    return Accounts(client)
+
+
+def graph_releases(database_url: str) -> list[tuple[str, str, str]]:
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from service.ledger.tables import GraphRelease
+
+    with open_ledger(database_url) as ledger, Session(ledger._engine) as session:
+        rows = session.execute(
+            select(GraphRelease.graph_version, GraphRelease.mechanism, GraphRelease.state)
+        ).all()
+    return [(str(v), str(m), str(s)) for v, m, s in rows]
+
+
+def test_each_mechanism_is_named_calibrated_and_charged(
+    client: TestClient, accounts: Accounts, backend: Backend
+) -> None:
+    account_id, key = accounts.user("5")
+    cn = query(client, key, "5", k=30, epsilon=0.2, mechanism="common_neighbours")
+    assert cn.status_code == 200, cn.text
+    body = cn.json()
+    delta = body["budget"]["delta"]
+    assert body["mechanism"] == {
+        "name": "common_neighbours", "mode": "personalized", "epsilon": 0.2, "delta": 0.0,
+        "sensitivity": 2.0, "noise_scale": 10.0, "score_grid": score_grid(10.0),
+    }  # fmt: skip
+    assert all((r["score"] / score_grid(10.0)).is_integer() for r in body["results"])
+    assert body["epsilon_charged"] == 0.2
+    assert body["budget"]["spent_epsilon"] == pytest.approx(laplace_curve(0.2).epsilon(delta))
+
+    blended = query(client, key, "5", k=30, epsilon=0.2).json()  # the default
+    mech = blended["mechanism"]
+    assert mech["name"] == "blended" and mech["epsilon"] == 0.2 and mech["noise_scale"] == 10.0
+    assert mech["degree_epsilon"] == 0.1 and mech["degree_noise_scale"] == 20.0
+    assert 0.0 <= mech["weight"] <= 1.0 and mech["score_grid"] > 0
+    grid = mech["score_grid"]
+    assert grid == 2.0 ** np.floor(np.log2(grid))  # a power of two
+    assert all((r["score"] / grid).is_integer() for r in blended["results"])
+    # the seed's friends come first (free in the personalized model), ranked as rounded
+    graph = load_edge_list(backend.graph_path)
+    friends = set(graph.external_ids(graph.neighbors(graph.index_of("5"))))
+    ranked = [r["node"] for r in blended["results"]]
+    head = ranked[: len(friends)]
+    assert set(head) == friends or set(ranked) <= friends
+    scores = [r["score"] for r in blended["results"]]
+    assert scores == sorted(scores, reverse=True)
+
+    popular = query(client, key, "5", k=10, mechanism="popular").json()
+    assert popular["mechanism"]["name"] == "popular" and popular["epsilon_charged"] == 0.0
+    assert popular["mechanism"]["noise_scale"] == 20.0
+    assert popular["mechanism"]["score_grid"] == score_grid(20.0)
+    assert popular["budget"]["charges"] == 2  # nothing charged for popular
+
+    diffusion = query(client, key, "5", k=10, epsilon=0.2, mechanism="noisy_diffusion").json()
+    assert diffusion["mechanism"]["name"] == "noisy_diffusion"
+    curve = laplace_curve(0.2) * 2 + plan_diffusion(0.2, delta, 30, 0.8, 1e-7, "personalized").curve
+    assert diffusion["budget"]["spent_epsilon"] == pytest.approx(curve.epsilon(delta))
+    charges = ledger_of(client).list_charges(account_id)
+    assert sorted(c.mechanism for c in charges) == [
+        "blended", "common_neighbours", "noisy_diffusion"
+    ]  # fmt: skip
+
+
+def test_noisy_common_neighbours_centre_on_the_exact_counts(
+    client: TestClient, accounts: Accounts, backend: Backend
+) -> None:
+    """The served counts are the exact |N(s) & N(v)| plus noise of the stated scale (a test
+    that fails if the counts or the scale are wrong)."""
+    _, key = accounts.user("7", cap_epsilon=100.0)
+    graph = load_edge_list(backend.graph_path)
+    exact = common_neighbour_counts(graph, graph.index_of("7"))
+    body = query(client, key, "7", k=1000, epsilon=2.0, mechanism="common_neighbours").json()
+    served = {r["node"]: r["score"] for r in body["results"]}
+    ids = graph.external_ids(np.arange(graph.n))
+    errors = [served[v] - exact[i] for i, v in enumerate(ids) if v in served and served[v] > 0]
+    assert len(errors) > 100
+    # Lap(1): mean |error| is 1 (scores clipped at 0 are left out, hence the loose bounds)
+    assert 0.6 < float(np.mean(np.abs(errors))) < 1.4
+
+
+def test_replays_key_on_the_mechanism(client: TestClient, accounts: Accounts) -> None:
+    _, key = accounts.user("9")
+    first = {
+        name: query(client, key, "9", k=20, epsilon=0.1, mechanism=name).json()
+        for name in ("blended", "common_neighbours", "noisy_diffusion")
+    }
+    assert all(not body["replayed"] for body in first.values())
+    assert charge_count(client) == 3
+    for name, body in first.items():
+        again = query(client, key, "9", k=20, epsilon=0.1, mechanism=name).json()
+        assert again["replayed"] is True and again["results"] == body["results"]
+        assert again["mechanism"] == body["mechanism"]
+    assert charge_count(client) == 3
+    # the default (blended) replays blended's release
+    assert query(client, key, "9", k=20, epsilon=0.1).json()["replayed"] is True
+    # an Idempotency-Key belongs to one mechanism
+    ok = query(client, key, "9", k=5, mechanism="blended", fresh="true", idempotency_key="a-1")
+    assert ok.status_code == 200 and charge_count(client) == 4
+    clash = query(client, key, "9", k=5, mechanism="common_neighbours", idempotency_key="a-1")
+    assert clash.status_code == 422
+    assert clash.json()["error"]["details"]["parameter"] == "Idempotency-Key"
+    clash = query(client, key, "9", k=5, mechanism="popular", idempotency_key="a-1")
+    assert clash.status_code == 422
+    assert charge_count(client) == 4
+
+
+def test_personalized_only_rankings_are_refused_in_edge_mode(
+    client: TestClient, accounts: Accounts
+) -> None:
+    _, service_key = accounts.service(modes=["edge", "personalized"])
+    for name in ("blended", "common_neighbours"):
+        refused = query(client, service_key, "4", mode="edge", mechanism=name)
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "invalid_parameter"
+        assert error["details"]["parameter"] == "mechanism"
+        assert "personalized mode only" in error["message"] and name in error["message"]
+    unknown = query(client, service_key, "4", mechanism="pagerank")
+    assert unknown.status_code == 422
+    assert unknown.json()["error"]["details"]["parameter"] == "mechanism"
+    assert charge_count(client) == 0
+    # edge mode without a mechanism: the personalized-only default falls back to the diffusion
+    edge = query(client, service_key, "4", mode="edge", k=5)
+    assert edge.status_code == 200 and edge.json()["mechanism"]["name"] == "noisy_diffusion"
+    popular = query(client, service_key, "4", mode="edge", k=5, mechanism="popular")
+    assert popular.status_code == 200 and popular.json()["epsilon_charged"] == 0.0
+    assert charge_count(client) == 1
+
+    batch = client.post(
+        "/v1/ppr/batch",
+        json={"nodes": ["4", "6"], "mode": "edge", "mechanism": "blended"},
+        headers=bearer(service_key),
+    )
+    assert batch.status_code == 422
+    assert batch.json()["error"]["details"]["parameter"] == "mechanism"
+    assert charge_count(client) == 1
+
+
+def test_batch_takes_the_mechanism(client: TestClient, accounts: Accounts) -> None:
+    _, key_a = accounts.user("11")
+    _, service_key = accounts.service(modes=["personalized"], may_create_seed_accounts=False)
+    accounts.user("12")
+    answer = client.post(
+        "/v1/ppr/batch",
+        json={"nodes": ["11", "12"], "k": 5, "epsilon": 0.3, "mechanism": "common_neighbours"},
+        headers=bearer(service_key),
+    )
+    assert answer.status_code == 200, answer.text
+    items = answer.json()["items"]
+    charged = [i["epsilon_charged"] for i in items]
+    assert charged == [plan_laplace(0.3, 2.0).epsilon] * 2 and charged[0] <= 0.3
+    charges = ledger_of(client).list_charges(None)
+    assert {c.mechanism for c in charges} == {"common_neighbours"} and len(charges) == 2
+    # the same release, asked for singly, is a replay
+    single = query(client, key_a, "11", k=5, epsilon=0.3, mechanism="common_neighbours").json()
+    assert single["replayed"] is True and single["results"] == items[0]["results"]
+
+
+def test_the_degree_release_is_charged_once_per_graph_version(
+    client: TestClient, accounts: Accounts, backend: Backend
+) -> None:
+    ledger = ledger_of(client)
+    _, key = accounts.user("3")
+    _, other = accounts.user("8")
+    for k, mechanism, user, node in (
+        (5, "popular", key, "3"), (5, "blended", key, "3"), (5, "popular", other, "8"),
+        (5, "blended", other, "8"),
+    ):  # fmt: skip
+        assert query(client, user, node, k=k, mechanism=mechanism).status_code == 200
+    version = client.get("/v1/admin/graph", headers=bearer(accounts.admin_key)).json()["version"]
+    name = degree_release_name(20.0)
+    assert graph_releases(backend.database_url) == [(version, name, "released")]
+    report = ledger.exposure(delta=1e-6)
+    assert report.graph_releases == 1
+    charged = RdpCurve.zero()
+    for _ in range(2):
+        charged = charged + laplace_curve(0.1)  # the two blended queries at the default 0.1
+    assert report.epsilon == pytest.approx((charged + laplace_curve(0.1)).epsilon(1e-6))
+    # the same released bytes serve every query: popular answers agree across users
+    a = query(client, key, "3", k=50, mechanism="popular").json()["results"]
+    b = query(client, other, "8", k=50, mechanism="popular").json()["results"]
+    assert [r for r in a if r["node"] != "8"][:40] == [r for r in b if r["node"] != "3"][:40]
+
+    # a new version is a new release, charged again
+    write_generated_edge_list(backend.graph_path, GRAPH_NODES, GRAPH_EDGES + 10, seed=8)
+    reload = client.post("/v1/admin/graph/reload", headers=bearer(accounts.admin_key))
+    assert reload.status_code == 200
+    assert query(client, key, "3", k=5, mechanism="popular").status_code == 200
+    releases = graph_releases(backend.database_url)
+    assert len(releases) == 2 and {r[0] for r in releases} == {version, reload.json()["version"]}
+    assert ledger.exposure(delta=1e-6).graph_releases == 2
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_two_workers_make_one_degree_release(postgres_url: str, tmp_path: Path) -> None:
+    """Concurrent first queries on two worker processes: one release, one exposure charge."""
+    if not test_api.redis_answers():
+        pytest.skip("Redis does not answer")
+    graph_path = tmp_path / "graph.txt"
+    write_generated_edge_list(graph_path, GRAPH_NODES, GRAPH_EDGES, seed=7)
+    upgrade(postgres_url)
+    users = [user_with_key(postgres_url, str(node)) for node in range(20, 36)]
+    backend = Backend("postgres+redis", postgres_url, test_api.REDIS_URL, graph_path)
+    try:
+        with uvicorn_server(
+            backend, workers=2, extra_env={"PPR_DEFAULT_MECHANISM": "blended"}
+        ) as server:
+
+            def ask(i: int) -> httpx.Response:
+                _, key = users[i % len(users)]
+                node = str(20 + i % len(users))
+                params: dict[str, Any] = {"k": 5}
+                if i % 2:
+                    params["mechanism"] = "popular"
+                with httpx.Client(base_url=server.base_url, timeout=60) as http:
+                    return http.get(f"/v1/ppr/{node}", params=params, headers=bearer(key))
+
+            with ThreadPoolExecutor(max_workers=32) as pool:
+                responses = list(pool.map(ask, range(32)))
+            served_by = {
+                line["pid"]
+                for line in server.log_lines()
+                if line.get("route") == "/v1/ppr/{node_id}"
+            }
+    finally:
+        test_api.forget_cached_keys(postgres_url, test_api.REDIS_URL)
+    assert [r.status_code for r in responses] == [200] * 32, [r.text for r in responses]
+    assert {r.json()["mechanism"]["name"] for r in responses} == {"blended", "popular"}
+    assert len(served_by) == 2, "both workers answered"
+    releases = graph_releases(postgres_url)
+    assert len(releases) == 1 and releases[0][2] == "released"
+    with open_ledger(postgres_url) as ledger:
+        report = ledger.exposure(delta=1e-6)
+        charges = ledger.list_charges(None, limit=1000)
+    assert report.graph_releases == 1
+    # even requests ask 8 users twice for blended (the second is a replay or a joined twin)
+    assert len(charges) == 8 and {c.mechanism for c in charges} == {"blended"}
+    expected = laplace_curve(0.1) * 9  # 8 blended charges + the one degree release
+    assert report.epsilon == pytest.approx(expected.epsilon(1e-6))
+    assert report.shards_epsilon == pytest.approx(report.epsilon)
+
+
+def test_openapi_states_the_mechanism(client: TestClient) -> None:
+    schema = client.get("/openapi.json").json()
+    params = {p["name"]: p for p in schema["paths"]["/v1/ppr/{node_id}"]["get"]["parameters"]}
+    assert "mechanism" in params
+    mechanism = schema["components"]["schemas"]["Mechanism"]
+    assert set(mechanism["required"]) == {"name", "mode", "epsilon", "delta", "noise_scale"}
+    assert {"score_grid", "degree_epsilon", "weight", "beta"} <= set(mechanism["properties"])
+    assert "mechanism" in schema["components"]["schemas"]["BatchQuery"]["properties"]
+
+
+def test_service_default_is_the_new_ranking() -> None:
+    from service.config import Settings
+
+    assert Settings().default_mechanism.value == "blended"
+    assert Mode.PERSONALIZED.value == "personalized"
+
+
+def test_the_degree_release_respects_the_graph_cap(backend: Backend) -> None:
+    """A degree release that would pass PPR_GRAPH_CAP_EPSILON is refused (nothing drawn or
+    charged); under a cap it fits, it is made and counted in the exposure the cap reads."""
+    with running_app(backend, graph_cap_epsilon=0.05) as client:
+        accounts = Accounts(client)
+        _, key = accounts.user("3")
+        for mechanism in ("popular", "blended"):
+            refused = query(client, key, "3", k=5, mechanism=mechanism)
+            assert refused.status_code == 403, refused.text
+            assert refused.json()["error"]["code"] == "graph_budget_exhausted", refused.text
+        assert graph_releases(backend.database_url) == []
+        assert charge_count(client) == 0
+        ok = query(client, key, "3", k=5, epsilon=0.02, mechanism="common_neighbours")
+        assert ok.status_code == 200, ok.text
+    with running_app(backend, graph_cap_epsilon=0.5) as client:
+        _, key = accounts.user("4")
+        assert query(client, key, "4", k=5, mechanism="popular").status_code == 200
+        assert len(graph_releases(backend.database_url)) == 1
+        assert ledger_of(client).exposure(delta=1e-6).graph_releases == 1
