@@ -119,6 +119,16 @@ class Settings(MechanismSettings):
     engine_queue_timeout_seconds: float = Field(
         30.0, gt=0.0, description="Longest wait for the engine before 503 overloaded."
     )
+    engine_max_batch: int = Field(
+        64, ge=1, le=4096,
+        description="Most queries one diffusion block computes together per worker (its "
+        "memory is about 2 x n x this x 8 bytes).",
+    )  # fmt: skip
+    engine_batch_window_ms: float = Field(
+        2.0, ge=0.0, le=1000.0,
+        description="While a block runs, queries that arrive within this window join it "
+        "together at one step boundary; an idle engine starts a query at once.",
+    )  # fmt: skip
     metrics_token: SecretStr | None = Field(
         None, description="If set, /metrics needs 'Authorization: Bearer <token>'."
     )

@@ -49,9 +49,7 @@ def hub_case() -> tuple[Graph, Graph, int, int]:
     u = int(order[0])
     v = next(int(w) for w in order[1:] if int(w) not in set(g.neighbors(u).tolist()))
     src, dst = g.edge_arrays()
-    g_plus = build_graph(
-        np.append(src, u), np.append(dst, v), list(g.node_ids), num_nodes=g.n
-    )
+    g_plus = build_graph(np.append(src, u), np.append(dst, v), list(g.node_ids), num_nodes=g.n)
     # same node order (canonical order depends only on the ids)
     assert g_plus.index_of(g.node_ids[u]) == u and g_plus.index_of(g.node_ids[v]) == v
     return g, g_plus, u, v

@@ -14,6 +14,7 @@ from service.cache.caches import Caches, build_caches
 from service.config import Settings
 from service.graph.model import Graph
 from service.ledger.ledger import Ledger
+from service.mechanisms.engine import DiffusionEngine
 from service.serving.batch import BatchQueryService
 from service.serving.graph_holder import GraphHolder
 from service.serving.limits import EngineGate, RateLimiter
@@ -49,6 +50,7 @@ class Runtime:
             self.reconciler.stop()
         self.limiter.close()
         self.batch.close()
+        self.queries.engine.close()
         self.ledger.dispose()
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
@@ -80,6 +82,9 @@ def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
 
         graphs = GraphHolder(settings.graph_path, on_load=remember_degrees)
         graphs.load()
+        engine = DiffusionEngine(
+            settings.engine_max_batch, window_seconds=settings.engine_batch_window_ms / 1000.0
+        )
         queries = PprQueryService(
             graphs=graphs,
             ledger=ledger,
@@ -90,6 +95,7 @@ def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
             replay_store_top=settings.replay_store_top,
             create_seed_accounts=settings.create_seed_accounts,
             policy=AdmissionPolicy.from_settings(settings),
+            engine=engine,
         )
         limiter = RateLimiter(
             settings.rate_limit_per_second,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -40,7 +41,18 @@ from service.privacy.modes import Mode
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DiffusionEngine", "DiffusionJob", "EngineResult", "run_jobs"]
+__all__ = ["DiffusionEngine", "DiffusionJob", "EngineFailure", "EngineResult", "run_jobs"]
+
+
+class EngineFailure(Exception):
+    """A query's diffusion failed; ``noise_drawn`` says whether any of its noise was drawn
+    (if not, nothing can have been released and its charge may be refunded)."""
+
+    def __init__(self, error: BaseException, *, noise_drawn: bool) -> None:
+        super().__init__(f"diffusion failed ({'after' if noise_drawn else 'before'} noise): "
+                         f"{error!r}")  # fmt: skip
+        self.error = error
+        self.noise_drawn = noise_drawn
 
 
 @dataclass(frozen=True)
@@ -142,7 +154,8 @@ class _Block:
     def fail(self, exc: BaseException) -> None:
         for job in self.jobs:
             if not job.future.done():
-                job.future.set_exception(exc)
+                noise_drawn = job.done_steps > job.noise_free_steps
+                job.future.set_exception(EngineFailure(exc, noise_drawn=noise_drawn))
         self.jobs = []
         self.x = np.empty((self.graph.n, 0), dtype=np.float64)
 
@@ -203,7 +216,8 @@ class _Block:
 
 
 def run_jobs(graph: Graph, jobs: list[DiffusionJob]) -> None:
-    """Run ``jobs`` together to the end in the caller's thread (their futures get results)."""
+    """Run ``jobs`` together to the end in the caller's thread (their futures get results;
+    an error is raised as it is)."""
     block = _Block(graph, walk_operator(graph))
     block.admit(jobs)
     try:
@@ -221,10 +235,12 @@ class DiffusionEngine:
     twice that while a step runs); queries beyond it wait in the inbox for a column to free.
     """
 
-    def __init__(self, max_batch: int = 64) -> None:
+    def __init__(self, max_batch: int = 64, *, window_seconds: float = 0.002) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.max_batch = max_batch
+        self.window_seconds = window_seconds
+        self._admitted_at = 0.0
         self._inbox: deque[tuple[Graph, DiffusionJob]] = deque()
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -282,11 +298,20 @@ class DiffusionEngine:
         return {"steps": self.steps, "column_steps": self.columns, "max_width": self.max_width}
 
     def _take(self, blocks: dict[int, _Block]) -> None:
-        """Move inbox jobs into their graph's block, up to ``max_batch`` columns each."""
+        """Move inbox jobs into their graph's block, up to ``max_batch`` columns each.
+
+        An idle engine takes arrivals at once. A running one takes them at a step boundary at
+        most every ``window_seconds``, so arrivals within a window join together (one copy of
+        the block instead of one per arrival)."""
         arrivals: dict[int, list[DiffusionJob]] = {}
         with self._cv:
             while not self._inbox and not blocks and not self._closed:
                 self._cv.wait()
+            now = time.monotonic()
+            if blocks and now - self._admitted_at < self.window_seconds:
+                return
+            if self._inbox:
+                self._admitted_at = now
             pending: deque[tuple[Graph, DiffusionJob]] = deque()
             while self._inbox:
                 graph, job = self._inbox.popleft()
@@ -306,7 +331,7 @@ class DiffusionEngine:
             except BaseException as exc:  # pragma: no cover - defensive
                 for job in jobs:
                     if not job.future.done():
-                        job.future.set_exception(exc)
+                        job.future.set_exception(EngineFailure(exc, noise_drawn=False))
 
     def _loop(self) -> None:
         blocks: dict[int, _Block] = {}
@@ -318,7 +343,7 @@ class DiffusionEngine:
                     block.fail(closed)
                 with self._cv:
                     for _, job in self._inbox:
-                        job.future.set_exception(closed)
+                        job.future.set_exception(EngineFailure(closed, noise_drawn=False))
                     self._inbox.clear()
                 return
             for key, block in list(blocks.items()):
@@ -335,4 +360,3 @@ class DiffusionEngine:
                     block.fail(exc)
                 if not len(block):
                     del blocks[key]
-

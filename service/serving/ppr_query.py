@@ -29,7 +29,8 @@ from service.ledger.records import (
     ReleaseKey,
     StoredRelease,
 )
-from service.mechanisms.diffusion import noise_free_prefix, noisy_diffusion
+from service.mechanisms.diffusion import noise_free_prefix
+from service.mechanisms.engine import DiffusionEngine, EngineFailure
 from service.mechanisms.postprocess import RankedNode, ranked_results, score_grid
 from service.mechanisms.randomness import fresh_generator
 from service.privacy.accountant import RdpCurve
@@ -92,17 +93,29 @@ class PrefixProvider:
     def __init__(self, cache: PrefixCache | None = None) -> None:
         self._cache = cache
 
+    def lookup(
+        self, graph: Graph, seed: int, mode: Mode, beta: float, eta: float, m: int
+    ) -> np.ndarray | None:
+        """The cached prefix, or None (the engine then computes it with the query)."""
+        if self._cache is None:
+            return None
+        hit = self._cache.get(graph.version, seed, mode.value, beta, eta, m)
+        return hit if hit is not None and hit.shape == (graph.n,) else None
+
+    def remember(
+        self, graph: Graph, seed: int, mode: Mode, beta: float, eta: float, m: int,
+        prefix: np.ndarray,
+    ) -> None:  # fmt: skip
+        if self._cache is not None:
+            self._cache.put(graph.version, seed, mode.value, beta, eta, m, prefix)
+
     def get(
         self, graph: Graph, seed: int, mode: Mode, beta: float, eta: float, m: int
     ) -> np.ndarray:
-        key = (graph.version, seed, mode.value, beta, eta, m)
-        if self._cache is not None:
-            hit = self._cache.get(*key)
-            if hit is not None and hit.shape == (graph.n,):
-                return hit
-        prefix = noise_free_prefix(graph, seed, mode, beta, eta, m)
-        if self._cache is not None:
-            self._cache.put(*key, prefix)
+        prefix = self.lookup(graph, seed, mode, beta, eta, m)
+        if prefix is None:
+            prefix = noise_free_prefix(graph, seed, mode, beta, eta, m)
+            self.remember(graph, seed, mode, beta, eta, m, prefix)
         return prefix
 
 
@@ -119,7 +132,9 @@ class PprQueryService:
         replay_store_top: int = 1000,
         create_seed_accounts: bool = False,
         policy: AdmissionPolicy | None = None,
+        engine: DiffusionEngine | None = None,
     ) -> None:
+        self.engine = engine if engine is not None else DiffusionEngine()
         self.graphs = graphs
         self.ledger = ledger
         self.replays = replays
@@ -393,16 +408,24 @@ class PprQueryService:
         self, graph: Graph, seed: int, plan: DiffusionPlan, charge_id: int, req: QueryRequest
     ) -> list[RankedNode]:
         config = plan.config
+        where = (graph, seed, config.mode, config.beta, config.eta, config.noise_free_steps)
         try:
-            prefix = self.prefixes.get(
-                graph, seed, config.mode, config.beta, config.eta, config.noise_free_steps
-            )
+            prefix = self.prefixes.lookup(*where)
             rng = fresh_generator()
         except BaseException:
             # No noise has been drawn: nothing was released, so the charge is compensated.
             self.ledger.refund(charge_id, reason="failed before any noise was drawn")
             raise
-        scores = noisy_diffusion(graph, seed, config, rng=rng, prefix=prefix)
+        # Batched with concurrent queries; a cold seed's prefix is computed in the same block.
+        try:
+            result = self.engine.compute(graph, seed, config, rng=rng, prefix=prefix)
+        except EngineFailure as exc:
+            if not exc.noise_drawn:  # it failed in the noise-free prefix: nothing released
+                self.ledger.refund(charge_id, reason="failed before any noise was drawn")
+            raise exc.error from None
+        if prefix is None and result.prefix is not None:
+            self.prefixes.remember(*where, result.prefix)
+        scores = result.scores
         keep = self.replay_store_top
         if req.mode is Mode.PERSONALIZED:
             keep += int(graph.degrees[seed])  # room to drop the seed's neighbours on replay
