@@ -46,4 +46,5 @@ def step_noise(rng: np.random.Generator, scale: float, n: int) -> np.ndarray:
     """xi1 + xi2 of one noisy diffusion step: two independent vectors of n Lap(scale) draws,
     drawn as one block of 2n (the first n are xi1)."""
     draws = laplace_noise(rng, scale, 2 * n)
-    return draws[:n] + draws[n:]
+    out: np.ndarray = draws[:n] + draws[n:]
+    return out
