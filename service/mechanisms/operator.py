@@ -21,6 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from service.graph.model import Graph
+from service.mechanisms.kernels import block_kernel, warm_up
 
 
 def default_threads() -> int:
@@ -46,6 +47,11 @@ class WalkOperator:
             block = sp.csr_matrix((data, indices, indptr), shape=(int(hi - lo), self.n))
             self._blocks.append((int(lo), int(hi), block))
         self._pool = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
+        self._indptr = graph.indptr
+        self._indices = graph.indices
+        self._kernel = block_kernel()
+        if self._kernel is not None:
+            warm_up(graph.indptr, graph.indices)
 
     @property
     def row_blocks(self) -> list[tuple[int, int]]:
@@ -59,6 +65,16 @@ class WalkOperator:
         """A z for a float64 vector (n,) or C-ordered block (n, B), in float64."""
         z = np.ascontiguousarray(z, dtype=np.float64)
         out = np.empty(z.shape, dtype=np.float64)
+        kernel = self._kernel
+        if z.ndim == 2 and z.shape[1] > 1 and kernel is not None:
+            args = (self._indptr, self._indices, z, out)
+            if self._pool is None:
+                kernel(*args, 0, self.n)
+                return out
+            parts = [self._pool.submit(kernel, *args, lo, hi) for lo, hi in self.row_blocks]
+            for part in parts:
+                part.result()
+            return out
         if self._pool is None:
             for lo, hi, block in self._blocks:
                 out[lo:hi] = block @ z

@@ -37,8 +37,8 @@ def laplace_noise(rng: np.random.Generator, scale: float, count: int) -> np.ndar
     exponentials, then ``ceil(count / 64)`` raw 64-bit words for the signs.
     """
     draws = rng.standard_exponential(count)
-    np.negative(draws, out=draws, where=random_signs(rng, count))
-    draws *= scale
+    signed_scale = np.array([scale, -scale], dtype=np.float64)
+    draws *= signed_scale.take(random_signs(rng, count).view(np.uint8))
     return draws
 
 
