@@ -80,8 +80,13 @@ def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
         def remember_degrees(graph: Graph) -> None:
             caches.degrees.put(graph.version, graph.degrees)
 
-        graphs = GraphHolder(settings.graph_path, on_load=remember_degrees)
-        graphs.load()
+        graphs = GraphHolder(
+            settings.graph_path,
+            on_load=remember_degrees,
+            versions=ledger if settings.graph_version_check_ms > 0 else None,
+            check_seconds=settings.graph_version_check_ms / 1000.0,
+        )
+        graphs.load()  # records its version: the other workers and replicas follow
         engine = DiffusionEngine(
             settings.engine_max_batch, window_seconds=settings.engine_batch_window_ms / 1000.0
         )

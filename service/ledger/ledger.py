@@ -60,6 +60,7 @@ from service.ledger.records import (
 )
 from service.ledger.tables import (
     EXPOSURE_SHARDS,
+    META_CURRENT_GRAPH_VERSION,
     META_LEDGER_ID,
     Account,
     ApiKey,
@@ -324,6 +325,23 @@ class Ledger:
                     raise LedgerNotMigrated("ledger_meta has no ledger_id: run the migrations")
                 self._ledger_id = value.value
         return self._ledger_id
+
+    # --- the graph version every worker and replica serves ----------------------------------
+
+    def current_graph_version(self) -> str | None:
+        """The graph version the service should serve (set by a load or reload), if any."""
+        with self._reading() as session:
+            row = session.get(LedgerMeta, META_CURRENT_GRAPH_VERSION)
+            return None if row is None else row.value
+
+    def set_current_graph_version(self, version: str) -> None:
+        """Record ``version`` as the one to serve: every worker follows it (GraphHolder)."""
+        with self._writing() as session:
+            row = session.get(LedgerMeta, META_CURRENT_GRAPH_VERSION)
+            if row is None:
+                session.add(LedgerMeta(key=META_CURRENT_GRAPH_VERSION, value=version))
+            elif row.value != version:
+                row.value = version
 
     def ping(self) -> bool:
         try:

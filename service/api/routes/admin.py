@@ -219,8 +219,10 @@ def reload_graph(runtime: RuntimeDep, admin: AdminDep) -> GraphInfo:
     """Load the graph again from its configured location and swap it in atomically.
 
     Queries in flight finish on the old version. A broken file leaves the old graph serving
-    and answers with the loader's error (`graph_load_error`, naming file and line). With
-    several workers, each process holds its own graph: reload each (or restart them).
+    and answers with the loader's error (`graph_load_error`, naming file and line). The new
+    version is recorded in the ledger database; every other worker and replica compares its
+    own version with it at most every `PPR_GRAPH_VERSION_CHECK_MS` and reloads from its
+    configured location.
     """
     previous = runtime.graphs.current.version
     try:
