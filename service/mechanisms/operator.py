@@ -38,24 +38,32 @@ class WalkOperator:
         self.inv_degree = np.divide(1.0, degrees, out=np.zeros_like(degrees), where=degrees > 0)
         self.isolated = np.flatnonzero(graph.degrees == 0)
         self.threads = threads or default_threads()
-        bounds = np.linspace(0, self.n, self.threads + 1).astype(np.int64)
-        self._blocks: list[tuple[int, int, sp.csr_matrix]] = []
-        for lo, hi in itertools.pairwise(bounds):
-            indptr = graph.indptr[lo : hi + 1] - graph.indptr[lo]
-            indices = graph.indices[graph.indptr[lo] : graph.indptr[hi]]
-            data = np.ones(indices.shape[0], dtype=np.float64)
-            block = sp.csr_matrix((data, indices, indptr), shape=(int(hi - lo), self.n))
-            self._blocks.append((int(lo), int(hi), block))
+        # row blocks with about the same number of stored entries each (power-law graphs)
+        targets = np.linspace(0, int(graph.indptr[-1]), self.threads + 1)
+        bounds = np.searchsorted(graph.indptr, targets, side="left").clip(0, self.n)
+        bounds[0], bounds[-1] = 0, self.n
+        self._rows = [(int(lo), int(hi)) for lo, hi in itertools.pairwise(bounds)]
         self._pool = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
         self._indptr = graph.indptr
         self._indices = graph.indices
         self._kernel = block_kernel()
+        # With the compiled kernel the graph's own (read-only, possibly shared) index arrays
+        # are all it reads: no per-process copy, no float data array. Without it, scipy needs
+        # CSR row blocks with a data array of ones.
+        self._blocks: list[tuple[int, int, sp.csr_matrix]] = []
         if self._kernel is not None:
             warm_up(graph.indptr, graph.indices)
+        else:  # pragma: no cover - numba is a dependency
+            for lo, hi in self._rows:
+                indptr = graph.indptr[lo : hi + 1] - graph.indptr[lo]
+                indices = graph.indices[graph.indptr[lo] : graph.indptr[hi]]
+                data = np.ones(indices.shape[0], dtype=np.float64)
+                block = sp.csr_matrix((data, indices, indptr), shape=(hi - lo, self.n))
+                self._blocks.append((lo, hi, block))
 
     @property
     def row_blocks(self) -> list[tuple[int, int]]:
-        return [(lo, hi) for lo, hi, _ in self._blocks]
+        return list(self._rows)
 
     @property
     def pool(self) -> ThreadPoolExecutor | None:
@@ -66,8 +74,8 @@ class WalkOperator:
         z = np.ascontiguousarray(z, dtype=np.float64)
         out = np.empty(z.shape, dtype=np.float64)
         kernel = self._kernel
-        if z.ndim == 2 and z.shape[1] > 1 and kernel is not None:
-            args = (self._indptr, self._indices, z, out)
+        if kernel is not None:
+            args = (self._indptr, self._indices, z.reshape(self.n, -1), out.reshape(self.n, -1))
             if self._pool is None:
                 kernel(*args, 0, self.n)
                 return out
@@ -75,7 +83,7 @@ class WalkOperator:
             for part in parts:
                 part.result()
             return out
-        if self._pool is None:
+        if self._pool is None:  # pragma: no cover - numba is a dependency
             for lo, hi, block in self._blocks:
                 out[lo:hi] = block @ z
             return out
