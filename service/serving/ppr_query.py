@@ -22,6 +22,7 @@ from service.errors import Conflict, Forbidden, InvalidParameter
 from service.graph.model import Graph
 from service.ledger.ledger import Ledger, LedgerUnavailable
 from service.ledger.records import (
+    BudgetView,
     ChargeReceipt,
     ChargeSettled,
     GraphCap,
@@ -82,6 +83,10 @@ class AdmissionPolicy:
             twin_wait_seconds=settings.twin_wait_seconds,
         )
 
+
+#: How long an account's delta (calibration only) and a replay's budget view are reused.
+_DELTA_TTL_SECONDS = 5.0
+_REPLAY_BUDGET_TTL_SECONDS = 1.0
 
 #: How often an admission is retried after the charge it waited on was refunded.
 _MAX_ADMISSIONS = 3
@@ -146,6 +151,8 @@ class PprQueryService:
         self.policy = policy or AdmissionPolicy()
         self._max_charge: dict[str, RdpCurve] = {}
         self._exposure_delta: tuple[float, float] | None = None  # (value, read at monotonic)
+        self._deltas: dict[int, tuple[float, float]] = {}  # account -> (delta, read at)
+        self._budgets: dict[int, tuple[BudgetView, float]] = {}  # account -> (budget, read at)
 
     # -- validation and authorization -----------------------------------------------------
 
@@ -223,7 +230,7 @@ class PprQueryService:
                     return self._replay(stored, req, graph, seed, account_id)
                 join_twins = False  # the stored release is too short for this query: draw anew
 
-        delta = self.ledger.account_delta(account_id)
+        delta = self._account_delta(account_id)
         m = self.mechanism
         plan = self.planner.plan(epsilon, delta, m.steps, m.beta, m.eta, req.mode)
         mechanism = self._mechanism_dict(plan)
@@ -245,6 +252,7 @@ class PprQueryService:
                 "an identical request is still being answered; retry shortly", retry_after=1
             )
 
+        self._budgets[account_id] = (receipt.budget, time.monotonic())  # for replays here
         results = self._release(graph, seed, plan, receipt.charge_id, req)
         stored = StoredRelease(key, receipt.charge_id, results, mechanism, req.request_id)
         self._store(stored, req)  # before the answer leaves the process, or no answer
@@ -456,13 +464,39 @@ class PprQueryService:
             graph_version=graph.version,
             results=self._post_process(stored.results, req, graph, seed),
             mechanism=stored.mechanism,
-            budget=self.ledger.budget(account_id),
+            budget=self._replay_budget(account_id),
             replayed=True,
             request_id=req.request_id,
             charged_account_id=account_id,
             epsilon_charged=0.0,
             extra={"original_request_id": stored.request_id},
         )
+
+    # -- reads that need not cost a database round trip on every request --------------------
+
+    def _account_delta(self, account_id: int) -> float:
+        """The account's delta, re-read at most every ``_DELTA_TTL_SECONDS``. It only picks the
+        calibration: admission checks the composed curve at the delta read under its lock."""
+        now = time.monotonic()
+        hit = self._deltas.get(account_id)
+        if hit is None or now - hit[1] > _DELTA_TTL_SECONDS:
+            hit = (self.ledger.account_delta(account_id), now)
+            if len(self._deltas) > 100_000:
+                self._deltas.clear()
+            self._deltas[account_id] = hit
+        return hit[0]
+
+    def _replay_budget(self, account_id: int) -> BudgetView:
+        """The budget shown with a replay (nothing is charged), at most
+        ``_REPLAY_BUDGET_TTL_SECONDS`` old; fresh answers show their own receipt's."""
+        now = time.monotonic()
+        hit = self._budgets.get(account_id)
+        if hit is None or now - hit[1] > _REPLAY_BUDGET_TTL_SECONDS:
+            hit = (self.ledger.budget(account_id), now)
+            if len(self._budgets) > 100_000:
+                self._budgets.clear()
+            self._budgets[account_id] = hit
+        return hit[0]
 
     def _mechanism_dict(self, plan: DiffusionPlan) -> dict[str, Any]:
         c = plan.config
