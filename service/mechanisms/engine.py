@@ -103,6 +103,9 @@ def thresholded_step(
     personalized: np.ndarray,
 ) -> np.ndarray:
     """phi(f(x)) for every column of the block x (n x B): the kernel, without noise."""
+    fused = op.fused_step(x, seeds=seeds, betas=betas, etas=etas, personalized=personalized)
+    if fused is not None:
+        return fused
     clipped = np.maximum(x, 0.0)
     if np.all(etas == etas[0]):
         np.minimum(clipped, (etas[0] * op.degrees)[:, None], out=clipped)

@@ -55,3 +55,79 @@ def warm_up(indptr: np.ndarray, indices: np.ndarray) -> None:
     z = np.zeros((1, 2), dtype=np.float64)
     out = np.zeros((1, 2), dtype=np.float64)
     _KERNEL(indptr[:2] * 0, indices[:0], z, out, 0, 1)
+    steps = _compile_step_once()
+    if steps is not None:
+        clip_rows, walk_rows = steps
+        one = np.zeros(1, dtype=np.float64)
+        clip_rows(z, one, one, one, z.copy(), z.copy(), 0, 0)
+        walk_rows(indptr, indices, z, z.copy(), np.zeros(1, dtype=np.bool_), one, out, 0, 0)
+
+
+StepKernels = tuple[Callable[..., None], Callable[..., None]]
+
+
+def _compile_step() -> StepKernels | None:
+    try:
+        from numba import njit
+    except ImportError:  # pragma: no cover
+        return None
+
+    def clip_rows(
+        x: Any, degrees: Any, inv_degree: Any, etas: Any, clipped: Any, z: Any, lo: int, hi: int
+    ) -> None:  # pragma: no cover - compiled
+        """clipped = min(max(x, 0), eta_k d_i); z = clipped / d (as clipped * (1/d))."""
+        width = x.shape[1]
+        for i in range(lo, hi):
+            for k in range(width):
+                v = x[i, k]
+                if v < 0.0:
+                    v = 0.0
+                t = etas[k] * degrees[i]
+                if v > t:
+                    v = t
+                clipped[i, k] = v
+                z[i, k] = v * inv_degree[i]
+
+    def walk_rows(
+        indptr: Any,
+        indices: Any,
+        z: Any,
+        clipped: Any,
+        isolated: Any,
+        betas: Any,
+        out: Any,
+        lo: int,
+        hi: int,
+    ) -> None:  # pragma: no cover - compiled
+        """out = beta (A z + c (+ c if isolated)) / 2, in the order of WalkOperator.apply."""
+        width = out.shape[1]
+        for i in range(lo, hi):
+            for k in range(width):
+                out[i, k] = 0.0
+            for jj in range(indptr[i], indptr[i + 1]):
+                j = indices[jj]
+                for k in range(width):
+                    out[i, k] += z[j, k]
+            for k in range(width):
+                v = out[i, k]
+                if isolated[i]:
+                    v += clipped[i, k]
+                v += clipped[i, k]
+                v *= 0.5
+                v *= betas[k]
+                out[i, k] = v
+
+    options = {"nogil": True, "cache": True, "fastmath": False}
+    return njit(**options)(clip_rows), njit(**options)(walk_rows)
+
+
+_STEP: StepKernels | None = _compile_step()
+
+
+def step_kernels() -> StepKernels | None:
+    """(clip_rows, walk_rows) compiled, or None without numba."""
+    return _STEP
+
+
+def _compile_step_once() -> StepKernels | None:
+    return _STEP

@@ -15,13 +15,15 @@ import itertools
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
 from service.graph.model import Graph
-from service.mechanisms.kernels import block_kernel, warm_up
+from service.mechanisms.kernels import block_kernel, step_kernels, warm_up
 
 
 def default_threads() -> int:
@@ -47,6 +49,8 @@ class WalkOperator:
         self._indptr = graph.indptr
         self._indices = graph.indices
         self._kernel = block_kernel()
+        self._step = step_kernels()
+        self._isolated_mask = np.ascontiguousarray(graph.degrees == 0)
         # With the compiled kernel the graph's own (read-only, possibly shared) index arrays
         # are all it reads: no per-process copy, no float data array. Without it, scipy needs
         # CSR row blocks with a data array of ones.
@@ -93,6 +97,46 @@ class WalkOperator:
         for lo, hi, future in futures:
             out[lo:hi] = future.result()
         return out
+
+    def fused_step(
+        self,
+        x: np.ndarray,
+        *,
+        seeds: np.ndarray,
+        betas: np.ndarray,
+        etas: np.ndarray,
+        personalized: np.ndarray,
+    ) -> np.ndarray | None:
+        """phi(f(x)) for a block in two compiled passes over the rows (both threads), with the
+        same operations in the same order as the unfused path; None without numba."""
+        kernels = self._step
+        if kernels is None or x.ndim != 2:
+            return None
+        clip_rows, walk_rows = kernels
+        x = np.ascontiguousarray(x, dtype=np.float64)
+        clipped = np.empty_like(x)
+        z = np.empty_like(x)
+        etas = np.ascontiguousarray(etas, dtype=np.float64)
+        betas = np.ascontiguousarray(betas, dtype=np.float64)
+        self._on_rows(clip_rows, x, self.degrees, self.inv_degree, etas, clipped, z)
+        p = np.flatnonzero(personalized)
+        if p.size:  # the seed's threshold is 1 in personalized mode
+            c = np.minimum(np.maximum(x[seeds[p], p], 0.0), 1.0)
+            clipped[seeds[p], p] = c
+            z[seeds[p], p] = c * self.inv_degree[seeds[p]]
+        out = np.empty_like(x)
+        self._on_rows(walk_rows, self._indptr, self._indices, z, clipped, self._isolated_mask,
+                      betas, out)  # fmt: skip
+        out[seeds, np.arange(x.shape[1])] += 1.0 - betas
+        return out
+
+    def _on_rows(self, kernel: Callable[..., None], *args: Any) -> None:
+        if self._pool is None:
+            kernel(*args, 0, self.n)
+            return
+        parts = [self._pool.submit(kernel, *args, lo, hi) for lo, hi in self._rows]
+        for part in parts:
+            part.result()
 
     def apply(self, y: np.ndarray) -> np.ndarray:
         """W y for a float64 vector (n,) or block (n, B)."""
