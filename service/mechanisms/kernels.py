@@ -117,8 +117,9 @@ def _compile_step() -> StepKernels | None:
                 v *= betas[k]
                 out[i, k] = v
 
-    options = {"nogil": True, "cache": True, "fastmath": False}
-    return njit(**options)(clip_rows), njit(**options)(walk_rows)
+    clip = njit(nogil=True, cache=True, fastmath=False)(clip_rows)
+    walk = njit(nogil=True, cache=True, fastmath=False)(walk_rows)
+    return clip, walk
 
 
 _STEP: StepKernels | None = _compile_step()
