@@ -131,12 +131,14 @@ def _batched(
 ) -> Callable[[], object]:
     """One block of len(seeds) queries on the batched engine's kernel (in this thread, both
     cores for the sparse products), each with its own fresh generator; warm: prefixes cached."""
-    prefixes = [
-        noise_free_prefix(graph, s, config.mode, config.beta, config.eta, config.noise_free_steps)
-        if warm
-        else None
-        for s in seeds
-    ]
+    prefixes: list[np.ndarray | None] = [None] * len(seeds)
+    if warm:  # the prefixes, computed together (noise-free, untimed)
+        m = config.noise_free_steps
+        free = DiffusionConfig(mode=config.mode, beta=config.beta, steps=m, eta=config.eta,
+                               noise_scale=0.0, noisy_steps=0)  # fmt: skip
+        jobs = [DiffusionJob(s, free, None, keep_prefix=False) for s in seeds]
+        run_jobs(graph, jobs)
+        prefixes = [job.future.result().scores for job in jobs]
 
     def block() -> None:
         jobs = [
