@@ -58,7 +58,7 @@ def measure(graph: Path, workers: int, database_url: str, port: int) -> tuple[in
                 ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200
             except httpx.HTTPError:
                 ready = False
-            if ready and len(tree(proc.pid)) >= workers + 1:
+            if ready and len(tree(proc.pid)) >= (workers + 1 if workers > 1 else 1):
                 break
             time.sleep(0.5)
         time.sleep(5)  # every worker has loaded by now (readyz answers from one of them)
