@@ -140,6 +140,22 @@ class Settings(MechanismSettings):
     engine_queue_timeout_seconds: float = Field(
         30.0, gt=0.0, description="Longest wait for the engine before 503 overloaded."
     )
+    graph_version_check_ms: float = Field(
+        1000.0, ge=0.0,
+        description="How often (at most) each worker compares its graph version with the one "
+        "recorded in the ledger database by the last load or reload, and reloads if they "
+        "differ; 0 turns following off.",
+    )  # fmt: skip
+    engine_max_batch: int = Field(
+        64, ge=1, le=4096,
+        description="Most queries one diffusion block computes together per worker (its "
+        "memory is about 2 x n x this x 8 bytes).",
+    )  # fmt: skip
+    engine_batch_window_ms: float = Field(
+        2.0, ge=0.0, le=1000.0,
+        description="While a block runs, queries that arrive within this window join it "
+        "together at one step boundary; an idle engine starts a query at once.",
+    )  # fmt: skip
     metrics_token: SecretStr | None = Field(
         None, description="If set, /metrics needs 'Authorization: Bearer <token>'."
     )

@@ -548,7 +548,7 @@ def test_a_failure_before_any_noise_is_refunded(
     def out_of_memory(*args: object, **kwargs: object) -> None:
         raise MemoryError("simulated")
 
-    monkeypatch.setattr(runtime.queries.prefixes, "get", out_of_memory)
+    monkeypatch.setattr(runtime.queries.prefixes, "lookup", out_of_memory)
     failed = query(client, key, "140", fresh="true")
     assert failed.status_code == 500
     assert failed.json()["error"]["code"] == "internal_error"

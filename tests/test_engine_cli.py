@@ -124,6 +124,12 @@ def test_bench_reports_every_mechanism(capsys: pytest.CaptureFixture[str]) -> No
         "naive_reference",
     }  # fmt: skip
     assert names == expected
-    assert all(row["queries"] == 2 and row["p50_ms"] > 0 for row in rows)
+    single = [row for row in rows if row["batch"] == 1]
+    assert {row["mechanism"] for row in single} == expected
+    assert all(row["queries"] == 2 and row["p50_ms"] > 0 for row in single)
+    batched = {row["mechanism"]: row for row in rows if row["batch"] == 32}
+    assert set(batched) == {"noisy_cold", "noisy_warm"}  # --batch 32 by default
+    assert all(row["queries"] == 32 * 3 and row["p50_ms"] > 0 for row in batched.values())
+    assert all(row["speedup_vs_naive"] > 0 for row in rows)
     graph = out["graph"]
     assert isinstance(graph, dict) and graph["nodes"] == 2000 and graph["edges"] == 10000

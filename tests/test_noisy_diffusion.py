@@ -9,9 +9,10 @@ import pytest
 
 from service.errors import InvalidParameter
 from service.mechanisms.diffusion import DiffusionConfig, noise_free_prefix, noisy_diffusion
-from service.mechanisms.randomness import fresh_generator
+from service.mechanisms.randomness import fresh_generator, laplace_noise
 from service.privacy.calibration import plan_diffusion
 from service.privacy.curves import distortion
+from service.privacy.floating import float_safe_scale
 from service.privacy.modes import Mode
 from tests.graph_helpers import graph_from_edges, random_graph
 
@@ -41,13 +42,18 @@ def dense_phi_f(
 def dense_noisy_diffusion(
     adjacency: np.ndarray, seed: int, config: DiffusionConfig, rng: np.random.Generator
 ) -> np.ndarray:
+    """Per noisy step: 2n Lap(b') draws as ``laplace_noise`` documents (n for xi1, then n for
+    xi2), at the float-safe scale b' = b (1 + kappa) of the graph's largest degree."""
     n = adjacency.shape[0]
+    max_degree = int(adjacency.sum(axis=0).max())
+    scale = float_safe_scale(config.noise_scale, max_degree, config.eta, config.beta)
     x = np.zeros(n)
     x[seed] = 1.0
     for k in range(1, config.steps + 1):
         x = dense_phi_f(adjacency, x, seed, config.beta, config.eta, config.mode)
         if k > config.steps - config.noisy_steps:
-            x = x + rng.laplace(0, config.noise_scale, n) + rng.laplace(0, config.noise_scale, n)
+            draws = laplace_noise(rng, scale, 2 * n)
+            x = x + draws[:n] + draws[n:]
     return x
 
 

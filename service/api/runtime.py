@@ -15,6 +15,7 @@ from service.cache.caches import Caches, build_caches
 from service.config import Settings
 from service.graph.model import Graph
 from service.ledger.ledger import Ledger, LedgerUnavailable
+from service.mechanisms.engine import DiffusionEngine
 from service.serving.batch import BatchQueryService
 from service.serving.graph_holder import GraphHolder
 from service.serving.limits import EngineGate, RateLimiter
@@ -51,6 +52,7 @@ class Runtime:
             self.reconciler.stop()
         self.limiter.close()
         self.batch.close()
+        self.queries.engine.close()
         self.ledger.dispose()
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
@@ -106,8 +108,16 @@ def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
         def remember_degrees(graph: Graph) -> None:
             caches.degrees.put(graph.version, graph.degrees)
 
-        graphs = GraphHolder(settings.graph_path, on_load=remember_degrees)
-        graphs.load()
+        graphs = GraphHolder(
+            settings.graph_path,
+            on_load=remember_degrees,
+            versions=ledger if settings.graph_version_check_ms > 0 else None,
+            check_seconds=settings.graph_version_check_ms / 1000.0,
+        )
+        graphs.load()  # records its version: the other workers and replicas follow
+        engine = DiffusionEngine(
+            settings.engine_max_batch, window_seconds=settings.engine_batch_window_ms / 1000.0
+        )
         queries = PprQueryService(
             graphs=graphs,
             ledger=ledger,
@@ -121,6 +131,7 @@ def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
             degree_releases=DegreeReleases(
                 ledger, settings.popular_epsilon, caches.released_degrees
             ),
+            engine=engine,
         )
         limiter = RateLimiter(
             settings.rate_limit_per_second,

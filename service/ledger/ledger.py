@@ -61,6 +61,8 @@ from service.ledger.records import (
 )
 from service.ledger.tables import (
     EXPOSURE_SHARDS,
+    META_CURRENT_GRAPH_PATH,
+    META_CURRENT_GRAPH_VERSION,
     META_LEDGER_ID,
     Account,
     ApiKey,
@@ -329,6 +331,35 @@ class Ledger:
                     raise LedgerNotMigrated("ledger_meta has no ledger_id: run the migrations")
                 self._ledger_id = value.value
         return self._ledger_id
+
+    # --- the graph version every worker and replica serves ----------------------------------
+
+    def current_graph_version(self) -> str | None:
+        """The graph version the service should serve (set by a load or reload), if any."""
+        with self._reading() as session:
+            row = session.get(LedgerMeta, META_CURRENT_GRAPH_VERSION)
+            return None if row is None else row.value
+
+    def current_graph_path(self) -> str | None:
+        """The file the recorded graph version was loaded from (None: each worker's own
+        configured location, e.g. the demo graph)."""
+        with self._reading() as session:
+            row = session.get(LedgerMeta, META_CURRENT_GRAPH_PATH)
+            return None if row is None or not row.value else row.value
+
+    def set_current_graph_version(self, version: str, path: str | None = None) -> None:
+        """Record ``version`` (loaded from ``path``) as the one to serve: every worker follows
+        it (GraphHolder)."""
+        with self._writing() as session:
+            for key, value in (
+                (META_CURRENT_GRAPH_VERSION, version),
+                (META_CURRENT_GRAPH_PATH, path or ""),
+            ):
+                row = session.get(LedgerMeta, key)
+                if row is None:
+                    session.add(LedgerMeta(key=key, value=value))
+                elif row.value != value:
+                    row.value = value
 
     def ping(self) -> bool:
         try:

@@ -348,3 +348,6 @@ class LedgerMeta(Base):
 META_GRID_VERSION = "grid_version"
 META_GRID_FINGERPRINT = "grid_fingerprint"
 META_LEDGER_ID = "ledger_id"
+#: The graph version every worker and replica serves; a load or reload sets it.
+META_CURRENT_GRAPH_VERSION = "current_graph_version"
+META_CURRENT_GRAPH_PATH = "current_graph_path"

@@ -17,7 +17,7 @@ import numpy as np
 
 from service.errors import InvalidParameter
 from service.graph.model import Graph
-from service.mechanisms.operator import WalkOperator, walk_operator
+from service.mechanisms.engine import DiffusionJob, run_jobs
 from service.mechanisms.randomness import fresh_generator
 from service.privacy.calibration import DiffusionConfig, validate_diffusion_parameters
 from service.privacy.curves import min_noise_free_steps
@@ -47,24 +47,14 @@ def noise_free_prefix(
     _check_seed(graph, seed)
     if steps < 0:
         raise InvalidParameter("steps", f"a prefix has >= 0 steps, got {steps}")
-    op = walk_operator(graph)
-    t = thresholds(graph, seed, eta, Mode(mode))
-    x = np.zeros(graph.n, dtype=np.float64)
-    x[seed] = 1.0
-    for _ in range(steps):
-        x = _diffusion_step(op, x, t, seed, beta)
+    config = DiffusionConfig(
+        mode=Mode(mode), beta=beta, steps=steps, eta=eta, noise_scale=0.0, noisy_steps=0
+    )
+    job = DiffusionJob(seed, config, rng=None, keep_prefix=False)
+    run_jobs(graph, [job])
+    x = np.array(job.future.result().scores, dtype=np.float64)
     x.setflags(write=False)
     return x
-
-
-def _diffusion_step(
-    op: WalkOperator, x: np.ndarray, t: np.ndarray, seed: int, beta: float
-) -> np.ndarray:
-    """phi(f(x)) = (1 - beta) e_s + beta W min(max(x, 0), t)."""
-    out = op.apply(np.clip(x, 0.0, t))
-    out *= beta
-    out[seed] += 1.0 - beta
-    return out
 
 
 def _check_config(config: DiffusionConfig) -> None:
@@ -103,13 +93,8 @@ def noisy_diffusion(
         raise InvalidParameter("prefix", f"expected shape ({graph.n},), got {prefix.shape}")
     if config.noisy_steps == 0:
         return np.array(prefix, dtype=np.float64)
-    rng = rng if rng is not None else fresh_generator()
-    op = walk_operator(graph)
-    t = thresholds(graph, seed, config.eta, config.mode)
-    b = config.noise_scale
-    x = prefix
-    for _ in range(config.noisy_steps):
-        x = _diffusion_step(op, x, t, seed, config.beta)
-        x += rng.laplace(0.0, b, graph.n)
-        x += rng.laplace(0.0, b, graph.n)
-    return x
+    job = DiffusionJob(
+        seed, config, rng if rng is not None else fresh_generator(), prefix, keep_prefix=False
+    )
+    run_jobs(graph, [job])
+    return job.future.result().scores

@@ -22,6 +22,7 @@ from service.errors import Conflict, Forbidden, InvalidParameter
 from service.graph.model import Graph
 from service.ledger.ledger import Ledger, LedgerUnavailable
 from service.ledger.records import (
+    BudgetView,
     ChargeReceipt,
     ChargeSettled,
     GraphCap,
@@ -29,7 +30,8 @@ from service.ledger.records import (
     ReleaseKey,
     StoredRelease,
 )
-from service.mechanisms.diffusion import noise_free_prefix, noisy_diffusion
+from service.mechanisms.diffusion import noise_free_prefix
+from service.mechanisms.engine import DiffusionEngine, EngineFailure
 from service.mechanisms.postprocess import RankedNode, ranked_results, score_grid
 from service.mechanisms.randomness import fresh_generator
 from service.mechanisms.registry import RankingMechanism, resolve_mechanism
@@ -91,6 +93,10 @@ class AdmissionPolicy:
         )
 
 
+#: How long an account's delta (calibration only) and a replay's budget view are reused.
+_DELTA_TTL_SECONDS = 5.0
+_REPLAY_BUDGET_TTL_SECONDS = 1.0
+
 #: How often an admission is retried after the charge it waited on was refunded.
 _MAX_ADMISSIONS = 3
 
@@ -101,17 +107,29 @@ class PrefixProvider:
     def __init__(self, cache: PrefixCache | None = None) -> None:
         self._cache = cache
 
+    def lookup(
+        self, graph: Graph, seed: int, mode: Mode, beta: float, eta: float, m: int
+    ) -> np.ndarray | None:
+        """The cached prefix, or None (the engine then computes it with the query)."""
+        if self._cache is None:
+            return None
+        hit = self._cache.get(graph.version, seed, mode.value, beta, eta, m)
+        return hit if hit is not None and hit.shape == (graph.n,) else None
+
+    def remember(
+        self, graph: Graph, seed: int, mode: Mode, beta: float, eta: float, m: int,
+        prefix: np.ndarray,
+    ) -> None:  # fmt: skip
+        if self._cache is not None:
+            self._cache.put(graph.version, seed, mode.value, beta, eta, m, prefix)
+
     def get(
         self, graph: Graph, seed: int, mode: Mode, beta: float, eta: float, m: int
     ) -> np.ndarray:
-        key = (graph.version, seed, mode.value, beta, eta, m)
-        if self._cache is not None:
-            hit = self._cache.get(*key)
-            if hit is not None and hit.shape == (graph.n,):
-                return hit
-        prefix = noise_free_prefix(graph, seed, mode, beta, eta, m)
-        if self._cache is not None:
-            self._cache.put(*key, prefix)
+        prefix = self.lookup(graph, seed, mode, beta, eta, m)
+        if prefix is None:
+            prefix = noise_free_prefix(graph, seed, mode, beta, eta, m)
+            self.remember(graph, seed, mode, beta, eta, m, prefix)
         return prefix
 
 
@@ -129,7 +147,9 @@ class PprQueryService:
         create_seed_accounts: bool = False,
         policy: AdmissionPolicy | None = None,
         degree_releases: DegreeReleases | None = None,
+        engine: DiffusionEngine | None = None,
     ) -> None:
+        self.engine = engine if engine is not None else DiffusionEngine()
         self.graphs = graphs
         self.ledger = ledger
         self.replays = replays
@@ -142,6 +162,8 @@ class PprQueryService:
         self.degree_releases = degree_releases or DegreeReleases(ledger, mechanism.popular_epsilon)
         self._max_charge: dict[str, RdpCurve] = {}
         self._exposure_delta: tuple[float, float] | None = None  # (value, read at monotonic)
+        self._deltas: dict[int, tuple[float, float]] = {}  # account -> (delta, read at)
+        self._budgets: dict[int, tuple[BudgetView, float]] = {}  # account -> (budget, read at)
 
     # -- validation and authorization -----------------------------------------------------
 
@@ -231,7 +253,7 @@ class PprQueryService:
 
         plan: DiffusionPlan | RankingPlan
         if name is RankingMechanism.NOISY_DIFFUSION:
-            delta = self.ledger.account_delta(account_id)
+            delta = self._account_delta(account_id)
             m = self.mechanism
             plan = self.planner.plan(epsilon, delta, m.steps, m.beta, m.eta, req.mode)
             mechanism = self._mechanism_dict(plan)
@@ -261,6 +283,7 @@ class PprQueryService:
                 "an identical request is still being answered; retry shortly", retry_after=1
             )
 
+        self._budgets[account_id] = (receipt.budget, time.monotonic())  # for replays here
         if isinstance(plan, DiffusionPlan):
             results = self._release(graph, seed, plan, receipt.charge_id, req)
         else:
@@ -429,16 +452,24 @@ class PprQueryService:
         self, graph: Graph, seed: int, plan: DiffusionPlan, charge_id: int, req: QueryRequest
     ) -> list[RankedNode]:
         config = plan.config
+        where = (graph, seed, config.mode, config.beta, config.eta, config.noise_free_steps)
         try:
-            prefix = self.prefixes.get(
-                graph, seed, config.mode, config.beta, config.eta, config.noise_free_steps
-            )
+            prefix = self.prefixes.lookup(*where)
             rng = fresh_generator()
         except BaseException:
             # No noise has been drawn: nothing was released, so the charge is compensated.
             self.ledger.refund(charge_id, reason="failed before any noise was drawn")
             raise
-        scores = noisy_diffusion(graph, seed, config, rng=rng, prefix=prefix)
+        # Batched with concurrent queries; a cold seed's prefix is computed in the same block.
+        try:
+            result = self.engine.compute(graph, seed, config, rng=rng, prefix=prefix)
+        except EngineFailure as exc:
+            if not exc.noise_drawn:  # it failed in the noise-free prefix: nothing released
+                self.ledger.refund(charge_id, reason="failed before any noise was drawn")
+            raise exc.error from None
+        if prefix is None and result.prefix is not None:
+            self.prefixes.remember(*where, result.prefix)
+        scores = result.scores
         keep = self.replay_store_top
         if req.mode is Mode.PERSONALIZED:
             keep += int(graph.degrees[seed])  # room to drop the seed's neighbours on replay
@@ -526,13 +557,39 @@ class PprQueryService:
             graph_version=graph.version,
             results=self._post_process(stored.results, req, graph, seed),
             mechanism=stored.mechanism,
-            budget=self.ledger.budget(account_id),
+            budget=self._replay_budget(account_id),
             replayed=True,
             request_id=req.request_id,
             charged_account_id=account_id,
             epsilon_charged=0.0,
             extra={"original_request_id": stored.request_id},
         )
+
+    # -- reads that need not cost a database round trip on every request --------------------
+
+    def _account_delta(self, account_id: int) -> float:
+        """The account's delta, re-read at most every ``_DELTA_TTL_SECONDS``. It only picks the
+        calibration: admission checks the composed curve at the delta read under its lock."""
+        now = time.monotonic()
+        hit = self._deltas.get(account_id)
+        if hit is None or now - hit[1] > _DELTA_TTL_SECONDS:
+            hit = (self.ledger.account_delta(account_id), now)
+            if len(self._deltas) > 100_000:
+                self._deltas.clear()
+            self._deltas[account_id] = hit
+        return hit[0]
+
+    def _replay_budget(self, account_id: int) -> BudgetView:
+        """The budget shown with a replay (nothing is charged), at most
+        ``_REPLAY_BUDGET_TTL_SECONDS`` old; fresh answers show their own receipt's."""
+        now = time.monotonic()
+        hit = self._budgets.get(account_id)
+        if hit is None or now - hit[1] > _REPLAY_BUDGET_TTL_SECONDS:
+            hit = (self.ledger.budget(account_id), now)
+            if len(self._budgets) > 100_000:
+                self._budgets.clear()
+            self._budgets[account_id] = hit
+        return hit[0]
 
     def _mechanism_dict(self, plan: DiffusionPlan) -> dict[str, Any]:
         c = plan.config

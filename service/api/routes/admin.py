@@ -232,8 +232,9 @@ def reload_graph(
     a symbolic link pointing out) or a service with no `PPR_GRAPH_DIR` is
     `422 invalid_parameter`. Queries in flight finish on the old version. A broken file
     leaves the old graph serving and answers with the loader's error (`graph_load_error`,
-    naming file and line). With several workers, each process holds its own graph: reload
-    each (or restart them).
+    naming file and line). The new version and its file are recorded in the ledger database;
+    every other worker and replica compares its own version with it at most every
+    `PPR_GRAPH_VERSION_CHECK_MS` and loads the recorded file.
     """
     previous = runtime.graphs.current.version
     path = None

@@ -1,0 +1,99 @@
+"""Where a query's time goes on the request path, without HTTP: cold, warm and replay.
+
+Builds the service's runtime (ledger, caches, engine) from the PPR_* settings, creates a
+service account, and answers queries one at a time through ``PprQueryService.answer``, timing
+each stage by wrapping the methods that implement it. Prints, per kind of query, the mean
+milliseconds per stage and per query.
+
+    PPR_DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/DB \\
+    PPR_REDIS_URL=redis://127.0.0.1:6379/0 PPR_GRAPH_PATH=../shared/data/facebook_combined.txt \\
+    python benchmarks/request_path_profile.py --queries 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from service.api.runtime import build_runtime
+from service.config import Settings
+from service.privacy.modes import Mode
+from service.serving.schemas import Principal, QueryRequest
+
+STAGES: dict[str, list[str]] = {
+    "ledger": [
+        "admit_and_charge", "store_release", "find_release", "budget", "account_delta",
+        "release_for_idempotency_key", "charge_state",
+    ],
+    "queries": ["_release", "_post_process", "_find_release", "_store"],
+    "engine": ["compute"],
+    "prefixes": ["lookup", "remember"],
+}  # fmt: skip
+
+
+def instrument(obj: Any, names: list[str], label: str, totals: dict[str, float]) -> None:
+    for name in names:
+        original: Callable[..., Any] = getattr(obj, name)
+
+        @functools.wraps(original)
+        def timed(*args: Any, __f: Callable[..., Any] = original, __n: str = name,
+                  **kwargs: Any) -> Any:  # fmt: skip
+            start = time.perf_counter()
+            try:
+                return __f(*args, **kwargs)
+            finally:
+                totals[f"{label}.{__n}"] += time.perf_counter() - start
+
+        setattr(obj, name, timed)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--queries", type=int, default=40)
+    args = parser.parse_args()
+    settings = Settings()
+    runtime = build_runtime(settings)
+    try:
+        ledger = runtime.ledger
+        account = ledger.create_account(
+            "service", label=f"profile-{uuid.uuid4().hex[:8]}", cap_epsilon=1000.0,
+            delta=1e-6, modes=("edge",),
+        )  # fmt: skip
+        principal = Principal(account_id=account.account_id, type="service", modes=("edge",))
+        graph = runtime.graphs.current
+        rng = np.random.default_rng(1)
+        seeds = [str(s) for s in rng.choice(graph.node_ids, size=args.queries, replace=False)]
+        queries = runtime.queries
+        totals: dict[str, float] = defaultdict(float)
+        instrument(ledger, STAGES["ledger"], "ledger", totals)
+        instrument(queries, STAGES["queries"], "service", totals)
+        instrument(queries.engine, STAGES["engine"], "engine", totals)
+        instrument(queries.prefixes, STAGES["prefixes"], "prefix", totals)
+
+        def run(kind: str, fresh: bool) -> None:
+            totals.clear()
+            start = time.perf_counter()
+            for seed in seeds:
+                queries.answer(QueryRequest(principal, seed, 20, 0.1, Mode.EDGE, fresh=fresh,
+                                            request_id=uuid.uuid4().hex))  # fmt: skip
+            wall = time.perf_counter() - start
+            print(f"\n{kind}: {wall / len(seeds) * 1000:.2f} ms per query ({len(seeds)} queries)")
+            for name, seconds in sorted(totals.items(), key=lambda kv: -kv[1]):
+                print(f"  {name:40s} {seconds / len(seeds) * 1000:8.2f} ms")
+
+        run("fresh, cold seeds", fresh=True)
+        run("fresh, warm seeds", fresh=True)
+        run("replay", fresh=False)
+    finally:
+        runtime.close()
+
+
+if __name__ == "__main__":
+    main()

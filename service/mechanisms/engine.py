@@ -1,0 +1,365 @@
+"""The batched diffusion engine: many queries' diffusions computed together, one block at a time.
+
+Every query is one column of a dense float64 block X (n x B). One diffusion step of the whole
+block is one sparse product A Z against the block (split by rows over both cores), while each
+column keeps its own seed, thresholds, beta, step count, noise scale and its own generator
+seeded from the OS entropy source:
+
+    C = min(max(X, 0), T)            T[:, j] = eta_j d  (T[s_j, j] = 1 in personalized mode)
+    X = beta * (A (C / d) + C) / 2 + (1 - beta) e_s      (a degree-0 node keeps its mass)
+    X[:, j] += xi1 + xi2             only on column j's noisy steps (its last L_j steps)
+
+Columns join a running block at its next step boundary and leave it when their K-th step is
+done, so queries arriving while the engine is busy share the sparse products of the queries
+already running, a query arriving when the engine is idle starts at once, and a cold query
+(no cached noise-free prefix) runs its K - L noise-free steps in the same block as everyone
+else. Noise is drawn only for columns on their noisy steps, each from its own generator, in
+the order of :func:`service.mechanisms.randomness.step_noise`. The noise-free prefix x_m of a
+cold column is handed back with its result (for the protected prefix cache), never released.
+
+The single-query function :func:`service.mechanisms.diffusion.noisy_diffusion` runs the same
+block code with one column, in the caller's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from service.graph.model import Graph
+from service.mechanisms.operator import WalkOperator, walk_operator
+from service.mechanisms.randomness import step_noise
+from service.privacy.calibration import DiffusionConfig
+from service.privacy.floating import float_safe_scale
+from service.privacy.modes import Mode
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DiffusionEngine", "DiffusionJob", "EngineFailure", "EngineResult", "run_jobs"]
+
+
+class EngineFailure(Exception):
+    """A query's diffusion failed; ``noise_drawn`` says whether any of its noise was drawn
+    (if not, nothing can have been released and its charge may be refunded)."""
+
+    def __init__(self, error: BaseException, *, noise_drawn: bool) -> None:
+        super().__init__(f"diffusion failed ({'after' if noise_drawn else 'before'} noise): "
+                         f"{error!r}")  # fmt: skip
+        self.error = error
+        self.noise_drawn = noise_drawn
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    """The released vector x_K, and x_m if the engine computed the noise-free prefix."""
+
+    scores: np.ndarray
+    prefix: np.ndarray | None = None
+
+
+@dataclass(eq=False)
+class DiffusionJob:
+    """One query's diffusion: from ``prefix`` (x_m) if given, else from e_s (a cold query)."""
+
+    seed: int
+    config: DiffusionConfig
+    rng: np.random.Generator | None
+    prefix: np.ndarray | None = None
+    keep_prefix: bool = True
+    future: Future[EngineResult] = field(default_factory=Future)
+    # progress
+    done_steps: int = 0
+    computed_prefix: np.ndarray | None = None
+    noise_scale: float = 0.0
+
+    @property
+    def noise_free_steps(self) -> int:
+        return self.config.steps - self.config.noisy_steps
+
+
+def _start_vector(graph: Graph, job: DiffusionJob) -> np.ndarray:
+    if job.prefix is not None:
+        job.done_steps = job.noise_free_steps
+        return np.asarray(job.prefix, dtype=np.float64)
+    x = np.zeros(graph.n, dtype=np.float64)
+    x[job.seed] = 1.0
+    job.done_steps = 0
+    return x
+
+
+def thresholded_step(
+    op: WalkOperator,
+    x: np.ndarray,
+    *,
+    seeds: np.ndarray,
+    betas: np.ndarray,
+    etas: np.ndarray,
+    personalized: np.ndarray,
+) -> np.ndarray:
+    """phi(f(x)) for every column of the block x (n x B): the kernel, without noise."""
+    fused = op.fused_step(x, seeds=seeds, betas=betas, etas=etas, personalized=personalized)
+    if fused is not None:
+        return fused
+    clipped = np.maximum(x, 0.0)
+    if np.all(etas == etas[0]):
+        np.minimum(clipped, (etas[0] * op.degrees)[:, None], out=clipped)
+    else:
+        np.minimum(clipped, op.degrees[:, None] * etas[None, :], out=clipped)
+    p = np.flatnonzero(personalized)
+    if p.size:  # the seed's threshold is 1 in personalized mode
+        clipped[seeds[p], p] = np.minimum(np.maximum(x[seeds[p], p], 0.0), 1.0)
+    out = op.apply(clipped)
+    out *= betas[None, :]
+    out[seeds, np.arange(x.shape[1])] += 1.0 - betas
+    return out
+
+
+class _Block:
+    """The columns of one graph that step together."""
+
+    def __init__(self, graph: Graph, op: WalkOperator) -> None:
+        self.graph = graph
+        self.op = op
+        self.jobs: list[DiffusionJob] = []
+        self.x = np.empty((graph.n, 0), dtype=np.float64)
+        self._max_degree = int(graph.degrees.max(initial=0))
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def admit(self, jobs: list[DiffusionJob]) -> None:
+        fresh: list[DiffusionJob] = []
+        columns: list[np.ndarray] = []
+        for job in jobs:
+            start = _start_vector(self.graph, job)
+            c = job.config
+            job.noise_scale = float_safe_scale(c.noise_scale, self._max_degree, c.eta, c.beta)
+            if job.done_steps >= c.steps:  # nothing left to do (one personalized step)
+                if not job.future.done():
+                    job.future.set_result(EngineResult(np.array(start, dtype=np.float64)))
+                continue
+            fresh.append(job)
+            columns.append(start)
+        if not fresh:
+            return
+        x = np.empty((self.graph.n, len(self.jobs) + len(fresh)), dtype=np.float64)
+        x[:, : len(self.jobs)] = self.x
+        x[:, len(self.jobs) :] = np.stack(columns, axis=1)
+        self.x = x
+        self.jobs.extend(fresh)
+
+    def fail(self, exc: BaseException) -> None:
+        for job in self.jobs:
+            if not job.future.done():
+                noise_drawn = job.done_steps > job.noise_free_steps
+                job.future.set_exception(EngineFailure(exc, noise_drawn=noise_drawn))
+        self.jobs = []
+        self.x = np.empty((self.graph.n, 0), dtype=np.float64)
+
+    def step(self) -> None:
+        """One diffusion step of every column, noise where due, finished columns released."""
+        jobs = self.jobs
+        width = len(jobs)
+        out = thresholded_step(
+            self.op,
+            self.x,
+            seeds=np.array([j.seed for j in jobs], dtype=np.int64),
+            betas=np.array([j.config.beta for j in jobs]),
+            etas=np.array([j.config.eta for j in jobs]),
+            personalized=np.array([j.config.mode is Mode.PERSONALIZED for j in jobs]),
+        )
+        # noise on each column's noisy steps, from its own generator
+        noisy: list[int] = []
+        for i, job in enumerate(jobs):
+            job.done_steps += 1
+            if job.done_steps > job.noise_free_steps:
+                noisy.append(i)
+            elif job.done_steps == job.noise_free_steps and job.keep_prefix:
+                job.computed_prefix = out[:, i].copy()
+        if noisy:
+            self._add_noise(out, noisy)
+        finished = [i for i, job in enumerate(jobs) if job.done_steps >= job.config.steps]
+        for i in finished:
+            job = jobs[i]
+            prefix = job.computed_prefix
+            if prefix is not None:
+                prefix.setflags(write=False)
+            if not job.future.done():
+                job.future.set_result(EngineResult(out[:, i].copy(), prefix))
+        if finished:
+            keep = [i for i in range(width) if jobs[i].done_steps < jobs[i].config.steps]
+            self.jobs = [jobs[i] for i in keep]
+            out = np.ascontiguousarray(out[:, keep])
+        self.x = out
+
+    def _add_noise(self, out: np.ndarray, noisy: list[int]) -> None:
+        n = self.graph.n
+        jobs = self.jobs
+
+        def draw(indices: list[int]) -> None:
+            for i in indices:
+                job = jobs[i]
+                assert job.rng is not None, "a noisy step needs the query's generator"
+                out[:, i] += step_noise(job.rng, job.noise_scale, n)
+
+        pool = self.op.pool
+        if pool is None or len(noisy) < 2:
+            draw(noisy)
+            return
+        half = len(noisy) // 2
+        other = pool.submit(draw, noisy[half:])
+        draw(noisy[:half])
+        other.result()
+
+
+def run_jobs(graph: Graph, jobs: list[DiffusionJob]) -> None:
+    """Run ``jobs`` together to the end in the caller's thread (their futures get results;
+    an error is raised as it is)."""
+    block = _Block(graph, walk_operator(graph))
+    block.admit(jobs)
+    try:
+        while len(block):
+            block.step()
+    except BaseException as exc:
+        block.fail(exc)
+        raise
+
+
+class DiffusionEngine:
+    """A thread that steps one block per graph; queries join at step boundaries.
+
+    ``max_batch`` bounds the columns of a block (its memory is n x max_batch x 8 bytes, about
+    twice that while a step runs); queries beyond it wait in the inbox for a column to free.
+    """
+
+    def __init__(self, max_batch: int = 64, *, window_seconds: float = 0.002) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
+        self.max_batch = max_batch
+        self.window_seconds = window_seconds
+        self._admitted_at = 0.0
+        self._inbox: deque[tuple[Graph, DiffusionJob]] = deque()
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.steps = 0  # block steps run (for metrics and tests)
+        self.columns = 0  # column-steps run
+        self.max_width = 0  # widest block seen
+
+    def submit(
+        self,
+        graph: Graph,
+        seed: int,
+        config: DiffusionConfig,
+        *,
+        rng: np.random.Generator,
+        prefix: np.ndarray | None = None,
+        keep_prefix: bool = True,
+    ) -> Future[EngineResult]:
+        job = DiffusionJob(seed, config, rng, prefix, keep_prefix)
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the diffusion engine is closed")
+            self._inbox.append((graph, job))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="ppr-diffusion-engine", daemon=True
+                )
+                self._thread.start()
+            self._cv.notify()
+        return job.future
+
+    def compute(
+        self,
+        graph: Graph,
+        seed: int,
+        config: DiffusionConfig,
+        *,
+        rng: np.random.Generator,
+        prefix: np.ndarray | None = None,
+        keep_prefix: bool = True,
+    ) -> EngineResult:
+        """Submit one query and wait for its result (blocking the calling thread)."""
+        future = self.submit(graph, seed, config, rng=rng, prefix=prefix, keep_prefix=keep_prefix)
+        return future.result()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout=5.0)
+
+    def stats(self) -> dict[str, int]:
+        return {"steps": self.steps, "column_steps": self.columns, "max_width": self.max_width}
+
+    def _take(self, blocks: dict[int, _Block]) -> None:
+        """Move inbox jobs into their graph's block, up to ``max_batch`` columns each.
+
+        An idle engine takes arrivals at once. A running one takes them at a step boundary at
+        most every ``window_seconds``, so arrivals within a window join together (one copy of
+        the block instead of one per arrival)."""
+        arrivals: dict[int, list[DiffusionJob]] = {}
+        with self._cv:
+            while not self._inbox and not blocks and not self._closed:
+                self._cv.wait()
+            now = time.monotonic()
+            if blocks and now - self._admitted_at < self.window_seconds:
+                return
+            if self._inbox:
+                self._admitted_at = now
+            pending: deque[tuple[Graph, DiffusionJob]] = deque()
+            while self._inbox:
+                graph, job = self._inbox.popleft()
+                key = id(graph)
+                block = blocks.get(key)
+                if block is None:
+                    block = blocks[key] = _Block(graph, walk_operator(graph))
+                room = self.max_batch - len(block) - len(arrivals.get(key, []))
+                if room > 0:
+                    arrivals.setdefault(key, []).append(job)
+                else:
+                    pending.append((graph, job))
+            self._inbox = pending
+        for key, jobs in arrivals.items():
+            try:
+                blocks[key].admit(jobs)
+            except BaseException as exc:  # pragma: no cover - defensive
+                for job in jobs:
+                    if not job.future.done():
+                        job.future.set_exception(EngineFailure(exc, noise_drawn=False))
+
+    def _loop(self) -> None:
+        blocks: dict[int, _Block] = {}
+        while True:
+            self._take(blocks)
+            if self._closed:
+                closed = RuntimeError("the diffusion engine was closed")
+                for block in blocks.values():
+                    block.fail(closed)
+                with self._cv:
+                    for _, job in self._inbox:
+                        job.future.set_exception(EngineFailure(closed, noise_drawn=False))
+                    self._inbox.clear()
+                return
+            for key, block in list(blocks.items()):
+                if not len(block):
+                    del blocks[key]
+                    continue
+                self.max_width = max(self.max_width, len(block))
+                self.columns += len(block)
+                self.steps += 1
+                try:
+                    block.step()
+                except BaseException as exc:
+                    log.exception("diffusion engine step failed")
+                    block.fail(exc)
+                if not len(block):
+                    del blocks[key]

@@ -1,0 +1,138 @@
+"""The batched diffusion engine: the same releases as one query at a time, column by column."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from service.mechanisms import engine as engine_module
+from service.mechanisms.diffusion import noise_free_prefix, noisy_diffusion
+from service.mechanisms.engine import DiffusionEngine, EngineFailure
+from service.privacy.calibration import DiffusionConfig, plan_diffusion
+from service.privacy.modes import Mode
+from tests.graph_helpers import graph_from_edges, random_graph
+
+P, E = Mode.PERSONALIZED, Mode.EDGE
+
+
+def _config(mode: Mode, steps: int = 20, noisy: int = 4, scale: float = 1e-3) -> DiffusionConfig:
+    return DiffusionConfig(
+        mode=mode, beta=0.8, steps=steps, eta=1e-3, noise_scale=scale, noisy_steps=noisy
+    )
+
+
+def test_a_block_releases_what_each_query_alone_releases() -> None:
+    """Mixed modes, step counts, warm and cold seeds in one block: each column equals the
+    single-query release drawn from the same generator."""
+    graph = random_graph(300, 0.03, np.random.default_rng(1))
+    specs = [
+        (3, _config(P), True), (3, _config(E), False), (10, _config(E, 30, 6), True),
+        (11, _config(P, 12, 1, 5e-4), False), (3, _config(P), False), (299, _config(E), True),
+    ]  # fmt: skip
+    engine = DiffusionEngine(max_batch=16, window_seconds=0.0)
+    try:
+        with engine._cv:  # hold the loop: all jobs arrive before its first block
+            futures = []
+            for i, (seed, config, warm) in enumerate(specs):
+                prefix = (
+                    noise_free_prefix(graph, seed, config.mode, config.beta, config.eta,
+                                      config.noise_free_steps) if warm else None
+                )  # fmt: skip
+                futures.append(
+                    engine.submit(graph, seed, config, rng=np.random.default_rng(100 + i),
+                                  prefix=prefix)
+                )  # fmt: skip
+        results = [f.result(timeout=30) for f in futures]
+    finally:
+        engine.close()
+    assert engine.max_width == len(specs)
+    for i, ((seed, config, warm), result) in enumerate(zip(specs, results, strict=True)):
+        alone = noisy_diffusion(graph, seed, config, rng=np.random.default_rng(100 + i))
+        np.testing.assert_allclose(result.scores, alone, rtol=1e-12, atol=1e-15)
+        if warm:
+            assert result.prefix is None
+        else:
+            assert result.prefix is not None and not result.prefix.flags.writeable
+            expected = noise_free_prefix(
+                graph, seed, config.mode, config.beta, config.eta, config.noise_free_steps
+            )
+            np.testing.assert_allclose(result.prefix, expected, rtol=1e-12, atol=1e-15)
+
+
+def test_concurrent_queries_on_two_graphs_from_many_threads() -> None:
+    graphs = [random_graph(200, 0.04, np.random.default_rng(s)) for s in (2, 3)]
+    engine = DiffusionEngine(max_batch=5)
+    out: dict[int, np.ndarray] = {}
+
+    def ask(i: int) -> None:
+        graph = graphs[i % 2]
+        result = engine.compute(graph, i, _config(E), rng=np.random.default_rng(i))
+        out[i] = result.scores
+
+    try:
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(24)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        engine.close()
+    assert sorted(out) == list(range(24))
+    assert engine.max_width <= 5
+    for i, scores in out.items():
+        alone = noisy_diffusion(graphs[i % 2], i, _config(E), rng=np.random.default_rng(i))
+        np.testing.assert_allclose(scores, alone, rtol=1e-12, atol=1e-15)
+
+
+def test_an_idle_engine_answers_one_query_and_each_draw_is_fresh() -> None:
+    graph = random_graph(100, 0.05, np.random.default_rng(4))
+    config = plan_diffusion(0.5, 1e-5, 20, 0.8, 1e-3, E).config
+    engine = DiffusionEngine(max_batch=8, window_seconds=10.0)  # a long window never delays idle
+    try:
+        a = engine.compute(graph, 0, config, rng=np.random.default_rng(1)).scores
+        b = engine.compute(graph, 0, config, rng=np.random.default_rng(2)).scores
+    finally:
+        engine.close()
+    assert not np.array_equal(a, b)
+
+
+def test_one_personalized_step_needs_no_noise() -> None:
+    graph = graph_from_edges([(0, 1), (0, 2), (2, 3)])
+    config = plan_diffusion(1.0, 1e-6, 1, 0.8, 0.1, P).config
+    engine = DiffusionEngine()
+    try:
+        prefix = noise_free_prefix(graph, 0, P, 0.8, 0.1, 1)
+        result = engine.compute(graph, 0, config, rng=np.random.default_rng(0), prefix=prefix)
+    finally:
+        engine.close()
+    np.testing.assert_array_equal(result.scores, prefix)
+
+
+def test_a_failure_reports_whether_noise_was_drawn(monkeypatch: pytest.MonkeyPatch) -> None:
+    graph = random_graph(100, 0.05, np.random.default_rng(5))
+    config = _config(E, steps=10, noisy=3)
+    calls = {"n": 0}
+    real = engine_module.thresholded_step
+
+    def fail_at_step(limit: int):  # type: ignore[no-untyped-def]
+        def step(*args, **kwargs):  # type: ignore[no-untyped-def]
+            calls["n"] += 1
+            if calls["n"] == limit:
+                raise MemoryError("simulated")
+            return real(*args, **kwargs)
+
+        return step
+
+    for limit, drawn in ((3, False), (9, True)):  # step 3 is noise-free, step 9 after noise
+        calls["n"] = 0
+        monkeypatch.setattr(engine_module, "thresholded_step", fail_at_step(limit))
+        engine = DiffusionEngine()
+        try:
+            with pytest.raises(EngineFailure) as failure:
+                engine.compute(graph, 1, config, rng=np.random.default_rng(0))
+        finally:
+            engine.close()
+        assert failure.value.noise_drawn is drawn
+        assert isinstance(failure.value.error, MemoryError)

@@ -1,0 +1,60 @@
+"""A graph reload reaches every worker: the ledger database records the version to serve."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from service.graph.generate import write_generated_edge_list
+from service.ledger import upgrade
+from tests.api_support import GRAPH_EDGES, GRAPH_NODES, Backend, bearer, open_ledger, uvicorn_server
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_a_reload_on_one_worker_reaches_the_other(postgres_url: str, tmp_path: Path) -> None:
+    graph_path = tmp_path / "graph.txt"
+    write_generated_edge_list(graph_path, GRAPH_NODES, GRAPH_EDGES, seed=7)
+    upgrade(postgres_url)
+    with open_ledger(postgres_url) as ledger:
+        admin = ledger.create_account("admin", cap_epsilon=1.0, delta=1e-6)
+        admin_key, _ = ledger.create_api_key(admin.account_id)
+    backend = Backend("postgres", postgres_url, None, graph_path)
+    env = {"PPR_GRAPH_VERSION_CHECK_MS": "200"}
+
+    def versions(server_url: str, count: int = 40) -> set[str]:
+        def ask(_: int) -> str:
+            with httpx.Client(base_url=server_url, timeout=30) as http:  # a new connection each
+                return str(http.get("/v1/admin/graph", headers=bearer(admin_key)).json()["version"])
+
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            return set(pool.map(ask, range(count)))
+
+    with uvicorn_server(backend, workers=2, extra_env=env) as server:
+        before = versions(server.base_url)
+        assert len(before) == 1
+        with open_ledger(postgres_url) as ledger:
+            assert ledger.current_graph_version() == next(iter(before))
+
+        write_generated_edge_list(graph_path, GRAPH_NODES, GRAPH_EDGES + 10, seed=8)
+        with httpx.Client(base_url=server.base_url, timeout=60) as http:
+            reloaded = http.post("/v1/admin/graph/reload", headers=bearer(admin_key))
+        assert reloaded.status_code == 200
+        new = reloaded.json()["version"]
+        assert {new} != before
+        with open_ledger(postgres_url) as ledger:
+            assert ledger.current_graph_version() == new
+
+        deadline = time.monotonic() + 60  # the other worker follows within a check interval
+        while versions(server.base_url) != {new} and time.monotonic() < deadline:
+            time.sleep(0.2)  # plus its own load time (a busy machine may be slow)
+        start = len(server.log_lines())
+        after = versions(server.base_url, count=60)
+        log = server.log_lines()[start:]
+    assert after == {new}, "every worker serves the reloaded version"
+    served_by = {line["pid"] for line in log if line.get("route") == "/v1/admin/graph"}
+    assert len(served_by) == 2, "both worker processes answered after the reload"
