@@ -58,3 +58,29 @@ def test_a_reload_on_one_worker_reaches_the_other(postgres_url: str, tmp_path: P
     assert after == {new}, "every worker serves the reloaded version"
     served_by = {line["pid"] for line in log if line.get("route") == "/v1/admin/graph"}
     assert len(served_by) == 2, "both worker processes answered after the reload"
+
+
+def test_a_holder_follows_a_file_chosen_elsewhere(tmp_path: Path) -> None:
+    """Two holders on one ledger stand for two workers: one loads an admin-chosen file, the
+    other follows the recorded version from the recorded file, not its own configured one."""
+    from service.serving.graph_holder import GraphHolder
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    upgrade(url)
+    first, chosen = tmp_path / "first.txt", tmp_path / "chosen.txt"
+    write_generated_edge_list(first, GRAPH_NODES, GRAPH_EDGES, seed=7)
+    write_generated_edge_list(chosen, GRAPH_NODES, GRAPH_EDGES + 10, seed=8)
+    with open_ledger(url) as ledger:
+        here = GraphHolder(first, versions=ledger, check_seconds=0.0)
+        there = GraphHolder(first, versions=ledger, check_seconds=0.0)
+        here.load()
+        there.load(publish=False)
+        assert here.current.version == there.current.version
+        new = here.load(chosen).graph.version
+        assert ledger.current_graph_path() == str(chosen)
+        assert there.current.version == new and there.source == str(chosen)
+        broken = tmp_path / "broken.txt"
+        broken.write_text("1 2\n3\n")  # a line with one id
+        with pytest.raises(Exception):  # noqa: B017 - the loader's own error
+            here.load(broken)
+        assert here.current.version == new and here.source == str(chosen)
