@@ -67,6 +67,7 @@ class Seeded:
                 modes=("edge", "personalized"),
             )  # fmt: skip
             self.service_key, _ = ledger.create_api_key(service.account_id)
+            self.service_id = service.account_id
 
 
 @pytest.fixture
@@ -123,6 +124,8 @@ def test_admin_dashboard_in_chromium(served: tuple[str, Seeded]) -> None:
             page = context.new_page()
             page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: problems.append(str(e)))
+            paths: list[str] = []
+            page.on("request", lambda r: paths.append(urlparse(r.url).path))
 
             # sign-in: a user key is refused with a clear message
             page.goto(f"{base}/admin")
@@ -198,12 +201,22 @@ def test_admin_dashboard_in_chromium(served: tuple[str, Seeded]) -> None:
             assert "cap below spent" in page.locator("#budget-saved").inner_text()
             assert page.locator("[data-testid=remaining-value]").inner_text() == "0.0000"
 
+            # a service account: its modes, quota and what it charged to others
+            page.goto(f"{base}/admin#/accounts/{seeded.service_id}")
+            usage = page.locator("#service-usage")
+            usage.wait_for()
+            assert "edge, personalized" in usage.inner_text()
+            text = usage.inner_text()  # one charge, to the seed user of node 22
+            assert "1 charge · " in text and "1 account" in text
+            page.locator("#charges-made tbody tr").first.wait_for()
+            _shot(page, "06-service-account")
+
             # the exposure view
             page.click("#nav a[data-view=exposure]")
             page.wait_for_selector("#chart-exposure svg path.series", state="attached")
             assert page.locator("#exposure-modes tbody tr").count() >= 1
             assert "cap ε 10" in page.locator("#chart-exposure").inner_text()
-            _shot(page, "06-exposure")
+            _shot(page, "07-exposure")
 
             # the audit log, filtered
             page.click("#nav a[data-view=audit]")
@@ -211,9 +224,11 @@ def test_admin_dashboard_in_chromium(served: tuple[str, Seeded]) -> None:
             page.select_option("#audit-action", "budget.set")
             page.click("#audit-filters button[type=submit]")
             expect(page.locator("[data-testid=page-info]").first).to_have_text("1–2 of 2")
-            _shot(page, "07-audit-log")
+            _shot(page, "08-audit-log")
 
             assert problems == [], problems  # no CSP violation, no script error
+            # the page uses its own assets and the admin API, nothing else
+            assert all(p.startswith(("/admin", "/v1/admin/")) for p in paths), set(paths)
             page.click("#sign-out")
             page.locator("#sign-in").wait_for(state="visible")
             assert page.evaluate("sessionStorage.length") == 0
@@ -225,13 +240,13 @@ def test_admin_dashboard_in_chromium(served: tuple[str, Seeded]) -> None:
             docs.get_by_text("/v1/admin/account-table", exact=True).first.wait_for()
             title = docs.locator(".swagger-ui .info .title").inner_text()
             assert "DP personalized PageRank" in title
-            docs.screenshot(path=str(ARTIFACTS / "08-docs-offline.png"))
+            docs.screenshot(path=str(ARTIFACTS / "09-docs-offline.png"))
             redoc = context.new_page()
             redoc.goto(f"{base}/redoc")
             redoc.get_by_text("/v1/admin/account-table").first.wait_for(
                 state="attached", timeout=30000
             )
-            redoc.screenshot(path=str(ARTIFACTS / "09-redoc-offline.png"))
+            redoc.screenshot(path=str(ARTIFACTS / "10-redoc-offline.png"))
             assert blocked == [], f"requests left this machine: {blocked}"
         finally:
             browser.close()

@@ -8,6 +8,7 @@
   const view = () => $("view");
   const fmt = (v) => (v === null || v === undefined ? "—" : window.Charts.fmt(v));
   const eps = (v) => (v === null || v === undefined ? "—" : Number(v).toFixed(4));
+  const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
   const when = (iso) => (iso ? iso.replace("T", " ").slice(0, 19) + " UTC" : "never");
 
   /* DOM builder: h("div", {class: "x", onclick: f}, "text", child, ...) */
@@ -459,7 +460,7 @@
         h("dt", {}, "May create seed accounts"), h("dd", {}, s.may_create_seed_accounts ? "yes" : "no"),
         h("dt", {}, "Quota (24 h, to others)"), h("dd", {}, `${fmt(s.quota_epsilon)} ε` + (s.quota_is_default ? " (default)" : "")),
         h("dt", {}, "Used in the last 24 h"), h("dd", {}, `${eps(s.used_24h_epsilon)} ε `, usageBar(s.used_24h_epsilon / s.quota_epsilon)),
-        h("dt", {}, "Charged to others"), h("dd", {}, `${s.charges_to_others} charges · ${eps(s.epsilon_to_others)} per-query ε · ${s.accounts_charged} accounts`)),
+        h("dt", {}, "Charged to others"), h("dd", {}, `${plural(s.charges_to_others, "charge")} · ${eps(s.epsilon_to_others)} per-query ε · ${plural(s.accounts_charged, "account")}`)),
       s.top_charged.length ? h("table", { class: "table compact" },
         h("thead", {}, h("tr", {}, ["Charged account", "Charges", "Per-query ε"].map((t) => h("th", {}, t)))),
         h("tbody", {}, s.top_charged.map((c) => h("tr", {}, h("td", {}, accountLink(c.account_id)), h("td", { class: "num" }, String(c.charges)),
