@@ -47,6 +47,7 @@ def options(
     create: bool = True,
     block_size: int = 40,
     k: int = 10,
+    workers: int = 2,
 ) -> BatchOptions:
     return BatchOptions(
         sink=str(out),
@@ -59,7 +60,7 @@ def options(
         service_account_id=service_account_id,
         create_missing_accounts=create,
         engine=engine,
-        workers=2,
+        workers=workers,
         block_size=block_size,
         retries=retries,
         settings=Settings(database_url=url, steps=STEPS, redis_url=None),
