@@ -84,3 +84,35 @@ def test_a_holder_follows_a_file_chosen_elsewhere(tmp_path: Path) -> None:
         with pytest.raises(Exception):  # noqa: B017 - the loader's own error
             here.load(broken)
         assert here.current.version == new and here.source == str(chosen)
+
+
+def test_a_restarted_worker_keeps_an_admins_choice_and_starts_without_the_database(
+    tmp_path: Path,
+) -> None:
+    """A worker restarted after a crash serves the file an admin reloaded to, not its
+    configured one; a changed configuration publishes its own file; a worker that starts while
+    the database is down serves its configured file instead of failing."""
+    from service.ledger import Ledger
+    from service.ledger.database import make_engine
+    from service.serving.graph_holder import GraphHolder
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    upgrade(url)
+    first, chosen, other = tmp_path / "first.txt", tmp_path / "chosen.txt", tmp_path / "other.txt"
+    write_generated_edge_list(first, GRAPH_NODES, GRAPH_EDGES, seed=7)
+    write_generated_edge_list(chosen, GRAPH_NODES, GRAPH_EDGES + 10, seed=8)
+    write_generated_edge_list(other, GRAPH_NODES, GRAPH_EDGES + 20, seed=9)
+    with open_ledger(url) as ledger:
+        GraphHolder(first, versions=ledger).start()
+        admin_choice = GraphHolder(first, versions=ledger).load(chosen).graph.version
+        restarted = GraphHolder(first, versions=ledger)
+        assert restarted.start().graph.version == admin_choice
+        assert ledger.current_graph_version() == admin_choice
+        reconfigured = GraphHolder(other, versions=ledger).start().graph.version
+        assert ledger.current_graph_version() == reconfigured != admin_choice
+    down = Ledger(make_engine(f"sqlite:///{tmp_path / 'missing' / 'ledger.db'}"))
+    try:
+        started = GraphHolder(first, versions=down).start()
+    finally:
+        down.dispose()
+    assert started.source == str(first)

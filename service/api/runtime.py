@@ -114,7 +114,7 @@ def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
             versions=ledger if settings.graph_version_check_ms > 0 else None,
             check_seconds=settings.graph_version_check_ms / 1000.0,
         )
-        graphs.load()  # records its version: the other workers and replicas follow
+        graphs.start()  # records its version (or follows the recorded one): workers agree
         engine = DiffusionEngine(
             settings.engine_max_batch, window_seconds=settings.engine_batch_window_ms / 1000.0
         )

@@ -61,6 +61,7 @@ from service.ledger.records import (
 )
 from service.ledger.tables import (
     EXPOSURE_SHARDS,
+    META_CURRENT_GRAPH_CONFIGURATION,
     META_CURRENT_GRAPH_PATH,
     META_CURRENT_GRAPH_VERSION,
     META_LEDGER_ID,
@@ -347,13 +348,23 @@ class Ledger:
             row = session.get(LedgerMeta, META_CURRENT_GRAPH_PATH)
             return None if row is None or not row.value else row.value
 
-    def set_current_graph_version(self, version: str, path: str | None = None) -> None:
-        """Record ``version`` (loaded from ``path``) as the one to serve: every worker follows
-        it (GraphHolder)."""
+    def current_graph_configuration(self) -> str | None:
+        """The configured graph location (PPR_GRAPH_PATH, "" for the demo graph) of the
+        deployment that recorded the current version."""
+        with self._reading() as session:
+            row = session.get(LedgerMeta, META_CURRENT_GRAPH_CONFIGURATION)
+            return None if row is None else row.value
+
+    def set_current_graph_version(
+        self, version: str, path: str | None = None, configured: str | None = None
+    ) -> None:
+        """Record ``version`` (loaded from ``path``, by a deployment configured with
+        ``configured``) as the one to serve: every worker follows it (GraphHolder)."""
         with self._writing() as session:
             for key, value in (
                 (META_CURRENT_GRAPH_VERSION, version),
                 (META_CURRENT_GRAPH_PATH, path or ""),
+                (META_CURRENT_GRAPH_CONFIGURATION, configured or ""),
             ):
                 row = session.get(LedgerMeta, key)
                 if row is None:

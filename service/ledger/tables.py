@@ -351,3 +351,4 @@ META_LEDGER_ID = "ledger_id"
 #: The graph version every worker and replica serves; a load or reload sets it.
 META_CURRENT_GRAPH_VERSION = "current_graph_version"
 META_CURRENT_GRAPH_PATH = "current_graph_path"
+META_CURRENT_GRAPH_CONFIGURATION = "current_graph_configuration"

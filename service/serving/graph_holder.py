@@ -81,7 +81,11 @@ class VersionRecord(Protocol):
 
     def current_graph_path(self) -> str | None: ...
 
-    def set_current_graph_version(self, version: str, path: str | None = None) -> None: ...
+    def current_graph_configuration(self) -> str | None: ...
+
+    def set_current_graph_version(
+        self, version: str, path: str | None = None, configured: str | None = None
+    ) -> None: ...
 
 
 class GraphHolder:
@@ -95,6 +99,7 @@ class GraphHolder:
         check_seconds: float = 1.0,
     ) -> None:
         self._path = path
+        self._configured = path  # the deployment's own setting (PPR_GRAPH_PATH), never changed
         self._loader = loader
         self._on_load = on_load
         self._reload_lock = threading.Lock()
@@ -121,6 +126,41 @@ class GraphHolder:
             raise RuntimeError("no graph loaded yet")
         return loaded.graph
 
+    def start(self) -> LoadedGraph:
+        """The first load of a worker.
+
+        If the ledger records a version published under this same configuration (e.g. an
+        admin's reload to another file, and this worker was restarted after a crash), the
+        worker loads that file. Otherwise (a new deployment, a changed ``PPR_GRAPH_PATH``, or
+        new contents of the configured file) it loads its configured file and publishes it.
+        Reading or writing the record is best-effort here: a worker that starts while the
+        database is down serves its configured file and follows the record once it answers.
+        """
+        configured = _setting(self._configured)
+        recorded_path: str | None = None
+        follow = False
+        if self._versions is not None:
+            try:
+                follow = (
+                    self._versions.current_graph_version() is not None
+                    and self._versions.current_graph_configuration() == configured
+                )
+                recorded_path = self._versions.current_graph_path() if follow else None
+            except Exception as exc:
+                log.warning("cannot read the recorded graph version at start: %s", exc)
+        if follow and recorded_path is not None and recorded_path != configured:
+            try:
+                return self.load(Path(recorded_path), publish=False)
+            except Exception as exc:
+                log.error("cannot load the recorded graph file %s: %s", recorded_path, exc)
+        try:
+            return self.load()
+        except Exception as exc:
+            if self._current is None or not _is_database_error(exc):
+                raise
+            log.warning("cannot record the graph version at start: %s", exc)
+            return self._current
+
     def load(self, path: Path | None = None, *, publish: bool = True) -> LoadedGraph:
         """Load from ``path`` (default: the current location) and swap it in; the old graph
         serves until then. A new ``path`` becomes the current location only if it loads.
@@ -129,7 +169,7 @@ class GraphHolder:
             loaded = self._load_locked(path)
             if publish and self._versions is not None:
                 self._versions.set_current_graph_version(
-                    loaded.graph.version, None if self._path is None else str(self._path)
+                    loaded.graph.version, _setting(self._path), _setting(self._configured)
                 )
             self._unreachable = None
             self._next_check = time.monotonic() + self._check_seconds
@@ -193,3 +233,14 @@ class GraphHolder:
                 )  # fmt: skip
         finally:
             self._reload_lock.release()
+
+
+def _setting(path: Path | None) -> str:
+    """A graph location as recorded in the ledger ("" for the demo graph)."""
+    return "" if path is None else str(path)
+
+
+def _is_database_error(exc: BaseException) -> bool:
+    from service.ledger.ledger import LedgerUnavailable
+
+    return isinstance(exc, LedgerUnavailable)
