@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -109,6 +110,10 @@ class Server:
         return lines
 
 
+def _healthz_pids(server: Server) -> set[int]:
+    return {int(line["pid"]) for line in server.log_lines() if line.get("route") == "/healthz"}
+
+
 @contextmanager
 def uvicorn_server(
     backend: Backend, *, workers: int = 1, extra_env: dict[str, str] | None = None
@@ -149,6 +154,12 @@ def uvicorn_server(
             if time.monotonic() > deadline:
                 raise RuntimeError(f"server not ready in 120 s:\n{log_path.read_text()}")
             time.sleep(0.2)
+        # Every worker has finished starting once each has answered a request of its own (a
+        # new connection each time, so the kernel can hand it to any worker).
+        while len(_healthz_pids(server)) < workers and time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.get(f"{server.base_url}/healthz", timeout=2)
+            time.sleep(0.02)
         yield server
     finally:
         proc.terminate()

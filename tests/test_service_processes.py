@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,7 +19,6 @@ from tests.api_support import (
     GRAPH_EDGES,
     GRAPH_NODES,
     Backend,
-    Server,
     bearer,
     free_port,
     ledger_of,
@@ -40,19 +38,6 @@ def graph_path(tmp_path: Path) -> Path:
 
 @pytest.mark.postgres
 @pytest.mark.slow
-def _until_both_workers_answer(server: Server, *, seconds: float = 60.0) -> None:
-    """Wait until each of the two workers has finished starting (answered a request on a new
-    connection), so that a burst of queries can reach both."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        with httpx.Client(base_url=server.base_url, timeout=10) as http:
-            http.get("/healthz")
-        pids = {line["pid"] for line in server.log_lines() if line.get("route") == "/healthz"}
-        if len(pids) >= 2:
-            return
-        time.sleep(0.05)
-
-
 def test_fifty_concurrent_queries_on_two_workers_never_pass_the_cap(
     postgres_url: str, graph_path: Path
 ) -> None:
@@ -67,7 +52,6 @@ def test_fifty_concurrent_queries_on_two_workers_never_pass_the_cap(
     tmp.mkdir()
     with uvicorn_server(backend, workers=2, extra_env={"TMPDIR": str(tmp)}) as server:
         assert [p.name[:12] for p in tmp.iterdir()] == ["ppr-metrics-"]
-        _until_both_workers_answer(server)
 
         def ask(i: int) -> httpx.Response:
             with httpx.Client(base_url=server.base_url, timeout=60) as http:
@@ -149,7 +133,6 @@ def test_concurrent_retries_with_one_idempotency_key_charge_once(
     tmp.mkdir()
     with uvicorn_server(backend, workers=2, extra_env={"TMPDIR": str(tmp)}) as server:
         assert [p.name[:12] for p in tmp.iterdir()] == ["ppr-metrics-"]
-        _until_both_workers_answer(server)
 
         def ask(i: int) -> httpx.Response:
             with httpx.Client(base_url=server.base_url, timeout=60) as http:
