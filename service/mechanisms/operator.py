@@ -23,11 +23,35 @@ import numpy as np
 import scipy.sparse as sp
 
 from service.graph.model import Graph
-from service.mechanisms.kernels import block_kernel, step_kernels, warm_up
+from service.mechanisms.kernels import block_kernel, noise_kernel, step_kernels, warm_up
 
 
 def default_threads() -> int:
     return max(1, min(2, os.cpu_count() or 1))
+
+
+class StepWorkspace:
+    """Reusable n x B buffers of one block step (clipped, clipped / d, result), so that a block
+    of steady width allocates (and page-faults) nothing per step."""
+
+    def __init__(self) -> None:
+        empty = np.empty((0, 0), dtype=np.float64)
+        self.clipped: np.ndarray = empty
+        self.z: np.ndarray = empty
+        self.out: np.ndarray = empty
+
+    def fits(self, x: np.ndarray) -> bool:
+        """Make the buffers x's shape (reallocating if it changed); False if ``x`` is one."""
+        if self.out.shape != x.shape:
+            self.clipped, self.z, self.out = (np.empty(x.shape, dtype=np.float64) for _ in "czo")
+        return not any(np.may_share_memory(x, b) for b in (self.clipped, self.z, self.out))
+
+    def swap(self, x: np.ndarray) -> None:
+        """Take ``x`` (no longer needed, same shape) as the next step's result buffer."""
+        if x.shape == self.out.shape and x.dtype == np.float64 and x.flags.c_contiguous:
+            self.out = x
+        else:
+            self.out = np.empty(self.out.shape, dtype=np.float64)
 
 
 class WalkOperator:
@@ -50,6 +74,7 @@ class WalkOperator:
         self._indices = graph.indices
         self._kernel = block_kernel()
         self._step = step_kernels()
+        self._noise = noise_kernel()
         self._isolated_mask = np.ascontiguousarray(graph.degrees == 0)
         # With the compiled kernel the graph's own (read-only, possibly shared) index arrays
         # are all it reads: no per-process copy, no float data array. Without it, scipy needs
@@ -106,16 +131,22 @@ class WalkOperator:
         betas: np.ndarray,
         etas: np.ndarray,
         personalized: np.ndarray,
+        workspace: StepWorkspace | None = None,
     ) -> np.ndarray | None:
         """phi(f(x)) for a block in two compiled passes over the rows (both threads), with the
-        same operations in the same order as the unfused path; None without numba."""
+        same operations in the same order as the unfused path; None without numba.
+
+        With ``workspace`` the intermediate blocks and the result are its buffers (the result
+        is ``workspace.out``; ``x`` must not be one of them)."""
         kernels = self._step
         if kernels is None or x.ndim != 2:
             return None
         clip_rows, walk_rows = kernels
         x = np.ascontiguousarray(x, dtype=np.float64)
-        clipped = np.empty_like(x)
-        z = np.empty_like(x)
+        if workspace is not None and workspace.fits(x):
+            clipped, z, out = workspace.clipped, workspace.z, workspace.out
+        else:
+            clipped, z, out = np.empty_like(x), np.empty_like(x), np.empty_like(x)
         etas = np.ascontiguousarray(etas, dtype=np.float64)
         betas = np.ascontiguousarray(betas, dtype=np.float64)
         self._on_rows(clip_rows, x, self.degrees, self.inv_degree, etas, clipped, z)
@@ -124,11 +155,26 @@ class WalkOperator:
             c = np.minimum(np.maximum(x[seeds[p], p], 0.0), 1.0)
             clipped[seeds[p], p] = c
             z[seeds[p], p] = c * self.inv_degree[seeds[p]]
-        out = np.empty_like(x)
         self._on_rows(walk_rows, self._indptr, self._indices, z, clipped, self._isolated_mask,
                       betas, out)  # fmt: skip
         out[seeds, np.arange(x.shape[1])] += 1.0 - betas
         return out
+
+    def add_noise(
+        self,
+        out: np.ndarray,
+        columns: np.ndarray,
+        exps: np.ndarray,
+        words: np.ndarray,
+        scales: np.ndarray,
+    ) -> bool:
+        """Add column q's xi1 + xi2 (from its 2n exponentials ``exps[q]`` and raw sign words
+        ``words[q]``, see kernels.add_noise_rows) to ``out[:, columns[q]]`` on both threads;
+        False (nothing done) without numba."""
+        if self._noise is None or out.ndim != 2 or not out.flags.c_contiguous:
+            return False
+        self._on_rows(self._noise, out, columns, exps, words.view(np.int64), scales)
+        return True
 
     def _on_rows(self, kernel: Callable[..., None], *args: Any) -> None:
         if self._pool is None:
