@@ -271,10 +271,10 @@ def _compile_noise() -> Callable[..., None] | None:
                 s = scales[q]
                 t = i
                 bit = (words[q, t >> 6] >> ((t & 56) | (7 - (t & 7)))) & 1
-                a = exps[q, t] * (-s if bit else s)
+                a = exps[q, t] * (s * (1.0 - 2.0 * bit))  # +-s exactly, without a branch
                 t = n + i
                 bit = (words[q, t >> 6] >> ((t & 56) | (7 - (t & 7)))) & 1
-                b = exps[q, t] * (-s if bit else s)
+                b = exps[q, t] * (s * (1.0 - 2.0 * bit))
                 out[i, columns[q]] += a + b
 
     compiled: Callable[..., None] = njit(nogil=True, cache=True, fastmath=False)(add_noise_rows)
