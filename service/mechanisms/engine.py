@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from service.graph.model import Graph
-from service.mechanisms.operator import StepWorkspace, WalkOperator, walk_operator
+from service.mechanisms.operator import StepWorkspace, WalkOperator, aligned_block, walk_operator
 from service.mechanisms.randomness import sign_words, signed_pairs
 from service.privacy.calibration import DiffusionConfig
 from service.privacy.floating import float_safe_scale
@@ -158,7 +158,7 @@ class _Block:
             columns.append(start)
         if not fresh:
             return
-        x = np.empty((self.graph.n, len(self.jobs) + len(fresh)), dtype=np.float64)
+        x = aligned_block(self.graph.n, len(self.jobs) + len(fresh))
         x[:, : len(self.jobs)] = self.x
         x[:, len(self.jobs) :] = np.stack(columns, axis=1)
         self.x = x
@@ -207,7 +207,8 @@ class _Block:
         if finished:
             keep = [i for i in range(width) if jobs[i].done_steps < jobs[i].config.steps]
             self.jobs = [jobs[i] for i in keep]
-            out = np.ascontiguousarray(out[:, keep])
+            kept = aligned_block(self.graph.n, len(keep))
+            out = np.take(out, keep, axis=1, out=kept, mode="clip")
         self.x = out
         if out is self._workspace.out:  # the previous block is free: the next step's result
             self._workspace.swap(before)

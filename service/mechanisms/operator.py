@@ -30,9 +30,23 @@ def default_threads() -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
 
+#: Byte alignment of the dense blocks: one cache line, so that a row of 8 float64 columns is one
+#: line (numpy's large allocations are only 16-byte aligned: a 256-byte row then spans 5 lines).
+BLOCK_ALIGNMENT = 64
+
+
+def aligned_block(rows: int, columns: int) -> np.ndarray:
+    """An uninitialised C-ordered float64 (rows x columns) array starting on a cache line."""
+    size = rows * columns
+    slack = BLOCK_ALIGNMENT // 8
+    buffer = np.empty(size + slack, dtype=np.float64)
+    start = (-buffer.ctypes.data % BLOCK_ALIGNMENT) // 8
+    return buffer[start : start + size].reshape(rows, columns)
+
+
 class StepWorkspace:
-    """Reusable n x B buffers of one block step (clipped, clipped / d, result), so that a block
-    of steady width allocates (and page-faults) nothing per step."""
+    """Reusable n x B buffers of one block step (clipped, clipped / d, result), cache-line
+    aligned, so that a block of steady width allocates (and page-faults) nothing per step."""
 
     def __init__(self) -> None:
         empty = np.empty((0, 0), dtype=np.float64)
@@ -43,7 +57,7 @@ class StepWorkspace:
     def fits(self, x: np.ndarray) -> bool:
         """Make the buffers x's shape (reallocating if it changed); False if ``x`` is one."""
         if self.out.shape != x.shape:
-            self.clipped, self.z, self.out = (np.empty(x.shape, dtype=np.float64) for _ in "czo")
+            self.clipped, self.z, self.out = (aligned_block(*x.shape) for _ in "czo")
         return not any(np.may_share_memory(x, b) for b in (self.clipped, self.z, self.out))
 
     def swap(self, x: np.ndarray) -> None:
@@ -51,7 +65,7 @@ class StepWorkspace:
         if x.shape == self.out.shape and x.dtype == np.float64 and x.flags.c_contiguous:
             self.out = x
         else:
-            self.out = np.empty(self.out.shape, dtype=np.float64)
+            self.out = aligned_block(*self.out.shape)
 
 
 class WalkOperator:
