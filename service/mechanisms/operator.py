@@ -49,14 +49,19 @@ class StepWorkspace:
     aligned, so that a block of steady width allocates (and page-faults) nothing per step."""
 
     def __init__(self) -> None:
-        empty = np.empty((0, 0), dtype=np.float64)
-        self.clipped: np.ndarray = empty
-        self.z: np.ndarray = empty
-        self.out: np.ndarray = empty
+        self.clipped: np.ndarray
+        self.z: np.ndarray
+        self.out: np.ndarray
+        self.clear()
+
+    def clear(self) -> None:
+        """Drop the buffers."""
+        self.clipped = self.z = self.out = np.empty((0, 0), dtype=np.float64)
 
     def fits(self, x: np.ndarray) -> bool:
         """Make the buffers x's shape (reallocating if it changed); False if ``x`` is one."""
         if self.out.shape != x.shape:
+            self.clear()  # the old buffers go before the new ones are allocated
             self.clipped, self.z, self.out = (aligned_block(*x.shape) for _ in "czo")
         return not any(np.may_share_memory(x, b) for b in (self.clipped, self.z, self.out))
 
