@@ -160,7 +160,7 @@ class _Block:
             return
         x = aligned_block(self.graph.n, len(self.jobs) + len(fresh))
         x[:, : len(self.jobs)] = self.x
-        x[:, len(self.jobs) :] = np.stack(columns, axis=1)
+        np.stack(columns, axis=1, out=x[:, len(self.jobs) :])
         self.x = x
         self.jobs.extend(fresh)
 
