@@ -5,8 +5,9 @@ Runs blocks of B queries on ``run_jobs`` (the engine's block code) on a generate
 of a block step by wrapping the engine's functions:
 
 * ``sparse step``: clip + the CSR block product (``thresholded_step``), both threads;
-* ``noise draws``: the columns' float64 exponentials and sign words (numpy, per generator);
-* ``noise add``: the compiled pass that adds xi1 + xi2 to the block;
+* ``noise``: the columns' float64 exponentials and sign words (numpy, one generator per
+  column, columns split over both threads), and the compiled pass that adds xi1 + xi2 to the
+  block (``add pass``, per chunk of columns);
 * ``admit``: building the block from the start vectors.
 
 CPU time is the process's (all threads), so on an idle 2-core machine wall ~ CPU / 2 for the
@@ -69,10 +70,10 @@ def main() -> None:
     samples: Samples = {}
     engine.thresholded_step = _wrap(samples, "sparse step", engine.thresholded_step)
     block_cls: Any = engine._Block
-    block_cls._draw = _wrap(samples, "noise draws (per thread)", block_cls._draw)
+    block_cls._add_noise = _wrap(samples, "noise (draws + add pass)", block_cls._add_noise)
     block_cls.admit = _wrap(samples, "admit", block_cls.admit)
     op_cls: Any = WalkOperator
-    op_cls.add_noise = _wrap(samples, "noise add (per chunk)", op_cls.add_noise)
+    op_cls.add_noise = _wrap(samples, "  of which add pass", op_cls.add_noise)
 
     print(f"graph {graph.n} nodes, {graph.m} edges; K {config.steps}, L {config.noisy_steps}, "
           f"B {args.batch}")  # fmt: skip
@@ -94,7 +95,8 @@ def main() -> None:
         with open("/proc/loadavg") as loadavg:
             load = loadavg.read().split()[0]
         print(f"{kind}: per query wall {wall_q:.2f} ms, CPU {cpu_q:.2f} ms (load {load})")
-        for name, values in samples.items():
+        order = ["admit", "sparse step", "noise (draws + add pass)", "  of which add pass"]
+        for name, values in sorted(samples.items(), key=lambda item: order.index(item[0])):
             arr = np.asarray(values) * 1e3
             calls = len(values) / args.repeats
             wall, cpu = float(np.median(arr[:, 0])), float(np.median(arr[:, 1]))
