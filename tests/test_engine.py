@@ -169,3 +169,26 @@ def test_the_compiled_noise_pass_adds_exactly_the_documented_draws() -> None:
     for s, job in enumerate(jobs):
         alone = noisy_diffusion(graph, s, config, rng=np.random.default_rng(700 + s))
         np.testing.assert_array_equal(job.future.result().scores, alone)
+
+
+def test_reused_step_buffers_stay_exact_while_the_block_width_changes() -> None:
+    """Columns join a running block between steps and leave it at different steps (the step
+    buffers are reused, re-fitted and swapped): every column still equals its release alone."""
+    graph = random_graph(250, 0.04, np.random.default_rng(8))
+    specs = [(0, _config(E, 9, 2)), (1, _config(P, 14, 3)), (2, _config(E, 6, 1)),
+             (3, _config(E, 12, 4)), (4, _config(P, 7, 2))]  # fmt: skip
+    jobs = [DiffusionJob(s, c, np.random.default_rng(40 + s)) for s, c in specs]
+    block = engine_module._Block(graph, walk_operator(graph))
+    block.admit(jobs[:2])
+    for step in range(40):
+        if step == 2:
+            block.admit(jobs[2:4])  # joins after two steps
+        if step == 5:
+            block.admit(jobs[4:])
+        if not len(block) and step > 5:
+            break
+        if len(block):
+            block.step()
+    for (seed, config), job in zip(specs, jobs, strict=True):
+        alone = noisy_diffusion(graph, seed, config, rng=np.random.default_rng(40 + seed))
+        np.testing.assert_array_equal(job.future.result(timeout=1).scores, alone)
