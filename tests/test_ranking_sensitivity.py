@@ -1,10 +1,17 @@
-"""Brute force: the l1 sensitivities behind ``popular``, ``common_neighbours`` and ``blended``.
+"""Brute force: the sensitivities behind ``popular``, ``common_neighbours``,
+``friends_of_friends`` and ``blended``.
 
 Every graph on 5 nodes (all 1,024 of them), every seed, every pair {a, b} not touching the seed
 (the personalized model leaves the seed's own edges unprotected), the edge toggled (added when
 absent, removed when present; this covers endpoints of degree 0 and 1): the common-neighbour
 counts move by at most 2 in l1 and the degrees by exactly 2. Random graphs on 6-10 nodes
 likewise. The worst cases reach the bounds, so smaller constants would be wrong.
+
+The two-scale release (Lap(2/eps) on the seed's friends, Lap(1/eps) on the other nodes but the
+seed): the same search computes the pure-DP loss sum_i |Delta_i| / b_i of every toggle, which
+never exceeds eps and reaches it; every toggle moves two friend counts by 1, or one candidate
+count by 1, or nothing. Controls with a wrong scale on either part exceed eps, so the search
+can fail. ``pytest -s`` prints the worst cases.
 """
 
 from __future__ import annotations
