@@ -352,3 +352,27 @@ def test_two_scale_counts_are_refused_in_edge_mode() -> None:
     graph = random_graph(10, 0.3, np.random.default_rng(1))
     with pytest.raises(InvalidParameter):
         two_scale_common_neighbours(graph, 0, plan_two_scale(1.0), mode="edge")
+
+
+def test_blended_tests_the_candidates_with_their_own_noise_variance() -> None:
+    """``blended`` on the two-scale counts measures the candidates' reliability and signal
+    against the candidates' noise, 2 b_c^2 = 2 / eps^2 (not the friends' 8 / eps^2): with the
+    same generator its statistics equal those computed from the candidates at scale b_c, and
+    differ from those at the friends' scale."""
+    from service.mechanisms.blended import counts_carry_signal, reliability
+    from service.mechanisms.common_neighbours import two_scale_common_neighbours
+
+    rng = np.random.default_rng(31)
+    graph = random_graph(300, 0.05, rng)
+    seed = int(np.argmax(graph.degrees))
+    plan = plan_two_scale(2.0)
+    degrees = graph.degrees + rng.laplace(0.0, 20.0, graph.n)
+    result = blended_ranking(graph, seed, plan, degrees, 20.0, np.random.default_rng(4))
+    counts = two_scale_common_neighbours(graph, seed, plan, np.random.default_rng(4))
+    candidates = np.ones(graph.n, dtype=bool)
+    candidates[seed] = False
+    candidates[graph.neighbors(seed)] = False
+    own = reliability(counts[candidates], plan.candidate_scale)
+    assert result.reliability_counts == own
+    assert own > reliability(counts[candidates], plan.friend_scale)
+    assert result.counts_signal == counts_carry_signal(counts[candidates], plan.candidate_scale)
