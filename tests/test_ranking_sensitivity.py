@@ -288,6 +288,9 @@ def test_two_scale_loss_on_every_graph_on_five_nodes(epsilon: float) -> None:
           f"bound {plan.epsilon!r} (target {epsilon}); toggles moving {seen}")  # fmt: skip
     assert worst <= plan.epsilon <= epsilon
     assert worst == pytest.approx(plan.epsilon, rel=1e-12)  # attained, both ways
+    # charged exactly as the one-scale counts at the same target
+    one_scale = plan_laplace(epsilon, COMMON_NEIGHBOUR_SENSITIVITY)
+    assert plan.epsilon == one_scale.epsilon and plan.curve == one_scale.curve
     assert seen["both"] == 0 and seen["seed"] == 0
     assert seen["friends"] > 0 and seen["candidates"] > 0 and seen["neither"] > 0
 
