@@ -407,3 +407,20 @@ def test_the_degree_release_respects_the_graph_cap(backend: Backend) -> None:
         assert query(client, key, "4", k=5, mechanism="popular").status_code == 200
         assert len(graph_releases(backend.database_url)) == 1
         assert ledger_of(client).exposure(delta=1e-6).graph_releases == 1
+
+
+def test_friends_of_friends_can_be_the_configured_default(backend: Backend) -> None:
+    """PPR_DEFAULT_MECHANISM=friends_of_friends (the advice for clustered graphs): a query that
+    names no mechanism uses it in personalized mode and the diffusion in edge mode."""
+    with running_app(backend, default_mechanism="friends_of_friends") as client:
+        accounts = Accounts(client)
+        _, key = accounts.user("6")
+        body = query(client, key, "6", k=5, epsilon=0.3).json()
+        assert body["mechanism"]["name"] == "friends_of_friends"
+        assert body["mechanism"]["candidate_noise_scale"] == plan_laplace(0.3, 2.0).scale / 2
+        again = query(client, key, "6", k=5, epsilon=0.3, mechanism="friends_of_friends").json()
+        assert again["replayed"] is True and again["results"] == body["results"]
+        _, service_key = accounts.service(modes=["edge"])
+        edge = query(client, service_key, "6", mode="edge", k=5)
+        assert edge.status_code == 200 and edge.json()["mechanism"]["name"] == "noisy_diffusion"
+        assert charge_count(client) == 2
