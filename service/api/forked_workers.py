@@ -22,6 +22,8 @@ from the supervisor.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import logging
 import multiprocessing
@@ -66,6 +68,17 @@ def prepare_supervisor(settings: Settings) -> None:
         raise RuntimeError("the supervisor started a thread before forking its workers")
     gc.collect()
     gc.freeze()
+    _release_free_heap()
+
+
+def _release_free_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``) so that no
+    worker inherits them; a no-op where there is no glibc."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):  # pragma: no cover - not glibc
+        pass
 
 
 def fork_workers() -> None:
