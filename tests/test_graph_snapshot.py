@@ -91,6 +91,10 @@ def test_the_kernels_read_the_mapped_arrays_without_copying(
     op = WalkOperator(mapped, threads=2)
     assert np.shares_memory(op._indptr, mapped.indptr)
     assert np.shares_memory(op._indices, mapped.indices)
+    assert op.degrees is mapped.derived["float_degrees"]
+    assert op.inv_degree is mapped.derived["inverse_degrees"]
+    assert not op.inv_degree.flags.owndata and not op.inv_degree.flags.writeable
+    assert np.array_equal(op.inv_degree, WalkOperator(reference, threads=1).inv_degree)
     y = np.random.default_rng(1).random((mapped.n, 3))
     assert np.array_equal(op.apply(y), WalkOperator(reference, threads=2).apply(y))
 

@@ -33,9 +33,12 @@ from collections.abc import Callable
 from socket import socket
 from typing import Any
 
+import numpy as np
 from fastapi import FastAPI
 
 from service.config import Settings
+from service.graph.model import Graph
+from service.mechanisms.operator import WalkOperator
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,7 @@ def prepare_supervisor(settings: Settings) -> None:
     _app = create_app(settings)
     graph = load_configured_graph(settings.graph_path, settings.snapshot_directory)
     warm_up(graph.indptr, graph.indices)
+    _compile_for(graph)
     del graph  # the workers map the snapshot themselves (and follow the recorded version)
     if threading.active_count() != 1:  # pragma: no cover - would make fork unsafe
         raise RuntimeError("the supervisor started a thread before forking its workers")
@@ -79,6 +83,23 @@ def _release_free_heap() -> None:
         libc.malloc_trim(0)
     except (OSError, AttributeError):  # pragma: no cover - not glibc
         pass
+
+
+def _compile_for(graph: Graph) -> None:
+    """Run the walk operator's kernels once on this graph's own (read-only, mapped) arrays,
+    so that numba compiles, here and once, the variants the workers will call."""
+    op = WalkOperator(graph, threads=1)  # one thread: no pool, no thread started
+    width = 2
+    x = np.zeros((graph.n, width))
+    op.apply(x[:, 0].copy())
+    op.apply(x)
+    op.fused_step(
+        x,
+        seeds=np.zeros(width, dtype=np.int64),
+        betas=np.full(width, 0.5),
+        etas=np.full(width, 1e-7),
+        personalized=np.array([True, False]),
+    )
 
 
 def fork_workers() -> None:

@@ -62,6 +62,8 @@ class Graph:
     ids: NodeIds = field(repr=False, compare=False)
     version: str
     stats: GraphStats
+    derived: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+    """Per-node float arrays precomputed elsewhere (a snapshot maps them; see below)."""
 
     def __post_init__(self) -> None:
         if self.indptr.shape[0] != self.degrees.shape[0] + 1:
@@ -77,6 +79,28 @@ class Graph:
         """External id of every internal index (object array of ``str``; a packed table
         builds it on first use, so the serving path reads ``ids`` instead)."""
         return self.ids.as_array()
+
+    @cached_property
+    def float_degrees(self) -> np.ndarray:
+        """``degrees`` as float64 (read-only; mapped from a snapshot when there is one)."""
+        mapped = self.derived.get("float_degrees")
+        if mapped is not None:
+            return mapped
+        out = self.degrees.astype(np.float64)
+        out.setflags(write=False)
+        return out
+
+    @cached_property
+    def inverse_degrees(self) -> np.ndarray:
+        """1 / degree, 0 for an isolated node (float64, read-only; mapped from a snapshot
+        when there is one)."""
+        mapped = self.derived.get("inverse_degrees")
+        if mapped is not None:
+            return mapped
+        d = self.float_degrees
+        out: np.ndarray = np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
+        out.setflags(write=False)
+        return out
 
     @property
     def n(self) -> int:

@@ -1,7 +1,8 @@
 """A binary CSR snapshot of a loaded graph, memory-mapped read-only by every worker.
 
 Parsing an edge list gives each process its own copy of the graph. Instead, the first process
-to load a file writes a snapshot (the CSR arrays, the degrees and the packed node ids) and
+to load a file writes a snapshot (the CSR arrays, the degrees, the float64 degrees and inverse
+degrees the walk operator reads, and the packed node ids) and
 every process, the writer included, serves the graph from a read-only memory mapping of that
 file: the kernel keeps one copy of its pages in the page cache, shared by all the workers of
 the machine.
@@ -46,14 +47,15 @@ from service.graph.node_ids import PackedIds
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
-MAGIC = b"PPRCSR\x00\x01"
+FORMAT = 2
+MAGIC = b"PPRCSR\x00\x02"
 ALIGN = 64
 SUFFIX = ".csr"
 STALE_SECONDS = 7 * 24 * 3600.0
 """Snapshots in the directory not opened for this long are removed when a new one is written."""
 
 _CSR_ARRAYS = ("indptr", "indices", "degrees")
+_DERIVED_ARRAYS = ("float_degrees", "inverse_degrees")  # what the walk operator reads
 
 
 class SnapshotInvalid(ValueError):
@@ -93,6 +95,7 @@ def write_snapshot(graph: Graph, path: Path, source_fingerprint: str) -> None:
         graph.ids if isinstance(graph.ids, PackedIds) else PackedIds.pack(graph.node_ids.tolist())
     )
     arrays: dict[str, np.ndarray] = {name: getattr(graph, name) for name in _CSR_ARRAYS}
+    arrays.update({name: getattr(graph, name) for name in _DERIVED_ARRAYS})
     arrays.update(packed.arrays)
     layout: dict[str, dict[str, Any]] = {}
     offset = 0
@@ -256,6 +259,7 @@ def _graph_of(mapping: mmap.mmap, path: Path, size: int, expected: str | None) -
             ids=ids,
             version=str(header["version"]),
             stats=GraphStats(**header["stats"]),
+            derived={name: arrays[name] for name in _DERIVED_ARRAYS},
         )
     except SnapshotInvalid:
         raise
