@@ -29,6 +29,7 @@ from service.graph.snapshot import (
     write_snapshot,
 )
 from service.ledger import upgrade
+from service.mechanisms.common_neighbours import common_neighbour_counts
 from service.mechanisms.operator import WalkOperator
 from service.serving.graph_holder import GraphHolder, load_configured_graph
 from tests.api_support import GRAPH_EDGES, GRAPH_NODES, Backend, bearer, open_ledger, uvicorn_server
@@ -97,6 +98,19 @@ def test_the_kernels_read_the_mapped_arrays_without_copying(
     assert np.array_equal(op.inv_degree, WalkOperator(reference, threads=1).inv_degree)
     y = np.random.default_rng(1).random((mapped.n, 3))
     assert np.array_equal(op.apply(y), WalkOperator(reference, threads=2).apply(y))
+
+
+def test_common_neighbour_counts_need_no_per_process_adjacency_copy(
+    graph_file: Path, tmp_path: Path
+) -> None:
+    mapped = load_with_snapshot(graph_file, tmp_path / "snap", CountingParser())
+    reference = load_edge_list(graph_file)
+    for seed in (0, 7, 150):
+        indicator = np.zeros(reference.n)
+        indicator[reference.neighbors(seed)] = 1.0
+        expected = reference.adjacency @ indicator
+        assert np.array_equal(common_neighbour_counts(mapped, seed), expected)
+    assert "adjacency" not in mapped.__dict__, "no float64 data array (8 bytes per entry) built"
 
 
 def test_string_ids_are_found_by_binary_search(tmp_path: Path) -> None:
