@@ -169,6 +169,36 @@ def test_a_stale_snapshot_of_another_file_is_rebuilt(graph_file: Path, tmp_path:
     assert snapshot_path(directory, file_fingerprint(other)).is_file()
 
 
+def test_workers_starting_together_parse_the_file_once(graph_file: Path, tmp_path: Path) -> None:
+    class SlowParser(CountingParser):
+        def __call__(self, path: Path, raw: bytes | None) -> Graph:
+            time.sleep(0.3)  # long enough for every other loader to reach the lock
+            return super().__call__(path, raw)
+
+    parse = SlowParser()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        graphs = list(
+            pool.map(lambda _: load_with_snapshot(graph_file, tmp_path / "snap", parse), range(4))
+        )
+    assert parse.calls == 1
+    assert len({g.version for g in graphs}) == 1
+
+
+def test_snapshots_unused_for_a_week_are_removed_when_one_is_written(
+    graph_file: Path, tmp_path: Path
+) -> None:
+    directory = tmp_path / "snap"
+    other = tmp_path / "other.txt"
+    write_generated_edge_list(other, 300, 1600, seed=4)
+    load_with_snapshot(other, directory, CountingParser())
+    old = snapshot_path(directory, file_fingerprint(other))
+    week_ago = time.time() - 8 * 24 * 3600
+    os.utime(old, (week_ago, week_ago))
+    load_with_snapshot(graph_file, directory, CountingParser())
+    assert not old.exists()
+    assert snapshot_path(directory, file_fingerprint(graph_file)).is_file()
+
+
 def test_a_directory_others_may_write_is_not_used(graph_file: Path, tmp_path: Path) -> None:
     directory = tmp_path / "open"
     directory.mkdir()
