@@ -18,6 +18,7 @@ import numpy as np
 
 from service.errors import InvalidParameter
 from service.graph.model import Graph
+from service.mechanisms.operator import walk_operator
 from service.mechanisms.randomness import fresh_generator
 from service.privacy.laplace import COMMON_NEIGHBOUR_SENSITIVITY, LaplacePlan, TwoScalePlan
 from service.privacy.modes import Mode
@@ -46,7 +47,9 @@ def common_neighbour_counts(graph: Graph, seed: int) -> np.ndarray:
         raise InvalidParameter("seed", f"internal index {seed} is outside [0, {graph.n})")
     indicator = np.zeros(graph.n, dtype=np.float64)
     indicator[graph.neighbors(seed)] = 1.0
-    return np.asarray(graph.adjacency @ indicator, dtype=np.float64)
+    # A @ indicator on the graph's own index arrays (exact: sums of ones), without building
+    # a float64 data array of 8 bytes per stored entry in every worker
+    return walk_operator(graph).adjacency_product(indicator)
 
 
 def noisy_common_neighbours(
