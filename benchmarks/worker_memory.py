@@ -1,25 +1,35 @@
-"""Memory of ``serve --workers N`` at ready, measured as PSS (proportional set size).
+"""Memory of ``serve --workers N``, measured as PSS (proportional set size).
 
 PSS divides each shared page among the processes that map it, so the sum over the server's
-processes is what the machine holds for it; RSS would count shared pages once per process.
-Starts the server for each worker count on the given graph and ledger, waits for /readyz,
-sums ``Pss`` from ``/proc/PID/smaps_rollup`` over the server and its children, and prints a
-table with the ratio to the first worker count.
+processes (the supervisor and its workers) is what the machine holds for it; RSS would count
+shared pages once per process. For each worker count the script starts the server on the
+given graph and ledger (once every worker has loaded the graph), sums ``Pss`` from
+``/proc/PID/smaps_rollup`` over the process tree at ready, then sends ``--queries`` fresh
+queries on distinct random seeds (cold: each computes and caches a noise-free prefix, which
+fills the prefix cache; ``--prefix-cache-mib`` sets PPR_PREFIX_CACHE_BYTES, the machine's
+bound) and measures again. ``--repeat`` runs each count several times (interleaved) and
+reports the median, since what the kernel has paged in varies between runs. Prints a table
+with the ratio of each total to the first worker count's.
 
-    python benchmarks/worker_memory.py --graph /tmp/g100k.txt --workers 1 2 \\
+    python benchmarks/worker_memory.py --graph /tmp/g100k.txt --workers 1 2 --repeat 3 \\
         --database-url postgresql+psycopg://postgres@127.0.0.1:5432/ppr_mem
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
+import random
+import statistics
 import sys
+import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+
+from service.config import MechanismSettings
+from service.loadtest.server import served_process, service_account_key
 
 
 def children(pid: int) -> list[int]:
@@ -44,29 +54,40 @@ def pss_kib(pid: int) -> int:
     return 0
 
 
-def measure(graph: Path, workers: int, database_url: str, port: int) -> tuple[int, list[int]]:
-    env = {**os.environ, "PPR_GRAPH_PATH": str(graph), "PPR_DATABASE_URL": database_url,
-           "PPR_LOG_LEVEL": "warning"}  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service", "serve", "--port", str(port), "--workers", str(workers)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            try:
-                ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                ready = False
-            if ready and len(tree(proc.pid)) >= (workers + 1 if workers > 1 else 1):
-                break
-            time.sleep(0.5)
-        time.sleep(5)  # every worker has loaded by now (readyz answers from one of them)
-        pids = tree(proc.pid)
-        return sum(pss_kib(p) for p in pids), [pss_kib(p) for p in pids]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+def snapshot(pid: int) -> tuple[int, list[int]]:
+    per = [pss_kib(p) for p in tree(pid)]
+    return sum(per), per
+
+
+def fill(base_url: str, key: str, nodes: int, queries: int, concurrency: int) -> int:
+    """Fresh edge-mode queries on distinct random seeds; returns how many answered 200."""
+    seeds = random.Random().sample(range(nodes), min(queries, nodes))
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=base_url, headers=headers, timeout=600) as client:
+
+        def ask(seed: int) -> int:
+            params: dict[str, str | float | int] = {"epsilon": 0.5, "k": 10, "mode": "edge"}
+            return client.get(f"/v1/ppr/{seed}", params=params).status_code
+
+        with ThreadPoolExecutor(concurrency) as pool:
+            return sum(status == 200 for status in pool.map(ask, seeds))
+
+
+def measure(args: argparse.Namespace, workers: int, nodes: int, edges: int) -> dict[str, object]:
+    extra = {"PPR_PREFIX_CACHE_BYTES": str(args.prefix_cache_mib * 2**20),
+             "PPR_GRAPH_SNAPSHOTS": "true" if args.snapshots else "false"}  # fmt: skip
+    key = service_account_key(args.database_url, delta=MechanismSettings().delta_for(edges))
+    with tempfile.TemporaryDirectory(prefix="ppr-mem-") as tmp, served_process(
+        port=args.port, workers=workers, graph=args.graph, database_url=args.database_url,
+        redis_url=None, log_path=Path(tmp) / "server.log", extra_env=extra,
+    ) as (base_url, proc):  # fmt: skip
+        time.sleep(args.settle)
+        ready, ready_per = snapshot(proc.pid)
+        answered = fill(base_url, key, nodes, args.queries, args.concurrency)
+        time.sleep(args.settle)
+        after, after_per = snapshot(proc.pid)
+    return {"ready": ready, "ready_per": ready_per, "after": after, "after_per": after_per,
+            "answered": answered}  # fmt: skip
 
 
 def main() -> None:
@@ -75,17 +96,44 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--database-url", required=True)
     parser.add_argument("--port", type=int, default=8650)
+    parser.add_argument("--queries", type=int, default=200, help="cold queries after ready")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--prefix-cache-mib", type=int, default=256,
+                        help="PPR_PREFIX_CACHE_BYTES in MiB (the machine's bound)")  # fmt: skip
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--settle", type=float, default=3.0, help="seconds before measuring")
+    parser.add_argument("--no-snapshots", dest="snapshots", action="store_false",
+                        help="PPR_GRAPH_SNAPSHOTS=false (each worker parses its copy)")  # fmt: skip
     args = parser.parse_args()
-    rows = []
+    from service.graph.loader import load_edge_list
+
+    graph = load_edge_list(args.graph)
+    nodes, edges = graph.n, graph.m
+    arrays_mib = (graph.indptr.nbytes + graph.indices.nbytes + graph.degrees.nbytes) / 2**20
+    del graph
+    runs: dict[int, list[dict[str, object]]] = {n: [] for n in args.workers}
+    for _ in range(args.repeat):
+        for n in args.workers:
+            runs[n].append(measure(args, n, nodes, edges))
+            print(f"workers {n}: {runs[n][-1]}", file=sys.stderr, flush=True)
+
+    def median(n: int, field: str) -> float:
+        return statistics.median(float(r[field]) for r in runs[n])  # type: ignore[arg-type]
+
+    base = {field: median(args.workers[0], field) for field in ("ready", "after")}
+    print(f"graph: {nodes:,} nodes, {edges:,} edges, CSR arrays {arrays_mib:.1f} MiB; "
+          f"prefix cache bound {args.prefix_cache_mib} MiB per machine; {args.queries} cold "
+          f"queries; median of {args.repeat} run(s); PSS in MiB")  # fmt: skip
+    print("| workers | at ready | x first | after queries | x first | per process at ready "
+          "| per process after |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for n in args.workers:
-        total, per = measure(args.graph, n, args.database_url, args.port)
-        rows.append((n, total, per))
-    base = rows[0][1]
-    print("| workers | PSS total MiB | per process MiB | x first |")
-    print("| --- | --- | --- | --- |")
-    for n, total, per in rows:
-        each = ", ".join(f"{p / 1024:.0f}" for p in per)
-        print(f"| {n} | {total / 1024:.0f} | {each} | {total / base:.2f} |")
+        last = runs[n][-1]
+        each = ", ".join(f"{p / 1024:.0f}" for p in last["ready_per"])  # type: ignore[attr-defined]
+        each_after = ", ".join(f"{p / 1024:.0f}" for p in last["after_per"])  # type: ignore[attr-defined]
+        ready, after = median(n, "ready"), median(n, "after")
+        print(f"| {n} | {ready / 1024:.0f} | {ready / base['ready']:.2f} | {after / 1024:.0f} "
+              f"| {after / base['after']:.2f} | {each} | {each_after} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -84,7 +84,11 @@ class Settings(MechanismSettings):
     allow_prefix_in_redis: bool = Field(
         False, description="Let Redis hold noise-free prefixes (as sensitive as the graph)."
     )
-    prefix_cache_bytes: int = Field(256 * 2**20, ge=0, description="In-process prefix cache.")
+    prefix_cache_bytes: int = Field(
+        256 * 2**20, ge=0,
+        description="Bytes of noise-free prefixes kept in process memory per machine: each of "
+        "the PPR_WORKERS workers keeps at most this / PPR_WORKERS.",
+    )  # fmt: skip
     replay_ttl_seconds: int = Field(7 * 24 * 3600, ge=60, description="Replay cache TTL.")
     replay_store_top: int = Field(1000, ge=1, description="Results kept for replays.")
     create_seed_accounts: bool = Field(
@@ -146,6 +150,17 @@ class Settings(MechanismSettings):
         "recorded in the ledger database by the last load or reload, and reloads if they "
         "differ; 0 turns following off.",
     )  # fmt: skip
+    graph_snapshots: bool = Field(
+        True,
+        description="Serve a graph file from a binary CSR snapshot that every worker of the "
+        "machine memory-maps read-only (one copy of the graph per machine); written once per "
+        "file contents. Off: each process parses the file and holds its own copy.",
+    )
+    graph_snapshot_dir: Path | None = Field(
+        None,
+        description="Directory of the graph snapshots (created 0700; they hold the graph); "
+        "unset: ppr-graph-snapshots-<uid> in the system temp dir.",
+    )
     engine_max_batch: int = Field(
         64, ge=1, le=4096,
         description="Most queries one diffusion block computes together per worker (its "
@@ -169,6 +184,22 @@ class Settings(MechanismSettings):
     port: int = Field(8000, ge=1, le=65535)
     workers: int = Field(1, ge=1, le=64)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @property
+    def snapshot_directory(self) -> Path | None:
+        """Where graph snapshots go, or None when they are off."""
+        if not self.graph_snapshots:
+            return None
+        if self.graph_snapshot_dir is not None:
+            return self.graph_snapshot_dir
+        from service.graph.snapshot import default_directory
+
+        return default_directory()
+
+    @property
+    def prefix_cache_bytes_per_worker(self) -> int:
+        """This worker's share of the machine's prefix cache bound."""
+        return self.prefix_cache_bytes // self.workers
 
     @field_validator("database_url")
     @classmethod

@@ -127,6 +127,7 @@ def uvicorn_server(
         "PPR_STEPS": "30",
         "PPR_LOG_LEVEL": "info",
         "PPR_DEFAULT_MECHANISM": "noisy_diffusion",
+        "PPR_GRAPH_SNAPSHOT_DIR": str(backend.graph_path.parent / "graph-snapshots"),
         **({"PPR_REDIS_URL": backend.redis_url} if backend.redis_url else {}),
         **(extra_env or {}),
     }

@@ -8,6 +8,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from service.graph.model import Graph, GraphStats
+from service.graph.node_ids import ListedIds
 
 
 def graph_from_edges(edges: Iterable[tuple[int, int]], n: int | None = None) -> Graph:
@@ -19,7 +20,7 @@ def graph_from_edges(edges: Iterable[tuple[int, int]], n: int | None = None) -> 
     matrix = sp.csr_matrix((np.ones(rows.shape[0]), (rows, cols)), shape=(size, size))
     matrix.sort_indices()
     degrees = np.diff(matrix.indptr).astype(np.int64)
-    ids = np.array([str(i) for i in range(size)], dtype=object)
+    ids = [str(i) for i in range(size)]
     stats = GraphStats(
         nodes=size,
         edges=len(pairs),
@@ -32,10 +33,9 @@ def graph_from_edges(edges: Iterable[tuple[int, int]], n: int | None = None) -> 
         indptr=matrix.indptr.astype(np.int64),
         indices=matrix.indices.astype(np.int32),
         degrees=degrees,
-        node_ids=ids,
+        ids=ListedIds(ids),
         version=f"test-{hash(frozenset(pairs)) & 0xFFFFFFFF:08x}-{size}",
         stats=stats,
-        _index={str(i): i for i in range(size)},
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,8 @@ from tests.api_support import (
     running_app,
 )
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
+#: Redis for the PostgreSQL + Redis variant (PPR_TEST_REDIS_URL picks another server or db).
+REDIS_URL = os.environ.get("PPR_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 def redis_answers(url: str = REDIS_URL) -> bool:

@@ -120,8 +120,8 @@ def test_bench_reports_every_mechanism(capsys: pytest.CaptureFixture[str]) -> No
     assert isinstance(rows, list)
     names = {row["mechanism"] for row in rows}
     expected = {
-        "noisy_cold", "noisy_warm", "blended", "common_neighbours", "exact_ppr", "pushflowcap",
-        "naive_reference",
+        "noisy_cold", "noisy_warm", "blended", "friends_of_friends", "common_neighbours",
+        "exact_ppr", "pushflowcap", "naive_reference",
     }  # fmt: skip
     assert names == expected
     single = [row for row in rows if row["batch"] == 1]

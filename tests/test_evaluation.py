@@ -165,10 +165,10 @@ def test_edge_mode_runs() -> None:
     rows = evaluate(
         graph, [1.0], seeds_count=3, k=5, mode=Mode.EDGE, mechanisms=MECHANISMS, notes=notes
     )
-    personalized_only = {"common_neighbours", "blended"}
+    personalized_only = {"common_neighbours", "friends_of_friends", "blended"}
     assert [r.mechanism for r in rows] == [m for m in MECHANISMS if m not in personalized_only]
-    assert len(notes) == 3 and all("skipped: personalized mode only" in n for n in notes[:2])
-    assert notes[2] == "default = noisy_diffusion (the service's default in edge mode)"
+    assert len(notes) == 4 and all("skipped: personalized mode only" in n for n in notes[:3])
+    assert notes[3] == "default = noisy_diffusion (the service's default in edge mode)"
 
 
 def _same_numbers(a: EvaluationRow, b: EvaluationRow) -> bool:
@@ -223,7 +223,7 @@ def test_popular_is_one_release_and_common_neighbours_find_the_community() -> No
     graph = two_communities(40, seed=5)
     rows = evaluate(
         graph, [0.5, 1e5], seeds_count=6, k=10,
-        mechanisms=["popular", "common_neighbours", "blended", "random"],
+        mechanisms=["popular", "common_neighbours", "friends_of_friends", "blended", "random"],
         rng=np.random.default_rng(2),
     )  # fmt: skip
     by = {(r.mechanism, r.epsilon): r for r in rows}
@@ -235,6 +235,9 @@ def test_popular_is_one_release_and_common_neighbours_find_the_community() -> No
     # blended puts the seed's friends first and finds the community beyond them
     assert by[("blended", 1e5)].recall > by[("common_neighbours", 1e5)].recall
     assert by[("blended", 1e5)].recall_beyond > 0.5
+    # friends_of_friends: the seed's friends first, then the community by its counts
+    assert by[("friends_of_friends", 1e5)].recall > by[("common_neighbours", 1e5)].recall
+    assert by[("friends_of_friends", 1e5)].recall_beyond > 0.5
 
 
 @pytest.mark.parametrize(

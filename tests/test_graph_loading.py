@@ -50,8 +50,8 @@ def assert_csr_invariants(graph: Graph) -> None:
         assert graph.stats.degree_min == graph.degrees.min()
         assert graph.stats.degree_max == graph.degrees.max()
         assert graph.stats.degree_mean == pytest.approx(2 * graph.m / n)
-    assert len(graph._index) == n
-    assert all(graph._index[s] == i for i, s in enumerate(graph.node_ids.tolist()))
+    assert len(graph.ids) == n
+    assert all(graph.index_of(s) == i for i, s in enumerate(graph.node_ids.tolist()))
     assert not graph.indices.flags.writeable and not graph.degrees.flags.writeable
 
 

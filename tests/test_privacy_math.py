@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 
 import dp_accounting
 import mpmath
@@ -252,3 +253,55 @@ def test_conversion_never_exceeds_pure_value() -> None:
     curve = laplace_curve(0.05)
     assert curve.epsilon(1e-9) <= 0.05
     assert curve.epsilon(0.5) < 0.05
+
+
+# The two-scale common-neighbour release (docs/ranking.md, Lemma 3 and Theorem 3) charges the
+# one-dimensional Laplace curve at eps for a shift split over several coordinates. That rests on
+# the Laplace curve being superadditive in the shift: g(a, f) + g(a, e - f) <= g(a, e).
+_SUPERADDITIVITY_ORDERS = np.unique(
+    np.concatenate([ORDERS, np.geomspace(1.01, 1e6, 400), [1.001, 1.05, 1.5, 2.0, 3.0]])
+)
+_SHIFTS = np.concatenate([np.geomspace(1e-4, 3.0, 60), [0.5, 1.0, 2.0, 3.0]])
+
+
+def _worst_split_ratio(curve: Callable[[np.ndarray, float], np.ndarray]) -> float:
+    """max over the grid of (g(a, f) + g(a, e - f)) / g(a, e): <= 1 iff superadditive there."""
+    worst = 0.0
+    for e in _SHIFTS:
+        whole = np.maximum(curve(_SUPERADDITIVITY_ORDERS, e), 1e-300)
+        for part in np.linspace(0.0, 1.0, 41):
+            f = part * e
+            split = curve(_SUPERADDITIVITY_ORDERS, f) + curve(_SUPERADDITIVITY_ORDERS, e - f)
+            worst = max(worst, float(np.max(split / whole)))
+    return worst
+
+
+def test_laplace_rdp_is_superadditive_in_the_shift() -> None:
+    assert _worst_split_ratio(laplace_rdp) <= 1.0 + 1e-9
+    # two halves fall strictly short at finite orders (the charge is conservative there)
+    assert float(2 * laplace_rdp(2.0, 0.5)) < float(laplace_rdp(2.0, 1.0))
+
+
+def test_dp_accountings_laplace_rdp_is_superadditive_in_the_shift() -> None:
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    laplace = getattr(rdp_privacy_accountant, "_laplace_rdp", None)
+    if laplace is None:  # pragma: no cover - a private function of that package
+        pytest.skip("dp_accounting has no _laplace_rdp in this version")
+
+    def theirs(orders: np.ndarray, shift: float) -> np.ndarray:
+        return np.array([laplace(float(shift), float(order)) for order in orders])
+
+    orders = _SUPERADDITIVITY_ORDERS
+    for e in _SHIFTS[::3]:
+        np.testing.assert_allclose(theirs(orders, e), laplace_rdp(orders, e), rtol=1e-7, atol=1e-12)
+        for part in (0.1, 0.25, 0.5, 0.8):
+            split = theirs(orders, part * e) + theirs(orders, (1.0 - part) * e)
+            assert np.all(split <= theirs(orders, e) * (1.0 + 1e-9) + 1e-15), (e, part)
+
+
+def test_the_superadditivity_check_can_fail() -> None:
+    """The same check rejects a curve that is concave in the shift (the Gaussian-like
+    alpha * sqrt(e) / 2), and a linear one sits exactly on the bound."""
+    assert _worst_split_ratio(lambda a, e: a * np.sqrt(e) / 2.0) > 1.3
+    assert _worst_split_ratio(lambda a, e: a * 0.0 + e) == pytest.approx(1.0)

@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from service.graph.generate import write_generated_edge_list
 from service.graph.loader import load_edge_list
 from service.ledger import upgrade
+from service.mechanisms.blended import MAX_COUNT_WEIGHT
 from service.mechanisms.common_neighbours import common_neighbour_counts
 from service.mechanisms.postprocess import score_grid
 from service.mechanisms.registry import DEFAULT_MECHANISM
@@ -85,11 +86,28 @@ def test_each_mechanism_is_named_calibrated_and_charged(
     assert body["epsilon_charged"] == 0.2
     assert body["budget"]["spent_epsilon"] == pytest.approx(laplace_curve(0.2).epsilon(delta))
 
+    fof = query(client, key, "5", k=30, epsilon=0.2, mechanism="friends_of_friends").json()
+    assert fof["mechanism"] == {
+        "name": "friends_of_friends", "mode": "personalized", "epsilon": 0.2, "delta": 0.0,
+        "sensitivity": 2.0, "noise_scale": 10.0, "friend_noise_scale": 10.0,
+        "candidate_sensitivity": 1.0, "candidate_noise_scale": 5.0,
+        "score_grid": score_grid(5.0),
+    }  # fmt: skip
+    assert all((r["score"] / score_grid(5.0)).is_integer() for r in fof["results"])
+    # charged exactly as common_neighbours at the same epsilon (the same Laplace curve)
+    assert fof["epsilon_charged"] == 0.2
+    spent = laplace_curve(0.2) * 2
+    assert fof["budget"]["spent_epsilon"] == pytest.approx(spent.epsilon(delta))
+
     blended = query(client, key, "5", k=30, epsilon=0.2).json()  # the default
     mech = blended["mechanism"]
     assert mech["name"] == "blended" and mech["epsilon"] == 0.2 and mech["noise_scale"] == 10.0
+    assert mech["friend_noise_scale"] == 10.0 and mech["candidate_noise_scale"] == 5.0
     assert mech["degree_epsilon"] == 0.1 and mech["degree_noise_scale"] == 20.0
-    assert 0.0 <= mech["weight"] <= 1.0 and mech["score_grid"] > 0
+    assert 0.0 <= mech["weight"] <= MAX_COUNT_WEIGHT and mech["score_grid"] > 0
+    assert blended["epsilon_charged"] == 0.2
+    spent = laplace_curve(0.2) * 3
+    assert blended["budget"]["spent_epsilon"] == pytest.approx(spent.epsilon(delta))
     grid = mech["score_grid"]
     assert grid == 2.0 ** np.floor(np.log2(grid))  # a power of two
     assert all((r["score"] / grid).is_integer() for r in blended["results"])
@@ -106,16 +124,20 @@ def test_each_mechanism_is_named_calibrated_and_charged(
     assert popular["mechanism"]["name"] == "popular" and popular["epsilon_charged"] == 0.0
     assert popular["mechanism"]["noise_scale"] == 20.0
     assert popular["mechanism"]["score_grid"] == score_grid(20.0)
-    assert popular["budget"]["charges"] == 2  # nothing charged for popular
+    assert popular["budget"]["charges"] == 3  # nothing charged for popular
 
     diffusion = query(client, key, "5", k=10, epsilon=0.2, mechanism="noisy_diffusion").json()
     assert diffusion["mechanism"]["name"] == "noisy_diffusion"
-    curve = laplace_curve(0.2) * 2 + plan_diffusion(0.2, delta, 30, 0.8, 1e-7, "personalized").curve
+    curve = laplace_curve(0.2) * 3 + plan_diffusion(0.2, delta, 30, 0.8, 1e-7, "personalized").curve
     assert diffusion["budget"]["spent_epsilon"] == pytest.approx(curve.epsilon(delta))
     charges = ledger_of(client).list_charges(account_id)
     assert sorted(c.mechanism for c in charges) == [
-        "blended", "common_neighbours", "noisy_diffusion"
+        "blended", "common_neighbours", "friends_of_friends", "noisy_diffusion"
     ]  # fmt: skip
+    # the ledger stores the one-scale Laplace curve at eps for every count-based charge
+    for charge in charges:
+        if charge.mechanism != "noisy_diffusion":
+            assert charge.epsilon == 0.2
 
 
 def test_noisy_common_neighbours_centre_on_the_exact_counts(
@@ -135,37 +157,85 @@ def test_noisy_common_neighbours_centre_on_the_exact_counts(
     assert 0.6 < float(np.mean(np.abs(errors))) < 1.4
 
 
+def _mean_absolute_deviation(errors: list[float]) -> float:
+    """Mean |x - median(x)|: the Laplace scale b of x = constant + Lap(b) (its MLE)."""
+    values = np.asarray(errors, dtype=np.float64)
+    return float(np.mean(np.abs(values - np.median(values))))
+
+
+def test_two_scale_counts_have_the_stated_scale_on_each_part(
+    client: TestClient, accounts: Accounts, backend: Backend
+) -> None:
+    """``friends_of_friends`` serves c~ - low + 1 on the candidates and the same plus one
+    constant on the friends (every score >= 1, so nothing is clipped): within each part the
+    served score minus the exact count is a constant plus Laplace noise of that part's scale,
+    Lap(1/eps) on the candidates and Lap(2/eps) on the friends. The estimated scales would be
+    twice too large with the one-scale noise on the candidates, and half too small with the
+    candidates' scale on the friends."""
+    graph = load_edge_list(backend.graph_path)
+    seed = int(np.argmax(graph.degrees))
+    node = str(graph.node_ids[seed])
+    _, key = accounts.user(node, cap_epsilon=1000.0)
+    exact = common_neighbour_counts(graph, seed)
+    friends = set(graph.neighbors(seed).tolist())
+    candidate_errors: list[float] = []
+    friend_errors: list[list[float]] = []
+    for _ in range(12):
+        body = query(
+            client, key, node, k=1000, epsilon=2.0, mechanism="friends_of_friends", fresh="true"
+        ).json()
+        assert body["mechanism"]["candidate_noise_scale"] == 0.5
+        assert body["mechanism"]["friend_noise_scale"] == 1.0
+        assert len(body["results"]) == graph.n - 1  # every node but the seed, none clipped
+        draw_candidates: list[float] = []
+        draw_friends: list[float] = []
+        for r in body["results"]:
+            i = graph.index_of(r["node"])
+            part = draw_friends if i in friends else draw_candidates
+            part.append(r["score"] - exact[i])
+        # one draw's shift is a constant per part: remove it before pooling the draws
+        candidate_errors += list(np.asarray(draw_candidates) - np.median(draw_candidates))
+        friend_errors.append(list(np.asarray(draw_friends) - np.median(draw_friends)))
+    pooled_friends = [e for draw in friend_errors for e in draw]
+    assert len(candidate_errors) > 2000 and len(pooled_friends) > 200
+    assert 0.45 < _mean_absolute_deviation(candidate_errors) < 0.55  # b_c = 1 / eps = 0.5
+    assert 0.8 < _mean_absolute_deviation(pooled_friends) < 1.2  # b_f = 2 / eps = 1
+    # the friends all rank above every candidate (free in the personalized model)
+    ranked = [graph.index_of(r["node"]) for r in body["results"]]
+    assert set(ranked[: len(friends)]) == friends
+
+
 def test_replays_key_on_the_mechanism(client: TestClient, accounts: Accounts) -> None:
     _, key = accounts.user("9")
+    names = ("blended", "friends_of_friends", "common_neighbours", "noisy_diffusion")
     first = {
-        name: query(client, key, "9", k=20, epsilon=0.1, mechanism=name).json()
-        for name in ("blended", "common_neighbours", "noisy_diffusion")
+        name: query(client, key, "9", k=20, epsilon=0.1, mechanism=name).json() for name in names
     }
     assert all(not body["replayed"] for body in first.values())
-    assert charge_count(client) == 3
+    assert charge_count(client) == 4
     for name, body in first.items():
         again = query(client, key, "9", k=20, epsilon=0.1, mechanism=name).json()
         assert again["replayed"] is True and again["results"] == body["results"]
         assert again["mechanism"] == body["mechanism"]
-    assert charge_count(client) == 3
+    assert charge_count(client) == 4
     # the default (blended) replays blended's release
-    assert query(client, key, "9", k=20, epsilon=0.1).json()["replayed"] is True
+    default = query(client, key, "9", k=20, epsilon=0.1).json()
+    assert default["replayed"] is True and default["results"] == first["blended"]["results"]
     # an Idempotency-Key belongs to one mechanism
     ok = query(client, key, "9", k=5, mechanism="blended", fresh="true", idempotency_key="a-1")
-    assert ok.status_code == 200 and charge_count(client) == 4
-    clash = query(client, key, "9", k=5, mechanism="common_neighbours", idempotency_key="a-1")
-    assert clash.status_code == 422
-    assert clash.json()["error"]["details"]["parameter"] == "Idempotency-Key"
-    clash = query(client, key, "9", k=5, mechanism="popular", idempotency_key="a-1")
-    assert clash.status_code == 422
-    assert charge_count(client) == 4
+    assert ok.status_code == 200 and charge_count(client) == 5
+    for other in ("common_neighbours", "friends_of_friends", "popular"):
+        clash = query(client, key, "9", k=5, mechanism=other, idempotency_key="a-1")
+        assert clash.status_code == 422
+        assert clash.json()["error"]["details"]["parameter"] == "Idempotency-Key"
+    assert charge_count(client) == 5
 
 
 def test_personalized_only_rankings_are_refused_in_edge_mode(
     client: TestClient, accounts: Accounts
 ) -> None:
     _, service_key = accounts.service(modes=["edge", "personalized"])
-    for name in ("blended", "common_neighbours"):
+    for name in ("blended", "friends_of_friends", "common_neighbours"):
         refused = query(client, service_key, "4", mode="edge", mechanism=name)
         assert refused.status_code == 422, refused.text
         error = refused.json()["error"]
@@ -183,13 +253,14 @@ def test_personalized_only_rankings_are_refused_in_edge_mode(
     assert popular.status_code == 200 and popular.json()["epsilon_charged"] == 0.0
     assert charge_count(client) == 1
 
-    batch = client.post(
-        "/v1/ppr/batch",
-        json={"nodes": ["4", "6"], "mode": "edge", "mechanism": "blended"},
-        headers=bearer(service_key),
-    )
-    assert batch.status_code == 422
-    assert batch.json()["error"]["details"]["parameter"] == "mechanism"
+    for name in ("blended", "friends_of_friends"):
+        batch = client.post(
+            "/v1/ppr/batch",
+            json={"nodes": ["4", "6"], "mode": "edge", "mechanism": name},
+            headers=bearer(service_key),
+        )
+        assert batch.status_code == 422
+        assert batch.json()["error"]["details"]["parameter"] == "mechanism"
     assert charge_count(client) == 1
 
 
@@ -305,6 +376,8 @@ def test_openapi_states_the_mechanism(client: TestClient) -> None:
     mechanism = schema["components"]["schemas"]["Mechanism"]
     assert set(mechanism["required"]) == {"name", "mode", "epsilon", "delta", "noise_scale"}
     assert {"score_grid", "degree_epsilon", "weight", "beta"} <= set(mechanism["properties"])
+    assert {"friend_noise_scale", "candidate_noise_scale"} <= set(mechanism["properties"])
+    assert "friends_of_friends" in mechanism["properties"]["name"]["enum"]
     assert "mechanism" in schema["components"]["schemas"]["BatchQuery"]["properties"]
 
 
@@ -334,3 +407,20 @@ def test_the_degree_release_respects_the_graph_cap(backend: Backend) -> None:
         assert query(client, key, "4", k=5, mechanism="popular").status_code == 200
         assert len(graph_releases(backend.database_url)) == 1
         assert ledger_of(client).exposure(delta=1e-6).graph_releases == 1
+
+
+def test_friends_of_friends_can_be_the_configured_default(backend: Backend) -> None:
+    """PPR_DEFAULT_MECHANISM=friends_of_friends (the advice for clustered graphs): a query that
+    names no mechanism uses it in personalized mode and the diffusion in edge mode."""
+    with running_app(backend, default_mechanism="friends_of_friends") as client:
+        accounts = Accounts(client)
+        _, key = accounts.user("6")
+        body = query(client, key, "6", k=5, epsilon=0.3).json()
+        assert body["mechanism"]["name"] == "friends_of_friends"
+        assert body["mechanism"]["candidate_noise_scale"] == plan_laplace(0.3, 2.0).scale / 2
+        again = query(client, key, "6", k=5, epsilon=0.3, mechanism="friends_of_friends").json()
+        assert again["replayed"] is True and again["results"] == body["results"]
+        _, service_key = accounts.service(modes=["edge"])
+        edge = query(client, service_key, "6", mode="edge", k=5)
+        assert edge.status_code == 200 and edge.json()["mechanism"]["name"] == "noisy_diffusion"
+        assert charge_count(client) == 2

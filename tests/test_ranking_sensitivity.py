@@ -1,10 +1,17 @@
-"""Brute force: the l1 sensitivities behind ``popular``, ``common_neighbours`` and ``blended``.
+"""Brute force: the sensitivities behind ``popular``, ``common_neighbours``,
+``friends_of_friends`` and ``blended``.
 
 Every graph on 5 nodes (all 1,024 of them), every seed, every pair {a, b} not touching the seed
 (the personalized model leaves the seed's own edges unprotected), the edge toggled (added when
 absent, removed when present; this covers endpoints of degree 0 and 1): the common-neighbour
 counts move by at most 2 in l1 and the degrees by exactly 2. Random graphs on 6-10 nodes
 likewise. The worst cases reach the bounds, so smaller constants would be wrong.
+
+The two-scale release (Lap(2/eps) on the seed's friends, Lap(1/eps) on the other nodes but the
+seed): the same search computes the pure-DP loss sum_i |Delta_i| / b_i of every toggle, which
+never exceeds eps and reaches it; every toggle moves two friend counts by 1, or one candidate
+count by 1, or nothing. Controls with a wrong scale on either part exceed eps, so the search
+can fail. ``pytest -s`` prints the worst cases.
 """
 
 from __future__ import annotations
@@ -14,9 +21,14 @@ import itertools
 import numpy as np
 import pytest
 
-from service.mechanisms.blended import blend, blended_ranking
+from service.mechanisms.blended import MAX_COUNT_WEIGHT, blend, blended_ranking
 from service.mechanisms.common_neighbours import common_neighbour_counts
-from service.privacy.laplace import COMMON_NEIGHBOUR_SENSITIVITY, DEGREE_SENSITIVITY, plan_laplace
+from service.privacy.laplace import (
+    COMMON_NEIGHBOUR_SENSITIVITY,
+    DEGREE_SENSITIVITY,
+    plan_laplace,
+    plan_two_scale,
+)
 from tests.graph_helpers import graph_from_edges, random_graph
 
 
@@ -125,25 +137,31 @@ def test_blended_ranks_friends_first_and_never_the_seed(epsilon: float) -> None:
     graph = random_graph(60, 0.1, rng)
     seed = int(np.argmax(graph.degrees))
     degrees = graph.degrees + rng.laplace(0.0, 20.0, graph.n)
-    result = blended_ranking(graph, seed, plan_laplace(epsilon, 2.0), degrees, 20.0)
+    result = blended_ranking(graph, seed, plan_two_scale(epsilon), degrees, 20.0)
     friends = graph.neighbors(seed)
     order = np.argsort(-result.scores, kind="stable")
     assert set(order[: friends.shape[0]].tolist()) == set(friends.tolist())
     assert result.scores[seed] == 0.0 and np.all(np.delete(result.scores, seed) >= 1.0)
-    assert 0.0 <= result.weight <= 1.0
+    assert 0.0 <= result.weight <= MAX_COUNT_WEIGHT
     assert 0.01 <= result.reliability_counts <= 1.0 and 0.01 <= result.reliability_degrees <= 1.0
 
 
-@pytest.mark.parametrize("name", ["common_neighbours", "blended"])
+@pytest.mark.parametrize("name", ["common_neighbours", "friends_of_friends", "blended"])
 def test_the_served_draw_is_post_processing_of_the_proven_release(name: str) -> None:
-    """What the service releases (``draw_ranking``) is the Laplace release of the counts, rounded
-    to its grid, then (``blended``) blended with the stored degree release: with the same
-    generator it equals that composition exactly, so the proofs above cover the served path."""
-    from service.mechanisms.common_neighbours import noisy_common_neighbours
+    """What the service releases (``draw_ranking``) is the Laplace release of the counts (one
+    scale for ``common_neighbours``, two scales otherwise), rounded to its grid, then ranked
+    friends first (``friends_of_friends``) or blended with the stored degree release
+    (``blended``): with the same generator it equals that composition exactly, so the proofs
+    above cover the served path."""
+    from service.mechanisms.common_neighbours import (
+        noisy_common_neighbours,
+        two_scale_common_neighbours,
+    )
+    from service.mechanisms.friends_of_friends import friends_first
     from service.mechanisms.postprocess import round_to_grid, score_grid
     from service.mechanisms.registry import RankingMechanism
     from service.privacy.modes import Mode
-    from service.serving.rankings import RankingPlan, ReleasedDegrees, draw_ranking
+    from service.serving.rankings import ReleasedDegrees, draw_ranking, plan_ranking
 
     rng = np.random.default_rng(11)
     graph = random_graph(80, 0.08, rng)
@@ -153,25 +171,55 @@ def test_the_served_draw_is_post_processing_of_the_proven_release(name: str) -> 
         graph.degrees + rng.laplace(0.0, degree_plan.scale, graph.n), score_grid(20.0)
     )
     degrees = ReleasedDegrees(graph.version, released, degree_plan)
-    laplace = plan_laplace(0.5, COMMON_NEIGHBOUR_SENSITIVITY)
     mechanism = RankingMechanism(name)
-    plan = RankingPlan(
-        mechanism, Mode.PERSONALIZED, laplace,
-        degrees if mechanism is RankingMechanism.BLENDED else None,
-    )  # fmt: skip
+    plan = plan_ranking(mechanism, 0.5, Mode.PERSONALIZED, degrees)
     served = draw_ranking(graph, seed, plan, np.random.default_rng(3))
-    counts = round_to_grid(
-        noisy_common_neighbours(graph, seed, laplace, np.random.default_rng(3)),
-        score_grid(laplace.scale),
-    )
     if mechanism is RankingMechanism.COMMON_NEIGHBOURS:
+        laplace = plan_laplace(0.5, COMMON_NEIGHBOUR_SENSITIVITY)
+        assert plan.release == laplace and plan.degrees is None
+        counts = round_to_grid(
+            noisy_common_neighbours(graph, seed, laplace, np.random.default_rng(3)),
+            score_grid(laplace.scale),
+        )
         np.testing.assert_array_equal(served.scores, counts)
         assert served.grid == score_grid(4.0)
+        return
+    two = plan_two_scale(0.5)
+    assert plan.release == two and plan.curve == plan_laplace(0.5, 2.0).curve
+    counts = round_to_grid(
+        two_scale_common_neighbours(graph, seed, two, np.random.default_rng(3)),
+        score_grid(two.candidate_scale),
+    )
+    if mechanism is RankingMechanism.FRIENDS_OF_FRIENDS:
+        assert plan.degrees is None
+        np.testing.assert_array_equal(served.scores, friends_first(graph, seed, counts))
+        assert served.grid == score_grid(2.0)
     else:
-        expected = blend(graph, seed, counts, released, laplace.scale, degree_plan.scale)
+        expected = blend(graph, seed, counts, released, two.candidate_scale, degree_plan.scale)
         np.testing.assert_array_equal(served.scores, expected.scores)
         assert served.grid == score_grid(expected.score_noise_scale) > 0
         assert served.extra["weight"] == expected.weight
+
+
+def test_friends_of_friends_ranks_friends_first_by_count_and_never_the_seed() -> None:
+    from service.mechanisms.friends_of_friends import friends_of_friends
+
+    rng = np.random.default_rng(8)
+    graph = random_graph(60, 0.1, rng)
+    seed = int(np.argmax(graph.degrees))
+    scores = friends_of_friends(graph, seed, plan_two_scale(1.0), np.random.default_rng(2))
+    friends = graph.neighbors(seed)
+    order = np.argsort(-scores, kind="stable")
+    assert set(order[: friends.shape[0]].tolist()) == set(friends.tolist())
+    assert scores[seed] == 0.0 and np.all(np.delete(scores, seed) >= 1.0)
+    # noise-free (a tiny scale), the candidates follow their exact counts
+    from service.privacy.laplace import two_scale_plan_for_scales
+
+    exact = friends_of_friends(graph, seed, two_scale_plan_for_scales(2e-9, 1e-9), rng)
+    counts = common_neighbour_counts(graph, seed)
+    candidates = np.setdiff1d(np.arange(graph.n), np.append(friends, seed))
+    ranked = candidates[np.argsort(-exact[candidates], kind="stable")]
+    assert np.all(np.diff(counts[ranked]) <= 0)
 
 
 def test_the_signal_test_has_its_level_and_finds_signal() -> None:
@@ -185,3 +233,149 @@ def test_the_signal_test_has_its_level_and_finds_signal() -> None:
     spread = rng.integers(0, 40, 2000).astype(float)
     assert all(counts_carry_signal(spread + rng.laplace(0.0, 4.0, 2000), 4.0) for _ in range(20))
     assert not counts_carry_signal(np.array([1.0]), 4.0)
+
+
+# --------------------------------------------------------------------------- two scales
+
+
+def _worst_two_scale_loss(
+    adjacency: np.ndarray, friend_weight: float, candidate_weight: float
+) -> tuple[float, dict[str, int]]:
+    """Largest weighted loss sum_i |Delta c_i| * w_i over every seed and protected pair of every
+    graph in ``adjacency``, with w_i = ``friend_weight`` (1 / b_f) on the seed's friends and
+    ``candidate_weight`` (1 / b_c) on the other nodes but the seed (whose count is not
+    released); and how often the toggle moved friend coordinates, candidate coordinates, both,
+    or the seed's own count (the last two must never happen)."""
+    n = adjacency.shape[1]
+    worst = 0.0
+    seen = {"friends": 0, "candidates": 0, "both": 0, "seed": 0, "neither": 0}
+    for seed in range(n):
+        counts = (adjacency @ adjacency[:, seed, :, None])[:, :, 0]  # (graphs, n)
+        friends = adjacency[:, seed, :].astype(bool)  # N(seed), the same in G and G'
+        candidates = ~friends
+        candidates[:, seed] = False
+        weights = np.where(friends, friend_weight, candidate_weight)
+        weights[:, seed] = 0.0
+        for a, b in itertools.combinations([v for v in range(n) if v != seed], 2):
+            toggled = adjacency.copy()
+            toggled[:, a, b] = toggled[:, b, a] = 1 - adjacency[:, a, b]
+            change = np.abs((toggled @ toggled[:, seed, :, None])[:, :, 0] - counts)
+            worst = max(worst, float((change * weights).sum(axis=1).max()))
+            on_friends = (change * friends).sum(axis=1) > 0
+            on_candidates = (change * candidates).sum(axis=1) > 0
+            seen["friends"] += int((on_friends & ~on_candidates).sum())
+            seen["candidates"] += int((on_candidates & ~on_friends).sum())
+            seen["both"] += int((on_friends & on_candidates).sum())
+            seen["seed"] += int((change[:, seed] > 0).sum())
+            seen["neither"] += int((~on_friends & ~on_candidates).sum())
+            # the lemma's shape: two friend coordinates by 1 each, or one candidate by 1
+            assert np.all((change * friends).sum(axis=1)[on_friends] == 2)
+            assert np.all((change * candidates).sum(axis=1)[on_candidates] == 1)
+    return worst, seen
+
+
+@pytest.mark.parametrize("epsilon", [0.1, 0.3, 1.0, 2.5])
+def test_two_scale_loss_on_every_graph_on_five_nodes(epsilon: float) -> None:
+    """Lap(2/eps) on the friends, Lap(1/eps) on the candidates (the library's own plan): the
+    pure-DP loss sum_i |Delta_i| / b_i of every protected toggle is <= eps, and attained."""
+    from service.privacy.laplace import plan_two_scale
+
+    plan = plan_two_scale(epsilon)
+    worst, seen = _worst_two_scale_loss(
+        _all_graphs(5), 1.0 / plan.friend_scale, 1.0 / plan.candidate_scale
+    )
+    print(f"\ntwo-scale, every 5-node graph, eps {epsilon}: worst loss {worst!r}, "
+          f"bound {plan.epsilon!r} (target {epsilon}); toggles moving {seen}")  # fmt: skip
+    assert worst <= plan.epsilon <= epsilon
+    assert worst == pytest.approx(plan.epsilon, rel=1e-12)  # attained, both ways
+    # charged exactly as the one-scale counts at the same target
+    one_scale = plan_laplace(epsilon, COMMON_NEIGHBOUR_SENSITIVITY)
+    assert plan.epsilon == one_scale.epsilon and plan.curve == one_scale.curve
+    assert seen["both"] == 0 and seen["seed"] == 0
+    assert seen["friends"] > 0 and seen["candidates"] > 0 and seen["neither"] > 0
+
+
+def test_two_scale_loss_on_random_graphs_on_six_to_ten_nodes() -> None:
+    rng = np.random.default_rng(21)
+    worst_seen = 0.0
+    for _ in range(60):
+        n = int(rng.integers(6, 11))
+        graph = random_graph(n, float(rng.uniform(0.1, 0.8)), rng)
+        adjacency = graph.adjacency.toarray().astype(np.int64)[None]
+        worst, seen = _worst_two_scale_loss(adjacency, 0.5, 1.0)  # eps = 1
+        assert worst <= 1.0 and seen["both"] == 0 and seen["seed"] == 0
+        worst_seen = max(worst_seen, worst)
+    print(f"\ntwo-scale, 60 random graphs on 6-10 nodes, eps 1: worst loss {worst_seen!r}")
+    assert worst_seen == 1.0
+
+
+def test_the_two_scale_bound_can_fail() -> None:
+    """Controls: the same search finds the loss above eps when the friends get the candidates'
+    scale 1/eps (both friends of s: 2 eps), and when every count gets 1/eps; a candidate scale
+    below 1/eps with the right friend scale also fails. So the test above can fail."""
+    graphs = _all_graphs(5)
+    assert _worst_two_scale_loss(graphs, 1.0, 1.0)[0] == 2.0  # friends at 1/eps
+    assert _worst_two_scale_loss(graphs, 0.5, 1.25)[0] == 1.25  # candidates at 0.8/eps
+    assert _worst_two_scale_loss(graphs, 0.6, 1.0)[0] == pytest.approx(1.2)  # friends at 1.67/eps
+
+
+def test_the_two_scale_release_uses_the_stated_scales() -> None:
+    """The library's release puts Lap(b_f) on the friends, Lap(b_c) on the candidates and
+    nothing on the seed: with the same generator it equals counts + one standard Laplace draw
+    per node times those scales."""
+    from service.mechanisms.common_neighbours import (
+        count_noise_scales,
+        two_scale_common_neighbours,
+    )
+    from service.privacy.laplace import plan_two_scale
+
+    rng = np.random.default_rng(4)
+    graph = random_graph(40, 0.15, rng)
+    seed = int(np.argmax(graph.degrees))
+    plan = plan_two_scale(0.5)
+    assert plan.friend_scale == plan_laplace(0.5, COMMON_NEIGHBOUR_SENSITIVITY).scale == 4.0
+    assert plan.candidate_scale == 2.0 and plan.epsilon == 0.5
+    scales = count_noise_scales(graph, seed, plan)
+    friends = graph.neighbors(seed)
+    assert np.all(scales[friends] == 4.0) and scales[seed] == 0.0
+    assert np.sum(scales == 2.0) == graph.n - 1 - friends.shape[0]
+    released = two_scale_common_neighbours(graph, seed, plan, np.random.default_rng(9))
+    expected = common_neighbour_counts(graph, seed) + (
+        np.random.default_rng(9).laplace(0.0, 1.0, graph.n) * scales
+    )
+    expected[seed] = 0.0
+    np.testing.assert_array_equal(released, expected)
+
+
+def test_two_scale_counts_are_refused_in_edge_mode() -> None:
+    from service.errors import InvalidParameter
+    from service.mechanisms.common_neighbours import two_scale_common_neighbours
+    from service.privacy.laplace import plan_two_scale
+
+    graph = random_graph(10, 0.3, np.random.default_rng(1))
+    with pytest.raises(InvalidParameter):
+        two_scale_common_neighbours(graph, 0, plan_two_scale(1.0), mode="edge")
+
+
+def test_blended_tests_the_candidates_with_their_own_noise_variance() -> None:
+    """``blended`` on the two-scale counts measures the candidates' reliability and signal
+    against the candidates' noise, 2 b_c^2 = 2 / eps^2 (not the friends' 8 / eps^2): with the
+    same generator its statistics equal those computed from the candidates at scale b_c, and
+    differ from those at the friends' scale."""
+    from service.mechanisms.blended import counts_carry_signal, reliability
+    from service.mechanisms.common_neighbours import two_scale_common_neighbours
+
+    rng = np.random.default_rng(31)
+    graph = random_graph(300, 0.05, rng)
+    seed = int(np.argmax(graph.degrees))
+    plan = plan_two_scale(2.0)
+    degrees = graph.degrees + rng.laplace(0.0, 20.0, graph.n)
+    result = blended_ranking(graph, seed, plan, degrees, 20.0, np.random.default_rng(4))
+    counts = two_scale_common_neighbours(graph, seed, plan, np.random.default_rng(4))
+    candidates = np.ones(graph.n, dtype=bool)
+    candidates[seed] = False
+    candidates[graph.neighbors(seed)] = False
+    own = reliability(counts[candidates], plan.candidate_scale)
+    assert result.reliability_counts == own
+    assert own > reliability(counts[candidates], plan.friend_scale)
+    assert result.counts_signal == counts_carry_signal(counts[candidates], plan.candidate_scale)

@@ -81,7 +81,7 @@ class BatchQuery(BaseModel):
     mechanism: RankingMechanism | None = Field(
         None,
         description="The ranking, as in GET /v1/ppr/{node} (default PPR_DEFAULT_MECHANISM; "
-        "common_neighbours and blended are personalized mode only).",
+        "common_neighbours, friends_of_friends and blended are personalized mode only).",
     )
     fresh: bool = Field(False, description="Draw new noise even where a release exists.")
     exclude_neighbors: bool = Field(

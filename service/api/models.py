@@ -31,11 +31,16 @@ class Mechanism(BaseModel):
     """What produced the answer, with its parameters. Fields that do not apply to a mechanism
     are absent."""
 
-    name: Literal["noisy_diffusion", "popular", "common_neighbours", "blended"] = Field(
+    name: Literal[
+        "noisy_diffusion", "popular", "common_neighbours", "friends_of_friends", "blended"
+    ] = Field(
         description="`noisy_diffusion` (the diffusion of the spec), `popular` (the graph "
         "version's one DP degree release, ranked), `common_neighbours` (|N(s) & N(v)| + "
-        "Laplace, personalized only) or `blended` (both blended by a hold-out check on the "
-        "seed's own friends, personalized only); see docs/ranking.md."
+        "Laplace(2/eps) on every node, personalized only), `friends_of_friends` (the same "
+        "counts with Laplace(2/eps) on the seed's friends and Laplace(1/eps) on everyone else, "
+        "friends first, personalized only) or `blended` (those two-scale counts and the "
+        "degrees blended by a hold-out check on the seed's own friends, personalized only); "
+        "see docs/ranking.md."
     )
     mode: Literal["personalized", "edge"]
     epsilon: float = Field(
@@ -51,10 +56,28 @@ class Mechanism(BaseModel):
     eta: float | None = Field(None, description="noisy_diffusion: threshold per unit degree.")
     noise_scale: float = Field(
         description="Laplace scale b: per node per noisy step (noisy_diffusion), of the "
-        "common-neighbour counts (common_neighbours, blended) or of the degrees (popular)."
+        "common-neighbour counts (common_neighbours; for friends_of_friends and blended: of "
+        "the seed's friends' counts) or of the degrees (popular)."
     )
     sensitivity: float | None = Field(
-        None, description="Laplace mechanisms: the l1 sensitivity b is calibrated to (2)."
+        None,
+        description="Laplace mechanisms: the l1 sensitivity b is calibrated to (2; for "
+        "friends_of_friends and blended: of the friends' counts).",
+    )
+    friend_noise_scale: float | None = Field(
+        None,
+        description="friends_of_friends, blended: Laplace scale of the seed's friends' counts "
+        "(2/eps, the common_neighbours scale).",
+    )
+    candidate_noise_scale: float | None = Field(
+        None,
+        description="friends_of_friends, blended: Laplace scale of every other node's count "
+        "(half the friends' scale: one protected edge moves one such count by 1, or two "
+        "friends' counts, never both).",
+    )
+    candidate_sensitivity: float | None = Field(
+        None,
+        description="friends_of_friends, blended: l1 sensitivity of the candidates' counts (1).",
     )
     degree_epsilon: float | None = Field(
         None, description="popular, blended: epsilon of the graph version's degree release."

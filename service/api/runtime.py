@@ -17,7 +17,7 @@ from service.graph.model import Graph
 from service.ledger.ledger import Ledger, LedgerUnavailable
 from service.mechanisms.engine import DiffusionEngine
 from service.serving.batch import BatchQueryService
-from service.serving.graph_holder import GraphHolder
+from service.serving.graph_holder import GraphHolder, load_configured_graph
 from service.serving.limits import EngineGate, RateLimiter
 from service.serving.planner import DiffusionPlanner
 from service.serving.ppr_query import AdmissionPolicy, PprQueryService, PrefixProvider
@@ -108,8 +108,10 @@ def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
         def remember_degrees(graph: Graph) -> None:
             caches.degrees.put(graph.version, graph.degrees)
 
+        snapshot_dir = settings.snapshot_directory
         graphs = GraphHolder(
             settings.graph_path,
+            loader=lambda path: load_configured_graph(path, snapshot_dir),
             on_load=remember_degrees,
             versions=ledger if settings.graph_version_check_ms > 0 else None,
             check_seconds=settings.graph_version_check_ms / 1000.0,

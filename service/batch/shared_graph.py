@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.graph.model import Graph, GraphStats
+from service.graph.node_ids import ListedIds
 
 
 @dataclass(frozen=True)
@@ -41,16 +42,13 @@ class SharedGraph:
     def graph(self) -> Graph:
         """The Graph over these arrays (the CSR arrays are used as they are, not copied)."""
         id_list: list[str] = self.node_ids.tolist()
-        ids = np.empty(len(id_list), dtype=object)
-        ids[:] = id_list
         return Graph(
             indptr=self.indptr,
             indices=self.indices,
             degrees=self.degrees,
-            node_ids=ids,
+            ids=ListedIds(id_list),
             version=self.version,
             stats=self.stats,
-            _index=dict(zip(id_list, range(len(id_list)), strict=True)),
         )
 
 

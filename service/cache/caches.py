@@ -427,10 +427,10 @@ class PrefixCache(_Counted):
 
     SENSITIVE: a noise-free prefix is a deterministic function of the graph's edges, as
     sensitive as the graph itself; it must never leave the trust boundary of the graph. It is
-    always kept in process (``local``, bounded by ``prefix_cache_bytes``) and in Redis
-    (``remote``) only when the deployment sets ``allow_prefix_in_redis``. Returned arrays are
-    read-only; values read from Redis are validated (dtype, shape, finite) and promoted to the
-    local store.
+    always kept in process (``local``, bounded by this worker's share of the machine's
+    ``prefix_cache_bytes``) and in Redis (``remote``) only when the deployment sets
+    ``allow_prefix_in_redis``. Returned arrays are read-only; values read from Redis are
+    validated (dtype, shape, finite) and promoted to the local store.
     """
 
     name = "prefix"
@@ -550,7 +550,7 @@ def build_caches(
     """In-process caches when ``settings.redis_url`` is None; else Redis (keys under
     ``ppr:<namespace>:``) with an in-process fallback. Noise-free prefixes go to Redis only
     if ``settings.allow_prefix_in_redis``."""
-    prefix_local = MemoryStore(settings.prefix_cache_bytes)
+    prefix_local = MemoryStore(settings.prefix_cache_bytes_per_worker)
     store: ByteStore
     prefix_remote: ByteStore | None = None
     if settings.redis_url is None:

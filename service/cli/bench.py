@@ -3,8 +3,9 @@
 Measures, in one run and on the same seeds: noisy diffusion with a cold seed (noise-free prefix
 computed in the query) and a warm seed (prefix cached), exact PPR, DP-PushFlowCap, the naive
 reference (papers' style: float64 product and ``numpy.random.laplace`` at every step), and, in
-personalized mode, noisy common neighbours and ``blended`` (noisy common neighbours blended with
-the graph version's DP degree release, drawn once before timing as the service stores it).
+personalized mode, noisy common neighbours, ``friends_of_friends`` (the two-scale counts,
+friends first) and ``blended`` (the two-scale counts blended with the graph version's DP degree
+release, drawn once before timing as the service stores it).
 Each row has a ``batch`` field: 1 for one query at a time; with ``--batch B`` (default 32) cold
 and warm noisy diffusion are also timed as blocks of B queries on the batched engine's kernel,
 reported per query (block time / B).
@@ -32,13 +33,19 @@ from service.mechanisms.common_neighbours import noisy_common_neighbours
 from service.mechanisms.diffusion import noise_free_prefix, noisy_diffusion
 from service.mechanisms.engine import DiffusionJob, run_jobs
 from service.mechanisms.exact import exact_ppr
+from service.mechanisms.friends_of_friends import friends_of_friends
 from service.mechanisms.operator import walk_operator
 from service.mechanisms.popular import noisy_degrees
 from service.mechanisms.pushflowcap import dp_pushflowcap
 from service.mechanisms.randomness import fresh_generator
 from service.mechanisms.reference import naive_noisy_diffusion
 from service.privacy.calibration import DiffusionConfig, plan_diffusion
-from service.privacy.laplace import COMMON_NEIGHBOUR_SENSITIVITY, DEGREE_SENSITIVITY, plan_laplace
+from service.privacy.laplace import (
+    COMMON_NEIGHBOUR_SENSITIVITY,
+    DEGREE_SENSITIVITY,
+    plan_laplace,
+    plan_two_scale,
+)
 from service.privacy.modes import Mode
 
 
@@ -101,11 +108,12 @@ def _query(
     if name == "common_neighbours":
         plan = plan_laplace(epsilon, COMMON_NEIGHBOUR_SENSITIVITY)
         return partial(noisy_common_neighbours, graph, seed, plan)
+    if name == "friends_of_friends":
+        return partial(friends_of_friends, graph, seed, plan_two_scale(epsilon))
     if name == "blended":
         assert degrees is not None
-        plan = plan_laplace(epsilon, COMMON_NEIGHBOUR_SENSITIVITY)
         scale = plan_laplace(DEGREE_EPSILON, DEGREE_SENSITIVITY).scale
-        return partial(blended_ranking, graph, seed, plan, degrees, scale)
+        return partial(blended_ranking, graph, seed, plan_two_scale(epsilon), degrees, scale)
     if name == "noisy_cold":
         return partial(noisy_diffusion, graph, seed, config)
     if name == "noisy_warm":
@@ -160,12 +168,13 @@ MECHANISMS = (
     "noisy_cold",
     "noisy_warm",
     "blended",
+    "friends_of_friends",
     "common_neighbours",
     "exact_ppr",
     "pushflowcap",
     "naive_reference",
 )
-PERSONALIZED_ONLY = frozenset({"blended", "common_neighbours"})
+PERSONALIZED_ONLY = frozenset({"blended", "friends_of_friends", "common_neighbours"})
 #: eps_d of the one degree release ``blended`` reuses (the service's default).
 DEGREE_EPSILON = 0.1
 
@@ -179,7 +188,10 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise InvalidParameter("mechanisms", f"unknown {sorted(unknown)}; choose from {MECHANISMS}")
     if args.mode is not Mode.PERSONALIZED and PERSONALIZED_ONLY & set(args.mechanisms):
-        raise InvalidParameter("mechanisms", "blended and common_neighbours are personalized only")
+        raise InvalidParameter(
+            "mechanisms",
+            "blended, friends_of_friends and common_neighbours are personalized only",
+        )
     gc.collect()
     rss_before = _rss_bytes()
     start = time.perf_counter()

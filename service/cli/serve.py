@@ -88,9 +88,17 @@ def run(args: argparse.Namespace) -> int:
     if settings.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         metrics_dir = tempfile.mkdtemp(prefix="ppr-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    app = "service.api.app:create_app"
+    if settings.workers > 1:
+        # One copy per machine: load, compile and snapshot once here, then fork the workers.
+        from service.api.forked_workers import fork_workers, prepare_supervisor
+
+        prepare_supervisor(settings)
+        fork_workers()
+        app = "service.api.forked_workers:preloaded_app"
     try:
         uvicorn.run(
-            "service.api.app:create_app",
+            app,
             factory=True,
             host=settings.host,
             port=settings.port,

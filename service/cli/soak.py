@@ -97,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
         f"{_shown(database_url)}, redis {_shown(redis_url) if redis_url else 'none'}, graph "
         f"{graph.n:,} nodes / {graph.m:,} edges; {args.minutes:g} min at "
         f"{args.load_fraction:.0%} of measured throughput; in-process prefix cache up to "
-        f"{settings.prefix_cache_bytes / 2**20:.0f} MiB per worker (PPR_PREFIX_CACHE_BYTES: "
+        f"{settings.prefix_cache_bytes / 2**20:.0f} MiB for all workers together "
+        f"(PPR_PREFIX_CACHE_BYTES: "
         f"it fills as new seeds are queried, so RSS grows by up to that much before any leak)",
         flush=True,
     )

@@ -13,9 +13,11 @@ at most ``edge_flipping_max_nodes`` nodes; skipped with a note otherwise), the t
 beyond the neighbours of privacy-spec.md: ``popular`` (degrees + Lap(2 / eps_d), ONE release
 for the whole run, as the service makes one per graph version; it does not depend on the
 per-query epsilon) and ``common_neighbours`` (|N(s) & N(v)| + Lap(2 / eps) per query,
-personalized mode only; skipped with a note in edge mode), ``blended`` (the two blended by a
-hold-out check on the seed's own friends; personalized only; its degree release is the same
-one ``popular`` uses), and two baselines that use no
+personalized mode only; skipped with a note in edge mode), ``friends_of_friends`` (the same
+counts with Lap(2 / eps) on the seed's friends and Lap(1 / eps) on everyone else, friends first;
+personalized only), ``blended`` (those two-scale counts and the degrees blended by a hold-out
+check on the seed's own friends; personalized only; its degree release is the same one
+``popular`` uses), and two baselines that use no
 private data: ``neighbours_only`` (the seed's neighbours in random order, then random nodes)
 and ``random``. The baselines that do not depend on epsilon are drawn once per seed and
 reported under every epsilon. The row ``default`` repeats the service's default ranking
@@ -44,12 +46,18 @@ from service.mechanisms.common_neighbours import noisy_common_neighbours
 from service.mechanisms.diffusion import noise_free_prefix, noisy_diffusion
 from service.mechanisms.edge_flipping import DEFAULT_MAX_NODES, edge_flipping_ppr
 from service.mechanisms.exact import exact_ppr
+from service.mechanisms.friends_of_friends import friends_of_friends
 from service.mechanisms.popular import noisy_degrees
 from service.mechanisms.pushflowcap import DEFAULT_SIGMA, add_laplace_noise, pushflowcap
 from service.mechanisms.randomness import fresh_generator
 from service.mechanisms.registry import DEFAULT_MECHANISM, resolve_mechanism
 from service.privacy.calibration import DiffusionPlan, plan_diffusion, validate_diffusion_parameters
-from service.privacy.laplace import COMMON_NEIGHBOUR_SENSITIVITY, DEGREE_SENSITIVITY, plan_laplace
+from service.privacy.laplace import (
+    COMMON_NEIGHBOUR_SENSITIVITY,
+    DEGREE_SENSITIVITY,
+    plan_laplace,
+    plan_two_scale,
+)
 from service.privacy.modes import Mode
 
 __all__ = [
@@ -70,6 +78,7 @@ MECHANISMS = (
     "noisy_diffusion",
     "popular",
     "common_neighbours",
+    "friends_of_friends",
     "pushflowcap",
     "neighbours_only",
     "random",
@@ -82,7 +91,7 @@ DEFAULT_MECHANISMS = MECHANISMS
 #: mode). Its numbers are those of the mechanism it resolves to, from the same draws.
 DEFAULT_ROW = "default"
 #: Mechanisms that exist in personalized mode only (unbounded sensitivity in edge mode).
-PERSONALIZED_ONLY = frozenset({"common_neighbours", "blended"})
+PERSONALIZED_ONLY = frozenset({"common_neighbours", "friends_of_friends", "blended"})
 #: The spec's evaluation setting: eta = 1e-7 with beta = 0.8, K = 100.
 DEFAULT_ETA = 1e-7
 #: Epsilon of the one graph-wide degree release behind ``popular``.
@@ -279,6 +288,7 @@ def evaluate(
         # one graph-wide release shared by every seed, as the service makes one per version
         degrees_released = noisy_degrees(graph, degree_plan, fresh_generator())
     cn_plans = {eps: plan_laplace(eps, COMMON_NEIGHBOUR_SENSITIVITY) for eps in epsilons}
+    two_scale_plans = {eps: plan_two_scale(eps) for eps in epsilons}
 
     seeds = sample_seeds(graph, seeds_count, rng)
     # results[(mechanism, eps)] = rows of (ndcg, recall, ndcg_beyond, recall_beyond)
@@ -326,10 +336,15 @@ def evaluate(
                         graph, seed, cn_plans[eps], fresh_generator(), mode
                     )
                     values = score(released)
+                elif mechanism == "friends_of_friends":
+                    released = friends_of_friends(
+                        graph, seed, two_scale_plans[eps], fresh_generator(), mode
+                    )
+                    values = score(released)
                 elif mechanism == "blended":
                     assert degrees_released is not None
                     blended = blended_ranking(
-                        graph, seed, cn_plans[eps], degrees_released, degree_plan.scale,
+                        graph, seed, two_scale_plans[eps], degrees_released, degree_plan.scale,
                         fresh_generator(), mode,
                     )  # fmt: skip
                     values = score(blended.scores)

@@ -19,24 +19,18 @@ Canonical form
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from service.graph.model import Graph, GraphStats
+from service.graph.node_ids import ListedIds, is_canonical_int
 
 VERSION_HEX_CHARS = 20
 _VERSION_TAG = b"dp-ppr-graph/1\n"
 _HASH_BLOCK = 1 << 22  # keys hashed in slices of 4M (32 MB) to avoid a second full copy
-_CANONICAL_INT = re.compile(r"(?:0|[1-9][0-9]{0,17})")
 INT32_MAX = int(np.iinfo(np.int32).max)
-
-
-def is_canonical_int(token: str) -> bool:
-    """True for ids the loader's integer fast path accepts (and orders numerically)."""
-    return _CANONICAL_INT.fullmatch(token) is not None
 
 
 def canonical_order(node_ids: Sequence[str]) -> np.ndarray:
@@ -189,16 +183,13 @@ def assemble_graph(
         extra_columns_ignored=extra_columns_ignored,
         header_skipped=header_skipped,
     )
-    ids = np.empty(n, dtype=object)
-    ids[:] = node_ids
     return Graph(
         indptr=indptr,
         indices=indices,
         degrees=degrees,
-        node_ids=ids,
+        ids=ListedIds(list(node_ids)),
         version=version,
         stats=stats,
-        _index=dict(zip(node_ids, range(n), strict=True)),
     )
 
 

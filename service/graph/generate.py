@@ -39,10 +39,10 @@ import numpy as np
 from service.graph.build import (
     assemble_graph,
     csr_from_keys,
-    is_canonical_int,
     sorted_unique,
 )
 from service.graph.model import Graph
+from service.graph.node_ids import is_canonical_int
 
 _OVERSAMPLE = 1.08
 _MAX_ROUNDS = 40

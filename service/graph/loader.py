@@ -85,7 +85,9 @@ _XZ_MAGIC = b"\xfd7zXZ\x00"
 _BZ2_BLOCK_MAGIC = (b"1AY&SY", b"\x17rE8P\x90")
 
 
-def load_edge_list(path: str | os.PathLike[str], *, header: bool | None = None) -> Graph:
+def load_edge_list(
+    path: str | os.PathLike[str], *, header: bool | None = None, raw: bytes | None = None
+) -> Graph:
     """Load an undirected edge-list file (plain, gzip, bzip2 or xz) into a :class:`Graph`.
 
     See the module docstring for the format. ``header``: ``True`` drops the first non-comment
@@ -107,9 +109,12 @@ def load_edge_list(path: str | os.PathLike[str], *, header: bool | None = None) 
     unreadable file, corrupt compressed data, an empty or comment-only file, a line with a
     single field, bytes that are not UTF-8, a NUL byte, an over-long id, or no edge left after
     dropping self-loops.
+
+    ``raw``: the file's bytes when the caller has read them already (so that a fingerprint of
+    those bytes describes exactly the graph loaded); ``path`` then only names the file.
     """
     name = str(path)
-    data = _read_text_bytes(Path(path), name)
+    data = _read_text_bytes(Path(path), name, raw)
     first = _first_data_line(data)
     if first is None:
         what = "the file is empty" if not data.strip() else "the file holds only comments"
@@ -137,10 +142,11 @@ def load_edge_list(path: str | os.PathLike[str], *, header: bool | None = None) 
 # --------------------------------------------------------------------------- reading
 
 
-def _read_text_bytes(path: Path, name: str) -> bytes:
+def _read_text_bytes(path: Path, name: str, raw: bytes | None = None) -> bytes:
     """The file's bytes, decompressed, UTF-8 checked, BOM removed, line ends normalised."""
     try:
-        raw = path.read_bytes()
+        if raw is None:
+            raw = path.read_bytes()
     except FileNotFoundError:
         raise GraphLoadError(name, "no such file") from None
     except IsADirectoryError:

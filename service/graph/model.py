@@ -9,6 +9,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from service.errors import UnknownNode
+from service.graph.node_ids import NodeIds
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,10 @@ class Graph:
     directions, every neighbour list sorted ascending, no self-loops). ``indices`` is int32
     when the node count fits (always, in practice) and ``indptr`` has the same dtype unless the
     number of stored entries needs int64, so scipy can wrap both without a copy. ``degrees`` is
-    int64 and equals ``np.diff(indptr)``. ``node_ids[i]`` (an object array of ``str``) is the
-    external id of internal index ``i``; ``_index`` maps it back.
+    int64 and equals ``np.diff(indptr)``. ``ids`` holds the external id of each internal index
+    and maps ids back (:mod:`service.graph.node_ids`: in memory, or packed in a memory-mapped
+    snapshot that every worker of a machine shares); ``node_ids[i]`` is the id of index ``i``
+    as an object array of ``str``.
 
     ``version`` is a hash of the canonical edge set and node ids (see
     :func:`service.graph.build.graph_version`): the same graph always has the same version,
@@ -56,18 +59,48 @@ class Graph:
     indptr: np.ndarray
     indices: np.ndarray
     degrees: np.ndarray
-    node_ids: np.ndarray
+    ids: NodeIds = field(repr=False, compare=False)
     version: str
     stats: GraphStats
-    _index: dict[str, int] = field(repr=False, compare=False)
+    derived: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+    """Per-node float arrays precomputed elsewhere (a snapshot maps them; see below)."""
 
     def __post_init__(self) -> None:
         if self.indptr.shape[0] != self.degrees.shape[0] + 1:
             raise ValueError("indptr must have one entry more than degrees")
-        if self.node_ids.shape[0] != self.degrees.shape[0]:
-            raise ValueError("node_ids and degrees must have the same length")
-        for array in (self.indptr, self.indices, self.degrees, self.node_ids):
-            array.setflags(write=False)
+        if len(self.ids) != self.degrees.shape[0]:
+            raise ValueError("ids and degrees must have the same length")
+        for array in (self.indptr, self.indices, self.degrees):
+            if array.flags.writeable:
+                array.setflags(write=False)
+
+    @cached_property
+    def node_ids(self) -> np.ndarray:
+        """External id of every internal index (object array of ``str``; a packed table
+        builds it on first use, so the serving path reads ``ids`` instead)."""
+        return self.ids.as_array()
+
+    @cached_property
+    def float_degrees(self) -> np.ndarray:
+        """``degrees`` as float64 (read-only; mapped from a snapshot when there is one)."""
+        mapped = self.derived.get("float_degrees")
+        if mapped is not None:
+            return mapped
+        out = self.degrees.astype(np.float64)
+        out.setflags(write=False)
+        return out
+
+    @cached_property
+    def inverse_degrees(self) -> np.ndarray:
+        """1 / degree, 0 for an isolated node (float64, read-only; mapped from a snapshot
+        when there is one)."""
+        mapped = self.derived.get("inverse_degrees")
+        if mapped is not None:
+            return mapped
+        d = self.float_degrees
+        out: np.ndarray = np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
+        out.setflags(write=False)
+        return out
 
     @property
     def n(self) -> int:
@@ -86,17 +119,17 @@ class Graph:
 
     def index_of(self, node: str) -> int:
         """Internal index of an external id; raises :class:`UnknownNode`."""
-        try:
-            return self._index[str(node)]
-        except KeyError:
-            raise UnknownNode(str(node)) from None
+        index = self.ids.index(str(node))
+        if index is None:
+            raise UnknownNode(str(node))
+        return index
 
     def has_node(self, node: str) -> bool:
-        return str(node) in self._index
+        return self.ids.index(str(node)) is not None
 
     def external_ids(self, indices: np.ndarray) -> list[str]:
         """External ids of internal indices, in the same order."""
-        return [str(x) for x in self.node_ids[np.asarray(indices, dtype=np.int64)]]
+        return self.ids.names(np.asarray(indices, dtype=np.int64))
 
     def neighbors(self, index: int) -> np.ndarray:
         return self.indices[self.indptr[index] : self.indptr[index + 1]]
@@ -110,6 +143,4 @@ class Graph:
     @property
     def nbytes(self) -> int:
         """Bytes held by the arrays (not counting the id dictionary)."""
-        return int(
-            self.indptr.nbytes + self.indices.nbytes + self.degrees.nbytes + self.node_ids.nbytes
-        )
+        return int(self.indptr.nbytes + self.indices.nbytes + self.degrees.nbytes + self.ids.nbytes)

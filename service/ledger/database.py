@@ -9,6 +9,7 @@ with ``SELECT ... FOR UPDATE``.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -116,7 +117,14 @@ def alembic_config(url: str | None = None) -> Config:
 
 
 def head_revisions() -> set[str]:
-    return set(ScriptDirectory.from_config(alembic_config()).get_heads())
+    """The migrations' head revision(s) (read once per process: the scripts ship with the
+    code; a worker forked by ``serve`` inherits what its supervisor read)."""
+    return set(_heads())
+
+
+@functools.cache
+def _heads() -> frozenset[str]:
+    return frozenset(ScriptDirectory.from_config(alembic_config()).get_heads())
 
 
 def current_revisions(conn: Connection) -> set[str]:

@@ -359,18 +359,27 @@ class Ledger:
         self, version: str, path: str | None = None, configured: str | None = None
     ) -> None:
         """Record ``version`` (loaded from ``path``, by a deployment configured with
-        ``configured``) as the one to serve: every worker follows it (GraphHolder)."""
-        with self._writing() as session:
-            for key, value in (
-                (META_CURRENT_GRAPH_VERSION, version),
-                (META_CURRENT_GRAPH_PATH, path or ""),
-                (META_CURRENT_GRAPH_CONFIGURATION, configured or ""),
-            ):
-                row = session.get(LedgerMeta, key)
-                if row is None:
-                    session.add(LedgerMeta(key=key, value=value))
-                elif row.value != value:
-                    row.value = value
+        ``configured``) as the one to serve: every worker follows it (GraphHolder).
+
+        Workers that start together may both find no row and insert it: the loser of that
+        race retries once, and then updates the row the other inserted."""
+        for attempt in (1, 2):
+            try:
+                with self._writing() as session:
+                    for key, value in (
+                        (META_CURRENT_GRAPH_VERSION, version),
+                        (META_CURRENT_GRAPH_PATH, path or ""),
+                        (META_CURRENT_GRAPH_CONFIGURATION, configured or ""),
+                    ):
+                        row = session.get(LedgerMeta, key)
+                        if row is None:
+                            session.add(LedgerMeta(key=key, value=value))
+                        elif row.value != value:
+                            row.value = value
+                return
+            except IntegrityError:
+                if attempt == 2:
+                    raise
 
     def ping(self) -> bool:
         try:

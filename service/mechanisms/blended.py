@@ -3,8 +3,10 @@ how well each recovers the seed's own friends.
 
 Inputs (the only ones that touch protected edges):
 
-- c~ = |N(s) & N(v)| + Lap(2 / eps) for every v: this query's release (pure eps-DP, charged
-  to the seed's account; :mod:`service.mechanisms.common_neighbours`);
+- c~ = |N(s) & N(v)| + Lap(b_c) on the candidates C = V \\ ({s} | N(s)) and + Lap(b_f) on the
+  friends N(s), b_f = 2 / eps and b_c = b_f / 2: this query's two-scale release (pure eps-DP,
+  charged to the seed's account exactly as one-scale counts at eps;
+  :func:`service.mechanisms.common_neighbours.two_scale_common_neighbours`);
 - d~ = d + Lap(2 / eps_d): the graph version's one DP degree release (``popular``; charged
   once to the graph-wide exposure; :mod:`service.mechanisms.popular`).
 
@@ -12,23 +14,27 @@ Everything else is post-processing of (c~, d~) with the seed's own neighbour lis
 the personalized model leaves unprotected (the answer goes to s, who knows their friends):
 
 1. z-score both vectors over V \\ {s}: z_c, z_d; and weigh each by its reliability among the
-   candidates C = V \\ ({s} | N(s)): R = 1 - (noise variance) / (observed variance over C),
-   floored at 0.01 (Kelley's true-score estimate: the share of the spread that is signal;
-   the noise variances 2 b^2 and 2 b_d^2 are known exactly).
-2. For each weight w on a fixed grid 0, 0.05, ..., 1, rank V \\ {s} by
+   candidates C: R = 1 - (noise variance) / (observed variance over C), floored at 0.01
+   (Kelley's true-score estimate: the share of the spread that is signal; the noise
+   variances over C, 2 b_c^2 = 2 / eps^2 and 2 b_d^2, are known exactly).
+2. For each weight w on a fixed grid 0, 0.05, ..., 0.85, rank V \\ {s} by
    w R_c z_c + (1 - w) R_d z_d and score how well the top min(d_s, 50) recovers N(s) (NDCG
-   with gain 1 per friend). Keep the median of the weights within 5% of the best score. This
+   with gain 1 per friend; the friends' counts are the noisier ones, Lap(b_f), variance
+   8 / eps^2, as released). Keep the median of the weights within 5% of the best score. This
    is link prediction's standard hold-out check, with the seed's known friends as the
    validation set: on graphs where friends of friends share many friends (clustered,
    ego-network-like) it moves toward the common-neighbour signal, where popularity predicts
    friendship (dense, well-mixed graphs) toward the degrees; where it cannot tell, the
-   median keeps the reliability-weighted middle.
+   median keeps the reliability-weighted middle. The grid stops at 0.85: the check leans
+   toward the counts (item 3), and a weight near 1 drops the degrees, which on well-mixed
+   graphs rank the candidates better than the counts (measured in docs/ranking.md); the pure
+   count ranking is ``friends_of_friends``.
 3. The friends are a biased validation set: they share more friends with the seed than any
    candidate does (triangles), so their counts stand out of the noise where the candidates'
    do not. A weight above the middle (0.5) is therefore kept only if the counts carry signal
    AMONG THE CANDIDATES, by a one-sided 5% test of "every candidate has the same count":
-   under it c~ = const + Lap(b), whose sample variance has mean 2 b^2 and standard error
-   b^2 sqrt(20 / m) over m candidates (Laplace fourth moment 24 b^4); signal if the observed
+   under it c~ = const + Lap(b_c), whose sample variance has mean 2 b_c^2 and standard error
+   b_c^2 sqrt(20 / m) over m candidates (Laplace fourth moment 24 b^4); signal if the observed
    variance exceeds 2 b^2 by more than 1.645 standard errors. Otherwise the weight is capped
    at 0.5.
 4. Scores: the blend, shifted to be positive, with the seed's neighbours placed first (free
@@ -46,12 +52,16 @@ import numpy as np
 
 from service.errors import InvalidParameter
 from service.graph.model import Graph
-from service.mechanisms.common_neighbours import noisy_common_neighbours, require_personalized
+from service.mechanisms.common_neighbours import (
+    require_personalized,
+    two_scale_common_neighbours,
+)
 from service.mechanisms.randomness import fresh_generator
-from service.privacy.laplace import LaplacePlan
+from service.privacy.laplace import TwoScalePlan
 from service.privacy.modes import Mode
 
 __all__ = [
+    "MAX_COUNT_WEIGHT",
     "VALIDATION_DEPTH",
     "WEIGHTS",
     "BlendedRanking",
@@ -62,8 +72,10 @@ __all__ = [
     "reliability",
 ]
 
-#: Weights of the common-neighbour signal that the hold-out check chooses from.
-WEIGHTS = np.linspace(0.0, 1.0, 21)
+#: Largest weight of the common-neighbour signal: the degrees keep at least 15% of the blend.
+MAX_COUNT_WEIGHT = 0.85
+#: Weights of the common-neighbour signal that the hold-out check chooses from (steps of 0.05).
+WEIGHTS = np.linspace(0.0, MAX_COUNT_WEIGHT, 18)
 #: The hold-out check scores the top min(d_s, VALIDATION_DEPTH) of the ranking.
 VALIDATION_DEPTH = 50
 #: Weights scoring within this share of the best are ties; their median is used.
@@ -162,8 +174,10 @@ def blend(
     counts_scale: float,
     degrees_scale: float,
 ) -> BlendedRanking:
-    """Post-processing of the two releases (``counts`` = c~ with Lap(``counts_scale``) noise,
-    ``degrees`` = d~ with Lap(``degrees_scale``) noise) with N(seed)."""
+    """Post-processing of the two releases with N(seed): ``counts`` = c~, whose CANDIDATES
+    (every node but the seed and its friends) carry Lap(``counts_scale``) noise (the friends'
+    noise may be larger: they enter only the hold-out check and are ranked first anyway), and
+    ``degrees`` = d~ with Lap(``degrees_scale``) noise."""
     n = graph.n
     if counts.shape != (n,) or degrees.shape != (n,):
         raise InvalidParameter("released", f"both released vectors must have shape ({n},)")
@@ -197,19 +211,20 @@ def blend(
 def blended_ranking(
     graph: Graph,
     seed: int,
-    plan: LaplacePlan,
+    plan: TwoScalePlan,
     degrees_released: np.ndarray,
     degrees_scale: float,
     rng: np.random.Generator | None = None,
     mode: Mode | str = Mode.PERSONALIZED,
 ) -> BlendedRanking:
-    """Draw this query's c~ (``plan``: Lap(2 / eps)) and blend it with the version's d~
-    (released with Lap(``degrees_scale``) noise).
+    """Draw this query's two-scale c~ (``plan``: Lap(b_f) on the friends, Lap(b_c) on the
+    candidates) and blend it with the version's d~ (released with Lap(``degrees_scale``)
+    noise).
 
     ``rng`` defaults to a fresh OS-entropy generator; ``degrees_released`` must be the graph
     version's single stored degree release, never a fresh one per query.
     """
     require_personalized(mode, "blended")
     rng = rng if rng is not None else fresh_generator()
-    counts = noisy_common_neighbours(graph, seed, plan, rng, mode)
-    return blend(graph, seed, counts, degrees_released, plan.scale, degrees_scale)
+    counts = two_scale_common_neighbours(graph, seed, plan, rng, mode)
+    return blend(graph, seed, counts, degrees_released, plan.candidate_scale, degrees_scale)

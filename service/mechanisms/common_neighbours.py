@@ -5,6 +5,11 @@ iff a is in N(s), and c(a) by 1 iff b is in N(s), and nothing else: l1 sensitivi
 release is pure eps-DP for the protected edges (docs/ranking.md; brute-forced in
 tests/test_ranking_sensitivity.py). In `edge` mode an edge {s, a} changes c on all of N(a):
 unbounded, so the mechanism is refused there.
+
+:func:`two_scale_common_neighbours` releases the same counts with two scales split by the
+seed's own neighbour list (public to the seed in personalized mode): Lap(b) on the friends
+N(s), Lap(b / 2) on the candidates V minus N(s) and s, for the same epsilon (an edge moves two
+friend counts or one candidate count, never both: docs/ranking.md, Lemma 3).
 """
 
 from __future__ import annotations
@@ -13,11 +18,18 @@ import numpy as np
 
 from service.errors import InvalidParameter
 from service.graph.model import Graph
+from service.mechanisms.operator import walk_operator
 from service.mechanisms.randomness import fresh_generator
-from service.privacy.laplace import COMMON_NEIGHBOUR_SENSITIVITY, LaplacePlan
+from service.privacy.laplace import COMMON_NEIGHBOUR_SENSITIVITY, LaplacePlan, TwoScalePlan
 from service.privacy.modes import Mode
 
-__all__ = ["common_neighbour_counts", "noisy_common_neighbours", "require_personalized"]
+__all__ = [
+    "common_neighbour_counts",
+    "count_noise_scales",
+    "noisy_common_neighbours",
+    "require_personalized",
+    "two_scale_common_neighbours",
+]
 
 
 def require_personalized(mode: Mode | str, mechanism: str) -> None:
@@ -35,7 +47,9 @@ def common_neighbour_counts(graph: Graph, seed: int) -> np.ndarray:
         raise InvalidParameter("seed", f"internal index {seed} is outside [0, {graph.n})")
     indicator = np.zeros(graph.n, dtype=np.float64)
     indicator[graph.neighbors(seed)] = 1.0
-    return np.asarray(graph.adjacency @ indicator, dtype=np.float64)
+    # A @ indicator on the graph's own index arrays (exact: sums of ones), without building
+    # a float64 data array of 8 bytes per stored entry in every worker
+    return walk_operator(graph).adjacency_product(indicator)
 
 
 def noisy_common_neighbours(
@@ -55,3 +69,32 @@ def noisy_common_neighbours(
     counts = common_neighbour_counts(graph, seed)
     rng = rng if rng is not None else fresh_generator()
     return counts + rng.laplace(0.0, plan.scale, graph.n)
+
+
+def count_noise_scales(graph: Graph, seed: int, plan: TwoScalePlan) -> np.ndarray:
+    """The Laplace scale of each node's released count: ``plan.friend_scale`` on N(seed),
+    ``plan.candidate_scale`` elsewhere, 0 on the seed (its count is not released)."""
+    scales = np.full(graph.n, plan.candidate_scale, dtype=np.float64)
+    scales[graph.neighbors(seed)] = plan.friend_scale
+    scales[seed] = 0.0
+    return scales
+
+
+def two_scale_common_neighbours(
+    graph: Graph,
+    seed: int,
+    plan: TwoScalePlan,
+    rng: np.random.Generator | None = None,
+    mode: Mode | str = Mode.PERSONALIZED,
+) -> np.ndarray:
+    """c + Lap(plan.friend_scale) on the seed's friends, c + Lap(plan.candidate_scale) on every
+    other node but the seed, and 0 on the seed (not released: its count d(seed) is the seed's
+    own). One standard Laplace draw per node, scaled per node; ``rng`` defaults to a fresh
+    OS-entropy generator."""
+    require_personalized(mode, "two-scale common neighbours")
+    counts = common_neighbour_counts(graph, seed)
+    rng = rng if rng is not None else fresh_generator()
+    noise = np.asarray(rng.laplace(0.0, 1.0, graph.n), dtype=np.float64)
+    released: np.ndarray = counts + noise * count_noise_scales(graph, seed, plan)
+    released[seed] = 0.0
+    return released

@@ -78,9 +78,10 @@ class WalkOperator:
 
     def __init__(self, graph: Graph, threads: int | None = None) -> None:
         self.n = graph.n
-        degrees = graph.degrees.astype(np.float64)
-        self.degrees = degrees
-        self.inv_degree = np.divide(1.0, degrees, out=np.zeros_like(degrees), where=degrees > 0)
+        # float64 degrees and 1/degree: the graph's own arrays (shared pages when it was
+        # mapped from a snapshot), not a copy per process
+        self.degrees = graph.float_degrees
+        self.inv_degree = graph.inverse_degrees
         self.isolated = np.flatnonzero(graph.degrees == 0)
         self.threads = threads or default_threads()
         # row blocks with about the same number of stored entries each (power-law graphs)

@@ -17,6 +17,13 @@ proofs in docs/ranking.md, brute-force tests in tests/test_ranking_sensitivity.p
 - DP degrees (``popular``): one edge changes two degrees by 1: Delta = 2, in both models.
 - common-neighbour counts of a seed (personalized only): an edge {a, b} with a, b != s changes
   c(b) by 1 iff a is in N(s) and c(a) by 1 iff b is in N(s): Delta = 2.
+- the same counts split by the seed's own neighbour list (personalized only; :class:`TwoScalePlan`):
+  such an edge moves two FRIEND coordinates (N(s)) by 1 each iff a, b are both in N(s), exactly
+  one CANDIDATE coordinate (V minus N(s) and s) by 1 iff exactly one of them is, and nothing
+  otherwise; never a friend and a candidate coordinate at once. With Lap(b_f) on the friends
+  and Lap(b_c) on the candidates the pure-DP loss sum_i |Delta_i| / b_i is at most
+  max(2 / b_f, 1 / b_c); with b_f = 2 b_c that is 1 / b_c, so the candidates get half the
+  noise of one-scale counts at the same epsilon.
 """
 
 from __future__ import annotations
@@ -32,6 +39,10 @@ from service.privacy.curves import laplace_curve
 DEGREE_SENSITIVITY = 2.0
 #: l1 sensitivity of a seed's common-neighbour counts to one edge not touching the seed.
 COMMON_NEIGHBOUR_SENSITIVITY = 2.0
+#: l1 sensitivity of a seed's counts restricted to its friends N(s) (two coordinates move by 1).
+FRIEND_COUNT_SENSITIVITY = 2.0
+#: l1 sensitivity of a seed's counts restricted to the candidates V minus N(s) and s (one by 1).
+CANDIDATE_COUNT_SENSITIVITY = 1.0
 #: Noise scales are rounded up to this many significant digits.
 SIGNIFICANT_DIGITS = 6
 
@@ -83,4 +94,49 @@ def plan_laplace(epsilon: float, sensitivity: float) -> LaplacePlan:
     plan = laplace_plan_for_scale(sensitivity, scale)
     if plan.epsilon > epsilon:  # pragma: no cover - round_up makes this unreachable
         raise AssertionError(f"Laplace calibration overshot: {plan.epsilon} > {epsilon}")
+    return plan
+
+
+@dataclass(frozen=True)
+class TwoScalePlan:
+    """Common-neighbour counts released with two Laplace scales split by the seed's own
+    neighbour list: Lap(``friend_scale``) on the friends N(s), Lap(``candidate_scale``) on the
+    candidates V minus N(s) and s (the seed's own count is not released).
+
+    One protected edge moves either two friend coordinates by 1 or one candidate coordinate
+    by 1, never both (docs/ranking.md, Lemma 3), so the pure-DP loss is at most
+    ``epsilon`` = max(FRIEND_COUNT_SENSITIVITY / friend_scale,
+    CANDIDATE_COUNT_SENSITIVITY / candidate_scale). Its Renyi divergence at every order is at
+    most max(2 g(1 / b_f), g(1 / b_c)) <= g(epsilon), because the per-coordinate divergences of
+    independent Laplace draws add and the Laplace curve is superadditive in the shift
+    (g(f) + g(e - f) <= g(e)); so ``curve`` is the one-dimensional Laplace curve at
+    ``epsilon``, the charge of a one-scale release at the same epsilon.
+    """
+
+    friend_scale: float
+    candidate_scale: float
+    epsilon: float
+    curve: RdpCurve
+
+
+def two_scale_plan_for_scales(friend_scale: float, candidate_scale: float) -> TwoScalePlan:
+    """The guarantee of Lap(``friend_scale``) on the friends and Lap(``candidate_scale``) on the
+    candidates."""
+    friend_scale = _positive("friend_scale", friend_scale)
+    candidate_scale = _positive("candidate_scale", candidate_scale)
+    epsilon = max(
+        FRIEND_COUNT_SENSITIVITY / friend_scale, CANDIDATE_COUNT_SENSITIVITY / candidate_scale
+    )
+    return TwoScalePlan(friend_scale, candidate_scale, epsilon, laplace_curve(epsilon))
+
+
+def plan_two_scale(epsilon: float) -> TwoScalePlan:
+    """The two-scale release for a target ``epsilon``: the friends get exactly the one-scale
+    common-neighbour scale b = 2 / epsilon (rounded up, :func:`plan_laplace`), the candidates
+    b / 2 (an exact halving), so the achieved epsilon, and the curve charged, are those of the
+    one-scale release."""
+    friends = plan_laplace(epsilon, FRIEND_COUNT_SENSITIVITY)
+    plan = two_scale_plan_for_scales(friends.scale, friends.scale / 2.0)
+    if plan.epsilon > _positive("epsilon", epsilon):  # pragma: no cover - halving is exact
+        raise AssertionError(f"two-scale calibration overshot: {plan.epsilon} > {epsilon}")
     return plan

@@ -39,14 +39,21 @@ class LoadedGraph:
     load_seconds: float
 
 
-def load_configured_graph(path: Path | None) -> Graph:
+def load_configured_graph(path: Path | None, snapshot_dir: Path | None = None) -> Graph:
+    """The graph of an edge-list file (the demo graph for None). With ``snapshot_dir``, served
+    from the file's memory-mapped snapshot there (written first if there is none), so that
+    all the workers of a machine share one copy (:mod:`service.graph.snapshot`)."""
     if path is None:
         from service.graph.demo import demo_graph
 
         return demo_graph()
     from service.graph.loader import load_edge_list
 
-    return load_edge_list(path)
+    if snapshot_dir is None:
+        return load_edge_list(path)
+    from service.graph.snapshot import load_with_snapshot
+
+    return load_with_snapshot(path, snapshot_dir, lambda p, raw: load_edge_list(p, raw=raw))
 
 
 def graph_file_in(directory: Path | None, name: str) -> Path:

@@ -484,7 +484,8 @@ class PprQueryService:
         req: QueryRequest,
         mechanism: dict[str, Any],
     ) -> tuple[list[RankedNode], dict[str, Any]]:
-        """``common_neighbours`` / ``blended``: this query's Laplace draw, post-processed."""
+        """``common_neighbours`` / ``friends_of_friends`` / ``blended``: this query's Laplace
+        draw, post-processed."""
         try:
             rng = fresh_generator()
         except BaseException:

@@ -1,4 +1,5 @@
-"""Serving the rankings beyond the diffusion: ``popular``, ``common_neighbours``, ``blended``.
+"""Serving the rankings beyond the diffusion: ``popular``, ``common_neighbours``,
+``friends_of_friends``, ``blended``.
 
 - :class:`DegreeReleases` makes the graph version's single DP degree release (d + Lap(2/eps_d),
   rounded to its score grid) durable through the ledger's ``graph_releases`` (charged once, to
@@ -7,7 +8,9 @@
   version, in every process, reuses the same bytes.
 - :class:`RankingPlan` is a per-query Laplace release calibrated by the accountant (pure eps-DP,
   its RDP curve on the ledger's grid), charged through the same ``admit_and_charge`` as a
-  diffusion query.
+  diffusion query: one-scale counts for ``common_neighbours``, the two-scale counts
+  (Lap(2/eps) on the seed's friends, Lap(1/eps) on the rest; the same curve) for
+  ``friends_of_friends`` and ``blended``.
 - :func:`draw_ranking` draws the query's noise (OS entropy) and post-processes it; released
   scores are rounded to ``score_grid`` of the noise behind them and ranked as rounded.
 
@@ -28,17 +31,25 @@ from service.graph.model import Graph
 from service.ledger.ledger import Ledger
 from service.ledger.records import GraphCap
 from service.mechanisms.blended import blend
-from service.mechanisms.common_neighbours import noisy_common_neighbours
+from service.mechanisms.common_neighbours import (
+    noisy_common_neighbours,
+    two_scale_common_neighbours,
+)
+from service.mechanisms.friends_of_friends import friends_first
 from service.mechanisms.popular import degrees_from_bytes, degrees_to_bytes, noisy_degrees
 from service.mechanisms.postprocess import round_to_grid, score_grid
 from service.mechanisms.randomness import fresh_generator
-from service.mechanisms.registry import RankingMechanism
+from service.mechanisms.registry import TWO_SCALE, RankingMechanism
 from service.privacy.accountant import RdpCurve
 from service.privacy.laplace import (
+    CANDIDATE_COUNT_SENSITIVITY,
     COMMON_NEIGHBOUR_SENSITIVITY,
     DEGREE_SENSITIVITY,
+    FRIEND_COUNT_SENSITIVITY,
     LaplacePlan,
+    TwoScalePlan,
     plan_laplace,
+    plan_two_scale,
 )
 from service.privacy.modes import Mode
 
@@ -47,11 +58,20 @@ __all__ = [
     "RankingDraw",
     "RankingPlan",
     "ReleasedDegrees",
+    "counts_grid",
     "degree_release_name",
     "draw_ranking",
     "laplace_plan",
     "plan_ranking",
+    "two_scale_plan",
 ]
+
+
+@lru_cache(maxsize=1024)
+def two_scale_plan(epsilon: float) -> TwoScalePlan:
+    """The accountant's calibration of the two-scale counts (friends' scale 2/eps rounded up,
+    the candidates' half of it; the curve of a one-scale release at the same eps)."""
+    return plan_two_scale(epsilon)
 
 
 @lru_cache(maxsize=1024)
@@ -140,22 +160,22 @@ class DegreeReleases:
 
 @dataclass(frozen=True)
 class RankingPlan:
-    """A per-query Laplace ranking (``common_neighbours`` or ``blended``): what admission charges
-    (``curve``, ``epsilon``) and what the release needs (the version's degree release for
-    ``blended``)."""
+    """A per-query Laplace ranking (``common_neighbours``, ``friends_of_friends`` or ``blended``):
+    what admission charges (``curve``, ``epsilon``) and what the release needs (the counts'
+    noise plan; the version's degree release for ``blended``)."""
 
     name: RankingMechanism
     mode: Mode
-    laplace: LaplacePlan
+    release: LaplacePlan | TwoScalePlan
     degrees: ReleasedDegrees | None = None
 
     @property
     def curve(self) -> RdpCurve:
-        return self.laplace.curve
+        return self.release.curve
 
     @property
     def epsilon(self) -> float:
-        return self.laplace.epsilon
+        return self.release.epsilon
 
     def describe(self) -> dict[str, Any]:
         """The answer's ``mechanism`` block (the released ``score_grid`` is added after the
@@ -163,16 +183,34 @@ class RankingPlan:
         block: dict[str, Any] = {
             "name": self.name.value,
             "mode": self.mode.value,
-            "epsilon": self.laplace.epsilon,
+            "epsilon": self.release.epsilon,
             "delta": 0.0,
-            "sensitivity": self.laplace.sensitivity,
-            "noise_scale": self.laplace.scale,
         }
-        if self.name is RankingMechanism.COMMON_NEIGHBOURS:
-            block["score_grid"] = score_grid(self.laplace.scale)
+        if isinstance(self.release, TwoScalePlan):
+            block.update(
+                {
+                    "sensitivity": FRIEND_COUNT_SENSITIVITY,
+                    "noise_scale": self.release.friend_scale,
+                    "friend_noise_scale": self.release.friend_scale,
+                    "candidate_sensitivity": CANDIDATE_COUNT_SENSITIVITY,
+                    "candidate_noise_scale": self.release.candidate_scale,
+                }
+            )
+        else:
+            block["sensitivity"] = self.release.sensitivity
+            block["noise_scale"] = self.release.scale
+        if self.name is not RankingMechanism.BLENDED:
+            block["score_grid"] = counts_grid(self.release)
         if self.degrees is not None:
             block.update(degree_block(self.degrees))
         return block
+
+
+def counts_grid(release: LaplacePlan | TwoScalePlan) -> float:
+    """The grid released counts are rounded to: that of their smallest noise scale."""
+    if isinstance(release, TwoScalePlan):
+        return score_grid(min(release.candidate_scale, release.friend_scale))
+    return score_grid(release.scale)
 
 
 def degree_block(degrees: ReleasedDegrees) -> dict[str, Any]:
@@ -189,9 +227,13 @@ def plan_ranking(
 ) -> RankingPlan:
     if name is RankingMechanism.BLENDED and degrees is None:
         raise ValueError("blended needs the version's degree release")
-    plan = laplace_plan(float(epsilon), COMMON_NEIGHBOUR_SENSITIVITY)
+    release: LaplacePlan | TwoScalePlan
+    if name in TWO_SCALE:
+        release = two_scale_plan(float(epsilon))
+    else:
+        release = laplace_plan(float(epsilon), COMMON_NEIGHBOUR_SENSITIVITY)
     kept = degrees if name is RankingMechanism.BLENDED else None
-    return RankingPlan(name, Mode(mode), plan, kept)
+    return RankingPlan(name, Mode(mode), release, kept)
 
 
 @dataclass(frozen=True)
@@ -210,17 +252,25 @@ def draw_ranking(
     """Draw this query's noisy common-neighbour counts with ``rng`` (a fresh OS-entropy
     generator in the service) and post-process them.
 
-    The counts are rounded to their grid as soon as they are drawn; ``blended`` then combines
-    them with the stored degree release (post-processing) and states the grid of its own
-    score units.
+    The counts are rounded to their grid as soon as they are drawn; ``friends_of_friends``
+    ranks them with the seed's friends first; ``blended`` combines them with the stored degree
+    release (post-processing) and states the grid of its own score units.
     """
-    b = plan.laplace.scale
-    counts = noisy_common_neighbours(graph, seed, plan.laplace, rng, plan.mode)
-    counts = round_to_grid(counts, score_grid(b))
+    grid = counts_grid(plan.release)
+    if isinstance(plan.release, TwoScalePlan):
+        drawn = two_scale_common_neighbours(graph, seed, plan.release, rng, plan.mode)
+    else:
+        drawn = noisy_common_neighbours(graph, seed, plan.release, rng, plan.mode)
+    counts = round_to_grid(drawn, grid)
     if plan.name is RankingMechanism.COMMON_NEIGHBOURS:
-        return RankingDraw(counts, score_grid(b), {})
-    assert plan.degrees is not None
-    ranking = blend(graph, seed, counts, plan.degrees.values, b, plan.degrees.plan.scale)
+        return RankingDraw(counts, grid, {})
+    if plan.name is RankingMechanism.FRIENDS_OF_FRIENDS:
+        return RankingDraw(friends_first(graph, seed, counts), grid, {})
+    assert plan.degrees is not None and isinstance(plan.release, TwoScalePlan)
+    ranking = blend(
+        graph, seed, counts, plan.degrees.values, plan.release.candidate_scale,
+        plan.degrees.plan.scale,
+    )  # fmt: skip
     grid = score_grid(ranking.score_noise_scale)
     return RankingDraw(
         ranking.scores,

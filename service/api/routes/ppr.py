@@ -71,8 +71,9 @@ def ppr(
     mechanism: Annotated[
         RankingMechanism | None,
         Query(
-            description="The ranking: `noisy_diffusion`, `popular`, `common_neighbours` or "
-            "`blended` (the last two personalized mode only: 422 in edge mode). Default "
+            description="The ranking: `noisy_diffusion`, `popular`, `common_neighbours`, "
+            "`friends_of_friends` or `blended` (the last three personalized mode only: 422 in "
+            "edge mode). Default "
             "PPR_DEFAULT_MECHANISM (blended), or noisy_diffusion in edge mode when the "
             "default is personalized-only."
         ),
