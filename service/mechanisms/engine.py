@@ -33,13 +33,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from service.graph.model import Graph
-from service.mechanisms.operator import WalkOperator, walk_operator
-from service.mechanisms.randomness import step_noise
+from service.mechanisms.operator import StepWorkspace, WalkOperator, aligned_block, walk_operator
+from service.mechanisms.randomness import sign_words, signed_pairs
 from service.privacy.calibration import DiffusionConfig
 from service.privacy.floating import float_safe_scale
 from service.privacy.modes import Mode
 
 log = logging.getLogger(__name__)
+
+#: Noisy columns whose draws are buffered (2n float64 each) and added in one pass over the rows.
+NOISE_CHUNK = 8
 
 __all__ = ["DiffusionEngine", "DiffusionJob", "EngineFailure", "EngineResult", "run_jobs"]
 
@@ -101,9 +104,13 @@ def thresholded_step(
     betas: np.ndarray,
     etas: np.ndarray,
     personalized: np.ndarray,
+    workspace: StepWorkspace | None = None,
 ) -> np.ndarray:
-    """phi(f(x)) for every column of the block x (n x B): the kernel, without noise."""
-    fused = op.fused_step(x, seeds=seeds, betas=betas, etas=etas, personalized=personalized)
+    """phi(f(x)) for every column of the block x (n x B): the kernel, without noise (into
+    ``workspace``'s buffers if given)."""
+    fused = op.fused_step(
+        x, seeds=seeds, betas=betas, etas=etas, personalized=personalized, workspace=workspace
+    )
     if fused is not None:
         return fused
     clipped = np.maximum(x, 0.0)
@@ -129,6 +136,9 @@ class _Block:
         self.jobs: list[DiffusionJob] = []
         self.x = np.empty((graph.n, 0), dtype=np.float64)
         self._max_degree = int(graph.degrees.max(initial=0))
+        self._workspace = StepWorkspace()
+        self._exps = np.empty((0, 2 * graph.n), dtype=np.float64)
+        self._words = np.empty((0, sign_words(2 * graph.n)), dtype=np.uint64)
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -148,9 +158,9 @@ class _Block:
             columns.append(start)
         if not fresh:
             return
-        x = np.empty((self.graph.n, len(self.jobs) + len(fresh)), dtype=np.float64)
+        x = aligned_block(self.graph.n, len(self.jobs) + len(fresh))
         x[:, : len(self.jobs)] = self.x
-        x[:, len(self.jobs) :] = np.stack(columns, axis=1)
+        np.stack(columns, axis=1, out=x[:, len(self.jobs) :])
         self.x = x
         self.jobs.extend(fresh)
 
@@ -166,13 +176,15 @@ class _Block:
         """One diffusion step of every column, noise where due, finished columns released."""
         jobs = self.jobs
         width = len(jobs)
+        before = self.x
         out = thresholded_step(
             self.op,
-            self.x,
+            before,
             seeds=np.array([j.seed for j in jobs], dtype=np.int64),
             betas=np.array([j.config.beta for j in jobs]),
             etas=np.array([j.config.eta for j in jobs]),
             personalized=np.array([j.config.mode is Mode.PERSONALIZED for j in jobs]),
+            workspace=self._workspace,
         )
         # noise on each column's noisy steps, from its own generator
         noisy: list[int] = []
@@ -195,27 +207,50 @@ class _Block:
         if finished:
             keep = [i for i in range(width) if jobs[i].done_steps < jobs[i].config.steps]
             self.jobs = [jobs[i] for i in keep]
-            out = np.ascontiguousarray(out[:, keep])
+            kept = aligned_block(self.graph.n, len(keep))
+            out = np.take(out, keep, axis=1, out=kept, mode="clip")
         self.x = out
+        if out is self._workspace.out:  # the previous block is free: the next step's result
+            self._workspace.swap(before)
 
     def _add_noise(self, out: np.ndarray, noisy: list[int]) -> None:
+        """xi1 + xi2 on the noisy columns, each from its own generator in the order of
+        :func:`service.mechanisms.randomness.step_noise` (2n exponentials, then the sign words).
+
+        Columns go in chunks of ``NOISE_CHUNK``: the chunk's draws are split over both threads
+        (numpy releases the GIL while it fills), then one compiled pass over the rows adds them
+        to the block (both threads), so each row's cache lines are touched once per chunk
+        rather than once per column."""
         n = self.graph.n
         jobs = self.jobs
-
-        def draw(indices: list[int]) -> None:
-            for i in indices:
-                job = jobs[i]
-                assert job.rng is not None, "a noisy step needs the query's generator"
-                out[:, i] += step_noise(job.rng, job.noise_scale, n)
-
         pool = self.op.pool
-        if pool is None or len(noisy) < 2:
-            draw(noisy)
-            return
-        half = len(noisy) // 2
-        other = pool.submit(draw, noisy[half:])
-        draw(noisy[:half])
-        other.result()
+        for start in range(0, len(noisy), NOISE_CHUNK):
+            chunk = noisy[start : start + NOISE_CHUNK]
+            if len(self._exps) < len(chunk):
+                self._exps = np.empty((len(chunk), 2 * n), dtype=np.float64)
+                self._words = np.empty((len(chunk), self._words.shape[1]), dtype=np.uint64)
+            exps, words = self._exps[: len(chunk)], self._words[: len(chunk)]
+
+            if pool is None or len(chunk) < 2:
+                self._draw(chunk, exps, words, range(len(chunk)))
+            else:
+                half = len(chunk) // 2
+                other = pool.submit(self._draw, chunk, exps, words, range(half, len(chunk)))
+                self._draw(chunk, exps, words, range(half))
+                other.result()
+            columns = np.array(chunk, dtype=np.int64)
+            scales = np.array([jobs[i].noise_scale for i in chunk], dtype=np.float64)
+            if not self.op.add_noise(out, columns, exps, words, scales):  # pragma: no cover
+                for q, i in enumerate(chunk):  # without numba: the same values in numpy
+                    out[:, i] += signed_pairs(exps[q], words[q], scales[q], n)
+
+    def _draw(self, chunk: list[int], exps: np.ndarray, words: np.ndarray, slots: range) -> None:
+        """Column chunk[q]'s 2n exponentials into exps[q], then its sign words into words[q]."""
+        for q in slots:
+            rng = self.jobs[chunk[q]].rng
+            assert rng is not None, "a noisy step needs the query's generator"
+            rng.standard_exponential(out=exps[q])
+            words[q] = rng.bit_generator.random_raw(words.shape[1])
 
 
 def run_jobs(graph: Graph, jobs: list[DiffusionJob]) -> None:

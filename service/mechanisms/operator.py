@@ -23,11 +23,54 @@ import numpy as np
 import scipy.sparse as sp
 
 from service.graph.model import Graph
-from service.mechanisms.kernels import block_kernel, step_kernels, warm_up
+from service.mechanisms.kernels import block_kernel, noise_kernel, step_kernels, warm_up
 
 
 def default_threads() -> int:
     return max(1, min(2, os.cpu_count() or 1))
+
+
+#: Byte alignment of the dense blocks: one cache line, so that a row of 8 float64 columns is one
+#: line (numpy's large allocations are only 16-byte aligned: a 256-byte row then spans 5 lines).
+BLOCK_ALIGNMENT = 64
+
+
+def aligned_block(rows: int, columns: int) -> np.ndarray:
+    """An uninitialised C-ordered float64 (rows x columns) array starting on a cache line."""
+    size = rows * columns
+    slack = BLOCK_ALIGNMENT // 8
+    buffer = np.empty(size + slack, dtype=np.float64)
+    start = (-buffer.ctypes.data % BLOCK_ALIGNMENT) // 8
+    return buffer[start : start + size].reshape(rows, columns)
+
+
+class StepWorkspace:
+    """Reusable n x B buffers of one block step (clipped, clipped / d, result), cache-line
+    aligned, so that a block of steady width allocates (and page-faults) nothing per step."""
+
+    def __init__(self) -> None:
+        self.clipped: np.ndarray
+        self.z: np.ndarray
+        self.out: np.ndarray
+        self.clear()
+
+    def clear(self) -> None:
+        """Drop the buffers."""
+        self.clipped = self.z = self.out = np.empty((0, 0), dtype=np.float64)
+
+    def fits(self, x: np.ndarray) -> bool:
+        """Make the buffers x's shape (reallocating if it changed); False if ``x`` is one."""
+        if self.out.shape != x.shape:
+            self.clear()  # the old buffers go before the new ones are allocated
+            self.clipped, self.z, self.out = (aligned_block(*x.shape) for _ in "czo")
+        return not any(np.may_share_memory(x, b) for b in (self.clipped, self.z, self.out))
+
+    def swap(self, x: np.ndarray) -> None:
+        """Take ``x`` (no longer needed, same shape) as the next step's result buffer."""
+        if x.shape == self.out.shape and x.dtype == np.float64 and x.flags.c_contiguous:
+            self.out = x
+        else:
+            self.out = aligned_block(*self.out.shape)
 
 
 class WalkOperator:
@@ -51,6 +94,7 @@ class WalkOperator:
         self._indices = graph.indices
         self._kernel = block_kernel()
         self._step = step_kernels()
+        self._noise = noise_kernel()
         self._isolated_mask = np.ascontiguousarray(graph.degrees == 0)
         # With the compiled kernel the graph's own (read-only, possibly shared) index arrays
         # are all it reads: no per-process copy, no float data array. Without it, scipy needs
@@ -107,16 +151,22 @@ class WalkOperator:
         betas: np.ndarray,
         etas: np.ndarray,
         personalized: np.ndarray,
+        workspace: StepWorkspace | None = None,
     ) -> np.ndarray | None:
         """phi(f(x)) for a block in two compiled passes over the rows (both threads), with the
-        same operations in the same order as the unfused path; None without numba."""
+        same operations in the same order as the unfused path; None without numba.
+
+        With ``workspace`` the intermediate blocks and the result are its buffers (the result
+        is ``workspace.out``; ``x`` must not be one of them)."""
         kernels = self._step
         if kernels is None or x.ndim != 2:
             return None
         clip_rows, walk_rows = kernels
         x = np.ascontiguousarray(x, dtype=np.float64)
-        clipped = np.empty_like(x)
-        z = np.empty_like(x)
+        if workspace is not None and workspace.fits(x):
+            clipped, z, out = workspace.clipped, workspace.z, workspace.out
+        else:
+            clipped, z, out = np.empty_like(x), np.empty_like(x), np.empty_like(x)
         etas = np.ascontiguousarray(etas, dtype=np.float64)
         betas = np.ascontiguousarray(betas, dtype=np.float64)
         self._on_rows(clip_rows, x, self.degrees, self.inv_degree, etas, clipped, z)
@@ -125,11 +175,26 @@ class WalkOperator:
             c = np.minimum(np.maximum(x[seeds[p], p], 0.0), 1.0)
             clipped[seeds[p], p] = c
             z[seeds[p], p] = c * self.inv_degree[seeds[p]]
-        out = np.empty_like(x)
         self._on_rows(walk_rows, self._indptr, self._indices, z, clipped, self._isolated_mask,
                       betas, out)  # fmt: skip
         out[seeds, np.arange(x.shape[1])] += 1.0 - betas
         return out
+
+    def add_noise(
+        self,
+        out: np.ndarray,
+        columns: np.ndarray,
+        exps: np.ndarray,
+        words: np.ndarray,
+        scales: np.ndarray,
+    ) -> bool:
+        """Add column q's xi1 + xi2 (from its 2n exponentials ``exps[q]`` and raw sign words
+        ``words[q]``, see kernels.add_noise_rows) to ``out[:, columns[q]]`` on both threads;
+        False (nothing done) without numba."""
+        if self._noise is None or out.ndim != 2 or not out.flags.c_contiguous:
+            return False
+        self._on_rows(self._noise, out, columns, exps, words.view(np.int64), scales)
+        return True
 
     def _on_rows(self, kernel: Callable[..., None], *args: Any) -> None:
         if self._pool is None:

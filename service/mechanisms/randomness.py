@@ -23,11 +23,30 @@ def fresh_generator() -> np.random.Generator:
     return np.random.Generator(np.random.PCG64DXSM(np.random.SeedSequence()))
 
 
-def random_signs(rng: np.random.Generator, count: int) -> np.ndarray:
-    """``count`` independent booleans, True with probability 1/2 (True means negative)."""
-    words = rng.bit_generator.random_raw((count + 63) // 64)
+def sign_words(count: int) -> int:
+    """Raw 64-bit words that carry ``count`` signs."""
+    return (count + 63) // 64
+
+
+def signs_from_words(words: np.ndarray, count: int) -> np.ndarray:
+    """The first ``count`` signs carried by raw words: bit ``7 - t % 8`` of byte ``t // 8`` of
+    the words as little-endian bytes (numpy's ``unpackbits`` order); True means negative."""
     bits = np.unpackbits(np.asarray(words, dtype="<u8").view(np.uint8), count=count)
     return bits.view(np.bool_)
+
+
+def random_signs(rng: np.random.Generator, count: int) -> np.ndarray:
+    """``count`` independent booleans, True with probability 1/2 (True means negative)."""
+    return signs_from_words(rng.bit_generator.random_raw(sign_words(count)), count)
+
+
+def signed_pairs(exps: np.ndarray, words: np.ndarray, scale: float, n: int) -> np.ndarray:
+    """xi1 + xi2 from 2n standard exponentials and their sign words: draw t is
+    ``exps[t] * (-scale if sign t else scale)``, xi1 the first n draws, xi2 the next n."""
+    signed_scale = np.array([scale, -scale], dtype=np.float64)
+    draws = exps * signed_scale.take(signs_from_words(words, 2 * n).view(np.uint8))
+    out: np.ndarray = draws[:n] + draws[n:]
+    return out
 
 
 def laplace_noise(rng: np.random.Generator, scale: float, count: int) -> np.ndarray:
