@@ -84,7 +84,11 @@ def open_ledger(settings: Settings) -> Ledger:
     while True:
         ledger: Ledger | None = None
         try:
-            ledger = Ledger.from_url(settings.database_url, auto_migrate=settings.auto_migrate)
+            ledger = Ledger.from_url(
+                settings.database_url,
+                auto_migrate=settings.auto_migrate,
+                ping_idle_seconds=settings.ledger_ping_idle_seconds,
+            )
             _ = ledger.ledger_id  # read once now, while the database answers
             return ledger
         except LedgerUnavailable as exc:

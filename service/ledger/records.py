@@ -59,6 +59,25 @@ class BudgetView:
 
 
 @dataclass(frozen=True)
+class Admission:
+    """One query to admit and charge (the arguments of ``Ledger.admit_and_charge``)."""
+
+    charged_account_id: int
+    principal_account_id: int
+    seed: str
+    mechanism: str
+    mode: str
+    params: dict[str, Any]
+    query_curve: Any  # RdpCurve (records imports nothing of privacy/)
+    query_epsilon: float
+    graph_version: str
+    request_id: str
+    idempotency_key: str | None = None
+    release_key: ReleaseKey | None = None
+    quota_epsilon: float | None = None
+
+
+@dataclass(frozen=True)
 class ChargeReceipt:
     charge_id: int
     budget: BudgetView  # after the charge

@@ -8,9 +8,11 @@ is refunded with a compensating ledger row; after it, the charge stays.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,6 +24,7 @@ from service.errors import Conflict, Forbidden, InvalidParameter
 from service.graph.model import Graph
 from service.ledger.ledger import Ledger, LedgerUnavailable
 from service.ledger.records import (
+    Admission,
     BudgetView,
     ChargeReceipt,
     ChargeSettled,
@@ -99,6 +102,21 @@ _REPLAY_BUDGET_TTL_SECONDS = 1.0
 
 #: How often an admission is retried after the charge it waited on was refunded.
 _MAX_ADMISSIONS = 3
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A query prepared for admission: everything :meth:`PprQueryService.answer` decided
+    before the ledger."""
+
+    req: QueryRequest
+    graph: Graph
+    seed: int
+    account_id: int
+    key: ReleaseKey
+    join_twins: bool
+    plan: DiffusionPlan | RankingPlan
+    mechanism: dict[str, Any]
 
 
 class PrefixProvider:
@@ -228,6 +246,15 @@ class PprQueryService:
     # -- the query ------------------------------------------------------------------------
 
     def answer(self, req: QueryRequest) -> Answer:
+        prepared = self._prepare(req)
+        if isinstance(prepared, Answer):
+            return prepared
+        receipt = self._admit(prepared)
+        return self._after_admission(prepared, receipt)
+
+    def _prepare(self, req: QueryRequest) -> Answer | _Pending:
+        """Everything before admission: validation, the charged account, replays from stored
+        releases, the plan. An Answer when a stored release (or ``popular``) answers."""
         graph = self.graphs.current  # one version for the whole request
         epsilon = self._validate(req)
         name = self._mechanism_for(req)
@@ -265,9 +292,11 @@ class PprQueryService:
                 degrees = self.degree_releases.get(graph, self._graph_cap(graph))
             plan = plan_ranking(name, epsilon, req.mode, degrees)
             mechanism = plan.describe()
+        return _Pending(req, graph, seed, account_id, key, join_twins, plan, mechanism)
+
+    def _after_admission(self, p: _Pending, receipt: ChargeReceipt) -> Answer:
+        """A twin's release (waiting for it), or this query's own release once stored."""
         for _ in range(_MAX_ADMISSIONS):
-            receipt = self._admit(req, graph, key if join_twins else None, account_id, plan,
-                                  mechanism)  # fmt: skip
             if not (receipt.reused or receipt.joined):
                 break
             # An identical query (or a retry with the same Idempotency-Key) was admitted
@@ -275,69 +304,207 @@ class PprQueryService:
             # worker died and it was reconciled), admission runs again and may charge.
             stored = self._wait_for_release(receipt.charge_id)
             if stored is not None:
-                if stored.key != key:
+                if stored.key != p.key:
                     raise IdempotencyKeyReused()
-                return self._replay(stored, req, graph, seed, account_id)
+                return self._replay(stored, p.req, p.graph, p.seed, p.account_id)
+            receipt = self._admit(p)
         else:
             raise RequestInProgress(
                 "an identical request is still being answered; retry shortly", retry_after=1
             )
+        stored = self._draw(p, receipt)
+        self._store(stored, p.req)  # before the answer leaves the process, or no answer
+        return self._fresh_answer(p, receipt, stored)
 
-        self._budgets[account_id] = (receipt.budget, time.monotonic())  # for replays here
-        if isinstance(plan, DiffusionPlan):
-            results = self._release(graph, seed, plan, receipt.charge_id, req)
+    def _draw(self, p: _Pending, receipt: ChargeReceipt) -> StoredRelease:
+        """The admitted query's noisy release (not yet stored: it must be, before answering)."""
+        self._budgets[p.account_id] = (receipt.budget, time.monotonic())  # for replays here
+        mechanism = p.mechanism
+        if isinstance(p.plan, DiffusionPlan):
+            results = self._release(p.graph, p.seed, p.plan, receipt.charge_id, p.req)
         else:
             results, mechanism = self._release_ranking(
-                graph, seed, plan, receipt.charge_id, req, mechanism
+                p.graph, p.seed, p.plan, receipt.charge_id, p.req, mechanism
             )
-        stored = StoredRelease(key, receipt.charge_id, results, mechanism, req.request_id)
-        self._store(stored, req)  # before the answer leaves the process, or no answer
+        return StoredRelease(p.key, receipt.charge_id, results, mechanism, p.req.request_id)
+
+    def _fresh_answer(self, p: _Pending, receipt: ChargeReceipt, stored: StoredRelease) -> Answer:
         return Answer(
-            node=req.node,
-            graph_version=graph.version,
-            results=self._post_process(results, req, graph, seed),
-            mechanism=mechanism,
+            node=p.req.node,
+            graph_version=p.graph.version,
+            results=self._post_process(stored.results, p.req, p.graph, p.seed),
+            mechanism=stored.mechanism,
             budget=receipt.budget,
             replayed=False,
-            request_id=req.request_id,
-            charged_account_id=account_id,
-            epsilon_charged=plan.epsilon,
+            request_id=p.req.request_id,
+            charged_account_id=p.account_id,
+            epsilon_charged=p.plan.epsilon,
         )
 
-    # -- admission ------------------------------------------------------------------------
+    # -- many queries at once: one admission transaction, one storing transaction ---------
 
-    def _admit(
-        self,
-        req: QueryRequest,
-        graph: Graph,
-        key: ReleaseKey | None,
-        account_id: int,
-        plan: DiffusionPlan | RankingPlan,
-        mechanism: dict[str, Any],
-    ) -> ChargeReceipt:
-        principal = req.principal
+    def answer_many(
+        self, reqs: list[QueryRequest], run: Callable[[list[Callable[[], Any]]], list[Any]]
+    ) -> list[Answer | BaseException]:
+        """Answers to ``reqs`` (or each one's error), admitted in one ledger transaction and
+        stored in one: per query the same checks and the same order as :meth:`answer` (admit,
+        draw, store, answer), and no answer is returned before every release of the group is
+        stored. ``run`` runs the draws (thunks) concurrently and returns their results or
+        exceptions in order, so the engine computes them together."""
+        out: list[Answer | BaseException | None] = [None] * len(reqs)
+        pending: list[tuple[int, _Pending]] = []
+        for i, req in enumerate(reqs):
+            try:
+                prepared = self._prepare(req)
+            except Exception as exc:
+                out[i] = exc
+                continue
+            if isinstance(prepared, Answer):
+                out[i] = prepared
+            else:
+                pending.append((i, prepared))
+        graph_caps = {id(p.graph): self._graph_cap(p.graph) for _, p in pending}
+        by_cap: dict[int, list[tuple[int, _Pending]]] = {}
+        for i, p in pending:
+            by_cap.setdefault(id(p.graph), []).append((i, p))
+        admitted: list[tuple[int, _Pending, ChargeReceipt]] = []
+        for graph_id, group in by_cap.items():
+            try:
+                receipts = self.ledger.admit_and_charge_many(
+                    [self._admission(p) for _, p in group],
+                    graph_cap=graph_caps[graph_id],
+                    stale_after_seconds=self.policy.stale_after_seconds,
+                )
+            except Exception as exc:
+                for i, _ in group:
+                    out[i] = exc
+                continue
+            for (i, p), receipt in zip(group, receipts, strict=True):
+                if isinstance(receipt, BaseException):
+                    out[i] = receipt
+                else:
+                    admitted.append((i, p, receipt))
+        own = {r.charge_id for _, _, r in admitted if not (r.reused or r.joined)}
+        # A query that joined a twin admitted in this same group is answered from that twin's
+        # release once it is stored (waiting for it in the pool would wait for ourselves).
+        later: list[tuple[int, _Pending, ChargeReceipt]] = []
+        now: list[tuple[int, _Pending, ChargeReceipt]] = []
+        for item in admitted:
+            r = item[2]
+            (later if (r.reused or r.joined) and r.charge_id in own else now).append(item)
+        draws = run([functools.partial(self._draw_or_join, p, r) for _, p, r in now])
+        to_store: list[tuple[int, _Pending, ChargeReceipt, StoredRelease]] = []
+        for (i, p, receipt), drawn in zip(now, draws, strict=True):
+            if isinstance(drawn, (BaseException, Answer)):
+                out[i] = drawn
+            else:
+                to_store.append((i, p, receipt, drawn))
+        stored_by_charge: dict[int, StoredRelease | BaseException] = {}
+        for (i, p, receipt, stored), error in zip(
+            to_store, self._store_many([(p.req, stored) for _, p, _, stored in to_store]),
+            strict=True,
+        ):  # fmt: skip
+            out[i] = error if error is not None else self._fresh_answer(p, receipt, stored)
+            stored_by_charge[stored.charge_id] = error if error is not None else stored
+        for i, p, receipt in later:
+            twin = stored_by_charge.get(receipt.charge_id)
+            if twin is None or isinstance(twin, BaseException):
+                out[i] = twin or RequestInProgress(
+                    "an identical request failed before its answer was stored; retry",
+                    retry_after=1,
+                )
+            elif twin.key != p.key:
+                out[i] = IdempotencyKeyReused()
+            else:
+                out[i] = self._replay(twin, p.req, p.graph, p.seed, p.account_id)
+        assert all(item is not None for item in out)
+        return [item for item in out if item is not None]
+
+    def _draw_or_join(self, p: _Pending, receipt: ChargeReceipt) -> Answer | StoredRelease:
+        if receipt.reused or receipt.joined:
+            return self._after_admission(p, receipt)  # an earlier twin's release
+        return self._draw(p, receipt)
+
+    def _admission(self, p: _Pending) -> Admission:
+        principal = p.req.principal
         quota: float | None = None
-        if principal.type == "service" and account_id != principal.account_id:
+        if principal.type == "service" and p.account_id != principal.account_id:
             quota = (
                 principal.quota_epsilon
                 if principal.quota_epsilon is not None
                 else self.policy.service_quota_epsilon
             )
-        return self.ledger.admit_and_charge(
-            charged_account_id=account_id,
+        return Admission(
+            charged_account_id=p.account_id,
             principal_account_id=principal.account_id,
-            seed=req.node,
-            mechanism=str(mechanism["name"]),
-            mode=req.mode.value,
-            params=mechanism,
-            query_curve=plan.curve,
-            query_epsilon=plan.epsilon,
-            graph_version=graph.version,
-            request_id=req.request_id,
-            idempotency_key=req.idempotency_key,
-            release_key=key,
+            seed=p.req.node,
+            mechanism=str(p.mechanism["name"]),
+            mode=p.req.mode.value,
+            params=p.mechanism,
+            query_curve=p.plan.curve,
+            query_epsilon=p.plan.epsilon,
+            graph_version=p.graph.version,
+            request_id=p.req.request_id,
+            idempotency_key=p.req.idempotency_key,
+            release_key=p.key if p.join_twins else None,
             quota_epsilon=quota,
-            graph_cap=self._graph_cap(graph),
+        )
+
+    def _store_many(
+        self, items: list[tuple[QueryRequest, StoredRelease]]
+    ) -> list[BaseException | None]:
+        """Store the releases in one transaction (before any is answered); per item None or
+        the error that discards its answer (as :meth:`_store`)."""
+        if not items:
+            return []
+        try:
+            settled = self.ledger.store_releases(
+                [(stored, req.idempotency_key, req.principal.account_id) for req, stored in items]
+            )
+        except LedgerUnavailable as exc:
+            log.warning("storing a group of releases failed; their answers were discarded")
+            return [exc] * len(items)
+        errors: list[BaseException | None] = []
+        for (req, stored), outcome in zip(items, settled, strict=True):
+            if outcome is None:
+                errors.append(None)
+                continue
+            log.warning(
+                "the charge was settled before its release was stored; answer discarded",
+                extra={"request_id": req.request_id, "charge_id": stored.charge_id},
+            )
+            errors.append(
+                LedgerUnavailable(
+                    "this request took too long and its charge was reconciled; no answer was "
+                    "released and nothing was charged. Retry",
+                    details={"charge_id": stored.charge_id},
+                )
+            )
+        if self.replays is not None:
+            for (req, stored), error in zip(items, errors, strict=True):
+                if error is None:
+                    self._cache_release(stored, req)
+        return errors
+
+    # -- admission ------------------------------------------------------------------------
+
+    def _admit(self, p: _Pending) -> ChargeReceipt:
+        a = self._admission(p)
+        return self.ledger.admit_and_charge(
+            charged_account_id=a.charged_account_id,
+            principal_account_id=a.principal_account_id,
+            seed=a.seed,
+            mechanism=a.mechanism,
+            mode=a.mode,
+            params=a.params,
+            query_curve=a.query_curve,
+            query_epsilon=a.query_epsilon,
+            graph_version=a.graph_version,
+            request_id=a.request_id,
+            idempotency_key=a.idempotency_key,
+            release_key=a.release_key,
+            quota_epsilon=a.quota_epsilon,
+            graph_cap=self._graph_cap(p.graph),
             stale_after_seconds=self.policy.stale_after_seconds,
         )
 
@@ -442,11 +609,13 @@ class PprQueryService:
                 details={"charge_id": stored.charge_id},
             ) from exc
         if self.replays is not None:
-            self.replays.put(stored)
-            if req.idempotency_key is not None:
-                self.replays.put_for_idempotency(
-                    req.principal.account_id, req.idempotency_key, stored
-                )
+            self._cache_release(stored, req)
+
+    def _cache_release(self, stored: StoredRelease, req: QueryRequest) -> None:
+        assert self.replays is not None
+        self.replays.put(stored)
+        if req.idempotency_key is not None:
+            self.replays.put_for_idempotency(req.principal.account_id, req.idempotency_key, stored)
 
     def _release(
         self, graph: Graph, seed: int, plan: DiffusionPlan, charge_id: int, req: QueryRequest
