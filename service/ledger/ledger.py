@@ -61,6 +61,7 @@ from service.ledger.records import (
     StoredRelease,
     UnknownAccount,
 )
+from service.ledger.release_format import decode_results, encode_results
 from service.ledger.tables import (
     EXPOSURE_SHARDS,
     META_CURRENT_GRAPH_CONFIGURATION,
@@ -83,7 +84,6 @@ from service.ledger.tables import (
     utcnow,
 )
 from service.ledger.verification import VerifyReport, verify_ledger
-from service.mechanisms.postprocess import RankedNode
 from service.privacy.accountant import RdpCurve
 from service.privacy.orders import GRID_VERSION
 
@@ -236,7 +236,7 @@ def _release_record(row: Release) -> StoredRelease:
             mechanism=row.mechanism_name,
         ),
         charge_id=row.charge_id,
-        results=[RankedNode(str(node), float(score)) for node, score in row.results],
+        results=decode_results(row.results),
         mechanism=dict(row.mechanism),
         request_id=row.request_id,
     )
@@ -954,6 +954,13 @@ class Ledger:
         if not isinstance(query_curve, RdpCurve):
             raise TypeError("query_curve must be an RdpCurve")
         budget = self._budget_row(session, a.charged_account_id)
+        reads_charges = (
+            a.idempotency_key is not None
+            or a.release_key is not None
+            or (a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id)
+        )
+        if reads_charges and session.new:
+            session.flush()  # the charges this transaction added must be visible to the reads
         if a.idempotency_key is not None:
             earlier = self._charge_by_key(session, a.principal_account_id, a.idempotency_key)
             if earlier is not None:
@@ -1083,6 +1090,8 @@ class Ledger:
     ) -> list[ChargeReceipt | ServiceError | tuple[Charge, BudgetView]]:
         charged = sorted({a.charged_account_id for a in admissions})
         spends = {account: self._lock_spend(session, account) for account in charged}
+        # held for the loop: the session's identity map is weak, and would re-read them
+        budgets = {account: self._budget_row(session, account) for account in charged}
         principals = sorted(
             {
                 a.principal_account_id
@@ -1117,19 +1126,20 @@ class Ledger:
                 return target.shard
 
         outcomes: list[ChargeReceipt | ServiceError | tuple[Charge, BudgetView]] = []
-        for a in admissions:
-            try:
-                outcome = self._admit_locked(
-                    session, a, spends[a.charged_account_id], add_exposure, stale_after_seconds,
-                    principal_locked=True,
-                )  # fmt: skip
-            except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
-                outcomes.append(refusal)
-                continue
-            if isinstance(outcome, tuple) and a.idempotency_key is not None:
-                # a later item of this group with the same key finds this charge
-                session.flush()
-            outcomes.append(outcome)
+        # One INSERT batch at the end instead of one per query: _admit_locked flushes before
+        # each query that must see the charges added so far (idempotency, twins, quota).
+        with session.no_autoflush:
+            for a in admissions:
+                try:
+                    outcome = self._admit_locked(
+                        session, a, spends[a.charged_account_id], add_exposure,
+                        stale_after_seconds, principal_locked=True,
+                    )  # fmt: skip
+                except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
+                    outcomes.append(refusal)
+                    continue
+                outcomes.append(outcome)
+        del budgets
         return outcomes
 
     def _twin(
@@ -1771,7 +1781,7 @@ def _release_row_for(
         mode=key.mode,
         epsilon=float(key.epsilon),
         mechanism_name=key.mechanism,
-        results=[[item.node, float(item.score)] for item in release.results],
+        results=encode_results(release.results),
         mechanism=release.mechanism,
         request_id=release.request_id,
         principal_account_id=principal_account_id,

@@ -481,9 +481,13 @@ class PprQueryService:
                 )
             )
         if self.replays is not None:
-            for (req, stored), error in zip(items, errors, strict=True):
-                if error is None:
-                    self._cache_release(stored, req)
+            self.replays.put_many(
+                [
+                    (stored, req.principal.account_id, req.idempotency_key)
+                    for (req, stored), error in zip(items, errors, strict=True)
+                    if error is None
+                ]
+            )
         return errors
 
     # -- admission ------------------------------------------------------------------------
