@@ -122,6 +122,12 @@ class Settings(MechanismSettings):
         description="PostgreSQL: a pooled connection idle longer than this is pinged before "
         "use (0: before every transaction); a busy pool pays no ping round trip.",
     )  # fmt: skip
+    ledger_group_max: int = Field(
+        64, ge=1, le=10_000,
+        description="Most queries a worker admits (or whose releases it stores) in one ledger "
+        "transaction when they arrive while the previous one runs (group commit; each query "
+        "stays all-or-nothing); 1: one transaction per query.",
+    )  # fmt: skip
     auth_cache_seconds: float = Field(
         1.0, ge=0.0,
         description="How long a worker reuses an API key's account (type, scopes, quota) "

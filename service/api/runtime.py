@@ -136,6 +136,7 @@ def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
                 ledger, settings.popular_epsilon, caches.released_degrees
             ),
             engine=engine,
+            ledger_group_max=settings.ledger_group_max,
         )
         limiter = RateLimiter(
             settings.rate_limit_per_second,

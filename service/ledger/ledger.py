@@ -1411,7 +1411,11 @@ class Ledger:
                     ).tuples()
                 )
             outcomes: list[ChargeSettled | None] = []
+            stored: set[int] = set()
             for release, idempotency_key, principal in releases:
+                if release.charge_id in stored:  # listed twice: stored once, by the first
+                    outcomes.append(None)
+                    continue
                 if release.charge_id not in moved:
                     state = states.get(release.charge_id)
                     outcomes.append(
@@ -1422,7 +1426,7 @@ class Ledger:
                         )
                     )  # fmt: skip
                     continue
-                moved.discard(release.charge_id)  # a charge listed twice is stored once
+                stored.add(release.charge_id)
                 session.add(_release_row_for(release, idempotency_key, principal, now))
                 outcomes.append(None)
         return outcomes

@@ -20,7 +20,7 @@ import numpy as np
 
 from service.cache.caches import PrefixCache, ReplayCache
 from service.config import MechanismSettings
-from service.errors import Conflict, Forbidden, InvalidParameter
+from service.errors import Conflict, Forbidden, InvalidParameter, ServiceError
 from service.graph.model import Graph
 from service.ledger.ledger import Ledger, LedgerUnavailable
 from service.ledger.records import (
@@ -43,6 +43,7 @@ from service.privacy.calibration import DiffusionPlan
 from service.privacy.curves import laplace_curve
 from service.privacy.modes import Mode
 from service.serving.graph_holder import GraphHolder
+from service.serving.group_commit import GroupCommitter
 from service.serving.planner import DiffusionPlanner
 from service.serving.rankings import (
     DegreeReleases,
@@ -166,8 +167,17 @@ class PprQueryService:
         policy: AdmissionPolicy | None = None,
         degree_releases: DegreeReleases | None = None,
         engine: DiffusionEngine | None = None,
+        ledger_group_max: int = 1,
     ) -> None:
         self.engine = engine if engine is not None else DiffusionEngine()
+        # Group commit (ledger_group_max > 1): concurrent admissions share one transaction,
+        # and so do concurrent release stores; 1: one transaction per query.
+        self._admitting: GroupCommitter[tuple[Admission, GraphCap | None], ChargeReceipt] | None
+        self._storing: GroupCommitter[tuple[StoredRelease, str | None, int], None] | None
+        self._admitting = self._storing = None
+        if ledger_group_max > 1:
+            self._admitting = GroupCommitter(self._admit_together, max_group=ledger_group_max)
+            self._storing = GroupCommitter(self._store_together, max_group=ledger_group_max)
         self.graphs = graphs
         self.ledger = ledger
         self.replays = replays
@@ -492,8 +502,59 @@ class PprQueryService:
 
     # -- admission ------------------------------------------------------------------------
 
+    def _store_together(
+        self, items: list[tuple[StoredRelease, str | None, int]]
+    ) -> list[ChargeSettled | None]:
+        """One group of concurrent release stores, in one transaction (a lone one: the
+        single-release transaction)."""
+        if len(items) == 1:
+            stored, idempotency_key, principal = items[0]
+            try:
+                self.ledger.store_release(
+                    stored, idempotency_key=idempotency_key, principal_account_id=principal
+                )
+            except ChargeSettled as exc:
+                return [exc]
+            return [None]
+        return self.ledger.store_releases(items)
+
+    def _admit_together(
+        self, items: list[tuple[Admission, GraphCap | None]]
+    ) -> list[ChargeReceipt | BaseException]:
+        """One group of concurrent admissions: one transaction per graph-wide cap in force
+        (normally one); a lone admission: the single-query transaction."""
+        if len(items) == 1:
+            admission, cap = items[0]
+            try:
+                return [self._admit_alone(admission, cap)]
+            except ServiceError as exc:
+                return [exc]
+        out: list[ChargeReceipt | BaseException | None] = [None] * len(items)
+        parts: dict[Any, list[int]] = {}
+        for i, (_, cap) in enumerate(items):
+            part = None if cap is None else (cap.cap_epsilon, cap.delta, id(cap.max_charge))
+            parts.setdefault(part, []).append(i)
+        for indices in parts.values():
+            outcomes: list[ChargeReceipt | ServiceError] | list[Exception]
+            try:
+                outcomes = self.ledger.admit_and_charge_many(
+                    [items[i][0] for i in indices],
+                    graph_cap=items[indices[0]][1],
+                    stale_after_seconds=self.policy.stale_after_seconds,
+                )
+            except Exception as exc:
+                outcomes = [exc] * len(indices)
+            for i, outcome in zip(indices, outcomes, strict=True):
+                out[i] = outcome
+        return [outcome for outcome in out if outcome is not None]
+
     def _admit(self, p: _Pending) -> ChargeReceipt:
         a = self._admission(p)
+        if self._admitting is not None:
+            return self._admitting.submit((a, self._graph_cap(p.graph)))
+        return self._admit_alone(a, self._graph_cap(p.graph))
+
+    def _admit_alone(self, a: Admission, graph_cap: GraphCap | None) -> ChargeReceipt:
         return self.ledger.admit_and_charge(
             charged_account_id=a.charged_account_id,
             principal_account_id=a.principal_account_id,
@@ -508,7 +569,7 @@ class PprQueryService:
             idempotency_key=a.idempotency_key,
             release_key=a.release_key,
             quota_epsilon=a.quota_epsilon,
-            graph_cap=self._graph_cap(p.graph),
+            graph_cap=graph_cap,
             stale_after_seconds=self.policy.stale_after_seconds,
         )
 
@@ -591,11 +652,14 @@ class PprQueryService:
         nothing was released, the charge stays admitted and is refunded by reconciliation.
         """
         try:
-            self.ledger.store_release(
-                stored,
-                idempotency_key=req.idempotency_key,
-                principal_account_id=req.principal.account_id,
-            )
+            if self._storing is not None:
+                self._storing.submit((stored, req.idempotency_key, req.principal.account_id))
+            else:
+                self.ledger.store_release(
+                    stored,
+                    idempotency_key=req.idempotency_key,
+                    principal_account_id=req.principal.account_id,
+                )
         except LedgerUnavailable:
             log.warning(
                 "storing a release failed; the answer was discarded",
