@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -135,7 +136,7 @@ class ReleaseKey:
 class StoredRelease:
     key: ReleaseKey
     charge_id: int
-    results: list[RankedNode]  # the top of the released ranking, seed excluded, best first
+    results: Sequence[RankedNode]  # the top of the released ranking, seed excluded, best first
     mechanism: dict[str, Any]
     request_id: str
 

@@ -11,7 +11,8 @@ the encoding time. Readers accept both forms (rows written before this format ar
 from __future__ import annotations
 
 import base64
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
 
 import numpy as np
 
@@ -25,16 +26,59 @@ class UnreadableResults(ValueError):
     """Stored results in neither form."""
 
 
-def encode_results(results: list[RankedNode]) -> dict[str, Any]:
-    scores = np.fromiter((r.score for r in results), dtype="<f8", count=len(results))
+def encode_results(results: Sequence[RankedNode]) -> dict[str, Any]:
+    if isinstance(results, StoredResults):
+        nodes, values = results._nodes, results._scores
+    else:
+        nodes, values = [r.node for r in results], [r.score for r in results]
+    scores = np.asarray(values, dtype="<f8")
     return {
         "format": FORMAT,
-        "nodes": [r.node for r in results],
+        "nodes": nodes,
         "scores": base64.b64encode(scores.tobytes()).decode("ascii"),
     }
 
 
-def decode_results(stored: Any) -> list[RankedNode]:
+class StoredResults(Sequence[RankedNode]):
+    """Decoded results that build a :class:`RankedNode` only for the entries read: a replay
+    of k = 20 from a 1000-entry release touches 20 (a slice is a list)."""
+
+    __slots__ = ("_nodes", "_scores")
+
+    def __init__(self, nodes: list[str], scores: list[float]) -> None:
+        self._nodes = nodes
+        self._scores = scores
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    @overload
+    def __getitem__(self, index: int) -> RankedNode: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[RankedNode]: ...
+
+    def __getitem__(self, index: int | slice) -> RankedNode | list[RankedNode]:
+        if isinstance(index, slice):
+            return [
+                RankedNode(node, score)
+                for node, score in zip(self._nodes[index], self._scores[index], strict=True)
+            ]
+        return RankedNode(self._nodes[index], self._scores[index])
+
+    def __iter__(self) -> Iterator[RankedNode]:
+        for node, score in zip(self._nodes, self._scores, strict=True):
+            yield RankedNode(node, score)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def decode_results(stored: Any) -> Sequence[RankedNode]:
     if isinstance(stored, list):  # the pair-list form
         return [RankedNode(str(node), float(score)) for node, score in stored]
     if not isinstance(stored, dict) or stored.get("format") != FORMAT:
@@ -43,5 +87,6 @@ def decode_results(stored: Any) -> list[RankedNode]:
     raw = base64.b64decode(stored["scores"], validate=True)
     if not isinstance(nodes, list) or len(raw) != 8 * len(nodes):
         raise UnreadableResults("stored results: nodes and scores differ in length")
-    scores = np.frombuffer(raw, dtype="<f8").tolist()
-    return [RankedNode(str(node), score) for node, score in zip(nodes, scores, strict=True)]
+    if not all(isinstance(node, str) for node in nodes):
+        raise UnreadableResults("stored results: a node id is not a string")
+    return StoredResults(nodes, np.frombuffer(raw, dtype="<f8").tolist())

@@ -12,7 +12,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -772,16 +772,19 @@ class PprQueryService:
     # -- replays --------------------------------------------------------------------------
 
     def _post_process(
-        self, results: list[RankedNode], req: QueryRequest, graph: Graph, seed: int
+        self, results: Sequence[RankedNode], req: QueryRequest, graph: Graph, seed: int
     ) -> list[RankedNode]:
         if req.exclude_neighbors:
             neighbours = set(graph.external_ids(graph.neighbors(seed)))
             results = [r for r in results if r.node not in neighbours]
-        return results[: req.k]
+        return list(results[: req.k])
 
     def _covers(self, stored: StoredRelease, req: QueryRequest, graph: Graph, seed: int) -> bool:
         """A stored release can answer k results (after dropping neighbours if asked)."""
-        available = len(self._post_process(stored.results, _with_k(req, 10**9), graph, seed))
+        if req.exclude_neighbors:
+            available = len(self._post_process(stored.results, _with_k(req, 10**9), graph, seed))
+        else:
+            available = len(stored.results)
         return available >= min(
             req.k, graph.n - 1 - (int(graph.degrees[seed]) if req.exclude_neighbors else 0)
         )
