@@ -631,12 +631,17 @@ class Ledger:
         made through this process's ledger takes effect at once. Admission (budget, quota,
         caps) is never cached: it always runs in the database.
         """
-        if max_age_seconds <= 0 or not isinstance(api_key, str) or not api_key:
-            return self.authenticate(api_key)
+        if not isinstance(api_key, str) or not api_key:
+            return None
         digest = hash_api_key(api_key)
         now = time.monotonic()
         hit = self._auth_cache.get(digest)
-        if hit is not None and now - hit[1] <= max_age_seconds and hit[2] == self._auth_generation:
+        if (
+            hit is not None
+            and max_age_seconds > 0
+            and now - hit[1] <= max_age_seconds
+            and hit[2] == self._auth_generation
+        ):
             return hit[0]
         generation = self._auth_generation
         account = self.authenticate(api_key)
@@ -1405,11 +1410,8 @@ class Ledger:
             others = [charge_id for charge_id in ids if charge_id not in moved]
             states: dict[int, str] = {}
             if others:
-                states = dict(
-                    session.execute(
-                        select(Charge.id, Charge.state).where(Charge.id.in_(others))
-                    ).tuples()
-                )
+                rows = session.execute(select(Charge.id, Charge.state).where(Charge.id.in_(others)))
+                states = {int(charge_id): str(state) for charge_id, state in rows}
             outcomes: list[ChargeSettled | None] = []
             stored: set[int] = set()
             for release, idempotency_key, principal in releases:
