@@ -19,7 +19,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, timedelta
 from typing import Any, cast
@@ -1385,7 +1385,7 @@ class Ledger:
             session.add(_release_row_for(release, idempotency_key, principal_account_id, now))
 
     def store_releases(
-        self, releases: list[tuple[StoredRelease, str | None, int]]
+        self, releases: Sequence[tuple[StoredRelease, str | None, int]]
     ) -> list[ChargeSettled | None]:
         """Store many released answers, each with its idempotency key and principal, and mark
         their charges ``released``, in ONE transaction: per release None (stored, or stored
