@@ -33,9 +33,10 @@ from service.ledger.records import (
     ReleaseKey,
     StoredRelease,
 )
+from service.ledger.release_format import StoredResults
 from service.mechanisms.diffusion import noise_free_prefix
 from service.mechanisms.engine import DiffusionEngine, EngineFailure
-from service.mechanisms.postprocess import RankedNode, ranked_results, score_grid
+from service.mechanisms.postprocess import RankedNode, ranked_columns, ranked_results, score_grid
 from service.mechanisms.randomness import fresh_generator
 from service.mechanisms.registry import RankingMechanism, resolve_mechanism
 from service.privacy.accountant import RdpCurve
@@ -687,7 +688,7 @@ class PprQueryService:
 
     def _release(
         self, graph: Graph, seed: int, plan: DiffusionPlan, charge_id: int, req: QueryRequest
-    ) -> list[RankedNode]:
+    ) -> Sequence[RankedNode]:
         config = plan.config
         where = (graph, seed, config.mode, config.beta, config.eta, config.noise_free_steps)
         try:
@@ -710,7 +711,9 @@ class PprQueryService:
         keep = self.replay_store_top
         if req.mode is Mode.PERSONALIZED:
             keep += int(graph.degrees[seed])  # room to drop the seed's neighbours on replay
-        return ranked_results(graph, seed, scores, keep, grid=score_grid(config.noise_scale))
+        return StoredResults(
+            *ranked_columns(graph, seed, scores, keep, grid=score_grid(config.noise_scale))
+        )
 
     def _release_ranking(
         self,
@@ -720,7 +723,7 @@ class PprQueryService:
         charge_id: int,
         req: QueryRequest,
         mechanism: dict[str, Any],
-    ) -> tuple[list[RankedNode], dict[str, Any]]:
+    ) -> tuple[Sequence[RankedNode], dict[str, Any]]:
         """``common_neighbours`` / ``blended``: this query's Laplace draw, post-processed."""
         try:
             rng = fresh_generator()
@@ -729,7 +732,7 @@ class PprQueryService:
             raise
         drawn = draw_ranking(graph, seed, plan, rng)
         keep = self.replay_store_top + int(graph.degrees[seed])
-        results = ranked_results(graph, seed, drawn.scores, keep, grid=drawn.grid)
+        results = StoredResults(*ranked_columns(graph, seed, drawn.scores, keep, grid=drawn.grid))
         return results, {**mechanism, **drawn.extra}
 
     def _answer_popular(
