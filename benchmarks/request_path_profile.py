@@ -48,7 +48,7 @@ def instrument(obj: Any, names: list[str], label: str, totals: dict[str, float])
     for name in names:
         original: Callable[..., Any] = getattr(obj, name)
 
-        @functools.wraps(original)
+        @functools.wraps(original)  # type: ignore[arg-type]
         def timed(*args: Any, __f: Callable[..., Any] = original, __n: str = name,
                   **kwargs: Any) -> Any:  # fmt: skip
             start = time.perf_counter()
