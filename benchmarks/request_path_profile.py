@@ -1,9 +1,10 @@
-"""Where a query's time goes on the request path, without HTTP: cold, warm and replay.
+"""Where a query's time goes on the request path, without HTTP: cold, warm, replay, batch.
 
 Builds the service's runtime (ledger, caches, engine) from the PPR_* settings, creates a
 service account, and answers queries one at a time through ``PprQueryService.answer``, timing
 each stage by wrapping the methods that implement it. Prints, per kind of query, the mean
-milliseconds per stage and per query.
+milliseconds per stage and per query. The batch rows answer ``--batch-size`` cold seeds per
+call through ``BatchQueryService`` (one admission and one storing transaction per call).
 
     PPR_DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/DB \\
     PPR_REDIS_URL=redis://127.0.0.1:6379/0 PPR_GRAPH_PATH=../shared/data/facebook_combined.txt \\
@@ -25,14 +26,19 @@ import numpy as np
 from service.api.runtime import build_runtime
 from service.config import Settings
 from service.privacy.modes import Mode
+from service.serving.batch import BatchRequest
 from service.serving.schemas import Principal, QueryRequest
 
 STAGES: dict[str, list[str]] = {
     "ledger": [
         "admit_and_charge", "store_release", "find_release", "budget", "account_delta",
-        "release_for_idempotency_key", "charge_state",
+        "release_for_idempotency_key", "charge_state", "admit_and_charge_many",
+        "store_releases", "authenticate",
     ],
-    "queries": ["_release", "_post_process", "_find_release", "_store"],
+    "queries": [
+        "_release", "_post_process", "_find_release", "_store", "_prepare", "_store_many",
+        "_draw",
+    ],
     "engine": ["compute"],
     "prefixes": ["lookup", "remember"],
 }  # fmt: skip
@@ -42,7 +48,7 @@ def instrument(obj: Any, names: list[str], label: str, totals: dict[str, float])
     for name in names:
         original: Callable[..., Any] = getattr(obj, name)
 
-        @functools.wraps(original)
+        @functools.wraps(original)  # type: ignore[arg-type]
         def timed(*args: Any, __f: Callable[..., Any] = original, __n: str = name,
                   **kwargs: Any) -> Any:  # fmt: skip
             start = time.perf_counter()
@@ -57,6 +63,8 @@ def instrument(obj: Any, names: list[str], label: str, totals: dict[str, float])
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--queries", type=int, default=40)
+    parser.add_argument("--batch-size", type=int, default=200)
+    parser.add_argument("--batches", type=int, default=2)
     args = parser.parse_args()
     settings = Settings()
     runtime = build_runtime(settings)
@@ -70,6 +78,8 @@ def main() -> None:
         graph = runtime.graphs.current
         rng = np.random.default_rng(1)
         seeds = [str(s) for s in rng.choice(graph.node_ids, size=args.queries, replace=False)]
+        cold = [s for s in graph.external_ids(np.arange(graph.n)) if s not in set(seeds)]
+        rng.shuffle(cold)
         queries = runtime.queries
         totals: dict[str, float] = defaultdict(float)
         instrument(ledger, STAGES["ledger"], "ledger", totals)
@@ -91,6 +101,36 @@ def main() -> None:
         run("fresh, cold seeds", fresh=True)
         run("fresh, warm seeds", fresh=True)
         run("replay", fresh=False)
+
+        def run_batches(kind: str, nodes: list[str]) -> None:
+            totals.clear()
+            start = time.perf_counter()
+            done = 0
+            for b in range(args.batches):
+                chunk = nodes[b * args.batch_size : (b + 1) * args.batch_size]
+                items = runtime.batch.answer(
+                    BatchRequest(
+                        principal,
+                        chunk,
+                        20,
+                        0.1,
+                        Mode.EDGE,
+                        fresh=True,
+                        request_id=uuid.uuid4().hex,
+                    )
+                )
+                done += sum(1 for item in items if item.answer is not None)
+            wall = time.perf_counter() - start
+            print(
+                f"\n{kind}: {wall / args.batches * 1000:.1f} ms per call of {args.batch_size}, "
+                f"{done / wall:.1f} seeds/s"
+            )
+            for name, seconds in sorted(totals.items(), key=lambda kv: -kv[1]):
+                print(f"  {name:40s} {seconds / args.batches * 1000:8.2f} ms per call")
+
+        instrument(runtime.batch, ["_run_all"], "batch", totals)
+        run_batches("batch, cold seeds", cold)
+        run_batches("batch, the same seeds again (warm)", cold)
     finally:
         runtime.close()
 

@@ -121,6 +121,24 @@ class Settings(MechanismSettings):
         description="How long a starting worker waits for an unreachable ledger database "
         "before it gives up (0: fail at once).",
     )  # fmt: skip
+    ledger_ping_idle_seconds: float = Field(
+        10.0, ge=0.0,
+        description="PostgreSQL: a pooled connection idle longer than this is pinged before "
+        "use (0: before every transaction); a busy pool pays no ping round trip.",
+    )  # fmt: skip
+    ledger_group_max: int = Field(
+        64, ge=1, le=10_000,
+        description="Most queries a worker admits (or whose releases it stores) in one ledger "
+        "transaction when they arrive while the previous one runs (group commit; each query "
+        "stays all-or-nothing); 1: one transaction per query.",
+    )  # fmt: skip
+    auth_cache_seconds: float = Field(
+        1.0, ge=0.0,
+        description="How long a worker reuses an API key's account (type, scopes, quota) "
+        "without reading the ledger: a revoked key or changed scope takes effect in other "
+        "workers within this bound (at once in the worker that made the change); 0: read "
+        "on every request.",
+    )  # fmt: skip
     twin_wait_seconds: float = Field(
         10.0, ge=0.0,
         description="How long a query waits for an identical in-flight query's release "

@@ -19,6 +19,7 @@ import pytest
 from sqlalchemy import text
 
 from service.ledger import BudgetExhausted, Ledger, upgrade
+from service.ledger.records import Admission, ChargeReceipt
 from service.privacy.accountant import RdpCurve, compose
 from service.privacy.calibration import plan_diffusion
 from service.privacy.modes import Mode
@@ -38,6 +39,43 @@ def spent_after(n: int) -> float:
     return compose([query_curve()] * n).epsilon(DELTA)
 
 
+GROUP = 3  # admissions per transaction in the processes that admit in groups
+
+
+def hammer_grouped(
+    ledger: Ledger, account: int, principal: int, proc: int
+) -> list[tuple[str, int, bool, float]]:
+    """ATTEMPTS admissions in groups of GROUP, each group one transaction."""
+    curve = query_curve()
+    outcomes: list[tuple[str, int, bool, float]] = []
+    for start in range(0, ATTEMPTS, GROUP):
+        group = [
+            Admission(
+                charged_account_id=account,
+                principal_account_id=principal,
+                seed="n1",
+                mechanism="noisy_diffusion",
+                mode="personalized",
+                params={"attempt": i, "proc": proc},
+                query_curve=curve,
+                query_epsilon=0.1,
+                graph_version="g1",
+                request_id=f"{proc}-{i}",
+                idempotency_key=f"shared-{i}" if i < SHARED_KEYS else f"p{proc}-{i}",
+            )
+            for i in range(start, min(start + GROUP, ATTEMPTS))
+        ]
+        for outcome in ledger.admit_and_charge_many(group):
+            if isinstance(outcome, BudgetExhausted):
+                outcomes.append(("refused", -1, False, outcome.budget.spent_epsilon))
+            else:
+                assert isinstance(outcome, ChargeReceipt), outcome
+                outcomes.append(
+                    ("ok", outcome.charge_id, outcome.reused, outcome.budget.spent_epsilon)
+                )
+    return outcomes
+
+
 def hammer(
     url: str,
     account: int,
@@ -45,14 +83,18 @@ def hammer(
     proc: int,
     barrier: Any,
     results: Any,
+    grouped: bool = False,
 ) -> None:
-    """One process: its own engine, then ATTEMPTS admissions as fast as it can."""
+    """One process: its own engine, then ATTEMPTS admissions as fast as it can (one per
+    transaction, or in groups)."""
     try:
         ledger = Ledger.from_url(url)
         curve = query_curve()
         outcomes: list[tuple[str, int, bool, float]] = []
         barrier.wait(timeout=60)
-        for i in range(ATTEMPTS):
+        if grouped:
+            outcomes = hammer_grouped(ledger, account, principal, proc)
+        for i in range(ATTEMPTS if not grouped else 0):
             key = f"shared-{i}" if i < SHARED_KEYS else f"p{proc}-{i}"
             try:
                 receipt = ledger.admit_and_charge(
@@ -81,10 +123,14 @@ def hammer(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("grouped", [False, True], ids=["single", "half-grouped"])
 @pytest.mark.parametrize(
     "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 )
-def test_processes_never_overspend(backend: str, request: pytest.FixtureRequest) -> None:
+def test_processes_never_overspend(
+    backend: str, grouped: bool, request: pytest.FixtureRequest
+) -> None:
+    """Also with half of the processes admitting in groups (one transaction per group)."""
     url = str(request.getfixturevalue(f"{backend}_url"))
     # independently: the cap half-way between N and N + 1 queries admits exactly N
     cap = (spent_after(FIT) + spent_after(FIT + 1)) / 2
@@ -103,7 +149,10 @@ def test_processes_never_overspend(backend: str, request: pytest.FixtureRequest)
     barrier = ctx.Barrier(PROCESSES)
     results = ctx.Queue()
     procs = [
-        ctx.Process(target=hammer, args=(url, account, principal, p, barrier, results))
+        ctx.Process(
+            target=hammer,
+            args=(url, account, principal, p, barrier, results, grouped and p % 2 == 0),
+        )
         for p in range(PROCESSES)
     ]
     for proc in procs:

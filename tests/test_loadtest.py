@@ -53,6 +53,7 @@ def test_every_phase_runs_against_a_started_server(
     out = loadtest(
         graph_path, tmp_path, "--driver", driver,
         "--phases", "healthz,fresh,replay,mixed,batch", "--batch-size", "3",
+        "--batch-concurrency", "2",
     )  # fmt: skip
     phases = {p["phase"]: p for p in out["phases"]}  # type: ignore[attr-defined]
     assert list(phases) == ["healthz", "fresh", "replay", "mixed", "batch"]
@@ -65,6 +66,8 @@ def test_every_phase_runs_against_a_started_server(
         assert phase["p50_ms"] <= phase["p90_ms"] <= phase["p99_ms"]
     assert phases["healthz"]["fraction_of_healthz"] == 1.0
     assert phases["batch"]["items_per_request"] == 3
+    assert phases["batch"]["concurrency"] == 2  # --batch-concurrency, not -c
+    assert phases["fresh"]["concurrency"] == out["concurrency"]
     assert phases["batch"]["items_per_second"] == pytest.approx(3 * phases["batch"]["rps"])
     assert phases["batch"]["item_errors"] == 0
 

@@ -44,7 +44,7 @@ def authenticate(
     key = credentials.credentials.strip()
     if not _KEY_SHAPE.match(key):
         raise Unauthorized("malformed API key", reason="malformed")
-    account = runtime.ledger.authenticate(key)
+    account = runtime.ledger.authenticate_cached(key, runtime.settings.auth_cache_seconds)
     if account is None:
         raise Unauthorized(
             "unknown or revoked API key; ask an admin for a new one", reason="invalid"

@@ -84,7 +84,11 @@ def open_ledger(settings: Settings) -> Ledger:
     while True:
         ledger: Ledger | None = None
         try:
-            ledger = Ledger.from_url(settings.database_url, auto_migrate=settings.auto_migrate)
+            ledger = Ledger.from_url(
+                settings.database_url,
+                auto_migrate=settings.auto_migrate,
+                ping_idle_seconds=settings.ledger_ping_idle_seconds,
+            )
             _ = ledger.ledger_id  # read once now, while the database answers
             return ledger
         except LedgerUnavailable as exc:
@@ -134,6 +138,7 @@ def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
                 ledger, settings.popular_epsilon, caches.released_degrees
             ),
             engine=engine,
+            ledger_group_max=settings.ledger_group_max,
         )
         limiter = RateLimiter(
             settings.rate_limit_per_second,

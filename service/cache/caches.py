@@ -30,7 +30,7 @@ from service.cache.store import (
 )
 from service.config import Settings
 from service.ledger.records import ReleaseKey, StoredRelease
-from service.mechanisms.postprocess import RankedNode
+from service.ledger.release_format import decode_results, encode_results
 from service.privacy.orders import GRID_VERSION
 
 log = logging.getLogger(__name__)
@@ -316,7 +316,7 @@ def encode_release(release: StoredRelease) -> bytes:
         "v": 1,
         "key": _key_parts(release.key),
         "charge_id": release.charge_id,
-        "results": [[r.node, float(r.score)] for r in release.results],
+        "results": encode_results(release.results),
         "mechanism": release.mechanism,
         "request_id": release.request_id,
     }
@@ -337,7 +337,7 @@ def decode_release(raw: bytes) -> StoredRelease:
             int(account_id), str(node), str(graph_version), str(mode), float(epsilon),
             mechanism_name,
         )  # fmt: skip
-        results = [RankedNode(str(n), float(s)) for n, s in doc["results"]]
+        results = decode_results(doc["results"])
         mechanism = doc["mechanism"]
         if not isinstance(mechanism, dict):
             raise CorruptValue("mechanism is not an object")
@@ -380,6 +380,25 @@ class ReplayCache(_Counted):
 
     def put(self, release: StoredRelease) -> None:
         self._write(self.store, self.key(release.key), encode_release(release), self.ttl_seconds)
+
+    def put_many(self, entries: list[tuple[StoredRelease, int, str | None]]) -> None:
+        """Cache many releases, each with its (principal, idempotency key or None), in one
+        round trip where the store can (Redis pipeline)."""
+        items: list[tuple[str, bytes]] = []
+        for release, principal, idem in entries:
+            raw = encode_release(release)
+            items.append((self.key(release.key), raw))
+            if idem is not None:
+                items.append((self.idempotency_key(principal, idem), raw))
+        set_many = getattr(self.store, "set_many", None)
+        if set_many is None:
+            for key, raw in items:
+                self._write(self.store, key, raw, self.ttl_seconds)
+            return
+        try:
+            set_many(items, self.ttl_seconds)
+        except Exception as exc:
+            self._store_failed(exc, "set")
 
     def get(self, key: ReleaseKey) -> StoredRelease | None:
         release = self._load(self.key(key))

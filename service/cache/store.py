@@ -196,6 +196,16 @@ class RedisStore:
         else:
             self.client.set(self.full_key(key), value)
 
+    def set_many(self, items: list[tuple[str, bytes]], ttl_seconds: int | None = None) -> None:
+        """Several SETs in one round trip (a pipeline, not a transaction)."""
+        pipe = self.client.pipeline(transaction=False)
+        for key, value in items:
+            if ttl_seconds is not None and ttl_seconds > 0:
+                pipe.set(self.full_key(key), value, ex=ttl_seconds)
+            else:
+                pipe.set(self.full_key(key), value)
+        pipe.execute()
+
     def delete(self, key: str) -> None:
         self.client.delete(self.full_key(key))
 
@@ -342,6 +352,19 @@ class ResilientStore:
         if self._health.should_try():
             try:
                 self.primary.set(key, value, ttl_seconds)
+            except Exception as exc:
+                self._failed(exc, "set")
+            else:
+                self._health.succeeded()
+
+    def set_many(self, items: list[tuple[str, bytes]], ttl_seconds: int | None = None) -> None:
+        """As :meth:`set` for each item, with one Redis round trip."""
+        if self.fallback is not None:
+            for key, value in items:
+                self.fallback.set(key, value, ttl_seconds)
+        if self._health.should_try():
+            try:
+                self.primary.set_many(items, ttl_seconds)
             except Exception as exc:
                 self._failed(exc, "set")
             else:

@@ -4,7 +4,9 @@ Every run measures ``/healthz`` first, as the reference for what the framework a
 on this machine at this moment, then the chosen query phases with the same connections:
 ``fresh`` (new noise per request, random seeds, charged), ``replay`` (stored releases),
 ``mixed`` (``--replay-fraction`` of replays) and ``batch`` (``POST /v1/ppr/batch`` with
-``--batch-size`` random seeds). The load runs against a service account made for the run in
+``--batch-size`` random seeds, ``--batch-concurrency`` calls in flight, each allowed
+``--batch-timeout`` seconds; reported in seeds/s, counting the calls that finished within the
+phase). The load runs against a service account made for the run in
 the ledger at ``--database-url`` (or ``--key``), with a cap no run reaches.
 
 Examples::
@@ -83,6 +85,12 @@ def register(subparsers: Any) -> None:
                       help="share of replays in the mixed phase (default 0.5)")  # fmt: skip
     load.add_argument("--batch-size", type=positive_int, default=200,
                       help="seeds per batch call (default 200)")  # fmt: skip
+    load.add_argument("--batch-concurrency", type=positive_int, default=4,
+                      help="batch calls in flight at once in the batch phase (default 4: each "
+                      "carries --batch-size seeds)")  # fmt: skip
+    load.add_argument("--batch-timeout", type=positive_float, default=300.0,
+                      help="seconds one batch call may take before it counts as a timeout "
+                      "(default 300)")  # fmt: skip
     load.add_argument("--mode", choices=("edge", "personalized"), default="edge")
     load.add_argument("--epsilon", type=positive_float, default=0.1)
     load.add_argument("--k", type=positive_int, default=20)
@@ -135,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
         k=args.k,
         batch_size=args.batch_size,
         driver=driver,
+        batch_concurrency=args.batch_concurrency,
+        batch_timeout_seconds=args.batch_timeout,
     )
     with ExitStack() as stack:
         database_url = args.database_url or settings.database_url

@@ -3,14 +3,19 @@
 SQLite: WAL journal, 30 s busy timeout, foreign keys on, and SQLAlchemy (not the sqlite3
 driver) emits BEGIN (the documented pysqlite recipe), so a write transaction can begin
 ``IMMEDIATE``: it takes the database's write lock first and waits for it (busy timeout) instead
-of failing when two writers race. PostgreSQL: ``pool_pre_ping``; admission locks the spend row
-with ``SELECT ... FOR UPDATE``.
+of failing when two writers race. PostgreSQL: a pooled connection is pinged on checkout only
+when it sat idle in the pool longer than ``ping_idle_seconds`` (a busy pool pays no round trip
+per transaction; one idle across a database restart is replaced before use), and a connection
+that fails mid-use invalidates the pool (SQLAlchemy's disconnect handling), so the request in
+flight answers 503 and the next ones reconnect; admission locks the spend row with
+``SELECT ... FOR UPDATE``.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +26,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event, make_url, select
-from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlalchemy.exc import DisconnectionError, OperationalError, ProgrammingError
 
 import service
 from service.ledger.records import LedgerNotMigrated
@@ -64,15 +69,57 @@ def is_sqlite(engine: Engine | Connection) -> bool:
     return engine.dialect.name == "sqlite"
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
-    """An Engine configured for the ledger on SQLite or PostgreSQL."""
+#: Default of ``make_engine``'s ``ping_idle_seconds`` (the setting PPR_LEDGER_PING_IDLE_SECONDS).
+DEFAULT_PING_IDLE_SECONDS = 10.0
+
+
+def make_engine(url: str, *, ping_idle_seconds: float = DEFAULT_PING_IDLE_SECONDS,
+                **kwargs: Any) -> Engine:  # fmt: skip
+    """An Engine configured for the ledger on SQLite or PostgreSQL.
+
+    PostgreSQL: a connection that sat in the pool longer than ``ping_idle_seconds`` is pinged
+    when checked out (0 pings on every checkout, like ``pool_pre_ping``).
+    """
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         connect_args = {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_SECONDS}
         engine = create_engine(parsed, connect_args=connect_args, **kwargs)
         _install_sqlite_hooks(engine)
         return engine
-    return create_engine(parsed, pool_pre_ping=True, **kwargs)
+    engine = create_engine(parsed, **kwargs)
+    _install_idle_ping(engine, ping_idle_seconds)
+    return engine
+
+
+_CHECKED_IN_AT = "ppr_checked_in_at"
+
+
+def _install_idle_ping(engine: Engine, idle_seconds: float) -> None:
+    """Ping a pooled connection on checkout only if it was idle longer than ``idle_seconds``.
+
+    A failed ping raises ``DisconnectionError``: the pool discards that connection and checks
+    out (or opens) another, as SQLAlchemy's pessimistic-disconnect recipe does.
+    """
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
+        if record is not None:
+            record.info[_CHECKED_IN_AT] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        checked_in = record.info.get(_CHECKED_IN_AT)
+        if checked_in is None or time.monotonic() - checked_in <= idle_seconds:
+            return  # new, or recently used: no round trip
+        try:
+            cursor = dbapi_connection.cursor()
+            try:
+                cursor.execute("SELECT 1")
+            finally:
+                cursor.close()
+            dbapi_connection.rollback()
+        except Exception as exc:
+            raise DisconnectionError(f"pooled connection failed its idle ping: {exc}") from exc
 
 
 def _install_sqlite_hooks(engine: Engine) -> None:

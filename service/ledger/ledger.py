@@ -19,7 +19,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, timedelta
 from typing import Any, cast
@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 
 from service.errors import InvalidParameter, ServiceError
 from service.ledger.database import (
+    DEFAULT_PING_IDLE_SECONDS,
     LedgerGridMismatch,
     check_migrated,
     is_sqlite,
@@ -45,6 +46,7 @@ from service.ledger.records import (
     ACCOUNT_TYPES,
     AccountRecord,
     AccountType,
+    Admission,
     ApiKeyRecord,
     BudgetExhausted,
     BudgetView,
@@ -59,6 +61,7 @@ from service.ledger.records import (
     StoredRelease,
     UnknownAccount,
 )
+from service.ledger.release_format import decode_results, encode_results
 from service.ledger.tables import (
     EXPOSURE_SHARDS,
     META_CURRENT_GRAPH_CONFIGURATION,
@@ -81,7 +84,6 @@ from service.ledger.tables import (
     utcnow,
 )
 from service.ledger.verification import VerifyReport, verify_ledger
-from service.mechanisms.postprocess import RankedNode
 from service.privacy.accountant import RdpCurve
 from service.privacy.orders import GRID_VERSION
 
@@ -98,6 +100,9 @@ QUOTA_WINDOW = timedelta(hours=24)
 
 #: A charge whose twin waits on it but which is older than this is settled by the waiter.
 DEFAULT_STALE_AFTER_SECONDS = 60.0
+
+#: Most API keys a process keeps authenticated lookups for (cleared when full).
+_AUTH_CACHE_ENTRIES = 10_000
 
 
 log = logging.getLogger(__name__)
@@ -231,7 +236,7 @@ def _release_record(row: Release) -> StoredRelease:
             mechanism=row.mechanism_name,
         ),
         charge_id=row.charge_id,
-        results=[RankedNode(str(node), float(score)) for node, score in row.results],
+        results=decode_results(row.results),
         mechanism=dict(row.mechanism),
         request_id=row.request_id,
     )
@@ -279,17 +284,26 @@ class Ledger:
         self._write_engine = write_engine(engine)
         self._sqlite = is_sqlite(engine)
         self._ledger_id: str | None = None
+        # key hash -> (account, read at monotonic, generation); see authenticate_cached
+        self._auth_cache: dict[str, tuple[AccountRecord, float, int]] = {}
+        self._auth_generation = 0  # bumped by this process's key/scope changes
 
     # --- lifecycle ----------------------------------------------------------------------------
 
     @classmethod
-    def from_url(cls, url: str, *, auto_migrate: bool = False) -> Ledger:
+    def from_url(
+        cls,
+        url: str,
+        *,
+        auto_migrate: bool = False,
+        ping_idle_seconds: float = DEFAULT_PING_IDLE_SECONDS,
+    ) -> Ledger:
         """Open the ledger at ``url``; refuse a database that is not at the migrations' head.
 
         With ``auto_migrate`` an out-of-date database is migrated first. A database whose
         curves are on another order grid is always refused (that needs a migration).
         """
-        engine = make_engine(url)
+        engine = make_engine(url, ping_idle_seconds=ping_idle_seconds)
         try:
             try:
                 check_migrated(engine)
@@ -618,6 +632,40 @@ class Ledger:
             )
             return api_key, _key_record(row)
 
+    def authenticate_cached(self, api_key: str, max_age_seconds: float) -> AccountRecord | None:
+        """As :meth:`authenticate`, reusing a successful lookup for up to ``max_age_seconds``.
+
+        The staleness bound: a key revoked (or an account's scopes changed) by another process
+        is still accepted here, with the old scopes, for at most ``max_age_seconds``; a change
+        made through this process's ledger takes effect at once. Admission (budget, quota,
+        caps) is never cached: it always runs in the database.
+        """
+        if not isinstance(api_key, str) or not api_key:
+            return None
+        digest = hash_api_key(api_key)
+        now = time.monotonic()
+        hit = self._auth_cache.get(digest)
+        if (
+            hit is not None
+            and max_age_seconds > 0
+            and now - hit[1] <= max_age_seconds
+            and hit[2] == self._auth_generation
+        ):
+            return hit[0]
+        generation = self._auth_generation
+        account = self.authenticate(api_key)
+        if account is None:
+            self._auth_cache.pop(digest, None)
+            return None
+        if len(self._auth_cache) >= _AUTH_CACHE_ENTRIES:
+            self._auth_cache.clear()
+        self._auth_cache[digest] = (account, now, generation)
+        return account
+
+    def _forget_authentications(self) -> None:
+        self._auth_generation += 1
+        self._auth_cache.clear()
+
     def authenticate(self, api_key: str) -> AccountRecord | None:
         if not isinstance(api_key, str) or not api_key:
             return None
@@ -630,6 +678,13 @@ class Ledger:
             return None if row is None else _account_record(row)
 
     def revoke_api_key(self, key_id: int, *, actor_account_id: int | None = None) -> ApiKeyRecord:
+        self._forget_authentications()
+        try:
+            return self._revoke_api_key(key_id, actor_account_id)
+        finally:
+            self._forget_authentications()  # also a lookup that raced the commit
+
+    def _revoke_api_key(self, key_id: int, actor_account_id: int | None) -> ApiKeyRecord:
         with self._writing() as session:
             row = session.get(ApiKey, key_id)
             if row is None:
@@ -716,6 +771,23 @@ class Ledger:
         users' accounts, and its 24-hour spending quota (``clear_quota``: back to the default)."""
         scoped = None if modes is None else _check_modes(modes)
         quota = _check_quota(quota_epsilon)
+        self._forget_authentications()
+        try:
+            return self._set_scopes(
+                account_id, scoped, may_create_seed_accounts, quota, clear_quota, actor_account_id
+            )
+        finally:
+            self._forget_authentications()
+
+    def _set_scopes(
+        self,
+        account_id: int,
+        scoped: tuple[str, ...] | None,
+        may_create_seed_accounts: bool | None,
+        quota: float | None,
+        clear_quota: bool,
+        actor_account_id: int | None,
+    ) -> AccountRecord:
         with self._writing() as session:
             row = self._account(session, account_id)
             if row.type != "service":
@@ -849,16 +921,70 @@ class Ledger:
         stale_after_seconds: float,
     ) -> ChargeReceipt:
         spend = self._lock_spend(session, charged_account_id)
-        budget = self._budget_row(session, charged_account_id)
-        if idempotency_key is not None:
-            earlier = self._charge_by_key(session, principal_account_id, idempotency_key)
+        outcome = self._admit_locked(
+            session,
+            Admission(
+                charged_account_id=charged_account_id,
+                principal_account_id=principal_account_id,
+                seed=seed,
+                mechanism=mechanism,
+                mode=mode,
+                params=params,
+                query_curve=query_curve,
+                query_epsilon=query_epsilon,
+                graph_version=graph_version,
+                request_id=request_id,
+                idempotency_key=idempotency_key,
+                release_key=release_key,
+                quota_epsilon=quota_epsilon,
+            ),
+            spend,
+            lambda curve: self._add_exposure(session, curve, graph_cap, exact_cap),
+            stale_after_seconds,
+        )
+        if isinstance(outcome, ChargeReceipt):
+            return outcome
+        charge, view = outcome
+        session.flush()
+        return ChargeReceipt(charge_id=charge.id, budget=view)
+
+    def _admit_locked(
+        self,
+        session: Session,
+        a: Admission,
+        spend: Spend,
+        add_exposure: Callable[[RdpCurve], int],
+        stale_after_seconds: float,
+        principal_locked: bool = False,
+    ) -> ChargeReceipt | tuple[Charge, BudgetView]:
+        """Admission of ``a`` under its charged account's spend lock (``spend``, held):
+        a receipt when an earlier charge answers it (``reused`` / ``joined``), else the new
+        charge (added to the session, not yet flushed) and the budget after it.
+
+        A refusal raises before anything is written, so a group transaction may go on with
+        the next query after one is refused.
+        """
+        query_curve = a.query_curve
+        if not isinstance(query_curve, RdpCurve):
+            raise TypeError("query_curve must be an RdpCurve")
+        budget = self._budget_row(session, a.charged_account_id)
+        reads_charges = (
+            a.idempotency_key is not None
+            or a.release_key is not None
+            or (a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id)
+        )
+        if reads_charges and session.new:
+            session.flush()  # the charges this transaction added must be visible to the reads
+        if a.idempotency_key is not None:
+            earlier = self._charge_by_key(session, a.principal_account_id, a.idempotency_key)
             if earlier is not None:
                 return self._reused(session, earlier)
+        release_key = a.release_key
         digest = release_key.digest() if release_key is not None else None
         if release_key is not None and digest is not None:
-            twin = self._twin(session, charged_account_id, digest, stale_after_seconds)
+            twin = self._twin(session, a.charged_account_id, digest, stale_after_seconds)
             if twin is not None:
-                spend = self._lock_spend(session, charged_account_id)  # refreshed by a refund
+                spend = self._lock_spend(session, a.charged_account_id)  # refreshed by a refund
                 return ChargeReceipt(charge_id=twin, budget=_view(budget, spend), joined=True)
             released = self._release_row(session, release_key)
             if released is not None:
@@ -868,26 +994,29 @@ class Ledger:
         spent = _spent_curve(spend)
         composed = spent + query_curve
         if composed.epsilon(budget.delta) > budget.cap_epsilon * (1.0 - ADMISSION_RTOL):
-            raise BudgetExhausted(_view(budget, spend, spent), float(query_epsilon))
+            raise BudgetExhausted(_view(budget, spend, spent), float(a.query_epsilon))
         now = utcnow()
-        if quota_epsilon is not None and principal_account_id != charged_account_id:
-            self._check_quota(session, principal_account_id, quota_epsilon, query_epsilon, now)
-        shard = self._add_exposure(session, query_curve, graph_cap, exact_cap)
+        if a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id:
+            self._check_quota(
+                session, a.principal_account_id, a.quota_epsilon, a.query_epsilon, now,
+                lock=not principal_locked,
+            )  # fmt: skip
+        shard = add_exposure(query_curve)
         charge = Charge(
             created_at=now,
-            charged_account_id=charged_account_id,
-            principal_account_id=principal_account_id,
-            seed=seed,
-            mechanism=mechanism,
-            mode=mode,
-            params=params,
-            epsilon=float(query_epsilon),
+            charged_account_id=a.charged_account_id,
+            principal_account_id=a.principal_account_id,
+            seed=a.seed,
+            mechanism=a.mechanism,
+            mode=a.mode,
+            params=a.params,
+            epsilon=float(a.query_epsilon),
             rdp=query_curve.to_json(),
             pure_epsilon=query_curve.pure,
             grid_version=GRID_VERSION,
-            graph_version=graph_version,
-            request_id=request_id,
-            idempotency_key=idempotency_key,
+            graph_version=a.graph_version,
+            request_id=a.request_id,
+            idempotency_key=a.idempotency_key,
             state="admitted",
             release_key=digest,
             exposure_shard=shard,
@@ -895,8 +1024,137 @@ class Ledger:
         session.add(charge)
         _set_spend(spend, budget, composed, spend.charges + 1)
         spend.last_charge_at = now
-        session.flush()
-        return ChargeReceipt(charge_id=charge.id, budget=_view(budget, spend, composed))
+        return charge, _view(budget, spend, composed)
+
+    def admit_and_charge_many(
+        self,
+        admissions: list[Admission],
+        *,
+        graph_cap: GraphCap | None = None,
+        stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
+    ) -> list[ChargeReceipt | ServiceError]:
+        """Admit many queries in ONE transaction: per query, a receipt or its refusal.
+
+        Each query's admission is all-or-nothing and exactly the check of
+        :meth:`admit_and_charge` (budget, quota, graph-wide cap, idempotency, twins), made in
+        list order against the spend the earlier queries of the list left; a refused query
+        writes nothing and the others go on. The locks are taken up front in the single
+        path's order: every charged account's spend row by ascending id, then the principals'
+        (quota), then the exposure shards by ascending shard (one shard, or all of them when
+        a graph-wide cap is set), so groups and single admissions never deadlock.
+
+        If the group cannot commit as one (a concurrent twin took an idempotency key), every
+        query is admitted on its own with :meth:`admit_and_charge` instead.
+        """
+        if not admissions:
+            return []
+        try:
+            with self._writing() as session:
+                outcomes = self._admit_group(session, admissions, graph_cap, stale_after_seconds)
+                session.flush()  # the charges' ids
+                results: list[ChargeReceipt | ServiceError] = []
+                for outcome in outcomes:
+                    if isinstance(outcome, tuple):
+                        charge, view = outcome
+                        outcome = ChargeReceipt(charge_id=charge.id, budget=view)
+                    results.append(outcome)
+        except IntegrityError:
+            return [self._admit_alone(a, graph_cap, stale_after_seconds) for a in admissions]
+        for a, result in zip(admissions, results, strict=True):
+            if isinstance(result, (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted)):
+                self.record_refusal(
+                    result.code,
+                    charged_account_id=a.charged_account_id,
+                    principal_account_id=a.principal_account_id,
+                    mode=a.mode,
+                    epsilon=a.query_epsilon,
+                )
+        return results
+
+    def _admit_alone(
+        self, a: Admission, graph_cap: GraphCap | None, stale_after_seconds: float
+    ) -> ChargeReceipt | ServiceError:
+        try:
+            return self.admit_and_charge(
+                charged_account_id=a.charged_account_id,
+                principal_account_id=a.principal_account_id,
+                seed=a.seed,
+                mechanism=a.mechanism,
+                mode=a.mode,
+                params=a.params,
+                query_curve=a.query_curve,
+                query_epsilon=a.query_epsilon,
+                graph_version=a.graph_version,
+                request_id=a.request_id,
+                idempotency_key=a.idempotency_key,
+                release_key=a.release_key,
+                quota_epsilon=a.quota_epsilon,
+                graph_cap=graph_cap,
+                stale_after_seconds=stale_after_seconds,
+            )
+        except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
+            return refusal
+
+    def _admit_group(
+        self,
+        session: Session,
+        admissions: list[Admission],
+        graph_cap: GraphCap | None,
+        stale_after_seconds: float,
+    ) -> list[ChargeReceipt | ServiceError | tuple[Charge, BudgetView]]:
+        charged = sorted({a.charged_account_id for a in admissions})
+        spends = {account: self._lock_spend(session, account) for account in charged}
+        # held for the loop: the session's identity map is weak, and would re-read them
+        budgets = {account: self._budget_row(session, account) for account in charged}
+        principals = sorted(
+            {
+                a.principal_account_id
+                for a in admissions
+                if a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id
+            }
+            - set(charged)
+        )
+        for principal in principals:
+            self._lock_spend(session, principal)
+        # Every principal whose quota is checked is now locked (as a charged or a principal row).
+        if graph_cap is None:
+            shard_row = self._lock_shard(session, random.randrange(EXPOSURE_SHARDS))
+
+            def add_exposure(curve: RdpCurve) -> int:
+                _add_to_shard(shard_row, curve)
+                return shard_row.shard
+        else:
+            cap = graph_cap
+            rows = list(
+                session.scalars(
+                    select(ExposureShard).order_by(ExposureShard.shard).with_for_update()
+                )
+            )
+            target = rows[random.randrange(len(rows))]
+
+            def add_exposure(curve: RdpCurve) -> int:
+                total = _shard_total(rows) + curve
+                if total.epsilon(cap.delta) > cap.cap_epsilon * (1.0 - ADMISSION_RTOL):
+                    raise _graph_exhausted(cap, _shard_total(rows))
+                _add_to_shard(target, curve)
+                return target.shard
+
+        outcomes: list[ChargeReceipt | ServiceError | tuple[Charge, BudgetView]] = []
+        # One INSERT batch at the end instead of one per query: _admit_locked flushes before
+        # each query that must see the charges added so far (idempotency, twins, quota).
+        with session.no_autoflush:
+            for a in admissions:
+                try:
+                    outcome = self._admit_locked(
+                        session, a, spends[a.charged_account_id], add_exposure,
+                        stale_after_seconds, principal_locked=True,
+                    )  # fmt: skip
+                except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
+                    outcomes.append(refusal)
+                    continue
+                outcomes.append(outcome)
+        del budgets
+        return outcomes
 
     def _twin(
         self, session: Session, account_id: int, digest: str, stale_after_seconds: float
@@ -924,11 +1182,20 @@ class Ledger:
         return row.id
 
     def _check_quota(
-        self, session: Session, principal: int, quota: float, epsilon: float, now: Any
+        self,
+        session: Session,
+        principal: int,
+        quota: float,
+        epsilon: float,
+        now: Any,
+        *,
+        lock: bool = True,
     ) -> None:
         """Refuse when the principal's eps charged to others in the last 24 h would pass its
-        quota. Locks the principal's spend row, so the check and the charge are atomic."""
-        self._lock_spend(session, principal)
+        quota. Locks the principal's spend row (unless the caller holds it), so the check and
+        the charge are atomic."""
+        if lock:
+            self._lock_spend(session, principal)
         since = now - QUOTA_WINDOW
         rows = session.execute(
             select(Charge.created_at, Charge.epsilon)
@@ -1113,7 +1380,6 @@ class Ledger:
         a no-op; a charge already refunded (e.g. reconciled) raises :class:`ChargeSettled`, and
         the answer must then be discarded, never sent.
         """
-        key = release.key
         with self._writing() as session:
             now = utcnow()
             moved = _settle(session, release.charge_id, "released", now)
@@ -1125,23 +1391,56 @@ class Ledger:
                     f"charge {release.charge_id} is {state or 'missing'}: its answer is discarded",
                     details={"charge_id": release.charge_id, "state": state},
                 )
-            session.add(
-                Release(
-                    charge_id=release.charge_id,
-                    charged_account_id=key.account_id,
-                    node=key.node,
-                    graph_version=key.graph_version,
-                    mode=key.mode,
-                    epsilon=float(key.epsilon),
-                    mechanism_name=key.mechanism,
-                    results=[[item.node, float(item.score)] for item in release.results],
-                    mechanism=release.mechanism,
-                    request_id=release.request_id,
-                    principal_account_id=principal_account_id,
-                    idempotency_key=idempotency_key,
-                    created_at=now,
+            session.add(_release_row_for(release, idempotency_key, principal_account_id, now))
+
+    def store_releases(
+        self, releases: Sequence[tuple[StoredRelease, str | None, int]]
+    ) -> list[ChargeSettled | None]:
+        """Store many released answers, each with its idempotency key and principal, and mark
+        their charges ``released``, in ONE transaction: per release None (stored, or stored
+        before) or :class:`ChargeSettled` (its charge was refunded: discard that answer).
+
+        As :meth:`store_release` for each, and it must commit before any of them is answered.
+        """
+        if not releases:
+            return []
+        ids = [release.charge_id for release, _, _ in releases]
+        with self._writing() as session:
+            now = utcnow()
+            moved = set(
+                session.scalars(
+                    update(Charge)
+                    .where(Charge.id.in_(ids), Charge.state == "admitted")
+                    .values(state="released", settled_at=now)
+                    .returning(Charge.id)
+                    .execution_options(synchronize_session=False)
                 )
             )
+            others = [charge_id for charge_id in ids if charge_id not in moved]
+            states: dict[int, str] = {}
+            if others:
+                rows = session.execute(select(Charge.id, Charge.state).where(Charge.id.in_(others)))
+                states = {int(charge_id): str(state) for charge_id, state in rows}
+            outcomes: list[ChargeSettled | None] = []
+            stored: set[int] = set()
+            for release, idempotency_key, principal in releases:
+                if release.charge_id in stored:  # listed twice: stored once, by the first
+                    outcomes.append(None)
+                    continue
+                if release.charge_id not in moved:
+                    state = states.get(release.charge_id)
+                    outcomes.append(
+                        None if state == "released" else ChargeSettled(
+                            f"charge {release.charge_id} is {state or 'missing'}: its answer "
+                            "is discarded",
+                            details={"charge_id": release.charge_id, "state": state},
+                        )
+                    )  # fmt: skip
+                    continue
+                stored.add(release.charge_id)
+                session.add(_release_row_for(release, idempotency_key, principal, now))
+                outcomes.append(None)
+        return outcomes
 
     def charge_state(self, charge_id: int) -> str:
         with self._reading() as session:
@@ -1483,6 +1782,27 @@ class Ledger:
                 )
                 records.extend(_charge_record(row, False) for row in rows)
         return records
+
+
+def _release_row_for(
+    release: StoredRelease, idempotency_key: str | None, principal_account_id: int, now: Any
+) -> Release:
+    key = release.key
+    return Release(
+        charge_id=release.charge_id,
+        charged_account_id=key.account_id,
+        node=key.node,
+        graph_version=key.graph_version,
+        mode=key.mode,
+        epsilon=float(key.epsilon),
+        mechanism_name=key.mechanism,
+        results=encode_results(release.results),
+        mechanism=release.mechanism,
+        request_id=release.request_id,
+        principal_account_id=principal_account_id,
+        idempotency_key=idempotency_key,
+        created_at=now,
+    )
 
 
 def _settle(session: Session, charge_id: int, state: str, now: Any) -> int:

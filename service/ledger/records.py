@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -56,6 +57,25 @@ class BudgetView:
             "delta": self.delta,
             "charges": self.charges,
         }
+
+
+@dataclass(frozen=True)
+class Admission:
+    """One query to admit and charge (the arguments of ``Ledger.admit_and_charge``)."""
+
+    charged_account_id: int
+    principal_account_id: int
+    seed: str
+    mechanism: str
+    mode: str
+    params: dict[str, Any]
+    query_curve: Any  # RdpCurve (records imports nothing of privacy/)
+    query_epsilon: float
+    graph_version: str
+    request_id: str
+    idempotency_key: str | None = None
+    release_key: ReleaseKey | None = None
+    quota_epsilon: float | None = None
 
 
 @dataclass(frozen=True)
@@ -116,7 +136,7 @@ class ReleaseKey:
 class StoredRelease:
     key: ReleaseKey
     charge_id: int
-    results: list[RankedNode]  # the top of the released ranking, seed excluded, best first
+    results: Sequence[RankedNode]  # the top of the released ranking, seed excluded, best first
     mechanism: dict[str, Any]
     request_id: str
 

@@ -59,8 +59,8 @@ def reference_rps(results: list[PhaseResult]) -> float | None:
 def table(results: list[PhaseResult]) -> str:
     ref = reference_rps(results)
     head = (
-        "| phase | driver | conns | requests | req/s | % of /healthz | items/s | p50 ms | p90 ms "
-        "| p99 ms | errors | item errors |"
+        "| phase | driver | conns | requests | req/s | % of /healthz | seeds/s (batch) | p50 ms "
+        "| p90 ms | p99 ms | errors | item errors |"
     )
     lines = [head, "| " + " | ".join(["---"] * 12) + " |"]
     for r in results:

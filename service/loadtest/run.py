@@ -29,6 +29,10 @@ class RunPlan:
     k: int
     batch_size: int
     driver: str  # "wrk" | "httpx"
+    #: Batch calls in flight at once (each carries batch_size seeds); None: ``concurrency``.
+    batch_concurrency: int | None = None
+    #: How long one batch call may take before the driver counts it as a timeout.
+    batch_timeout_seconds: float = 300.0
 
 
 def workloads(plan: RunPlan, key: str) -> list[Workload]:
@@ -79,9 +83,17 @@ def run_phases(
         if workload.kind == "ppr" and workload.replay_fraction > 0 and not prepared:
             store_replay_releases(base_url, workload)
             prepared = True
+        concurrency, timeout = plan.concurrency, 30.0
+        if workload.kind == "batch":
+            # A call carries many seeds and takes seconds: few in flight, a long timeout.
+            concurrency = plan.batch_concurrency or plan.concurrency
+            timeout = plan.batch_timeout_seconds
         if plan.warmup_seconds > 0 and workload.kind != "path":
-            drive(base_url, workload, concurrency=plan.concurrency, seconds=plan.warmup_seconds)
-        result = drive(base_url, workload, concurrency=plan.concurrency, seconds=plan.seconds)
+            drive(base_url, workload, concurrency=concurrency, seconds=plan.warmup_seconds,
+                  timeout_s=timeout)  # fmt: skip
+        result = drive(
+            base_url, workload, concurrency=concurrency, seconds=plan.seconds, timeout_s=timeout
+        )
         results.append(result)
         if on_result is not None:
             on_result(result)

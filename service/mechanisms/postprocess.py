@@ -88,11 +88,28 @@ def ranked_results(
     ``exclude_neighbors`` also drops the seed's neighbours: it uses the seed's own edges, which
     only the personalized model leaves unprotected, so callers allow it only in that mode.
     """
+    ids, values = ranked_columns(
+        graph, seed, scores, k, grid=grid, exclude_neighbors=exclude_neighbors
+    )
+    return [RankedNode(node, score) for node, score in zip(ids, values, strict=True)]
+
+
+def ranked_columns(
+    graph: Graph,
+    seed: int,
+    scores: np.ndarray,
+    k: int,
+    *,
+    grid: float,
+    exclude_neighbors: bool = False,
+) -> tuple[list[str], list[float]]:
+    """:func:`ranked_results` as two columns (external ids, scores), without building an
+    object per entry."""
     scores = round_to_grid(scores, grid)
     exclude = np.array([seed], dtype=np.int64)
     if exclude_neighbors:
         exclude = np.concatenate([exclude, graph.neighbors(seed).astype(np.int64)])
     best = top_k(scores, k, exclude)
-    ids = graph.external_ids(best)
-    values = np.maximum(scores[best], 0.0)
-    return [RankedNode(node, float(score)) for node, score in zip(ids, values, strict=True)]
+    ids = list(graph.external_ids(best))
+    values = np.maximum(scores[best], 0.0).tolist()
+    return ids, values

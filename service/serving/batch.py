@@ -1,6 +1,8 @@
-"""Many seeds in one call: each item is admitted, charged and answered on the same path as a
-single query (:meth:`PprQueryService.answer`), concurrently, so that concurrent items share
-the engine with single queries; a failing item becomes that item's error, never the call's.
+"""Many seeds in one call: each item is admitted, charged and answered with the same checks
+as a single query, all items in one admission transaction and one storing transaction
+(:meth:`PprQueryService.answer_many`), their draws concurrently, so that they share the engine
+with each other and with single queries; a failing item becomes that item's error, never the
+call's.
 
 One Idempotency-Key for the batch gives every item its own key, derived from the batch key,
 the item's position and its node; a retried batch therefore charges each item at most once
@@ -11,9 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from service.errors import Forbidden, ServiceError
 from service.privacy.modes import Mode
@@ -84,26 +87,46 @@ class BatchQueryService:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _one(self, request: BatchRequest, index: int) -> BatchItem:
+    def _item(
+        self, request: BatchRequest, index: int, outcome: Answer | BaseException
+    ) -> BatchItem:
         node = request.nodes[index]
-        try:
-            return BatchItem(node, answer=self.queries.answer(request.item(index)))
-        except ServiceError as exc:
-            return BatchItem(node, error=exc)
-        except Exception:
-            log.exception(
-                "batch item failed", extra={"request_id": f"{request.request_id}.{index}"}
-            )
-            return BatchItem(
-                node,
-                error=InternalItemError(
-                    "this item failed unexpectedly and returned no answer. Quote request id "
-                    f"{request.request_id}.{index} to the operator"
-                ),
-            )
+        if isinstance(outcome, Answer):
+            return BatchItem(node, answer=outcome)
+        if isinstance(outcome, ServiceError):
+            return BatchItem(node, error=outcome)
+        log.error(
+            "batch item failed",
+            exc_info=outcome,
+            extra={"request_id": f"{request.request_id}.{index}"},
+        )
+        return BatchItem(
+            node,
+            error=InternalItemError(
+                "this item failed unexpectedly and returned no answer. Quote request id "
+                f"{request.request_id}.{index} to the operator"
+            ),
+        )
+
+    def _run_all(self, thunks: list[Callable[[], Any]]) -> list[Any]:
+        """Each thunk's result or exception, in order, run on the shared pool (so the engine
+        computes them together)."""
+
+        def guarded(thunk: Callable[[], Any]) -> Any:
+            try:
+                return thunk()
+            except Exception as exc:
+                return exc
+
+        futures = [self._pool.submit(guarded, thunk) for thunk in thunks]
+        return [future.result() for future in futures]
 
     def answer(self, request: BatchRequest) -> list[BatchItem]:
-        """Every item's outcome, in the order of ``request.nodes``."""
+        """Every item's outcome, in the order of ``request.nodes``.
+
+        All items are admitted and charged in one ledger transaction and their releases are
+        stored in one (:meth:`PprQueryService.answer_many`); the draws run concurrently.
+        """
         if not request.nodes:
             return []
         if request.principal.type == "admin":
@@ -111,5 +134,6 @@ class BatchQueryService:
         # Parameters shared by every item are checked once, so a bad k or epsilon is one
         # error for the whole call rather than one per item.
         self.queries.validate(request.item(0))
-        futures = [self._pool.submit(self._one, request, i) for i in range(len(request.nodes))]
-        return [future.result() for future in futures]
+        items = [request.item(i) for i in range(len(request.nodes))]
+        outcomes = self.queries.answer_many(items, self._run_all)
+        return [self._item(request, i, outcome) for i, outcome in enumerate(outcomes)]

@@ -8,9 +8,11 @@ is refunded with a compensating ledger row; after it, the charge stays.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,10 +20,11 @@ import numpy as np
 
 from service.cache.caches import PrefixCache, ReplayCache
 from service.config import MechanismSettings
-from service.errors import Conflict, Forbidden, InvalidParameter
+from service.errors import Conflict, Forbidden, InvalidParameter, ServiceError
 from service.graph.model import Graph
 from service.ledger.ledger import Ledger, LedgerUnavailable
 from service.ledger.records import (
+    Admission,
     BudgetView,
     ChargeReceipt,
     ChargeSettled,
@@ -30,9 +33,10 @@ from service.ledger.records import (
     ReleaseKey,
     StoredRelease,
 )
+from service.ledger.release_format import StoredResults
 from service.mechanisms.diffusion import noise_free_prefix
 from service.mechanisms.engine import DiffusionEngine, EngineFailure
-from service.mechanisms.postprocess import RankedNode, ranked_results, score_grid
+from service.mechanisms.postprocess import RankedNode, ranked_columns, ranked_results, score_grid
 from service.mechanisms.randomness import fresh_generator
 from service.mechanisms.registry import RankingMechanism, resolve_mechanism
 from service.privacy.accountant import RdpCurve
@@ -40,6 +44,7 @@ from service.privacy.calibration import DiffusionPlan
 from service.privacy.curves import laplace_curve
 from service.privacy.modes import Mode
 from service.serving.graph_holder import GraphHolder
+from service.serving.group_commit import GroupCommitter
 from service.serving.planner import DiffusionPlanner
 from service.serving.rankings import (
     DegreeReleases,
@@ -101,6 +106,21 @@ _REPLAY_BUDGET_TTL_SECONDS = 1.0
 _MAX_ADMISSIONS = 3
 
 
+@dataclass(frozen=True)
+class _Pending:
+    """A query prepared for admission: everything :meth:`PprQueryService.answer` decided
+    before the ledger."""
+
+    req: QueryRequest
+    graph: Graph
+    seed: int
+    account_id: int
+    key: ReleaseKey
+    join_twins: bool
+    plan: DiffusionPlan | RankingPlan
+    mechanism: dict[str, Any]
+
+
 class PrefixProvider:
     """Noise-free prefixes, memoized by (graph version, seed, mode, beta, eta, m)."""
 
@@ -148,8 +168,17 @@ class PprQueryService:
         policy: AdmissionPolicy | None = None,
         degree_releases: DegreeReleases | None = None,
         engine: DiffusionEngine | None = None,
+        ledger_group_max: int = 1,
     ) -> None:
         self.engine = engine if engine is not None else DiffusionEngine()
+        # Group commit (ledger_group_max > 1): concurrent admissions share one transaction,
+        # and so do concurrent release stores; 1: one transaction per query.
+        self._admitting: GroupCommitter[tuple[Admission, GraphCap | None], ChargeReceipt] | None
+        self._storing: GroupCommitter[tuple[StoredRelease, str | None, int], None] | None
+        self._admitting = self._storing = None
+        if ledger_group_max > 1:
+            self._admitting = GroupCommitter(self._admit_together, max_group=ledger_group_max)
+            self._storing = GroupCommitter(self._store_together, max_group=ledger_group_max)
         self.graphs = graphs
         self.ledger = ledger
         self.replays = replays
@@ -228,6 +257,15 @@ class PprQueryService:
     # -- the query ------------------------------------------------------------------------
 
     def answer(self, req: QueryRequest) -> Answer:
+        prepared = self._prepare(req)
+        if isinstance(prepared, Answer):
+            return prepared
+        receipt = self._admit(prepared)
+        return self._after_admission(prepared, receipt)
+
+    def _prepare(self, req: QueryRequest) -> Answer | _Pending:
+        """Everything before admission: validation, the charged account, replays from stored
+        releases, the plan. An Answer when a stored release (or ``popular``) answers."""
         graph = self.graphs.current  # one version for the whole request
         epsilon = self._validate(req)
         name = self._mechanism_for(req)
@@ -265,9 +303,11 @@ class PprQueryService:
                 degrees = self.degree_releases.get(graph, self._graph_cap(graph))
             plan = plan_ranking(name, epsilon, req.mode, degrees)
             mechanism = plan.describe()
+        return _Pending(req, graph, seed, account_id, key, join_twins, plan, mechanism)
+
+    def _after_admission(self, p: _Pending, receipt: ChargeReceipt) -> Answer:
+        """A twin's release (waiting for it), or this query's own release once stored."""
         for _ in range(_MAX_ADMISSIONS):
-            receipt = self._admit(req, graph, key if join_twins else None, account_id, plan,
-                                  mechanism)  # fmt: skip
             if not (receipt.reused or receipt.joined):
                 break
             # An identical query (or a retry with the same Idempotency-Key) was admitted
@@ -275,69 +315,262 @@ class PprQueryService:
             # worker died and it was reconciled), admission runs again and may charge.
             stored = self._wait_for_release(receipt.charge_id)
             if stored is not None:
-                if stored.key != key:
+                if stored.key != p.key:
                     raise IdempotencyKeyReused()
-                return self._replay(stored, req, graph, seed, account_id)
+                return self._replay(stored, p.req, p.graph, p.seed, p.account_id)
+            receipt = self._admit(p)
         else:
             raise RequestInProgress(
                 "an identical request is still being answered; retry shortly", retry_after=1
             )
+        stored = self._draw(p, receipt)
+        self._store(stored, p.req)  # before the answer leaves the process, or no answer
+        return self._fresh_answer(p, receipt, stored)
 
-        self._budgets[account_id] = (receipt.budget, time.monotonic())  # for replays here
-        if isinstance(plan, DiffusionPlan):
-            results = self._release(graph, seed, plan, receipt.charge_id, req)
+    def _draw(self, p: _Pending, receipt: ChargeReceipt) -> StoredRelease:
+        """The admitted query's noisy release (not yet stored: it must be, before answering)."""
+        self._budgets[p.account_id] = (receipt.budget, time.monotonic())  # for replays here
+        mechanism = p.mechanism
+        if isinstance(p.plan, DiffusionPlan):
+            results = self._release(p.graph, p.seed, p.plan, receipt.charge_id, p.req)
         else:
             results, mechanism = self._release_ranking(
-                graph, seed, plan, receipt.charge_id, req, mechanism
+                p.graph, p.seed, p.plan, receipt.charge_id, p.req, mechanism
             )
-        stored = StoredRelease(key, receipt.charge_id, results, mechanism, req.request_id)
-        self._store(stored, req)  # before the answer leaves the process, or no answer
+        return StoredRelease(p.key, receipt.charge_id, results, mechanism, p.req.request_id)
+
+    def _fresh_answer(self, p: _Pending, receipt: ChargeReceipt, stored: StoredRelease) -> Answer:
         return Answer(
-            node=req.node,
-            graph_version=graph.version,
-            results=self._post_process(results, req, graph, seed),
-            mechanism=mechanism,
+            node=p.req.node,
+            graph_version=p.graph.version,
+            results=self._post_process(stored.results, p.req, p.graph, p.seed),
+            mechanism=stored.mechanism,
             budget=receipt.budget,
             replayed=False,
-            request_id=req.request_id,
-            charged_account_id=account_id,
-            epsilon_charged=plan.epsilon,
+            request_id=p.req.request_id,
+            charged_account_id=p.account_id,
+            epsilon_charged=p.plan.epsilon,
         )
 
-    # -- admission ------------------------------------------------------------------------
+    # -- many queries at once: one admission transaction, one storing transaction ---------
 
-    def _admit(
-        self,
-        req: QueryRequest,
-        graph: Graph,
-        key: ReleaseKey | None,
-        account_id: int,
-        plan: DiffusionPlan | RankingPlan,
-        mechanism: dict[str, Any],
-    ) -> ChargeReceipt:
-        principal = req.principal
+    def answer_many(
+        self, reqs: list[QueryRequest], run: Callable[[list[Callable[[], Any]]], list[Any]]
+    ) -> list[Answer | BaseException]:
+        """Answers to ``reqs`` (or each one's error), admitted in one ledger transaction and
+        stored in one: per query the same checks and the same order as :meth:`answer` (admit,
+        draw, store, answer), and no answer is returned before every release of the group is
+        stored. ``run`` runs the draws (thunks) concurrently and returns their results or
+        exceptions in order, so the engine computes them together."""
+        out: list[Answer | BaseException | None] = [None] * len(reqs)
+        pending: list[tuple[int, _Pending]] = []
+        for i, req in enumerate(reqs):
+            try:
+                prepared = self._prepare(req)
+            except Exception as exc:
+                out[i] = exc
+                continue
+            if isinstance(prepared, Answer):
+                out[i] = prepared
+            else:
+                pending.append((i, prepared))
+        graph_caps = {id(p.graph): self._graph_cap(p.graph) for _, p in pending}
+        by_cap: dict[int, list[tuple[int, _Pending]]] = {}
+        for i, p in pending:
+            by_cap.setdefault(id(p.graph), []).append((i, p))
+        admitted: list[tuple[int, _Pending, ChargeReceipt]] = []
+        for graph_id, group in by_cap.items():
+            try:
+                receipts = self.ledger.admit_and_charge_many(
+                    [self._admission(p) for _, p in group],
+                    graph_cap=graph_caps[graph_id],
+                    stale_after_seconds=self.policy.stale_after_seconds,
+                )
+            except Exception as exc:
+                for i, _ in group:
+                    out[i] = exc
+                continue
+            for (i, p), receipt in zip(group, receipts, strict=True):
+                if isinstance(receipt, BaseException):
+                    out[i] = receipt
+                else:
+                    admitted.append((i, p, receipt))
+        own = {r.charge_id for _, _, r in admitted if not (r.reused or r.joined)}
+        # A query that joined a twin admitted in this same group is answered from that twin's
+        # release once it is stored (waiting for it in the pool would wait for ourselves).
+        later: list[tuple[int, _Pending, ChargeReceipt]] = []
+        now: list[tuple[int, _Pending, ChargeReceipt]] = []
+        for item in admitted:
+            r = item[2]
+            (later if (r.reused or r.joined) and r.charge_id in own else now).append(item)
+        draws = run([functools.partial(self._draw_or_join, p, r) for _, p, r in now])
+        to_store: list[tuple[int, _Pending, ChargeReceipt, StoredRelease]] = []
+        for (i, p, receipt), drawn in zip(now, draws, strict=True):
+            if isinstance(drawn, (BaseException, Answer)):
+                out[i] = drawn
+            else:
+                to_store.append((i, p, receipt, drawn))
+        stored_by_charge: dict[int, StoredRelease | BaseException] = {}
+        for (i, p, receipt, stored), error in zip(
+            to_store, self._store_many([(p.req, stored) for _, p, _, stored in to_store]),
+            strict=True,
+        ):  # fmt: skip
+            out[i] = error if error is not None else self._fresh_answer(p, receipt, stored)
+            stored_by_charge[stored.charge_id] = error if error is not None else stored
+        for i, p, receipt in later:
+            twin = stored_by_charge.get(receipt.charge_id)
+            if twin is None or isinstance(twin, BaseException):
+                out[i] = twin or RequestInProgress(
+                    "an identical request failed before its answer was stored; retry",
+                    retry_after=1,
+                )
+            elif twin.key != p.key:
+                out[i] = IdempotencyKeyReused()
+            else:
+                out[i] = self._replay(twin, p.req, p.graph, p.seed, p.account_id)
+        assert all(item is not None for item in out)
+        return [item for item in out if item is not None]
+
+    def _draw_or_join(self, p: _Pending, receipt: ChargeReceipt) -> Answer | StoredRelease:
+        if receipt.reused or receipt.joined:
+            return self._after_admission(p, receipt)  # an earlier twin's release
+        return self._draw(p, receipt)
+
+    def _admission(self, p: _Pending) -> Admission:
+        principal = p.req.principal
         quota: float | None = None
-        if principal.type == "service" and account_id != principal.account_id:
+        if principal.type == "service" and p.account_id != principal.account_id:
             quota = (
                 principal.quota_epsilon
                 if principal.quota_epsilon is not None
                 else self.policy.service_quota_epsilon
             )
-        return self.ledger.admit_and_charge(
-            charged_account_id=account_id,
+        return Admission(
+            charged_account_id=p.account_id,
             principal_account_id=principal.account_id,
-            seed=req.node,
-            mechanism=str(mechanism["name"]),
-            mode=req.mode.value,
-            params=mechanism,
-            query_curve=plan.curve,
-            query_epsilon=plan.epsilon,
-            graph_version=graph.version,
-            request_id=req.request_id,
-            idempotency_key=req.idempotency_key,
-            release_key=key,
+            seed=p.req.node,
+            mechanism=str(p.mechanism["name"]),
+            mode=p.req.mode.value,
+            params=p.mechanism,
+            query_curve=p.plan.curve,
+            query_epsilon=p.plan.epsilon,
+            graph_version=p.graph.version,
+            request_id=p.req.request_id,
+            idempotency_key=p.req.idempotency_key,
+            release_key=p.key if p.join_twins else None,
             quota_epsilon=quota,
-            graph_cap=self._graph_cap(graph),
+        )
+
+    def _store_many(
+        self, items: list[tuple[QueryRequest, StoredRelease]]
+    ) -> list[BaseException | None]:
+        """Store the releases in one transaction (before any is answered); per item None or
+        the error that discards its answer (as :meth:`_store`)."""
+        if not items:
+            return []
+        try:
+            settled = self.ledger.store_releases(
+                [(stored, req.idempotency_key, req.principal.account_id) for req, stored in items]
+            )
+        except LedgerUnavailable as exc:
+            log.warning("storing a group of releases failed; their answers were discarded")
+            return [exc] * len(items)
+        errors: list[BaseException | None] = []
+        for (req, stored), outcome in zip(items, settled, strict=True):
+            if outcome is None:
+                errors.append(None)
+                continue
+            log.warning(
+                "the charge was settled before its release was stored; answer discarded",
+                extra={"request_id": req.request_id, "charge_id": stored.charge_id},
+            )
+            errors.append(
+                LedgerUnavailable(
+                    "this request took too long and its charge was reconciled; no answer was "
+                    "released and nothing was charged. Retry",
+                    details={"charge_id": stored.charge_id},
+                )
+            )
+        if self.replays is not None:
+            self.replays.put_many(
+                [
+                    (stored, req.principal.account_id, req.idempotency_key)
+                    for (req, stored), error in zip(items, errors, strict=True)
+                    if error is None
+                ]
+            )
+        return errors
+
+    # -- admission ------------------------------------------------------------------------
+
+    def _store_together(
+        self, items: list[tuple[StoredRelease, str | None, int]]
+    ) -> list[ChargeSettled | None]:
+        """One group of concurrent release stores, in one transaction (a lone one: the
+        single-release transaction)."""
+        if len(items) == 1:
+            stored, idempotency_key, principal = items[0]
+            try:
+                self.ledger.store_release(
+                    stored, idempotency_key=idempotency_key, principal_account_id=principal
+                )
+            except ChargeSettled as exc:
+                return [exc]
+            return [None]
+        return self.ledger.store_releases(items)
+
+    def _admit_together(
+        self, items: list[tuple[Admission, GraphCap | None]]
+    ) -> list[ChargeReceipt | BaseException]:
+        """One group of concurrent admissions: one transaction per graph-wide cap in force
+        (normally one); a lone admission: the single-query transaction."""
+        if len(items) == 1:
+            admission, cap = items[0]
+            try:
+                return [self._admit_alone(admission, cap)]
+            except ServiceError as exc:
+                return [exc]
+        out: list[ChargeReceipt | BaseException | None] = [None] * len(items)
+        parts: dict[Any, list[int]] = {}
+        for i, (_, cap) in enumerate(items):
+            part = None if cap is None else (cap.cap_epsilon, cap.delta, id(cap.max_charge))
+            parts.setdefault(part, []).append(i)
+        for indices in parts.values():
+            outcomes: list[ChargeReceipt | ServiceError] | list[Exception]
+            try:
+                outcomes = self.ledger.admit_and_charge_many(
+                    [items[i][0] for i in indices],
+                    graph_cap=items[indices[0]][1],
+                    stale_after_seconds=self.policy.stale_after_seconds,
+                )
+            except Exception as exc:
+                outcomes = [exc] * len(indices)
+            for i, outcome in zip(indices, outcomes, strict=True):
+                out[i] = outcome
+        return [outcome for outcome in out if outcome is not None]
+
+    def _admit(self, p: _Pending) -> ChargeReceipt:
+        a = self._admission(p)
+        if self._admitting is not None:
+            return self._admitting.submit((a, self._graph_cap(p.graph)))
+        return self._admit_alone(a, self._graph_cap(p.graph))
+
+    def _admit_alone(self, a: Admission, graph_cap: GraphCap | None) -> ChargeReceipt:
+        return self.ledger.admit_and_charge(
+            charged_account_id=a.charged_account_id,
+            principal_account_id=a.principal_account_id,
+            seed=a.seed,
+            mechanism=a.mechanism,
+            mode=a.mode,
+            params=a.params,
+            query_curve=a.query_curve,
+            query_epsilon=a.query_epsilon,
+            graph_version=a.graph_version,
+            request_id=a.request_id,
+            idempotency_key=a.idempotency_key,
+            release_key=a.release_key,
+            quota_epsilon=a.quota_epsilon,
+            graph_cap=graph_cap,
             stale_after_seconds=self.policy.stale_after_seconds,
         )
 
@@ -420,11 +653,14 @@ class PprQueryService:
         nothing was released, the charge stays admitted and is refunded by reconciliation.
         """
         try:
-            self.ledger.store_release(
-                stored,
-                idempotency_key=req.idempotency_key,
-                principal_account_id=req.principal.account_id,
-            )
+            if self._storing is not None:
+                self._storing.submit((stored, req.idempotency_key, req.principal.account_id))
+            else:
+                self.ledger.store_release(
+                    stored,
+                    idempotency_key=req.idempotency_key,
+                    principal_account_id=req.principal.account_id,
+                )
         except LedgerUnavailable:
             log.warning(
                 "storing a release failed; the answer was discarded",
@@ -442,15 +678,17 @@ class PprQueryService:
                 details={"charge_id": stored.charge_id},
             ) from exc
         if self.replays is not None:
-            self.replays.put(stored)
-            if req.idempotency_key is not None:
-                self.replays.put_for_idempotency(
-                    req.principal.account_id, req.idempotency_key, stored
-                )
+            self._cache_release(stored, req)
+
+    def _cache_release(self, stored: StoredRelease, req: QueryRequest) -> None:
+        assert self.replays is not None
+        self.replays.put(stored)
+        if req.idempotency_key is not None:
+            self.replays.put_for_idempotency(req.principal.account_id, req.idempotency_key, stored)
 
     def _release(
         self, graph: Graph, seed: int, plan: DiffusionPlan, charge_id: int, req: QueryRequest
-    ) -> list[RankedNode]:
+    ) -> Sequence[RankedNode]:
         config = plan.config
         where = (graph, seed, config.mode, config.beta, config.eta, config.noise_free_steps)
         try:
@@ -473,7 +711,9 @@ class PprQueryService:
         keep = self.replay_store_top
         if req.mode is Mode.PERSONALIZED:
             keep += int(graph.degrees[seed])  # room to drop the seed's neighbours on replay
-        return ranked_results(graph, seed, scores, keep, grid=score_grid(config.noise_scale))
+        return StoredResults(
+            *ranked_columns(graph, seed, scores, keep, grid=score_grid(config.noise_scale))
+        )
 
     def _release_ranking(
         self,
@@ -483,7 +723,7 @@ class PprQueryService:
         charge_id: int,
         req: QueryRequest,
         mechanism: dict[str, Any],
-    ) -> tuple[list[RankedNode], dict[str, Any]]:
+    ) -> tuple[Sequence[RankedNode], dict[str, Any]]:
         """``common_neighbours`` / ``friends_of_friends`` / ``blended``: this query's Laplace
         draw, post-processed."""
         try:
@@ -493,7 +733,7 @@ class PprQueryService:
             raise
         drawn = draw_ranking(graph, seed, plan, rng)
         keep = self.replay_store_top + int(graph.degrees[seed])
-        results = ranked_results(graph, seed, drawn.scores, keep, grid=drawn.grid)
+        results = StoredResults(*ranked_columns(graph, seed, drawn.scores, keep, grid=drawn.grid))
         return results, {**mechanism, **drawn.extra}
 
     def _answer_popular(
@@ -536,16 +776,19 @@ class PprQueryService:
     # -- replays --------------------------------------------------------------------------
 
     def _post_process(
-        self, results: list[RankedNode], req: QueryRequest, graph: Graph, seed: int
+        self, results: Sequence[RankedNode], req: QueryRequest, graph: Graph, seed: int
     ) -> list[RankedNode]:
         if req.exclude_neighbors:
             neighbours = set(graph.external_ids(graph.neighbors(seed)))
             results = [r for r in results if r.node not in neighbours]
-        return results[: req.k]
+        return list(results[: req.k])
 
     def _covers(self, stored: StoredRelease, req: QueryRequest, graph: Graph, seed: int) -> bool:
         """A stored release can answer k results (after dropping neighbours if asked)."""
-        available = len(self._post_process(stored.results, _with_k(req, 10**9), graph, seed))
+        if req.exclude_neighbors:
+            available = len(self._post_process(stored.results, _with_k(req, 10**9), graph, seed))
+        else:
+            available = len(stored.results)
         return available >= min(
             req.k, graph.n - 1 - (int(graph.degrees[seed]) if req.exclude_neighbors else 0)
         )
