@@ -47,16 +47,27 @@ def tree(pid: int) -> list[int]:
     return out
 
 
-def pss_kib(pid: int) -> int:
+def rollup_kib(pid: int) -> dict[str, int]:
+    """``Pss``, ``Pss_Anon`` and ``Pss_File`` of a process (kB)."""
+    out = {}
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        if line.startswith("Pss:"):
-            return int(line.split()[1])
-    return 0
+        name, _, rest = line.partition(":")
+        if name in ("Pss", "Pss_Anon", "Pss_File"):
+            out[name] = int(rest.split()[0])
+    return out
 
 
-def snapshot(pid: int) -> tuple[int, list[int]]:
-    per = [pss_kib(p) for p in tree(pid)]
-    return sum(per), per
+def pss_kib(pid: int) -> int:
+    return rollup_kib(pid).get("Pss", 0)
+
+
+def snapshot(pid: int) -> tuple[int, list[int], int, int]:
+    """Total PSS of the process tree, per process, and its anonymous and file parts."""
+    rollups = [rollup_kib(p) for p in tree(pid)]
+    per = [r.get("Pss", 0) for r in rollups]
+    anon = sum(r.get("Pss_Anon", 0) for r in rollups)
+    files = sum(r.get("Pss_File", 0) for r in rollups)
+    return sum(per), per, anon, files
 
 
 def fill(base_url: str, key: str, nodes: int, queries: int, concurrency: int) -> int:
@@ -82,12 +93,13 @@ def measure(args: argparse.Namespace, workers: int, nodes: int, edges: int) -> d
         redis_url=None, log_path=Path(tmp) / "server.log", extra_env=extra,
     ) as (base_url, proc):  # fmt: skip
         time.sleep(args.settle)
-        ready, ready_per = snapshot(proc.pid)
+        ready, ready_per, ready_anon, ready_file = snapshot(proc.pid)
         answered = fill(base_url, key, nodes, args.queries, args.concurrency)
         time.sleep(args.settle)
-        after, after_per = snapshot(proc.pid)
-    return {"ready": ready, "ready_per": ready_per, "after": after, "after_per": after_per,
-            "answered": answered}  # fmt: skip
+        after, after_per, after_anon, after_file = snapshot(proc.pid)
+    return {"ready": ready, "ready_per": ready_per, "ready_anon": ready_anon,
+            "ready_file": ready_file, "after": after, "after_per": after_per,
+            "after_anon": after_anon, "after_file": after_file, "answered": answered}  # fmt: skip
 
 
 def main() -> None:
@@ -120,20 +132,25 @@ def main() -> None:
     def median(n: int, field: str) -> float:
         return statistics.median(float(r[field]) for r in runs[n])  # type: ignore[arg-type]
 
-    base = {field: median(args.workers[0], field) for field in ("ready", "after")}
+    fields = ("ready", "ready_anon", "ready_file", "after", "after_anon", "after_file")
+    base = {field: median(args.workers[0], field) for field in fields}
     print(f"graph: {nodes:,} nodes, {edges:,} edges, CSR arrays {arrays_mib:.1f} MiB; "
           f"prefix cache bound {args.prefix_cache_mib} MiB per machine; {args.queries} cold "
-          f"queries; median of {args.repeat} run(s); PSS in MiB")  # fmt: skip
-    print("| workers | at ready | x first | after queries | x first | per process at ready "
-          "| per process after |")  # fmt: skip
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for n in args.workers:
-        last = runs[n][-1]
-        each = ", ".join(f"{p / 1024:.0f}" for p in last["ready_per"])  # type: ignore[attr-defined]
-        each_after = ", ".join(f"{p / 1024:.0f}" for p in last["after_per"])  # type: ignore[attr-defined]
-        ready, after = median(n, "ready"), median(n, "after")
-        print(f"| {n} | {ready / 1024:.0f} | {ready / base['ready']:.2f} | {after / 1024:.0f} "
-              f"| {after / base['after']:.2f} | {each} | {each_after} |")  # fmt: skip
+          f"queries; median of {args.repeat} run(s); PSS in MiB (anon: anonymous memory, only "
+          f"ever shared within the server's own process tree; file: file pages, libraries "
+          f"included, which other processes on the machine share too)")  # fmt: skip
+    for stage in ("ready", "after"):
+        title = "at ready" if stage == "ready" else f"after {args.queries} cold queries"
+        print(f"\n{title}:\n")
+        print("| workers | PSS | x first | PSS anon | x first | PSS file | per process |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for n in args.workers:
+            per = runs[n][-1][f"{stage}_per"]
+            each = ", ".join(f"{p / 1024:.0f}" for p in per)  # type: ignore[attr-defined]
+            total, anon = median(n, stage), median(n, f"{stage}_anon")
+            files, anon_base = median(n, f"{stage}_file"), base[f"{stage}_anon"]
+            print(f"| {n} | {total / 1024:.0f} | {total / base[stage]:.2f} | {anon / 1024:.0f} "
+                  f"| {anon / anon_base:.2f} | {files / 1024:.0f} | {each} |")  # fmt: skip
 
 
 if __name__ == "__main__":
