@@ -40,6 +40,8 @@ from typing import Any
 
 import httpx
 
+from service.loadtest.soak import worker_pids
+
 PG_BIN = (
     Path("/usr/lib/postgresql")
     / (
@@ -105,23 +107,6 @@ def fresh_database(base_url: str, name: str) -> str:
 
 def cli(*args: str, env: dict[str, str]) -> str:
     return run([sys.executable, "-m", "service", *args], env=env).stdout
-
-
-def worker_pids(parent: int) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            if b"spawn_main" in cmdline:
-                pids.append(int(entry))
-    return pids
 
 
 async def drive(

@@ -36,18 +36,22 @@ def rss_bytes(pid: int) -> int | None:
 
 
 def worker_pids(server_pid: int) -> list[int]:
-    """The uvicorn worker processes of ``serve --workers N`` (children running spawn_main)."""
+    """The uvicorn worker processes of ``serve --workers N``: the server's children that are
+    either forked from it (same command line: ``serve`` forks its workers after loading the
+    graph) or spawned by multiprocessing (``spawn_main``); helpers such as multiprocessing's
+    resource tracker are neither."""
     pids: list[int] = []
     try:
         children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
+        own = Path(f"/proc/{server_pid}/cmdline").read_bytes()
     except OSError:
         return pids
     for child in children:
         try:
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"spawn_main" in cmdline:
+        if cmdline == own or b"spawn_main" in cmdline:
             pids.append(int(child))
     return sorted(pids)
 
