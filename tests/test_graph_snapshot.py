@@ -327,3 +327,23 @@ def test_workers_share_one_mapping_follow_a_reload_and_a_restarted_worker_maps_i
             assert _mapping(pid, second).get("inode") == second.stat().st_ino
         answers = _ask_all(server.base_url, "/v1/admin/graph", admin_key)
         assert {r.json()["version"] for r in answers} == {new_version}
+
+
+def test_forking_workers_falls_back_to_spawning_when_uvicorn_has_no_hook(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from uvicorn.supervisors import multiprocess
+
+    from service.api.forked_workers import fork_workers
+
+    original = multiprocess.get_subprocess  # type: ignore[attr-defined]
+    # restored after the test, whatever fork_workers does to it
+    monkeypatch.setattr(multiprocess, "get_subprocess", original)
+    assert fork_workers() is True
+    assert multiprocess.get_subprocess is not original  # type: ignore[attr-defined]
+
+    monkeypatch.delattr(multiprocess, "get_subprocess")
+    with caplog.at_level("WARNING", logger="service.api.forked_workers"):
+        assert fork_workers() is False
+    assert not hasattr(multiprocess, "get_subprocess")
+    assert "workers are spawned" in caplog.text

@@ -102,10 +102,26 @@ def _compile_for(graph: Graph) -> None:
     )
 
 
-def fork_workers() -> None:
-    """Make uvicorn's multiprocess manager fork its workers (see the module docstring)."""
-    from uvicorn import _subprocess
-    from uvicorn.supervisors import multiprocess
+def fork_workers() -> bool:
+    """Make uvicorn's multiprocess manager fork its workers (see the module docstring).
+
+    This replaces ``uvicorn.supervisors.multiprocess.get_subprocess``, which is not uvicorn's
+    public API. If the installed uvicorn has no such hook, nothing is replaced, a warning says
+    so and ``False`` is returned: the workers are then spawned as before (each still maps the
+    graph snapshot the supervisor wrote, but imports and compiles on its own)."""
+    try:
+        from uvicorn import _subprocess
+        from uvicorn.supervisors import multiprocess
+
+        _subprocess.subprocess_started  # noqa: B018 - the hook's target must exist
+        multiprocess.get_subprocess  # type: ignore[attr-defined]  # noqa: B018
+    except (ImportError, AttributeError) as exc:
+        log.warning(
+            "this uvicorn offers no hook to fork workers (%s): workers are spawned, each "
+            "mapping the graph snapshot but importing and compiling on its own",
+            exc,
+        )
+        return False
 
     def forked_subprocess(
         config: Any, target: Callable[..., None], sockets: list[socket]
@@ -115,6 +131,7 @@ def fork_workers() -> None:
         return _FORK.Process(target=_subprocess.subprocess_started, kwargs=kwargs)
 
     multiprocess.get_subprocess = forked_subprocess  # type: ignore[attr-defined,assignment]
+    return True
 
 
 def _with_default_signals(target: Callable[..., None]) -> Callable[..., None]:

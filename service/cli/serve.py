@@ -94,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
         from service.api.forked_workers import fork_workers, prepare_supervisor
 
         prepare_supervisor(settings)
-        fork_workers()
-        app = "service.api.forked_workers:preloaded_app"
+        if fork_workers():
+            app = "service.api.forked_workers:preloaded_app"
     try:
         uvicorn.run(
             app,
