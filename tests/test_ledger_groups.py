@@ -228,3 +228,62 @@ def test_cached_authentication_has_a_documented_staleness_bound(ledger_url: str)
     finally:
         here.dispose()
         elsewhere.dispose()
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["single", "group"])
+def test_a_stale_twin_is_refunded_in_a_transaction_of_its_own(
+    ledger: Ledger, grouped: bool
+) -> None:
+    """Reconciling a stale in-flight twin must not happen inside the admission that meets it:
+    its refund locks the twin's exposure shard, which inside the admission would be a second
+    shard lock out of ascending order (two such admissions could deadlock)."""
+    from sqlalchemy import event
+
+    curve = curve_for(0.1)
+    acct = ledger.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
+    key = ReleaseKey(acct, "n9", "g1", "edge", 0.1)
+    stale = ledger.admit_and_charge_many([admission(acct, 9, curve, release_key=key)])[0]
+    assert isinstance(stale, ChargeReceipt)  # admitted, never released: its worker died
+
+    transactions: list[list[str]] = []
+    current: list[str] = []
+    engine = ledger._engine
+
+    def on_statement(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        current.append(statement.lower())
+
+    def on_end(_conn: Any) -> None:
+        transactions.append(list(current))
+        current.clear()
+
+    event.listen(engine, "before_cursor_execute", on_statement)
+    event.listen(engine, "commit", on_end)
+    event.listen(engine, "rollback", on_end)
+    try:
+        if grouped:
+            outcome = ledger.admit_and_charge_many(
+                [admission(acct, 9, curve, release_key=key)], stale_after_seconds=0.0
+            )[0]
+        else:
+            outcome = ledger.admit_and_charge(
+                charged_account_id=acct, principal_account_id=acct, seed="n9",
+                mechanism="noisy_diffusion", mode="edge", params={"i": 9}, query_curve=curve,
+                query_epsilon=0.1, graph_version="g1", request_id="r9b", release_key=key,
+                idempotency_key=None, stale_after_seconds=0.0,
+            )  # fmt: skip
+    finally:
+        event.remove(engine, "before_cursor_execute", on_statement)
+        event.remove(engine, "commit", on_end)
+        event.remove(engine, "rollback", on_end)
+
+    assert isinstance(outcome, ChargeReceipt) and not outcome.joined
+    assert outcome.charge_id != stale.charge_id
+    assert ledger.charge_state(stale.charge_id) == "refunded"
+    assert ledger.charge_state(outcome.charge_id) == "admitted"
+    refunding = [t for t in transactions if any("insert into refunds" in s for s in t)]
+    charging = [t for t in transactions if any("insert into charges" in s for s in t)]
+    assert len(refunding) == 1 and len(charging) == 1
+    assert refunding[0] is not charging[0]
+    assert not any("insert into charges" in s for s in refunding[0])
+    assert ledger.budget(acct).charges == 1
+    assert ledger.verify().ok

@@ -20,7 +20,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from datetime import UTC, timedelta
 from typing import Any, cast
 
@@ -880,6 +880,8 @@ class Ledger:
                     )
             except _NeedsExactCap:
                 exact_cap = True  # rolled back: start again, locking every shard
+            except _StaleTwin as stale:
+                self._reconcile_stale_twin(stale)  # rolled back: refund it, then start again
             except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
                 self.record_refusal(
                     refusal.code,
@@ -1048,18 +1050,15 @@ class Ledger:
         """
         if not admissions:
             return []
-        try:
-            with self._writing() as session:
-                outcomes = self._admit_group(session, admissions, graph_cap, stale_after_seconds)
-                session.flush()  # the charges' ids
-                results: list[ChargeReceipt | ServiceError] = []
-                for outcome in outcomes:
-                    if isinstance(outcome, tuple):
-                        charge, view = outcome
-                        outcome = ChargeReceipt(charge_id=charge.id, budget=view)
-                    results.append(outcome)
-        except IntegrityError:
-            return [self._admit_alone(a, graph_cap, stale_after_seconds) for a in admissions]
+        while True:
+            try:
+                results = self._admit_group_once(admissions, graph_cap, stale_after_seconds)
+            except IntegrityError:
+                return [self._admit_alone(a, graph_cap, stale_after_seconds) for a in admissions]
+            except _StaleTwin as stale:
+                self._reconcile_stale_twin(stale)  # rolled back: refund it, then start again
+                continue
+            break
         for a, result in zip(admissions, results, strict=True):
             if isinstance(result, (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted)):
                 self.record_refusal(
@@ -1069,6 +1068,20 @@ class Ledger:
                     mode=a.mode,
                     epsilon=a.query_epsilon,
                 )
+        return results
+
+    def _admit_group_once(
+        self, admissions: list[Admission], graph_cap: GraphCap | None, stale_after_seconds: float
+    ) -> list[ChargeReceipt | ServiceError]:
+        with self._writing() as session:
+            outcomes = self._admit_group(session, admissions, graph_cap, stale_after_seconds)
+            session.flush()  # the charges' ids
+            results: list[ChargeReceipt | ServiceError] = []
+            for outcome in outcomes:
+                if isinstance(outcome, tuple):
+                    charge, view = outcome
+                    outcome = ChargeReceipt(charge_id=charge.id, budget=view)
+                results.append(outcome)
         return results
 
     def _admit_alone(
@@ -1174,12 +1187,20 @@ class Ledger:
             return None
         age = (utcnow() - _aware(row.created_at)).total_seconds()
         if age > stale_after_seconds:
-            self._refund_in(
-                session, row, reason=f"reconciled: no release {age:.0f} s after admission",
-                actor=None,
-            )  # fmt: skip
-            return None
+            # Refunded in a transaction of its own (:meth:`_reconcile_stale_twin`), then the
+            # admission starts again: refunding here would lock the twin's exposure shard
+            # after this admission's own, out of ascending order.
+            raise _StaleTwin(row.id, age)
         return row.id
+
+    def _reconcile_stale_twin(self, stale: _StaleTwin) -> None:
+        """Refund an in-flight twin that outlived ``stale_after_seconds`` without a release
+        (its worker died between charge and answer), in its own transaction. If it was
+        released meanwhile, the admission that starts again joins its release."""
+        with suppress(ChargeSettled):
+            self.refund(
+                stale.charge_id, reason=f"reconciled: no release {stale.age:.0f} s after admission"
+            )
 
     def _check_quota(
         self,
@@ -1821,6 +1842,16 @@ def _settle(session: Session, charge_id: int, state: str, now: Any) -> int:
 
 class _NeedsExactCap(Exception):
     """Internal: the fast graph-cap check could not admit; retry locking every shard."""
+
+
+class _StaleTwin(Exception):
+    """Internal: an identical query's charge is still ``admitted`` past the stale bound;
+    roll back, refund it on its own, and admit again."""
+
+    def __init__(self, charge_id: int, age: float) -> None:
+        super().__init__(charge_id, age)
+        self.charge_id = charge_id
+        self.age = age
 
 
 def _aware(moment: Any) -> Any:
