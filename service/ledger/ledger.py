@@ -853,78 +853,7 @@ class Ledger:
         Locks are always taken in the order: charged spend row, principal spend row, exposure
         shard rows by ascending shard, so concurrent admissions never deadlock.
         """
-        if not isinstance(query_curve, RdpCurve):
-            raise TypeError("query_curve must be an RdpCurve")
-        exact_cap = False
-        while True:
-            try:
-                with self._writing() as session:
-                    return self._admit(
-                        session,
-                        charged_account_id=charged_account_id,
-                        principal_account_id=principal_account_id,
-                        seed=seed,
-                        mechanism=mechanism,
-                        mode=mode,
-                        params=params,
-                        query_curve=query_curve,
-                        query_epsilon=query_epsilon,
-                        graph_version=graph_version,
-                        request_id=request_id,
-                        idempotency_key=idempotency_key,
-                        release_key=release_key,
-                        quota_epsilon=quota_epsilon,
-                        graph_cap=graph_cap,
-                        exact_cap=exact_cap,
-                        stale_after_seconds=stale_after_seconds,
-                    )
-            except _NeedsExactCap:
-                exact_cap = True  # rolled back: start again, locking every shard
-            except _StaleTwin as stale:
-                self._reconcile_stale_twin(stale)  # rolled back: refund it, then start again
-            except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
-                self.record_refusal(
-                    refusal.code,
-                    charged_account_id=charged_account_id,
-                    principal_account_id=principal_account_id,
-                    mode=mode,
-                    epsilon=query_epsilon,
-                )
-                raise
-            except IntegrityError:
-                # A concurrent twin with the same idempotency key committed first.
-                if idempotency_key is None:
-                    raise
-                with self._reading() as session:
-                    earlier = self._charge_by_key(session, principal_account_id, idempotency_key)
-                    if earlier is None:
-                        raise
-                    return self._reused(session, earlier)
-
-    def _admit(
-        self,
-        session: Session,
-        *,
-        charged_account_id: int,
-        principal_account_id: int,
-        seed: str,
-        mechanism: str,
-        mode: str,
-        params: dict[str, Any],
-        query_curve: RdpCurve,
-        query_epsilon: float,
-        graph_version: str,
-        request_id: str,
-        idempotency_key: str | None,
-        release_key: ReleaseKey | None,
-        quota_epsilon: float | None,
-        graph_cap: GraphCap | None,
-        exact_cap: bool,
-        stale_after_seconds: float,
-    ) -> ChargeReceipt:
-        spend = self._lock_spend(session, charged_account_id)
-        outcome = self._admit_locked(
-            session,
+        return self.admit(
             Admission(
                 charged_account_id=charged_account_id,
                 principal_account_id=principal_account_id,
@@ -940,6 +869,62 @@ class Ledger:
                 release_key=release_key,
                 quota_epsilon=quota_epsilon,
             ),
+            graph_cap=graph_cap,
+            stale_after_seconds=stale_after_seconds,
+        )
+
+    def admit(
+        self,
+        a: Admission,
+        *,
+        graph_cap: GraphCap | None = None,
+        stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
+    ) -> ChargeReceipt:
+        """:meth:`admit_and_charge` for a query given as an :class:`Admission`."""
+        if not isinstance(a.query_curve, RdpCurve):
+            raise TypeError("query_curve must be an RdpCurve")
+        exact_cap = False
+        while True:
+            try:
+                with self._writing() as session:
+                    return self._admit(session, a, graph_cap, exact_cap, stale_after_seconds)
+            except _NeedsExactCap:
+                exact_cap = True  # rolled back: start again, locking every shard
+            except _StaleTwin as stale:
+                self._reconcile_stale_twin(stale)  # rolled back: refund it, then start again
+            except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
+                self.record_refusal(
+                    refusal.code,
+                    charged_account_id=a.charged_account_id,
+                    principal_account_id=a.principal_account_id,
+                    mode=a.mode,
+                    epsilon=a.query_epsilon,
+                )
+                raise
+            except IntegrityError:
+                # A concurrent twin with the same idempotency key committed first.
+                if a.idempotency_key is None:
+                    raise
+                with self._reading() as session:
+                    earlier = self._charge_by_key(
+                        session, a.principal_account_id, a.idempotency_key
+                    )
+                    if earlier is None:
+                        raise
+                    return self._reused(session, earlier)
+
+    def _admit(
+        self,
+        session: Session,
+        a: Admission,
+        graph_cap: GraphCap | None,
+        exact_cap: bool,
+        stale_after_seconds: float,
+    ) -> ChargeReceipt:
+        spend = self._lock_spend(session, a.charged_account_id)
+        outcome = self._admit_locked(
+            session,
+            a,
             spend,
             lambda curve: self._add_exposure(session, curve, graph_cap, exact_cap),
             stale_after_seconds,
@@ -1088,23 +1073,7 @@ class Ledger:
         self, a: Admission, graph_cap: GraphCap | None, stale_after_seconds: float
     ) -> ChargeReceipt | ServiceError:
         try:
-            return self.admit_and_charge(
-                charged_account_id=a.charged_account_id,
-                principal_account_id=a.principal_account_id,
-                seed=a.seed,
-                mechanism=a.mechanism,
-                mode=a.mode,
-                params=a.params,
-                query_curve=a.query_curve,
-                query_epsilon=a.query_epsilon,
-                graph_version=a.graph_version,
-                request_id=a.request_id,
-                idempotency_key=a.idempotency_key,
-                release_key=a.release_key,
-                quota_epsilon=a.quota_epsilon,
-                graph_cap=graph_cap,
-                stale_after_seconds=stale_after_seconds,
-            )
+            return self.admit(a, graph_cap=graph_cap, stale_after_seconds=stale_after_seconds)
         except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
             return refusal
 

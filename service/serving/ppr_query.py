@@ -556,22 +556,8 @@ class PprQueryService:
         return self._admit_alone(a, self._graph_cap(p.graph))
 
     def _admit_alone(self, a: Admission, graph_cap: GraphCap | None) -> ChargeReceipt:
-        return self.ledger.admit_and_charge(
-            charged_account_id=a.charged_account_id,
-            principal_account_id=a.principal_account_id,
-            seed=a.seed,
-            mechanism=a.mechanism,
-            mode=a.mode,
-            params=a.params,
-            query_curve=a.query_curve,
-            query_epsilon=a.query_epsilon,
-            graph_version=a.graph_version,
-            request_id=a.request_id,
-            idempotency_key=a.idempotency_key,
-            release_key=a.release_key,
-            quota_epsilon=a.quota_epsilon,
-            graph_cap=graph_cap,
-            stale_after_seconds=self.policy.stale_after_seconds,
+        return self.ledger.admit(
+            a, graph_cap=graph_cap, stale_after_seconds=self.policy.stale_after_seconds
         )
 
     def _graph_cap(self, graph: Graph) -> GraphCap | None:
