@@ -475,22 +475,10 @@ class PprQueryService:
         except LedgerUnavailable as exc:
             log.warning("storing a group of releases failed; their answers were discarded")
             return [exc] * len(items)
-        errors: list[BaseException | None] = []
-        for (req, stored), outcome in zip(items, settled, strict=True):
-            if outcome is None:
-                errors.append(None)
-                continue
-            log.warning(
-                "the charge was settled before its release was stored; answer discarded",
-                extra={"request_id": req.request_id, "charge_id": stored.charge_id},
-            )
-            errors.append(
-                LedgerUnavailable(
-                    "this request took too long and its charge was reconciled; no answer was "
-                    "released and nothing was charged. Retry",
-                    details={"charge_id": stored.charge_id},
-                )
-            )
+        errors: list[BaseException | None] = [
+            None if outcome is None else _settled_before_stored(stored, req)
+            for (req, stored), outcome in zip(items, settled, strict=True)
+        ]
         if self.replays is not None:
             self.replays.put_many(
                 [
@@ -654,15 +642,7 @@ class PprQueryService:
             )
             raise
         except ChargeSettled as exc:
-            log.warning(
-                "the charge was settled before its release was stored; answer discarded",
-                extra={"request_id": req.request_id, "charge_id": stored.charge_id},
-            )
-            raise LedgerUnavailable(
-                "this request took too long and its charge was reconciled; no answer was "
-                "released and nothing was charged. Retry",
-                details={"charge_id": stored.charge_id},
-            ) from exc
+            raise _settled_before_stored(stored, req) from exc
         if self.replays is not None:
             self._cache_release(stored, req)
 
@@ -839,3 +819,17 @@ class PprQueryService:
 
 def _with_k(req: QueryRequest, k: int) -> QueryRequest:
     return replace(req, k=k)
+
+
+def _settled_before_stored(stored: StoredRelease, req: QueryRequest) -> LedgerUnavailable:
+    """The error for a release whose charge was settled (reconciled) before it was stored:
+    its answer is discarded, nothing was released."""
+    log.warning(
+        "the charge was settled before its release was stored; answer discarded",
+        extra={"request_id": req.request_id, "charge_id": stored.charge_id},
+    )
+    return LedgerUnavailable(
+        "this request took too long and its charge was reconciled; no answer was "
+        "released and nothing was charged. Retry",
+        details={"charge_id": stored.charge_id},
+    )
