@@ -42,6 +42,30 @@ def spent_after(n: int) -> float:
 GROUP = 3  # admissions per transaction in the processes that admit in groups
 
 
+def attempt(account: int, principal: int, proc: int, i: int, curve: RdpCurve) -> Admission:
+    """Process ``proc``'s ``i``-th admission; the first SHARED_KEYS keys are shared by all."""
+    return Admission(
+        charged_account_id=account,
+        principal_account_id=principal,
+        seed="n1",
+        mechanism="noisy_diffusion",
+        mode="personalized",
+        params={"attempt": i, "proc": proc},
+        query_curve=curve,
+        query_epsilon=0.1,
+        graph_version="g1",
+        request_id=f"{proc}-{i}",
+        idempotency_key=f"shared-{i}" if i < SHARED_KEYS else f"p{proc}-{i}",
+    )
+
+
+def outcome_row(outcome: object) -> tuple[str, int, bool, float]:
+    if isinstance(outcome, BudgetExhausted):
+        return ("refused", -1, False, outcome.budget.spent_epsilon)
+    assert isinstance(outcome, ChargeReceipt), outcome
+    return ("ok", outcome.charge_id, outcome.reused, outcome.budget.spent_epsilon)
+
+
 def hammer_grouped(
     ledger: Ledger, account: int, principal: int, proc: int
 ) -> list[tuple[str, int, bool, float]]:
@@ -50,29 +74,10 @@ def hammer_grouped(
     outcomes: list[tuple[str, int, bool, float]] = []
     for start in range(0, ATTEMPTS, GROUP):
         group = [
-            Admission(
-                charged_account_id=account,
-                principal_account_id=principal,
-                seed="n1",
-                mechanism="noisy_diffusion",
-                mode="personalized",
-                params={"attempt": i, "proc": proc},
-                query_curve=curve,
-                query_epsilon=0.1,
-                graph_version="g1",
-                request_id=f"{proc}-{i}",
-                idempotency_key=f"shared-{i}" if i < SHARED_KEYS else f"p{proc}-{i}",
-            )
+            attempt(account, principal, proc, i, curve)
             for i in range(start, min(start + GROUP, ATTEMPTS))
         ]
-        for outcome in ledger.admit_and_charge_many(group):
-            if isinstance(outcome, BudgetExhausted):
-                outcomes.append(("refused", -1, False, outcome.budget.spent_epsilon))
-            else:
-                assert isinstance(outcome, ChargeReceipt), outcome
-                outcomes.append(
-                    ("ok", outcome.charge_id, outcome.reused, outcome.budget.spent_epsilon)
-                )
+        outcomes.extend(outcome_row(o) for o in ledger.admit_and_charge_many(group))
     return outcomes
 
 
@@ -95,27 +100,12 @@ def hammer(
         if grouped:
             outcomes = hammer_grouped(ledger, account, principal, proc)
         for i in range(ATTEMPTS if not grouped else 0):
-            key = f"shared-{i}" if i < SHARED_KEYS else f"p{proc}-{i}"
             try:
-                receipt = ledger.admit_and_charge(
-                    charged_account_id=account,
-                    principal_account_id=principal,
-                    seed="n1",
-                    mechanism="noisy_diffusion",
-                    mode="personalized",
-                    params={"attempt": i, "proc": proc},
-                    query_curve=curve,
-                    query_epsilon=0.1,
-                    graph_version="g1",
-                    request_id=f"{proc}-{i}",
-                    idempotency_key=key,
-                )
+                receipt = ledger.admit(attempt(account, principal, proc, i, curve))
             except BudgetExhausted as exc:
-                outcomes.append(("refused", -1, False, exc.budget.spent_epsilon))
+                outcomes.append(outcome_row(exc))
             else:
-                outcomes.append(
-                    ("ok", receipt.charge_id, receipt.reused, receipt.budget.spent_epsilon)
-                )
+                outcomes.append(outcome_row(receipt))
         ledger.dispose()
         results.put((proc, outcomes, None))
     except BaseException:
