@@ -14,6 +14,7 @@ flight answers 503 and the next ones reconnect; admission locks the spend row wi
 from __future__ import annotations
 
 import functools
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -122,6 +123,25 @@ def _install_idle_ping(engine: Engine, idle_seconds: float) -> None:
             raise DisconnectionError(f"pooled connection failed its idle ping: {exc}") from exc
 
 
+def _enable_wal(cursor: Any) -> None:
+    """Put the database file in WAL mode (persistent: a no-op once any connection did it).
+
+    Switching the journal mode needs the file's exclusive lock, and SQLite answers "database
+    is locked" at once, without its busy handler, while another connection holds a lock (as
+    when several workers open a fresh file together): retry until the busy timeout."""
+    if str(cursor.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
+        return
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_SECONDS
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 def _install_sqlite_hooks(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -132,7 +152,7 @@ def _install_sqlite_hooks(engine: Engine) -> None:
             cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_SECONDS * 1000)}")
             cursor.execute("PRAGMA foreign_keys = ON")
             if engine.url.database not in (None, "", ":memory:"):
-                cursor.execute("PRAGMA journal_mode = WAL")
+                _enable_wal(cursor)
         finally:
             cursor.close()
 
