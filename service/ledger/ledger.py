@@ -26,7 +26,7 @@ from typing import Any, cast
 
 import numpy as np
 from alembic.util import CommandError
-from sqlalchemy import CursorResult, Engine, func, select, text, tuple_, update
+from sqlalchemy import CursorResult, Engine, func, insert, select, text, tuple_, update
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -1381,7 +1381,10 @@ class Ledger:
                     f"charge {release.charge_id} is {state or 'missing'}: its answer is discarded",
                     details={"charge_id": release.charge_id, "state": state},
                 )
-            session.add(_release_row_for(release, idempotency_key, principal_account_id, now))
+            session.execute(
+                insert(Release.__table__),
+                [_release_values(release, idempotency_key, principal_account_id, now)],
+            )
 
     def store_releases(
         self, releases: Sequence[tuple[StoredRelease, str | None, int]]
@@ -1413,6 +1416,7 @@ class Ledger:
                 states = {int(charge_id): str(state) for charge_id, state in rows}
             outcomes: list[ChargeSettled | None] = []
             stored: set[int] = set()
+            rows: list[dict[str, Any]] = []
             for release, idempotency_key, principal in releases:
                 if release.charge_id in stored:  # listed twice: stored once, by the first
                     outcomes.append(None)
@@ -1428,8 +1432,10 @@ class Ledger:
                     )  # fmt: skip
                     continue
                 stored.add(release.charge_id)
-                session.add(_release_row_for(release, idempotency_key, principal, now))
+                rows.append(_release_values(release, idempotency_key, principal, now))
                 outcomes.append(None)
+            if rows:  # one multi-row INSERT, through Core: no ORM object per release
+                session.execute(insert(Release.__table__), rows)
         return outcomes
 
     def charge_state(self, charge_id: int) -> str:
@@ -1774,25 +1780,26 @@ class Ledger:
         return records
 
 
-def _release_row_for(
+def _release_values(
     release: StoredRelease, idempotency_key: str | None, principal_account_id: int, now: Any
-) -> Release:
+) -> dict[str, Any]:
+    """The ``releases`` row of a release, as the column values of a Core INSERT."""
     key = release.key
-    return Release(
-        charge_id=release.charge_id,
-        charged_account_id=key.account_id,
-        node=key.node,
-        graph_version=key.graph_version,
-        mode=key.mode,
-        epsilon=float(key.epsilon),
-        mechanism_name=key.mechanism,
-        results=encode_results(release.results),
-        mechanism=release.mechanism,
-        request_id=release.request_id,
-        principal_account_id=principal_account_id,
-        idempotency_key=idempotency_key,
-        created_at=now,
-    )
+    return {
+        "charge_id": release.charge_id,
+        "charged_account_id": key.account_id,
+        "node": key.node,
+        "graph_version": key.graph_version,
+        "mode": key.mode,
+        "epsilon": float(key.epsilon),
+        "mechanism_name": key.mechanism,
+        "results": encode_results(release.results),
+        "mechanism": release.mechanism,
+        "request_id": release.request_id,
+        "principal_account_id": principal_account_id,
+        "idempotency_key": idempotency_key,
+        "created_at": now,
+    }
 
 
 def _settle(session: Session, charge_id: int, state: str, now: Any) -> int:
