@@ -134,7 +134,12 @@ class PackedIds:
         return i if i < n and self[i] == key else None
 
     def names(self, indices: np.ndarray) -> list[str]:
-        return [self[int(i)].decode("utf-8") for i in np.asarray(indices, dtype=np.int64)]
+        at = np.asarray(indices, dtype=np.int64)
+        if self._values is not None:  # canonical decimal ids: the number is the name
+            return [str(v) for v in self._values[at].tolist()]
+        data = memoryview(self._data)  # type: ignore[arg-type]
+        starts, ends = self._offsets[at].tolist(), self._offsets[at + 1].tolist()
+        return [str(data[lo:hi], "utf-8") for lo, hi in zip(starts, ends, strict=True)]
 
     def as_array(self) -> np.ndarray:
         array = np.empty(len(self), dtype=object)
