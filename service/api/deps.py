@@ -19,7 +19,8 @@ _KEY_SHAPE = re.compile(r"^[A-Za-z0-9_\-]{20,200}$")
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`")
 
 
-def get_runtime(request: Request) -> Runtime:
+async def get_runtime(request: Request) -> Runtime:
+    """The process's runtime (async: an attribute read needs no trip to the threadpool)."""
     runtime: Runtime = request.app.state.runtime
     return runtime
 

@@ -30,7 +30,7 @@ from service.cache.store import (
 )
 from service.config import Settings
 from service.ledger.records import ReleaseKey, StoredRelease
-from service.ledger.release_format import decode_results, encode_results
+from service.ledger.release_format import decode_results, results_json
 from service.privacy.orders import GRID_VERSION
 
 log = logging.getLogger(__name__)
@@ -316,11 +316,12 @@ def encode_release(release: StoredRelease) -> bytes:
         "v": 1,
         "key": _key_parts(release.key),
         "charge_id": release.charge_id,
-        "results": encode_results(release.results),
         "mechanism": release.mechanism,
         "request_id": release.request_id,
     }
-    return json.dumps(doc, separators=(",", ":")).encode()
+    head = json.dumps(doc, separators=(",", ":"))
+    # the results' JSON text is the one the ledger row stores (encoded once per release)
+    return f'{head[:-1]},"results":{results_json(release.results)}}}'.encode()
 
 
 def decode_release(raw: bytes) -> StoredRelease:

@@ -26,7 +26,7 @@ from typing import Any, cast
 
 import numpy as np
 from alembic.util import CommandError
-from sqlalchemy import CursorResult, Engine, func, insert, select, text, tuple_, update
+from sqlalchemy import CursorResult, Engine, Table, func, insert, select, text, tuple_, update
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -61,7 +61,7 @@ from service.ledger.records import (
     StoredRelease,
     UnknownAccount,
 )
-from service.ledger.release_format import decode_results, encode_results
+from service.ledger.release_format import decode_results, results_json
 from service.ledger.tables import (
     EXPOSURE_SHARDS,
     META_CURRENT_GRAPH_CONFIGURATION,
@@ -73,6 +73,7 @@ from service.ledger.tables import (
     AuditLog,
     Budget,
     Charge,
+    EncodedJson,
     ExposureShard,
     GraphRelease,
     LedgerMeta,
@@ -80,6 +81,7 @@ from service.ledger.tables import (
     Refusal,
     Release,
     Spend,
+    encode_json,
     iso,
     utcnow,
 )
@@ -922,17 +924,19 @@ class Ledger:
         stale_after_seconds: float,
     ) -> ChargeReceipt:
         spend = self._lock_spend(session, a.charged_account_id)
+        charges = _ChargeWriter()
         outcome = self._admit_locked(
             session,
             a,
             spend,
             lambda curve: self._add_exposure(session, curve, graph_cap, exact_cap),
             stale_after_seconds,
+            charges,
         )
         if isinstance(outcome, ChargeReceipt):
             return outcome
         charge, view = outcome
-        session.flush()
+        charges.write(session)
         return ChargeReceipt(charge_id=charge.id, budget=view)
 
     def _admit_locked(
@@ -942,11 +946,12 @@ class Ledger:
         spend: Spend,
         add_exposure: Callable[[RdpCurve], int],
         stale_after_seconds: float,
+        charges: _ChargeWriter,
         principal_locked: bool = False,
-    ) -> ChargeReceipt | tuple[Charge, BudgetView]:
+    ) -> ChargeReceipt | tuple[_NewCharge, BudgetView]:
         """Admission of ``a`` under its charged account's spend lock (``spend``, held):
         a receipt when an earlier charge answers it (``reused`` / ``joined``), else the new
-        charge (added to the session, not yet flushed) and the budget after it.
+        charge (added to ``charges``, not yet written) and the budget after it.
 
         A refusal raises before anything is written, so a group transaction may go on with
         the next query after one is refused.
@@ -960,8 +965,8 @@ class Ledger:
             or a.release_key is not None
             or (a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id)
         )
-        if reads_charges and session.new:
-            session.flush()  # the charges this transaction added must be visible to the reads
+        if reads_charges:
+            charges.write(session)  # the charges this transaction added must be visible
         if a.idempotency_key is not None:
             earlier = self._charge_by_key(session, a.principal_account_id, a.idempotency_key)
             if earlier is not None:
@@ -989,16 +994,16 @@ class Ledger:
                 lock=not principal_locked,
             )  # fmt: skip
         shard = add_exposure(query_curve)
-        charge = Charge(
+        charge = charges.add(
             created_at=now,
             charged_account_id=a.charged_account_id,
             principal_account_id=a.principal_account_id,
             seed=a.seed,
             mechanism=a.mechanism,
             mode=a.mode,
-            params=a.params,
+            params=charges.json(a.params, lambda: a.params),
             epsilon=float(a.query_epsilon),
-            rdp=query_curve.to_json(),
+            rdp=charges.json(query_curve, query_curve.to_json),
             pure_epsilon=query_curve.pure,
             grid_version=GRID_VERSION,
             graph_version=a.graph_version,
@@ -1008,7 +1013,6 @@ class Ledger:
             release_key=digest,
             exposure_shard=shard,
         )
-        session.add(charge)
         _set_spend(spend, budget, composed, spend.charges + 1)
         spend.last_charge_at = now
         return charge, _view(budget, spend, composed)
@@ -1059,8 +1063,11 @@ class Ledger:
         self, admissions: list[Admission], graph_cap: GraphCap | None, stale_after_seconds: float
     ) -> list[ChargeReceipt | ServiceError]:
         with self._writing() as session:
-            outcomes = self._admit_group(session, admissions, graph_cap, stale_after_seconds)
-            session.flush()  # the charges' ids
+            charges = _ChargeWriter()
+            outcomes = self._admit_group(
+                session, admissions, graph_cap, stale_after_seconds, charges
+            )
+            charges.write(session)  # the charges' ids
             results: list[ChargeReceipt | ServiceError] = []
             for outcome in outcomes:
                 if isinstance(outcome, tuple):
@@ -1083,7 +1090,8 @@ class Ledger:
         admissions: list[Admission],
         graph_cap: GraphCap | None,
         stale_after_seconds: float,
-    ) -> list[ChargeReceipt | ServiceError | tuple[Charge, BudgetView]]:
+        charges: _ChargeWriter,
+    ) -> list[ChargeReceipt | ServiceError | tuple[_NewCharge, BudgetView]]:
         charged = sorted({a.charged_account_id for a in admissions})
         spends = {account: self._lock_spend(session, account) for account in charged}
         # held for the loop: the session's identity map is weak, and would re-read them
@@ -1121,15 +1129,15 @@ class Ledger:
                 _add_to_shard(target, curve)
                 return target.shard
 
-        outcomes: list[ChargeReceipt | ServiceError | tuple[Charge, BudgetView]] = []
-        # One INSERT batch at the end instead of one per query: _admit_locked flushes before
-        # each query that must see the charges added so far (idempotency, twins, quota).
+        outcomes: list[ChargeReceipt | ServiceError | tuple[_NewCharge, BudgetView]] = []
+        # One INSERT batch at the end instead of one per query: _admit_locked writes the
+        # charges added so far before each query that must see them (idempotency, twins, quota).
         with session.no_autoflush:
             for a in admissions:
                 try:
                     outcome = self._admit_locked(
                         session, a, spends[a.charged_account_id], add_exposure,
-                        stale_after_seconds, principal_locked=True,
+                        stale_after_seconds, charges, principal_locked=True,
                     )  # fmt: skip
                 except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
                     outcomes.append(refusal)
@@ -1382,7 +1390,7 @@ class Ledger:
                     details={"charge_id": release.charge_id, "state": state},
                 )
             session.execute(
-                insert(Release.__table__),
+                insert(_RELEASES),
                 [_release_values(release, idempotency_key, principal_account_id, now)],
             )
 
@@ -1416,7 +1424,7 @@ class Ledger:
                 states = {int(charge_id): str(state) for charge_id, state in rows}
             outcomes: list[ChargeSettled | None] = []
             stored: set[int] = set()
-            rows: list[dict[str, Any]] = []
+            new_rows: list[dict[str, Any]] = []
             for release, idempotency_key, principal in releases:
                 if release.charge_id in stored:  # listed twice: stored once, by the first
                     outcomes.append(None)
@@ -1432,10 +1440,10 @@ class Ledger:
                     )  # fmt: skip
                     continue
                 stored.add(release.charge_id)
-                rows.append(_release_values(release, idempotency_key, principal, now))
+                new_rows.append(_release_values(release, idempotency_key, principal, now))
                 outcomes.append(None)
-            if rows:  # one multi-row INSERT, through Core: no ORM object per release
-                session.execute(insert(Release.__table__), rows)
+            if new_rows:  # one multi-row INSERT, through Core: no ORM object per release
+                session.execute(insert(_RELEASES), new_rows)
         return outcomes
 
     def charge_state(self, charge_id: int) -> str:
@@ -1793,7 +1801,7 @@ def _release_values(
         "mode": key.mode,
         "epsilon": float(key.epsilon),
         "mechanism_name": key.mechanism,
-        "results": encode_results(release.results),
+        "results": EncodedJson(results_json(release.results)),
         "mechanism": release.mechanism,
         "request_id": release.request_id,
         "principal_account_id": principal_account_id,
@@ -1814,6 +1822,58 @@ def _settle(session: Session, charge_id: int, state: str, now: Any) -> int:
         .execution_options(synchronize_session=False)
     )
     return int(cast(CursorResult[Any], result).rowcount)
+
+
+#: The tables the request path writes through Core (no ORM object per row).
+_CHARGES = cast(Table, Charge.__table__)
+_RELEASES = cast(Table, Release.__table__)
+
+
+class _NewCharge:
+    """A charge admitted in the current transaction: its column values, and its id once
+    :class:`_ChargeWriter` has inserted it."""
+
+    __slots__ = ("id", "values")
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.values = values
+        self.id: int = 0
+
+
+class _ChargeWriter:
+    """The charges one admission transaction adds, inserted through Core (one multi-row
+    ``INSERT ... RETURNING id`` for a group, no ORM object per charge) when the transaction
+    must see them: before a read of the charges table, and before it commits. The JSON of a
+    curve or parameter set shared by many charges of a group is encoded once."""
+
+    def __init__(self) -> None:
+        self._pending: list[_NewCharge] = []
+        self._encoded: dict[int, tuple[object, EncodedJson]] = {}
+
+    def json(self, owner: object, value: Callable[[], Any]) -> EncodedJson:
+        """The encoded JSON of ``value()``, computed once per ``owner`` object (kept alive
+        here, so its id is not reused while the transaction runs)."""
+        hit = self._encoded.get(id(owner))
+        if hit is None or hit[0] is not owner:
+            hit = (owner, EncodedJson(encode_json(value())))
+            self._encoded[id(owner)] = hit
+        return hit[1]
+
+    def add(self, **values: Any) -> _NewCharge:
+        charge = _NewCharge(values)
+        self._pending.append(charge)
+        return charge
+
+    def write(self, session: Session) -> None:
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        ids = session.scalars(
+            insert(_CHARGES).returning(_CHARGES.c.id, sort_by_parameter_order=True),
+            [charge.values for charge in pending],
+        ).all()
+        for charge, charge_id in zip(pending, ids, strict=True):
+            charge.id = int(charge_id)
 
 
 class _NeedsExactCap(Exception):

@@ -11,6 +11,7 @@ the encoding time. Readers accept both forms (rows written before this format ar
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
@@ -24,6 +25,20 @@ FORMAT = "nodes+f64le"
 
 class UnreadableResults(ValueError):
     """Stored results in neither form."""
+
+
+def results_json(results: Sequence[RankedNode]) -> str:
+    """``encode_results(results)`` as JSON text (sorted keys, no spaces), encoded once per
+    :class:`StoredResults`: the ledger row and the replay cache store the same text."""
+    if isinstance(results, StoredResults):
+        if results._json is None:
+            results._json = _json_text(encode_results(results))
+        return results._json
+    return _json_text(encode_results(results))
+
+
+def _json_text(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
 
 
 def encode_results(results: Sequence[RankedNode]) -> dict[str, Any]:
@@ -43,11 +58,12 @@ class StoredResults(Sequence[RankedNode]):
     """Decoded results that build a :class:`RankedNode` only for the entries read: a replay
     of k = 20 from a 1000-entry release touches 20 (a slice is a list)."""
 
-    __slots__ = ("_nodes", "_scores")
+    __slots__ = ("_json", "_nodes", "_scores")
 
     def __init__(self, nodes: list[str], scores: list[float]) -> None:
         self._nodes = nodes
         self._scores = scores
+        self._json: str | None = None  # results_json, once computed (the values never change)
 
     def __len__(self) -> int:
         return len(self._nodes)

@@ -46,6 +46,18 @@ NAMING_CONVENTION = {
 }
 
 
+def encode_json(value: Any) -> str:
+    """The TEXT a :class:`JsonText` column stores for ``value``."""
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+class EncodedJson(str):
+    """A value already encoded by :func:`encode_json`: a :class:`JsonText` column stores it as
+    is (so a value written many times, or also sent elsewhere, is encoded once)."""
+
+    __slots__ = ()
+
+
 class JsonText(TypeDecorator[Any]):
     """A JSON value stored as TEXT (exact float round-trip on every backend)."""
 
@@ -55,7 +67,9 @@ class JsonText(TypeDecorator[Any]):
     def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
         if value is None:
             return None
-        return json.dumps(value, separators=(",", ":"), sort_keys=True)
+        if isinstance(value, EncodedJson):
+            return str(value)
+        return encode_json(value)
 
     def process_result_value(self, value: Any, dialect: Dialect) -> Any:
         if value is None:
