@@ -26,7 +26,7 @@ from typing import Any, cast
 
 import numpy as np
 from alembic.util import CommandError
-from sqlalchemy import CursorResult, Engine, Table, func, insert, select, text, tuple_, update
+from sqlalchemy import Engine, func, insert, select, text, tuple_, update
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -42,6 +42,20 @@ from service.ledger.database import (
 )
 from service.ledger.exposure import ExposureReport, default_delta, exposure_report
 from service.ledger.keys import generate_api_key, hash_api_key, key_prefix
+from service.ledger.locked_rows import (
+    CHARGES,
+    RELEASES,
+    AdmissionWrites,
+    LockedAccount,
+    LockedShard,
+    NewCharge,
+    lock_account,
+    lock_all_shards,
+    lock_shard,
+    lock_spend_row,
+    other_shards,
+    settle,
+)
 from service.ledger.records import (
     ACCOUNT_TYPES,
     AccountRecord,
@@ -81,7 +95,6 @@ from service.ledger.tables import (
     Refusal,
     Release,
     Spend,
-    encode_json,
     iso,
     utcnow,
 )
@@ -244,11 +257,13 @@ def _release_record(row: Release) -> StoredRelease:
     )
 
 
-def _spent_curve(spend: Spend) -> RdpCurve:
+def _spent_curve(spend: Spend | LockedAccount) -> RdpCurve:
     return RdpCurve.from_json(spend.rdp)
 
 
-def _view(budget: Budget, spend: Spend, spent: RdpCurve | None = None) -> BudgetView:
+def _view(
+    budget: Budget | LockedAccount, spend: Spend | LockedAccount, spent: RdpCurve | None = None
+) -> BudgetView:
     curve = _spent_curve(spend) if spent is None else spent
     spent_epsilon = curve.epsilon(budget.delta)
     return BudgetView(
@@ -261,7 +276,9 @@ def _view(budget: Budget, spend: Spend, spent: RdpCurve | None = None) -> Budget
     )
 
 
-def _set_spend(spend: Spend, budget: Budget, curve: RdpCurve, charges: int) -> None:
+def _set_spend(
+    spend: Spend | LockedAccount, budget: Budget | LockedAccount, curve: RdpCurve, charges: int
+) -> None:
     """Write the composed curve, its conversion at the account's delta and the charge count."""
     spend.rdp = curve.to_json()
     spend.pure_epsilon = curve.pure
@@ -923,35 +940,35 @@ class Ledger:
         exact_cap: bool,
         stale_after_seconds: float,
     ) -> ChargeReceipt:
-        spend = self._lock_spend(session, a.charged_account_id)
-        charges = _ChargeWriter()
+        account = self._lock_account(session, a.charged_account_id)
+        writes = AdmissionWrites()
         outcome = self._admit_locked(
             session,
             a,
-            spend,
-            lambda curve: self._add_exposure(session, curve, graph_cap, exact_cap),
+            account,
+            lambda curve: self._add_exposure(session, curve, graph_cap, exact_cap, writes),
             stale_after_seconds,
-            charges,
+            writes,
         )
         if isinstance(outcome, ChargeReceipt):
             return outcome
         charge, view = outcome
-        charges.write(session)
+        writes.finish(session)
         return ChargeReceipt(charge_id=charge.id, budget=view)
 
     def _admit_locked(
         self,
         session: Session,
         a: Admission,
-        spend: Spend,
+        account: LockedAccount,
         add_exposure: Callable[[RdpCurve], int],
         stale_after_seconds: float,
-        charges: _ChargeWriter,
+        writes: AdmissionWrites,
         principal_locked: bool = False,
-    ) -> ChargeReceipt | tuple[_NewCharge, BudgetView]:
-        """Admission of ``a`` under its charged account's spend lock (``spend``, held):
+    ) -> ChargeReceipt | tuple[NewCharge, BudgetView]:
+        """Admission of ``a`` under its charged account's spend lock (``account``, held):
         a receipt when an earlier charge answers it (``reused`` / ``joined``), else the new
-        charge (added to ``charges``, not yet written) and the budget after it.
+        charge (added to ``writes``, not yet written) and the budget after it.
 
         A refusal raises before anything is written, so a group transaction may go on with
         the next query after one is refused.
@@ -959,34 +976,32 @@ class Ledger:
         query_curve = a.query_curve
         if not isinstance(query_curve, RdpCurve):
             raise TypeError("query_curve must be an RdpCurve")
-        budget = self._budget_row(session, a.charged_account_id)
         reads_charges = (
             a.idempotency_key is not None
             or a.release_key is not None
             or (a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id)
         )
         if reads_charges:
-            charges.write(session)  # the charges this transaction added must be visible
+            writes.write_charges(session)  # the charges this transaction added must be visible
         if a.idempotency_key is not None:
             earlier = self._charge_by_key(session, a.principal_account_id, a.idempotency_key)
             if earlier is not None:
-                return self._reused(session, earlier)
+                return self._reused(session, earlier, account)
         release_key = a.release_key
         digest = release_key.digest() if release_key is not None else None
         if release_key is not None and digest is not None:
             twin = self._twin(session, a.charged_account_id, digest, stale_after_seconds)
             if twin is not None:
-                spend = self._lock_spend(session, a.charged_account_id)  # refreshed by a refund
-                return ChargeReceipt(charge_id=twin, budget=_view(budget, spend), joined=True)
+                return ChargeReceipt(charge_id=twin, budget=_view(account, account), joined=True)
             released = self._release_row(session, release_key)
             if released is not None:
                 return ChargeReceipt(
-                    charge_id=released.charge_id, budget=_view(budget, spend), joined=True
+                    charge_id=released.charge_id, budget=_view(account, account), joined=True
                 )
-        spent = _spent_curve(spend)
+        spent = _spent_curve(account)
         composed = spent + query_curve
-        if composed.epsilon(budget.delta) > budget.cap_epsilon * (1.0 - ADMISSION_RTOL):
-            raise BudgetExhausted(_view(budget, spend, spent), float(a.query_epsilon))
+        if composed.epsilon(account.delta) > account.cap_epsilon * (1.0 - ADMISSION_RTOL):
+            raise BudgetExhausted(_view(account, account, spent), float(a.query_epsilon))
         now = utcnow()
         if a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id:
             self._check_quota(
@@ -994,16 +1009,16 @@ class Ledger:
                 lock=not principal_locked,
             )  # fmt: skip
         shard = add_exposure(query_curve)
-        charge = charges.add(
+        charge = writes.add_charge(
             created_at=now,
             charged_account_id=a.charged_account_id,
             principal_account_id=a.principal_account_id,
             seed=a.seed,
             mechanism=a.mechanism,
             mode=a.mode,
-            params=charges.json(a.params, lambda: a.params),
+            params=writes.json(a.params, lambda: a.params),
             epsilon=float(a.query_epsilon),
-            rdp=charges.json(query_curve, query_curve.to_json),
+            rdp=writes.json(query_curve, query_curve.to_json),
             pure_epsilon=query_curve.pure,
             grid_version=GRID_VERSION,
             graph_version=a.graph_version,
@@ -1013,9 +1028,10 @@ class Ledger:
             release_key=digest,
             exposure_shard=shard,
         )
-        _set_spend(spend, budget, composed, spend.charges + 1)
-        spend.last_charge_at = now
-        return charge, _view(budget, spend, composed)
+        _set_spend(account, account, composed, account.charges + 1)
+        account.last_charge_at = now
+        writes.changed_account(account)
+        return charge, _view(account, account, composed)
 
     def admit_and_charge_many(
         self,
@@ -1063,11 +1079,11 @@ class Ledger:
         self, admissions: list[Admission], graph_cap: GraphCap | None, stale_after_seconds: float
     ) -> list[ChargeReceipt | ServiceError]:
         with self._writing() as session:
-            charges = _ChargeWriter()
+            writes = AdmissionWrites()
             outcomes = self._admit_group(
-                session, admissions, graph_cap, stale_after_seconds, charges
+                session, admissions, graph_cap, stale_after_seconds, writes
             )
-            charges.write(session)  # the charges' ids
+            writes.finish(session)  # the charges' ids, the spend and the shards
             results: list[ChargeReceipt | ServiceError] = []
             for outcome in outcomes:
                 if isinstance(outcome, tuple):
@@ -1090,12 +1106,10 @@ class Ledger:
         admissions: list[Admission],
         graph_cap: GraphCap | None,
         stale_after_seconds: float,
-        charges: _ChargeWriter,
-    ) -> list[ChargeReceipt | ServiceError | tuple[_NewCharge, BudgetView]]:
+        writes: AdmissionWrites,
+    ) -> list[ChargeReceipt | ServiceError | tuple[NewCharge, BudgetView]]:
         charged = sorted({a.charged_account_id for a in admissions})
-        spends = {account: self._lock_spend(session, account) for account in charged}
-        # held for the loop: the session's identity map is weak, and would re-read them
-        budgets = {account: self._budget_row(session, account) for account in charged}
+        accounts = {account: self._lock_account(session, account) for account in charged}
         principals = sorted(
             {
                 a.principal_account_id
@@ -1105,21 +1119,18 @@ class Ledger:
             - set(charged)
         )
         for principal in principals:
-            self._lock_spend(session, principal)
+            self._lock_principal(session, principal)
         # Every principal whose quota is checked is now locked (as a charged or a principal row).
         if graph_cap is None:
-            shard_row = self._lock_shard(session, random.randrange(EXPOSURE_SHARDS))
+            shard_row = self._locked_shard(session, random.randrange(EXPOSURE_SHARDS))
 
             def add_exposure(curve: RdpCurve) -> int:
                 _add_to_shard(shard_row, curve)
+                writes.changed_shard(shard_row)
                 return shard_row.shard
         else:
             cap = graph_cap
-            rows = list(
-                session.scalars(
-                    select(ExposureShard).order_by(ExposureShard.shard).with_for_update()
-                )
-            )
+            rows = lock_all_shards(session)
             target = rows[random.randrange(len(rows))]
 
             def add_exposure(curve: RdpCurve) -> int:
@@ -1127,23 +1138,22 @@ class Ledger:
                 if total.epsilon(cap.delta) > cap.cap_epsilon * (1.0 - ADMISSION_RTOL):
                     raise _graph_exhausted(cap, _shard_total(rows))
                 _add_to_shard(target, curve)
+                writes.changed_shard(target)
                 return target.shard
 
-        outcomes: list[ChargeReceipt | ServiceError | tuple[_NewCharge, BudgetView]] = []
+        outcomes: list[ChargeReceipt | ServiceError | tuple[NewCharge, BudgetView]] = []
         # One INSERT batch at the end instead of one per query: _admit_locked writes the
         # charges added so far before each query that must see them (idempotency, twins, quota).
-        with session.no_autoflush:
-            for a in admissions:
-                try:
-                    outcome = self._admit_locked(
-                        session, a, spends[a.charged_account_id], add_exposure,
-                        stale_after_seconds, charges, principal_locked=True,
-                    )  # fmt: skip
-                except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
-                    outcomes.append(refusal)
-                    continue
-                outcomes.append(outcome)
-        del budgets
+        for a in admissions:
+            try:
+                outcome = self._admit_locked(
+                    session, a, accounts[a.charged_account_id], add_exposure,
+                    stale_after_seconds, writes, principal_locked=True,
+                )  # fmt: skip
+            except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
+                outcomes.append(refusal)
+                continue
+            outcomes.append(outcome)
         return outcomes
 
     def _twin(
@@ -1193,7 +1203,7 @@ class Ledger:
         quota. Locks the principal's spend row (unless the caller holds it), so the check and
         the charge are atomic."""
         if lock:
-            self._lock_spend(session, principal)
+            self._lock_principal(session, principal)
         since = now - QUOTA_WINDOW
         rows = session.execute(
             select(Charge.created_at, Charge.epsilon)
@@ -1226,7 +1236,12 @@ class Ledger:
         )
 
     def _add_exposure(
-        self, session: Session, curve: RdpCurve, cap: GraphCap | None, exact: bool
+        self,
+        session: Session,
+        curve: RdpCurve,
+        cap: GraphCap | None,
+        exact: bool,
+        writes: AdmissionWrites,
     ) -> int:
         """Add ``curve`` to one exposure shard (returned), checking the graph-wide cap.
 
@@ -1237,33 +1252,50 @@ class Ledger:
         every shard in ascending order, which reads the exact total.
         """
         if cap is None:
-            shard = random.randrange(EXPOSURE_SHARDS)
-            row = self._lock_shard(session, shard)
-            _add_to_shard(row, curve)
-            return shard
-        if exact:
-            rows = list(
-                session.scalars(
-                    select(ExposureShard).order_by(ExposureShard.shard).with_for_update()
-                )
-            )
+            row = self._locked_shard(session, random.randrange(EXPOSURE_SHARDS))
+        elif exact:
+            rows = lock_all_shards(session)
             total = _shard_total(rows) + curve
             if total.epsilon(cap.delta) > cap.cap_epsilon * (1.0 - ADMISSION_RTOL):
                 raise _graph_exhausted(cap, _shard_total(rows))
             row = rows[random.randrange(len(rows))]
-            _add_to_shard(row, curve)
-            return row.shard
-        shard = random.randrange(EXPOSURE_SHARDS)
-        row = self._lock_shard(session, shard)
-        if not bool(np.all(curve.rdp <= cap.max_charge.rdp)) or curve.pure > cap.max_charge.pure:
-            raise _NeedsExactCap()
-        others = session.scalars(select(ExposureShard).where(ExposureShard.shard != shard)).all()
-        total = _shard_total([row, *others]) + curve
-        margin = cap.max_charge * (EXPOSURE_SHARDS - 1)
-        if (total + margin).epsilon(cap.delta) > cap.cap_epsilon * (1.0 - ADMISSION_RTOL):
-            raise _NeedsExactCap()
+        else:
+            shard = random.randrange(EXPOSURE_SHARDS)
+            row = self._locked_shard(session, shard)
+            within = bool(np.all(curve.rdp <= cap.max_charge.rdp))
+            if not within or curve.pure > cap.max_charge.pure:
+                raise _NeedsExactCap()
+            total = _shard_total([row, *other_shards(session, shard)]) + curve
+            margin = cap.max_charge * (EXPOSURE_SHARDS - 1)
+            if (total + margin).epsilon(cap.delta) > cap.cap_epsilon * (1.0 - ADMISSION_RTOL):
+                raise _NeedsExactCap()
         _add_to_shard(row, curve)
-        return shard
+        writes.changed_shard(row)
+        return row.shard
+
+    @staticmethod
+    def _lock_account(session: Session, account_id: int) -> LockedAccount:
+        """The account's spend and budget, its spend row locked (admission's Core path)."""
+        account = lock_account(session, account_id)
+        if account is None:
+            raise UnknownAccount(
+                f"account {account_id} does not exist", details={"account_id": account_id}
+            )
+        return account
+
+    @staticmethod
+    def _lock_principal(session: Session, account_id: int) -> None:
+        if not lock_spend_row(session, account_id):
+            raise UnknownAccount(
+                f"account {account_id} does not exist", details={"account_id": account_id}
+            )
+
+    @staticmethod
+    def _locked_shard(session: Session, shard: int) -> LockedShard:
+        row = lock_shard(session, shard)
+        if row is None:  # pragma: no cover - created by migration 0002
+            raise LedgerNotMigrated("exposure_shards is empty: run the migrations")
+        return row
 
     @staticmethod
     def _lock_shard(session: Session, shard: int) -> ExposureShard:
@@ -1284,7 +1316,12 @@ class Ledger:
             )
         ).one_or_none()
 
-    def _reused(self, session: Session, charge: Charge) -> ChargeReceipt:
+    def _reused(
+        self, session: Session, charge: Charge, locked: LockedAccount | None = None
+    ) -> ChargeReceipt:
+        if locked is not None and locked.account_id == charge.charged_account_id:
+            # the spend as this transaction left it (a group may have charged it already)
+            return ChargeReceipt(charge_id=charge.id, budget=_view(locked, locked), reused=True)
         budget = self._budget_row(session, charge.charged_account_id)
         spend = session.get(Spend, charge.charged_account_id)
         assert spend is not None
@@ -1330,7 +1367,7 @@ class Ledger:
         """
         account_id = charge.charged_account_id
         now = utcnow()
-        moved = _settle(session, charge.id, "refunded", now)
+        moved = settle(session, charge.id, "refunded", now)
         spend = self._lock_spend(session, account_id)
         budget = self._budget_row(session, account_id)
         if moved != 1:
@@ -1380,7 +1417,7 @@ class Ledger:
         """
         with self._writing() as session:
             now = utcnow()
-            moved = _settle(session, release.charge_id, "released", now)
+            moved = settle(session, release.charge_id, "released", now)
             if moved != 1:
                 state = session.scalar(select(Charge.state).where(Charge.id == release.charge_id))
                 if state == "released":
@@ -1390,7 +1427,7 @@ class Ledger:
                     details={"charge_id": release.charge_id, "state": state},
                 )
             session.execute(
-                insert(_RELEASES),
+                insert(RELEASES),
                 [_release_values(release, idempotency_key, principal_account_id, now)],
             )
 
@@ -1410,18 +1447,19 @@ class Ledger:
             now = utcnow()
             moved = set(
                 session.scalars(
-                    update(Charge)
-                    .where(Charge.id.in_(ids), Charge.state == "admitted")
+                    update(CHARGES)
+                    .where(CHARGES.c.id.in_(ids), CHARGES.c.state == "admitted")
                     .values(state="released", settled_at=now)
-                    .returning(Charge.id)
-                    .execution_options(synchronize_session=False)
+                    .returning(CHARGES.c.id)
                 )
             )
             others = [charge_id for charge_id in ids if charge_id not in moved]
             states: dict[int, str] = {}
             if others:
-                rows = session.execute(select(Charge.id, Charge.state).where(Charge.id.in_(others)))
-                states = {int(charge_id): str(state) for charge_id, state in rows}
+                rows = session.execute(
+                    select(CHARGES.c.id, CHARGES.c.state).where(CHARGES.c.id.in_(others))
+                )
+                states = {int(row.id): str(row.state) for row in rows}
             outcomes: list[ChargeSettled | None] = []
             stored: set[int] = set()
             new_rows: list[dict[str, Any]] = []
@@ -1443,7 +1481,7 @@ class Ledger:
                 new_rows.append(_release_values(release, idempotency_key, principal, now))
                 outcomes.append(None)
             if new_rows:  # one multi-row INSERT, through Core: no ORM object per release
-                session.execute(insert(_RELEASES), new_rows)
+                session.execute(insert(RELEASES), new_rows)
         return outcomes
 
     def charge_state(self, charge_id: int) -> str:
@@ -1578,7 +1616,9 @@ class Ledger:
         try:
             with self._writing() as session:
                 # a one-time release: the exact cap check (every shard locked) is cheap enough
-                shard = self._add_exposure(session, curve, cap, exact=cap is not None)
+                writes = AdmissionWrites()
+                shard = self._add_exposure(session, curve, cap, cap is not None, writes)
+                writes.finish(session)
                 row = GraphRelease(
                     graph_version=version,
                     mechanism=mechanism,
@@ -1810,72 +1850,6 @@ def _release_values(
     }
 
 
-def _settle(session: Session, charge_id: int, state: str, now: Any) -> int:
-    """Move a charge from ``admitted`` to ``state``; 1 if it moved, 0 if it was settled already.
-
-    The conditional UPDATE is what makes a release and a refund of one charge exclusive.
-    """
-    result = session.execute(
-        update(Charge)
-        .where(Charge.id == charge_id, Charge.state == "admitted")
-        .values(state=state, settled_at=now)
-        .execution_options(synchronize_session=False)
-    )
-    return int(cast(CursorResult[Any], result).rowcount)
-
-
-#: The tables the request path writes through Core (no ORM object per row).
-_CHARGES = cast(Table, Charge.__table__)
-_RELEASES = cast(Table, Release.__table__)
-
-
-class _NewCharge:
-    """A charge admitted in the current transaction: its column values, and its id once
-    :class:`_ChargeWriter` has inserted it."""
-
-    __slots__ = ("id", "values")
-
-    def __init__(self, values: dict[str, Any]) -> None:
-        self.values = values
-        self.id: int = 0
-
-
-class _ChargeWriter:
-    """The charges one admission transaction adds, inserted through Core (one multi-row
-    ``INSERT ... RETURNING id`` for a group, no ORM object per charge) when the transaction
-    must see them: before a read of the charges table, and before it commits. The JSON of a
-    curve or parameter set shared by many charges of a group is encoded once."""
-
-    def __init__(self) -> None:
-        self._pending: list[_NewCharge] = []
-        self._encoded: dict[int, tuple[object, EncodedJson]] = {}
-
-    def json(self, owner: object, value: Callable[[], Any]) -> EncodedJson:
-        """The encoded JSON of ``value()``, computed once per ``owner`` object (kept alive
-        here, so its id is not reused while the transaction runs)."""
-        hit = self._encoded.get(id(owner))
-        if hit is None or hit[0] is not owner:
-            hit = (owner, EncodedJson(encode_json(value())))
-            self._encoded[id(owner)] = hit
-        return hit[1]
-
-    def add(self, **values: Any) -> _NewCharge:
-        charge = _NewCharge(values)
-        self._pending.append(charge)
-        return charge
-
-    def write(self, session: Session) -> None:
-        if not self._pending:
-            return
-        pending, self._pending = self._pending, []
-        ids = session.scalars(
-            insert(_CHARGES).returning(_CHARGES.c.id, sort_by_parameter_order=True),
-            [charge.values for charge in pending],
-        ).all()
-        for charge, charge_id in zip(pending, ids, strict=True):
-            charge.id = int(charge_id)
-
-
 class _NeedsExactCap(Exception):
     """Internal: the fast graph-cap check could not admit; retry locking every shard."""
 
@@ -1894,14 +1868,14 @@ def _aware(moment: Any) -> Any:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-def _shard_total(rows: list[ExposureShard] | Any) -> RdpCurve:
+def _shard_total(rows: list[LockedShard] | Any) -> RdpCurve:
     total = RdpCurve.zero()
     for row in rows:
         total = total + RdpCurve.from_json(row.rdp)
     return total
 
 
-def _add_to_shard(row: ExposureShard, curve: RdpCurve) -> None:
+def _add_to_shard(row: ExposureShard | LockedShard, curve: RdpCurve) -> None:
     total = RdpCurve.from_json(row.rdp) + curve
     row.rdp = total.to_json()
     row.pure_epsilon = total.pure
