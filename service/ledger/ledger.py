@@ -986,7 +986,7 @@ class Ledger:
         if a.idempotency_key is not None:
             earlier = self._charge_by_key(session, a.principal_account_id, a.idempotency_key)
             if earlier is not None:
-                return self._reused(session, earlier, account)
+                return self._reused(session, earlier, writes)
         release_key = a.release_key
         digest = release_key.digest() if release_key is not None else None
         if release_key is not None and digest is not None:
@@ -1317,9 +1317,10 @@ class Ledger:
         ).one_or_none()
 
     def _reused(
-        self, session: Session, charge: Charge, locked: LockedAccount | None = None
+        self, session: Session, charge: Charge, writes: AdmissionWrites | None = None
     ) -> ChargeReceipt:
-        if locked is not None and locked.account_id == charge.charged_account_id:
+        locked = None if writes is None else writes.account(charge.charged_account_id)
+        if locked is not None:
             # the spend as this transaction left it (a group may have charged it already)
             return ChargeReceipt(charge_id=charge.id, budget=_view(locked, locked), reused=True)
         budget = self._budget_row(session, charge.charged_account_id)

@@ -194,6 +194,10 @@ class AdmissionWrites:
     def changed_account(self, account: LockedAccount) -> None:
         self._accounts[account.account_id] = account
 
+    def account(self, account_id: int) -> LockedAccount | None:
+        """The account's record if this transaction changed it (not yet written)."""
+        return self._accounts.get(account_id)
+
     def changed_shard(self, shard: LockedShard) -> None:
         self._shards[shard.shard] = shard
 
