@@ -99,19 +99,22 @@ def test_a_retry_in_a_group_shows_the_budget_the_group_has_charged_so_far(
     ledger: Ledger,
 ) -> None:
     curve = curve_for(0.1)
-    acct = ledger.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
-    first = ledger.admit_and_charge_many([admission(acct, 0, curve, idempotency_key="k0")])[0]
+    a = ledger.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
+    b = ledger.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
+    first = ledger.admit_and_charge_many([admission(a, 0, curve, idempotency_key="k0")])[0]
     assert isinstance(first, ChargeReceipt)
+    # the retry names another charged account, but its key is the earlier charge to ``a``,
+    # which this same group charges again before it
     new, retry = ledger.admit_and_charge_many(
-        [admission(acct, 1, curve), admission(acct, 2, curve, idempotency_key="k0")]
+        [admission(a, 1, curve), admission(b, 2, curve, principal=a, idempotency_key="k0")]
     )
     assert isinstance(new, ChargeReceipt) and isinstance(retry, ChargeReceipt) and retry.reused
     assert retry.charge_id == first.charge_id
-    # the spend as this transaction left it: the earlier charge and the group's new one
+    assert retry.budget.account_id == a
+    # a's spend as this transaction left it: the earlier charge and the group's new one
     assert retry.budget.charges == new.budget.charges == 2
-    assert (
-        retry.budget.spent_epsilon == new.budget.spent_epsilon == ledger.budget(acct).spent_epsilon
-    )
+    assert retry.budget.spent_epsilon == ledger.budget(a).spent_epsilon
+    assert ledger.budget(b).charges == 0
 
 
 def test_a_group_with_a_key_taken_meanwhile_falls_back_to_one_by_one(ledger: Ledger) -> None:
