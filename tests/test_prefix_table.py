@@ -189,6 +189,16 @@ def test_a_graph_whose_tables_exceed_the_bound_gets_none_or_the_edge_mode_first(
     assert Settings(graph_snapshots=False).snapshot_directory is None  # then no table either
 
 
+def test_a_directory_others_may_write_gets_no_table(graph: Graph, tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    tables = SharedPrefixTables(shared, 2**30, MechanismSettings(), lambda: graph)
+    assert tables.state()["status"] == "absent"
+    assert tables.lookup(graph, 0, Mode.EDGE, 0.8, 1e-7, 94) is None
+    assert list(shared.iterdir()) == [], "no lock, no builder, no table"
+
+
 # --------------------------------------------------------------------------- serving
 
 

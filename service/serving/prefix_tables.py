@@ -237,7 +237,11 @@ class SharedPrefixTables:
                      extra={"graph_version": graph.version, "bound_bytes": self.bound_bytes,
                             "modes": [s.mode for s in tables.left_out]})  # fmt: skip
         if tables.planned:
-            private_directory(self.directory)
+            try:
+                private_directory(self.directory)
+            except OSError as exc:
+                log.warning("prefix tables are off: cannot use %s: %s", self.directory, exc)
+                tables.planned, tables.build_failed = [], True
         return tables
 
     def _start_builder(self, tables: _Tables) -> None:
