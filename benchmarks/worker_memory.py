@@ -41,9 +41,11 @@ from service.loadtest.server import (
 
 def children(pid: int) -> list[int]:
     found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
-        found += [int(c) for c in text]
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            found += [int(c) for c in (task / "children").read_text().split()]
+    except (FileNotFoundError, ProcessLookupError):  # it exited meanwhile
+        pass
     return found
 
 
@@ -69,8 +71,14 @@ def pss_kib(pid: int) -> int:
 
 
 def snapshot(pid: int) -> tuple[int, list[int], int, int]:
-    """Total PSS of the process tree, per process, and its anonymous and file parts."""
-    rollups = [rollup_kib(p) for p in tree(pid)]
+    """Total PSS of the process tree, per process, and its anonymous and file parts (a child
+    that exits meanwhile, e.g. a prefix table builder, is left out)."""
+    rollups = []
+    for p in tree(pid):
+        try:
+            rollups.append(rollup_kib(p))
+        except (FileNotFoundError, ProcessLookupError):
+            continue
     per = [r.get("Pss", 0) for r in rollups]
     anon = sum(r.get("Pss_Anon", 0) for r in rollups)
     files = sum(r.get("Pss_File", 0) for r in rollups)
