@@ -241,6 +241,21 @@ def test_a_reload_switches_tables_and_drops_the_old_one(graph_file: Path, tmp_pa
         tables.close()
 
 
+def test_a_stopped_builder_leaves_no_file_behind(tmp_path: Path) -> None:
+    path = tmp_path / "bigger.txt"
+    write_generated_edge_list(path, 3000, 15000, seed=6)  # 72 MB per table: seconds to build
+    directory = tmp_path / "snap"
+    graph = load_configured_graph(path, directory)
+    tables = SharedPrefixTables(directory, 2**30, MechanismSettings(), lambda: graph)
+    tables.follow(now=True)
+    builder = tables._tables.builder if tables._tables is not None else None
+    assert builder is not None and tables.state()["status"] == "building"
+    wait_for(lambda: bool(list(directory.glob(".prefixes-*.tmp"))), "the builder writes")
+    tables.close()  # as a worker that stops
+    assert builder.returncode == 128 + 15  # SIGTERM, raised as SystemExit: the file removed
+    assert not list(directory.glob(".prefixes-*.tmp")) and not list(directory.glob("prefixes-*"))
+
+
 def _answer(client: Any, key: str, node: str) -> Any:
     response = client.get(
         f"/v1/ppr/{node}", params={"mode": "edge", "epsilon": 0.5, "fresh": "true", "k": 50},
