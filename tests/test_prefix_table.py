@@ -361,3 +361,21 @@ def test_two_workers_map_one_table_file_built_by_one_process(
         assert len(started) == 1, "one builder per machine"
         assert sorted(line["mode"] for line in written) == ["edge", "personalized"]
         assert all(stat.S_IMODE(path.stat().st_mode) == 0o600 for path in paths)
+
+        # a reload gets its own tables; both workers map them and drop the old ones
+        write_generated_edge_list(graph_path, GRAPH_NODES * 2, GRAPH_EDGES * 2 + 40, seed=6)
+        with httpx.Client(base_url=server.base_url, timeout=60) as http:
+            assert http.post("/v1/admin/graph/reload", headers=bearer(admin_key)).is_success
+        graph = load_configured_graph(graph_path, directory)
+        specs, _ = planned_specs(graph, graph_fingerprint(graph), Settings(steps=30), 2**30)
+        old_paths, paths = paths, [spec.path(directory) for spec in specs]
+        assert not set(paths) & set(old_paths)
+
+        def both_switched() -> bool:
+            if not both_map_both():
+                return False
+            workers = _worker_pids(server.log_lines())
+            return not any(_mapping(pid, path) for pid in workers for path in old_paths)
+
+        wait_for(both_switched, "both workers map the new tables and not the old ones")
+        assert ask(0)["checks"]["prefix_table"]["graph_version"] == graph.version
