@@ -153,8 +153,15 @@ def test_tables_unused_for_a_week_are_removed_when_one_is_written(
     build_tables(graph, [old, recent], directory)
     week_ago = time.time() - 8 * 24 * 3600
     os.utime(old.path(directory), (week_ago, week_ago))
+    leftovers = [directory / ".old.prefix-build.lock", directory / ".prefixes-killed.tmp"]
+    for path in [*leftovers, directory / ".new.prefix-build.lock"]:
+        path.touch()
+    for path in leftovers:
+        os.utime(path, (week_ago, week_ago))
     build_tables(graph, [spec_of(graph, m=5)], directory)
     assert not old.path(directory).exists()
+    assert not any(path.exists() for path in leftovers)
+    assert (directory / ".new.prefix-build.lock").exists()
     assert recent.path(directory).exists() and spec_of(graph, m=5).path(directory).exists()
     assert list(directory.glob("graph-*.csr")), "the graph's snapshot stays"
 

@@ -18,7 +18,7 @@ truncated, corrupt, of another format or of another graph is never served (it is
 It is written under a temporary name in the same directory, filled through a shared mapping
 of that file (no copy of the table in process memory), checksummed, fsynced and renamed into
 place. Tables not opened for :data:`~service.graph.snapshot.STALE_SECONDS` are removed when a
-new one is written.
+new one is written (with build locks unused as long).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from service.graph.model import Graph
-from service.graph.snapshot import aligned_offset, remove_stale
+from service.graph.snapshot import STALE_SECONDS, aligned_offset, remove_stale
 from service.mechanisms.prefix_table import fill_prefix_table
 from service.privacy.modes import Mode
 
@@ -50,6 +50,7 @@ FORMAT = 1
 MAGIC = b"PPRPFX\x00\x01"
 NAME_PREFIX = "prefixes-"
 SUFFIX = ".prefixes"
+BUILD_LOCK_SUFFIX = ".prefix-build.lock"  # ".<graph fingerprint>" before it: one per graph
 _CHECKSUM_HEX = 64  # blake2b, 32 bytes
 _TEMPORARY_MAX_AGE = 24 * 3600.0  # a builder killed mid-write leaves its temporary file
 
@@ -249,8 +250,11 @@ def _rows_of(mapping: mmap.mmap, path: Path, size: int, spec: TableSpec) -> np.n
 
 
 def _remove_abandoned_temporaries(directory: Path) -> None:
-    cutoff = time.time() - _TEMPORARY_MAX_AGE
-    for path in directory.glob(f".{NAME_PREFIX}*.tmp"):
-        with contextlib.suppress(OSError):
-            if path.stat().st_mtime < cutoff:
-                path.unlink()
+    """Temporary files of builders killed mid-write, and build locks unused for a week."""
+    for pattern, age in ((f".{NAME_PREFIX}*.tmp", _TEMPORARY_MAX_AGE),
+                         (f".*{BUILD_LOCK_SUFFIX}", STALE_SECONDS)):  # fmt: skip
+        cutoff = time.time() - age
+        for path in directory.glob(pattern):
+            with contextlib.suppress(OSError):
+                if path.stat().st_mtime < cutoff:
+                    path.unlink()

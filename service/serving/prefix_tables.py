@@ -27,7 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from service.cache.prefix_table import TableSpec, graph_fingerprint, try_open_table
+from service.cache.prefix_table import (
+    BUILD_LOCK_SUFFIX,
+    TableSpec,
+    graph_fingerprint,
+    try_open_table,
+)
 from service.cache.prefix_table_builder import command
 from service.config import MechanismSettings
 from service.graph.model import Graph
@@ -247,13 +252,14 @@ class SharedPrefixTables:
     def _start_builder(self, tables: _Tables) -> None:
         """Start the builder unless another process of the machine holds the build lock."""
         assert self.directory is not None
-        lock = self.directory / f".{tables.fingerprint}.prefix-build.lock"
+        lock = self.directory / f".{tables.fingerprint}{BUILD_LOCK_SUFFIX}"
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:  # another process of the machine builds them
                 return
+            os.utime(lock)  # in use (stale locks are removed with stale tables)
             missing = [spec for spec in tables.planned if spec.parameters not in tables.rows]
             argv = command(tables.source, self.directory, tables.fingerprint, missing, fd)
             tables.builder = subprocess.Popen(argv, pass_fds=(fd,), stdin=subprocess.DEVNULL)
