@@ -186,6 +186,7 @@ def test_a_graph_whose_tables_exceed_the_bound_gets_none_or_the_edge_mode_first(
     assert none == [] and len(left_out) == 2
 
     tables = SharedPrefixTables(tmp_path / "snap", one - 1, mechanism, lambda: graph)
+    tables.follow(now=True, wait=True)
     assert tables.lookup(graph, 0, Mode.EDGE, 0.8, 1e-7, 94) is None
     state = tables.state()
     assert state["status"] == "absent" and state["bytes"] == 0
@@ -201,6 +202,7 @@ def test_a_directory_others_may_write_gets_no_table(graph: Graph, tmp_path: Path
     shared.mkdir()
     shared.chmod(0o777)
     tables = SharedPrefixTables(shared, 2**30, MechanismSettings(), lambda: graph)
+    tables.follow(now=True, wait=True)
     assert tables.state()["status"] == "absent"
     assert tables.lookup(graph, 0, Mode.EDGE, 0.8, 1e-7, 94) is None
     assert list(shared.iterdir()) == [], "no lock, no builder, no table"
@@ -254,7 +256,7 @@ def test_a_stopped_builder_leaves_no_file_behind(tmp_path: Path) -> None:
     directory = tmp_path / "snap"
     graph = load_configured_graph(path, directory)
     tables = SharedPrefixTables(directory, 2**30, MechanismSettings(), lambda: graph)
-    tables.follow(now=True)
+    tables.follow(now=True, wait=True)
     builder = tables._tables.builder if tables._tables is not None else None
     assert builder is not None and tables.state()["status"] == "building"
     wait_for(lambda: bool(list(directory.glob(".prefixes-*.tmp"))), "the builder writes")

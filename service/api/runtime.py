@@ -132,7 +132,7 @@ def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
             snapshot_dir, settings.prefix_table_bytes, settings, lambda: graphs.served,
             on_event=on_cache_event,
         )  # fmt: skip
-        tables.follow(now=True)  # maps the tables, or starts their builder (in the background)
+        tables.follow(now=True)  # maps the tables, or starts their builder, in a thread
         engine = DiffusionEngine(
             settings.engine_max_batch, window_seconds=settings.engine_batch_window_ms / 1000.0
         )

@@ -134,21 +134,30 @@ class SharedPrefixTables:
         row: np.ndarray = rows[seed]
         return row
 
-    def follow(self, *, now: bool = False) -> None:
+    def follow(self, *, now: bool = False, wait: bool = False) -> None:
         """At most once per ``check_seconds`` (or ``now``): switch to the served graph's
-        tables, map those that are complete, start the builder if one is missing and no
-        process of the machine builds it."""
+        tables, map those that are complete (checking each file whole, so in a thread of its
+        own unless ``wait``: the caller, a query, does not wait for it), start the builder if
+        one is missing and no process of the machine builds it."""
         if not self.enabled or self._closed:
             return
         moment = time.monotonic()
         if not now and moment < self._next_check:
             return
         if not self._lock.acquire(blocking=False):
-            return
+            return  # a check is running
+        self._next_check = moment + self.check_seconds
+        if wait:
+            self._check_and_release()
+        else:
+            threading.Thread(
+                target=self._check_and_release, name="ppr-prefix-tables", daemon=True
+            ).start()
+
+    def _check_and_release(self) -> None:
         try:
-            self._next_check = moment + self.check_seconds
             graph = self.served()
-            if graph is not None:
+            if graph is not None and not self._closed:
                 self._refresh(graph)
         except Exception:  # the tables are an optimisation: never fail a query over them
             log.exception("prefix table check failed")
