@@ -143,8 +143,8 @@ def wait_for_prefix_table(
             return status
         if not told and status == "building":
             total = sum(int(t.get("bytes", 0)) for t in table.get("tables", ()))
-            say(f"waiting up to {timeout_s:.0f} s for the prefix table ({total / 2**20:,.0f} "
-                "MiB) the server is building ...")  # fmt: skip
+            say(f"waiting up to {timeout_s:.0f} s for the server's prefix table "
+                f"({total / 2**20:,.0f} MiB, being built or mapped) ...")  # fmt: skip
             told = True
         if time.monotonic() > deadline:
             say(f"the prefix table is still {status} after {timeout_s:.0f} s; measuring anyway")
