@@ -176,7 +176,7 @@ def load_with_snapshot(
     graph = _try_open(snapshot_path(directory, key), key)
     if graph is not None:
         return _with_source(graph, str(source))
-    with exclusive_lock(directory / f".graph-{key}.lock"):
+    with _locked(directory / f".graph-{key}.lock"):
         graph = _try_open(snapshot_path(directory, key), key)  # written meanwhile?
         if graph is not None:
             return _with_source(graph, str(source))
@@ -210,6 +210,7 @@ def mapped_snapshots(pid: int | str = "self") -> list[str]:
 
 
 # --------------------------------------------------------------------------- internals
+# (aligned_offset, private_directory and remove_stale serve the prefix tables too)
 
 
 def aligned_offset(offset: int) -> int:
@@ -301,7 +302,7 @@ def private_directory(directory: Path) -> None:
 
 
 @contextmanager
-def exclusive_lock(path: Path) -> Iterator[None]:
+def _locked(path: Path) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
