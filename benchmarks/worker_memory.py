@@ -3,13 +3,15 @@
 PSS divides each shared page among the processes that map it, so the sum over the server's
 processes (the supervisor and its workers) is what the machine holds for it; RSS would count
 shared pages once per process. For each worker count the script starts the server on the
-given graph and ledger (once every worker has loaded the graph), sums ``Pss`` from
-``/proc/PID/smaps_rollup`` over the process tree at ready, then sends ``--queries`` fresh
-queries on distinct random seeds (cold: each computes and caches a noise-free prefix, which
-fills the prefix cache; ``--prefix-cache-mib`` sets PPR_PREFIX_CACHE_BYTES, the machine's
-bound) and measures again. ``--repeat`` runs each count several times (interleaved) and
-reports the median, since what the kernel has paged in varies between runs. Prints a table
-with the ratio of each total to the first worker count's.
+given graph and ledger (once every worker has loaded the graph and mapped its prefix tables),
+sums ``Pss`` from ``/proc/PID/smaps_rollup`` over the process tree at ready, then sends
+``--queries`` fresh queries on distinct random seeds (without a prefix table each is cold: it
+computes and caches a noise-free prefix, which fills the prefix cache; ``--prefix-cache-mib``
+sets PPR_PREFIX_CACHE_BYTES, the machine's bound) and measures again.
+``--prefix-table-mib`` sets PPR_PREFIX_TABLE_BYTES (0: off); the tables' pages count as file
+pages. ``--repeat`` runs each count several times (interleaved) and reports the median, since
+what the kernel has paged in varies between runs. Prints a table with the ratio of each total
+to the first worker count's.
 
     python benchmarks/worker_memory.py --graph /tmp/g100k.txt --workers 1 2 --repeat 3 \\
         --database-url postgresql+psycopg://postgres@127.0.0.1:5432/ppr_mem
@@ -29,14 +31,21 @@ from pathlib import Path
 import httpx
 
 from service.config import MechanismSettings
-from service.loadtest.server import served_process, service_account_key
+from service.loadtest.server import (
+    admin_key,
+    served_process,
+    service_account_key,
+    wait_for_prefix_table,
+)
 
 
 def children(pid: int) -> list[int]:
     found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
-        found += [int(c) for c in text]
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            found += [int(c) for c in (task / "children").read_text().split()]
+    except (FileNotFoundError, ProcessLookupError):  # it exited meanwhile
+        pass
     return found
 
 
@@ -62,8 +71,14 @@ def pss_kib(pid: int) -> int:
 
 
 def snapshot(pid: int) -> tuple[int, list[int], int, int]:
-    """Total PSS of the process tree, per process, and its anonymous and file parts."""
-    rollups = [rollup_kib(p) for p in tree(pid)]
+    """Total PSS of the process tree, per process, and its anonymous and file parts (a child
+    that exits meanwhile, e.g. a prefix table builder, is left out)."""
+    rollups = []
+    for p in tree(pid):
+        try:
+            rollups.append(rollup_kib(p))
+        except (FileNotFoundError, ProcessLookupError):
+            continue
     per = [r.get("Pss", 0) for r in rollups]
     anon = sum(r.get("Pss_Anon", 0) for r in rollups)
     files = sum(r.get("Pss_File", 0) for r in rollups)
@@ -86,12 +101,17 @@ def fill(base_url: str, key: str, nodes: int, queries: int, concurrency: int) ->
 
 def measure(args: argparse.Namespace, workers: int, nodes: int, edges: int) -> dict[str, object]:
     extra = {"PPR_PREFIX_CACHE_BYTES": str(args.prefix_cache_mib * 2**20),
+             "PPR_PREFIX_TABLE_BYTES": str(args.prefix_table_mib * 2**20),
              "PPR_GRAPH_SNAPSHOTS": "true" if args.snapshots else "false"}  # fmt: skip
     key = service_account_key(args.database_url, delta=MechanismSettings().delta_for(edges))
     with tempfile.TemporaryDirectory(prefix="ppr-mem-") as tmp, served_process(
         port=args.port, workers=workers, graph=args.graph, database_url=args.database_url,
         redis_url=None, log_path=Path(tmp) / "server.log", extra_env=extra,
     ) as (base_url, proc):  # fmt: skip
+        table = wait_for_prefix_table(
+            base_url, admin_key(args.database_url), workers=workers, timeout_s=600,
+            say=lambda text: print(text, file=sys.stderr),
+        )  # fmt: skip
         time.sleep(args.settle)
         ready, ready_per, ready_anon, ready_file = snapshot(proc.pid)
         answered = fill(base_url, key, nodes, args.queries, args.concurrency)
@@ -99,7 +119,8 @@ def measure(args: argparse.Namespace, workers: int, nodes: int, edges: int) -> d
         after, after_per, after_anon, after_file = snapshot(proc.pid)
     return {"ready": ready, "ready_per": ready_per, "ready_anon": ready_anon,
             "ready_file": ready_file, "after": after, "after_per": after_per,
-            "after_anon": after_anon, "after_file": after_file, "answered": answered}  # fmt: skip
+            "after_anon": after_anon, "after_file": after_file, "answered": answered,
+            "prefix_table": table}  # fmt: skip
 
 
 def main() -> None:
@@ -108,10 +129,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--database-url", required=True)
     parser.add_argument("--port", type=int, default=8650)
-    parser.add_argument("--queries", type=int, default=200, help="cold queries after ready")
+    parser.add_argument("--queries", type=int, default=200, help="fresh queries after ready")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--prefix-cache-mib", type=int, default=256,
                         help="PPR_PREFIX_CACHE_BYTES in MiB (the machine's bound)")  # fmt: skip
+    parser.add_argument("--prefix-table-mib", type=int, default=1024,
+                        help="PPR_PREFIX_TABLE_BYTES in MiB (0: no prefix table)")  # fmt: skip
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--settle", type=float, default=3.0, help="seconds before measuring")
     parser.add_argument("--no-snapshots", dest="snapshots", action="store_false",
@@ -135,12 +158,13 @@ def main() -> None:
     fields = ("ready", "ready_anon", "ready_file", "after", "after_anon", "after_file")
     base = {field: median(args.workers[0], field) for field in fields}
     print(f"graph: {nodes:,} nodes, {edges:,} edges, CSR arrays {arrays_mib:.1f} MiB; "
-          f"prefix cache bound {args.prefix_cache_mib} MiB per machine; {args.queries} cold "
+          f"prefix cache bound {args.prefix_cache_mib} MiB per machine, prefix tables "
+          f"{args.prefix_table_mib} MiB; {args.queries} fresh "
           f"queries; median of {args.repeat} run(s); PSS in MiB (anon: anonymous memory, only "
           f"ever shared within the server's own process tree; file: file pages, libraries "
           f"included, which other processes on the machine share too)")  # fmt: skip
     for stage in ("ready", "after"):
-        title = "at ready" if stage == "ready" else f"after {args.queries} cold queries"
+        title = "at ready" if stage == "ready" else f"after {args.queries} fresh queries"
         print(f"\n{title}:\n")
         print("| workers | PSS | x first | PSS anon | x first | PSS file | per process |")
         print("| --- | --- | --- | --- | --- | --- | --- |")

@@ -89,6 +89,13 @@ class Settings(MechanismSettings):
         description="Bytes of noise-free prefixes kept in process memory per machine: each of "
         "the PPR_WORKERS workers keeps at most this / PPR_WORKERS.",
     )  # fmt: skip
+    prefix_table_bytes: int = Field(
+        2**30, ge=0,
+        description="Bytes of machine-wide prefix tables (every seed's noise-free prefix, "
+        "n x n float64 per mode, one file in the snapshot directory mapped by every worker): "
+        "a graph's tables are built, edge mode first, while they fit together; 0: off (also "
+        "off when PPR_GRAPH_SNAPSHOTS is false).",
+    )  # fmt: skip
     replay_ttl_seconds: int = Field(7 * 24 * 3600, ge=60, description="Replay cache TTL.")
     replay_store_top: int = Field(1000, ge=1, description="Results kept for replays.")
     create_seed_accounts: bool = Field(

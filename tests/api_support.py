@@ -48,6 +48,9 @@ class Backend:
             # the tests written for the diffusion check its curves; tests of the other rankings
             # (and of the service's real default) override this
             "default_mechanism": "noisy_diffusion",
+            # the machine-wide prefix table is built in the background: tests of it turn it on
+            # (tests/test_prefix_table.py), the others answer the same way whenever it is ready
+            "prefix_table_bytes": 0,
             **overrides,
         }
         return Settings(**values)
@@ -128,6 +131,7 @@ def uvicorn_server(
         "PPR_LOG_LEVEL": "info",
         "PPR_DEFAULT_MECHANISM": "noisy_diffusion",
         "PPR_GRAPH_SNAPSHOT_DIR": str(backend.graph_path.parent / "graph-snapshots"),
+        "PPR_PREFIX_TABLE_BYTES": "0",  # as in Backend.settings
         **({"PPR_REDIS_URL": backend.redis_url} if backend.redis_url else {}),
         **(extra_env or {}),
     }

@@ -4,6 +4,7 @@ drivers, and reports what was sent (the figures themselves are never asserted on
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,9 @@ def graph_path(tmp_path: Path) -> Path:
     return path
 
 
-def loadtest(graph_path: Path, tmp_path: Path, *extra: str) -> dict[str, object]:
+def loadtest(
+    graph_path: Path, tmp_path: Path, *extra: str, env: dict[str, str] | None = None
+) -> dict[str, object]:
     command = [
         sys.executable, "-m", "service", "loadtest", "--start", "--workers", "1",
         "--port", str(free_port()), "--graph", str(graph_path),
@@ -31,7 +34,10 @@ def loadtest(graph_path: Path, tmp_path: Path, *extra: str) -> dict[str, object]
         "--duration", "1", "--warmup", "0", "--concurrency", "4", "--replay-seeds", "5",
         "--json", *extra,
     ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     result: dict[str, object] = json.loads(done.stdout)
     return result
@@ -70,6 +76,20 @@ def test_every_phase_runs_against_a_started_server(
     assert phases["fresh"]["concurrency"] == out["concurrency"]
     assert phases["batch"]["items_per_second"] == pytest.approx(3 * phases["batch"]["rps"])
     assert phases["batch"]["item_errors"] == 0
+
+
+@pytest.mark.slow
+def test_a_started_server_is_measured_once_its_prefix_table_is_ready(tmp_path: Path) -> None:
+    path = tmp_path / "bigger.txt"
+    write_generated_edge_list(path, 1500, 9000, seed=4)
+    env = {"PPR_GRAPH_SNAPSHOT_DIR": str(tmp_path / "snap")}  # nothing built yet
+    out = loadtest(path, tmp_path, "--phases", "healthz,fresh", env=env)
+    assert out["prefix_table"] == "ready"
+    assert len(list((tmp_path / "snap").glob("prefixes-*.prefixes"))) == 2
+    off = loadtest(
+        path, tmp_path, "--phases", "healthz", env={**env, "PPR_PREFIX_TABLE_BYTES": "0"}
+    )
+    assert off["prefix_table"] == "off"
 
 
 def test_bad_flags_are_one_line_errors(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from service.serving.graph_holder import GraphHolder, load_configured_graph
 from service.serving.limits import EngineGate, RateLimiter
 from service.serving.planner import DiffusionPlanner
 from service.serving.ppr_query import AdmissionPolicy, PprQueryService, PrefixProvider
+from service.serving.prefix_tables import SharedPrefixTables
 from service.serving.rankings import DegreeReleases
 from service.serving.reconciler import Reconciler
 
@@ -53,6 +54,8 @@ class Runtime:
         self.limiter.close()
         self.batch.close()
         self.queries.engine.close()
+        if self.queries.prefixes.tables is not None:
+            self.queries.prefixes.tables.close()
         self.ledger.dispose()
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
@@ -68,6 +71,9 @@ class Runtime:
             "database": {"status": "ok" if database_ok else "unreachable"},
             "cache": cache_state,
         }
+        tables = self.queries.prefixes.tables
+        if tables is not None:
+            checks["prefix_table"] = tables.state()
         return loaded is not None and database_ok, checks
 
 
@@ -104,6 +110,7 @@ def open_ledger(settings: Settings) -> Ledger:
 def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
     """Open the ledger (refusing an un-migrated one), build the caches, load the graph."""
     ledger = open_ledger(settings)
+    tables: SharedPrefixTables | None = None
     try:
         # Keys live under the ledger's own id: account ids are per ledger, so two ledgers (or a
         # restored one) sharing a Redis never see each other's replays.
@@ -121,6 +128,11 @@ def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
             check_seconds=settings.graph_version_check_ms / 1000.0,
         )
         graphs.start()  # records its version (or follows the recorded one): workers agree
+        tables = SharedPrefixTables(
+            snapshot_dir, settings.prefix_table_bytes, settings, lambda: graphs.served,
+            on_event=on_cache_event,
+        )  # fmt: skip
+        tables.follow(now=True)  # maps the tables, or starts their builder, in a thread
         engine = DiffusionEngine(
             settings.engine_max_batch, window_seconds=settings.engine_batch_window_ms / 1000.0
         )
@@ -129,7 +141,7 @@ def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
             ledger=ledger,
             replays=caches.replay,
             mechanism=settings,
-            prefixes=PrefixProvider(caches.prefixes),
+            prefixes=PrefixProvider(caches.prefixes, tables),
             planner=DiffusionPlanner(caches.calibration),
             replay_store_top=settings.replay_store_top,
             create_seed_accounts=settings.create_seed_accounts,
@@ -147,6 +159,8 @@ def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
             namespace=ledger.ledger_id,
         )
     except BaseException:
+        if tables is not None:
+            tables.close()
         ledger.dispose()
         raise
     gate = EngineGate(

@@ -7,7 +7,9 @@ on this machine at this moment, then the chosen query phases with the same conne
 ``--batch-size`` random seeds, ``--batch-concurrency`` calls in flight, each allowed
 ``--batch-timeout`` seconds; reported in seeds/s, counting the calls that finished within the
 phase). The load runs against a service account made for the run in
-the ledger at ``--database-url`` (or ``--key``), with a cap no run reaches.
+the ledger at ``--database-url`` (or ``--key``), with a cap no run reaches. With ``--start``
+the run first waits (at most ``--table-timeout`` seconds, saying so) while the server builds
+its prefix table, so fresh queries are measured in the steady state.
 
 Examples::
 
@@ -66,6 +68,9 @@ def register(subparsers: Any) -> None:
                         "given, a fresh SQLite file)")  # fmt: skip
     target.add_argument("--redis-url", help="Redis URL for --start (default: PPR_REDIS_URL)")
     target.add_argument("--key", help="API key of a service account (default: create one)")
+    target.add_argument("--table-timeout", type=float, default=600.0,
+                        help="with --start: longest wait for the server's prefix table while "
+                        "it is built, before the phases (default 600 s; 0: no wait)")  # fmt: skip
     load = parser.add_argument_group("load")
     load.add_argument("--phases", type=_phases, default=("healthz", "fresh", "replay"),
                       help="comma-separated: healthz,fresh,replay,mixed,batch "
@@ -108,7 +113,12 @@ def run(args: argparse.Namespace) -> int:
     from service.errors import InvalidParameter
     from service.loadtest.report import reference_rps, table
     from service.loadtest.run import RunPlan, run_phases, sample_seeds
-    from service.loadtest.server import served, service_account_key
+    from service.loadtest.server import (
+        admin_key,
+        served,
+        service_account_key,
+        wait_for_prefix_table,
+    )
     from service.loadtest.wrk_driver import wrk_available
     from service.serving.graph_holder import load_configured_graph
 
@@ -146,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
         batch_concurrency=args.batch_concurrency,
         batch_timeout_seconds=args.batch_timeout,
     )
+    table_status = "not checked"  # a server the run did not start
     with ExitStack() as stack:
         database_url = args.database_url or settings.database_url
         if args.start:
@@ -164,6 +175,11 @@ def run(args: argparse.Namespace) -> int:
                     log_path=log_path,
                 )
             )
+            if args.table_timeout > 0:
+                table_status = wait_for_prefix_table(
+                    base_url, admin_key(database_url), workers=args.workers,
+                    timeout_s=args.table_timeout, say=lambda text: print(text, file=sys.stderr),
+                )  # fmt: skip
         else:
             base_url = args.url.rstrip("/")
         key = args.key or service_account_key(
@@ -179,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
         out = {
             "graph": {"nodes": graph.n, "edges": graph.m, "source": str(graph_path or "demo")},
             "driver": driver,
+            "prefix_table": table_status,
             "concurrency": args.concurrency,
             "duration_s": args.duration,
             "phases": [r.to_dict(ref) for r in results],
@@ -188,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"graph: {graph.n:,} nodes, {graph.m:,} edges; driver {driver}; "
             f"{args.concurrency} connections; {args.duration:g} s per phase; mode {args.mode}, "
-            f"epsilon {args.epsilon:g}, k {args.k}"
+            f"epsilon {args.epsilon:g}, k {args.k}; prefix table {table_status}"
         )
         print(table(results))
     return 0

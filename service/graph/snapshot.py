@@ -101,7 +101,7 @@ def write_snapshot(graph: Graph, path: Path, source_fingerprint: str) -> None:
     offset = 0
     for name, array in arrays.items():
         layout[name] = {"dtype": array.dtype.str, "shape": list(array.shape), "offset": offset}
-        offset = _aligned(offset + array.nbytes)
+        offset = aligned_offset(offset + array.nbytes)
     checksum = hashlib.blake2b(digest_size=32)
     payload_bytes = offset
     for name, array in arrays.items():
@@ -116,7 +116,7 @@ def write_snapshot(graph: Graph, path: Path, source_fingerprint: str) -> None:
         "checksum": checksum.hexdigest(),
     }
     text = json.dumps(header, sort_keys=True).encode("utf-8")
-    start = _aligned(len(MAGIC) + 8 + len(text))
+    start = aligned_offset(len(MAGIC) + 8 + len(text))
     head = MAGIC + len(text).to_bytes(8, "little") + text
     head += b"\x00" * (start - len(head))
     fd, temporary = tempfile.mkstemp(prefix=".graph-", suffix=".tmp", dir=path.parent)
@@ -169,7 +169,7 @@ def load_with_snapshot(
     except OSError:
         return parse(source, None)  # the loader reads it again and names the error
     try:
-        _private_directory(directory)
+        private_directory(directory)
     except OSError as exc:
         log.warning("graph snapshots are off: cannot use %s: %s", directory, exc)
         return parse(source, None)
@@ -191,7 +191,7 @@ def load_with_snapshot(
         write_snapshot(parsed, path, key)
         log.info("graph snapshot written", extra={"snapshot": str(path),
                                                   "graph_version": parsed.version})  # fmt: skip
-        _remove_stale(directory, keep=path)
+        remove_stale(directory, keep=path)
     graph = open_snapshot(path, key)
     if graph.version != parsed.version:  # pragma: no cover - would be a bug in this module
         raise GraphLoadError(str(source), "the written snapshot does not hold the parsed graph")
@@ -210,9 +210,10 @@ def mapped_snapshots(pid: int | str = "self") -> list[str]:
 
 
 # --------------------------------------------------------------------------- internals
+# (aligned_offset, private_directory and remove_stale serve the prefix tables too)
 
 
-def _aligned(offset: int) -> int:
+def aligned_offset(offset: int) -> int:
     return -(-offset // ALIGN) * ALIGN
 
 
@@ -228,7 +229,7 @@ def _graph_of(mapping: mmap.mmap, path: Path, size: int, expected: str | None) -
     if mapping[: len(MAGIC)] != MAGIC:
         raise SnapshotInvalid(f"{path}: not a graph snapshot of format {FORMAT}")
     length = int.from_bytes(mapping[len(MAGIC) : len(MAGIC) + 8], "little")
-    start = _aligned(len(MAGIC) + 8 + length)
+    start = aligned_offset(len(MAGIC) + 8 + length)
     if start > size:
         raise SnapshotInvalid(f"{path}: truncated header")
     try:
@@ -283,7 +284,7 @@ def _try_open(path: Path, key: str) -> Graph | None:
         log.warning("graph snapshot rejected, rebuilding it from the source: %s", exc)
         return None
     with contextlib.suppress(OSError):  # another user's file in a shared directory
-        os.utime(path)  # marks it in use (see _remove_stale)
+        os.utime(path)  # marks it in use (see remove_stale)
     return graph
 
 
@@ -291,7 +292,7 @@ def _with_source(graph: Graph, source: str) -> Graph:
     return dataclasses.replace(graph, stats=dataclasses.replace(graph.stats, source=source))
 
 
-def _private_directory(directory: Path) -> None:
+def private_directory(directory: Path) -> None:
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = directory.stat()
     if info.st_uid != os.getuid():
@@ -310,11 +311,12 @@ def _locked(path: Path) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-def _remove_stale(directory: Path, keep: Path) -> None:
-    """Remove snapshots (and their lock files) not opened for :data:`STALE_SECONDS`.
-    A process that still maps one keeps its pages; a later opener rewrites it."""
+def remove_stale(directory: Path, keep: Path, pattern: str = f"graph-*{SUFFIX}") -> None:
+    """Remove the files matching ``pattern`` (snapshots by default) and their lock files,
+    not opened for :data:`STALE_SECONDS`. A process that still maps one keeps its pages; a
+    later opener rewrites it."""
     cutoff = time.time() - STALE_SECONDS
-    for path in directory.glob(f"graph-*{SUFFIX}"):
+    for path in directory.glob(pattern):
         try:
             if path != keep and path.stat().st_mtime < cutoff:
                 path.unlink()

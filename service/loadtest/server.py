@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -98,6 +98,58 @@ def served_process(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def admin_key(database_url: str) -> str:
+    """A new admin account's API key (to read the readiness checks of a server the run
+    started), made in the ledger directly."""
+    from service.ledger.ledger import Ledger
+
+    ledger = Ledger.from_url(database_url)
+    try:
+        account = ledger.create_account("admin", cap_epsilon=1.0, delta=1e-6, label="loadtest")
+        key, _ = ledger.create_api_key(account.account_id)
+    finally:
+        ledger.dispose()
+    return key
+
+
+def wait_for_prefix_table(
+    base_url: str, key: str, *, workers: int, timeout_s: float, say: Callable[[str], None]
+) -> str:
+    """Wait (at most ``timeout_s``) while the server builds its prefix table, so that fresh
+    queries are measured in the steady state; the table's last status. Done when
+    ``2 x workers`` answers in a row (each on a new connection, so every worker is asked and
+    maps it) say ready, or one says there is none to wait for."""
+    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    told = False
+    in_a_row = 0
+    status = "unknown"
+    while True:
+        try:
+            body = httpx.get(f"{base_url}/readyz", headers={"Authorization": f"Bearer {key}"},
+                             timeout=10).json()  # fmt: skip
+            table = body.get("checks", {}).get("prefix_table", {})
+            status = str(table.get("status", "off"))
+        except (httpx.HTTPError, ValueError):
+            table, status = {}, "unknown"
+        if status in ("off", "absent"):
+            return status
+        in_a_row = in_a_row + 1 if status == "ready" else 0
+        if in_a_row >= 2 * workers:
+            if told:
+                say(f"prefix table ready after {time.monotonic() - started:.1f} s")
+            return status
+        if not told and status == "building":
+            total = sum(int(t.get("bytes", 0)) for t in table.get("tables", ()))
+            say(f"waiting up to {timeout_s:.0f} s for the server's prefix table "
+                f"({total / 2**20:,.0f} MiB, being built or mapped) ...")  # fmt: skip
+            told = True
+        if time.monotonic() > deadline:
+            say(f"the prefix table is still {status} after {timeout_s:.0f} s; measuring anyway")
+            return status
+        time.sleep(0.1 if status == "ready" else 0.5)
 
 
 def service_account_key(database_url: str, *, delta: float, cap_epsilon: float = 1e6) -> str:

@@ -126,6 +126,12 @@ class GraphHolder:
         return self._current
 
     @property
+    def served(self) -> Graph | None:
+        """The graph served now, without checking the recorded version."""
+        loaded = self._current
+        return None if loaded is None else loaded.graph
+
+    @property
     def current(self) -> Graph:
         self.follow()
         loaded = self._current

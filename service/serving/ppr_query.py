@@ -46,6 +46,7 @@ from service.privacy.modes import Mode
 from service.serving.graph_holder import GraphHolder
 from service.serving.group_commit import GroupCommitter
 from service.serving.planner import DiffusionPlanner
+from service.serving.prefix_tables import SharedPrefixTables
 from service.serving.rankings import (
     DegreeReleases,
     RankingPlan,
@@ -122,15 +123,25 @@ class _Pending:
 
 
 class PrefixProvider:
-    """Noise-free prefixes, memoized by (graph version, seed, mode, beta, eta, m)."""
+    """Noise-free prefixes: from the machine-wide table of every seed's prefix when it holds
+    these parameters (:mod:`service.serving.prefix_tables`), else memoized per process by
+    (graph version, seed, mode, beta, eta, m)."""
 
-    def __init__(self, cache: PrefixCache | None = None) -> None:
+    def __init__(
+        self, cache: PrefixCache | None = None, tables: SharedPrefixTables | None = None
+    ) -> None:
         self._cache = cache
+        self.tables = tables
 
     def lookup(
         self, graph: Graph, seed: int, mode: Mode, beta: float, eta: float, m: int
     ) -> np.ndarray | None:
-        """The cached prefix, or None (the engine then computes it with the query)."""
+        """The prefix (a read-only array), or None (the engine then computes it with the
+        query)."""
+        if self.tables is not None:
+            row = self.tables.lookup(graph, seed, mode, beta, eta, m)
+            if row is not None:
+                return row
         if self._cache is None:
             return None
         hit = self._cache.get(graph.version, seed, mode.value, beta, eta, m)

@@ -31,7 +31,7 @@ def readyz(request: Request, runtime: RuntimeDep) -> JSONResponse:
     """Ready: graph loaded and database reachable. A Redis outage shows as `degraded` but keeps
     the process ready: answers and charges never depend on the cache. Only the status is shown,
     unless the request carries an admin key: then the checks (graph version and source,
-    database, cache state) too."""
+    database, cache state, the prefix table's state: off, absent, building or ready) too."""
     ready, checks = runtime.readiness()
     cache_ok = checks["cache"].get("status") == "ok"
     body: dict[str, Any] = {

@@ -1,0 +1,82 @@
+"""``python -m service.cache.prefix_table_builder``: the one process of a machine that writes
+a graph's prefix tables, in the background, at the lowest CPU priority.
+
+A serving process starts it (:class:`service.serving.prefix_tables.SharedPrefixTables`) after
+winning the graph's build lock, and hands it that lock (``--lock-fd``): the lock is held until
+this process exits, so no other worker starts a second builder meanwhile. It maps the graph
+the same way the workers do (its snapshot), checks that it is the graph the tables are for,
+and writes the tables in the order given. It stops when its parent is gone (it checks after
+every block of seeds) or on SIGTERM; an unfinished table is never renamed into place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+from service.cache.prefix_table import TableSpec, build_tables, graph_fingerprint
+from service.graph.demo import DEMO_SOURCE
+
+log = logging.getLogger("service.cache.prefix_table_builder")
+
+#: Exit status when the graph found is not the one the tables are for (it changed meanwhile).
+EXIT_OTHER_GRAPH = 3
+#: Exit status when the parent went away (nobody waits for the tables).
+EXIT_ORPHANED = 4
+
+
+def command(
+    source: str, snapshot_dir: Path, fingerprint: str, specs: list[TableSpec], lock_fd: int
+) -> list[str]:
+    """The command line that builds ``specs`` (``source``: the graph file, or the demo)."""
+    return [
+        sys.executable, "-m", "service.cache.prefix_table_builder",
+        "--graph", source, "--snapshot-dir", str(snapshot_dir), "--fingerprint", fingerprint,
+        "--specs", json.dumps([spec.__dict__ for spec in specs]), "--lock-fd", str(lock_fd),
+        "--parent", str(os.getpid()),
+    ]  # fmt: skip
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)  # unwinds: the temporary file is removed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="prefix_table_builder", description=__doc__)
+    parser.add_argument("--graph", required=True, help=f"edge-list file, or {DEMO_SOURCE!r}")
+    parser.add_argument("--snapshot-dir", type=Path, required=True)
+    parser.add_argument("--fingerprint", required=True)
+    parser.add_argument("--specs", required=True, help="JSON list of table specs, in order")
+    parser.add_argument("--lock-fd", type=int, help="the build lock (held until exit)")
+    parser.add_argument("--parent", type=int, help="stop when this process is gone")
+    args = parser.parse_args(argv)
+    os.nice(19)  # only this process: the workers keep their priority
+    signal.signal(signal.SIGTERM, _stop)
+    from service.api.observability import configure_logging
+
+    configure_logging(os.environ.get("PPR_LOG_LEVEL", "info"))
+    from service.serving.graph_holder import load_configured_graph
+
+    source = None if args.graph == DEMO_SOURCE else Path(args.graph)
+    graph = load_configured_graph(source, args.snapshot_dir)
+    if graph_fingerprint(graph) != args.fingerprint:
+        log.warning("prefix tables not built: %s no longer holds the graph served", args.graph)
+        return EXIT_OTHER_GRAPH
+    specs = [TableSpec(**spec) for spec in json.loads(args.specs)]
+
+    def after_block(done: int) -> None:
+        if args.parent is not None and os.getppid() != args.parent:
+            raise SystemExit(EXIT_ORPHANED)
+
+    build_tables(graph, specs, args.snapshot_dir, after_block=after_block)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - run as a subprocess
+    sys.exit(main())
