@@ -90,7 +90,7 @@ class Settings(MechanismSettings):
         "the PPR_WORKERS workers keeps at most this / PPR_WORKERS.",
     )  # fmt: skip
     prefix_table_bytes: int = Field(
-        2**30, ge=0,
+        2**29, ge=0,
         description="Bytes of machine-wide prefix tables (every seed's noise-free prefix, "
         "n x n float64 per mode, one file in the snapshot directory mapped by every worker): "
         "a graph's tables are built, edge mode first, while they fit together; 0: off (also "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from service.ledger import upgrade
 from service.mechanisms.diffusion import noise_free_prefix
 from service.mechanisms.prefix_table import prefix_table
 from service.privacy.modes import Mode
+from service.serving import prefix_tables
 from service.serving.graph_holder import load_configured_graph
 from service.serving.prefix_tables import SharedPrefixTables, planned_specs
 from tests.api_support import (
@@ -206,6 +208,19 @@ def test_a_directory_others_may_write_gets_no_table(graph: Graph, tmp_path: Path
     assert tables.state()["status"] == "absent"
     assert tables.lookup(graph, 0, Mode.EDGE, 0.8, 1e-7, 94) is None
     assert list(shared.iterdir()) == [], "no lock, no builder, no table"
+
+
+def test_no_table_is_built_on_a_disk_without_room_for_it_and_the_headroom(
+    graph: Graph, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    free = shutil.disk_usage(tmp_path).free
+    monkeypatch.setattr(prefix_tables, "DISK_HEADROOM_BYTES", free)  # no byte to spare
+    tables = SharedPrefixTables(tmp_path / "snap", 2**30, MechanismSettings(), lambda: graph)
+    tables.follow(now=True, wait=True)
+    assert tables.lookup(graph, 0, Mode.EDGE, 0.8, 1e-7, 94) is None
+    assert tables.state()["status"] == "absent"
+    assert not list((tmp_path / "snap").glob("prefixes-*")), "nothing built"
+    tables.close()
 
 
 # --------------------------------------------------------------------------- serving

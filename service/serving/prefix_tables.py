@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -270,6 +271,10 @@ class SharedPrefixTables:
                 return
             os.utime(lock)  # in use (stale locks are removed with stale tables)
             missing = [spec for spec in tables.planned if spec.parameters not in tables.rows]
+            missing = _fitting_on_disk(self.directory, missing)
+            if not missing:
+                tables.build_failed = True  # no room: not again from this process
+                return
             argv = command(tables.source, self.directory, tables.fingerprint, missing, fd)
             tables.builder = subprocess.Popen(argv, pass_fds=(fd,), stdin=subprocess.DEVNULL)
             log.info("prefix table builder started",
@@ -277,6 +282,26 @@ class SharedPrefixTables:
                             "modes": [s.mode for s in missing]})  # fmt: skip
         finally:
             os.close(fd)  # the builder holds the lock now (its copy of the descriptor)
+
+
+#: Disk space a table build leaves free in the snapshot directory's file system.
+DISK_HEADROOM_BYTES = 1 << 30
+
+
+def _fitting_on_disk(directory: Path, specs: list[TableSpec]) -> list[TableSpec]:
+    """The leading ``specs`` whose files fit on the directory's file system with
+    :data:`DISK_HEADROOM_BYTES` to spare (a full disk would fail the ledger's neighbours too)."""
+    free = shutil.disk_usage(directory).free - DISK_HEADROOM_BYTES
+    fitting: list[TableSpec] = []
+    for spec in specs:
+        if spec.nbytes > free:
+            log.warning("prefix tables are not built: the disk has too little free space",
+                        extra={"directory": str(directory), "needed_bytes": spec.nbytes,
+                               "free_bytes": free + DISK_HEADROOM_BYTES})  # fmt: skip
+            break
+        fitting.append(spec)
+        free -= spec.nbytes
+    return fitting
 
 
 def _stop(builder: subprocess.Popen[bytes] | None) -> None:
