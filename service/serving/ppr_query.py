@@ -506,17 +506,34 @@ class PprQueryService:
         self, items: list[tuple[StoredRelease, str | None, int]]
     ) -> list[ChargeSettled | None]:
         """One group of concurrent release stores, in one transaction (a lone one: the
-        single-release transaction)."""
+        single-release transaction), then the stored ones into the replay cache in one
+        round trip."""
+        outcomes: list[ChargeSettled | None]
         if len(items) == 1:
             stored, idempotency_key, principal = items[0]
             try:
                 self.ledger.store_release(
                     stored, idempotency_key=idempotency_key, principal_account_id=principal
                 )
+                outcomes = [None]
             except ChargeSettled as exc:
-                return [exc]
-            return [None]
-        return self.ledger.store_releases(items)
+                outcomes = [exc]
+        else:
+            outcomes = self.ledger.store_releases(items)
+        if self.replays is not None:
+            try:
+                self.replays.put_many(
+                    [
+                        (stored, principal, idempotency_key)
+                        for (stored, idempotency_key, principal), outcome in zip(
+                            items, outcomes, strict=True
+                        )
+                        if outcome is None
+                    ]
+                )
+            except Exception:  # stored: the ledger is the truth, replays read it on a miss
+                log.warning("caching a group of stored releases failed", exc_info=True)
+        return outcomes
 
     def _admit_together(
         self, items: list[tuple[Admission, GraphCap | None]]
@@ -654,7 +671,7 @@ class PprQueryService:
             raise
         except ChargeSettled as exc:
             raise _settled_before_stored(stored, req) from exc
-        if self.replays is not None:
+        if self.replays is not None and self._storing is None:  # a group caches its own
             self._cache_release(stored, req)
 
     def _cache_release(self, stored: StoredRelease, req: QueryRequest) -> None:
