@@ -24,6 +24,10 @@ import scipy.sparse as sp
 
 from service.graph.model import Graph
 from service.mechanisms.kernels import block_kernel, noise_kernel, step_kernels, warm_up
+from service.mechanisms.randomness import compiled_draws_match_numpy, signed_pairs
+
+#: An empty noise block: a step without noisy columns.
+_NO_NOISE = np.zeros((0, 1), dtype=np.float64)
 
 
 def default_threads() -> int:
@@ -102,6 +106,7 @@ class WalkOperator:
         self._blocks: list[tuple[int, int, sp.csr_matrix]] = []
         if self._kernel is not None:
             warm_up(graph.indptr, graph.indices)
+            compiled_draws_match_numpy()  # compiles and checks the noise sampler once
         else:  # pragma: no cover - numba is a dependency
             for lo, hi in self._rows:
                 indptr = graph.indptr[lo : hi + 1] - graph.indptr[lo]
@@ -152,12 +157,17 @@ class WalkOperator:
         etas: np.ndarray,
         personalized: np.ndarray,
         workspace: StepWorkspace | None = None,
+        noise: np.ndarray | None = None,
+        slots: np.ndarray | None = None,
     ) -> np.ndarray | None:
         """phi(f(x)) for a block in two compiled passes over the rows (both threads), with the
         same operations in the same order as the unfused path; None without numba.
 
-        With ``workspace`` the intermediate blocks and the result are its buffers (the result
-        is ``workspace.out``; ``x`` must not be one of them)."""
+        With ``noise`` (S x n, C order) and ``slots`` (one per column, -1 for none), column k
+        with ``slots[k] >= 0`` also gets ``noise[slots[k]]`` added, in the same pass, after its
+        seed's ``1 - beta`` (the order of the unfused path). With ``workspace`` the
+        intermediate blocks and the result are its buffers (the result is ``workspace.out``;
+        ``x`` must not be one of them)."""
         kernels = self._step
         if kernels is None or x.ndim != 2:
             return None
@@ -175,26 +185,29 @@ class WalkOperator:
             c = np.minimum(np.maximum(x[seeds[p], p], 0.0), 1.0)
             clipped[seeds[p], p] = c
             z[seeds[p], p] = c * self.inv_degree[seeds[p]]
+        width = x.shape[1]
+        seeds = np.ascontiguousarray(seeds, dtype=np.int64)
+        seed_rows = np.zeros(self.n, dtype=np.bool_)
+        seed_rows[seeds] = True
+        if noise is None or slots is None:
+            noise, slots = _NO_NOISE, np.full(width, -1, dtype=np.int64)
+        else:
+            noise = np.ascontiguousarray(noise, dtype=np.float64)
+            slots = np.ascontiguousarray(slots, dtype=np.int64)
+            if noise.shape[1] != self.n or slots.shape != (width,) or slots.max() >= len(noise):
+                raise ValueError("noise must be S x n with one slot in [-1, S) per column")
         self._on_rows(walk_rows, self._indptr, self._indices, z, clipped, self._isolated_mask,
-                      betas, out)  # fmt: skip
-        out[seeds, np.arange(x.shape[1])] += 1.0 - betas
+                      betas, seed_rows, seeds, 1.0 - betas, noise, slots, out)  # fmt: skip
         return out
 
-    def add_noise(
-        self,
-        out: np.ndarray,
-        columns: np.ndarray,
-        exps: np.ndarray,
-        words: np.ndarray,
-        scales: np.ndarray,
-    ) -> bool:
-        """Add column q's xi1 + xi2 (from its 2n exponentials ``exps[q]`` and raw sign words
-        ``words[q]``, see kernels.add_noise_rows) to ``out[:, columns[q]]`` on both threads;
-        False (nothing done) without numba."""
-        if self._noise is None or out.ndim != 2 or not out.flags.c_contiguous:
-            return False
-        self._on_rows(self._noise, out, columns, exps, words.view(np.int64), scales)
-        return True
+    def pair_sums(self, exps: np.ndarray, words: np.ndarray, scale: float, out: np.ndarray) -> None:
+        """out = xi1 + xi2 of one column from its 2n standard exponentials and raw sign words
+        (kernels.pair_sums; :func:`service.mechanisms.randomness.signed_pairs` without numba),
+        in the calling thread."""
+        if self._noise is None:  # pragma: no cover - numba is a dependency
+            out[:] = signed_pairs(exps, words, scale, self.n)
+            return
+        self._noise(exps, words.view(np.int64), float(scale), out)
 
     def _on_rows(self, kernel: Callable[..., None], *args: Any) -> None:
         if self._pool is None:
