@@ -206,18 +206,21 @@ class _Block:
             noise=noise,
             slots=slots,
         )
+        prefixes: list[int] = []
         for i, job in enumerate(jobs):
             job.done_steps += 1
             if job.done_steps == job.noise_free_steps and job.keep_prefix:
-                job.computed_prefix = out[:, i].copy()
+                prefixes.append(i)
+        for i, column in zip(prefixes, self.op.columns(out, prefixes), strict=True):
+            jobs[i].computed_prefix = column
         finished = [i for i, job in enumerate(jobs) if job.done_steps >= job.config.steps]
-        for i in finished:
+        for i, scores in zip(finished, self.op.columns(out, finished), strict=True):
             job = jobs[i]
             prefix = job.computed_prefix
             if prefix is not None:
                 prefix.setflags(write=False)
             if not job.future.done():
-                job.future.set_result(EngineResult(out[:, i].copy(), prefix))
+                job.future.set_result(EngineResult(scores, prefix))
         if finished:
             keep = [i for i in range(width) if jobs[i].done_steps < jobs[i].config.steps]
             self.jobs = [jobs[i] for i in keep]

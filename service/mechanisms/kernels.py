@@ -138,14 +138,16 @@ def warm_up(indptr: np.ndarray, indices: np.ndarray) -> None:
     if steps is not None:
         clip_rows, walk_rows = steps
         one = np.zeros(1, dtype=np.float64)
-        clip_rows(z, one, one, one, z.copy(), z.copy(), 0, 0)
+        clip_rows(z, one, one, one, z.copy(), 0, 0)
         no = np.zeros(1, dtype=np.bool_)
         slots = np.full(2, -1, dtype=np.int64)
-        walk_rows(indptr, indices, z, z.copy(), no, one, no, slots, one, np.zeros((0, 1)),
-                  slots, out, 0, 0)  # fmt: skip
+        walk_rows(indptr, indices, z, z.copy(), one, one, no, one, no, slots, one, one,
+                  np.zeros((0, 1)), slots, out, 0, 0)  # fmt: skip
     noise = noise_kernel()
     if noise is not None:
         noise(np.zeros(2), np.zeros(1, np.int64), 1.0, np.zeros(1))
+    if _GATHER is not None:
+        _GATHER(out, np.zeros(1, np.int64), np.zeros((1, 1)), 0, 0)
 
 
 StepKernels = tuple[Callable[..., None], Callable[..., None]]
@@ -160,9 +162,9 @@ def _compile_step() -> StepKernels | None:
     ahead = PREFETCH_DISTANCE
 
     def clip_rows(
-        x: Any, degrees: Any, inv_degree: Any, etas: Any, clipped: Any, z: Any, lo: int, hi: int
+        x: Any, degrees: Any, inv_degree: Any, etas: Any, z: Any, lo: int, hi: int
     ) -> None:  # pragma: no cover - compiled
-        """clipped = min(max(x, 0), eta_k d_i); z = clipped / d (as clipped * (1/d))."""
+        """z = min(max(x, 0), eta_k d_i) / d (as clipped * (1/d))."""
         width = x.shape[1]
         for i in range(lo, hi):
             for k in range(width):
@@ -172,18 +174,20 @@ def _compile_step() -> StepKernels | None:
                 t = etas[k] * degrees[i]
                 if v > t:
                     v = t
-                clipped[i, k] = v
                 z[i, k] = v * inv_degree[i]
 
     def walk_rows(
         indptr: Any,
         indices: Any,
         z: Any,
-        clipped: Any,
+        x: Any,
+        degrees: Any,
+        etas: Any,
         isolated: Any,
         betas: Any,
         seed_rows: Any,
         seeds: Any,
+        seed_clipped: Any,
         lifts: Any,
         noise: Any,
         slots: Any,
@@ -195,9 +199,13 @@ def _compile_step() -> StepKernels | None:
         then + lifts[k] (= 1 - beta_k) at column k's seed, then + noise[slots[k], i] on the
         columns with a noise slot (slots[k] >= 0): phi(f(x)) + xi1 + xi2 in one pass.
 
-        Each column of a row is summed over the row's neighbours in CSR order, one addition
-        at a time; four neighbours share one pass over the accumulator. ``seed_rows[i]`` says
-        whether row i is some column's seed (only those rows look at ``seeds``)."""
+        c = min(max(x, 0), eta_k d_i) is the row's own clipped value, recomputed here as the
+        clip pass computes it (no clipped block is stored); at a seed whose threshold is 1
+        (personalized) it is ``seed_clipped[k]``, which the caller computed. Each column of a
+        row is summed over the row's neighbours in CSR order, one addition at a time; four
+        neighbours share one pass over the accumulator. ``seed_rows[i]`` says whether row i
+        is some column's seed (only those rows look at ``seeds``; ``seed_clipped[k]`` is NaN
+        for a column whose seed has the ordinary threshold)."""
         width = out.shape[1]
         noisy = noise.shape[0] > 0
         acc = np.zeros(width)
@@ -234,17 +242,34 @@ def _compile_step() -> StepKernels | None:
                     for k in range(width):
                         acc[k] += ra[k]
                     jj += 1
+            d = degrees[i]
+            twice = isolated[i]
             for k in range(width):
+                c = x[i, k]
+                if c < 0.0:
+                    c = 0.0
+                t = etas[k] * d
+                if c > t:
+                    c = t
                 v = acc[k]
-                if isolated[i]:
-                    v += clipped[i, k]
-                v += clipped[i, k]
+                if twice:
+                    v += c
+                v += c
                 v *= 0.5
                 v *= betas[k]
                 out[i, k] = v
             if seed_rows[i]:
                 for k in range(width):
                     if seeds[k] == i:
+                        c = seed_clipped[k]
+                        if c == c:  # the seed's own threshold (personalized): not NaN
+                            v = acc[k]
+                            if twice:
+                                v += c
+                            v += c
+                            v *= 0.5
+                            v *= betas[k]
+                            out[i, k] = v
                         out[i, k] += lifts[k]
             if noisy:
                 for k in range(width):
@@ -299,6 +324,33 @@ def _compile_noise() -> Callable[..., None] | None:
 
 
 _NOISE: Callable[..., None] | None = _compile_noise()
+
+
+def _compile_gather() -> Callable[..., None] | None:
+    try:
+        from numba import njit
+    except ImportError:  # pragma: no cover
+        return None
+
+    def gather_columns(block: Any, columns: Any, dest: Any, lo: int, hi: int) -> None:
+        # pragma: no cover - compiled
+        """dest[q, i] = block[i, columns[q]] for rows lo..hi: one pass over the block's rows
+        instead of one strided pass per column."""
+        width = columns.shape[0]
+        for i in range(lo, hi):
+            for q in range(width):
+                dest[q, i] = block[i, columns[q]]
+
+    compiled: Callable[..., None] = njit(nogil=True, cache=True, fastmath=False)(gather_columns)
+    return compiled
+
+
+_GATHER: Callable[..., None] | None = _compile_gather()
+
+
+def gather_kernel() -> Callable[..., None] | None:
+    """``gather_columns(block, columns, dest, lo, hi)`` compiled, or None."""
+    return _GATHER
 
 
 def noise_kernel() -> Callable[..., None] | None:
