@@ -211,10 +211,11 @@ class _Block:
             job.done_steps += 1
             if job.done_steps == job.noise_free_steps and job.keep_prefix:
                 prefixes.append(i)
-        for i, column in zip(prefixes, self.op.columns(out, prefixes), strict=True):
+        # (the noise buffer is free once the step is done: it carries the copies)
+        for i, column in zip(prefixes, self.op.columns(out, prefixes, self._noise), strict=True):
             jobs[i].computed_prefix = column
         finished = [i for i, job in enumerate(jobs) if job.done_steps >= job.config.steps]
-        for i, scores in zip(finished, self.op.columns(out, finished), strict=True):
+        for i, scores in zip(finished, self.op.columns(out, finished, self._noise), strict=True):
             job = jobs[i]
             prefix = job.computed_prefix
             if prefix is not None:

@@ -218,16 +218,21 @@ class WalkOperator:
             return
         self._noise(exps, words.view(np.int64), float(scale), out)
 
-    def columns(self, block: np.ndarray, columns: list[int]) -> list[np.ndarray]:
+    def columns(
+        self, block: np.ndarray, columns: list[int], scratch: np.ndarray | None = None
+    ) -> list[np.ndarray]:
         """Copies of the given columns of a C-ordered block (n x B), read in one pass over its
-        rows (both threads) rather than one strided pass per column."""
+        rows (both threads) rather than one strided pass per column; through ``scratch``
+        (C-ordered, at least len(columns) x n, overwritten) if given."""
         if not columns:
             return []
         if self._gather is None or block.ndim != 2 or not block.flags.c_contiguous:
             return [block[:, c].copy() for c in columns]  # pragma: no cover - without numba
-        dest = np.empty((len(columns), self.n), dtype=np.float64)
+        if scratch is None or scratch.shape[0] < len(columns) or scratch.shape[1] != self.n:
+            scratch = np.empty((len(columns), self.n), dtype=np.float64)
+        dest = scratch[: len(columns)]
         self._on_rows(self._gather, block, np.asarray(columns, dtype=np.int64), dest)
-        return list(dest) if len(columns) == 1 else [row.copy() for row in dest]
+        return [row.copy() for row in dest]
 
     def _on_rows(self, kernel: Callable[..., None], *args: Any) -> None:
         if self._pool is None:
