@@ -286,8 +286,10 @@ def run_jobs(graph: Graph, jobs: list[DiffusionJob]) -> None:
 class DiffusionEngine:
     """A thread that steps one block per graph; queries join at step boundaries.
 
-    ``max_batch`` bounds the columns of a block (its memory is n x max_batch x 8 bytes, about
-    twice that while a step runs); queries beyond it wait in the inbox for a column to free.
+    ``max_batch`` bounds the columns of a block (its memory is n x max_batch x 8 bytes; a step
+    also uses the scaled block, the result and the noisy columns' noise, each as large, and
+    two columns' draws, 2 x 16 n bytes); queries beyond it wait in the inbox for a column to
+    free.
     """
 
     def __init__(self, max_batch: int = 64, *, window_seconds: float = 0.002) -> None:
