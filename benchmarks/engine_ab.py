@@ -4,7 +4,8 @@ The baseline's engine modules (``service/mechanisms/{engine,operator,kernels,ran
 ``--baseline``, e.g. the main checkout) are imported under another package name beside this
 checkout's, so both run on the same graph object, the same seeds and the same prefixes, turn
 about, with the naive reference timed in the same rounds. It first checks that both engines
-release bit-identical vectors from the same generators. Per query: block wall time / B and
+release bit-identical vectors from the same generators (warm edge-mode and cold personalized
+columns in one block, PCG64DXSM generators as in serving). Per query: block wall time / B and
 process CPU time / B (all threads; compare CPU on a loaded machine, wall on an idle one).
 
     python benchmarks/engine_ab.py --baseline /work/main --batch 32 --rounds 8
@@ -68,11 +69,19 @@ def main() -> None:
     current.run_jobs(graph, prefix_jobs)
     prefixes = [job.future.result().scores for job in prefix_jobs]
 
+    personal = plan_diffusion(0.1, min(1e-6, 1 / graph.m), 20, 0.8, 1e-7, Mode.PERSONALIZED)
+
     def releases(module: Any) -> np.ndarray:
-        jobs = [module.DiffusionJob(s, config, np.random.default_rng(9 + i), p, keep_prefix=False)
+        """Warm edge-mode columns and cold personalized ones in one block, each drawing from
+        its own PCG64DXSM generator (the serving kind) of a fixed seed."""
+        jobs = [module.DiffusionJob(s, config, np.random.Generator(np.random.PCG64DXSM(9 + i)),
+                                    p, keep_prefix=False)
                 for i, (s, p) in enumerate(zip(block_seeds, prefixes, strict=True))]  # fmt: skip
+        jobs += [module.DiffusionJob(s, personal.config,
+                                     np.random.Generator(np.random.PCG64DXSM(99 + i)))
+                 for i, s in enumerate(seeds)]  # fmt: skip
         module.run_jobs(graph, jobs)
-        return np.stack([job.future.result().scores for job in jobs])
+        return np.concatenate([job.future.result().scores for job in jobs])
 
     if not np.array_equal(releases(baseline), releases(current)):
         raise SystemExit("the two engines release different vectors from the same generators")

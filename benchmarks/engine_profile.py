@@ -4,10 +4,11 @@ Runs blocks of B queries on ``run_jobs`` (the engine's block code) on a generate
 (noise-free prefix given: the L noisy steps only) and cold (all K steps), and times each phase
 of a block step by wrapping the engine's functions:
 
-* ``sparse step``: clip + the CSR block product (``thresholded_step``), both threads;
-* ``noise``: the columns' float64 exponentials and sign words (numpy, one generator per
-  column, columns split over both threads), and the compiled pass that adds xi1 + xi2 to the
-  block (``add pass``, per chunk of columns);
+* ``sparse step``: clip + the CSR block product, with the noisy columns' xi1 + xi2 added in
+  the product's pass over the rows (``thresholded_step``), both threads;
+* ``noise draws``: each noisy column's 2n float64 exponentials and sign words (compiled
+  ziggurat on its own PCG64DXSM generator) turned into its xi1 + xi2 (``_draw_noise``), columns
+  split over both threads;
 * ``admit``: building the block from the start vectors.
 
 CPU time is the process's (all threads), so on an idle 2-core machine wall ~ CPU / 2 for the
@@ -27,7 +28,6 @@ import numpy as np
 
 import service.mechanisms.engine as engine
 from service.graph.generate import generate_graph
-from service.mechanisms.operator import WalkOperator
 from service.mechanisms.randomness import fresh_generator
 from service.privacy.calibration import DiffusionConfig, plan_diffusion
 from service.privacy.modes import Mode
@@ -68,12 +68,10 @@ def main() -> None:
     prefixes = [job.future.result().scores for job in prefix_jobs]
 
     samples: Samples = {}
-    engine.thresholded_step = _wrap(samples, "sparse step", engine.thresholded_step)
+    engine.thresholded_step = _wrap(samples, "sparse step + noise add", engine.thresholded_step)
     block_cls: Any = engine._Block
-    block_cls._add_noise = _wrap(samples, "noise (draws + add pass)", block_cls._add_noise)
+    block_cls._draw_noise = _wrap(samples, "noise draws", block_cls._draw_noise)
     block_cls.admit = _wrap(samples, "admit", block_cls.admit)
-    op_cls: Any = WalkOperator
-    op_cls.add_noise = _wrap(samples, "  of which add pass", op_cls.add_noise)
 
     print(f"graph {graph.n} nodes, {graph.m} edges; K {config.steps}, L {config.noisy_steps}, "
           f"B {args.batch}")  # fmt: skip
@@ -95,7 +93,7 @@ def main() -> None:
         with open("/proc/loadavg") as loadavg:
             load = loadavg.read().split()[0]
         print(f"{kind}: per query wall {wall_q:.2f} ms, CPU {cpu_q:.2f} ms (load {load})")
-        order = ["admit", "sparse step", "noise (draws + add pass)", "  of which add pass"]
+        order = ["admit", "noise draws", "sparse step + noise add"]
         for name, values in sorted(samples.items(), key=lambda item: order.index(item[0])):
             arr = np.asarray(values) * 1e3
             calls = len(values) / args.repeats

@@ -141,30 +141,45 @@ def test_a_failure_reports_whether_noise_was_drawn(monkeypatch: pytest.MonkeyPat
 
 
 def test_the_compiled_noise_pass_adds_exactly_the_documented_draws() -> None:
-    """The block's noise pass (sign bits read inside the compiled kernel, columns in chunks)
-    adds to each column bit for bit what ``step_noise`` draws from the same generator, for
-    more columns than one chunk, distinct scales, and n not a multiple of 64."""
+    """The block's noise (sign bits read inside the compiled kernel, added in the step's pass
+    over the rows) is bit for bit what ``step_noise`` draws from the same generator, for
+    distinct scales and n not a multiple of 64; and a block of many columns, some noisy and
+    some not, releases what each query alone does."""
     graph = random_graph(301, 0.03, np.random.default_rng(3))
     op = walk_operator(graph)
-    n, width = graph.n, engine_module.NOISE_CHUNK * 2 + 3
-    base = np.random.default_rng(4).normal(size=(n, width))
-    columns = np.array([c for c in range(width) if c != 5], dtype=np.int64)  # one left clean
-    scales = np.linspace(1e-4, 3.0, columns.size)
-    exps = np.empty((columns.size, 2 * n))
-    words = np.empty((columns.size, sign_words(2 * n)), dtype=np.uint64)
-    for q in range(columns.size):
+    n = graph.n
+    exps = np.empty(2 * n)
+    words = np.empty(sign_words(2 * n), dtype=np.uint64)
+    for q, scale in enumerate(np.linspace(1e-4, 3.0, 7)):
         rng = np.random.default_rng(500 + q)
-        rng.standard_exponential(out=exps[q])
-        words[q] = rng.bit_generator.random_raw(words.shape[1])
-    fused = base.copy()
-    assert op.add_noise(fused, columns, exps, words, scales)
-    expected = base.copy()
-    for q, c in enumerate(columns):
-        expected[:, c] += step_noise(np.random.default_rng(500 + q), scales[q], n)
-    np.testing.assert_array_equal(fused, expected)
-    # through the engine: a block wider than two chunks releases what each query alone does
+        rng.standard_exponential(out=exps)
+        words[:] = rng.bit_generator.random_raw(words.shape[0])
+        pairs = np.empty(n)
+        op.pair_sums(exps, words, scale, pairs)
+        np.testing.assert_array_equal(pairs, step_noise(np.random.default_rng(500 + q), scale, n))
+    # the fused step: noise on the columns with a slot, after the seed's 1 - beta
+    width = 19
+    x = np.abs(np.random.default_rng(4).normal(size=(n, width))) * 1e-3
+    args = {
+        "seeds": np.arange(width, dtype=np.int64) * 7,
+        "betas": np.linspace(0.5, 0.9, width),
+        "etas": np.full(width, 1e-3),
+        "personalized": np.arange(width) % 3 == 0,
+    }
+    slots = np.array([-1 if k in (0, 5, 18) else k % 4 for k in range(width)], dtype=np.int64)
+    noise = np.random.default_rng(6).laplace(size=(4, n))
+    fused = engine_module.thresholded_step(op, x, **args, noise=noise, slots=slots)
+    plain = engine_module.thresholded_step(op, x, **args)
+    for k in range(width):
+        expected = plain[:, k] + noise[slots[k]] if slots[k] >= 0 else plain[:, k]
+        np.testing.assert_array_equal(fused[:, k], expected)
+    # through the engine: warm and cold columns, noisy and noise-free steps in one block
     config = _config(E, steps=6, noisy=2)
-    jobs = [DiffusionJob(s, config, np.random.default_rng(700 + s)) for s in range(width)]
+    jobs = [
+        DiffusionJob(s, config, np.random.default_rng(700 + s),
+                     noise_free_prefix(graph, s, E, 0.8, 1e-3, 4) if s % 2 else None)
+        for s in range(width)
+    ]  # fmt: skip
     run_jobs(graph, jobs)
     for s, job in enumerate(jobs):
         alone = noisy_diffusion(graph, s, config, rng=np.random.default_rng(700 + s))

@@ -34,15 +34,12 @@ import numpy as np
 
 from service.graph.model import Graph
 from service.mechanisms.operator import StepWorkspace, WalkOperator, aligned_block, walk_operator
-from service.mechanisms.randomness import sign_words, signed_pairs
+from service.mechanisms.randomness import draw_step_randomness, sign_words
 from service.privacy.calibration import DiffusionConfig
 from service.privacy.floating import float_safe_scale
 from service.privacy.modes import Mode
 
 log = logging.getLogger(__name__)
-
-#: Noisy columns whose draws are buffered (2n float64 each) and added in one pass over the rows.
-NOISE_CHUNK = 8
 
 __all__ = ["DiffusionEngine", "DiffusionJob", "EngineFailure", "EngineResult", "run_jobs"]
 
@@ -80,6 +77,7 @@ class DiffusionJob:
     done_steps: int = 0
     computed_prefix: np.ndarray | None = None
     noise_scale: float = 0.0
+    noise_drawn: bool = False
 
     @property
     def noise_free_steps(self) -> int:
@@ -105,12 +103,16 @@ def thresholded_step(
     etas: np.ndarray,
     personalized: np.ndarray,
     workspace: StepWorkspace | None = None,
+    noise: np.ndarray | None = None,
+    slots: np.ndarray | None = None,
 ) -> np.ndarray:
-    """phi(f(x)) for every column of the block x (n x B): the kernel, without noise (into
-    ``workspace``'s buffers if given)."""
+    """phi(f(x)) for every column of the block x (n x B) (into ``workspace``'s buffers if
+    given), plus ``noise[slots[k]]`` on each column k with ``slots[k] >= 0`` (added after the
+    seed's ``1 - beta``, in the kernel's pass over the rows)."""
     fused = op.fused_step(
-        x, seeds=seeds, betas=betas, etas=etas, personalized=personalized, workspace=workspace
-    )
+        x, seeds=seeds, betas=betas, etas=etas, personalized=personalized, workspace=workspace,
+        noise=noise, slots=slots,
+    )  # fmt: skip
     if fused is not None:
         return fused
     clipped = np.maximum(x, 0.0)
@@ -124,6 +126,9 @@ def thresholded_step(
     out = op.apply(clipped)
     out *= betas[None, :]
     out[seeds, np.arange(x.shape[1])] += 1.0 - betas
+    if noise is not None and slots is not None:
+        for k in np.flatnonzero(slots >= 0):
+            out[:, k] += noise[slots[k]]
     return out
 
 
@@ -137,8 +142,13 @@ class _Block:
         self.x = np.empty((graph.n, 0), dtype=np.float64)
         self._max_degree = int(graph.degrees.max(initial=0))
         self._workspace = StepWorkspace()
-        self._exps = np.empty((0, 2 * graph.n), dtype=np.float64)
-        self._words = np.empty((0, sign_words(2 * graph.n)), dtype=np.uint64)
+        self._noise = np.empty((0, graph.n), dtype=np.float64)
+        # per drawing thread: one column's 2n exponentials and sign words
+        self._scratch = [
+            (np.empty(2 * graph.n, dtype=np.float64),
+             np.empty(sign_words(2 * graph.n), dtype=np.uint64))
+            for _ in range(2)
+        ]  # fmt: skip
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -167,8 +177,7 @@ class _Block:
     def fail(self, exc: BaseException) -> None:
         for job in self.jobs:
             if not job.future.done():
-                noise_drawn = job.done_steps > job.noise_free_steps
-                job.future.set_exception(EngineFailure(exc, noise_drawn=noise_drawn))
+                job.future.set_exception(EngineFailure(exc, noise_drawn=job.noise_drawn))
         self.jobs = []
         self.x = np.empty((self.graph.n, 0), dtype=np.float64)
 
@@ -177,6 +186,15 @@ class _Block:
         jobs = self.jobs
         width = len(jobs)
         before = self.x
+        # noise of the columns on a noisy step, each from its own generator, drawn before the
+        # pass that adds it (the draws do not depend on the block)
+        noisy = [i for i, job in enumerate(jobs) if job.done_steps >= job.noise_free_steps]
+        noise: np.ndarray | None = None
+        slots: np.ndarray | None = None
+        if noisy:
+            noise = self._draw_noise(noisy)
+            slots = np.full(width, -1, dtype=np.int64)
+            slots[noisy] = np.arange(len(noisy))
         out = thresholded_step(
             self.op,
             before,
@@ -185,25 +203,25 @@ class _Block:
             etas=np.array([j.config.eta for j in jobs]),
             personalized=np.array([j.config.mode is Mode.PERSONALIZED for j in jobs]),
             workspace=self._workspace,
+            noise=noise,
+            slots=slots,
         )
-        # noise on each column's noisy steps, from its own generator
-        noisy: list[int] = []
+        prefixes: list[int] = []
         for i, job in enumerate(jobs):
             job.done_steps += 1
-            if job.done_steps > job.noise_free_steps:
-                noisy.append(i)
-            elif job.done_steps == job.noise_free_steps and job.keep_prefix:
-                job.computed_prefix = out[:, i].copy()
-        if noisy:
-            self._add_noise(out, noisy)
+            if job.done_steps == job.noise_free_steps and job.keep_prefix:
+                prefixes.append(i)
+        # (the noise buffer is free once the step is done: it carries the copies)
+        for i, column in zip(prefixes, self.op.columns(out, prefixes, self._noise), strict=True):
+            jobs[i].computed_prefix = column
         finished = [i for i, job in enumerate(jobs) if job.done_steps >= job.config.steps]
-        for i in finished:
+        for i, scores in zip(finished, self.op.columns(out, finished, self._noise), strict=True):
             job = jobs[i]
             prefix = job.computed_prefix
             if prefix is not None:
                 prefix.setflags(write=False)
             if not job.future.done():
-                job.future.set_result(EngineResult(out[:, i].copy(), prefix))
+                job.future.set_result(EngineResult(scores, prefix))
         if finished:
             keep = [i for i in range(width) if jobs[i].done_steps < jobs[i].config.steps]
             self.jobs = [jobs[i] for i in keep]
@@ -213,44 +231,43 @@ class _Block:
         if out is self._workspace.out:  # the previous block is free: the next step's result
             self._workspace.swap(before)
 
-    def _add_noise(self, out: np.ndarray, noisy: list[int]) -> None:
-        """xi1 + xi2 on the noisy columns, each from its own generator in the order of
-        :func:`service.mechanisms.randomness.step_noise` (2n exponentials, then the sign words).
+    def _draw_noise(self, noisy: list[int]) -> np.ndarray:
+        """xi1 + xi2 of each noisy column (row q for column noisy[q]), each from its own
+        generator in the order of :func:`service.mechanisms.randomness.step_noise` (2n
+        exponentials, then the sign words).
 
-        Columns go in chunks of ``NOISE_CHUNK``: the chunk's draws are split over both threads
-        (numpy releases the GIL while it fills), then one compiled pass over the rows adds them
-        to the block (both threads), so each row's cache lines are touched once per chunk
-        rather than once per column."""
+        The columns are split over both threads (numpy releases the GIL while it fills); each
+        thread draws one column at a time into its own scratch buffers and a compiled pass
+        turns them into the column's row of the result, so the 2n draws of a column stay in
+        cache and the block itself is touched only by the step's own pass."""
+        for i in noisy:
+            self.jobs[i].noise_drawn = True
         n = self.graph.n
-        jobs = self.jobs
+        if len(self._noise) < len(noisy):
+            self._noise = aligned_block(len(noisy), n)
+        noise = self._noise[: len(noisy)]
         pool = self.op.pool
-        for start in range(0, len(noisy), NOISE_CHUNK):
-            chunk = noisy[start : start + NOISE_CHUNK]
-            if len(self._exps) < len(chunk):
-                self._exps = np.empty((len(chunk), 2 * n), dtype=np.float64)
-                self._words = np.empty((len(chunk), self._words.shape[1]), dtype=np.uint64)
-            exps, words = self._exps[: len(chunk)], self._words[: len(chunk)]
-
-            if pool is None or len(chunk) < 2:
-                self._draw(chunk, exps, words, range(len(chunk)))
-            else:
-                half = len(chunk) // 2
-                other = pool.submit(self._draw, chunk, exps, words, range(half, len(chunk)))
-                self._draw(chunk, exps, words, range(half))
+        if pool is None or len(noisy) < 2:
+            self._draw(noisy, noise, range(len(noisy)), 0)
+        else:
+            half = (len(noisy) + 1) // 2
+            other = pool.submit(self._draw, noisy, noise, range(half, len(noisy)), 1)
+            try:
+                self._draw(noisy, noise, range(half), 0)
+            finally:
                 other.result()
-            columns = np.array(chunk, dtype=np.int64)
-            scales = np.array([jobs[i].noise_scale for i in chunk], dtype=np.float64)
-            if not self.op.add_noise(out, columns, exps, words, scales):  # pragma: no cover
-                for q, i in enumerate(chunk):  # without numba: the same values in numpy
-                    out[:, i] += signed_pairs(exps[q], words[q], scales[q], n)
+        return noise
 
-    def _draw(self, chunk: list[int], exps: np.ndarray, words: np.ndarray, slots: range) -> None:
-        """Column chunk[q]'s 2n exponentials into exps[q], then its sign words into words[q]."""
+    def _draw(self, noisy: list[int], noise: np.ndarray, slots: range, scratch: int) -> None:
+        """Column noisy[q]'s 2n exponentials, then its sign words, into scratch buffers
+        ``scratch``, then its xi1 + xi2 into noise[q]."""
+        exps, words = self._scratch[scratch]
         for q in slots:
-            rng = self.jobs[chunk[q]].rng
+            job = self.jobs[noisy[q]]
+            rng = job.rng
             assert rng is not None, "a noisy step needs the query's generator"
-            rng.standard_exponential(out=exps[q])
-            words[q] = rng.bit_generator.random_raw(words.shape[1])
+            draw_step_randomness(rng, exps, words)
+            self.op.pair_sums(exps, words, job.noise_scale, noise[q])
 
 
 def run_jobs(graph: Graph, jobs: list[DiffusionJob]) -> None:
@@ -269,8 +286,10 @@ def run_jobs(graph: Graph, jobs: list[DiffusionJob]) -> None:
 class DiffusionEngine:
     """A thread that steps one block per graph; queries join at step boundaries.
 
-    ``max_batch`` bounds the columns of a block (its memory is n x max_batch x 8 bytes, about
-    twice that while a step runs); queries beyond it wait in the inbox for a column to free.
+    ``max_batch`` bounds the columns of a block (its memory is n x max_batch x 8 bytes; a step
+    also uses the scaled block, the result and the noisy columns' noise, each as large, and
+    two columns' draws, 2 x 16 n bytes); queries beyond it wait in the inbox for a column to
+    free.
     """
 
     def __init__(self, max_batch: int = 64, *, window_seconds: float = 0.002) -> None:

@@ -138,12 +138,16 @@ def warm_up(indptr: np.ndarray, indices: np.ndarray) -> None:
     if steps is not None:
         clip_rows, walk_rows = steps
         one = np.zeros(1, dtype=np.float64)
-        clip_rows(z, one, one, one, z.copy(), z.copy(), 0, 0)
-        walk_rows(indptr, indices, z, z.copy(), np.zeros(1, dtype=np.bool_), one, out, 0, 0)
+        clip_rows(z, one, one, one, z.copy(), 0, 0)
+        no = np.zeros(1, dtype=np.bool_)
+        slots = np.full(2, -1, dtype=np.int64)
+        walk_rows(indptr, indices, z, z.copy(), one, one, no, one, no, slots, one, one,
+                  np.zeros((0, 1)), slots, out, 0, 0)  # fmt: skip
     noise = noise_kernel()
     if noise is not None:
-        noise(out, np.zeros(0, np.int64), np.zeros((0, 2)), np.zeros((0, 1), np.int64),
-              np.zeros(0), 0, 0)  # fmt: skip
+        noise(np.zeros(2), np.zeros(1, np.int64), 1.0, np.zeros(1))
+    if _GATHER is not None:
+        _GATHER(out, np.zeros(1, np.int64), np.zeros((1, 1)), 0, 0)
 
 
 StepKernels = tuple[Callable[..., None], Callable[..., None]]
@@ -158,9 +162,9 @@ def _compile_step() -> StepKernels | None:
     ahead = PREFETCH_DISTANCE
 
     def clip_rows(
-        x: Any, degrees: Any, inv_degree: Any, etas: Any, clipped: Any, z: Any, lo: int, hi: int
+        x: Any, degrees: Any, inv_degree: Any, etas: Any, z: Any, lo: int, hi: int
     ) -> None:  # pragma: no cover - compiled
-        """clipped = min(max(x, 0), eta_k d_i); z = clipped / d (as clipped * (1/d))."""
+        """z = min(max(x, 0), eta_k d_i) / d (as clipped * (1/d))."""
         width = x.shape[1]
         for i in range(lo, hi):
             for k in range(width):
@@ -170,25 +174,40 @@ def _compile_step() -> StepKernels | None:
                 t = etas[k] * degrees[i]
                 if v > t:
                     v = t
-                clipped[i, k] = v
                 z[i, k] = v * inv_degree[i]
 
     def walk_rows(
         indptr: Any,
         indices: Any,
         z: Any,
-        clipped: Any,
+        x: Any,
+        degrees: Any,
+        etas: Any,
         isolated: Any,
         betas: Any,
+        seed_rows: Any,
+        seeds: Any,
+        seed_clipped: Any,
+        lifts: Any,
+        noise: Any,
+        slots: Any,
         out: Any,
         lo: int,
         hi: int,
     ) -> None:  # pragma: no cover - compiled
-        """out = beta (A z + c (+ c if isolated)) / 2, in the order of WalkOperator.apply.
+        """out = beta (A z + c (+ c if isolated)) / 2, in the order of WalkOperator.apply,
+        then + lifts[k] (= 1 - beta_k) at column k's seed, then + noise[slots[k], i] on the
+        columns with a noise slot (slots[k] >= 0): phi(f(x)) + xi1 + xi2 in one pass.
 
-        Each column of a row is summed over the row's neighbours in CSR order, one addition
-        at a time; four neighbours share one pass over the accumulator."""
+        c = min(max(x, 0), eta_k d_i) is the row's own clipped value, recomputed here as the
+        clip pass computes it (no clipped block is stored); at a seed whose threshold is 1
+        (personalized) it is ``seed_clipped[k]``, which the caller computed. Each column of a
+        row is summed over the row's neighbours in CSR order, one addition at a time; four
+        neighbours share one pass over the accumulator. ``seed_rows[i]`` says whether row i
+        is some column's seed (only those rows look at ``seeds``; ``seed_clipped[k]`` is NaN
+        for a column whose seed has the ordinary threshold)."""
         width = out.shape[1]
+        noisy = noise.shape[0] > 0
         acc = np.zeros(width)
         last = indptr[hi]
         for i in range(lo, hi):
@@ -223,14 +242,40 @@ def _compile_step() -> StepKernels | None:
                     for k in range(width):
                         acc[k] += ra[k]
                     jj += 1
+            d = degrees[i]
+            twice = isolated[i]
             for k in range(width):
+                c = x[i, k]
+                if c < 0.0:
+                    c = 0.0
+                t = etas[k] * d
+                if c > t:
+                    c = t
                 v = acc[k]
-                if isolated[i]:
-                    v += clipped[i, k]
-                v += clipped[i, k]
+                if twice:
+                    v += c
+                v += c
                 v *= 0.5
                 v *= betas[k]
                 out[i, k] = v
+            if seed_rows[i]:
+                for k in range(width):
+                    if seeds[k] == i:
+                        c = seed_clipped[k]
+                        if c == c:  # the seed's own threshold (personalized): not NaN
+                            v = acc[k]
+                            if twice:
+                                v += c
+                            v += c
+                            v *= 0.5
+                            v *= betas[k]
+                            out[i, k] = v
+                        out[i, k] += lifts[k]
+            if noisy:
+                for k in range(width):
+                    q = slots[k]
+                    if q >= 0:
+                        out[i, k] += noise[q, i]
 
     clip = njit(nogil=True, cache=True, fastmath=False)(clip_rows)
     walk = njit(nogil=True, cache=True, fastmath=False)(walk_rows)
@@ -255,41 +300,176 @@ def _compile_noise() -> Callable[..., None] | None:
     except ImportError:  # pragma: no cover
         return None
 
-    def add_noise_rows(
-        out: Any, columns: Any, exps: Any, words: Any, scales: Any, lo: int, hi: int
-    ) -> None:  # pragma: no cover - compiled
-        """out[i, columns[q]] += xi1 + xi2 for rows lo..hi, the Laplace draws of column q.
+    def pair_sums(exps: Any, words: Any, scale: float, out: Any) -> None:  # pragma: no cover
+        """out[i] = xi1_i + xi2_i of one column from its 2n exponentials and sign words.
 
-        Column q's 2n draws are ``exps[q, t] * (-scales[q] if sign bit t else scales[q])``,
-        xi1 the first n (t = i), xi2 the next n (t = n + i), exactly as
-        :func:`service.mechanisms.randomness.step_noise` computes them from the same
-        exponentials and raw words: sign bit t is bit ``7 - t % 8`` of byte ``t // 8`` of the
-        words read as little-endian bytes (numpy's ``unpackbits``, big bit order)."""
+        Draw t is ``exps[t] * (-scale if sign bit t else scale)``, xi1 the first n (t = i),
+        xi2 the next n (t = n + i), exactly as :func:`service.mechanisms.randomness.step_noise`
+        computes them from the same exponentials and raw words: sign bit t is bit
+        ``7 - t % 8`` of byte ``t // 8`` of the words read as little-endian bytes (numpy's
+        ``unpackbits``, big bit order)."""
         n = out.shape[0]
-        width = columns.shape[0]
-        noise = np.empty(width)
-        for i in range(lo, hi):
-            for q in range(width):
-                s = scales[q]
-                t = i
-                bit = (words[q, t >> 6] >> ((t & 56) | (7 - (t & 7)))) & 1
-                a = exps[q, t] * (s * (1.0 - 2.0 * bit))  # +-s exactly, without a branch
-                t = n + i
-                bit = (words[q, t >> 6] >> ((t & 56) | (7 - (t & 7)))) & 1
-                b = exps[q, t] * (s * (1.0 - 2.0 * bit))
-                noise[q] = a + b
-            # the row's updates after its draws: interleaved with them, stores to one cache
-            # line and loads from it stall each other (twice as slow for adjacent columns)
-            for q in range(width):
-                out[i, columns[q]] += noise[q]
+        s = scale
+        for i in range(n):
+            t = i
+            bit = (words[t >> 6] >> ((t & 56) | (7 - (t & 7)))) & 1
+            a = exps[t] * (s * (1.0 - 2.0 * bit))  # +-s exactly, without a branch
+            t = n + i
+            bit = (words[t >> 6] >> ((t & 56) | (7 - (t & 7)))) & 1
+            b = exps[t] * (s * (1.0 - 2.0 * bit))
+            out[i] = a + b
 
-    compiled: Callable[..., None] = njit(nogil=True, cache=True, fastmath=False)(add_noise_rows)
+    compiled: Callable[..., None] = njit(nogil=True, cache=True, fastmath=False)(pair_sums)
     return compiled
 
 
 _NOISE: Callable[..., None] | None = _compile_noise()
 
 
+def _compile_gather() -> Callable[..., None] | None:
+    try:
+        from numba import njit
+    except ImportError:  # pragma: no cover
+        return None
+
+    def gather_columns(block: Any, columns: Any, dest: Any, lo: int, hi: int) -> None:
+        # pragma: no cover - compiled
+        """dest[q, i] = block[i, columns[q]] for rows lo..hi: one pass over the block's rows
+        instead of one strided pass per column."""
+        width = columns.shape[0]
+        for i in range(lo, hi):
+            for q in range(width):
+                dest[q, i] = block[i, columns[q]]
+
+    compiled: Callable[..., None] = njit(nogil=True, cache=True, fastmath=False)(gather_columns)
+    return compiled
+
+
+_GATHER: Callable[..., None] | None = _compile_gather()
+
+
+def gather_kernel() -> Callable[..., None] | None:
+    """``gather_columns(block, columns, dest, lo, hi)`` compiled, or None."""
+    return _GATHER
+
+
 def noise_kernel() -> Callable[..., None] | None:
-    """``add_noise_rows(out, columns, exps, words, scales, lo, hi)`` compiled, or None."""
+    """``pair_sums(exps, words, scale, out)`` compiled (one column's xi1 + xi2), or None."""
     return _NOISE
+
+
+#: PCG64DXSM's 64-bit "cheap" LCG multiplier (numpy's ``PCG_CHEAP_MULTIPLIER_128``).
+PCG_CHEAP_MULTIPLIER = 0xDA942042E4DD58B5
+
+#: ``draw_exponentials(state, exps, words)``: see :func:`_compile_draws`.
+DrawKernel = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+
+
+def _compile_draws() -> DrawKernel | None:
+    """numpy's float64 ``standard_exponential`` (ziggurat) and ``random_raw`` on an inlined
+    PCG64DXSM, compiled: the same values from the same generator state, without numpy's
+    indirect call per 64-bit word. None if numba, its copy of numpy's ziggurat tables or
+    LLVM's 128-bit integers are not available (numpy's own functions are used then)."""
+    try:
+        ir: Any = importlib.import_module("llvmlite.ir")
+        extending: Any = importlib.import_module("numba.extending")
+        tables: Any = importlib.import_module("numba.np.random._constants")
+        from numba import njit, types
+    except ImportError:  # pragma: no cover
+        return None
+    ke = np.asarray(tables.ke_double, dtype=np.uint64)
+    we = np.asarray(tables.we_double, dtype=np.float64)
+    fe = np.asarray(tables.fe_double, dtype=np.float64)
+    tail_start = float(tables.ziggurat_exp_r)
+    if ke.shape != (256,) or we.shape != (256,) or fe.shape != (256,):  # pragma: no cover
+        return None
+    u64 = types.uint64
+
+    def pcg_next(typingctx: Any, hi: Any, lo: Any, inc_hi: Any, inc_lo: Any) -> Any:
+        # pragma: no cover - compiled
+        """(state', output) of one PCG64DXSM step: the DXSM output of the 128-bit state
+        (hi, lo), then state' = state * multiplier + inc (mod 2^128), as numpy's
+        ``pcg_cm_random_r``."""
+        triple: Any = types.UniTuple
+        sig = triple(u64, 3)(u64, u64, u64, u64)
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            i64, i128 = ir.IntType(64), ir.IntType(128)
+            h, lo, ih, il = args
+            mult = ir.Constant(i64, PCG_CHEAP_MULTIPLIER - (1 << 64))
+            out = builder.xor(h, builder.lshr(h, ir.Constant(i64, 32)))
+            out = builder.mul(out, mult)
+            out = builder.xor(out, builder.lshr(out, ir.Constant(i64, 48)))
+            out = builder.mul(out, builder.or_(lo, ir.Constant(i64, 1)))
+
+            def wide(high: Any, low: Any) -> Any:
+                shifted = builder.shl(builder.zext(high, i128), ir.Constant(i128, 64))
+                return builder.or_(shifted, builder.zext(low, i128))
+
+            state = builder.mul(wide(h, lo), builder.zext(mult, i128))
+            state = builder.add(state, wide(ih, il))
+            new_lo = builder.trunc(state, i64)
+            new_hi = builder.trunc(builder.lshr(state, ir.Constant(i128, 64)), i64)
+            return context.make_tuple(builder, signature.return_type, [new_hi, new_lo, out])
+
+        return sig, codegen
+
+    step: Any = extending.intrinsic(pcg_next)
+
+    def rejected(hi: Any, lo: Any, ih: Any, il: Any, idx: Any, x: float) -> Any:
+        # pragma: no cover - compiled
+        """numpy's ``standard_exponential_unlikely`` and its fresh tries, until a value is
+        kept: (value, hi, lo). The tail beyond the last layer is r - log1p(-U), U a 53-bit
+        uniform (numpy's ``next_double``)."""
+        while True:
+            hi, lo, r = step(hi, lo, ih, il)
+            u = (r >> 11) * (1.0 / 9007199254740992.0)
+            if idx == 0:
+                return tail_start - np.log1p(-u), hi, lo
+            if (fe[idx - 1] - fe[idx]) * u + fe[idx] < np.exp(-x):
+                return x, hi, lo
+            hi, lo, r = step(hi, lo, ih, il)
+            ri = r >> 3
+            idx = ri & 0xFF
+            ri >>= 8
+            x = ri * we[idx]
+            if ri < ke[idx]:
+                return x, hi, lo
+
+    slow = njit(nogil=True, cache=True, fastmath=False)(rejected)
+
+    def draw_exponentials(state: Any, exps: Any, words: Any) -> None:  # pragma: no cover
+        """exps = numpy's standard_exponential(len(exps)), then words = random_raw(len(words))
+        from the PCG64DXSM state ``state`` = [state_hi, state_lo, inc_hi, inc_lo], which is
+        advanced in place as numpy's would be."""
+        hi = state[0]
+        lo = state[1]
+        ih = state[2]
+        il = state[3]
+        for i in range(exps.shape[0]):
+            hi, lo, r = step(hi, lo, ih, il)
+            ri = r >> 3
+            idx = ri & 0xFF
+            ri >>= 8
+            x = ri * we[idx]
+            if ri >= ke[idx]:  # 1.1% of draws
+                x, hi, lo = slow(hi, lo, ih, il, idx, x)
+            exps[i] = x
+        for j in range(words.shape[0]):
+            hi, lo, r = step(hi, lo, ih, il)
+            words[j] = r
+        state[0] = hi
+        state[1] = lo
+
+    compiled: DrawKernel = njit(nogil=True, cache=True, fastmath=False)(draw_exponentials)
+    return compiled
+
+
+_DRAWS: DrawKernel | None = _compile_draws()
+
+
+def draw_kernel() -> DrawKernel | None:
+    """The compiled PCG64DXSM exponential and raw-word sampler (compiled on first call), or
+    None; :func:`service.mechanisms.randomness.draw_step_randomness` checks it against numpy
+    before using it."""
+    return _DRAWS

@@ -23,7 +23,17 @@ import numpy as np
 import scipy.sparse as sp
 
 from service.graph.model import Graph
-from service.mechanisms.kernels import block_kernel, noise_kernel, step_kernels, warm_up
+from service.mechanisms.kernels import (
+    block_kernel,
+    gather_kernel,
+    noise_kernel,
+    step_kernels,
+    warm_up,
+)
+from service.mechanisms.randomness import compiled_draws_match_numpy, signed_pairs
+
+#: An empty noise block: a step without noisy columns.
+_NO_NOISE = np.zeros((0, 1), dtype=np.float64)
 
 
 def default_threads() -> int:
@@ -45,25 +55,25 @@ def aligned_block(rows: int, columns: int) -> np.ndarray:
 
 
 class StepWorkspace:
-    """Reusable n x B buffers of one block step (clipped, clipped / d, result), cache-line
-    aligned, so that a block of steady width allocates (and page-faults) nothing per step."""
+    """Reusable n x B buffers of one block step (clipped / d, result), cache-line aligned, so
+    that a block of steady width allocates (and page-faults) nothing per step. (The clipped
+    block itself is not stored: the walk kernel recomputes a row's own clipped value.)"""
 
     def __init__(self) -> None:
-        self.clipped: np.ndarray
         self.z: np.ndarray
         self.out: np.ndarray
         self.clear()
 
     def clear(self) -> None:
         """Drop the buffers."""
-        self.clipped = self.z = self.out = np.empty((0, 0), dtype=np.float64)
+        self.z = self.out = np.empty((0, 0), dtype=np.float64)
 
     def fits(self, x: np.ndarray) -> bool:
         """Make the buffers x's shape (reallocating if it changed); False if ``x`` is one."""
         if self.out.shape != x.shape:
             self.clear()  # the old buffers go before the new ones are allocated
-            self.clipped, self.z, self.out = (aligned_block(*x.shape) for _ in "czo")
-        return not any(np.may_share_memory(x, b) for b in (self.clipped, self.z, self.out))
+            self.z, self.out = (aligned_block(*x.shape) for _ in "zo")
+        return not any(np.may_share_memory(x, b) for b in (self.z, self.out))
 
     def swap(self, x: np.ndarray) -> None:
         """Take ``x`` (no longer needed, same shape) as the next step's result buffer."""
@@ -95,6 +105,7 @@ class WalkOperator:
         self._kernel = block_kernel()
         self._step = step_kernels()
         self._noise = noise_kernel()
+        self._gather = gather_kernel()
         self._isolated_mask = np.ascontiguousarray(graph.degrees == 0)
         # With the compiled kernel the graph's own (read-only, possibly shared) index arrays
         # are all it reads: no per-process copy, no float data array. Without it, scipy needs
@@ -102,6 +113,7 @@ class WalkOperator:
         self._blocks: list[tuple[int, int, sp.csr_matrix]] = []
         if self._kernel is not None:
             warm_up(graph.indptr, graph.indices)
+            compiled_draws_match_numpy()  # compiles and checks the noise sampler once
         else:  # pragma: no cover - numba is a dependency
             for lo, hi in self._rows:
                 indptr = graph.indptr[lo : hi + 1] - graph.indptr[lo]
@@ -152,49 +164,75 @@ class WalkOperator:
         etas: np.ndarray,
         personalized: np.ndarray,
         workspace: StepWorkspace | None = None,
+        noise: np.ndarray | None = None,
+        slots: np.ndarray | None = None,
     ) -> np.ndarray | None:
         """phi(f(x)) for a block in two compiled passes over the rows (both threads), with the
         same operations in the same order as the unfused path; None without numba.
 
-        With ``workspace`` the intermediate blocks and the result are its buffers (the result
-        is ``workspace.out``; ``x`` must not be one of them)."""
+        With ``noise`` (S x n, C order) and ``slots`` (one per column, -1 for none), column k
+        with ``slots[k] >= 0`` also gets ``noise[slots[k]]`` added, in the same pass, after its
+        seed's ``1 - beta`` (the order of the unfused path). With ``workspace`` the
+        intermediate blocks and the result are its buffers (the result is ``workspace.out``;
+        ``x`` must not be one of them)."""
         kernels = self._step
         if kernels is None or x.ndim != 2:
             return None
         clip_rows, walk_rows = kernels
         x = np.ascontiguousarray(x, dtype=np.float64)
         if workspace is not None and workspace.fits(x):
-            clipped, z, out = workspace.clipped, workspace.z, workspace.out
+            z, out = workspace.z, workspace.out
         else:
-            clipped, z, out = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+            z, out = np.empty_like(x), np.empty_like(x)
+        width = x.shape[1]
         etas = np.ascontiguousarray(etas, dtype=np.float64)
         betas = np.ascontiguousarray(betas, dtype=np.float64)
-        self._on_rows(clip_rows, x, self.degrees, self.inv_degree, etas, clipped, z)
+        seeds = np.ascontiguousarray(seeds, dtype=np.int64)
+        self._on_rows(clip_rows, x, self.degrees, self.inv_degree, etas, z)
+        seed_clipped = np.full(width, np.nan)
         p = np.flatnonzero(personalized)
         if p.size:  # the seed's threshold is 1 in personalized mode
             c = np.minimum(np.maximum(x[seeds[p], p], 0.0), 1.0)
-            clipped[seeds[p], p] = c
+            seed_clipped[p] = c
             z[seeds[p], p] = c * self.inv_degree[seeds[p]]
-        self._on_rows(walk_rows, self._indptr, self._indices, z, clipped, self._isolated_mask,
-                      betas, out)  # fmt: skip
-        out[seeds, np.arange(x.shape[1])] += 1.0 - betas
+        seed_rows = np.zeros(self.n, dtype=np.bool_)
+        seed_rows[seeds] = True
+        if noise is None or slots is None:
+            noise, slots = _NO_NOISE, np.full(width, -1, dtype=np.int64)
+        else:
+            noise = np.ascontiguousarray(noise, dtype=np.float64)
+            slots = np.ascontiguousarray(slots, dtype=np.int64)
+            if noise.shape[1] != self.n or slots.shape != (width,) or slots.max() >= len(noise):
+                raise ValueError("noise must be S x n with one slot in [-1, S) per column")
+        self._on_rows(walk_rows, self._indptr, self._indices, z, x, self.degrees, etas,
+                      self._isolated_mask, betas, seed_rows, seeds, seed_clipped, 1.0 - betas,
+                      noise, slots, out)  # fmt: skip
         return out
 
-    def add_noise(
-        self,
-        out: np.ndarray,
-        columns: np.ndarray,
-        exps: np.ndarray,
-        words: np.ndarray,
-        scales: np.ndarray,
-    ) -> bool:
-        """Add column q's xi1 + xi2 (from its 2n exponentials ``exps[q]`` and raw sign words
-        ``words[q]``, see kernels.add_noise_rows) to ``out[:, columns[q]]`` on both threads;
-        False (nothing done) without numba."""
-        if self._noise is None or out.ndim != 2 or not out.flags.c_contiguous:
-            return False
-        self._on_rows(self._noise, out, columns, exps, words.view(np.int64), scales)
-        return True
+    def pair_sums(self, exps: np.ndarray, words: np.ndarray, scale: float, out: np.ndarray) -> None:
+        """out = xi1 + xi2 of one column from its 2n standard exponentials and raw sign words
+        (kernels.pair_sums; :func:`service.mechanisms.randomness.signed_pairs` without numba),
+        in the calling thread."""
+        if self._noise is None:  # pragma: no cover - numba is a dependency
+            out[:] = signed_pairs(exps, words, scale, self.n)
+            return
+        self._noise(exps, words.view(np.int64), float(scale), out)
+
+    def columns(
+        self, block: np.ndarray, columns: list[int], scratch: np.ndarray | None = None
+    ) -> list[np.ndarray]:
+        """Copies of the given columns of a C-ordered block (n x B), read in one pass over its
+        rows (both threads) rather than one strided pass per column; through ``scratch``
+        (C-ordered, at least len(columns) x n, overwritten) if given."""
+        if not columns:
+            return []
+        if self._gather is None or block.ndim != 2 or not block.flags.c_contiguous:
+            return [block[:, c].copy() for c in columns]  # pragma: no cover - without numba
+        if scratch is None or scratch.shape[0] < len(columns) or scratch.shape[1] != self.n:
+            scratch = np.empty((len(columns), self.n), dtype=np.float64)
+        dest = scratch[: len(columns)]
+        self._on_rows(self._gather, block, np.asarray(columns, dtype=np.int64), dest)
+        return [row.copy() for row in dest]
 
     def _on_rows(self, kernel: Callable[..., None], *args: Any) -> None:
         if self._pool is None:
