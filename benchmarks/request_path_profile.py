@@ -31,7 +31,7 @@ from service.serving.schemas import Principal, QueryRequest
 
 STAGES: dict[str, list[str]] = {
     "ledger": [
-        "admit_and_charge", "store_release", "find_release", "budget", "account_delta",
+        "admit", "store_release", "find_release", "budget", "account_delta",
         "release_for_idempotency_key", "charge_state", "admit_and_charge_many",
         "store_releases", "authenticate",
     ],
