@@ -98,6 +98,17 @@ class Settings(MechanismSettings):
     )  # fmt: skip
     replay_ttl_seconds: int = Field(7 * 24 * 3600, ge=60, description="Replay cache TTL.")
     replay_store_top: int = Field(1000, ge=1, description="Results kept for replays.")
+    replay_recent_seconds: float = Field(
+        1.0, ge=0.0, le=60.0,
+        description="Releases a worker read or wrote in the last this many seconds are kept "
+        "decoded in process (hot replays skip Redis); another worker's newer release for the "
+        "same query is seen after at most this long; 0: off.",
+    )  # fmt: skip
+    replay_recent_items: int = Field(
+        256, ge=0, le=100_000,
+        description="Most releases each worker keeps decoded (PPR_REPLAY_RECENT_SECONDS); one "
+        "of 1000 results is ~100 kB of Python objects.",
+    )  # fmt: skip
     create_seed_accounts: bool = Field(
         False,
         description="Service accounts granted may_create_seed_accounts may create a seed "

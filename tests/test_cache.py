@@ -28,6 +28,7 @@ from service.cache import (
     DegreeCache,
     MemoryStore,
     PrefixCache,
+    RecentReleases,
     RedisStore,
     ReplayCache,
     ResilientStore,
@@ -171,6 +172,32 @@ def test_replay_round_trip(caches: Caches) -> None:
     assert caches.replay.get_for_idempotency(3, "idem-1") == stored
     assert caches.replay.get_for_idempotency(4, "idem-1") is None
     assert caches.replay.get_for_idempotency(3, "idem-2") is None
+
+
+@pytest.mark.redis
+def test_recent_replays_are_served_decoded_in_process_until_they_age(
+    raw_redis: RedisStore,
+) -> None:
+    recent = RecentReleases(seconds=0.3, items=2)
+    replay = ReplayCache(raw_redis, ttl_seconds=60, recent=recent)
+    first, second, third = release(node="n1"), release(node="n2"), release(node="n3")
+    replay.put(first)
+    raw_redis.delete(replay.key(first.key))  # gone from Redis: only this process has it
+    assert replay.get(first.key) is first  # the decoded object, no round trip
+    time.sleep(0.35)
+    assert replay.get(first.key) is None, "older than PPR_REPLAY_RECENT_SECONDS: asks Redis"
+    # a release read from Redis is remembered; the least recently used one goes first
+    for stored in (first, second, third):
+        replay.put(stored)
+    assert replay.get(first.key) == first  # read back from Redis (evicted in process)
+    raw_redis.delete(replay.key(first.key))
+    assert replay.get(first.key) == first  # now remembered again
+    raw_redis.delete(replay.key(second.key))
+    assert replay.get(second.key) is None, "at most 2 kept: second was the oldest"
+    # a newer release of the same query written by this process replaces the remembered one
+    newer = StoredRelease(first.key, 43, [RankedNode("w", 0.5)], first.mechanism, "req-2")
+    replay.put(newer)
+    assert replay.get(first.key) is newer
 
 
 def test_prefix_round_trip_is_read_only(caches: Caches) -> None:

@@ -13,6 +13,8 @@ import json
 import logging
 import math
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -355,21 +357,67 @@ def decode_release(raw: bytes) -> StoredRelease:
         raise CorruptValue("unreadable release") from exc
 
 
+class RecentReleases:
+    """The releases this process read or wrote in the last ``seconds``, decoded, at most
+    ``items`` of them (least recently used out first): a hot replay skips the store's round
+    trip and the decoding of its 1000 results. Every entry is a stored release, so serving
+    one is post-processing; another process's newer release for the same key is seen once the
+    entry is ``seconds`` old."""
+
+    def __init__(self, seconds: float, items: int) -> None:
+        self.seconds = seconds
+        self.items = items
+        self._entries: OrderedDict[str, tuple[float, StoredRelease]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, store_key: str) -> StoredRelease | None:
+        now = time.monotonic()
+        with self._lock:
+            hit = self._entries.get(store_key)
+            if hit is None:
+                return None
+            if now - hit[0] > self.seconds:
+                del self._entries[store_key]
+                return None
+            self._entries.move_to_end(store_key)
+            return hit[1]
+
+    def put(self, store_key: str, release: StoredRelease) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._entries[store_key] = (now, release)
+            self._entries.move_to_end(store_key)
+            while len(self._entries) > self.items:
+                self._entries.popitem(last=False)
+
+
 class ReplayCache(_Counted):
     """Stored releases by :class:`ReleaseKey` and by (principal, idempotency key), with a TTL.
 
     A cache in front of the ledger's releases table, which stays the source of truth:
-    misses are normal and callers fall back to the database.
+    misses are normal and callers fall back to the database. With ``recent`` set, the
+    releases this process read or wrote in the last seconds are also kept decoded in process
+    (:class:`RecentReleases`).
     """
 
     name = "replay"
 
     def __init__(
-        self, store: ByteStore, *, ttl_seconds: int, on_event: EventHook | None = None
+        self,
+        store: ByteStore,
+        *,
+        ttl_seconds: int,
+        on_event: EventHook | None = None,
+        recent: RecentReleases | None = None,
     ) -> None:
         super().__init__(on_event)
         self.store = store
         self.ttl_seconds = ttl_seconds
+        self.recent = recent
+
+    def _remember(self, store_key: str, release: StoredRelease) -> None:
+        if self.recent is not None:
+            self.recent.put(store_key, release)
 
     @staticmethod
     def key(release_key: ReleaseKey) -> str:
@@ -380,7 +428,9 @@ class ReplayCache(_Counted):
         return "idem:v1:" + _digest([int(principal_id), idem_key])
 
     def put(self, release: StoredRelease) -> None:
-        self._write(self.store, self.key(release.key), encode_release(release), self.ttl_seconds)
+        key = self.key(release.key)
+        self._remember(key, release)
+        self._write(self.store, key, encode_release(release), self.ttl_seconds)
 
     def put_many(self, entries: list[tuple[StoredRelease, int, str | None]]) -> None:
         """Cache many releases, each with its (principal, idempotency key or None), in one
@@ -388,9 +438,12 @@ class ReplayCache(_Counted):
         items: list[tuple[str, bytes]] = []
         for release, principal, idem in entries:
             raw = encode_release(release)
-            items.append((self.key(release.key), raw))
+            keys = [self.key(release.key)]
             if idem is not None:
-                items.append((self.idempotency_key(principal, idem), raw))
+                keys.append(self.idempotency_key(principal, idem))
+            for key in keys:
+                self._remember(key, release)
+                items.append((key, raw))
         set_many = getattr(self.store, "set_many", None)
         if set_many is None:
             for key, raw in items:
@@ -412,12 +465,9 @@ class ReplayCache(_Counted):
         return release
 
     def put_for_idempotency(self, principal_id: int, idem_key: str, release: StoredRelease) -> None:
-        self._write(
-            self.store,
-            self.idempotency_key(principal_id, idem_key),
-            encode_release(release),
-            self.ttl_seconds,
-        )
+        key = self.idempotency_key(principal_id, idem_key)
+        self._remember(key, release)
+        self._write(self.store, key, encode_release(release), self.ttl_seconds)
 
     def get_for_idempotency(self, principal_id: int, idem_key: str) -> StoredRelease | None:
         release = self._load(self.idempotency_key(principal_id, idem_key))
@@ -426,16 +476,22 @@ class ReplayCache(_Counted):
         return release
 
     def _load(self, store_key: str) -> StoredRelease | None:
+        if self.recent is not None:
+            recent = self.recent.get(store_key)
+            if recent is not None:
+                return recent
         raw = self._read(self.store, store_key)
         if raw is None:
             self._event("miss")
             return None
         try:
-            return decode_release(raw)
+            release = decode_release(raw)
         except CorruptValue as exc:
             log.warning("discarding a corrupt cached release (%s)", exc)
             self._event("discarded")
             return None
+        self._remember(store_key, release)
+        return release
 
 
 # -- prefixes ------------------------------------------------------------------------------
@@ -589,7 +645,16 @@ def build_caches(
     return Caches(
         degrees=DegreeCache(store, on_event=on_event),
         calibration=CalibrationCache(store, on_event=on_event),
-        replay=ReplayCache(store, ttl_seconds=settings.replay_ttl_seconds, on_event=on_event),
+        replay=ReplayCache(
+            store,
+            ttl_seconds=settings.replay_ttl_seconds,
+            on_event=on_event,
+            recent=(
+                RecentReleases(settings.replay_recent_seconds, settings.replay_recent_items)
+                if settings.replay_recent_seconds > 0 and settings.replay_recent_items > 0
+                else None
+            ),
+        ),
         prefixes=PrefixCache(prefix_local, prefix_remote, on_event=on_event),
         store=store,
         released_degrees=ReleasedDegreeCache(store, on_event=on_event),
