@@ -168,9 +168,9 @@ class Settings(MechanismSettings):
         32 * 2**10, ge=1024, description="Largest total of request header names and values (431)."
     )
     rate_limit_per_second: float = Field(
-        1000.0, ge=0.0, description="Requests per second per account (token refill); 0: off."
+        10_000.0, ge=0.0, description="Requests per second per account (token refill); 0: off."
     )
-    rate_limit_burst: int = Field(2000, ge=1, description="Token bucket capacity per account.")
+    rate_limit_burst: int = Field(20_000, ge=1, description="Token bucket capacity per account.")
     engine_concurrency: int = Field(
         16, ge=1, le=1024, description="Queries computing at once per worker process."
     )
