@@ -13,8 +13,16 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from service.serving.limits import EngineGate, Overloaded, RedisBuckets
-from tests.api_support import Backend, bearer, ledger_of, running_app, user_with_key, uvicorn_server
+from service.serving.limits import EngineGate, Overloaded, RateLimited, RateLimiter, RedisBuckets
+from tests.api_support import (
+    Backend,
+    bearer,
+    free_port,
+    ledger_of,
+    running_app,
+    user_with_key,
+    uvicorn_server,
+)
 from tests.test_api import (  # fixtures by name
     REDIS_URL,
     Accounts,
@@ -91,6 +99,38 @@ def test_redis_token_bucket_is_atomic_across_clients() -> None:
         buckets[0].client.delete(*buckets[0].client.keys(f"ppr:{namespace}:*"))
         for b in buckets:
             b.close()
+
+
+@pytest.mark.redis
+def test_the_event_loop_check_shares_the_redis_bucket_and_falls_back_when_redis_is_down() -> None:
+    if not redis_answers():
+        pytest.skip(f"Redis does not answer at {REDIS_URL}")
+    namespace = f"test-{uuid.uuid4().hex}"
+    limiter = RateLimiter(0.001, 3, redis_url=REDIS_URL, namespace=namespace)
+
+    try:
+        limiter.check(1)  # the thread path takes one token of the same Redis bucket
+        assert asyncio.run(checks_of(limiter, 3)) == ["ok", "ok", "429"]
+    finally:
+        assert limiter.remote is not None
+        limiter.remote.client.delete(*limiter.remote.client.keys(f"ppr:{namespace}:*"))
+        limiter.close()
+    # Redis down (nothing listens): the process's own bucket answers, nothing raises but 429
+    down = RateLimiter(0.001, 2, redis_url=f"redis://127.0.0.1:{free_port()}/0", namespace="x")
+    assert asyncio.run(checks_of(down, 3)) == ["ok", "ok", "429"]
+    down.close()
+
+
+async def checks_of(limiter: RateLimiter, count: int) -> list[str]:
+    """``count`` checks of account 1 from the event loop: "ok" or "429" each."""
+    out = []
+    for _ in range(count):
+        try:
+            await limiter.check_async(1)
+            out.append("ok")
+        except RateLimited:
+            out.append("429")
+    return out
 
 
 @pytest.mark.postgres

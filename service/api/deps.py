@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service.api.runtime import Runtime
@@ -28,11 +29,14 @@ async def get_runtime(request: Request) -> Runtime:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
-def authenticate(
+async def authenticate(
     request: Request,
     runtime: RuntimeDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
+    """The caller's principal, rate-limited. On the event loop: a key this process
+    authenticated within ``PPR_AUTH_CACHE_SECONDS`` and the rate limit (an asyncio Redis
+    call) need no thread; a database lookup runs in the threadpool."""
     header = request.headers.get("authorization")
     if not header:
         raise Unauthorized(
@@ -45,13 +49,16 @@ def authenticate(
     key = credentials.credentials.strip()
     if not _KEY_SHAPE.match(key):
         raise Unauthorized("malformed API key", reason="malformed")
-    account = runtime.ledger.authenticate_cached(key, runtime.settings.auth_cache_seconds)
+    ledger, max_age = runtime.ledger, runtime.settings.auth_cache_seconds
+    account = ledger.recent_authentication(key, max_age)
+    if account is None:
+        account = await run_in_threadpool(ledger.authenticate_cached, key, max_age)
     if account is None:
         raise Unauthorized(
             "unknown or revoked API key; ask an admin for a new one", reason="invalid"
         )
     request.state.account_id = account.account_id
-    runtime.limiter.check(account.account_id)  # 429 rate_limited past the account's rate
+    await runtime.limiter.check_async(account.account_id)  # 429 past the account's rate
     return Principal(
         account_id=account.account_id,
         type=account.type,

@@ -661,16 +661,11 @@ class Ledger:
         """
         if not isinstance(api_key, str) or not api_key:
             return None
+        hit = self.recent_authentication(api_key, max_age_seconds)
+        if hit is not None:
+            return hit
         digest = hash_api_key(api_key)
         now = time.monotonic()
-        hit = self._auth_cache.get(digest)
-        if (
-            hit is not None
-            and max_age_seconds > 0
-            and now - hit[1] <= max_age_seconds
-            and hit[2] == self._auth_generation
-        ):
-            return hit[0]
         generation = self._auth_generation
         account = self.authenticate(api_key)
         if account is None:
@@ -680,6 +675,21 @@ class Ledger:
             self._auth_cache.clear()
         self._auth_cache[digest] = (account, now, generation)
         return account
+
+    def recent_authentication(self, api_key: str, max_age_seconds: float) -> AccountRecord | None:
+        """The account of a key this process authenticated successfully in the last
+        ``max_age_seconds`` (see :meth:`authenticate_cached`), else None. Touches no
+        database, so an event loop may call it."""
+        if not isinstance(api_key, str) or not api_key or max_age_seconds <= 0:
+            return None
+        hit = self._auth_cache.get(hash_api_key(api_key))
+        if (
+            hit is not None
+            and time.monotonic() - hit[1] <= max_age_seconds
+            and hit[2] == self._auth_generation
+        ):
+            return hit[0]
+        return None
 
     def _forget_authentications(self) -> None:
         self._auth_generation += 1

@@ -131,9 +131,12 @@ class RedisBuckets:
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
+        self.url = url
         self.rate = rate
         self.burst = burst
         self.prefix = f"ppr:{namespace}:rate:"
+        self._async_client: Any = None
+        self._async_script: Any = None
         self.client: Any = redis.Redis.from_url(
             url, socket_connect_timeout=0.5, socket_timeout=0.5, retry=Retry(NoBackoff(), 0)
         )
@@ -143,8 +146,27 @@ class RedisBuckets:
         allowed, wait = self._script(keys=[self.prefix + key], args=[self.rate, self.burst])
         return 0.0 if int(allowed) == 1 else float(wait)
 
+    async def take_async(self, key: str) -> float:
+        """:meth:`take` from an event loop, on an asyncio client of its own (made on first
+        use, in the loop that uses it): no thread is held while Redis answers."""
+        if self._async_script is None:
+            import redis.asyncio
+            from redis.asyncio.retry import Retry as AsyncRetry
+            from redis.backoff import NoBackoff
+
+            self._async_client = redis.asyncio.Redis.from_url(
+                self.url, socket_connect_timeout=0.5, socket_timeout=0.5,
+                retry=AsyncRetry(NoBackoff(), 0),
+            )  # fmt: skip
+            self._async_script = self._async_client.register_script(TOKEN_BUCKET_LUA)
+        allowed, wait = await self._async_script(
+            keys=[self.prefix + key], args=[self.rate, self.burst]
+        )
+        return 0.0 if int(allowed) == 1 else float(wait)
+
     def close(self) -> None:
         self.client.close()
+        # the asyncio client's connections close with its event loop
 
 
 class RateLimiter:
@@ -175,16 +197,40 @@ class RateLimiter:
         """Take one token of ``account_id``'s bucket, or raise :class:`RateLimited`."""
         if self.local is None:
             return
-        key = str(account_id)
         wait: float | None = None
-        if self.remote is not None and time.monotonic() >= self._remote_down_until:
+        if self._remote_up():
+            assert self.remote is not None
             try:
-                wait = self.remote.take(key)
+                wait = self.remote.take(str(account_id))
             except Exception as exc:
-                self._remote_down_until = time.monotonic() + self.redis_retry_seconds
-                log.warning("rate limiter: Redis failed, using in-process buckets: %s", exc)
+                self._remote_failed(exc)
+        self._settle(account_id, wait)
+
+    async def check_async(self, account_id: int) -> None:
+        """:meth:`check` from the event loop (Redis through an asyncio client)."""
+        if self.local is None:
+            return
+        wait: float | None = None
+        if self._remote_up():
+            assert self.remote is not None
+            try:
+                wait = await self.remote.take_async(str(account_id))
+            except Exception as exc:
+                self._remote_failed(exc)
+        self._settle(account_id, wait)
+
+    def _remote_up(self) -> bool:
+        return self.remote is not None and time.monotonic() >= self._remote_down_until
+
+    def _remote_failed(self, exc: Exception) -> None:
+        self._remote_down_until = time.monotonic() + self.redis_retry_seconds
+        log.warning("rate limiter: Redis failed, using in-process buckets: %s", exc)
+
+    def _settle(self, account_id: int, wait: float | None) -> None:
+        """Raise :class:`RateLimited` past the bucket (the in-process one without Redis)."""
+        assert self.local is not None
         if wait is None:
-            wait = self.local.take(key)
+            wait = self.local.take(str(account_id))
         if wait > 0.0:
             raise RateLimited(wait)
 
