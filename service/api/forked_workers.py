@@ -38,6 +38,7 @@ from fastapi import FastAPI
 
 from service.config import Settings
 from service.graph.model import Graph
+from service.mechanisms.engine import warm_engine
 from service.mechanisms.operator import WalkOperator
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ def _compile_for(graph: Graph) -> None:
         etas=np.full(width, 1e-7),
         personalized=np.array([True, False]),
     )
+    warm_engine(graph, op)  # the block engine's own variants (noise, gather), both modes
 
 
 def fork_workers() -> bool:

@@ -270,10 +270,35 @@ class _Block:
             self.op.pair_sums(exps, words, job.noise_scale, noise[q])
 
 
+def warm_engine(graph: Graph, op: WalkOperator | None = None) -> None:
+    """Run a short cold and a warm query of each mode through the block engine on ``graph``
+    and discard them: numba compiles (or loads) every kernel variant this graph's arrays
+    need (their dtypes and read-only flags) before the graph takes traffic, not in its first
+    queries. The noise comes from the OS like any query's and is never released."""
+    from service.mechanisms.randomness import fresh_generator
+    from service.privacy.curves import min_noise_free_steps
+
+    for mode in Mode:
+        steps = min_noise_free_steps(mode) + 2
+        config = DiffusionConfig(
+            mode=mode, beta=0.5, steps=steps, eta=1e-7, noise_scale=1.0, noisy_steps=1
+        )
+        cold = DiffusionJob(0, config, rng=fresh_generator())
+        _run_block(graph, op, [cold])
+        prefix = cold.future.result().prefix
+        warm = DiffusionJob(0, config, rng=fresh_generator(), prefix=prefix, keep_prefix=False)
+        _run_block(graph, op, [warm])
+        warm.future.result()
+
+
 def run_jobs(graph: Graph, jobs: list[DiffusionJob]) -> None:
     """Run ``jobs`` together to the end in the caller's thread (their futures get results;
     an error is raised as it is)."""
-    block = _Block(graph, walk_operator(graph))
+    _run_block(graph, None, jobs)
+
+
+def _run_block(graph: Graph, op: WalkOperator | None, jobs: list[DiffusionJob]) -> None:
+    block = _Block(graph, op if op is not None else walk_operator(graph))
     block.admit(jobs)
     try:
         while len(block):

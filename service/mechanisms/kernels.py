@@ -144,8 +144,8 @@ def warm_up(indptr: np.ndarray, indices: np.ndarray) -> None:
         walk_rows(indptr, indices, z, z.copy(), one, one, no, one, no, slots, one, one,
                   np.zeros((0, 1)), slots, out, 0, 0)  # fmt: skip
     noise = noise_kernel()
-    if noise is not None:  # with the sign words' own dtype, as the engine calls it
-        noise(np.zeros(2), np.zeros(1, np.uint64), 1.0, np.zeros(1))
+    if noise is not None:
+        noise(np.zeros(2), np.zeros(1, np.int64), 1.0, np.zeros(1))
     from service.mechanisms.randomness import compiled_draws_match_numpy
 
     compiled_draws_match_numpy()  # compiles (or loads) the sampler and checks it, once

@@ -26,6 +26,7 @@ from typing import Protocol
 
 from service.errors import InvalidParameter
 from service.graph.model import Graph
+from service.mechanisms.engine import warm_engine
 from service.mechanisms.operator import walk_operator
 
 log = logging.getLogger(__name__)
@@ -192,7 +193,7 @@ class GraphHolder:
         start = time.perf_counter()
         source_path = path if path is not None else self._path
         graph = self._loader(source_path)
-        walk_operator(graph)  # build the kernel before the graph takes traffic
+        warm_engine(graph, walk_operator(graph))  # compile the kernels before any traffic
         if self._on_load is not None:
             self._on_load(graph)
         self._path = source_path
