@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from service.graph.model import Graph
-from service.graph.snapshot import STALE_SECONDS, aligned_offset, remove_stale
+from service.graph.snapshot import STALE_SECONDS, aligned_offset, map_read_only, remove_stale
 from service.mechanisms.prefix_table import fill_prefix_table
 from service.privacy.modes import Mode
 
@@ -145,11 +145,7 @@ def open_table(path: Path, spec: TableSpec) -> np.ndarray:
     Raises :class:`FileNotFoundError` if there is no file, :class:`TableInvalid` if it is not
     a complete, intact table of ``spec``.
     """
-    with open(path, "rb") as file:
-        size = os.fstat(file.fileno()).st_size
-        if size < len(MAGIC) + 8:
-            raise TableInvalid(f"{path}: truncated ({size} bytes)")
-        mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    mapping, size = map_read_only(path, len(MAGIC) + 8, TableInvalid)
     try:
         return _rows_of(mapping, path, size, spec)
     except BaseException:

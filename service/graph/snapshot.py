@@ -139,11 +139,7 @@ def open_snapshot(path: Path, source_fingerprint: str | None = None) -> Graph:
     Raises :class:`FileNotFoundError` if there is no file, :class:`SnapshotInvalid` if it is
     not a complete snapshot of this format (of ``source_fingerprint`` when given).
     """
-    with open(path, "rb") as file:
-        size = os.fstat(file.fileno()).st_size
-        if size < len(MAGIC) + 8:
-            raise SnapshotInvalid(f"{path}: truncated ({size} bytes)")
-        mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    mapping, size = map_read_only(path, len(MAGIC) + 8, SnapshotInvalid)
     try:
         return _graph_of(mapping, path, size, source_fingerprint)
     except BaseException:
@@ -211,6 +207,18 @@ def mapped_snapshots(pid: int | str = "self") -> list[str]:
 
 # --------------------------------------------------------------------------- internals
 # (aligned_offset, private_directory and remove_stale serve the prefix tables too)
+
+
+def map_read_only(
+    path: Path, header_bytes: int, invalid: Callable[[str], Exception]
+) -> tuple[mmap.mmap, int]:
+    """A read-only mapping of the whole file at ``path`` and its size; ``invalid(message)``
+    is raised for a file shorter than ``header_bytes``."""
+    with open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        if size < header_bytes:
+            raise invalid(f"{path}: truncated ({size} bytes)")
+        return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ), size
 
 
 def aligned_offset(offset: int) -> int:

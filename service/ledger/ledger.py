@@ -162,6 +162,12 @@ def _transaction(engine: Engine) -> Iterator[Session]:
         ) from exc
 
 
+def _unknown_account(account_id: int) -> UnknownAccount:
+    return UnknownAccount(
+        f"account {account_id} does not exist", details={"account_id": account_id}
+    )
+
+
 def _check_cap(cap_epsilon: float) -> float:
     if isinstance(cap_epsilon, bool) or not isinstance(cap_epsilon, int | float):
         raise InvalidParameter("cap_epsilon", f"must be a number, got {cap_epsilon!r}")
@@ -457,9 +463,7 @@ class Ledger:
     def _account(session: Session, account_id: int) -> Account:
         row = session.get(Account, account_id)
         if row is None:
-            raise UnknownAccount(
-                f"account {account_id} does not exist", details={"account_id": account_id}
-            )
+            raise _unknown_account(account_id)
         return row
 
     @staticmethod
@@ -469,18 +473,14 @@ class Ledger:
             select(Spend).where(Spend.account_id == account_id).with_for_update()
         ).one_or_none()
         if row is None:
-            raise UnknownAccount(
-                f"account {account_id} does not exist", details={"account_id": account_id}
-            )
+            raise _unknown_account(account_id)
         return row
 
     @staticmethod
     def _budget_row(session: Session, account_id: int) -> Budget:
         row = session.get(Budget, account_id)
         if row is None:
-            raise UnknownAccount(
-                f"account {account_id} does not exist", details={"account_id": account_id}
-            )
+            raise _unknown_account(account_id)
         return row
 
     # --- accounts -----------------------------------------------------------------------------
@@ -1288,17 +1288,13 @@ class Ledger:
         """The account's spend and budget, its spend row locked (admission's Core path)."""
         account = lock_account(session, account_id)
         if account is None:
-            raise UnknownAccount(
-                f"account {account_id} does not exist", details={"account_id": account_id}
-            )
+            raise _unknown_account(account_id)
         return account
 
     @staticmethod
     def _lock_principal(session: Session, account_id: int) -> None:
         if not lock_spend_row(session, account_id):
-            raise UnknownAccount(
-                f"account {account_id} does not exist", details={"account_id": account_id}
-            )
+            raise _unknown_account(account_id)
 
     @staticmethod
     def _locked_shard(session: Session, shard: int) -> LockedShard:
