@@ -61,13 +61,11 @@ def prepare_supervisor(settings: Settings) -> None:
     """Load, once and before forking, what every worker would otherwise load for itself."""
     global _app
     from service.api.app import create_app
-    from service.mechanisms.kernels import warm_up
     from service.serving.graph_holder import load_configured_graph
 
     _app = create_app(settings)
     graph = load_configured_graph(settings.graph_path, settings.snapshot_directory)
-    warm_up(graph.indptr, graph.indices)
-    _compile_for(graph)
+    _compile_for(graph)  # its operator runs the kernels' warm-up, then the engine's
     del graph  # the workers map the snapshot themselves (and follow the recorded version)
     if threading.active_count() != 1:  # pragma: no cover - would make fork unsafe
         raise RuntimeError("the supervisor started a thread before forking its workers")

@@ -661,10 +661,10 @@ class Ledger:
         """
         if not isinstance(api_key, str) or not api_key:
             return None
-        hit = self.recent_authentication(api_key, max_age_seconds)
+        digest = hash_api_key(api_key)
+        hit = self._recent_authentication(digest, max_age_seconds)
         if hit is not None:
             return hit
-        digest = hash_api_key(api_key)
         now = time.monotonic()
         generation = self._auth_generation
         account = self.authenticate(api_key)
@@ -680,11 +680,15 @@ class Ledger:
         """The account of a key this process authenticated successfully in the last
         ``max_age_seconds`` (see :meth:`authenticate_cached`), else None. Touches no
         database, so an event loop may call it."""
-        if not isinstance(api_key, str) or not api_key or max_age_seconds <= 0:
+        if not isinstance(api_key, str) or not api_key:
             return None
-        hit = self._auth_cache.get(hash_api_key(api_key))
+        return self._recent_authentication(hash_api_key(api_key), max_age_seconds)
+
+    def _recent_authentication(self, digest: str, max_age_seconds: float) -> AccountRecord | None:
+        hit = self._auth_cache.get(digest)
         if (
             hit is not None
+            and max_age_seconds > 0
             and time.monotonic() - hit[1] <= max_age_seconds
             and hit[2] == self._auth_generation
         ):
@@ -922,13 +926,7 @@ class Ledger:
             except _StaleTwin as stale:
                 self._reconcile_stale_twin(stale)  # rolled back: refund it, then start again
             except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
-                self.record_refusal(
-                    refusal.code,
-                    charged_account_id=a.charged_account_id,
-                    principal_account_id=a.principal_account_id,
-                    mode=a.mode,
-                    epsilon=a.query_epsilon,
-                )
+                self._record_refused(a, refusal)
                 raise
             except IntegrityError:
                 # A concurrent twin with the same idempotency key committed first.
@@ -1076,14 +1074,18 @@ class Ledger:
             break
         for a, result in zip(admissions, results, strict=True):
             if isinstance(result, (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted)):
-                self.record_refusal(
-                    result.code,
-                    charged_account_id=a.charged_account_id,
-                    principal_account_id=a.principal_account_id,
-                    mode=a.mode,
-                    epsilon=a.query_epsilon,
-                )
+                self._record_refused(a, result)
         return results
+
+    def _record_refused(self, a: Admission, refusal: ServiceError) -> None:
+        """The refusal of admission ``a`` in the refusals table (its own transaction)."""
+        self.record_refusal(
+            refusal.code,
+            charged_account_id=a.charged_account_id,
+            principal_account_id=a.principal_account_id,
+            mode=a.mode,
+            epsilon=a.query_epsilon,
+        )
 
     def _admit_group_once(
         self, admissions: list[Admission], graph_cap: GraphCap | None, stale_after_seconds: float

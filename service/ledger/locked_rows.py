@@ -95,7 +95,7 @@ class LockedAccount:
     ``Spend`` and the ``Budget`` row where the admission helpers read them."""
 
     __slots__ = (
-        "account_id", "cap_epsilon", "changed", "charges", "delta", "epsilon", "grid_version",
+        "account_id", "cap_epsilon", "charges", "delta", "epsilon", "grid_version",
         "last_charge_at", "pure_epsilon", "rdp", "updated_at",
     )  # fmt: skip
 
@@ -110,13 +110,12 @@ class LockedAccount:
         self.updated_at: datetime = row.updated_at
         self.cap_epsilon: float = row.cap_epsilon
         self.delta: float = row.delta
-        self.changed = False
 
 
 class LockedShard:
     """An exposure shard row (locked, or read for the graph-wide total)."""
 
-    __slots__ = ("changed", "charges", "pure_epsilon", "rdp", "shard", "updated_at")
+    __slots__ = ("charges", "pure_epsilon", "rdp", "shard", "updated_at")
 
     def __init__(self, row: Any) -> None:
         self.shard: int = row.shard
@@ -124,7 +123,6 @@ class LockedShard:
         self.pure_epsilon: float = row.pure_epsilon
         self.charges: int = row.charges
         self.updated_at: datetime = row.updated_at
-        self.changed = False
 
 
 def lock_account(session: Session, account_id: int) -> LockedAccount | None:

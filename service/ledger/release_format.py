@@ -11,12 +11,12 @@ the encoding time. Readers accept both forms (rows written before this format ar
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
 import numpy as np
 
+from service.ledger.tables import encode_json
 from service.mechanisms.postprocess import RankedNode
 
 #: Marks the compact form (a JSON object; the older form is a JSON list).
@@ -32,13 +32,9 @@ def results_json(results: Sequence[RankedNode]) -> str:
     :class:`StoredResults`: the ledger row and the replay cache store the same text."""
     if isinstance(results, StoredResults):
         if results._json is None:
-            results._json = _json_text(encode_results(results))
+            results._json = encode_json(encode_results(results))
         return results._json
-    return _json_text(encode_results(results))
-
-
-def _json_text(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+    return encode_json(encode_results(results))
 
 
 def encode_results(results: Sequence[RankedNode]) -> dict[str, Any]:

@@ -146,9 +146,6 @@ def warm_up(indptr: np.ndarray, indices: np.ndarray) -> None:
     noise = noise_kernel()
     if noise is not None:
         noise(np.zeros(2), np.zeros(1, np.int64), 1.0, np.zeros(1))
-    from service.mechanisms.randomness import compiled_draws_match_numpy
-
-    compiled_draws_match_numpy()  # compiles (or loads) the sampler and checks it, once
     if _GATHER is not None:
         _GATHER(out, np.zeros(1, np.int64), np.zeros((1, 1)), 0, 0)
 

@@ -143,8 +143,7 @@ class RedisBuckets:
         self._script = self.client.register_script(TOKEN_BUCKET_LUA)
 
     def take(self, key: str) -> float:
-        allowed, wait = self._script(keys=[self.prefix + key], args=[self.rate, self.burst])
-        return 0.0 if int(allowed) == 1 else float(wait)
+        return _wait(self._script(keys=[self.prefix + key], args=[self.rate, self.burst]))
 
     async def take_async(self, key: str) -> float:
         """:meth:`take` from an event loop, on an asyncio client of its own (made on first
@@ -159,14 +158,19 @@ class RedisBuckets:
                 retry=AsyncRetry(NoBackoff(), 0),
             )  # fmt: skip
             self._async_script = self._async_client.register_script(TOKEN_BUCKET_LUA)
-        allowed, wait = await self._async_script(
-            keys=[self.prefix + key], args=[self.rate, self.burst]
+        return _wait(
+            await self._async_script(keys=[self.prefix + key], args=[self.rate, self.burst])
         )
-        return 0.0 if int(allowed) == 1 else float(wait)
 
     def close(self) -> None:
         self.client.close()
         # the asyncio client's connections close with its event loop
+
+
+def _wait(reply: Any) -> float:
+    """The seconds to wait from the token bucket script's reply (0.0: a token was taken)."""
+    allowed, wait = reply
+    return 0.0 if int(allowed) == 1 else float(wait)
 
 
 class RateLimiter:
