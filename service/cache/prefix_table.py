@@ -40,7 +40,14 @@ from typing import Any
 import numpy as np
 
 from service.graph.model import Graph
-from service.graph.snapshot import STALE_SECONDS, aligned_offset, map_read_only, remove_stale
+from service.graph.snapshot import (
+    STALE_SECONDS,
+    aligned_offset,
+    map_read_only,
+    payload_checksum,
+    read_header,
+    remove_stale,
+)
 from service.mechanisms.prefix_table import fill_prefix_table
 from service.privacy.modes import Mode
 
@@ -124,7 +131,7 @@ def write_table(
                 graph, Mode(spec.mode), spec.beta, spec.eta, spec.m, rows, after_block=after_block
             )
             del rows
-            header["checksum"] = _checksum(mapping, start)
+            header["checksum"] = payload_checksum(mapping, start)
             head = _head(header)
             mapping[: len(head)] = head
             mapping.flush()
@@ -211,31 +218,17 @@ def _head(header: dict[str, Any]) -> bytes:
     return MAGIC + len(text).to_bytes(8, "little") + text
 
 
-def _checksum(mapping: mmap.mmap, start: int) -> str:
-    view = memoryview(mapping)[start:]
-    try:
-        return hashlib.blake2b(view, digest_size=32).hexdigest()
-    finally:
-        view.release()
-
-
 def _rows_of(mapping: mmap.mmap, path: Path, size: int, spec: TableSpec) -> np.ndarray:
-    if mapping[: len(MAGIC)] != MAGIC:
-        raise TableInvalid(f"{path}: not a prefix table of format {FORMAT}")
-    length = int.from_bytes(mapping[len(MAGIC) : len(MAGIC) + 8], "little")
-    start = aligned_offset(len(MAGIC) + 8 + length)
-    if start > size:
-        raise TableInvalid(f"{path}: truncated header")
+    header, start = read_header(
+        mapping, path, size, (MAGIC, FORMAT, "a prefix table"), TableInvalid
+    )
     try:
-        header = json.loads(bytes(mapping[len(MAGIC) + 8 : len(MAGIC) + 8 + length]))
-        if header["format"] != FORMAT:
-            raise TableInvalid(f"{path}: format {header['format']}, expected {FORMAT}")
         for name, value in dataclasses.asdict(spec).items():
             if header[name] != value:
                 raise TableInvalid(f"{path}: a table of another graph or parameters ({name})")
         if int(header["payload_bytes"]) != spec.nbytes or start + spec.nbytes != size:
             raise TableInvalid(f"{path}: {size} bytes, expected {start + spec.nbytes}")
-        if _checksum(mapping, start) != header["checksum"]:
+        if payload_checksum(mapping, start) != header["checksum"]:
             raise TableInvalid(f"{path}: checksum mismatch (corrupt file)")
     except TableInvalid:
         raise

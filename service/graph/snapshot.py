@@ -233,28 +233,54 @@ def _padded(array: np.ndarray, layout: dict[str, dict[str, Any]], name: str, end
     return data + b"\x00" * (stop - int(layout[name]["offset"]) - len(data))
 
 
-def _graph_of(mapping: mmap.mmap, path: Path, size: int, expected: str | None) -> Graph:
-    if mapping[: len(MAGIC)] != MAGIC:
-        raise SnapshotInvalid(f"{path}: not a graph snapshot of format {FORMAT}")
-    length = int.from_bytes(mapping[len(MAGIC) : len(MAGIC) + 8], "little")
-    start = aligned_offset(len(MAGIC) + 8 + length)
+def read_header(
+    mapping: mmap.mmap,
+    path: Path,
+    size: int,
+    kind: tuple[bytes, int, str],
+    invalid: Callable[[str], Exception],
+) -> tuple[dict[str, Any], int]:
+    """The JSON header of a mapped file laid out as magic, 8-byte little-endian header length,
+    header, payload at an aligned offset, and the payload's offset. ``kind`` is (magic,
+    format, what the file is); ``invalid(message)`` is raised for another kind of file, a
+    truncated or unreadable header, or another format."""
+    magic, fmt, what = kind
+    if mapping[: len(magic)] != magic:
+        raise invalid(f"{path}: not {what} of format {fmt}")
+    length = int.from_bytes(mapping[len(magic) : len(magic) + 8], "little")
+    start = aligned_offset(len(magic) + 8 + length)
     if start > size:
-        raise SnapshotInvalid(f"{path}: truncated header")
+        raise invalid(f"{path}: truncated header")
     try:
-        header = json.loads(bytes(mapping[len(MAGIC) + 8 : len(MAGIC) + 8 + length]))
-        if header["format"] != FORMAT:
-            raise SnapshotInvalid(f"{path}: format {header['format']}, expected {FORMAT}")
+        header = json.loads(bytes(mapping[len(magic) + 8 : len(magic) + 8 + length]))
+        found = header["format"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise invalid(f"{path}: malformed header: {exc}") from None
+    if found != fmt:
+        raise invalid(f"{path}: format {found}, expected {fmt}")
+    return header, start
+
+
+def payload_checksum(mapping: mmap.mmap, start: int) -> str:
+    """BLAKE2b (32 bytes, hex) of everything after the header."""
+    view = memoryview(mapping)[start:]
+    try:
+        return hashlib.blake2b(view, digest_size=32).hexdigest()
+    finally:
+        view.release()
+
+
+def _graph_of(mapping: mmap.mmap, path: Path, size: int, expected: str | None) -> Graph:
+    header, start = read_header(
+        mapping, path, size, (MAGIC, FORMAT, "a graph snapshot"), SnapshotInvalid
+    )
+    try:
         if expected is not None and header["fingerprint"] != expected:
             raise SnapshotInvalid(f"{path}: a snapshot of another source file (stale)")
         payload_bytes = int(header["payload_bytes"])
         if start + payload_bytes != size:
             raise SnapshotInvalid(f"{path}: {size} bytes, expected {start + payload_bytes}")
-        view = memoryview(mapping)[start:]
-        try:
-            checksum = hashlib.blake2b(view, digest_size=32).hexdigest()
-        finally:
-            view.release()
-        if checksum != header["checksum"]:
+        if payload_checksum(mapping, start) != header["checksum"]:
             raise SnapshotInvalid(f"{path}: checksum mismatch (corrupt file)")
         arrays = {
             name: _array(mapping, start + int(spec["offset"]), spec)
