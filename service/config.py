@@ -150,6 +150,14 @@ class Settings(MechanismSettings):
         "transaction when they arrive while the previous one runs (group commit; each query "
         "stays all-or-nothing); 1: one transaction per query.",
     )  # fmt: skip
+    query_groups_in_flight: int = Field(
+        1, ge=0, le=64,
+        description="Groups of single queries a worker answers at once: queries that arrive "
+        "while this many run wait on the event loop and go together (up to "
+        "PPR_LEDGER_GROUP_MAX) into the next group, one admission transaction, one engine "
+        "block and one storing transaction; a query arriving while fewer run starts at once. "
+        "0: each single query runs on its own thread (still group-committed).",
+    )  # fmt: skip
     auth_cache_seconds: float = Field(
         1.0, ge=0.0,
         description="How long a worker reuses an API key's account (type, scopes, quota) "

@@ -187,21 +187,25 @@ def test_a_release_that_cannot_be_stored_is_never_sent(postgres_url: str, tmp_pa
     try:
         with running_app(pg, reconcile_interval_seconds=0) as client:
             ledger = ledger_of(client)
-            real_store = ledger.store_release
 
-            def database_goes_away_then_store(*args: Any, **kwargs: Any) -> None:
-                with admin.connect() as conn:
-                    conn.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false'))
-                    conn.execute(
-                        text(
-                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                            "WHERE datname = :name AND pid <> pg_backend_pid()"
-                        ),
-                        {"name": name},
-                    )
-                real_store(*args, **kwargs)
+            def database_goes_away_then(real: Any) -> Any:
+                def store(*args: Any, **kwargs: Any) -> Any:
+                    with admin.connect() as conn:
+                        conn.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false'))
+                        conn.execute(
+                            text(
+                                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                "WHERE datname = :name AND pid <> pg_backend_pid()"
+                            ),
+                            {"name": name},
+                        )
+                    return real(*args, **kwargs)
 
-            ledger.store_release = database_goes_away_then_store  # type: ignore[method-assign]
+                return store
+
+            # A query is stored alone or with the queries of its group: both paths lose it.
+            ledger.store_release = database_goes_away_then(ledger.store_release)  # type: ignore[method-assign]
+            ledger.store_releases = database_goes_away_then(ledger.store_releases)  # type: ignore[method-assign]
             response = query(client, key, "30", epsilon=0.1)
             assert response.status_code == 503, response.text
             assert response.json()["error"]["code"] == "ledger_unavailable"

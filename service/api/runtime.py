@@ -17,6 +17,7 @@ from service.graph.model import Graph
 from service.ledger.ledger import Ledger, LedgerUnavailable
 from service.mechanisms.engine import DiffusionEngine
 from service.serving.batch import BatchQueryService
+from service.serving.coalescer import QueryCoalescer
 from service.serving.graph_holder import GraphHolder, load_configured_graph
 from service.serving.limits import EngineGate, RateLimiter
 from service.serving.planner import DiffusionPlanner
@@ -37,6 +38,7 @@ class Runtime:
     queries: PprQueryService
     batch: BatchQueryService
     reconciler: Reconciler | None = None
+    coalescer: QueryCoalescer | None = None  # None: each single query on its own thread
     limiter: RateLimiter = field(default_factory=lambda: RateLimiter(0, 1))
     gate: EngineGate = field(default_factory=lambda: EngineGate(16, 512, 30.0))
 
@@ -167,4 +169,14 @@ def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
         settings.engine_concurrency, settings.engine_queue, settings.engine_queue_timeout_seconds
     )
     batch = BatchQueryService(queries, concurrency=settings.batch_concurrency)
-    return Runtime(settings, graphs, ledger, caches, queries, batch, limiter=limiter, gate=gate)
+    coalescer = None
+    if settings.query_groups_in_flight > 0:
+        coalescer = QueryCoalescer(
+            lambda reqs, on_ready: queries.answer_many(reqs, batch.run_all, on_ready),
+            max_group=settings.ledger_group_max,
+            groups_in_flight=settings.query_groups_in_flight,
+        )
+    return Runtime(
+        settings, graphs, ledger, caches, queries, batch,
+        limiter=limiter, gate=gate, coalescer=coalescer,
+    )  # fmt: skip

@@ -131,6 +131,10 @@ class Graph:
         """External ids of internal indices, in the same order."""
         return self.ids.names(np.asarray(indices, dtype=np.int64))
 
+    def external_ids_utf8(self, indices: np.ndarray) -> tuple[bytes, np.ndarray]:
+        """The same ids as concatenated UTF-8 bytes and their lengths (no string per id)."""
+        return self.ids.utf8_names(np.asarray(indices, dtype=np.int64))
+
     def neighbors(self, index: int) -> np.ndarray:
         return self.indices[self.indptr[index] : self.indptr[index + 1]]
 

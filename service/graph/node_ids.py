@@ -22,6 +22,13 @@ import numpy as np
 _CANONICAL_INT = re.compile(r"(?:0|[1-9][0-9]{0,17})")
 
 
+def utf8_join(names: list[str]) -> tuple[bytes, np.ndarray]:
+    """``names`` as concatenated UTF-8 bytes and each one's length in bytes (int64)."""
+    encoded = [name.encode("utf-8") for name in names]
+    lengths = np.fromiter((len(b) for b in encoded), dtype=np.int64, count=len(encoded))
+    return b"".join(encoded), lengths
+
+
 def is_canonical_int(token: str) -> bool:
     """True for ids the loader's integer fast path accepts (and orders numerically)."""
     return _CANONICAL_INT.fullmatch(token) is not None
@@ -38,6 +45,11 @@ class NodeIds(Protocol):
 
     def names(self, indices: np.ndarray) -> list[str]:
         """External ids of internal indices, in the same order."""
+        ...
+
+    def utf8_names(self, indices: np.ndarray) -> tuple[bytes, np.ndarray]:
+        """The same ids as their UTF-8 bytes, concatenated, and each one's length in bytes
+        (int64): no Python string per id."""
         ...
 
     def as_array(self) -> np.ndarray:
@@ -66,6 +78,9 @@ class ListedIds:
 
     def names(self, indices: np.ndarray) -> list[str]:
         return [str(x) for x in self._array[np.asarray(indices, dtype=np.int64)]]
+
+    def utf8_names(self, indices: np.ndarray) -> tuple[bytes, np.ndarray]:
+        return utf8_join(self.names(indices))
 
     def as_array(self) -> np.ndarray:
         return self._array
@@ -140,6 +155,16 @@ class PackedIds:
         data = memoryview(self._data)  # type: ignore[arg-type]
         starts, ends = self._offsets[at].tolist(), self._offsets[at + 1].tolist()
         return [str(data[lo:hi], "utf-8") for lo, hi in zip(starts, ends, strict=True)]
+
+    def utf8_names(self, indices: np.ndarray) -> tuple[bytes, np.ndarray]:
+        at = np.asarray(indices, dtype=np.int64)
+        starts = self._offsets[at]
+        lengths = self._offsets[at + 1] - starts
+        total = int(lengths.sum())
+        # Output byte p of id j comes from data[starts[j] + p - (where id j starts in the output)].
+        shift = starts - (np.cumsum(lengths) - lengths)
+        gather = np.repeat(shift, lengths) + np.arange(total, dtype=np.int64)
+        return self._data[gather].tobytes(), lengths
 
     def as_array(self) -> np.ndarray:
         array = np.empty(len(self), dtype=object)

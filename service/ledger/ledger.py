@@ -41,6 +41,7 @@ from service.ledger.database import (
     write_engine,
 )
 from service.ledger.exposure import ExposureReport, default_delta, exposure_report
+from service.ledger.group_reads import EarlierCharge, GroupReads, ReceiptOfNewCharge
 from service.ledger.keys import generate_api_key, hash_api_key, key_prefix
 from service.ledger.locked_rows import (
     CHARGES,
@@ -960,6 +961,7 @@ class Ledger:
         )
         if isinstance(outcome, ChargeReceipt):
             return outcome
+        assert isinstance(outcome, tuple)  # alone, no charge of a group answers it
         charge, view = outcome
         writes.finish(session)
         return ChargeReceipt(charge_id=charge.id, budget=view)
@@ -973,39 +975,37 @@ class Ledger:
         stale_after_seconds: float,
         writes: AdmissionWrites,
         principal_locked: bool = False,
-    ) -> ChargeReceipt | tuple[NewCharge, BudgetView]:
+        reads: GroupReads | None = None,
+    ) -> ChargeReceipt | ReceiptOfNewCharge | tuple[NewCharge, BudgetView]:
         """Admission of ``a`` under its charged account's spend lock (``account``, held):
         a receipt when an earlier charge answers it (``reused`` / ``joined``), else the new
         charge (added to ``writes``, not yet written) and the budget after it.
 
+        In a group, ``reads`` holds what the group's queries look for (read once, under the
+        group's locks) and learns the charges the group adds; alone, each is read here.
         A refusal raises before anything is written, so a group transaction may go on with
         the next query after one is refused.
         """
         query_curve = a.query_curve
         if not isinstance(query_curve, RdpCurve):
             raise TypeError("query_curve must be an RdpCurve")
-        reads_charges = (
-            a.idempotency_key is not None
-            or a.release_key is not None
-            or (a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id)
+        quota = a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id
+        reads_charges = quota or (
+            reads is None and (a.idempotency_key is not None or a.release_key is not None)
         )
         if reads_charges:
             writes.write_charges(session)  # the charges this transaction added must be visible
-        if a.idempotency_key is not None:
-            earlier = self._charge_by_key(session, a.principal_account_id, a.idempotency_key)
-            if earlier is not None:
-                return self._reused(session, earlier, writes)
         release_key = a.release_key
         digest = release_key.digest() if release_key is not None else None
-        if release_key is not None and digest is not None:
-            twin = self._twin(session, a.charged_account_id, digest, stale_after_seconds)
-            if twin is not None:
-                return ChargeReceipt(charge_id=twin, budget=_view(account, account), joined=True)
-            released = self._release_row(session, release_key)
-            if released is not None:
-                return ChargeReceipt(
-                    charge_id=released.charge_id, budget=_view(account, account), joined=True
-                )
+        earlier: ChargeReceipt | ReceiptOfNewCharge | None
+        if reads is None:
+            earlier = self._earlier_alone(session, a, account, digest, stale_after_seconds, writes)
+        else:
+            earlier = self._earlier_in_group(
+                session, a, account, digest, stale_after_seconds, writes, reads
+            )
+        if earlier is not None:
+            return earlier
         spent = _spent_curve(account)
         composed = spent + query_curve
         if composed.epsilon(account.delta) > account.cap_epsilon * (1.0 - ADMISSION_RTOL):
@@ -1039,7 +1039,71 @@ class Ledger:
         _set_spend(account, account, composed, account.charges + 1)
         account.last_charge_at = now
         writes.changed_account(account)
+        if reads is not None:
+            reads.added(charge, a, digest)
         return charge, _view(account, account, composed)
+
+    def _earlier_alone(
+        self,
+        session: Session,
+        a: Admission,
+        account: LockedAccount,
+        digest: str | None,
+        stale_after_seconds: float,
+        writes: AdmissionWrites,
+    ) -> ChargeReceipt | None:
+        """The receipt of an earlier charge that answers ``a`` (its Idempotency-Key's, an
+        in-flight twin's, a stored release's), read now; None: ``a`` is charged."""
+        if a.idempotency_key is not None:
+            earlier = self._charge_by_key(session, a.principal_account_id, a.idempotency_key)
+            if earlier is not None:
+                return self._reused(session, earlier, writes)
+        if a.release_key is not None and digest is not None:
+            twin = self._twin(session, a.charged_account_id, digest, stale_after_seconds)
+            if twin is not None:
+                return ChargeReceipt(charge_id=twin, budget=_view(account, account), joined=True)
+            released = self._release_row(session, a.release_key)
+            if released is not None:
+                return ChargeReceipt(
+                    charge_id=released.charge_id, budget=_view(account, account), joined=True
+                )
+        return None
+
+    def _earlier_in_group(
+        self,
+        session: Session,
+        a: Admission,
+        account: LockedAccount,
+        digest: str | None,
+        stale_after_seconds: float,
+        writes: AdmissionWrites,
+        reads: GroupReads,
+    ) -> ChargeReceipt | ReceiptOfNewCharge | None:
+        """As :meth:`_earlier_alone`, from what the group read up front and added since."""
+        if a.idempotency_key is not None:
+            holder = reads.holder(a.principal_account_id, a.idempotency_key)
+            if isinstance(holder, NewCharge):
+                locked = writes.account(int(holder.values["charged_account_id"]))
+                assert locked is not None  # the group charged it, under its lock
+                return ReceiptOfNewCharge(holder, _view(locked, locked), reused=True)
+            if holder is not None:
+                return self._reused(session, holder, writes)
+        if a.release_key is not None and digest is not None:
+            new_twin = reads.new_twin(a.charged_account_id, digest)
+            if new_twin is not None:
+                return ReceiptOfNewCharge(new_twin, _view(account, account), joined=True)
+            twin = reads.twin(a.charged_account_id, digest)
+            if twin is not None:
+                if twin.created_at is not None:
+                    age = (utcnow() - _aware(twin.created_at)).total_seconds()
+                    if age > stale_after_seconds:
+                        raise _StaleTwin(twin.id, age)  # as _twin: refund on its own, retry
+                return ChargeReceipt(charge_id=twin.id, budget=_view(account, account), joined=True)
+            released = reads.released(a.release_key)
+            if released is not None:
+                view = _view(account, account)
+                return ChargeReceipt(charge_id=released, budget=view, joined=True)
+        return None
 
     def admit_and_charge_many(
         self,
@@ -1101,6 +1165,8 @@ class Ledger:
                 if isinstance(outcome, tuple):
                     charge, view = outcome
                     outcome = ChargeReceipt(charge_id=charge.id, budget=view)
+                elif isinstance(outcome, ReceiptOfNewCharge):
+                    outcome = outcome.receipt()
                 results.append(outcome)
         return results
 
@@ -1119,7 +1185,7 @@ class Ledger:
         graph_cap: GraphCap | None,
         stale_after_seconds: float,
         writes: AdmissionWrites,
-    ) -> list[ChargeReceipt | ServiceError | tuple[NewCharge, BudgetView]]:
+    ) -> list[ChargeReceipt | ServiceError | ReceiptOfNewCharge | tuple[NewCharge, BudgetView]]:
         charged = sorted({a.charged_account_id for a in admissions})
         accounts = {account: self._lock_account(session, account) for account in charged}
         principals = sorted(
@@ -1153,14 +1219,18 @@ class Ledger:
                 writes.changed_shard(target)
                 return target.shard
 
-        outcomes: list[ChargeReceipt | ServiceError | tuple[NewCharge, BudgetView]] = []
-        # One INSERT batch at the end instead of one per query: _admit_locked writes the
-        # charges added so far before each query that must see them (idempotency, twins, quota).
+        # What the queries look for (keys, twins, releases), read once for the group under
+        # its locks; one INSERT batch at the end instead of one per query (_admit_locked
+        # writes the charges added so far only before a quota check, which must see them).
+        reads = GroupReads.read(session, admissions)
+        outcomes: list[
+            ChargeReceipt | ServiceError | ReceiptOfNewCharge | tuple[NewCharge, BudgetView]
+        ] = []
         for a in admissions:
             try:
                 outcome = self._admit_locked(
                     session, a, accounts[a.charged_account_id], add_exposure,
-                    stale_after_seconds, writes, principal_locked=True,
+                    stale_after_seconds, writes, principal_locked=True, reads=reads,
                 )  # fmt: skip
             except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
                 outcomes.append(refusal)
@@ -1325,7 +1395,10 @@ class Ledger:
         ).one_or_none()
 
     def _reused(
-        self, session: Session, charge: Charge, writes: AdmissionWrites | None = None
+        self,
+        session: Session,
+        charge: Charge | EarlierCharge,
+        writes: AdmissionWrites | None = None,
     ) -> ChargeReceipt:
         locked = None if writes is None else writes.account(charge.charged_account_id)
         if locked is not None:

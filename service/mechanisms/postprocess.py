@@ -105,11 +105,26 @@ def ranked_columns(
 ) -> tuple[list[str], list[float]]:
     """:func:`ranked_results` as two columns (external ids, scores), without building an
     object per entry."""
+    best, values = ranked_indices(
+        graph, seed, scores, k, grid=grid, exclude_neighbors=exclude_neighbors
+    )
+    return list(graph.external_ids(best)), values.tolist()
+
+
+def ranked_indices(
+    graph: Graph,
+    seed: int,
+    scores: np.ndarray,
+    k: int,
+    *,
+    grid: float,
+    exclude_neighbors: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`ranked_columns` by internal index: (indices, scores rounded to the grid and
+    clipped at 0), best first."""
     scores = round_to_grid(scores, grid)
     exclude = np.array([seed], dtype=np.int64)
     if exclude_neighbors:
         exclude = np.concatenate([exclude, graph.neighbors(seed).astype(np.int64)])
     best = top_k(scores, k, exclude)
-    ids = list(graph.external_ids(best))
-    values = np.maximum(scores[best], 0.0).tolist()
-    return ids, values
+    return best, np.maximum(scores[best], 0.0)

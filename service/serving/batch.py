@@ -108,7 +108,7 @@ class BatchQueryService:
             ),
         )
 
-    def _run_all(self, thunks: list[Callable[[], Any]]) -> list[Any]:
+    def run_all(self, thunks: list[Callable[[], Any]]) -> list[Any]:
         """Each thunk's result or exception, in order, run on the shared pool (so the engine
         computes them together)."""
 
@@ -135,5 +135,5 @@ class BatchQueryService:
         # error for the whole call rather than one per item.
         self.queries.validate(request.item(0))
         items = [request.item(i) for i in range(len(request.nodes))]
-        outcomes = self.queries.answer_many(items, self._run_all)
+        outcomes = self.queries.answer_many(items, self.run_all)
         return [self._item(request, i, outcome) for i, outcome in enumerate(outcomes)]

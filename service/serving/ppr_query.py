@@ -13,6 +13,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,8 +36,8 @@ from service.ledger.records import (
 )
 from service.ledger.release_format import StoredResults
 from service.mechanisms.diffusion import noise_free_prefix
-from service.mechanisms.engine import DiffusionEngine, EngineFailure
-from service.mechanisms.postprocess import RankedNode, ranked_columns, ranked_results, score_grid
+from service.mechanisms.engine import DiffusionEngine, EngineFailure, EngineResult
+from service.mechanisms.postprocess import RankedNode, ranked_indices, ranked_results, score_grid
 from service.mechanisms.randomness import fresh_generator
 from service.mechanisms.registry import RankingMechanism, resolve_mechanism
 from service.privacy.accountant import RdpCurve
@@ -120,6 +121,18 @@ class _Pending:
     join_twins: bool
     plan: DiffusionPlan | RankingPlan
     mechanism: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Started:
+    """An admitted query handed to the engine: its result to wait for, and how to rank it."""
+
+    future: Future[EngineResult]
+    where: tuple[Graph, int, Mode, float, float, int]  # the prefix's (graph, seed, mode, ...)
+    cold: bool  # no stored prefix: the engine computed it, and it is remembered
+    charge_id: int
+    mode: Mode
+    noise_scale: float
 
 
 class PrefixProvider:
@@ -340,15 +353,24 @@ class PprQueryService:
 
     def _draw(self, p: _Pending, receipt: ChargeReceipt) -> StoredRelease:
         """The admitted query's noisy release (not yet stored: it must be, before answering)."""
+        return self._finish_draw(p, self._start_draw(p, receipt))
+
+    def _start_draw(self, p: _Pending, receipt: ChargeReceipt) -> _Started | StoredRelease:
+        """Begin the admitted query's release: a diffusion is handed to the engine and returns
+        at once (:meth:`_finish_draw` waits for it); another ranking is drawn here."""
         self._budgets[p.account_id] = (receipt.budget, time.monotonic())  # for replays here
-        mechanism = p.mechanism
         if isinstance(p.plan, DiffusionPlan):
-            results = self._release(p.graph, p.seed, p.plan, receipt.charge_id, p.req)
-        else:
-            results, mechanism = self._release_ranking(
-                p.graph, p.seed, p.plan, receipt.charge_id, p.req, mechanism
-            )
+            return self._start_release(p.graph, p.seed, p.plan, receipt.charge_id, p.req)
+        results, mechanism = self._release_ranking(
+            p.graph, p.seed, p.plan, receipt.charge_id, p.req, p.mechanism
+        )
         return StoredRelease(p.key, receipt.charge_id, results, mechanism, p.req.request_id)
+
+    def _finish_draw(self, p: _Pending, started: _Started | StoredRelease) -> StoredRelease:
+        if isinstance(started, StoredRelease):
+            return started
+        results = self._finish_release(started)
+        return StoredRelease(p.key, started.charge_id, results, p.mechanism, p.req.request_id)
 
     def _fresh_answer(self, p: _Pending, receipt: ChargeReceipt, stored: StoredRelease) -> Answer:
         return Answer(
@@ -366,23 +388,37 @@ class PprQueryService:
     # -- many queries at once: one admission transaction, one storing transaction ---------
 
     def answer_many(
-        self, reqs: list[QueryRequest], run: Callable[[list[Callable[[], Any]]], list[Any]]
+        self,
+        reqs: list[QueryRequest],
+        run: Callable[[list[Callable[[], Any]]], list[Any]],
+        on_ready: Callable[[int, Answer | BaseException], None] | None = None,
     ) -> list[Answer | BaseException]:
         """Answers to ``reqs`` (or each one's error), admitted in one ledger transaction and
         stored in one: per query the same checks and the same order as :meth:`answer` (admit,
         draw, store, answer), and no answer is returned before every release of the group is
-        stored. ``run`` runs the draws (thunks) concurrently and returns their results or
-        exceptions in order, so the engine computes them together."""
+        stored.
+
+        The diffusions are handed to the engine together, so it computes them in one block.
+        ``run`` runs the other draws (thunks: other rankings, and queries that wait for an
+        identical query's release) concurrently and returns their results or exceptions in
+        order. ``on_ready(i, outcome)``, if given, hears an outcome as soon as it is final
+        (a replay, or an error before admission) rather than with the whole group."""
         out: list[Answer | BaseException | None] = [None] * len(reqs)
+
+        def settle(i: int, outcome: Answer | BaseException) -> None:
+            out[i] = outcome
+            if on_ready is not None:
+                on_ready(i, outcome)
+
         pending: list[tuple[int, _Pending]] = []
         for i, req in enumerate(reqs):
             try:
                 prepared = self._prepare(req)
             except Exception as exc:
-                out[i] = exc
+                settle(i, exc)
                 continue
             if isinstance(prepared, Answer):
-                out[i] = prepared
+                settle(i, prepared)
             else:
                 pending.append((i, prepared))
         graph_caps = {id(p.graph): self._graph_cap(p.graph) for _, p in pending}
@@ -399,11 +435,11 @@ class PprQueryService:
                 )
             except Exception as exc:
                 for i, _ in group:
-                    out[i] = exc
+                    settle(i, exc)
                 continue
             for (i, p), receipt in zip(group, receipts, strict=True):
                 if isinstance(receipt, BaseException):
-                    out[i] = receipt
+                    settle(i, receipt)
                 else:
                     admitted.append((i, p, receipt))
         own = {r.charge_id for _, _, r in admitted if not (r.reused or r.joined)}
@@ -414,13 +450,13 @@ class PprQueryService:
         for item in admitted:
             r = item[2]
             (later if (r.reused or r.joined) and r.charge_id in own else now).append(item)
-        draws = run([functools.partial(self._draw_or_join, p, r) for _, p, r in now])
+        drawn = self._draw_group(now, run)
         to_store: list[tuple[int, _Pending, ChargeReceipt, StoredRelease]] = []
-        for (i, p, receipt), drawn in zip(now, draws, strict=True):
-            if isinstance(drawn, (BaseException, Answer)):
-                out[i] = drawn
+        for (i, p, receipt), outcome in zip(now, drawn, strict=True):
+            if isinstance(outcome, (BaseException, Answer)):
+                settle(i, outcome)
             else:
-                to_store.append((i, p, receipt, drawn))
+                to_store.append((i, p, receipt, outcome))
         stored_by_charge: dict[int, StoredRelease | BaseException] = {}
         for (i, p, receipt, stored), error in zip(
             to_store, self._store_many([(p.req, stored) for _, p, _, stored in to_store]),
@@ -441,6 +477,39 @@ class PprQueryService:
                 out[i] = self._replay(twin, p.req, p.graph, p.seed, p.account_id)
         assert all(item is not None for item in out)
         return [item for item in out if item is not None]
+
+    def _draw_group(
+        self,
+        admitted: list[tuple[int, _Pending, ChargeReceipt]],
+        run: Callable[[list[Callable[[], Any]]], list[Any]],
+    ) -> list[Answer | StoredRelease | BaseException]:
+        """Each admitted query's release (or a twin's answer, or its error), in order. Every
+        diffusion goes to the engine before the first is waited for, so they share a block
+        without a thread each; the rest run on ``run``."""
+        started: dict[int, _Started | StoredRelease | BaseException] = {}
+        thunks: list[Callable[[], Any]] = []
+        for j, (_, p, r) in enumerate(admitted):
+            if isinstance(p.plan, DiffusionPlan) and not (r.reused or r.joined):
+                try:
+                    started[j] = self._start_draw(p, r)
+                except Exception as exc:
+                    started[j] = exc
+            else:
+                thunks.append(functools.partial(self._draw_or_join, p, r))
+        ran = iter(run(thunks) if thunks else [])
+        drawn: list[Answer | StoredRelease | BaseException] = []
+        for j, (_, p, _) in enumerate(admitted):
+            if j not in started:
+                drawn.append(next(ran))
+                continue
+            begun = started[j]
+            try:
+                drawn.append(
+                    begun if isinstance(begun, BaseException) else self._finish_draw(p, begun)
+                )
+            except Exception as exc:
+                drawn.append(exc)
+        return drawn
 
     def _draw_or_join(self, p: _Pending, receipt: ChargeReceipt) -> Answer | StoredRelease:
         if receipt.reused or receipt.joined:
@@ -680,34 +749,39 @@ class PprQueryService:
         if req.idempotency_key is not None:
             self.replays.put_for_idempotency(req.principal.account_id, req.idempotency_key, stored)
 
-    def _release(
+    def _start_release(
         self, graph: Graph, seed: int, plan: DiffusionPlan, charge_id: int, req: QueryRequest
-    ) -> Sequence[RankedNode]:
+    ) -> _Started:
+        """Hand the admitted query to the engine (it returns at once): batched with
+        concurrent queries; a cold seed's prefix is computed in the same block."""
         config = plan.config
         where = (graph, seed, config.mode, config.beta, config.eta, config.noise_free_steps)
         try:
             prefix = self.prefixes.lookup(*where)
             rng = fresh_generator()
+            future = self.engine.submit(graph, seed, config, rng=rng, prefix=prefix)
         except BaseException:
             # No noise has been drawn: nothing was released, so the charge is compensated.
             self.ledger.refund(charge_id, reason="failed before any noise was drawn")
             raise
-        # Batched with concurrent queries; a cold seed's prefix is computed in the same block.
+        return _Started(future, where, prefix is None, charge_id, req.mode, config.noise_scale)
+
+    def _finish_release(self, started: _Started) -> Sequence[RankedNode]:
+        """Wait for the engine's result, then rank it (the stored form of the release)."""
         try:
-            result = self.engine.compute(graph, seed, config, rng=rng, prefix=prefix)
+            result = started.future.result()
         except EngineFailure as exc:
             if not exc.noise_drawn:  # it failed in the noise-free prefix: nothing released
-                self.ledger.refund(charge_id, reason="failed before any noise was drawn")
+                self.ledger.refund(started.charge_id, reason="failed before any noise was drawn")
             raise exc.error from None
-        if prefix is None and result.prefix is not None:
-            self.prefixes.remember(*where, result.prefix)
-        scores = result.scores
+        graph, seed, _, _, _, _ = started.where
+        if started.cold and result.prefix is not None:
+            self.prefixes.remember(*started.where, result.prefix)
         keep = self.replay_store_top
-        if req.mode is Mode.PERSONALIZED:
+        if started.mode is Mode.PERSONALIZED:
             keep += int(graph.degrees[seed])  # room to drop the seed's neighbours on replay
-        return StoredResults(
-            *ranked_columns(graph, seed, scores, keep, grid=score_grid(config.noise_scale))
-        )
+        grid = score_grid(started.noise_scale)
+        return _stored_results(graph, *ranked_indices(graph, seed, result.scores, keep, grid=grid))
 
     def _release_ranking(
         self,
@@ -727,7 +801,8 @@ class PprQueryService:
             raise
         drawn = draw_ranking(graph, seed, plan, rng)
         keep = self.replay_store_top + int(graph.degrees[seed])
-        results = StoredResults(*ranked_columns(graph, seed, drawn.scores, keep, grid=drawn.grid))
+        ranked = ranked_indices(graph, seed, drawn.scores, keep, grid=drawn.grid)
+        results = _stored_results(graph, *ranked)
         return results, {**mechanism, **drawn.extra}
 
     def _answer_popular(
@@ -843,6 +918,12 @@ class PprQueryService:
             "noise_scale": c.noise_scale,
             "score_grid": score_grid(c.noise_scale),
         }
+
+
+def _stored_results(graph: Graph, best: np.ndarray, scores: np.ndarray) -> StoredResults:
+    """The stored form of a ranking, the ids taken from the graph's table as UTF-8 bytes."""
+    data, lengths = graph.external_ids_utf8(best)
+    return StoredResults(data, lengths, scores)
 
 
 def _with_k(req: QueryRequest, k: int) -> QueryRequest:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 
 from service.api.deps import EngineTurn, PrincipalDep, RuntimeDep
 from service.api.models import Budget, ErrorResponse, PprAnswer
@@ -51,7 +52,7 @@ def check_idempotency_key(idempotency_key: str | None) -> None:
         },
     },
 )
-def ppr(
+async def ppr(
     request: Request,
     runtime: RuntimeDep,
     principal: PrincipalDep,
@@ -87,7 +88,7 @@ def ppr(
     idempotency_key: Annotated[
         str | None, Header(description="Retries with the same key return the same answer")
     ] = None,
-) -> PprAnswer:
+) -> Response:
     """A ranked list of nodes close to `node_id`, from the chosen private ranking.
 
     The seed is never in the list. The answer is charged to the seed user's budget
@@ -98,20 +99,22 @@ def ppr(
     """
     check_idempotency_key(idempotency_key)
     settings = runtime.settings
-    answer = runtime.queries.answer(
-        QueryRequest(
-            principal=principal,
-            node=node_id,
-            k=settings.default_k if k is None else k,
-            epsilon=epsilon,
-            mode=mode,
-            fresh=fresh,
-            exclude_neighbors=exclude_neighbors,
-            idempotency_key=idempotency_key,
-            request_id=request.state.request_id,
-            mechanism=mechanism,
-        )
+    query = QueryRequest(
+        principal=principal,
+        node=node_id,
+        k=settings.default_k if k is None else k,
+        epsilon=epsilon,
+        mode=mode,
+        fresh=fresh,
+        exclude_neighbors=exclude_neighbors,
+        idempotency_key=idempotency_key,
+        request_id=request.state.request_id,
+        mechanism=mechanism,
     )
+    if runtime.coalescer is not None:  # with the queries around it, on the event loop
+        answer = await runtime.coalescer.answer(query)
+    else:
+        answer = await run_in_threadpool(runtime.queries.answer, query)
     request.state.epsilon_charged = answer.epsilon_charged
     if answer.replayed:
         request.state.outcome = "replayed"
@@ -122,7 +125,10 @@ def ppr(
         request.state.outcome = "charged"
         CHARGES.labels(mode.value).inc()
         EPSILON_CHARGED.labels(mode.value).inc(answer.epsilon_charged)
-    return PprAnswer.of(answer)
+    # Serialized here, once: the model is already validated (FastAPI would dump it, validate
+    # the dump again and dump that; the schema still comes from response_model).
+    body = PprAnswer.of(answer).model_dump_json(by_alias=True, exclude_none=True)
+    return Response(content=body, media_type="application/json")
 
 
 @router.get("/me/budget", response_model=Budget, tags=["budget"], responses=_ERRORS)

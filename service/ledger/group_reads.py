@@ -1,0 +1,215 @@
+"""What the admissions of a group read of earlier charges and releases, read once per group.
+
+Admitting one query reads, under its account's lock, up to three things: the charge of an
+earlier query with the same Idempotency-Key, an identical query's charge still in flight (a
+twin), and an identical query's stored release. A group admitted one query at a time would
+make those reads per query, each after writing the group's charges so far so that they are
+seen: up to three round trips per query while the account's row is locked. Here each is one
+statement for the whole group, made after the group's locks are taken (so no charge of these
+accounts can be added meanwhile), and the charges the group itself adds are kept here, so a
+later query of the group finds an earlier one's exactly as a read after a write would.
+
+Charges of these accounts can still change state under us (a release is stored, a refund is
+made), as they can between one query's reads and its commit: a twin that was released joins
+as before, and one that was refunded is admitted again by the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import cast
+
+from sqlalchemy import Table, bindparam, func, select, tuple_
+from sqlalchemy.orm import Session
+
+from service.ledger.locked_rows import NewCharge
+from service.ledger.records import Admission, BudgetView, ChargeReceipt, ReleaseKey
+from service.ledger.tables import Charge, Release
+
+CHARGES = cast(Table, Charge.__table__)
+RELEASES = cast(Table, Release.__table__)
+
+_TWINS = select(
+    CHARGES.c.id, CHARGES.c.charged_account_id, CHARGES.c.release_key, CHARGES.c.created_at
+).where(
+    CHARGES.c.charged_account_id.in_(bindparam("accounts", expanding=True)),
+    CHARGES.c.release_key.in_(bindparam("digests", expanding=True)),
+    CHARGES.c.state == "admitted",
+)
+_RELEASED = (
+    select(
+        RELEASES.c.charged_account_id,
+        RELEASES.c.node,
+        RELEASES.c.graph_version,
+        RELEASES.c.mode,
+        RELEASES.c.epsilon,
+        RELEASES.c.mechanism_name,
+        func.max(RELEASES.c.charge_id).label("charge_id"),
+    )
+    .join(CHARGES, CHARGES.c.id == RELEASES.c.charge_id)
+    .where(
+        RELEASES.c.charged_account_id.in_(bindparam("accounts", expanding=True)),
+        RELEASES.c.node.in_(bindparam("nodes", expanding=True)),
+        CHARGES.c.state == "released",
+    )
+    .group_by(
+        RELEASES.c.charged_account_id,
+        RELEASES.c.node,
+        RELEASES.c.graph_version,
+        RELEASES.c.mode,
+        RELEASES.c.epsilon,
+        RELEASES.c.mechanism_name,
+    )
+)
+
+
+@dataclass(frozen=True)
+class EarlierCharge:
+    """A charge made before this group, read for it: an in-flight twin, or the holder of an
+    Idempotency-Key."""
+
+    id: int
+    charged_account_id: int
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ReceiptOfNewCharge:
+    """A query of the group answered by a charge the group itself added: its id is known
+    once the group's charges are written."""
+
+    charge: NewCharge
+    budget: BudgetView
+    reused: bool = False
+    joined: bool = False
+
+    def receipt(self) -> ChargeReceipt:
+        assert self.charge.id, "the group's charges are written before receipts are made"
+        return ChargeReceipt(
+            charge_id=self.charge.id, budget=self.budget, reused=self.reused, joined=self.joined
+        )
+
+
+def _key_parts(key: ReleaseKey) -> tuple[int, str, str, str, float, str]:
+    return (
+        key.account_id, key.node, key.graph_version, key.mode, float(key.epsilon), key.mechanism
+    )  # fmt: skip
+
+
+class GroupReads:
+    """The earlier charges and releases a group's admissions look for, and the group's own."""
+
+    def __init__(
+        self,
+        twins: dict[tuple[int, str], EarlierCharge],
+        released: dict[tuple[int, str, str, str, float, str], int],
+        by_key: dict[tuple[int, str], EarlierCharge],
+    ) -> None:
+        self._twins = twins
+        self._released = released
+        self._by_key = by_key
+        self._new_twins: dict[tuple[int, str], NewCharge] = {}
+        self._new_by_key: dict[tuple[int, str], NewCharge] = {}
+
+    @classmethod
+    def read(cls, session: Session, admissions: Iterable[Admission]) -> GroupReads:
+        """Read, for the group, what its queries look for (call under the group's locks)."""
+        digests: dict[int, set[str]] = {}
+        keys: list[ReleaseKey] = []
+        idempotency: set[tuple[int, str]] = set()
+        for a in admissions:
+            if a.release_key is not None:
+                keys.append(a.release_key)
+                digests.setdefault(a.charged_account_id, set()).add(a.release_key.digest())
+            if a.idempotency_key is not None:
+                idempotency.add((a.principal_account_id, a.idempotency_key))
+        return cls(
+            _read_twins(session, digests),
+            _read_released(session, keys),
+            _read_by_key(session, idempotency),
+        )
+
+    def new_twin(self, account_id: int, digest: str) -> NewCharge | None:
+        """The newest charge of this group for an identical query (still in flight)."""
+        return self._new_twins.get((account_id, digest))
+
+    def twin(self, account_id: int, digest: str) -> EarlierCharge | None:
+        """The newest in-flight charge made before this group for an identical query."""
+        return self._twins.get((account_id, digest))
+
+    def released(self, key: ReleaseKey) -> int | None:
+        """The charge of the newest stored release of ``key`` (epsilon compared exactly)."""
+        return self._released.get(_key_parts(key))
+
+    def holder(self, principal: int, idempotency_key: str) -> NewCharge | EarlierCharge | None:
+        """The live charge that holds ``idempotency_key`` for ``principal``: this group's,
+        else one made before it."""
+        found = self._new_by_key.get((principal, idempotency_key))
+        return found if found is not None else self._by_key.get((principal, idempotency_key))
+
+    def added(self, charge: NewCharge, a: Admission, digest: str | None) -> None:
+        """Remember a charge the group added, as later queries of the group would read it."""
+        if digest is not None:
+            self._new_twins[(a.charged_account_id, digest)] = charge
+        if a.idempotency_key is not None:
+            self._new_by_key[(a.principal_account_id, a.idempotency_key)] = charge
+
+
+def _read_twins(
+    session: Session, digests: dict[int, set[str]]
+) -> dict[tuple[int, str], EarlierCharge]:
+    if not digests:
+        return {}
+    wanted = {(account, digest) for account, found in digests.items() for digest in found}
+    params = {"accounts": sorted(digests), "digests": sorted({d for _, d in wanted})}
+    newest: dict[tuple[int, str], EarlierCharge] = {}
+    for row in session.execute(_TWINS, params):
+        pair = (int(row.charged_account_id), str(row.release_key))
+        if pair in wanted and (pair not in newest or newest[pair].id < int(row.id)):
+            newest[pair] = EarlierCharge(int(row.id), pair[0], row.created_at)
+    return newest
+
+
+def _read_released(
+    session: Session, keys: list[ReleaseKey]
+) -> dict[tuple[int, str, str, str, float, str], int]:
+    if not keys:
+        return {}
+    wanted = {_key_parts(key) for key in keys}
+    rows = session.execute(
+        _RELEASED,
+        {
+            "accounts": sorted({key.account_id for key in keys}),
+            "nodes": sorted({key.node for key in keys}),
+        },
+    )
+    out: dict[tuple[int, str, str, str, float, str], int] = {}
+    for row in rows:
+        parts = (
+            int(row.charged_account_id), str(row.node), str(row.graph_version), str(row.mode),
+            float(row.epsilon), str(row.mechanism_name),
+        )  # fmt: skip
+        if parts in wanted:
+            out[parts] = max(out.get(parts, 0), int(row.charge_id))
+    return out
+
+
+def _read_by_key(
+    session: Session, wanted: set[tuple[int, str]]
+) -> dict[tuple[int, str], EarlierCharge]:
+    if not wanted:
+        return {}
+    pairs = tuple_(CHARGES.c.principal_account_id, CHARGES.c.idempotency_key)
+    rows = session.execute(
+        select(CHARGES.c.id, CHARGES.c.charged_account_id, CHARGES.c.principal_account_id,
+               CHARGES.c.idempotency_key)
+        .where(pairs.in_(sorted(wanted)), CHARGES.c.state != "refunded")
+    )  # fmt: skip
+    out: dict[tuple[int, str], EarlierCharge] = {}
+    for row in rows:
+        pair = (int(row.principal_account_id), str(row.idempotency_key))
+        if pair in wanted:
+            out[pair] = EarlierCharge(int(row.id), int(row.charged_account_id))
+    return out
