@@ -100,6 +100,38 @@ def test_an_idle_engine_answers_one_query_and_each_draw_is_fresh() -> None:
     assert not np.array_equal(a, b)
 
 
+def test_queries_submitted_together_start_as_one_block() -> None:
+    """Inside together(), submissions wait and reach an idle engine at once: one block as
+    wide as the group (a long window would otherwise leave all but the first for later)."""
+    graph = random_graph(150, 0.05, np.random.default_rng(5))
+    engine = DiffusionEngine(max_batch=16, window_seconds=10.0)
+    try:
+        with engine.together():
+            futures = [
+                engine.submit(graph, seed, _config(E), rng=np.random.default_rng(seed))
+                for seed in range(6)
+            ]
+            assert not any(f.done() for f in futures)  # held until the block ends
+        results = [f.result(timeout=30) for f in futures]
+    finally:
+        engine.close()
+    assert engine.max_width == 6
+    for seed, result in enumerate(results):
+        alone = noisy_diffusion(graph, seed, _config(E), rng=np.random.default_rng(seed))
+        np.testing.assert_allclose(result.scores, alone, rtol=1e-12, atol=1e-15)
+
+
+def test_queries_held_for_a_closed_engine_fail_before_any_noise() -> None:
+    graph = random_graph(50, 0.1, np.random.default_rng(6))
+    engine = DiffusionEngine()
+    with engine.together():
+        future = engine.submit(graph, 0, _config(E), rng=np.random.default_rng(0))
+        engine.close()
+    with pytest.raises(EngineFailure) as failed:
+        future.result(timeout=5)
+    assert not failed.value.noise_drawn
+
+
 def test_one_personalized_step_needs_no_noise() -> None:
     graph = graph_from_edges([(0, 1), (0, 2), (2, 3)])
     config = plan_diffusion(1.0, 1e-6, 1, 0.8, 0.1, P).config

@@ -24,7 +24,6 @@ from typing import Any, overload
 import numpy as np
 
 from service.graph.node_ids import utf8_join
-from service.ledger.tables import encode_json
 from service.mechanisms.postprocess import RankedNode
 
 #: The form written now, and the one before it (JSON objects; the first form is a list).

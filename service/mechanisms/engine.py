@@ -27,7 +27,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -327,6 +329,7 @@ class DiffusionEngine:
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._held = threading.local()  # per thread: jobs held by together(), or None
         self.steps = 0  # block steps run (for metrics and tests)
         self.columns = 0  # column-steps run
         self.max_width = 0  # widest block seen
@@ -342,17 +345,44 @@ class DiffusionEngine:
         keep_prefix: bool = True,
     ) -> Future[EngineResult]:
         job = DiffusionJob(seed, config, rng, prefix, keep_prefix)
+        held = getattr(self._held, "jobs", None)
+        if held is not None:  # inside together(): handed over with the others at its end
+            held.append((graph, job))
+        else:
+            self._hand_over([(graph, job)])
+        return job.future
+
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        """Queries this thread submits inside the block reach the engine together at its
+        end, so that an idle engine starts them as one block instead of starting the first
+        alone and taking the rest a batch window later."""
+        if getattr(self._held, "jobs", None) is not None:  # nested: the outer block hands over
+            yield
+            return
+        self._held.jobs = []
+        try:
+            yield
+        finally:
+            jobs, self._held.jobs = self._held.jobs, None
+            if jobs:
+                try:
+                    self._hand_over(jobs)
+                except BaseException as exc:  # closed: each caller hears it from its future
+                    for _, job in jobs:
+                        job.future.set_exception(EngineFailure(exc, noise_drawn=False))
+
+    def _hand_over(self, jobs: list[tuple[Graph, DiffusionJob]]) -> None:
         with self._cv:
             if self._closed:
                 raise RuntimeError("the diffusion engine is closed")
-            self._inbox.append((graph, job))
+            self._inbox.extend(jobs)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._loop, name="ppr-diffusion-engine", daemon=True
                 )
                 self._thread.start()
             self._cv.notify()
-        return job.future
 
     def compute(
         self,

@@ -488,14 +488,15 @@ class PprQueryService:
         without a thread each; the rest run on ``run``."""
         started: dict[int, _Started | StoredRelease | BaseException] = {}
         thunks: list[Callable[[], Any]] = []
-        for j, (_, p, r) in enumerate(admitted):
-            if isinstance(p.plan, DiffusionPlan) and not (r.reused or r.joined):
-                try:
-                    started[j] = self._start_draw(p, r)
-                except Exception as exc:
-                    started[j] = exc
-            else:
-                thunks.append(functools.partial(self._draw_or_join, p, r))
+        with self.engine.together():  # an idle engine starts them as one block
+            for j, (_, p, r) in enumerate(admitted):
+                if isinstance(p.plan, DiffusionPlan) and not (r.reused or r.joined):
+                    try:
+                        started[j] = self._start_draw(p, r)
+                    except Exception as exc:
+                        started[j] = exc
+                else:
+                    thunks.append(functools.partial(self._draw_or_join, p, r))
         ran = iter(run(thunks) if thunks else [])
         drawn: list[Answer | StoredRelease | BaseException] = []
         for j, (_, p, _) in enumerate(admitted):
