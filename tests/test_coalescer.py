@@ -1,0 +1,321 @@
+"""QueryCoalescer: single queries of one event loop answered in groups.
+
+The unit under test is the coalescer; ``answer_many`` is a fake (a plain function run on the
+group's thread) that records each group it is given and can be held running with
+``threading.Event`` so that later queries queue behind it. Queries and answers are plain
+strings standing in for ``QueryRequest`` / ``Answer`` (the coalescer never looks inside them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, cast
+
+import pytest
+
+from service.serving.coalescer import QueryCoalescer
+from service.serving.schemas import Answer, QueryRequest
+
+WAIT = 5.0  # upper bound on any wait for another thread (never reached when things work)
+
+OnReady = Callable[[int, Answer | BaseException], None]
+
+
+def req(name: str) -> QueryRequest:
+    return cast(QueryRequest, name)
+
+
+def ans(text: str) -> Answer:
+    return cast(Answer, text)
+
+
+class FakeGroups:
+    """A fake ``answer_many``: query ``"x"`` answers ``"answer x"``; ``"err x"`` is a
+    per-item ``ValueError``; a group holding ``"boom"`` raises as a whole. Groups whose
+    number (0-based) is in ``hold`` wait for ``gate(n)`` before returning; ``early`` names
+    queries resolved through ``on_ready`` as soon as their group starts."""
+
+    def __init__(self, hold: set[int] | None = None, early: set[str] | None = None) -> None:
+        self.hold = hold or set()
+        self.early = early or set()
+        self.groups: list[list[str]] = []
+        self._lock = threading.Lock()
+        self._entered: dict[int, threading.Event] = {}
+        self._gates: dict[int, threading.Event] = {}
+        self._done: dict[int, threading.Event] = {}
+        self.running = 0
+        self.most_running = 0
+
+    def _event(self, table: dict[int, threading.Event], n: int) -> threading.Event:
+        with self._lock:
+            return table.setdefault(n, threading.Event())
+
+    def entered(self, n: int) -> threading.Event:
+        return self._event(self._entered, n)
+
+    def gate(self, n: int) -> threading.Event:
+        return self._event(self._gates, n)
+
+    def done(self, n: int) -> threading.Event:
+        return self._event(self._done, n)
+
+    def __call__(self, reqs: list[QueryRequest], on_ready: OnReady) -> list[Answer | BaseException]:
+        names = [cast(str, r) for r in reqs]
+        with self._lock:
+            n = len(self.groups)
+            self.groups.append(names)
+            self.running += 1
+            self.most_running = max(self.most_running, self.running)
+        try:
+            for i, name in enumerate(names):
+                if name in self.early:
+                    on_ready(i, ans(f"early {name}"))
+            self.entered(n).set()
+            if n in self.hold:
+                assert self.gate(n).wait(WAIT), f"group {n} was never released"
+            if "boom" in names:
+                raise RuntimeError("the whole group failed")
+            return [
+                ValueError(name) if name.startswith("err") else ans(f"answer {name}")
+                for name in names
+            ]
+        finally:
+            with self._lock:
+                self.running -= 1
+            self.done(n).set()
+
+
+async def wait_event(event: threading.Event) -> None:
+    assert await asyncio.to_thread(event.wait, WAIT)
+
+
+async def until(predicate: Callable[[], bool]) -> None:
+    for _ in range(int(WAIT / 0.002)):
+        if predicate():
+            return
+        await asyncio.sleep(0.002)
+    raise AssertionError("condition never became true")
+
+
+def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(main())
+
+
+def test_an_idle_coalescer_starts_a_group_at_once() -> None:
+    fake = FakeGroups()
+
+    async def main() -> None:
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1)
+        task = asyncio.create_task(coalescer.answer(req("a")))
+        await asyncio.sleep(0)  # answer() ran up to its await: the group is already formed
+        assert coalescer.waiting == 0
+        assert await task == ans("answer a")
+        assert fake.groups == [["a"]]
+        assert (coalescer.groups, coalescer.queries) == (1, 1)
+
+    run(main)
+
+
+def test_queries_queued_behind_a_running_group_form_the_next_group() -> None:
+    fake = FakeGroups(hold={0})
+
+    async def main() -> None:
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1)
+        first = asyncio.create_task(coalescer.answer(req("a")))
+        await wait_event(fake.entered(0))
+        rest = [asyncio.create_task(coalescer.answer(req(x))) for x in "bcd"]
+        await asyncio.sleep(0)
+        assert coalescer.waiting == 3
+        assert fake.groups == [["a"]]
+        fake.gate(0).set()
+        assert await first == ans("answer a")
+        assert list(await asyncio.gather(*rest)) == [
+            ans("answer b"),
+            ans("answer c"),
+            ans("answer d"),
+        ]
+        assert fake.groups == [["a"], ["b", "c", "d"]]
+        assert (coalescer.groups, coalescer.queries, coalescer.waiting) == (2, 4, 0)
+
+    run(main)
+
+
+def test_waiting_queries_are_split_into_groups_of_at_most_max_group() -> None:
+    fake = FakeGroups(hold={0})
+
+    async def main() -> None:
+        coalescer = QueryCoalescer(fake, max_group=2, groups_in_flight=1)
+        first = asyncio.create_task(coalescer.answer(req("q0")))
+        await wait_event(fake.entered(0))
+        names = [f"q{i}" for i in range(1, 6)]
+        rest = [asyncio.create_task(coalescer.answer(req(x))) for x in names]
+        await asyncio.sleep(0)
+        assert coalescer.waiting == 5
+        fake.gate(0).set()
+        assert list(await asyncio.gather(first, *rest)) == [ans(f"answer q{i}") for i in range(6)]
+        assert [len(g) for g in fake.groups] == [1, 2, 2, 1]
+        assert [x for g in fake.groups for x in g] == [f"q{i}" for i in range(6)]  # in order
+
+    run(main)
+
+
+def test_two_groups_in_flight_run_at_once_and_the_third_waits() -> None:
+    fake = FakeGroups(hold={0, 1})
+
+    async def main() -> None:
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=2)
+        a = asyncio.create_task(coalescer.answer(req("a")))
+        await wait_event(fake.entered(0))
+        b = asyncio.create_task(coalescer.answer(req("b")))  # one group runs: starts another
+        await wait_event(fake.entered(1))
+        assert fake.running == 2  # both held inside answer_many at the same time
+        c = asyncio.create_task(coalescer.answer(req("c")))
+        d = asyncio.create_task(coalescer.answer(req("d")))
+        await asyncio.sleep(0)
+        assert coalescer.waiting == 2  # two groups run: these wait
+        fake.gate(1).set()  # the second finishes first: the waiting pair goes next
+        assert await b == ans("answer b")
+        assert list(await asyncio.gather(c, d)) == [ans("answer c"), ans("answer d")]
+        assert not a.done()
+        fake.gate(0).set()
+        assert await a == ans("answer a")
+        assert fake.groups == [["a"], ["b"], ["c", "d"]]
+        assert fake.most_running == 2
+
+    run(main)
+
+
+def test_an_outcome_given_to_on_ready_is_answered_before_the_group_ends() -> None:
+    fake = FakeGroups(hold={0}, early={"a"})
+
+    async def main() -> None:
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1)
+        a = asyncio.create_task(coalescer.answer(req("a")))
+        await wait_event(fake.entered(0))
+        assert await a == ans("early a")  # the group is still held running
+        assert not fake.done(0).is_set() and coalescer.groups == 0
+        fake.gate(0).set()
+        await wait_event(fake.done(0))
+        await until(lambda: coalescer.groups == 1)
+        assert await a == ans("early a")  # the group's own outcome for it did not replace it
+
+    run(main)
+
+
+def test_an_early_outcome_in_a_larger_group_answers_only_that_query() -> None:
+    fake = FakeGroups(hold={0, 1}, early={"c"})
+
+    async def main() -> None:
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1)
+        a = asyncio.create_task(coalescer.answer(req("a")))
+        await wait_event(fake.entered(0))
+        b, c = (asyncio.create_task(coalescer.answer(req(x))) for x in "bc")
+        await asyncio.sleep(0)
+        assert coalescer.waiting == 2
+        fake.gate(0).set()
+        await wait_event(fake.entered(1))
+        assert await c == ans("early c")
+        assert not b.done()
+        fake.gate(1).set()
+        assert list(await asyncio.gather(a, b)) == [ans("answer a"), ans("answer b")]
+        assert fake.groups == [["a"], ["b", "c"]]
+
+    run(main)
+
+
+def test_a_per_item_error_is_raised_only_to_its_query() -> None:
+    fake = FakeGroups(hold={0})
+
+    async def main() -> None:
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1)
+        first = asyncio.create_task(coalescer.answer(req("a")))
+        await wait_event(fake.entered(0))
+        tasks = [asyncio.create_task(coalescer.answer(req(x))) for x in ("b", "err c", "d")]
+        await asyncio.sleep(0)
+        fake.gate(0).set()
+        outcomes = list(await asyncio.gather(first, *tasks, return_exceptions=True))
+        assert outcomes[:2] == [ans("answer a"), ans("answer b")] and outcomes[3] == ans("answer d")
+        assert isinstance(outcomes[2], ValueError) and str(outcomes[2]) == "err c"
+        assert fake.groups == [["a"], ["b", "err c", "d"]]
+
+    run(main)
+
+
+def test_an_error_of_the_whole_group_goes_to_every_query_of_that_group_only() -> None:
+    fake = FakeGroups(hold={0})
+
+    async def main() -> None:
+        coalescer = QueryCoalescer(fake, max_group=2, groups_in_flight=1)
+        first = asyncio.create_task(coalescer.answer(req("a")))
+        await wait_event(fake.entered(0))
+        tasks = [asyncio.create_task(coalescer.answer(req(x))) for x in ("b", "boom", "e")]
+        await asyncio.sleep(0)
+        fake.gate(0).set()
+        outcomes = list(await asyncio.gather(first, *tasks, return_exceptions=True))
+        assert fake.groups == [["a"], ["b", "boom"], ["e"]]
+        assert outcomes[0] == ans("answer a") and outcomes[3] == ans("answer e")
+        assert isinstance(outcomes[1], RuntimeError) and outcomes[1] is outcomes[2]
+        assert coalescer.groups == 3  # the failed group counts, and the next one still ran
+
+    run(main)
+
+
+def test_a_group_returning_the_wrong_number_of_outcomes_fails_each_query() -> None:
+    def short(reqs: list[QueryRequest], on_ready: OnReady) -> list[Answer | BaseException]:
+        return [ans("one"), ans("two")]  # two outcomes for one query
+
+    async def main() -> None:
+        coalescer = QueryCoalescer(short, max_group=8, groups_in_flight=1)
+        with pytest.raises(RuntimeError, match="wrong number of outcomes"):
+            await coalescer.answer(req("a"))
+
+    run(main)
+
+
+def test_a_cancelled_caller_does_not_cancel_its_running_group() -> None:
+    fake = FakeGroups(hold={0})
+
+    async def main() -> None:
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1)
+        task = asyncio.create_task(coalescer.answer(req("a")))
+        await wait_event(fake.entered(0))
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        fake.gate(0).set()
+        await wait_event(fake.done(0))  # the fake saw the query and completed the group
+        await until(lambda: coalescer.groups == 1)
+        assert fake.groups == [["a"]] and coalescer.queries == 1
+        # the coalescer is not stuck: the next query is answered
+        assert await coalescer.answer(req("b")) == ans("answer b")
+
+    run(main)
+
+
+def test_a_query_cancelled_while_waiting_is_still_given_to_the_next_group() -> None:
+    fake = FakeGroups(hold={0})
+
+    async def main() -> None:
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1)
+        first = asyncio.create_task(coalescer.answer(req("a")))
+        await wait_event(fake.entered(0))
+        gone = asyncio.create_task(coalescer.answer(req("b")))
+        kept = asyncio.create_task(coalescer.answer(req("c")))
+        await asyncio.sleep(0)
+        assert coalescer.waiting == 2
+        gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        fake.gate(0).set()
+        assert list(await asyncio.gather(first, kept)) == [ans("answer a"), ans("answer c")]
+        assert fake.groups == [["a"], ["b", "c"]]  # b is still charged, drawn and stored
+
+    run(main)
+
+
+@pytest.mark.parametrize(("max_group", "groups_in_flight"), [(0, 1), (1, 0), (0, 0), (-1, 1)])
+def test_the_constructor_rejects_sizes_below_one(max_group: int, groups_in_flight: int) -> None:
+    with pytest.raises(ValueError, match=">= 1"):
+        QueryCoalescer(FakeGroups(), max_group=max_group, groups_in_flight=groups_in_flight)
