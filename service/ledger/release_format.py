@@ -160,7 +160,10 @@ def _unb64(value: Any, what: str) -> bytes:
 
 def decode_results(stored: Any) -> Sequence[RankedNode]:
     if isinstance(stored, list):  # the pair-list form
-        return [RankedNode(str(node), float(score)) for node, score in stored]
+        try:
+            return [RankedNode(str(node), float(score)) for node, score in stored]
+        except (TypeError, ValueError) as exc:
+            raise UnreadableResults("stored results: a pair is not [node, score]") from exc
     if not isinstance(stored, dict) or stored.get("format") not in (FORMAT, FORMAT_NODE_LIST):
         raise UnreadableResults("stored results are in an unknown form")
     raw_scores = _unb64(stored.get("scores"), "scores")
@@ -175,12 +178,21 @@ def decode_results(stored: Any) -> Sequence[RankedNode]:
             raise UnreadableResults("stored results: a node id is not a string")
         return StoredResults.of_lists(nodes, scores)
     width = stored.get("length_bytes")
-    if width not in (1, 4):
+    if type(width) is not int or width not in (1, 4):
         raise UnreadableResults("stored results: the node lengths have no known width")
-    lengths = np.frombuffer(_unb64(stored.get("lengths"), "lengths"), dtype=f"<u{width}")
+    raw_lengths = _unb64(stored.get("lengths"), "lengths")
+    if len(raw_lengths) % width:
+        raise UnreadableResults("stored results: the node lengths are cut short")
+    lengths = np.frombuffer(raw_lengths, dtype=f"<u{width}")
     data = _unb64(stored.get("nodes"), "nodes")
+    results = StoredResults(data, lengths, scores)
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UnreadableResults("stored results: the node ids are not UTF-8") from exc
-    return StoredResults(data, lengths, scores)
+    # Valid UTF-8 as a whole, and no id starts inside a character (on a continuation byte
+    # 0b10xxxxxx): then every id on its own is valid UTF-8.
+    starts = results._offsets[:-1][lengths > 0]
+    if len(starts) and np.any(np.frombuffer(data, dtype=np.uint8)[starts] & 0xC0 == 0x80):
+        raise UnreadableResults("stored results: a node id starts inside a character")
+    return results

@@ -86,6 +86,10 @@ class QueryCoalescer:
                 raise RuntimeError("a query group returned the wrong number of outcomes")
         except Exception as exc:  # the whole group failed: each query gets the error
             outcomes = [exc] * len(group)
+        except BaseException:  # cancelled (the loop is shutting down): no caller hangs
+            for future in futures:
+                future.cancel()
+            raise
         self.groups += 1
         self.queries += len(group)
         for future, outcome in zip(futures, outcomes, strict=True):
