@@ -88,27 +88,11 @@ def ranked_results(
     ``exclude_neighbors`` also drops the seed's neighbours: it uses the seed's own edges, which
     only the personalized model leaves unprotected, so callers allow it only in that mode.
     """
-    ids, values = ranked_columns(
-        graph, seed, scores, k, grid=grid, exclude_neighbors=exclude_neighbors
-    )
-    return [RankedNode(node, score) for node, score in zip(ids, values, strict=True)]
-
-
-def ranked_columns(
-    graph: Graph,
-    seed: int,
-    scores: np.ndarray,
-    k: int,
-    *,
-    grid: float,
-    exclude_neighbors: bool = False,
-) -> tuple[list[str], list[float]]:
-    """:func:`ranked_results` as two columns (external ids, scores), without building an
-    object per entry."""
     best, values = ranked_indices(
         graph, seed, scores, k, grid=grid, exclude_neighbors=exclude_neighbors
     )
-    return list(graph.external_ids(best)), values.tolist()
+    ids = graph.external_ids(best)
+    return [RankedNode(node, score) for node, score in zip(ids, values.tolist(), strict=True)]
 
 
 def ranked_indices(
@@ -120,8 +104,8 @@ def ranked_indices(
     grid: float,
     exclude_neighbors: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`ranked_columns` by internal index: (indices, scores rounded to the grid and
-    clipped at 0), best first."""
+    """:func:`ranked_results` by internal index: (indices, scores rounded to the grid and
+    clipped at 0), best first, without an object per entry."""
     scores = round_to_grid(scores, grid)
     exclude = np.array([seed], dtype=np.int64)
     if exclude_neighbors:
