@@ -92,19 +92,13 @@ class ReceiptOfNewCharge:
         )
 
 
-def _key_parts(key: ReleaseKey) -> tuple[int, str, str, str, float, str]:
-    return (
-        key.account_id, key.node, key.graph_version, key.mode, float(key.epsilon), key.mechanism
-    )  # fmt: skip
-
-
 class GroupReads:
     """The earlier charges and releases a group's admissions look for, and the group's own."""
 
     def __init__(
         self,
         twins: dict[tuple[int, str], EarlierCharge],
-        released: dict[tuple[int, str, str, str, float, str], int],
+        released: dict[ReleaseKey, int],
         by_key: dict[tuple[int, str], EarlierCharge],
     ) -> None:
         self._twins = twins
@@ -141,7 +135,7 @@ class GroupReads:
 
     def released(self, key: ReleaseKey) -> int | None:
         """The charge of the newest stored release of ``key`` (epsilon compared exactly)."""
-        return self._released.get(_key_parts(key))
+        return self._released.get(key)
 
     def holder(self, principal: int, idempotency_key: str) -> NewCharge | EarlierCharge | None:
         """The live charge that holds ``idempotency_key`` for ``principal``: this group's,
@@ -172,12 +166,10 @@ def _read_twins(
     return newest
 
 
-def _read_released(
-    session: Session, keys: list[ReleaseKey]
-) -> dict[tuple[int, str, str, str, float, str], int]:
+def _read_released(session: Session, keys: list[ReleaseKey]) -> dict[ReleaseKey, int]:
     if not keys:
         return {}
-    wanted = {_key_parts(key) for key in keys}
+    wanted = set(keys)  # a key's fields compare exactly (epsilon as a float), as in SQL
     rows = session.execute(
         _RELEASED,
         {
@@ -185,14 +177,14 @@ def _read_released(
             "nodes": sorted({key.node for key in keys}),
         },
     )
-    out: dict[tuple[int, str, str, str, float, str], int] = {}
-    for row in rows:
-        parts = (
+    out: dict[ReleaseKey, int] = {}
+    for row in rows:  # one row per key: the newest release's charge (max over the group)
+        key = ReleaseKey(
             int(row.charged_account_id), str(row.node), str(row.graph_version), str(row.mode),
             float(row.epsilon), str(row.mechanism_name),
         )  # fmt: skip
-        if parts in wanted:
-            out[parts] = max(out.get(parts, 0), int(row.charge_id))
+        if key in wanted:
+            out[key] = int(row.charge_id)
     return out
 
 

@@ -1094,10 +1094,7 @@ class Ledger:
                 return ReceiptOfNewCharge(new_twin, _view(account, account), joined=True)
             twin = reads.twin(a.charged_account_id, digest)
             if twin is not None:
-                if twin.created_at is not None:
-                    age = (utcnow() - _aware(twin.created_at)).total_seconds()
-                    if age > stale_after_seconds:
-                        raise _StaleTwin(twin.id, age)  # as _twin: refund on its own, retry
+                _refuse_stale_twin(twin.id, twin.created_at, stale_after_seconds)
                 return ChargeReceipt(charge_id=twin.id, budget=_view(account, account), joined=True)
             released = reads.released(a.release_key)
             if released is not None:
@@ -1254,12 +1251,7 @@ class Ledger:
         ).one_or_none()
         if row is None:
             return None
-        age = (utcnow() - _aware(row.created_at)).total_seconds()
-        if age > stale_after_seconds:
-            # Refunded in a transaction of its own (:meth:`_reconcile_stale_twin`), then the
-            # admission starts again: refunding here would lock the twin's exposure shard
-            # after this admission's own, out of ascending order.
-            raise _StaleTwin(row.id, age)
+        _refuse_stale_twin(row.id, row.created_at, stale_after_seconds)
         return row.id
 
     def _reconcile_stale_twin(self, stale: _StaleTwin) -> None:
@@ -1944,6 +1936,17 @@ class _StaleTwin(Exception):
         super().__init__(charge_id, age)
         self.charge_id = charge_id
         self.age = age
+
+
+def _refuse_stale_twin(charge_id: int, created_at: Any, stale_after_seconds: float) -> None:
+    """Raise :class:`_StaleTwin` for an in-flight twin admitted longer ago than the bound.
+
+    It is refunded in a transaction of its own (:meth:`Ledger._reconcile_stale_twin`), then
+    the admission starts again: refunding here would lock the twin's exposure shard after
+    this admission's own, out of ascending order."""
+    age = (utcnow() - _aware(created_at)).total_seconds()
+    if age > stale_after_seconds:
+        raise _StaleTwin(charge_id, age)
 
 
 def _aware(moment: Any) -> Any:

@@ -131,7 +131,6 @@ class _Started:
     where: tuple[Graph, int, Mode, float, float, int]  # the prefix's (graph, seed, mode, ...)
     cold: bool  # no stored prefix: the engine computed it, and it is remembered
     charge_id: int
-    mode: Mode
     noise_scale: float
 
 
@@ -360,7 +359,7 @@ class PprQueryService:
         at once (:meth:`_finish_draw` waits for it); another ranking is drawn here."""
         self._budgets[p.account_id] = (receipt.budget, time.monotonic())  # for replays here
         if isinstance(p.plan, DiffusionPlan):
-            return self._start_release(p.graph, p.seed, p.plan, receipt.charge_id, p.req)
+            return self._start_release(p.graph, p.seed, p.plan, receipt.charge_id)
         results, mechanism = self._release_ranking(
             p.graph, p.seed, p.plan, receipt.charge_id, p.req, p.mechanism
         )
@@ -545,30 +544,22 @@ class PprQueryService:
     def _store_many(
         self, items: list[tuple[QueryRequest, StoredRelease]]
     ) -> list[BaseException | None]:
-        """Store the releases in one transaction (before any is answered); per item None or
-        the error that discards its answer (as :meth:`_store`)."""
+        """Store the releases in one transaction and cache them (:meth:`_store_together`,
+        before any is answered); per item None or the error that discards its answer (as
+        :meth:`_store`)."""
         if not items:
             return []
         try:
-            settled = self.ledger.store_releases(
+            settled = self._store_together(
                 [(stored, req.idempotency_key, req.principal.account_id) for req, stored in items]
             )
         except LedgerUnavailable as exc:
             log.warning("storing a group of releases failed; their answers were discarded")
             return [exc] * len(items)
-        errors: list[BaseException | None] = [
+        return [
             None if outcome is None else _settled_before_stored(stored, req)
             for (req, stored), outcome in zip(items, settled, strict=True)
         ]
-        if self.replays is not None:
-            self.replays.put_many(
-                [
-                    (stored, req.principal.account_id, req.idempotency_key)
-                    for (req, stored), error in zip(items, errors, strict=True)
-                    if error is None
-                ]
-            )
-        return errors
 
     # -- admission ------------------------------------------------------------------------
 
@@ -751,7 +742,7 @@ class PprQueryService:
             self.replays.put_for_idempotency(req.principal.account_id, req.idempotency_key, stored)
 
     def _start_release(
-        self, graph: Graph, seed: int, plan: DiffusionPlan, charge_id: int, req: QueryRequest
+        self, graph: Graph, seed: int, plan: DiffusionPlan, charge_id: int
     ) -> _Started:
         """Hand the admitted query to the engine (it returns at once): batched with
         concurrent queries; a cold seed's prefix is computed in the same block."""
@@ -765,7 +756,7 @@ class PprQueryService:
             # No noise has been drawn: nothing was released, so the charge is compensated.
             self.ledger.refund(charge_id, reason="failed before any noise was drawn")
             raise
-        return _Started(future, where, prefix is None, charge_id, req.mode, config.noise_scale)
+        return _Started(future, where, prefix is None, charge_id, config.noise_scale)
 
     def _finish_release(self, started: _Started) -> Sequence[RankedNode]:
         """Wait for the engine's result, then rank it (the stored form of the release)."""
@@ -775,11 +766,11 @@ class PprQueryService:
             if not exc.noise_drawn:  # it failed in the noise-free prefix: nothing released
                 self.ledger.refund(started.charge_id, reason="failed before any noise was drawn")
             raise exc.error from None
-        graph, seed, _, _, _, _ = started.where
+        graph, seed, mode, _, _, _ = started.where
         if started.cold and result.prefix is not None:
             self.prefixes.remember(*started.where, result.prefix)
         keep = self.replay_store_top
-        if started.mode is Mode.PERSONALIZED:
+        if mode is Mode.PERSONALIZED:
             keep += int(graph.degrees[seed])  # room to drop the seed's neighbours on replay
         grid = score_grid(started.noise_scale)
         return _stored_results(graph, *ranked_indices(graph, seed, result.scores, keep, grid=grid))
