@@ -103,7 +103,7 @@ def measure(args: argparse.Namespace, workers: int, nodes: int, edges: int) -> d
     extra = {"PPR_PREFIX_CACHE_BYTES": str(args.prefix_cache_mib * 2**20),
              "PPR_PREFIX_TABLE_BYTES": str(args.prefix_table_mib * 2**20),
              "PPR_GRAPH_SNAPSHOTS": "true" if args.snapshots else "false"}  # fmt: skip
-    key = service_account_key(args.database_url, delta=MechanismSettings().delta_for(edges))
+    key = service_account_key(args.database_url, delta=MechanismSettings().account_delta)
     with tempfile.TemporaryDirectory(prefix="ppr-mem-") as tmp, served_process(
         port=args.port, workers=workers, graph=args.graph, database_url=args.database_url,
         redis_url=None, log_path=Path(tmp) / "server.log", extra_env=extra,

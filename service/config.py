@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.budgets import CAP_EPSILON_MAX, CAP_EPSILON_MIN, DELTA_MAX, DELTA_MIN
 from service.errors import InvalidParameter
+from service.graph.bounds import DEFAULT_MAX_DEGREE_BOUND, MAX_DEGREE_BOUND_LIMIT
 from service.mechanisms.registry import DEFAULT_MECHANISM, RankingMechanism
 from service.urls import check_database_url, check_redis_url
 
@@ -31,9 +32,21 @@ class MechanismSettings(BaseSettings):
     epsilon_min: float = Field(0.01, gt=0.0, description="Smallest epsilon a query may ask for.")
     epsilon_max: float = Field(2.0, gt=0.0, description="Largest epsilon a query may ask for.")
     default_epsilon: float = Field(0.1, gt=0.0, description="Epsilon of a query that names none.")
-    default_delta: float | None = Field(
-        None, ge=DELTA_MIN, lt=DELTA_MAX,
-        description="Delta of new accounts' budgets; unset: min(1e-6, 1/|E|) of the graph.",
+    default_delta: float = Field(
+        1e-6, ge=DELTA_MIN, lt=DELTA_MAX,
+        description="Delta of new accounts' budgets and of the query calibration (never "
+        "derived from the graph; see PPR_EDGE_COUNT_BOUND).",
+    )  # fmt: skip
+    edge_count_bound: int | None = Field(
+        None, ge=1,
+        description="A public bound on the number of edges: when set, delta is "
+        "min(PPR_DEFAULT_DELTA, 1 / this), and a graph with more edges is refused at load.",
+    )  # fmt: skip
+    max_degree_bound: int = Field(
+        DEFAULT_MAX_DEGREE_BOUND, ge=1, le=MAX_DEGREE_BOUND_LIMIT,
+        description="A public bound on every node's degree: the float64 margin of the "
+        "diffusion's noise (kappa) is computed from it, never from the graph's own largest "
+        "degree; a graph with a node of higher degree is refused at load.",
     )  # fmt: skip
     default_cap_epsilon: float = Field(
         1.0, ge=CAP_EPSILON_MIN, le=CAP_EPSILON_MAX, description="Budget cap of new accounts."
@@ -61,10 +74,12 @@ class MechanismSettings(BaseSettings):
             raise ValueError("PPR_DEFAULT_K must not exceed PPR_MAX_K")
         return self
 
-    def delta_for(self, edges: int) -> float:
-        if self.default_delta is not None:
+    @property
+    def account_delta(self) -> float:
+        """Delta of new accounts and of calibration: from configuration only, never the graph."""
+        if self.edge_count_bound is None:
             return self.default_delta
-        return min(1e-6, 1.0 / max(edges, 1))
+        return min(self.default_delta, 1.0 / self.edge_count_bound)
 
 
 class Settings(MechanismSettings):
@@ -73,6 +88,12 @@ class Settings(MechanismSettings):
     model_config = SettingsConfigDict(env_prefix="PPR_", extra="ignore")
 
     graph_path: Path | None = Field(None, description="Edge-list file; unset: the demo graph.")
+    nodes_path: Path | None = Field(
+        None,
+        description="Node-list file (one id per line): the node set, an input like the edges "
+        "(nodes without edges are served; an edge naming a node not listed is refused). "
+        "Unset: the node set is derived from the edges and is then public.",
+    )
     graph_dir: Path | None = Field(
         None,
         description="Directory an admin may load graph files from by name "

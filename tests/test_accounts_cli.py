@@ -43,10 +43,10 @@ def test_db_commands(capsys: pytest.CaptureFixture[str], ledger_url: str) -> Non
     assert "python -m service db upgrade" in err and "Traceback" not in err
     assert run_json(capsys, "db", "current", *db)["current"] == []
     code, out, _ = run(capsys, "db", "upgrade", *db)
-    assert code == 0 and "0003_admin_dashboard (head)" in out
+    assert code == 0 and "0004_graph_identity (head)" in out
     assert run(capsys, "db", "upgrade", *db)[0] == 0  # idempotent
     status = run_json(capsys, "db", "check", *db)
-    assert status["at_head"] and status["current"] == status["head"] == ["0003_admin_dashboard"]
+    assert status["at_head"] and status["current"] == status["head"] == ["0004_graph_identity"]
     assert status["grid_version"] == "1"
     code, out, _ = run(capsys, "db", "current", *db)
     assert code == 0 and "at head" in out
@@ -71,7 +71,7 @@ def test_accounts_lifecycle(capsys: pytest.CaptureFixture[str], ledger_url: str)
     }  # fmt: skip
     assert created["type"] == "user" and created["node_id"] == "5"
     assert created["cap_epsilon"] == settings.default_cap_epsilon
-    assert created["delta"] == settings.delta_for(80_000)  # the demo graph's edges
+    assert created["delta"] == settings.account_delta  # the demo graph's edges
     svc = run_json(
         capsys, "accounts", "create", "--type", "service", "--cap", "3", "--delta", "1e-7",
         "--label", "backend", "--may-create-seed-accounts", *db,
@@ -168,7 +168,7 @@ def test_create_on_a_graph_file(
         capsys, "accounts", "create", "--type", "user", "--node", "alice", "--graph", str(graph),
         *db,
     )  # fmt: skip
-    assert created["delta"] == Settings().delta_for(2)
+    assert created["delta"] == Settings().account_delta
     code, _, err = run(
         capsys, "accounts", "create", "--type", "user", "--node", "5", "--graph", str(graph), *db
     )

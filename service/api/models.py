@@ -293,7 +293,16 @@ class ReloadGraph(BaseModel):
 
 
 class GraphInfo(BaseModel):
-    version: str
+    version: str = Field(description="The public id callers see (random, not a hash of edges)")
+    fingerprint: str = Field(
+        "", description="The content hash of the graph (admins only; never shown to callers)"
+    )
+    node_set: str = Field(
+        "", description="listed (PPR_NODES_PATH), fixed (demo graph) or derived_from_edges"
+    )
+    max_degree_bound: int | None = Field(
+        None, description="The public degree bound the graph was checked against"
+    )
     source: str
     nodes: int
     edges: int

@@ -18,7 +18,8 @@ from service.ledger.ledger import Ledger, LedgerUnavailable
 from service.mechanisms.engine import DiffusionEngine
 from service.serving.batch import BatchQueryService
 from service.serving.coalescer import QueryCoalescer
-from service.serving.graph_holder import GraphHolder, load_configured_graph
+from service.serving.graph_holder import GraphHolder
+from service.serving.graph_identity import serving_loader
 from service.serving.limits import EngineGate, RateLimiter
 from service.serving.planner import DiffusionPlanner
 from service.serving.ppr_query import AdmissionPolicy, PprQueryService, PrefixProvider
@@ -67,7 +68,12 @@ class Runtime:
         database_ok = self.ledger.ping()
         cache_state = self.caches.state()
         checks: dict[str, Any] = {
-            "graph": {"status": "ok", "version": loaded.graph.version, "source": loaded.source}
+            "graph": {
+                "status": "ok",
+                "version": loaded.graph.version,
+                "source": loaded.source,
+                "node_set": node_set_origin(self.settings, loaded.source),
+            }
             if loaded is not None
             else {"status": "not_loaded"},
             "database": {"status": "ok" if database_ok else "unreachable"},
@@ -77,6 +83,14 @@ class Runtime:
         if tables is not None:
             checks["prefix_table"] = tables.state()
         return loaded is not None and database_ok, checks
+
+
+def node_set_origin(settings: Settings, source: str) -> str:
+    """Where the served node set comes from: ``listed`` (PPR_NODES_PATH), ``fixed`` (the demo
+    graph's ids 0..n-1), or ``derived_from_edges`` (no node list: the node set is public)."""
+    if settings.nodes_path is not None:
+        return "listed"
+    return "fixed" if source == "demo" else "derived_from_edges"
 
 
 def open_ledger(settings: Settings) -> Ledger:
@@ -124,12 +138,17 @@ def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
         snapshot_dir = settings.snapshot_directory
         graphs = GraphHolder(
             settings.graph_path,
-            loader=lambda path: load_configured_graph(path, snapshot_dir),
+            loader=serving_loader(settings, ledger),
             on_load=remember_degrees,
             versions=ledger if settings.graph_version_check_ms > 0 else None,
             check_seconds=settings.graph_version_check_ms / 1000.0,
         )
         graphs.start()  # records its version (or follows the recorded one): workers agree
+        if node_set_origin(settings, graphs.source) == "derived_from_edges":
+            log.warning(
+                "no node list (PPR_NODES_PATH): the node set is derived from the edges, so "
+                "which nodes exist is treated as public (docs/privacy.md, 'The node set')"
+            )
         tables = SharedPrefixTables(
             snapshot_dir, settings.prefix_table_bytes, settings, lambda: graphs.served,
             on_event=on_cache_event,

@@ -66,7 +66,10 @@ def _local_block(spec: BatchSpec, index: int, nodes: list[str]) -> BlockResult:
     if graph is None:
         from service.serving.graph_holder import load_configured_graph
 
-        graph = load_configured_graph(Path(spec.graph_path) if spec.graph_path else None)
+        graph = load_configured_graph(
+            Path(spec.graph_path) if spec.graph_path else None,
+            nodes_path=spec.settings.nodes_path,
+        )
         _local_graphs.clear()
         _local_graphs[key] = graph
     return answerer_for(spec, graph).answer_block(spec, index, nodes)

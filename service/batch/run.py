@@ -42,6 +42,7 @@ from service.ledger.ledger import Ledger
 from service.ledger.records import ModeNotAllowed, UnknownAccount
 from service.privacy.modes import Mode
 from service.serving.graph_holder import load_configured_graph
+from service.serving.graph_identity import as_served
 from service.serving.schemas import Principal
 
 log = logging.getLogger(__name__)
@@ -263,9 +264,14 @@ def run_batch(
     if (options.accounts_file is None) == (not options.all_accounts):
         raise InvalidParameter("--accounts", "give either --accounts FILE or --all")
     graph_path = options.graph_path if options.graph_path is not None else settings.graph_path
-    graph = load_configured_graph(graph_path)
+    graph = load_configured_graph(graph_path, nodes_path=settings.nodes_path)
     ledger = Ledger.from_url(settings.database_url, auto_migrate=False)
     try:
+        graph = as_served(
+            graph, ledger,
+            max_degree_bound=settings.max_degree_bound,
+            edge_count_bound=settings.edge_count_bound,
+        )  # fmt: skip
         service = _service_principal(ledger, options)
         spec = BatchSpec(
             run_id=run_id,

@@ -27,11 +27,16 @@ class SharedGraph:
     node_ids: np.ndarray  # fixed-width unicode ("<U..."), not objects: zero-copy in the store
     version: str
     stats: GraphStats
+    fingerprint: str = ""
+    degree_bound: int | None = None
 
     @classmethod
     def of(cls, graph: Graph) -> SharedGraph:
         ids = np.asarray([str(x) for x in graph.node_ids.tolist()], dtype=np.str_)
-        return cls(graph.indptr, graph.indices, graph.degrees, ids, graph.version, graph.stats)
+        return cls(
+            graph.indptr, graph.indices, graph.degrees, ids, graph.version, graph.stats,
+            graph.fingerprint, graph.degree_bound,
+        )  # fmt: skip
 
     @property
     def nbytes(self) -> int:
@@ -49,6 +54,8 @@ class SharedGraph:
             ids=ListedIds(id_list),
             version=self.version,
             stats=self.stats,
+            fingerprint=self.fingerprint,
+            degree_bound=self.degree_bound,
         )
 
 

@@ -47,6 +47,7 @@ from service.ledger.ledger import AccountExists, Ledger
 from service.ledger.records import ChargeSettled, StoredRelease, UnknownAccount
 from service.mechanisms.operator import walk_operator
 from service.serving.graph_holder import GraphHolder
+from service.serving.graph_identity import as_served
 from service.serving.planner import DiffusionPlanner
 from service.serving.ppr_query import AdmissionPolicy, PprQueryService, PrefixProvider
 from service.serving.schemas import Principal, QueryRequest
@@ -106,19 +107,26 @@ class BlockAnswerer:
     """One process's means to answer blocks of one run: graph, ledger, caches, query path."""
 
     def __init__(self, spec: BatchSpec, graph: Graph) -> None:
+        settings = spec.settings
+        opened = Ledger.from_url(settings.database_url, auto_migrate=False)
+        if graph.degree_bound is None:  # as loaded: check the bounds, take the public id
+            graph = as_served(
+                graph, opened,
+                max_degree_bound=settings.max_degree_bound,
+                edge_count_bound=settings.edge_count_bound,
+            )  # fmt: skip
         if graph.version != spec.graph_version:
+            opened.dispose()
             raise ServiceError(
                 f"this worker's graph is version {graph.version}, the run's is "
                 f"{spec.graph_version}: every worker must load the same graph file"
             )
-        settings = spec.settings
-        opened = Ledger.from_url(settings.database_url, auto_migrate=False)
         self.ledger: Ledger = opened
         if spec.failure is not None:
             self.ledger = _FailingLedger(opened.engine, spec.failure)
         self.graph = graph
         self.cap_epsilon = settings.default_cap_epsilon
-        self.delta = settings.delta_for(graph.m)
+        self.delta = settings.account_delta
         caches = build_caches(settings, namespace=self.ledger.ledger_id)
         walk_operator(graph, threads=1)  # one query per core: the pool is the parallelism
         holder = GraphHolder(None, loader=lambda _path: graph)

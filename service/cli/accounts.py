@@ -56,7 +56,7 @@ def register(subparsers: Any) -> None:
     create.add_argument(
         "--delta",
         type=budget_delta,
-        help="budget delta; default PPR_DEFAULT_DELTA or min(1e-6, 1/|E|) of the graph",
+        help="budget delta; default PPR_DEFAULT_DELTA (1e-6), or 1/PPR_EDGE_COUNT_BOUND if lower",
     )
     create.add_argument("--label", type=options.label, help="a free-text label (printable)")
     create.add_argument(
@@ -175,15 +175,14 @@ def _create(args: argparse.Namespace) -> int:
         )
     settings = Settings()
     with _ledger(args) as ledger:
-        delta: float | None = args.delta
-        if args.node is not None or delta is None:
+        delta: float = settings.account_delta if args.delta is None else args.delta
+        if args.node is not None:
             from service.serving.graph_holder import load_configured_graph
 
-            graph = load_configured_graph(args.graph or settings.graph_path)
-            if args.node is not None:
-                graph.index_of(args.node)  # UnknownNode if the graph does not have it
-            if delta is None:
-                delta = settings.delta_for(graph.m)
+            graph = load_configured_graph(
+                args.graph or settings.graph_path, nodes_path=settings.nodes_path
+            )
+            graph.index_of(args.node)  # UnknownNode if the graph does not have it
         cap = args.cap if args.cap is not None else settings.default_cap_epsilon
         account = ledger.create_account(
             args.type,

@@ -182,9 +182,7 @@ def run(args: argparse.Namespace) -> int:
                 )  # fmt: skip
         else:
             base_url = args.url.rstrip("/")
-        key = args.key or service_account_key(
-            database_url, delta=MechanismSettings().delta_for(graph.m)
-        )
+        key = args.key or service_account_key(database_url, delta=MechanismSettings().account_delta)
 
         def progress(result: Any) -> None:
             print(f"  {result.phase}: {result.rps:,.1f} req/s", file=sys.stderr)

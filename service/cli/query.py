@@ -13,6 +13,7 @@ from service.cli.common import (
     print_table,
 )
 from service.cli.options import open_unit_float, positive_float, positive_int
+from service.config import MechanismSettings
 from service.errors import InvalidParameter
 from service.mechanisms.diffusion import noisy_diffusion
 from service.mechanisms.postprocess import ranked_results, score_grid
@@ -31,7 +32,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--seed", required=True, help="external node id of the seed")
     parser.add_argument("--epsilon", type=positive_float, required=True)
     parser.add_argument("--delta", type=open_unit_float, default=None,
-                        help="default: min(1e-6, 1/|E|)")  # fmt: skip
+                        help="default: PPR_DEFAULT_DELTA (1e-6)")  # fmt: skip
     parser.add_argument("--k", type=positive_int, default=20, help="results to show")
     parser.add_argument("--exclude-neighbors", action="store_true",
                         help="drop the seed's neighbours (personalized mode only)")  # fmt: skip
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         )
     graph = load_graph(args.graph)
     seed = graph.index_of(args.seed)
-    delta = args.delta if args.delta is not None else min(1e-6, 1.0 / max(graph.m, 1))
+    delta = args.delta if args.delta is not None else MechanismSettings().account_delta
     plan = plan_diffusion(args.epsilon, delta, args.steps, args.beta, args.eta, args.mode)
     scores = noisy_diffusion(graph, seed, plan.config)
     config = plan.config

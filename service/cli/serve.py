@@ -23,6 +23,11 @@ def register(subparsers: Any) -> None:
         "--graph", type=Path, metavar="FILE",
         help="edge-list file (default: PPR_GRAPH_PATH, else the demo graph)",
     )  # fmt: skip
+    parser.add_argument(
+        "--nodes", type=Path, metavar="FILE",
+        help="node-list file, one id per line (default: PPR_NODES_PATH; unset: the node set "
+        "is derived from the edges and is then public)",
+    )  # fmt: skip
     parser.add_argument("--host", help="bind address (default: PPR_HOST or 127.0.0.1)")
     parser.add_argument("--port", type=port, help="port (default: PPR_PORT or 8000)")
     parser.add_argument("--workers", type=positive_int, help="worker processes (default 1)")
@@ -36,6 +41,7 @@ def register(subparsers: Any) -> None:
 
 _FLAG_NAMES = {
     "PPR_GRAPH_PATH": "--graph",
+    "PPR_NODES_PATH": "--nodes",
     "PPR_HOST": "--host",
     "PPR_PORT": "--port",
     "PPR_WORKERS": "--workers",
@@ -48,6 +54,7 @@ _FLAG_NAMES = {
 def _flags(args: argparse.Namespace) -> dict[str, str | None]:
     return {
         "PPR_GRAPH_PATH": None if args.graph is None else str(args.graph.resolve()),
+        "PPR_NODES_PATH": None if args.nodes is None else str(args.nodes.resolve()),
         "PPR_HOST": args.host,
         "PPR_PORT": None if args.port is None else str(args.port),
         "PPR_WORKERS": None if args.workers is None else str(args.workers),
@@ -62,6 +69,24 @@ def _export(args: argparse.Namespace) -> None:
     for name, value in _flags(args).items():
         if value is not None:
             os.environ[name] = value
+
+
+def check_graph_inputs(settings: Any) -> None:
+    """Load the configured graph once before any worker starts, so that a node list that does
+    not cover the edges, or a graph over a public bound, is one line and exit 2 here (a
+    GraphLoadError) rather than a worker's failure. With snapshots on, the workers then map
+    the snapshot this load wrote."""
+    from service.graph.bounds import check_public_bounds
+    from service.serving.graph_holder import load_configured_graph
+
+    graph = load_configured_graph(
+        settings.graph_path, settings.snapshot_directory, settings.nodes_path
+    )
+    check_public_bounds(
+        graph,
+        max_degree_bound=settings.max_degree_bound,
+        edge_count_bound=settings.edge_count_bound,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
     if settings.graph_path is not None and not settings.graph_path.is_file():
         name = "--graph" if args.graph is not None else "PPR_GRAPH_PATH"
         raise InvalidParameter(name, f"{settings.graph_path} is not a readable file")
+    if settings.nodes_path is not None and not settings.nodes_path.is_file():
+        name = "--nodes" if args.nodes is not None else "PPR_NODES_PATH"
+        raise InvalidParameter(name, f"{settings.nodes_path} is not a readable file")
+    check_graph_inputs(settings)
     # Fail fast, with the command to run, before any worker starts.
     Ledger.from_url(settings.database_url, auto_migrate=settings.auto_migrate).dispose()
     metrics_dir: str | None = None

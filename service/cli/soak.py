@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
             port=args.port, workers=args.workers, graph=graph_path, database_url=database_url,
             redis_url=redis_url, log_path=log_path,
         ) as (base_url, proc):  # fmt: skip
-            key = service_account_key(database_url, delta=MechanismSettings().delta_for(graph.m))
+            key = service_account_key(database_url, delta=MechanismSettings().account_delta)
             (workload,) = workloads(plan, key)
             store_replay_releases(base_url, workload)
             run_httpx(base_url, workload, concurrency=args.concurrency, seconds=5.0)  # warm-up

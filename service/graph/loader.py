@@ -39,7 +39,7 @@ import lzma
 import os
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +50,7 @@ from service.graph.build import (
     INT32_MAX,
     assemble_graph,
     canonical_edge_keys,
+    canonical_order,
     index_dtype,
     sorted_unique,
 )
@@ -86,7 +87,11 @@ _BZ2_BLOCK_MAGIC = (b"1AY&SY", b"\x17rE8P\x90")
 
 
 def load_edge_list(
-    path: str | os.PathLike[str], *, header: bool | None = None, raw: bytes | None = None
+    path: str | os.PathLike[str],
+    *,
+    header: bool | None = None,
+    raw: bytes | None = None,
+    nodes: Sequence[str] | None = None,
 ) -> Graph:
     """Load an undirected edge-list file (plain, gzip, bzip2 or xz) into a :class:`Graph`.
 
@@ -112,6 +117,11 @@ def load_edge_list(
 
     ``raw``: the file's bytes when the caller has read them already (so that a fingerprint of
     those bytes describes exactly the graph loaded); ``path`` then only names the file.
+
+    ``nodes``: the node set, given (e.g. by :func:`read_node_list`) rather than derived from
+    the edges. Every listed node is in the graph, with or without edges; an edge naming a node
+    not listed is refused with its line number. Without it the node set is the ids the edges
+    name (and is then public: see docs/privacy.md).
     """
     name = str(path)
     data = _read_text_bytes(Path(path), name, raw)
@@ -132,11 +142,81 @@ def load_edge_list(
         if maybe_header and skip is not None and _any_is_node(first_fields[:2], parsed):
             skip = None  # the "column names" are node ids: the first line is an edge
             parsed = _parse_string_ids(data, name, skip)
+    if nodes is not None:
+        parsed = _onto_listed_nodes(parsed, nodes, data, name, skip)
     del data
     header_skipped = skip is not None and not matrix_market
     if header_skipped:
         log.info("%s: line %d read as a header and skipped: %s", name, skip, first_fields)
     return _finish(parsed, name, header_skipped=header_skipped)
+
+
+# --------------------------------------------------------------------------- node lists
+
+
+def read_node_list(path: str | os.PathLike[str]) -> list[str]:
+    """The node ids of a node-list file: one id per line (plain or compressed like an edge
+    list; blank lines and comment lines skipped, surrounding spaces stripped).
+
+    Raises :class:`GraphLoadError` with the line number for an id holding a separator (space,
+    tab, comma), an id over :data:`MAX_ID_BYTES` bytes or a repeated id, and for a file that
+    lists no node.
+    """
+    name = str(path)
+    text = _read_text_bytes(Path(path), name).decode("utf-8")
+    ids: list[str] = []
+    seen: set[str] = set()
+    for number, line in enumerate(text.split("\n"), start=1):
+        node = line.strip(" \t\r\v\f")
+        if not node or node[0] in "#%":
+            continue
+        if _FIELDS.search(node):
+            raise GraphLoadError(name, f"one node id per line, got {_shorten(node)!r}", line=number)
+        if len(node.encode("utf-8")) > MAX_ID_BYTES:
+            raise GraphLoadError(name, f"node id longer than {MAX_ID_BYTES} bytes", line=number)
+        if node in seen:
+            raise GraphLoadError(name, f"node {_shorten(node)!r} is listed twice", line=number)
+        seen.add(node)
+        ids.append(node)
+    if not ids:
+        raise GraphLoadError(name, "the node list names no node")
+    return ids
+
+
+def _onto_listed_nodes(
+    parsed: _Parsed, nodes: Sequence[str], data: bytes, name: str, skip: int | None
+) -> _Parsed:
+    """``parsed`` re-indexed onto the listed node set (in canonical order); an edge naming a
+    node not listed is refused with the first line that names one."""
+    listed = [str(node) for node in nodes]
+    order = canonical_order(listed)
+    listed = [listed[i] for i in order.tolist()]
+    position = {node: i for i, node in enumerate(listed)}
+    remap = np.empty(len(parsed.node_ids), dtype=np.int64)
+    for i, node in enumerate(parsed.node_ids):
+        at = position.get(node)
+        if at is None:
+            line = _first_line_naming(data, node, skip)
+            raise GraphLoadError(
+                name, f"edge names node {_shorten(node)!r}, which is not in the node list",
+                line=line,
+            )  # fmt: skip
+        remap[i] = at
+    endpoints = remap[parsed.endpoints]
+    return _Parsed(node_ids=listed, endpoints=endpoints, columns=parsed.columns)
+
+
+def _first_line_naming(data: bytes, node: str, skip: int | None) -> int | None:
+    """The first edge line (1-based) whose first two fields include ``node`` (error path)."""
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        if number == skip:
+            continue
+        text = line.decode("utf-8", errors="replace").strip(" \t\r\v\f,")
+        if not text or text[0] in "#%":
+            continue
+        if node in _FIELDS.split(text)[:2]:
+            return number
+    return None
 
 
 # --------------------------------------------------------------------------- reading

@@ -49,11 +49,18 @@ class Graph:
     snapshot that every worker of a machine shares); ``node_ids[i]`` is the id of index ``i``
     as an object array of ``str``.
 
-    ``version`` is a hash of the canonical edge set and node ids (see
-    :func:`service.graph.build.graph_version`): the same graph always has the same version,
+    ``fingerprint`` is a hash of the canonical edge set and node ids (see
+    :func:`service.graph.build.graph_version`): the same graph always has the same fingerprint,
     whatever the file's line order, separators, duplicates or compression; a changed graph a
-    new one. Use :func:`service.graph.build.build_graph` (or the loader) to make one: it puts
-    the nodes in canonical order and computes the version. Arrays are made read-only.
+    new one. It is an exact function of the private edges, so it stays internal (admins may
+    see it). ``version`` is what callers see: a builder sets it to the fingerprint, and the
+    serving path replaces it with the opaque public id the ledger records against the
+    fingerprint (:mod:`service.serving.graph_identity`) before the graph answers anything.
+    ``degree_bound`` is the configured public bound on degrees (``PPR_MAX_DEGREE_BOUND``) the
+    serving path checked the graph against; the float64 margin of the noise uses it, never
+    the graph's own largest degree (None: not bound, e.g. in evaluation runs).
+    Use :func:`service.graph.build.build_graph` (or the loader) to make one: it puts the nodes
+    in canonical order and computes the fingerprint. Arrays are made read-only.
     """
 
     indptr: np.ndarray
@@ -64,8 +71,12 @@ class Graph:
     stats: GraphStats
     derived: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
     """Per-node float arrays precomputed elsewhere (a snapshot maps them; see below)."""
+    fingerprint: str = ""
+    degree_bound: int | None = None
 
     def __post_init__(self) -> None:
+        if not self.fingerprint:
+            object.__setattr__(self, "fingerprint", self.version)
         if self.indptr.shape[0] != self.degrees.shape[0] + 1:
             raise ValueError("indptr must have one entry more than degrees")
         if len(self.ids) != self.degrees.shape[0]:

@@ -72,6 +72,13 @@ def fingerprint(raw: bytes) -> str:
     return str(_hasher(raw).hexdigest())
 
 
+def _with_node_list(key: str, node_list: Path | None) -> str:
+    """The snapshot key of an edge file's fingerprint parsed with ``node_list`` (if any)."""
+    if node_list is None:
+        return key
+    return fingerprint(f"{key}\nnodes {file_fingerprint(node_list)}".encode())
+
+
 def file_fingerprint(path: Path) -> str:
     """:func:`fingerprint` of a file's bytes, read in 1 MiB blocks."""
     digest = _hasher(b"")
@@ -109,7 +116,7 @@ def write_snapshot(graph: Graph, path: Path, source_fingerprint: str) -> None:
     header = {
         "format": FORMAT,
         "fingerprint": source_fingerprint,
-        "version": graph.version,
+        "version": graph.fingerprint,
         "stats": dataclasses.asdict(graph.stats),
         "arrays": layout,
         "payload_bytes": payload_bytes,
@@ -151,6 +158,8 @@ def load_with_snapshot(
     source: Path,
     directory: Path,
     parse: Callable[[Path, bytes | None], Graph],
+    *,
+    node_list: Path | None = None,
 ) -> Graph:
     """The graph of the file ``source``, served from its snapshot in ``directory``.
 
@@ -159,9 +168,10 @@ def load_with_snapshot(
     (``parse(source, raw)``), writes the snapshot under the fingerprint of the bytes parsed
     and maps it. A snapshot that fails its checks is logged and replaced. If the directory
     cannot be used, the parsed graph is served from process memory (and that is logged).
+    ``node_list``: the node-list file the graph is parsed with; its bytes are part of the key.
     """
     try:
-        key = file_fingerprint(source)
+        key = _with_node_list(file_fingerprint(source), node_list)
     except OSError:
         return parse(source, None)  # the loader reads it again and names the error
     try:
@@ -180,7 +190,10 @@ def load_with_snapshot(
             raw = source.read_bytes()
         except OSError:
             return parse(source, None)
-        key = fingerprint(raw)  # of the bytes parsed, should the file have changed since
+        try:  # of the bytes parsed, should the file have changed since
+            key = _with_node_list(fingerprint(raw), node_list)
+        except OSError:
+            return parse(source, raw)
         path = snapshot_path(directory, key)
         parsed = parse(source, raw)
         del raw

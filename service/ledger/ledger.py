@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
@@ -91,6 +92,7 @@ from service.ledger.tables import (
     EncodedJson,
     ExposureShard,
     GraphRelease,
+    GraphVersion,
     LedgerMeta,
     Refund,
     Refusal,
@@ -122,6 +124,12 @@ _AUTH_CACHE_ENTRIES = 10_000
 
 
 log = logging.getLogger(__name__)
+
+
+def new_public_graph_id() -> str:
+    """A fresh public graph id: 80 random bits from the OS entropy source, as 20 hex digits
+    (the shape of the ids recorded before graph ids were random)."""
+    return secrets.token_hex(10)
 
 
 class AccountExists(ServiceError):
@@ -420,6 +428,31 @@ class Ledger:
             except IntegrityError:
                 if attempt == 2:
                     raise
+
+    def public_graph_version(self, fingerprint: str) -> str:
+        """The public id of the graph whose content fingerprint is ``fingerprint``: the one
+        recorded, else a new random one, recorded now (insert-if-absent, then read back, so
+        that workers loading the same graph at once agree on the id the database kept)."""
+        with self._reading() as session:
+            row = session.get(GraphVersion, fingerprint)
+            if row is not None:
+                return row.public_id
+        fresh = GraphVersion(fingerprint=fingerprint, public_id=new_public_graph_id())
+        # another worker may insert it first (IntegrityError): then read theirs
+        with suppress(IntegrityError), self._writing() as session:
+            session.add(fresh)
+        with self._reading() as session:
+            row = session.get(GraphVersion, fingerprint)
+            if row is None:  # pragma: no cover - the insert above committed or lost a race
+                raise RuntimeError("graph version not recorded")
+            return row.public_id
+
+    def graph_fingerprint_of(self, public_id: str) -> str | None:
+        """The content fingerprint recorded for a public graph id (for admins)."""
+        with self._reading() as session:
+            return session.scalar(
+                select(GraphVersion.fingerprint).where(GraphVersion.public_id == public_id)
+            )
 
     def ping(self) -> bool:
         try:

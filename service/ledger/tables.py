@@ -350,6 +350,22 @@ class AuditLog(Base):
     details: Mapped[dict[str, Any]] = mapped_column(JsonText, nullable=False)
 
 
+class GraphVersion(Base):
+    """The public id of each graph version, recorded against its content fingerprint.
+
+    Callers see ``public_id`` only: it is random, not a function of the edges. The first
+    worker to load a graph inserts the row; every other worker, restart and replica reads the
+    same id back, so the id changes only when the content does. Versions recorded before this
+    table existed keep their old (already public) value as their id.
+    """
+
+    __tablename__ = "graph_versions"
+
+    fingerprint: Mapped[str] = mapped_column(String(64), primary_key=True)
+    public_id: Mapped[str] = mapped_column(String(64), nullable=False, unique=True)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
+
+
 class LedgerMeta(Base):
     """Key/value facts about the stored data, e.g. the order grid the curves are on."""
 

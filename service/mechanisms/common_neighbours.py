@@ -19,7 +19,7 @@ import numpy as np
 from service.errors import InvalidParameter
 from service.graph.model import Graph
 from service.mechanisms.operator import walk_operator
-from service.mechanisms.randomness import fresh_generator
+from service.mechanisms.randomness import fresh_generator, laplace_noise
 from service.privacy.laplace import COMMON_NEIGHBOUR_SENSITIVITY, LaplacePlan, TwoScalePlan
 from service.privacy.modes import Mode
 
@@ -68,7 +68,8 @@ def noisy_common_neighbours(
         )
     counts = common_neighbour_counts(graph, seed)
     rng = rng if rng is not None else fresh_generator()
-    return counts + rng.laplace(0.0, plan.scale, graph.n)
+    released: np.ndarray = counts + laplace_noise(rng, plan.scale, graph.n)
+    return released
 
 
 def count_noise_scales(graph: Graph, seed: int, plan: TwoScalePlan) -> np.ndarray:
@@ -94,7 +95,7 @@ def two_scale_common_neighbours(
     require_personalized(mode, "two-scale common neighbours")
     counts = common_neighbour_counts(graph, seed)
     rng = rng if rng is not None else fresh_generator()
-    noise = np.asarray(rng.laplace(0.0, 1.0, graph.n), dtype=np.float64)
+    noise = laplace_noise(rng, 1.0, graph.n)
     released: np.ndarray = counts + noise * count_noise_scales(graph, seed, plan)
     released[seed] = 0.0
     return released

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from service.graph.bounds import DEFAULT_MAX_DEGREE_BOUND
 from service.graph.model import Graph
 from service.mechanisms.operator import StepWorkspace, WalkOperator, aligned_block, walk_operator
 from service.mechanisms.randomness import draw_step_randomness, sign_words
@@ -149,6 +150,17 @@ def _put_columns(dest: np.ndarray, columns: list[np.ndarray]) -> None:
             band[:, q] = column[lo : lo + rows]
 
 
+def margin_degree(graph: Graph) -> int:
+    """The degree the float64 margin kappa is computed from: the graph's public bound
+    (PPR_MAX_DEGREE_BOUND, attached and checked by the serving path), never its own largest
+    degree. A graph never checked against a bound (evaluation, the operator's ``query``) uses
+    the default bound, or its own largest degree if that is higher (such a margin depends on
+    the graph, so nothing served takes that branch)."""
+    if graph.degree_bound is not None:
+        return graph.degree_bound
+    return max(DEFAULT_MAX_DEGREE_BOUND, graph.stats.degree_max)
+
+
 class _Block:
     """The columns of one graph that step together."""
 
@@ -157,7 +169,7 @@ class _Block:
         self.op = op
         self.jobs: list[DiffusionJob] = []
         self.x = np.empty((graph.n, 0), dtype=np.float64)
-        self._max_degree = int(graph.degrees.max(initial=0))
+        self._max_degree = margin_degree(graph)
         self._workspace = StepWorkspace()
         self._noise = np.empty((0, graph.n), dtype=np.float64)
         # per drawing thread: one column's 2n exponentials and sign words

@@ -17,7 +17,7 @@ import numpy as np
 
 from service.errors import InvalidParameter
 from service.graph.model import Graph
-from service.mechanisms.randomness import fresh_generator
+from service.mechanisms.randomness import fresh_generator, laplace_noise
 from service.privacy.laplace import DEGREE_SENSITIVITY, LaplacePlan
 
 __all__ = ["degrees_from_bytes", "degrees_to_bytes", "noisy_degrees"]
@@ -34,7 +34,9 @@ def noisy_degrees(
             "sensitivity", f"the degree vector has sensitivity {DEGREE_SENSITIVITY}"
         )
     rng = rng if rng is not None else fresh_generator()
-    released = graph.degrees.astype(np.float64) + rng.laplace(0.0, plan.scale, graph.n)
+    released: np.ndarray = graph.degrees.astype(np.float64) + laplace_noise(
+        rng, plan.scale, graph.n
+    )
     released.setflags(write=False)
     return released
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from service.errors import InvalidParameter
 from service.graph.model import Graph
-from service.mechanisms.randomness import fresh_generator
+from service.mechanisms.randomness import fresh_generator, laplace_noise
 from service.privacy.accountant import RdpCurve
 from service.privacy.curves import laplace_curve
 from service.privacy.modes import Mode
@@ -117,7 +117,10 @@ def add_laplace_noise(
     _finite_positive("sigma", sigma)
     _finite_positive("epsilon", epsilon)
     rng = rng if rng is not None else fresh_generator()
-    return np.asarray(p, dtype=np.float64) + rng.laplace(0.0, sigma / epsilon, np.shape(p))
+    values = np.asarray(p, dtype=np.float64)
+    noise = laplace_noise(rng, sigma / epsilon, values.size).reshape(values.shape)
+    out: np.ndarray = values + noise
+    return out
 
 
 def dp_pushflowcap(

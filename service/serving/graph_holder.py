@@ -40,21 +40,29 @@ class LoadedGraph:
     load_seconds: float
 
 
-def load_configured_graph(path: Path | None, snapshot_dir: Path | None = None) -> Graph:
-    """The graph of an edge-list file (the demo graph for None). With ``snapshot_dir``, served
-    from the file's memory-mapped snapshot there (written first if there is none), so that
-    all the workers of a machine share one copy (:mod:`service.graph.snapshot`)."""
+def load_configured_graph(
+    path: Path | None, snapshot_dir: Path | None = None, nodes_path: Path | None = None
+) -> Graph:
+    """The graph of an edge-list file (the demo graph, whose node set is fixed, for None).
+    With ``nodes_path`` (PPR_NODES_PATH) the node set is that file's list, not the ids the
+    edges name. With ``snapshot_dir``, served from the file's memory-mapped snapshot there
+    (written first if there is none), so that all the workers of a machine share one copy
+    (:mod:`service.graph.snapshot`)."""
     if path is None:
         from service.graph.demo import demo_graph
 
         return demo_graph()
-    from service.graph.loader import load_edge_list
+    from service.graph.loader import load_edge_list, read_node_list
+
+    def parse(source: Path, raw: bytes | None) -> Graph:
+        nodes = None if nodes_path is None else read_node_list(nodes_path)
+        return load_edge_list(source, raw=raw, nodes=nodes)
 
     if snapshot_dir is None:
-        return load_edge_list(path)
+        return parse(path, None)
     from service.graph.snapshot import load_with_snapshot
 
-    return load_with_snapshot(path, snapshot_dir, lambda p, raw: load_edge_list(p, raw=raw))
+    return load_with_snapshot(path, snapshot_dir, parse, node_list=nodes_path)
 
 
 def graph_file_in(directory: Path | None, name: str) -> Path:

@@ -273,7 +273,7 @@ class PprQueryService:
                 node,
                 create=allow_create,
                 cap_epsilon=self.mechanism.default_cap_epsilon,
-                delta=self.mechanism.delta_for(graph.m),
+                delta=self.mechanism.account_delta,
             )
         raise Forbidden(f"account type {principal.type!r} cannot query")
 
@@ -658,7 +658,7 @@ class PprQueryService:
         hit = self._max_charge.get(graph.version)
         if hit is None:
             m = self.mechanism
-            delta = m.delta_for(graph.m)
+            delta = m.account_delta
             curves = [
                 self.planner.plan(m.epsilon_max, delta, m.steps, m.beta, m.eta, mode).curve
                 for mode in Mode

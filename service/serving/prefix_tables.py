@@ -53,7 +53,7 @@ def planned_specs(
     graph: Graph, fingerprint: str, mechanism: MechanismSettings, bound_bytes: int
 ) -> tuple[list[TableSpec], list[TableSpec]]:
     """(tables to build, in order; tables left out because they do not fit the bound)."""
-    delta = mechanism.delta_for(graph.m)
+    delta = mechanism.account_delta
     fits: list[TableSpec] = []
     left_out: list[TableSpec] = []
     total = 0

@@ -28,7 +28,7 @@ from service.api.models import (
     SetScopes,
 )
 from service.api.params import AccountIdPath, AccountIdQuery, KeyIdPath, Limit, Offset
-from service.api.runtime import Runtime
+from service.api.runtime import Runtime, node_set_origin
 from service.errors import InvalidParameter
 from service.ledger.records import AccountRecord
 from service.serving.graph_holder import graph_file_in
@@ -77,7 +77,7 @@ def create_account(body: CreateAccount, runtime: RuntimeDep, admin: AdminDep) ->
         body.type,
         node_id=body.node_id,
         cap_epsilon=settings.default_cap_epsilon if body.cap_epsilon is None else body.cap_epsilon,
-        delta=settings.delta_for(graph.m) if body.delta is None else body.delta,
+        delta=settings.account_delta if body.delta is None else body.delta,
         label=body.label,
         may_create_seed_accounts=body.may_create_seed_accounts,
         modes=tuple(body.modes) if body.modes is not None else ("edge",),
@@ -204,6 +204,9 @@ def _graph_info(runtime: Runtime) -> GraphInfo:
         runtime.caches.degrees.put(graph.version, degrees)
     return GraphInfo(
         version=graph.version,
+        fingerprint=graph.fingerprint,
+        node_set=node_set_origin(runtime.settings, loaded.source),
+        max_degree_bound=graph.degree_bound,
         source=loaded.source,
         nodes=graph.n,
         edges=graph.m,
