@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from service.errors import InvalidParameter
+from service.graph.bounds import DEFAULT_MAX_DEGREE_BOUND
 from service.mechanisms.diffusion import DiffusionConfig, noise_free_prefix, noisy_diffusion
 from service.mechanisms.randomness import fresh_generator, laplace_noise
 from service.privacy.calibration import plan_diffusion
@@ -43,10 +44,11 @@ def dense_noisy_diffusion(
     adjacency: np.ndarray, seed: int, config: DiffusionConfig, rng: np.random.Generator
 ) -> np.ndarray:
     """Per noisy step: 2n Lap(b') draws as ``laplace_noise`` documents (n for xi1, then n for
-    xi2), at the float-safe scale b' = b (1 + kappa) of the graph's largest degree."""
+    xi2), at the float-safe scale b' = b (1 + kappa) of the default public degree bound (the
+    graph is not checked against a configured one, and its degrees are below the default)."""
     n = adjacency.shape[0]
-    max_degree = int(adjacency.sum(axis=0).max())
-    scale = float_safe_scale(config.noise_scale, max_degree, config.eta, config.beta)
+    assert int(adjacency.sum(axis=0).max()) <= DEFAULT_MAX_DEGREE_BOUND
+    scale = float_safe_scale(config.noise_scale, DEFAULT_MAX_DEGREE_BOUND, config.eta, config.beta)
     x = np.zeros(n)
     x[seed] = 1.0
     for k in range(1, config.steps + 1):

@@ -47,7 +47,10 @@ class Mechanism(BaseModel):
         description="The guarantee this answer's noise gives at `delta` (for `popular`: the "
         "degree release's, paid once per graph version by the graph-wide exposure)."
     )
-    delta: float = Field(description="0 for the pure-DP Laplace mechanisms.")
+    delta: float = Field(
+        description="The delta of this answer's guarantee; for the Laplace count releases, "
+        "what the float64 sampler adds (tiny; docs/privacy.md)."
+    )
     beta: float | None = Field(None, description="noisy_diffusion: diffusion weight.")
     steps: int | None = Field(None, description="noisy_diffusion: diffusion steps K.")
     noisy_steps: int | None = Field(
@@ -84,6 +87,11 @@ class Mechanism(BaseModel):
     )
     degree_noise_scale: float | None = Field(
         None, description="popular, blended: Laplace scale of the degree release."
+    )
+    degree_delta: float | None = Field(
+        None,
+        description="popular, blended: delta of the degree release (what the float64 Laplace "
+        "sampler adds; docs/privacy.md).",
     )
     degree_release: str | None = Field(
         None, description="popular, blended: how the degree release is charged."

@@ -19,7 +19,7 @@ import numpy as np
 from service.errors import InvalidParameter
 from service.graph.model import Graph
 from service.mechanisms.operator import walk_operator
-from service.mechanisms.randomness import fresh_generator, laplace_noise
+from service.mechanisms.randomness import fresh_generator, laplace_noise, rounded_noise
 from service.privacy.laplace import COMMON_NEIGHBOUR_SENSITIVITY, LaplacePlan, TwoScalePlan
 from service.privacy.modes import Mode
 
@@ -58,8 +58,11 @@ def noisy_common_neighbours(
     plan: LaplacePlan,
     rng: np.random.Generator | None = None,
     mode: Mode | str = Mode.PERSONALIZED,
+    *,
+    grid: float | None = None,
 ) -> np.ndarray:
-    """c + Lap(plan.scale)^n. ``rng`` defaults to a fresh OS-entropy generator."""
+    """c + Lap(plan.scale)^n. ``rng`` defaults to a fresh OS-entropy generator; with
+    ``grid``, the noise is rounded to it before the exact addition of the counts."""
     require_personalized(mode, "common_neighbours")
     if plan.sensitivity < COMMON_NEIGHBOUR_SENSITIVITY:
         raise InvalidParameter(
@@ -68,7 +71,7 @@ def noisy_common_neighbours(
         )
     counts = common_neighbour_counts(graph, seed)
     rng = rng if rng is not None else fresh_generator()
-    released: np.ndarray = counts + laplace_noise(rng, plan.scale, graph.n)
+    released: np.ndarray = counts + rounded_noise(laplace_noise(rng, plan.scale, graph.n), grid)
     return released
 
 
@@ -87,15 +90,20 @@ def two_scale_common_neighbours(
     plan: TwoScalePlan,
     rng: np.random.Generator | None = None,
     mode: Mode | str = Mode.PERSONALIZED,
+    *,
+    grid: float | None = None,
 ) -> np.ndarray:
     """c + Lap(plan.friend_scale) on the seed's friends, c + Lap(plan.candidate_scale) on every
     other node but the seed, and 0 on the seed (not released: its count d(seed) is the seed's
     own). One standard Laplace draw per node, scaled per node; ``rng`` defaults to a fresh
-    OS-entropy generator."""
+    OS-entropy generator; with ``grid``, the scaled noise is rounded to it before the exact
+    addition of the counts."""
     require_personalized(mode, "two-scale common neighbours")
     counts = common_neighbour_counts(graph, seed)
     rng = rng if rng is not None else fresh_generator()
     noise = laplace_noise(rng, 1.0, graph.n)
-    released: np.ndarray = counts + noise * count_noise_scales(graph, seed, plan)
+    released: np.ndarray = counts + rounded_noise(
+        noise * count_noise_scales(graph, seed, plan), grid
+    )
     released[seed] = 0.0
     return released

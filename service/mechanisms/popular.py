@@ -17,7 +17,7 @@ import numpy as np
 
 from service.errors import InvalidParameter
 from service.graph.model import Graph
-from service.mechanisms.randomness import fresh_generator, laplace_noise
+from service.mechanisms.randomness import fresh_generator, laplace_noise, rounded_noise
 from service.privacy.laplace import DEGREE_SENSITIVITY, LaplacePlan
 
 __all__ = ["degrees_from_bytes", "degrees_to_bytes", "noisy_degrees"]
@@ -26,16 +26,22 @@ _DTYPE = np.dtype("<f8")
 
 
 def noisy_degrees(
-    graph: Graph, plan: LaplacePlan, rng: np.random.Generator | None = None
+    graph: Graph,
+    plan: LaplacePlan,
+    rng: np.random.Generator | None = None,
+    *,
+    grid: float | None = None,
 ) -> np.ndarray:
-    """d + Lap(plan.scale)^n. ``rng`` defaults to a fresh OS-entropy generator."""
+    """d + Lap(plan.scale)^n. ``rng`` defaults to a fresh OS-entropy generator. With ``grid``
+    (a power of two), the noise is rounded to it before the exact addition of the degrees
+    (docs/privacy.md, "The Laplace sampler and its stated delta")."""
     if plan.sensitivity < DEGREE_SENSITIVITY:
         raise InvalidParameter(
             "sensitivity", f"the degree vector has sensitivity {DEGREE_SENSITIVITY}"
         )
     rng = rng if rng is not None else fresh_generator()
-    released: np.ndarray = graph.degrees.astype(np.float64) + laplace_noise(
-        rng, plan.scale, graph.n
+    released: np.ndarray = graph.degrees.astype(np.float64) + rounded_noise(
+        laplace_noise(rng, plan.scale, graph.n), grid
     )
     released.setflags(write=False)
     return released

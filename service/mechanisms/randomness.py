@@ -130,6 +130,16 @@ def laplace_noise(rng: np.random.Generator, scale: float, count: int) -> np.ndar
     return draws
 
 
+def rounded_noise(noise: np.ndarray, grid: float | None) -> np.ndarray:
+    """``noise`` rounded to the nearest multiple of ``grid`` (a power of two: exact), or as it
+    is for None. A count release adds it to the integer counts afterwards, an exact addition,
+    so the law of what is released does not depend on the counts' low bits."""
+    if grid is None:
+        return noise
+    out: np.ndarray = np.round(noise / grid) * grid
+    return out
+
+
 def step_noise(rng: np.random.Generator, scale: float, n: int) -> np.ndarray:
     """xi1 + xi2 of one noisy diffusion step: two independent vectors of n Lap(scale) draws,
     drawn as one block of 2n (the first n are xi1)."""

@@ -44,6 +44,7 @@ from service.privacy.accountant import RdpCurve
 from service.privacy.calibration import DiffusionPlan
 from service.privacy.curves import laplace_curve
 from service.privacy.modes import Mode
+from service.privacy.sampler import count_release_delta
 from service.serving.graph_holder import GraphHolder
 from service.serving.group_commit import GroupCommitter
 from service.serving.planner import DiffusionPlanner
@@ -816,7 +817,7 @@ class PprQueryService:
             "name": RankingMechanism.POPULAR.value,
             "mode": req.mode.value,
             "epsilon": degrees.plan.epsilon,
-            "delta": 0.0,
+            "delta": count_release_delta(degrees.plan.epsilon),
             "sensitivity": degrees.plan.sensitivity,
             "noise_scale": degrees.plan.scale,
             "score_grid": degrees.grid,

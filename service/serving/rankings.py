@@ -52,6 +52,7 @@ from service.privacy.laplace import (
     plan_two_scale,
 )
 from service.privacy.modes import Mode
+from service.privacy.sampler import count_release_delta
 
 __all__ = [
     "DegreeReleases",
@@ -140,7 +141,9 @@ class DegreeReleases:
         grid = score_grid(scale)
 
         def draw() -> bytes:
-            released = round_to_grid(noisy_degrees(graph, self.plan, fresh_generator()), grid)
+            released = round_to_grid(
+                noisy_degrees(graph, self.plan, fresh_generator(), grid=grid), grid
+            )
             return degrees_to_bytes(released)
 
         payload = self.ledger.graph_release(
@@ -184,7 +187,7 @@ class RankingPlan:
             "name": self.name.value,
             "mode": self.mode.value,
             "epsilon": self.release.epsilon,
-            "delta": 0.0,
+            "delta": count_release_delta(self.release.epsilon),
         }
         if isinstance(self.release, TwoScalePlan):
             block.update(
@@ -217,6 +220,7 @@ def degree_block(degrees: ReleasedDegrees) -> dict[str, Any]:
     """The degree release's part of a ``mechanism`` block."""
     return {
         "degree_epsilon": degrees.plan.epsilon,
+        "degree_delta": count_release_delta(degrees.plan.epsilon),
         "degree_noise_scale": degrees.plan.scale,
         "degree_release": "one per graph version, charged once to the graph-wide exposure",
     }
@@ -258,9 +262,9 @@ def draw_ranking(
     """
     grid = counts_grid(plan.release)
     if isinstance(plan.release, TwoScalePlan):
-        drawn = two_scale_common_neighbours(graph, seed, plan.release, rng, plan.mode)
+        drawn = two_scale_common_neighbours(graph, seed, plan.release, rng, plan.mode, grid=grid)
     else:
-        drawn = noisy_common_neighbours(graph, seed, plan.release, rng, plan.mode)
+        drawn = noisy_common_neighbours(graph, seed, plan.release, rng, plan.mode, grid=grid)
     counts = round_to_grid(drawn, grid)
     if plan.name is RankingMechanism.COMMON_NEIGHBOURS:
         return RankingDraw(counts, grid, {})
