@@ -27,6 +27,7 @@ from service.privacy.calibration import plan_diffusion
 from service.privacy.curves import laplace_curve
 from service.privacy.laplace import plan_laplace
 from service.privacy.modes import Mode
+from service.privacy.sampler import count_release_delta
 from service.serving.rankings import degree_release_name
 from tests import test_api
 from tests.api_support import (
@@ -79,7 +80,8 @@ def test_each_mechanism_is_named_calibrated_and_charged(
     body = cn.json()
     delta = body["budget"]["delta"]
     assert body["mechanism"] == {
-        "name": "common_neighbours", "mode": "personalized", "epsilon": 0.2, "delta": 0.0,
+        "name": "common_neighbours", "mode": "personalized", "epsilon": 0.2,
+        "delta": count_release_delta(0.2),
         "sensitivity": 2.0, "noise_scale": 10.0, "score_grid": score_grid(10.0),
     }  # fmt: skip
     assert all((r["score"] / score_grid(10.0)).is_integer() for r in body["results"])
@@ -88,7 +90,8 @@ def test_each_mechanism_is_named_calibrated_and_charged(
 
     fof = query(client, key, "5", k=30, epsilon=0.2, mechanism="friends_of_friends").json()
     assert fof["mechanism"] == {
-        "name": "friends_of_friends", "mode": "personalized", "epsilon": 0.2, "delta": 0.0,
+        "name": "friends_of_friends", "mode": "personalized", "epsilon": 0.2,
+        "delta": count_release_delta(0.2),
         "sensitivity": 2.0, "noise_scale": 10.0, "friend_noise_scale": 10.0,
         "candidate_sensitivity": 1.0, "candidate_noise_scale": 5.0,
         "score_grid": score_grid(5.0),
