@@ -34,6 +34,7 @@ from service.mechanisms.prefix_table import prefix_table
 from service.privacy.modes import Mode
 from service.serving import prefix_tables
 from service.serving.graph_holder import load_configured_graph
+from service.serving.graph_identity import as_served
 from service.serving.prefix_tables import SharedPrefixTables, planned_specs
 from tests.api_support import (
     GRAPH_EDGES,
@@ -353,8 +354,15 @@ def test_two_workers_map_one_table_file_built_by_one_process(
     directory = tmp_path / "graph-snapshots"
     backend = Backend("postgres", postgres_url, None, graph_path)
     env = {"PPR_PREFIX_TABLE_BYTES": str(2**30), "PPR_GRAPH_SNAPSHOT_DIR": str(directory)}
+
+    def served() -> Graph:  # as the workers serve it: with the public id the ledger records
+        with open_ledger(postgres_url) as ledger:
+            return as_served(
+                load_configured_graph(graph_path, directory), ledger, max_degree_bound=10_000
+            )
+
     with uvicorn_server(backend, workers=2, extra_env=env) as server:
-        graph = load_configured_graph(graph_path, directory)
+        graph = served()
         specs, _ = planned_specs(graph, graph_fingerprint(graph), Settings(steps=30), 2**30)
         paths = [spec.path(directory) for spec in specs]
         assert len(paths) == 2
@@ -390,7 +398,7 @@ def test_two_workers_map_one_table_file_built_by_one_process(
         write_generated_edge_list(graph_path, GRAPH_NODES * 2, GRAPH_EDGES * 2 + 40, seed=6)
         with httpx.Client(base_url=server.base_url, timeout=60) as http:
             assert http.post("/v1/admin/graph/reload", headers=bearer(admin_key)).is_success
-        graph = load_configured_graph(graph_path, directory)
+        graph = served()
         specs, _ = planned_specs(graph, graph_fingerprint(graph), Settings(steps=30), 2**30)
         old_paths, paths = paths, [spec.path(directory) for spec in specs]
         assert not set(paths) & set(old_paths)

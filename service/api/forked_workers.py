@@ -64,7 +64,9 @@ def prepare_supervisor(settings: Settings) -> None:
     from service.serving.graph_holder import load_configured_graph
 
     _app = create_app(settings)
-    graph = load_configured_graph(settings.graph_path, settings.snapshot_directory)
+    graph = load_configured_graph(
+        settings.graph_path, settings.snapshot_directory, settings.nodes_path
+    )
     _compile_for(graph)  # its operator runs the kernels' warm-up, then the engine's
     del graph  # the workers map the snapshot themselves (and follow the recorded version)
     if threading.active_count() != 1:  # pragma: no cover - would make fork unsafe

@@ -32,14 +32,21 @@ EXIT_ORPHANED = 4
 
 
 def command(
-    source: str, snapshot_dir: Path, fingerprint: str, specs: list[TableSpec], lock_fd: int
+    source: str,
+    snapshot_dir: Path,
+    fingerprint: str,
+    specs: list[TableSpec],
+    lock_fd: int,
+    nodes: Path | None = None,
 ) -> list[str]:
-    """The command line that builds ``specs`` (``source``: the graph file, or the demo)."""
+    """The command line that builds ``specs`` (``source``: the graph file, or the demo;
+    ``nodes``: the node list it is served with)."""
     return [
         sys.executable, "-m", "service.cache.prefix_table_builder",
         "--graph", source, "--snapshot-dir", str(snapshot_dir), "--fingerprint", fingerprint,
         "--specs", json.dumps([spec.__dict__ for spec in specs]), "--lock-fd", str(lock_fd),
         "--parent", str(os.getpid()),
+        *(["--nodes", str(nodes)] if nodes is not None else []),
     ]  # fmt: skip
 
 
@@ -51,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="prefix_table_builder", description=__doc__)
     parser.add_argument("--graph", required=True, help=f"edge-list file, or {DEMO_SOURCE!r}")
     parser.add_argument("--snapshot-dir", type=Path, required=True)
+    parser.add_argument("--nodes", type=Path, default=None, help="node-list file")
     parser.add_argument("--fingerprint", required=True)
     parser.add_argument("--specs", required=True, help="JSON list of table specs, in order")
     parser.add_argument("--lock-fd", type=int, help="the build lock (held until exit)")
@@ -64,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     from service.serving.graph_holder import load_configured_graph
 
     source = None if args.graph == DEMO_SOURCE else Path(args.graph)
-    graph = load_configured_graph(source, args.snapshot_dir)
+    graph = load_configured_graph(source, args.snapshot_dir, args.nodes)
     if graph_fingerprint(graph) != args.fingerprint:
         log.warning("prefix tables not built: %s no longer holds the graph served", args.graph)
         return EXIT_OTHER_GRAPH

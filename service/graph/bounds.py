@@ -14,7 +14,7 @@ from service.graph.model import Graph
 
 #: Default PPR_MAX_DEGREE_BOUND. kappa at 10,000 (eta 1e-7, beta 0.8) is 2.3e-4: the noise
 #: grows by 0.023%; the demo graph (largest degree 266), ego-Facebook (1,045) and the
-#: generated 100k-node/2M-edge bench graph (1,816) fit well under it.
+#: generated 100k-node/2M-edge bench graph (1,908; seed 0) fit well under it.
 DEFAULT_MAX_DEGREE_BOUND = 10_000
 #: Largest accepted PPR_MAX_DEGREE_BOUND: kappa is 0.22 at 100,000 (22% more noise), and it
 #: grows as the cube of the bound.

@@ -275,7 +275,10 @@ class SharedPrefixTables:
             if not missing:
                 tables.build_failed = True  # no room: not again from this process
                 return
-            argv = command(tables.source, self.directory, tables.fingerprint, missing, fd)
+            argv = command(
+                tables.source, self.directory, tables.fingerprint, missing, fd,
+                getattr(self.mechanism, "nodes_path", None),
+            )  # fmt: skip
             tables.builder = subprocess.Popen(argv, pass_fds=(fd,), stdin=subprocess.DEVNULL)
             log.info("prefix table builder started",
                      extra={"graph_version": tables.version, "builder_pid": tables.builder.pid,
