@@ -36,8 +36,6 @@ def readyz(request: Request, runtime: RuntimeDep) -> JSONResponse:
     cache_ok = checks["cache"].get("status") == "ok"
     body: dict[str, Any] = {
         "status": ("ok" if cache_ok else "degraded") if ready else "unavailable",
-        # configuration, not data: whether the node set is an input or derived (then public)
-        "node_set": checks["graph"].get("node_set", "not_loaded"),
     }
     if is_admin_request(request, runtime):
         body["checks"] = checks
