@@ -880,12 +880,18 @@ class PprQueryService:
         """Count what a service account is about to receive in its read figure (refused past
         its read cap with ``read_cap_exhausted``): the query's release, and the version's
         degree release when the answer is built on it."""
-        self.ledger.record_reads(
-            req.principal.account_id,
-            charge_ids=() if charge_id is None else (charge_id,),
-            graph_release=None if degree_release is None else (version, degree_release),
-            default_cap_epsilon=self.policy.service_read_cap_epsilon,
-        )
+        try:
+            self.ledger.record_reads(
+                req.principal.account_id,
+                charge_ids=() if charge_id is None else (charge_id,),
+                graph_release=None if degree_release is None else (version, degree_release),
+                default_cap_epsilon=self.policy.service_read_cap_epsilon,
+            )
+        except ReadCapExhausted as refusal:
+            self.ledger.record_refusal(
+                refusal.code, principal_account_id=req.principal.account_id, mode=req.mode.value
+            )
+            raise
 
     # -- replays --------------------------------------------------------------------------
 
