@@ -382,5 +382,7 @@ def test_who_learns_what_names_every_party(path: str, marker: str) -> None:
 
 def test_ranking_doc_states_what_is_charged_for_the_degree_release() -> None:
     text = (REPO / "docs/ranking.md").read_text()
-    assert "charged once to the graph-wide exposure, never to this account" not in text
-    assert "once per graph version" in text and "eps + eps_d" in text.replace("(", "")
+    assert "- `popular`: nothing per query." not in text  # what it said before
+    assert "| Lap(2/eps_d) | none |" not in text
+    assert "pays eps_d once per graph version" in text
+    assert "exactly eps + eps_d composed" in text

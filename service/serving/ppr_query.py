@@ -333,7 +333,8 @@ class PprQueryService:
             mechanism = self._mechanism_dict(plan)
         else:
             # blended's degree release is made (or read) before admission: it is the graph
-            # version's, charged once to the graph-wide exposure, never to this account
+            # version's, counted once in the graph-wide exposure; this account pays for it
+            # (once per version) in the query's own admission
             degrees = None
             if name is RankingMechanism.BLENDED:
                 degrees = self.degree_releases.get(graph, self._graph_cap(graph))
