@@ -221,6 +221,9 @@ class PprQueryService:
         self._exposure_delta: tuple[float, float] | None = None  # (value, read at monotonic)
         self._deltas: dict[int, tuple[float, float]] = {}  # account -> (delta, read at)
         self._budgets: dict[int, tuple[BudgetView, float]] = {}  # account -> (budget, read at)
+        #: Reads a service account already has in its read figure (the database only ever adds
+        #: them, and a counted release is never refused), so a replay of one needs no write.
+        self._known_reads: set[tuple[int, str, int | None, str | None]] = set()
 
     # -- validation and authorization -----------------------------------------------------
 
@@ -881,6 +884,9 @@ class PprQueryService:
         """Count what a service account is about to receive in its read figure (refused past
         its read cap with ``read_cap_exhausted``): the query's release, and the version's
         degree release when the answer is built on it."""
+        known = (req.principal.account_id, version, charge_id, degree_release)
+        if known in self._known_reads:
+            return
         try:
             self.ledger.record_reads(
                 req.principal.account_id,
@@ -893,6 +899,9 @@ class PprQueryService:
                 refusal.code, principal_account_id=req.principal.account_id, mode=req.mode.value
             )
             raise
+        if len(self._known_reads) > 100_000:
+            self._known_reads.clear()
+        self._known_reads.add(known)
 
     # -- replays --------------------------------------------------------------------------
 
