@@ -386,3 +386,53 @@ def test_ranking_doc_states_what_is_charged_for_the_degree_release() -> None:
     assert "| Lap(2/eps_d) | none |" not in text
     assert "pays eps_d once per graph version" in text
     assert "exactly eps + eps_d composed" in text
+
+
+def test_the_batch_path_charges_each_seed_the_release_once(
+    client: TestClient, accounts: Accounts
+) -> None:
+    service_id, service = accounts.service(modes=["personalized"])
+    users = {node: accounts.user(node)[0] for node in ("11", "12")}
+    for fresh in (False, True):
+        answer = client.post(
+            "/v1/ppr/batch",
+            json={"nodes": ["11", "12"], "k": 5, "epsilon": 0.1, "mechanism": "blended",
+                  "fresh": fresh},
+            headers=bearer(service),
+        )  # fmt: skip
+        assert answer.status_code == 200, answer.text
+        charged = [item["epsilon_charged"] for item in answer.json()["items"]]
+        assert charged == pytest.approx([0.1 + EPS_D] * 2 if not fresh else [0.1] * 2)
+    ledger = ledger_of(client)
+    for account_id in users.values():
+        assert len(degree_charges(ledger, account_id)) == 1
+    reads = ledger.read_view(service_id)
+    assert reads.releases == 4 + 1  # four count releases, the degree release once
+    expected = laplace_curve(0.1) * 4 + laplace_curve(EPS_D)
+    assert reads.epsilon == pytest.approx(expected.epsilon(DELTA))
+    assert ledger.verify().ok
+
+
+def test_the_cli_shows_and_caps_what_a_service_account_has_read(
+    capsys: pytest.CaptureFixture[str], ledger: Ledger, ledger_url: str
+) -> None:
+    import json
+
+    from service.cli import main
+
+    service = ledger.create_account("service", cap_epsilon=1.0, delta=DELTA).account_id
+    db = ("--database-url", ledger_url)
+    assert main(["accounts", "set-scopes", str(service), "--read-cap-epsilon", "2.5", *db]) == 0
+    assert "read cap 2.5" in capsys.readouterr().out
+    assert main(["accounts", "reads", str(service), "--json", *db]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "account_id": service, "read_epsilon": 0.0, "delta": DELTA, "releases": 0,
+        "read_cap_epsilon": 2.5,
+    }  # fmt: skip
+    assert main(["accounts", "set-scopes", str(service), "--default-read-cap", *db]) == 0
+    capsys.readouterr()
+    assert main(["accounts", "reads", str(service), *db]) == 0
+    assert "read epsilon 0 at delta 1e-06 over 0 distinct releases" in capsys.readouterr().out
+    user = ledger.create_account("user", node_id="1", cap_epsilon=1.0, delta=DELTA).account_id
+    assert main(["accounts", "reads", str(user), *db]) == 2
+    assert "only service accounts have a read figure" in capsys.readouterr().err
