@@ -46,7 +46,9 @@ def test_db_commands(capsys: pytest.CaptureFixture[str], ledger_url: str) -> Non
     assert code == 0 and "0005_degree_and_read_charges (head)" in out
     assert run(capsys, "db", "upgrade", *db)[0] == 0  # idempotent
     status = run_json(capsys, "db", "check", *db)
-    assert status["at_head"] and status["current"] == status["head"] == ["0005_degree_and_read_charges"]
+    assert status["at_head"] and status["current"] == status["head"] == [
+        "0005_degree_and_read_charges"
+    ]
     assert status["grid_version"] == "1"
     code, out, _ = run(capsys, "db", "current", *db)
     assert code == 0 and "at head" in out
