@@ -61,7 +61,8 @@ class MechanismSettings(BaseSettings):
     popular_epsilon: float = Field(
         0.1, gt=0.0, le=10.0,
         description="Epsilon of the one DP degree release per graph version behind `popular` "
-        "and `blended` (charged once to the graph-wide exposure, never to an account).",
+        "and `blended` (counted once in the graph-wide exposure; each account receiving an "
+        "answer built on it is charged it once per graph version).",
     )  # fmt: skip
 
     @model_validator(mode="after")
@@ -139,6 +140,12 @@ class Settings(MechanismSettings):
         1000.0, gt=0.0,
         description="Default eps a service account may charge to other accounts per rolling "
         "24 h (per-account quota_epsilon overrides it).",
+    )  # fmt: skip
+    service_read_cap_epsilon: float | None = Field(
+        None, gt=0.0,
+        description="Default cap on a service account's read figure (the composition of every "
+        "distinct release it received); unset: reported, not capped (per-account "
+        "read_cap_epsilon overrides it).",
     )  # fmt: skip
     graph_cap_epsilon: float | None = Field(
         None, gt=0.0,

@@ -108,8 +108,9 @@ def test_each_mechanism_is_named_calibrated_and_charged(
     assert mech["friend_noise_scale"] == 10.0 and mech["candidate_noise_scale"] == 5.0
     assert mech["degree_epsilon"] == 0.1 and mech["degree_noise_scale"] == 20.0
     assert 0.0 <= mech["weight"] <= MAX_COUNT_WEIGHT and mech["score_grid"] > 0
-    assert blended["epsilon_charged"] == 0.2
-    spent = laplace_curve(0.2) * 3
+    # the first answer built on the version's degree release also pays for it (eps_d = 0.1)
+    assert blended["epsilon_charged"] == pytest.approx(0.2 + 0.1)
+    spent = laplace_curve(0.2) * 3 + laplace_curve(0.1)
     assert blended["budget"]["spent_epsilon"] == pytest.approx(spent.epsilon(delta))
     grid = mech["score_grid"]
     assert grid == 2.0 ** np.floor(np.log2(grid))  # a power of two
@@ -127,19 +128,23 @@ def test_each_mechanism_is_named_calibrated_and_charged(
     assert popular["mechanism"]["name"] == "popular" and popular["epsilon_charged"] == 0.0
     assert popular["mechanism"]["noise_scale"] == 20.0
     assert popular["mechanism"]["score_grid"] == score_grid(20.0)
-    assert popular["budget"]["charges"] == 3  # nothing charged for popular
+    assert popular["budget"]["charges"] == 4  # the degree release was paid with blended
 
     diffusion = query(client, key, "5", k=10, epsilon=0.2, mechanism="noisy_diffusion").json()
     assert diffusion["mechanism"]["name"] == "noisy_diffusion"
-    curve = laplace_curve(0.2) * 3 + plan_diffusion(0.2, delta, 30, 0.8, 1e-7, "personalized").curve
+    curve = (
+        laplace_curve(0.2) * 3
+        + laplace_curve(0.1)
+        + plan_diffusion(0.2, delta, 30, 0.8, 1e-7, "personalized").curve
+    )
     assert diffusion["budget"]["spent_epsilon"] == pytest.approx(curve.epsilon(delta))
     charges = ledger_of(client).list_charges(account_id)
     assert sorted(c.mechanism for c in charges) == [
-        "blended", "common_neighbours", "friends_of_friends", "noisy_diffusion"
+        "blended", "common_neighbours", "degree_release", "friends_of_friends", "noisy_diffusion"
     ]  # fmt: skip
     # the ledger stores the one-scale Laplace curve at eps for every count-based charge
     for charge in charges:
-        if charge.mechanism != "noisy_diffusion":
+        if charge.mechanism not in ("noisy_diffusion", "degree_release"):
             assert charge.epsilon == 0.2
 
 
@@ -215,23 +220,23 @@ def test_replays_key_on_the_mechanism(client: TestClient, accounts: Accounts) ->
         name: query(client, key, "9", k=20, epsilon=0.1, mechanism=name).json() for name in names
     }
     assert all(not body["replayed"] for body in first.values())
-    assert charge_count(client) == 4
+    assert charge_count(client) == 5  # and blended's degree release, once
     for name, body in first.items():
         again = query(client, key, "9", k=20, epsilon=0.1, mechanism=name).json()
         assert again["replayed"] is True and again["results"] == body["results"]
         assert again["mechanism"] == body["mechanism"]
-    assert charge_count(client) == 4
+    assert charge_count(client) == 5
     # the default (blended) replays blended's release
     default = query(client, key, "9", k=20, epsilon=0.1).json()
     assert default["replayed"] is True and default["results"] == first["blended"]["results"]
     # an Idempotency-Key belongs to one mechanism
     ok = query(client, key, "9", k=5, mechanism="blended", fresh="true", idempotency_key="a-1")
-    assert ok.status_code == 200 and charge_count(client) == 5
+    assert ok.status_code == 200 and charge_count(client) == 6
     for other in ("common_neighbours", "friends_of_friends", "popular"):
         clash = query(client, key, "9", k=5, mechanism=other, idempotency_key="a-1")
         assert clash.status_code == 422
         assert clash.json()["error"]["details"]["parameter"] == "Idempotency-Key"
-    assert charge_count(client) == 5
+    assert charge_count(client) == 6
 
 
 def test_personalized_only_rankings_are_refused_in_edge_mode(
@@ -253,8 +258,8 @@ def test_personalized_only_rankings_are_refused_in_edge_mode(
     edge = query(client, service_key, "4", mode="edge", k=5)
     assert edge.status_code == 200 and edge.json()["mechanism"]["name"] == "noisy_diffusion"
     popular = query(client, service_key, "4", mode="edge", k=5, mechanism="popular")
-    assert popular.status_code == 200 and popular.json()["epsilon_charged"] == 0.0
-    assert charge_count(client) == 1
+    assert popular.status_code == 200 and popular.json()["epsilon_charged"] == 0.1
+    assert charge_count(client) == 2  # the degree release, charged to the service account
 
     for name in ("blended", "friends_of_friends"):
         batch = client.post(
@@ -264,7 +269,7 @@ def test_personalized_only_rankings_are_refused_in_edge_mode(
         )
         assert batch.status_code == 422
         assert batch.json()["error"]["details"]["parameter"] == "mechanism"
-    assert charge_count(client) == 1
+    assert charge_count(client) == 2
 
 
 def test_batch_takes_the_mechanism(client: TestClient, accounts: Accounts) -> None:
@@ -366,7 +371,12 @@ def test_two_workers_make_one_degree_release(postgres_url: str, tmp_path: Path) 
         charges = ledger.list_charges(None, limit=1000)
     assert report.graph_releases == 1
     # even requests ask 8 users twice for blended (the second is a replay or a joined twin)
-    assert len(charges) == 8 and {c.mechanism for c in charges} == {"blended"}
+    blended = [c for c in charges if c.mechanism == "blended"]
+    degree = [c for c in charges if c.mechanism == "degree_release"]
+    assert len(blended) == 8 and len(blended) + len(degree) == len(charges)
+    # every one of the 16 users paid the degree release exactly once
+    assert sorted(c.charged_account_id for c in degree) == sorted(a for a, _ in users)
+    # the exposure counts the release once, not once per account that paid for it
     expected = laplace_curve(0.1) * 9  # 8 blended charges + the one degree release
     assert report.epsilon == pytest.approx(expected.epsilon(1e-6))
     assert report.shards_epsilon == pytest.approx(report.epsilon)

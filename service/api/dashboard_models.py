@@ -210,6 +210,13 @@ class ServiceUsage(BaseModel):
     epsilon_to_others: float = Field(description="Per-query epsilons added up.")
     accounts_charged: int
     top_charged: list[ChargedAccount]
+    read_epsilon: float = Field(
+        0.0,
+        description="What its answers reveal: every distinct release it received (fresh or "
+        "replayed; the degree release once per graph version), composed at its delta.",
+    )
+    read_releases: int = Field(0, description="Distinct releases in the read figure.")
+    read_cap_epsilon: float | None = Field(None, description="Cap on the read figure; null: none.")
 
 
 class AuditEntry(BaseModel):

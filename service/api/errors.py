@@ -26,7 +26,13 @@ _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 
 #: Refusals of an admissible-looking query by the ledger, counted by reason.
 REFUSAL_CODES = frozenset(
-    {"budget_exhausted", "service_quota_exhausted", "graph_budget_exhausted", "mode_not_allowed"}
+    {
+        "budget_exhausted",
+        "service_quota_exhausted",
+        "graph_budget_exhausted",
+        "mode_not_allowed",
+        "read_cap_exhausted",
+    }
 )
 
 _HTTP_CODES = {

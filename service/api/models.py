@@ -15,7 +15,13 @@ from service.api.params import (
     NodeIdField,
     QuotaEpsilonField,
 )
-from service.ledger.records import AccountRecord, ApiKeyRecord, BudgetView, ChargeRecord
+from service.ledger.records import (
+    AccountRecord,
+    ApiKeyRecord,
+    BudgetView,
+    ChargeRecord,
+    ReadView,
+)
 from service.serving.schemas import Answer
 
 
@@ -132,6 +138,22 @@ class Budget(BaseModel):
         return cls(**view.to_dict())
 
 
+class Reads(BaseModel):
+    """What a service account's answers reveal: the composition, on the ledger's RDP grid, of
+    every distinct release it received (fresh or replayed; the degree release once per graph
+    version), converted at the account's delta."""
+
+    account_id: int
+    read_epsilon: float = Field(description="Composed by the RDP accountant at `delta`.")
+    delta: float
+    releases: int = Field(description="Distinct releases counted.")
+    read_cap_epsilon: float | None = Field(description="The cap in force; null: no cap.")
+
+    @classmethod
+    def of(cls, view: ReadView) -> Reads:
+        return cls(**view.to_dict())
+
+
 class PprAnswer(BaseModel):
     node: str
     graph_version: str
@@ -178,6 +200,11 @@ class Account(BaseModel):
     quota_epsilon: float | None = Field(
         description="Service accounts: eps per rolling 24 h they may charge to other accounts "
         "(null: the configured default)."
+    )
+    read_cap_epsilon: float | None = Field(
+        None,
+        description="Service accounts: cap on their read figure (null: the configured "
+        "default, PPR_SERVICE_READ_CAP_EPSILON; unset there: no cap).",
     )
     created_at: str
 
@@ -230,6 +257,12 @@ class SetScopes(BaseModel):
     may_create_seed_accounts: BoolField | None = None
     quota_epsilon: QuotaEpsilonField | None = None
     default_quota: BoolField = Field(False, description="Use the configured default quota again.")
+    read_cap_epsilon: QuotaEpsilonField | None = Field(
+        None, description="Cap on the account's read figure (what its answers reveal)."
+    )
+    default_read_cap: BoolField = Field(
+        False, description="Use the configured default read cap again."
+    )
 
 
 class ExposureByMode(BaseModel):

@@ -340,7 +340,12 @@ def _check_query(spec: BatchSpec, graph: Graph, ledger: Ledger) -> None:
         mechanism=spec.settings,
         prefixes=PrefixProvider(),
     )
-    probe = Principal(account_id=0, type="service", modes=("personalized", "edge"))
+    # asked as the run asks: its service account, or each seed's own user account
+    probe = (
+        Principal(account_id=0, type="service", modes=("personalized", "edge"))
+        if spec.service_account is not None
+        else Principal(account_id=0, type="user", node_id="", modes=("personalized", "edge"))
+    )
     checker.validate(
         QueryRequest(
             probe, "", spec.k, spec.epsilon, spec.mode, exclude_neighbors=spec.exclude_neighbors

@@ -100,6 +100,26 @@ def register(subparsers: Any) -> None:
     scopes.add_argument(
         "--default-quota", action="store_true", help="use PPR_SERVICE_QUOTA_EPSILON again"
     )
+    scopes.add_argument(
+        "--read-cap-epsilon",
+        type=positive_float,
+        metavar="EPS",
+        help="cap on what the service account's answers reveal (its read figure); default "
+        "PPR_SERVICE_READ_CAP_EPSILON (unset: no cap)",
+    )
+    scopes.add_argument(
+        "--default-read-cap",
+        action="store_true",
+        help="use PPR_SERVICE_READ_CAP_EPSILON again",
+    )
+
+    reads = action(
+        "reads",
+        "show what a service account's answers reveal: its read figure, composed over every "
+        "distinct release it received, and the cap on it",
+        _reads,
+    )
+    reads.add_argument("account_id", type=options.account_id, metavar="ACCOUNT_ID")
 
     revoke = action("revoke-key", "revoke an API key (idempotent)", _revoke_key)
     revoke.add_argument("key_id", type=options.key_id, metavar="KEY_ID")
@@ -144,6 +164,7 @@ def _account_dict(account: AccountRecord, budget: BudgetView | None = None) -> d
         "may_create_seed_accounts": account.may_create_seed_accounts,
         "modes": list(account.modes),
         "quota_epsilon": account.quota_epsilon,
+        "read_cap_epsilon": account.read_cap_epsilon,
         "created_at": account.created_at,
     }
     if budget is not None:
@@ -252,6 +273,8 @@ def _set_scopes(args: argparse.Namespace) -> int:
         )
     if args.quota_epsilon is not None and args.default_quota:
         raise InvalidParameter("--quota-epsilon", "cannot be given with --default-quota")
+    if args.read_cap_epsilon is not None and args.default_read_cap:
+        raise InvalidParameter("--read-cap-epsilon", "cannot be given with --default-read-cap")
     may_create: bool | None = None
     if args.may_create_seed_accounts or args.no_create_seed_accounts:
         may_create = bool(args.may_create_seed_accounts)
@@ -262,14 +285,36 @@ def _set_scopes(args: argparse.Namespace) -> int:
             may_create_seed_accounts=may_create,
             quota_epsilon=args.quota_epsilon,
             clear_quota=args.default_quota,
+            read_cap_epsilon=args.read_cap_epsilon,
+            clear_read_cap=args.default_read_cap,
         )
     if args.json:
         print_json(_account_dict(account))
     else:
         quota = "default" if account.quota_epsilon is None else f"{account.quota_epsilon:g}"
+        read_cap = (
+            "default" if account.read_cap_epsilon is None else f"{account.read_cap_epsilon:g}"
+        )
         print(
             f"account {account.account_id}: modes {','.join(account.modes)}, may create seed "
-            f"accounts {account.may_create_seed_accounts}, quota {quota}"
+            f"accounts {account.may_create_seed_accounts}, quota {quota}, read cap {read_cap}"
+        )
+    return 0
+
+
+def _reads(args: argparse.Namespace) -> int:
+    default_cap = Settings().service_read_cap_epsilon
+    with _ledger(args) as ledger:
+        if ledger.get_account(args.account_id).type != "service":
+            raise InvalidParameter("ACCOUNT_ID", "only service accounts have a read figure")
+        view = ledger.read_view(args.account_id, default_cap_epsilon=default_cap)
+    if args.json:
+        print_json(view.to_dict())
+    else:
+        cap = "none" if view.cap_epsilon is None else f"{view.cap_epsilon:.6g}"
+        print(
+            f"account {view.account_id}: read epsilon {view.epsilon:.6g} at delta "
+            f"{view.delta:g} over {view.releases} distinct releases; read cap {cap}"
         )
     return 0
 

@@ -40,6 +40,7 @@ __all__ = [
     "PprConnectionError",
     "PprError",
     "RateLimited",
+    "ReadCapExhausted",
     "RequestInProgress",
     "ServiceQuotaExhausted",
     "Unauthorized",
@@ -191,6 +192,15 @@ class GraphBudgetExhausted(PprError):
     """The graph-wide exposure cap would be exceeded. Nothing was charged."""
 
     code = "graph_budget_exhausted"
+    default_status = 403
+
+
+@_register
+class ReadCapExhausted(PprError):
+    """A service account's read figure (what its answers reveal, composed) would pass its read
+    cap. Nothing was sent; a fresh query's charge was refunded before any noise was drawn."""
+
+    code = "read_cap_exhausted"
     default_status = 403
 
 

@@ -17,7 +17,14 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from service.ledger.tables import Budget, Charge, ExposureShard, GraphRelease, iso
+from service.ledger.tables import (
+    DEGREE_RELEASE_CHARGE,
+    Budget,
+    Charge,
+    ExposureShard,
+    GraphRelease,
+    iso,
+)
 from service.privacy.accountant import RdpCurve
 
 
@@ -82,7 +89,8 @@ def exposure_report(
     with Session(engine) as session:
         groups: Any = session.execute(
             select(hour, Charge.mode, Charge.rdp, func.count(Charge.id))
-            .where(Charge.state != "refunded")
+            # an account's degree-release charge is the graph release, counted below once
+            .where(Charge.state != "refunded", Charge.mechanism != DEGREE_RELEASE_CHARGE)
             .group_by(hour, Charge.mode, Charge.rdp)
         ).all()
         graph_groups: Any = session.execute(

@@ -69,9 +69,13 @@ from service.ledger.records import (
     ChargeReceipt,
     ChargeRecord,
     ChargeSettled,
+    DegreeCharge,
+    DegreeReceipt,
     GraphBudgetExhausted,
     GraphCap,
     LedgerNotMigrated,
+    ReadCapExhausted,
+    ReadView,
     ReleaseKey,
     ServiceQuotaExhausted,
     StoredRelease,
@@ -79,6 +83,7 @@ from service.ledger.records import (
 )
 from service.ledger.release_format import decode_results, results_json
 from service.ledger.tables import (
+    DEGREE_RELEASE_CHARGE,
     EXPOSURE_SHARDS,
     META_CURRENT_GRAPH_CONFIGURATION,
     META_CURRENT_GRAPH_PATH,
@@ -94,9 +99,11 @@ from service.ledger.tables import (
     GraphRelease,
     GraphVersion,
     LedgerMeta,
+    ReadTotal,
     Refund,
     Refusal,
     Release,
+    ServiceRead,
     Spend,
     iso,
     utcnow,
@@ -213,6 +220,18 @@ def _check_quota(quota_epsilon: float | None) -> float | None:
     return float(quota_epsilon)
 
 
+def _check_read_cap(read_cap_epsilon: float | None) -> float | None:
+    if read_cap_epsilon is None:
+        return None
+    if isinstance(read_cap_epsilon, bool) or not isinstance(read_cap_epsilon, int | float):
+        raise InvalidParameter("read_cap_epsilon", f"must be a number, got {read_cap_epsilon!r}")
+    if not (math.isfinite(read_cap_epsilon) and read_cap_epsilon > 0):
+        raise InvalidParameter(
+            "read_cap_epsilon", f"must be a finite number > 0, got {read_cap_epsilon}"
+        )
+    return float(read_cap_epsilon)
+
+
 def _account_record(row: Account) -> AccountRecord:
     return AccountRecord(
         account_id=row.id,
@@ -223,6 +242,7 @@ def _account_record(row: Account) -> AccountRecord:
         created_at=iso(row.created_at) or "",
         modes=tuple(m for m in (row.modes or "").split(",") if m),
         quota_epsilon=row.quota_epsilon,
+        read_cap_epsilon=row.read_cap_epsilon,
     )
 
 
@@ -833,16 +853,21 @@ class Ledger:
         quota_epsilon: float | None = None,
         clear_quota: bool = False,
         actor_account_id: int | None = None,
+        read_cap_epsilon: float | None = None,
+        clear_read_cap: bool = False,
     ) -> AccountRecord:
         """Change a service account's scopes (audited): its modes, whether it may create seed
-        users' accounts, and its 24-hour spending quota (``clear_quota``: back to the default)."""
+        users' accounts, its 24-hour spending quota (``clear_quota``: back to the default) and
+        the cap on its read figure (``clear_read_cap``: back to the default)."""
         scoped = None if modes is None else _check_modes(modes)
         quota = _check_quota(quota_epsilon)
+        read_cap = _check_read_cap(read_cap_epsilon)
         self._forget_authentications()
         try:
             return self._set_scopes(
-                account_id, scoped, may_create_seed_accounts, quota, clear_quota, actor_account_id
-            )
+                account_id, scoped, may_create_seed_accounts, quota, clear_quota, actor_account_id,
+                read_cap, clear_read_cap,
+            )  # fmt: skip
         finally:
             self._forget_authentications()
 
@@ -854,6 +879,8 @@ class Ledger:
         quota: float | None,
         clear_quota: bool,
         actor_account_id: int | None,
+        read_cap: float | None = None,
+        clear_read_cap: bool = False,
     ) -> AccountRecord:
         with self._writing() as session:
             row = self._account(session, account_id)
@@ -875,6 +902,12 @@ class Ledger:
             if new_quota != row.quota_epsilon:
                 changes["quota_epsilon"] = {"old": row.quota_epsilon, "new": new_quota}
                 row.quota_epsilon = new_quota
+            new_read_cap = read_cap if read_cap is not None else row.read_cap_epsilon
+            if clear_read_cap:
+                new_read_cap = None
+            if new_read_cap != row.read_cap_epsilon:
+                changes["read_cap_epsilon"] = {"old": row.read_cap_epsilon, "new": new_read_cap}
+                row.read_cap_epsilon = new_read_cap
             if changes:
                 self._audit(
                     session, "scopes.set", actor=actor_account_id, target=account_id,
@@ -997,7 +1030,7 @@ class Ledger:
         assert isinstance(outcome, tuple)  # alone, no charge of a group answers it
         charge, view = outcome
         writes.finish(session)
-        return ChargeReceipt(charge_id=charge.id, budget=view)
+        return ChargeReceipt(charge_id=charge.id, budget=view, degree_epsilon=charge.degree_epsilon)
 
     def _admit_locked(
         self,
@@ -1039,14 +1072,21 @@ class Ledger:
             )
         if earlier is not None:
             return earlier
+        degree = a.degree
+        if degree is not None and self._paid_degree(session, a.charged_account_id, degree, writes):
+            degree = None
         spent = _spent_curve(account)
         composed = spent + query_curve
+        epsilon = float(a.query_epsilon)
+        if degree is not None:  # composed with the query's curve, admitted as one
+            composed = composed + degree.curve
+            epsilon += float(degree.epsilon)
         if composed.epsilon(account.delta) > account.cap_epsilon * (1.0 - ADMISSION_RTOL):
-            raise BudgetExhausted(_view(account, account, spent), float(a.query_epsilon))
+            raise BudgetExhausted(_view(account, account, spent), epsilon)
         now = utcnow()
         if a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id:
             self._check_quota(
-                session, a.principal_account_id, a.quota_epsilon, a.query_epsilon, now,
+                session, a.principal_account_id, a.quota_epsilon, epsilon, now,
                 lock=not principal_locked,
             )  # fmt: skip
         shard = add_exposure(query_curve)
@@ -1069,12 +1109,129 @@ class Ledger:
             release_key=digest,
             exposure_shard=shard,
         )
-        _set_spend(account, account, composed, account.charges + 1)
+        charges = account.charges + 1
+        if degree is not None:
+            charge.degree_epsilon = float(degree.epsilon)
+            self._add_degree_charge(
+                writes, a.charged_account_id, a.principal_account_id, a.seed, a.mode, degree,
+                a.request_id, now,
+            )  # fmt: skip
+            charges += 1
+        _set_spend(account, account, composed, charges)
         account.last_charge_at = now
         writes.changed_account(account)
         if reads is not None:
             reads.added(charge, a, digest)
         return charge, _view(account, account, composed)
+
+    @staticmethod
+    def _paid_degree(
+        session: Session, account_id: int, degree: DegreeCharge, writes: AdmissionWrites
+    ) -> bool:
+        """Whether the account has a live charge for this degree release (read under the
+        account's spend lock; the unique index ``uq_charges_degree_release_live`` backs it)."""
+        key = (account_id, degree.graph_version, float(degree.epsilon))
+        if key in writes.degree_paid:
+            return True
+        found = session.scalar(
+            select(Charge.id)
+            .where(
+                Charge.charged_account_id == account_id,
+                Charge.mechanism == DEGREE_RELEASE_CHARGE,
+                Charge.graph_version == degree.graph_version,
+                Charge.epsilon == float(degree.epsilon),
+                Charge.state != "refunded",
+            )
+            .limit(1)
+        )
+        return found is not None
+
+    @staticmethod
+    def _add_degree_charge(
+        writes: AdmissionWrites,
+        account_id: int,
+        principal_id: int,
+        seed: str,
+        mode: str,
+        degree: DegreeCharge,
+        request_id: str,
+        now: Any,
+    ) -> None:
+        """The account's charge for the version's degree release. It is ``released`` at once
+        (the release is stored in ``graph_releases`` before any answer built on it) and never
+        refunded; it is not added to an exposure shard (the release is there once already)."""
+        curve = degree.curve
+        writes.add_charge(
+            created_at=now,
+            charged_account_id=account_id,
+            principal_account_id=principal_id,
+            seed=seed,
+            mechanism=DEGREE_RELEASE_CHARGE,
+            mode=mode,
+            params=writes.json(degree, lambda: {"epsilon": float(degree.epsilon)}),
+            epsilon=float(degree.epsilon),
+            rdp=writes.json(curve, curve.to_json),
+            pure_epsilon=curve.pure,
+            grid_version=GRID_VERSION,
+            graph_version=degree.graph_version,
+            request_id=request_id,
+            idempotency_key=None,
+            state="released",
+            release_key=None,
+            exposure_shard=0,
+        )
+        writes.degree_paid.add((account_id, degree.graph_version, float(degree.epsilon)))
+
+    def admit_degree_release(
+        self,
+        *,
+        charged_account_id: int,
+        principal_account_id: int,
+        seed: str,
+        mode: str,
+        degree: DegreeCharge,
+        request_id: str,
+        quota_epsilon: float | None = None,
+    ) -> DegreeReceipt:
+        """Admit an answer built on the degree release alone (``popular``): free when the
+        account has paid for this version's release, else its charge is admitted like any
+        (the cap at the account's delta, the principal's quota) and committed, or refused
+        with :class:`BudgetExhausted` writing nothing."""
+        if not isinstance(degree.curve, RdpCurve):
+            raise TypeError("degree.curve must be an RdpCurve")
+        try:
+            with self._writing() as session:
+                account = self._lock_account(session, charged_account_id)
+                writes = AdmissionWrites()
+                if self._paid_degree(session, charged_account_id, degree, writes):
+                    return DegreeReceipt(_view(account, account), charged=False)
+                spent = _spent_curve(account)
+                composed = spent + degree.curve
+                if composed.epsilon(account.delta) > account.cap_epsilon * (1.0 - ADMISSION_RTOL):
+                    raise BudgetExhausted(_view(account, account, spent), float(degree.epsilon))
+                now = utcnow()
+                if quota_epsilon is not None and principal_account_id != charged_account_id:
+                    self._check_quota(
+                        session, principal_account_id, quota_epsilon, float(degree.epsilon), now
+                    )
+                self._add_degree_charge(
+                    writes, charged_account_id, principal_account_id, seed, mode, degree,
+                    request_id, now,
+                )  # fmt: skip
+                _set_spend(account, account, composed, account.charges + 1)
+                account.last_charge_at = now
+                writes.changed_account(account)
+                writes.finish(session)
+                return DegreeReceipt(_view(account, account, composed), charged=True)
+        except (BudgetExhausted, ServiceQuotaExhausted) as refusal:
+            self.record_refusal(
+                refusal.code,
+                charged_account_id=charged_account_id,
+                principal_account_id=principal_account_id,
+                mode=mode,
+                epsilon=float(degree.epsilon),
+            )
+            raise
 
     def _earlier_alone(
         self,
@@ -1194,7 +1351,9 @@ class Ledger:
             for outcome in outcomes:
                 if isinstance(outcome, tuple):
                     charge, view = outcome
-                    outcome = ChargeReceipt(charge_id=charge.id, budget=view)
+                    outcome = ChargeReceipt(
+                        charge_id=charge.id, budget=view, degree_epsilon=charge.degree_epsilon
+                    )
                 elif isinstance(outcome, ReceiptOfNewCharge):
                     outcome = outcome.receipt()
                 results.append(outcome)
@@ -1778,6 +1937,113 @@ class Ledger:
                 self._settle_graph_release(release_id, None)
             except ChargeSettled:
                 continue
+
+    # --- what a service account has read ----------------------------------------------------
+
+    def record_reads(
+        self,
+        reader_account_id: int,
+        *,
+        charge_ids: Sequence[int] = (),
+        graph_release: tuple[str, str] | None = None,
+        default_cap_epsilon: float | None = None,
+    ) -> ReadView:
+        """Count the releases a service account is about to receive in its read figure, or
+        refuse with :class:`ReadCapExhausted` writing nothing.
+
+        ``charge_ids`` name query releases (their charges' curves), ``graph_release`` a
+        ``(graph_version, mechanism)`` graph-wide release. A release already counted for this
+        reader adds nothing (unique per reader, so this holds across workers); the new ones are
+        composed with the figure and checked against the reader's cap (its
+        ``read_cap_epsilon``, else ``default_cap_epsilon``; None: no cap) at its delta, under
+        the reader's spend-row lock, and recorded in the same transaction.
+        """
+        with self._writing() as session:
+            self._lock_principal(session, reader_account_id)
+            account = self._account(session, reader_account_id)
+            delta = self._budget_row(session, reader_account_id).delta
+            cap = account.read_cap_epsilon
+            cap = default_cap_epsilon if cap is None else cap
+            total_row = session.get(ReadTotal, reader_account_id)
+            total = RdpCurve.zero() if total_row is None else RdpCurve.from_json(total_row.rdp)
+            count = 0 if total_row is None else total_row.releases
+            new: list[ServiceRead] = []
+            wanted = sorted(set(charge_ids))
+            if wanted:
+                seen = set(
+                    session.scalars(
+                        select(ServiceRead.charge_id).where(
+                            ServiceRead.reader_account_id == reader_account_id,
+                            ServiceRead.charge_id.in_(wanted),
+                        )
+                    )
+                )
+                for charge_id, epsilon, rdp in session.execute(
+                    select(Charge.id, Charge.epsilon, Charge.rdp)
+                    .where(Charge.id.in_([c for c in wanted if c not in seen]))
+                    .order_by(Charge.id)
+                ):
+                    new.append(
+                        ServiceRead(
+                            reader_account_id=reader_account_id, charge_id=charge_id,
+                            epsilon=epsilon, rdp=rdp,
+                            pure_epsilon=RdpCurve.from_json(cast(dict[str, Any], rdp)).pure,
+                        )
+                    )  # fmt: skip
+            if graph_release is not None:
+                row = self._live_graph_release(session, *graph_release)
+                if (
+                    row is not None
+                    and session.scalar(
+                        select(ServiceRead.id).where(
+                            ServiceRead.reader_account_id == reader_account_id,
+                            ServiceRead.graph_release_id == row.id,
+                        )
+                    )
+                    is None
+                ):
+                    new.append(
+                        ServiceRead(
+                            reader_account_id=reader_account_id, graph_release_id=row.id,
+                            epsilon=row.epsilon, rdp=row.rdp, pure_epsilon=row.pure_epsilon,
+                        )
+                    )  # fmt: skip
+            before = ReadView(reader_account_id, total.epsilon(delta), delta, count, cap)
+            if not new:
+                return before
+            composed = total
+            for read in new:
+                composed = composed + RdpCurve.from_json(read.rdp)
+            after = composed.epsilon(delta)
+            if cap is not None and after > cap * (1.0 - ADMISSION_RTOL):
+                raise ReadCapExhausted(before, after)
+            now = utcnow()
+            for read in new:
+                read.created_at = now
+                session.add(read)
+            if total_row is None:
+                total_row = ReadTotal(account_id=reader_account_id)
+                session.add(total_row)
+            total_row.rdp = composed.to_json()
+            total_row.pure_epsilon = composed.pure
+            total_row.releases = count + len(new)
+            total_row.updated_at = now
+            session.flush()
+            return ReadView(reader_account_id, after, delta, count + len(new), cap)
+
+    def read_view(self, account_id: int, *, default_cap_epsilon: float | None = None) -> ReadView:
+        """A service account's read figure (zero before its first answer)."""
+        with self._reading() as session:
+            account = self._account(session, account_id)
+            delta = self._budget_row(session, account_id).delta
+            cap = account.read_cap_epsilon
+            cap = default_cap_epsilon if cap is None else cap
+            row = session.get(ReadTotal, account_id)
+            if row is None:
+                return ReadView(account_id, 0.0, delta, 0, cap)
+            return ReadView(
+                account_id, RdpCurve.from_json(row.rdp).epsilon(delta), delta, row.releases, cap
+            )
 
     # --- reading charges, releases and the audit log -------------------------------------------
 

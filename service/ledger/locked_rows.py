@@ -155,11 +155,13 @@ class NewCharge:
     """A charge admitted in the current transaction: its column values, and its id once
     :meth:`AdmissionWrites.write_charges` has inserted it."""
 
-    __slots__ = ("id", "values")
+    __slots__ = ("degree_epsilon", "id", "values")
 
     def __init__(self, values: dict[str, Any]) -> None:
         self.values = values
         self.id: int = 0
+        #: The degree release charged with this charge (its epsilon), 0 if none.
+        self.degree_epsilon: float = 0.0
 
 
 class AdmissionWrites:
@@ -174,6 +176,8 @@ class AdmissionWrites:
         self._accounts: dict[int, LockedAccount] = {}
         self._shards: dict[int, LockedShard] = {}
         self._encoded: dict[int, tuple[object, EncodedJson]] = {}
+        #: (account, graph version, epsilon) of the degree releases this transaction charged.
+        self.degree_paid: set[tuple[int, str, float]] = set()
 
     def json(self, owner: object, value: Callable[[], Any]) -> EncodedJson:
         """The encoded JSON of ``value()``, computed once per ``owner`` object (kept alive

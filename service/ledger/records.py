@@ -26,6 +26,8 @@ class AccountRecord:
     modes: tuple[str, ...] = ("edge",)
     #: Service accounts: eps per rolling 24 h chargeable to other accounts (None: default).
     quota_epsilon: float | None = None
+    #: Service accounts: cap on their read figure (None: the configured default).
+    read_cap_epsilon: float | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,63 @@ class BudgetView:
 
 
 @dataclass(frozen=True)
+class DegreeCharge:
+    """A graph version's DP degree release, as an account pays for it: once per version (and
+    scale), the first time it receives an answer built on it."""
+
+    graph_version: str
+    epsilon: float
+    curve: Any  # RdpCurve of the release (Laplace at epsilon)
+
+
+@dataclass(frozen=True)
+class DegreeReceipt:
+    """The outcome of :meth:`Ledger.admit_degree_release`: the budget after it, and whether
+    this call charged the release (False: the account had paid for this version already)."""
+
+    budget: BudgetView
+    charged: bool
+
+
+@dataclass(frozen=True)
+class ReadView:
+    """What one service account's answers reveal: the composition of every distinct release it
+    received (fresh or replayed, graph-wide releases once each), at the account's delta."""
+
+    account_id: int
+    epsilon: float
+    delta: float
+    releases: int
+    cap_epsilon: float | None  # None: no cap
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "account_id": self.account_id,
+            "read_epsilon": self.epsilon,
+            "delta": self.delta,
+            "releases": self.releases,
+            "read_cap_epsilon": self.cap_epsilon,
+        }
+
+
+class ReadCapExhausted(ServiceError):
+    """A service account's read figure would pass its read cap."""
+
+    code = "read_cap_exhausted"
+    status = 403
+
+    def __init__(self, view: ReadView, added_epsilon: float) -> None:
+        super().__init__(
+            f"this answer would take what this service account has read to epsilon "
+            f"{added_epsilon:.4g}, past its read cap of {view.cap_epsilon:.4g} (now "
+            f"{view.epsilon:.4g} over {view.releases} releases); ask an admin to raise it "
+            "(accounts set-scopes --read-cap-epsilon)",
+            details={"read": view.to_dict(), "read_epsilon_after": added_epsilon},
+        )
+        self.view = view
+
+
+@dataclass(frozen=True)
 class Admission:
     """One query to admit and charge (the arguments of ``Ledger.admit_and_charge``)."""
 
@@ -76,6 +135,9 @@ class Admission:
     idempotency_key: str | None = None
     release_key: ReleaseKey | None = None
     quota_epsilon: float | None = None
+    #: The version's degree release, when the answer is built on it (``blended``): charged
+    #: with the query, in the same transaction, if the account has not paid for it yet.
+    degree: DegreeCharge | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +148,8 @@ class ChargeReceipt:
     #: An identical query (same release key) was already admitted or released: nothing was
     #: charged, and ``charge_id`` is that twin's charge, whose release is the answer.
     joined: bool = False
+    #: The epsilon of the degree release charged with this query (0: none, or paid before).
+    degree_epsilon: float = 0.0
 
 
 @dataclass(frozen=True)

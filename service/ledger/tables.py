@@ -119,6 +119,9 @@ class Account(Base):
     #: Service accounts: eps per rolling 24 h they may charge to other accounts; NULL: the
     #: configured default (``PPR_SERVICE_QUOTA_EPSILON``).
     quota_epsilon: Mapped[float | None] = mapped_column(Double, nullable=True)
+    #: Service accounts: the most their composed read figure (what their answers reveal) may
+    #: reach; NULL: the configured default (``PPR_SERVICE_READ_CAP_EPSILON``, unset: no cap).
+    read_cap_epsilon: Mapped[float | None] = mapped_column(Double, nullable=True)
     created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
 
 
@@ -172,6 +175,13 @@ class Spend(Base):
 CHARGE_STATES = ("admitted", "released", "refunded")
 _LIVE = "state <> 'refunded'"
 
+#: The ``mechanism`` of the charge an account pays, once per graph version, for receiving
+#: answers built on the version's DP degree release (``popular``, ``blended``). It is the
+#: graph release's curve charged to the account; the release itself is counted once in the
+#: graph-wide exposure (``graph_releases``), so these charges are not added to its shards.
+DEGREE_RELEASE_CHARGE = "degree_release"
+_DEGREE_LIVE = f"mechanism = '{DEGREE_RELEASE_CHARGE}' AND state <> 'refunded'"
+
 
 class Charge(Base):
     """One admitted query's privacy cost (append-only but for its state)."""
@@ -192,6 +202,16 @@ class Charge(Base):
         Index("ix_charges_release_key", "charged_account_id", "release_key"),
         Index("ix_charges_principal_created_at", "principal_account_id", "created_at"),
         Index("ix_charges_created_at", "created_at"),
+        # An account pays for a graph version's degree release at most once (per scale).
+        Index(
+            "uq_charges_degree_release_live",
+            "charged_account_id",
+            "graph_version",
+            "epsilon",
+            unique=True,
+            sqlite_where=text(_DEGREE_LIVE),
+            postgresql_where=text(_DEGREE_LIVE),
+        ),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -312,6 +332,46 @@ class GraphRelease(Base):
     payload: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
     settled_at: Mapped[datetime | None] = mapped_column(Timestamp, nullable=True)
+
+
+class ServiceRead(Base):
+    """One distinct release a service account received (fresh or replayed; a query's release,
+    or a graph-wide release such as the degree vector): the terms of its read figure."""
+
+    __tablename__ = "service_reads"
+    __table_args__ = (
+        CheckConstraint("(charge_id IS NULL) <> (graph_release_id IS NULL)", name="one_release"),
+        # A release is counted once per reader, whatever worker recorded it (NULLs never
+        # collide, on either database).
+        Index("uq_service_reads_charge", "reader_account_id", "charge_id", unique=True),
+        Index(
+            "uq_service_reads_graph_release", "reader_account_id", "graph_release_id", unique=True
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    reader_account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), nullable=False)
+    charge_id: Mapped[int | None] = mapped_column(ForeignKey("charges.id"), nullable=True)
+    graph_release_id: Mapped[int | None] = mapped_column(
+        ForeignKey("graph_releases.id"), nullable=True
+    )
+    epsilon: Mapped[float] = mapped_column(Double, nullable=False)
+    rdp: Mapped[dict[str, Any]] = mapped_column(JsonText, nullable=False)
+    pure_epsilon: Mapped[float] = mapped_column(Double, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
+
+
+class ReadTotal(Base):
+    """A service account's read figure: the composition of every distinct release it received
+    (its ``service_reads``), kept current under the row lock that records them."""
+
+    __tablename__ = "read_totals"
+
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    rdp: Mapped[dict[str, Any]] = mapped_column(JsonText, nullable=False)
+    pure_epsilon: Mapped[float] = mapped_column(Double, nullable=False)
+    releases: Mapped[int] = mapped_column(Integer, nullable=False)
+    updated_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
 
 
 class Refusal(Base):

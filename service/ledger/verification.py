@@ -19,6 +19,7 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 from service.ledger.tables import (
+    DEGREE_RELEASE_CHARGE,
     EXPOSURE_SHARDS,
     Account,
     Budget,
@@ -116,6 +117,7 @@ def _check_states(session: Session, report: VerifyReport) -> None:
             "released charge without a stored release",
             select(Charge.id).where(
                 Charge.state == "released",
+                Charge.mechanism != DEGREE_RELEASE_CHARGE,  # its release is a graph release
                 ~select(Release.charge_id).where(Release.charge_id == Charge.id).exists(),
             ),
         ),
@@ -170,7 +172,10 @@ def _check_admitted(session: Session, report: VerifyReport) -> None:
 def _check_exposure(session: Session, report: VerifyReport) -> None:
     exact = [RdpCurve.zero() for _ in range(EXPOSURE_SHARDS)]
     counts = [0] * EXPOSURE_SHARDS
-    live_charges = select(Charge.exposure_shard, Charge.rdp).where(Charge.state != "refunded")
+    # an account's degree-release charge is the graph release's curve, counted there once
+    live_charges = select(Charge.exposure_shard, Charge.rdp).where(
+        Charge.state != "refunded", Charge.mechanism != DEGREE_RELEASE_CHARGE
+    )
     live_graph = select(GraphRelease.exposure_shard, GraphRelease.rdp).where(
         GraphRelease.state != "refunded"
     )

@@ -29,8 +29,10 @@ from service.ledger.records import (
     BudgetView,
     ChargeReceipt,
     ChargeSettled,
+    DegreeCharge,
     GraphCap,
     ModeNotAllowed,
+    ReadCapExhausted,
     ReleaseKey,
     StoredRelease,
 )
@@ -53,6 +55,7 @@ from service.serving.rankings import (
     DegreeReleases,
     RankingPlan,
     degree_block,
+    degree_release_name,
     draw_ranking,
     plan_ranking,
 )
@@ -85,6 +88,7 @@ class AdmissionPolicy:
     """What admission enforces beyond each account's own cap (from the settings)."""
 
     service_quota_epsilon: float | None = None  # default quota of service accounts
+    service_read_cap_epsilon: float | None = None  # default cap on a service account's reads
     graph_cap_epsilon: float | None = None
     exposure_delta: float | None = None  # None: the smallest account delta
     stale_after_seconds: float = 60.0  # an in-flight twin older than this is reconciled
@@ -94,6 +98,7 @@ class AdmissionPolicy:
     def from_settings(cls, settings: Any) -> AdmissionPolicy:
         return cls(
             service_quota_epsilon=settings.service_quota_epsilon,
+            service_read_cap_epsilon=settings.service_read_cap_epsilon,
             graph_cap_epsilon=settings.graph_cap_epsilon,
             exposure_delta=settings.exposure_delta,
             stale_after_seconds=settings.reconcile_after_seconds,
@@ -217,6 +222,9 @@ class PprQueryService:
         self._exposure_delta: tuple[float, float] | None = None  # (value, read at monotonic)
         self._deltas: dict[int, tuple[float, float]] = {}  # account -> (delta, read at)
         self._budgets: dict[int, tuple[BudgetView, float]] = {}  # account -> (budget, read at)
+        #: Reads a service account already has in its read figure (the database only ever adds
+        #: them, and a counted release is never refused), so a replay of one needs no write.
+        self._known_reads: set[tuple[int, str, int | None, str | None]] = set()
 
     # -- validation and authorization -----------------------------------------------------
 
@@ -237,6 +245,14 @@ class PprQueryService:
             raise InvalidParameter(
                 "exclude_neighbors",
                 "uses the seed's own edges, which edge mode protects; use mode=personalized",
+            )
+        if req.exclude_neighbors and req.principal.type == "service":
+            # With and without it, two answers name the seed's neighbour list outright: a
+            # user's own edges are for that user, so only the user may ask for it.
+            raise InvalidParameter(
+                "exclude_neighbors",
+                "is offered to the seed user only, not to service accounts; drop the seed's "
+                "neighbours on your side if you hold them",
             )
         return float(epsilon)
 
@@ -321,7 +337,8 @@ class PprQueryService:
             mechanism = self._mechanism_dict(plan)
         else:
             # blended's degree release is made (or read) before admission: it is the graph
-            # version's, charged once to the graph-wide exposure, never to this account
+            # version's, counted once in the graph-wide exposure; this account pays for it
+            # (once per version) in the query's own admission
             degrees = None
             if name is RankingMechanism.BLENDED:
                 degrees = self.degree_releases.get(graph, self._graph_cap(graph))
@@ -359,6 +376,14 @@ class PprQueryService:
         """Begin the admitted query's release: a diffusion is handed to the engine and returns
         at once (:meth:`_finish_draw` waits for it); another ranking is drawn here."""
         self._budgets[p.account_id] = (receipt.budget, time.monotonic())  # for replays here
+        if p.req.principal.type == "service":
+            try:  # before any noise is drawn: a refused read refunds the fresh charge
+                degree = _degree_release_of(p.plan)
+                self._record_reads(p.req, p.graph.version, receipt.charge_id, degree)
+            except ReadCapExhausted:
+                reason = "refused by the service account's read cap before any noise was drawn"
+                self.ledger.refund(receipt.charge_id, reason=reason)
+                raise
         if isinstance(p.plan, DiffusionPlan):
             return self._start_release(p.graph, p.seed, p.plan, receipt.charge_id)
         results, mechanism = self._release_ranking(
@@ -382,7 +407,7 @@ class PprQueryService:
             replayed=False,
             request_id=p.req.request_id,
             charged_account_id=p.account_id,
-            epsilon_charged=p.plan.epsilon,
+            epsilon_charged=p.plan.epsilon + receipt.degree_epsilon,
         )
 
     # -- many queries at once: one admission transaction, one storing transaction ---------
@@ -474,7 +499,10 @@ class PprQueryService:
             elif twin.key != p.key:
                 out[i] = IdempotencyKeyReused()
             else:
-                out[i] = self._replay(twin, p.req, p.graph, p.seed, p.account_id)
+                try:  # a service account's replay may be refused by its read cap
+                    out[i] = self._replay(twin, p.req, p.graph, p.seed, p.account_id)
+                except Exception as exc:
+                    out[i] = exc
         assert all(item is not None for item in out)
         return [item for item in out if item is not None]
 
@@ -517,15 +545,17 @@ class PprQueryService:
             return self._after_admission(p, receipt)  # an earlier twin's release
         return self._draw(p, receipt)
 
+    def _quota_for(self, principal: Principal, account_id: int) -> float | None:
+        """The 24-hour quota to check when a service account charges another account."""
+        if principal.type == "service" and account_id != principal.account_id:
+            if principal.quota_epsilon is not None:
+                return principal.quota_epsilon
+            return self.policy.service_quota_epsilon
+        return None
+
     def _admission(self, p: _Pending) -> Admission:
         principal = p.req.principal
-        quota: float | None = None
-        if principal.type == "service" and p.account_id != principal.account_id:
-            quota = (
-                principal.quota_epsilon
-                if principal.quota_epsilon is not None
-                else self.policy.service_quota_epsilon
-            )
+        quota = self._quota_for(principal, p.account_id)
         return Admission(
             charged_account_id=p.account_id,
             principal_account_id=principal.account_id,
@@ -540,6 +570,7 @@ class PprQueryService:
             idempotency_key=p.req.idempotency_key,
             release_key=p.key if p.join_twins else None,
             quota_epsilon=quota,
+            degree=_degree_charge(p.plan),
         )
 
     def _store_many(
@@ -802,12 +833,25 @@ class PprQueryService:
         self, req: QueryRequest, graph: Graph, seed: int, account_id: int
     ) -> Answer:
         """``popular``: the version's one degree release, ranked. Post-processing of a stored
-        graph-wide release: nothing is charged to any account and nothing new is stored."""
+        graph-wide release, which the charged account pays for once per graph version (the
+        first time it receives an answer built on it; refused past its cap like any charge);
+        nothing new is stored."""
         if req.idempotency_key is not None:
             stored = self._release_for_idempotency_key(req)
             if stored is not None:  # the key belongs to a charged query
                 raise IdempotencyKeyReused()
         degrees = self.degree_releases.get(graph, self._graph_cap(graph))
+        if req.principal.type == "service":
+            self._record_reads(req, graph.version, None, degree_release_name(degrees.plan.scale))
+        receipt = self.ledger.admit_degree_release(
+            charged_account_id=account_id,
+            principal_account_id=req.principal.account_id,
+            seed=req.node,
+            mode=req.mode.value,
+            degree=DegreeCharge(graph.version, degrees.plan.epsilon, degrees.plan.curve),
+            request_id=req.request_id,
+            quota_epsilon=self._quota_for(req.principal, account_id),
+        )
         extra = int(graph.degrees[seed]) if req.exclude_neighbors else 0
         results = ranked_results(
             graph, seed, degrees.values, req.k + extra, grid=degrees.grid,
@@ -828,12 +872,37 @@ class PprQueryService:
             graph_version=graph.version,
             results=results[: req.k],
             mechanism=mechanism,
-            budget=self.ledger.budget(account_id),
+            budget=receipt.budget,
             replayed=False,
             request_id=req.request_id,
             charged_account_id=account_id,
-            epsilon_charged=0.0,
+            epsilon_charged=degrees.plan.epsilon if receipt.charged else 0.0,
         )
+
+    def _record_reads(
+        self, req: QueryRequest, version: str, charge_id: int | None, degree_release: str | None
+    ) -> None:
+        """Count what a service account is about to receive in its read figure (refused past
+        its read cap with ``read_cap_exhausted``): the query's release, and the version's
+        degree release when the answer is built on it."""
+        known = (req.principal.account_id, version, charge_id, degree_release)
+        if known in self._known_reads:
+            return
+        try:
+            self.ledger.record_reads(
+                req.principal.account_id,
+                charge_ids=() if charge_id is None else (charge_id,),
+                graph_release=None if degree_release is None else (version, degree_release),
+                default_cap_epsilon=self.policy.service_read_cap_epsilon,
+            )
+        except ReadCapExhausted as refusal:
+            self.ledger.record_refusal(
+                refusal.code, principal_account_id=req.principal.account_id, mode=req.mode.value
+            )
+            raise
+        if len(self._known_reads) > 100_000:
+            self._known_reads.clear()
+        self._known_reads.add(known)
 
     # -- replays --------------------------------------------------------------------------
 
@@ -858,6 +927,10 @@ class PprQueryService:
     def _replay(
         self, stored: StoredRelease, req: QueryRequest, graph: Graph, seed: int, account_id: int
     ) -> Answer:
+        if req.principal.type == "service":  # before the replay is sent
+            scale = stored.mechanism.get("degree_noise_scale")
+            degree = None if scale is None else degree_release_name(float(scale))
+            self._record_reads(req, stored.key.graph_version, stored.charge_id, degree)
         return Answer(
             node=req.node,
             graph_version=graph.version,
@@ -911,6 +984,20 @@ class PprQueryService:
             "noise_scale": c.noise_scale,
             "score_grid": score_grid(c.noise_scale),
         }
+
+
+def _degree_charge(plan: DiffusionPlan | RankingPlan) -> DegreeCharge | None:
+    """The degree release an answer of ``plan`` is built on (``blended``), as charged."""
+    degrees = plan.degrees if isinstance(plan, RankingPlan) else None
+    if degrees is None:
+        return None
+    return DegreeCharge(degrees.graph_version, degrees.plan.epsilon, degrees.plan.curve)
+
+
+def _degree_release_of(plan: DiffusionPlan | RankingPlan) -> str | None:
+    """The graph release name of the degree vector an answer of ``plan`` is built on."""
+    degrees = plan.degrees if isinstance(plan, RankingPlan) else None
+    return None if degrees is None else degree_release_name(degrees.plan.scale)
 
 
 def _stored_results(graph: Graph, best: np.ndarray, scores: np.ndarray) -> StoredResults:

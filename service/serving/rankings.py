@@ -222,7 +222,10 @@ def degree_block(degrees: ReleasedDegrees) -> dict[str, Any]:
         "degree_epsilon": degrees.plan.epsilon,
         "degree_delta": count_release_delta(degrees.plan.epsilon),
         "degree_noise_scale": degrees.plan.scale,
-        "degree_release": "one per graph version, charged once to the graph-wide exposure",
+        "degree_release": (
+            "one per graph version: counted once in the graph-wide exposure, and charged to "
+            "each account once per version, with its first answer built on it"
+        ),
     }
 
 

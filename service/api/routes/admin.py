@@ -23,6 +23,7 @@ from service.api.models import (
     Exposure,
     GraphInfo,
     NewApiKey,
+    Reads,
     ReloadGraph,
     SetBudget,
     SetScopes,
@@ -123,6 +124,8 @@ def set_scopes(
     users' accounts, and its 24-hour quota of eps charged to other accounts."""
     if body.quota_epsilon is not None and body.default_quota:
         raise InvalidParameter("quota_epsilon", "cannot be given with default_quota")
+    if body.read_cap_epsilon is not None and body.default_read_cap:
+        raise InvalidParameter("read_cap_epsilon", "cannot be given with default_read_cap")
     record = runtime.ledger.set_scopes(
         account_id,
         modes=tuple(body.modes) if body.modes is not None else None,
@@ -130,8 +133,23 @@ def set_scopes(
         quota_epsilon=body.quota_epsilon,
         clear_quota=body.default_quota,
         actor_account_id=admin.account_id,
+        read_cap_epsilon=body.read_cap_epsilon,
+        clear_read_cap=body.default_read_cap,
     )
     return Account.of(record)
+
+
+@router.get("/accounts/{account_id}/reads", response_model=Reads, responses=_ERRORS)
+def account_reads(account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDep) -> Reads:
+    """A service account's read figure (what its answers reveal, composed) and its cap."""
+    record = runtime.ledger.get_account(account_id)
+    if record.type != "service":
+        raise InvalidParameter("account_id", "only service accounts have a read figure")
+    return Reads.of(
+        runtime.ledger.read_view(
+            account_id, default_cap_epsilon=runtime.settings.service_read_cap_epsilon
+        )
+    )
 
 
 @router.get("/exposure", response_model=Exposure, responses=_ERRORS)

@@ -347,12 +347,22 @@ def account_charges(
     responses=_ACCOUNT_ERRORS,
 )
 def service_usage(account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDep) -> ServiceUsage:
-    """A service account's modes, quota, quota used in the last 24 h, and what it charged to
-    other accounts (422 for other account types)."""
+    """A service account's modes, quota, quota used in the last 24 h, what it charged to
+    other accounts, and its read figure (what its answers reveal; 422 for other types)."""
     usage = _views(runtime).service_usage(
         account_id, default_quota=runtime.settings.service_quota_epsilon
     )
-    return ServiceUsage.model_validate(asdict(usage))
+    reads = runtime.ledger.read_view(
+        account_id, default_cap_epsilon=runtime.settings.service_read_cap_epsilon
+    )
+    return ServiceUsage.model_validate(
+        {
+            **asdict(usage),
+            "read_epsilon": reads.epsilon,
+            "read_releases": reads.releases,
+            "read_cap_epsilon": reads.cap_epsilon,
+        }
+    )
 
 
 @router.post(

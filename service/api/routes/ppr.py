@@ -8,10 +8,10 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from service.api.deps import EngineTurn, PrincipalDep, RuntimeDep
-from service.api.models import Budget, ErrorResponse, PprAnswer
+from service.api.models import Budget, ErrorResponse, PprAnswer, Reads
 from service.api.observability import CHARGES, EPSILON_CHARGED, REPLAYS
 from service.api.params import K_LIMIT, NodeIdPath, QueryBool
-from service.errors import InvalidParameter
+from service.errors import Forbidden, InvalidParameter
 from service.mechanisms.registry import RankingMechanism
 from service.privacy.modes import Mode
 from service.serving.schemas import QueryRequest
@@ -20,7 +20,10 @@ router = APIRouter(prefix="/v1", tags=["queries"])
 
 _ERRORS: dict[int | str, dict[str, object]] = {
     401: {"model": ErrorResponse, "description": "missing, malformed, unknown or revoked key"},
-    403: {"model": ErrorResponse, "description": "`forbidden` or `budget_exhausted`"},
+    403: {
+        "model": ErrorResponse,
+        "description": "`forbidden`, `budget_exhausted` or `read_cap_exhausted`",
+    },
     404: {"model": ErrorResponse, "description": "`unknown_node` or `unknown_account`"},
     409: {"model": ErrorResponse, "description": "`request_in_progress`"},
     422: {"model": ErrorResponse, "description": "`invalid_parameter`, naming it"},
@@ -135,3 +138,17 @@ async def ppr(
 def my_budget(runtime: RuntimeDep, principal: PrincipalDep) -> Budget:
     """The caller's own budget: spend composed by the RDP accountant at the account's delta."""
     return Budget.of(runtime.ledger.budget(principal.account_id))
+
+
+@router.get("/me/reads", response_model=Reads, tags=["budget"], responses=_ERRORS)
+def my_reads(runtime: RuntimeDep, principal: PrincipalDep) -> Reads:
+    """A service account's read figure: what all the answers it received reveal about any one
+    edge, composed over every distinct release (fresh or replayed; the degree release once
+    per graph version), and the cap on it."""
+    if principal.type != "service":
+        raise Forbidden("only service accounts have a read figure; users see /v1/me/budget")
+    return Reads.of(
+        runtime.ledger.read_view(
+            principal.account_id, default_cap_epsilon=runtime.settings.service_read_cap_epsilon
+        )
+    )
