@@ -113,10 +113,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
+            if self._should_upgrade():  # no route of ours upgrades; uvicorn's own path
                 self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
         except httptools.HttpParserError as exc:
             refusal = self._refusal or Refusal(
                 400,
