@@ -28,6 +28,8 @@ from tests.api_support import (
     uvicorn_server,
 )
 
+pytestmark = pytest.mark.slow
+
 HEAD_TIMEOUT = 2
 BODY_TIMEOUT = 2
 MAX_CONNECTIONS = 4
