@@ -5,8 +5,8 @@ that fresh queries take hundreds of milliseconds, sends ``--requests`` fresh cha
 each with its own Idempotency-Key and retried with that same key until answered (as a backend
 with retries would), while a worker is SIGKILLed every ``--kill-every`` seconds and, with
 ``--own-postgres --restart-postgres-every S``, a PostgreSQL instance started by this script is
-stopped and restarted. Then it stops the server and runs ``ledger reconcile`` and
-``ledger verify`` and prints what happened to every charge.
+stopped (for ``--postgres-down-seconds``, default 3) and restarted. Then it stops the server
+and runs ``ledger reconcile`` and ``ledger verify`` and prints what happened to every charge.
 
     .venv/bin/python benchmarks/fault_run.py --generate 100000,1000000 --kill-every 10
     .venv/bin/python benchmarks/fault_run.py --own-postgres --restart-postgres-every 15
@@ -221,6 +221,8 @@ def main() -> int:
     parser.add_argument("--own-postgres", action="store_true", help="start a private cluster")
     parser.add_argument("--pg-port", type=int, default=55432)
     parser.add_argument("--restart-postgres-every", type=float, default=0.0)
+    parser.add_argument("--postgres-down-seconds", type=float, default=3.0,
+                        help="how long each PostgreSQL stop lasts")  # fmt: skip
     parser.add_argument("--generate", default="100000,1000000", help="NODES,EDGES")
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--concurrency", type=int, default=16)
@@ -299,7 +301,7 @@ def main() -> int:
             assert pg is not None
             while not stop.wait(args.restart_postgres_every):
                 pg.stop()
-                time.sleep(3)
+                stop.wait(args.postgres_down_seconds)
                 pg.start()
                 restarts[0] += 1
 
@@ -362,6 +364,7 @@ def main() -> int:
             and not conflicts
             and all(v <= 1 for v in released_keys.values())
             and states.get("admitted", 0) == 0
+            and server_exit is None
         )
         if server_exit is not None:
             print(f"the server's supervisor exited during the run with code {server_exit}")

@@ -165,7 +165,9 @@ class Settings(MechanismSettings):
     ledger_connect_timeout_seconds: float = Field(
         60.0, ge=0.0,
         description="How long a starting worker waits for an unreachable ledger database "
-        "before it gives up (0: fail at once).",
+        "before it starts serving without it: then it answers 503 ledger_unavailable (and "
+        "/readyz 503) and keeps connecting in the background, with backoff, until the "
+        "database answers (0: start serving at once).",
     )  # fmt: skip
     ledger_ping_idle_seconds: float = Field(
         10.0, ge=0.0,
@@ -252,6 +254,33 @@ class Settings(MechanismSettings):
     batch_concurrency: int = Field(
         32, ge=1, le=1024, description="Batch items answered at once per process (all batches)."
     )
+    # Connections (per worker process; see service/api/http_protocol.py).
+    http_head_timeout_seconds: float = Field(
+        10.0, gt=0.0, le=3600.0,
+        description="Longest time from a connection's opening (or a request's first byte on "
+        "a kept-alive connection) to the end of the request head; then 408 request_timeout "
+        "and the connection is closed.",
+    )  # fmt: skip
+    http_body_timeout_seconds: float = Field(
+        30.0, gt=0.0, le=3600.0,
+        description="Longest time from the end of a request head to the end of its body; "
+        "then 408 request_timeout and the connection is closed.",
+    )  # fmt: skip
+    http_keep_alive_seconds: float = Field(
+        5.0,
+        gt=0.0,
+        le=3600.0,
+        description="How long an idle kept-alive connection stays open after a response.",
+    )
+    http_max_connections: int = Field(
+        2048, ge=1, le=1_000_000,
+        description="Open connections per worker process; a request on a connection beyond "
+        "it gets 503 overloaded (and the connection is closed) instead of being served.",
+    )  # fmt: skip
+    http_max_url_bytes: int = Field(
+        16_384, ge=1024, le=1_048_576,
+        description="Longest request target (path and query); longer gets 414 uri_too_long.",
+    )  # fmt: skip
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     workers: int = Field(1, ge=1, le=64)

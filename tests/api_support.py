@@ -101,6 +101,7 @@ def free_port() -> int:
 class Server:
     base_url: str
     log_path: Path
+    pid: int = 0  # the ``serve`` process (uvicorn's supervisor with several workers)
 
     def log_lines(self) -> list[dict[str, Any]]:
         """The JSON log lines the server wrote so far (non-JSON lines skipped)."""
@@ -143,7 +144,7 @@ def uvicorn_server(
              "--workers", str(workers)],
             env=env, stdout=log_file, stderr=subprocess.STDOUT,
         )  # fmt: skip
-    server = Server(f"http://127.0.0.1:{port}", log_path)
+    server = Server(f"http://127.0.0.1:{port}", log_path, proc.pid)
     try:
         deadline = time.monotonic() + 120
         while True:

@@ -18,7 +18,7 @@ from service.api.observability import CACHE_EVENTS, configure_logging, observe_r
 from service.api.openapi import install_openapi
 from service.api.pages import install_pages
 from service.api.routes import admin, batch, operations, ppr
-from service.api.runtime import build_runtime
+from service.api.runtime import Runtime, RuntimeStarter, stop_this_process
 from service.config import Settings, get_settings
 
 DESCRIPTION = """
@@ -39,13 +39,28 @@ def create_app(settings: Settings | None = None, *, configure_logs: bool = True)
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if configure_logs:
             configure_logging(settings.log_level)
-        runtime = build_runtime(settings, on_cache_event=_count_cache_event)
-        app.state.runtime = runtime
-        runtime.start_background()
+
+        def serve_with(runtime: Runtime) -> None:
+            app.state.runtime = runtime
+            runtime.start_background()
+
+        app.state.runtime = None  # until built: 503 ledger_unavailable (see RuntimeStarter)
+        starter = RuntimeStarter(
+            settings,
+            on_ready=serve_with,
+            on_failure=lambda exc: stop_this_process(),
+            on_cache_event=_count_cache_event,
+        )
+        app.state.runtime_starter = starter
+        runtime = starter.start()
+        if runtime is not None:
+            serve_with(runtime)
         try:
             yield
         finally:
-            runtime.close()
+            starter.stop()
+            if app.state.runtime is not None:
+                app.state.runtime.close()
 
     app = FastAPI(
         title="DP personalized PageRank",

@@ -12,6 +12,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service.api.runtime import Runtime
 from service.errors import Forbidden, Unauthorized
+from service.ledger.ledger import LedgerUnavailable
 from service.serving.schemas import Principal
 
 #: What an API key looks like; anything else is rejected before touching the database.
@@ -21,8 +22,15 @@ _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: 
 
 
 async def get_runtime(request: Request) -> Runtime:
-    """The process's runtime (async: an attribute read needs no trip to the threadpool)."""
-    runtime: Runtime = request.app.state.runtime
+    """The process's runtime (async: an attribute read needs no trip to the threadpool);
+    503 ``ledger_unavailable`` while the worker has not yet reached its ledger database."""
+    runtime: Runtime | None = request.app.state.runtime
+    if runtime is None:
+        raise LedgerUnavailable(
+            "this server process has not reached the budget ledger database since it "
+            "started; no answer was released. Retry later",
+            details={"error": "not_connected"},
+        )
     return runtime
 
 

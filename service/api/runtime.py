@@ -7,7 +7,11 @@ HTTP, so a batch job can build the same runtime and call ``queries.answer`` dire
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,15 +97,13 @@ def node_set_origin(settings: Settings, source: str) -> str:
     return "fixed" if source == "demo" else "derived_from_edges"
 
 
-def open_ledger(settings: Settings) -> Ledger:
-    """Open the ledger, waiting up to ``ledger_connect_timeout_seconds`` while its database
-    does not answer.
-
-    A worker that the server restarts (after a crash) while the database is briefly down must
-    not fail its start-up: uvicorn's supervisor stops the whole server when a worker fails to
-    start. An un-migrated ledger or one on another order grid is refused at once.
+def open_ledger(settings: Settings, *, wait_seconds: float | None = None) -> Ledger:
+    """Open the ledger, waiting up to ``wait_seconds`` (default
+    ``ledger_connect_timeout_seconds``) while its database does not answer; then
+    ``LedgerUnavailable``. An un-migrated ledger or one on another order grid is refused at once.
     """
-    deadline = time.monotonic() + settings.ledger_connect_timeout_seconds
+    wait = settings.ledger_connect_timeout_seconds if wait_seconds is None else wait_seconds
+    deadline = time.monotonic() + wait
     pause = 0.25
     while True:
         ledger: Ledger | None = None
@@ -123,9 +125,86 @@ def open_ledger(settings: Settings) -> Ledger:
             pause = min(pause * 2, 5.0)
 
 
-def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
-    """Open the ledger (refusing an un-migrated one), build the caches, load the graph."""
-    ledger = open_ledger(settings)
+class RuntimeStarter:
+    """Builds a worker's runtime so that a database outage never stops the worker.
+
+    :meth:`start` waits up to ``ledger_connect_timeout_seconds`` for the ledger. If it still
+    does not answer, the worker starts serving without a runtime (requests that need one get
+    503 ``ledger_unavailable``, ``/readyz`` says not ready, ``/healthz`` stays up) and a
+    background thread keeps building it, with backoff up to ``MAX_PAUSE_SECONDS``, for as
+    long as the outage lasts; ``on_ready`` receives it when it is built. A failure that is not
+    an outage (an un-migrated ledger, an unreadable graph) is a real one: it is logged,
+    remembered in :attr:`failure`, and ``on_failure`` is called to stop the process.
+    """
+
+    MAX_PAUSE_SECONDS = 5.0
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        on_ready: Callable[[Runtime], None],
+        on_failure: Callable[[BaseException], None],
+        on_cache_event: Any = None,
+    ) -> None:
+        self.settings = settings
+        self.on_ready = on_ready
+        self.on_failure = on_failure
+        self.on_cache_event = on_cache_event
+        self.failure: BaseException | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Runtime | None:
+        """The runtime, or None when the ledger did not answer in time (then retried)."""
+        try:
+            return build_runtime(self.settings, on_cache_event=self.on_cache_event)
+        except LedgerUnavailable as exc:
+            log.warning(
+                "the ledger database did not answer within %g s (PPR_LEDGER_CONNECT_TIMEOUT_"
+                "SECONDS): serving 503 ledger_unavailable and retrying in the background: %s",
+                self.settings.ledger_connect_timeout_seconds, exc,
+            )  # fmt: skip
+        self._thread = threading.Thread(target=self._retry, name="runtime-starter", daemon=True)
+        self._thread.start()
+        return None
+
+    def _retry(self) -> None:
+        pause = 0.5
+        while not self._stop.wait(pause):
+            try:
+                runtime = build_runtime(
+                    self.settings, on_cache_event=self.on_cache_event, wait_seconds=0.0
+                )
+            except LedgerUnavailable:
+                pause = min(pause * 2, self.MAX_PAUSE_SECONDS)
+                continue
+            except BaseException as exc:
+                log.exception("the runtime cannot be built: stopping this worker")
+                self.failure = exc
+                self.on_failure(exc)
+                return
+            with self._lock:
+                if self._stop.is_set():
+                    runtime.close()
+                    return
+                log.info("the ledger database answers again: serving")
+                self.on_ready(runtime)
+            return
+
+    def stop(self) -> None:
+        """Stop retrying (at shutdown); a runtime built meanwhile is closed, not handed over."""
+        with self._lock:
+            self._stop.set()
+
+
+def build_runtime(
+    settings: Settings, *, on_cache_event: Any = None, wait_seconds: float | None = None
+) -> Runtime:
+    """Open the ledger (refusing an un-migrated one; see :func:`open_ledger` for
+    ``wait_seconds``), build the caches, load the graph."""
+    ledger = open_ledger(settings, wait_seconds=wait_seconds)
     tables: SharedPrefixTables | None = None
     try:
         # Keys live under the ledger's own id: account ids are per ledger, so two ledgers (or a
@@ -199,3 +278,10 @@ def build_runtime(settings: Settings, *, on_cache_event: Any = None) -> Runtime:
         settings, graphs, ledger, caches, queries, batch,
         limiter=limiter, gate=gate, coalescer=coalescer,
     )  # fmt: skip
+
+
+def stop_this_process() -> None:
+    """Stop this server process as SIGTERM does: its server shuts down gracefully, then the
+    signal ends the process (a non-zero status; uvicorn's supervisor starts a new worker,
+    whose start-up meets the same failure at once and stops the server with status 3)."""
+    os.kill(os.getpid(), signal.SIGTERM)

@@ -8,6 +8,8 @@ set; ``make serve`` does both for the embedded default.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import shutil
 import tempfile
@@ -15,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from service.cli.options import database_url, port, positive_int, redis_url
+
+log = logging.getLogger(__name__)
 
 
 def register(subparsers: Any) -> None:
@@ -90,12 +94,11 @@ def check_graph_inputs(settings: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
     from pydantic import ValidationError
 
     from service.config import Settings, settings_error
     from service.errors import InvalidParameter
-    from service.ledger.ledger import Ledger
+    from service.ledger.ledger import Ledger, LedgerUnavailable
 
     _export(args)
     try:
@@ -111,8 +114,19 @@ def run(args: argparse.Namespace) -> int:
         name = "--nodes" if args.nodes is not None else "PPR_NODES_PATH"
         raise InvalidParameter(name, f"{settings.nodes_path} is not a readable file")
     check_graph_inputs(settings)
-    # Fail fast, with the command to run, before any worker starts.
-    Ledger.from_url(settings.database_url, auto_migrate=settings.auto_migrate).dispose()
+    _configure_logs(settings)
+    # Fail fast, with the command to run, before any worker starts; a database that does not
+    # answer is an outage, not a mistake: the workers start and answer 503 until it returns.
+    try:
+        Ledger.from_url(settings.database_url, auto_migrate=settings.auto_migrate).dispose()
+    except LedgerUnavailable as exc:
+        log.warning(
+            "the ledger database does not answer (%s); starting anyway: workers answer 503 "
+            "ledger_unavailable until it does", exc.details.get("error", exc),
+        )  # fmt: skip
+    from service.api.open_files import ensure_open_file_limit
+
+    ensure_open_file_limit(settings)
     metrics_dir: str | None = None
     if settings.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         metrics_dir = tempfile.mkdtemp(prefix="ppr-metrics-")
@@ -126,18 +140,55 @@ def run(args: argparse.Namespace) -> int:
         if fork_workers():
             app = "service.api.forked_workers:preloaded_app"
     try:
-        uvicorn.run(
-            app,
-            factory=True,
-            host=settings.host,
-            port=settings.port,
-            workers=settings.workers,
-            log_level=settings.log_level,
-            access_log=False,
-            proxy_headers=True,
-        )
+        return _serve(app, settings)
     finally:
         if metrics_dir is not None:  # the workers' metric files die with this run
             shutil.rmtree(metrics_dir, ignore_errors=True)
             del os.environ["PROMETHEUS_MULTIPROC_DIR"]
+
+
+def _configure_logs(settings: Any) -> None:
+    from service.api.observability import configure_logging
+
+    configure_logging(settings.log_level)
+
+
+def _serve(app: str, settings: Any) -> int:
+    """Run uvicorn (its supervisor with several workers); the exit status: 0 after a stop
+    asked for (SIGTERM, SIGINT), non-zero when the server or a worker failed to start."""
+    import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
+    from uvicorn.supervisors import Multiprocess
+
+    from service.api.http_protocol import GuardedHttpProtocol, configure
+
+    configure(settings)
+    config = uvicorn.Config(
+        app,
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        log_level=settings.log_level,
+        access_log=False,
+        proxy_headers=True,
+        http=GuardedHttpProtocol,
+        timeout_keep_alive=settings.http_keep_alive_seconds,
+    )
+    if settings.workers == 1:
+        server = uvicorn.Server(config)
+        with contextlib.suppress(KeyboardInterrupt):
+            server.run()  # a failed start-up raises SystemExit(STARTUP_FAILURE)
+        if not server.started:
+            log.error("the server failed to start; see the log above")
+            return STARTUP_FAILURE
+        return 0
+    supervisor = Multiprocess(config, sockets=[config.bind_socket()])
+    supervisor.run()
+    failed = [p.pid for p in supervisor.processes if p.exitcode == STARTUP_FAILURE]
+    if failed:
+        # uvicorn stops the whole server when a worker fails before serving (its app or
+        # configuration is broken); a process manager must see that as a failure.
+        log.error("worker %s failed to start; the server stopped", failed[0])
+        return STARTUP_FAILURE
     return 0

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from service.api.deps import RuntimeDep, is_admin_request
 from service.api.observability import metrics_response
+from service.api.runtime import Runtime
 from service.errors import Unauthorized
 
 router = APIRouter(tags=["operations"])
@@ -27,11 +28,14 @@ def healthz() -> dict[str, str]:
     "/readyz",
     responses={503: {"description": "not ready: graph or database"}},
 )
-def readyz(request: Request, runtime: RuntimeDep) -> JSONResponse:
+def readyz(request: Request) -> JSONResponse:
     """Ready: graph loaded and database reachable. A Redis outage shows as `degraded` but keeps
     the process ready: answers and charges never depend on the cache. Only the status is shown,
     unless the request carries an admin key: then the checks (graph version and source,
     database, cache state, the prefix table's state: off, absent, building or ready) too."""
+    runtime: Runtime | None = request.app.state.runtime
+    if runtime is None:  # the ledger database has not answered since this process started
+        return JSONResponse({"status": "unavailable"}, status_code=503)
     ready, checks = runtime.readiness()
     cache_ok = checks["cache"].get("status") == "ok"
     body: dict[str, Any] = {

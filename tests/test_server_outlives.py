@@ -1,0 +1,197 @@
+"""``serve --workers 2`` outlives its database: on a PostgreSQL of its own (started here in a
+temporary directory and stopped at will; never the shared one), a worker killed during an
+outage longer than PPR_LEDGER_CONNECT_TIMEOUT_SECONDS is replaced, its replacement answers 503
+``ledger_unavailable`` while the outage lasts, and the same server answers again when the
+database returns. A failure that is not an outage stops the server with a non-zero status."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from service.graph.generate import write_generated_edge_list
+from service.ledger import upgrade
+from service.loadtest.soak import worker_pids
+from tests.api_support import (
+    GRAPH_EDGES,
+    GRAPH_NODES,
+    Backend,
+    Server,
+    bearer,
+    free_port,
+    user_with_key,
+    uvicorn_server,
+)
+from tests.own_postgres import OwnPostgres, can_run
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not can_run(), reason="needs PostgreSQL binaries and root (runuser)"),
+]
+
+#: Bound on every wait for the server to reach a state (never a timing assertion).
+WAIT_SECONDS = 120.0
+
+
+@pytest.fixture
+def graph_path(tmp_path: Path) -> Path:
+    path = tmp_path / "graph.txt"
+    write_generated_edge_list(path, GRAPH_NODES, GRAPH_EDGES, seed=7)
+    return path
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[OwnPostgres]:
+    pg = OwnPostgres(free_port())
+    pg.init()
+    try:
+        yield pg
+    finally:
+        pg.destroy()
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {WAIT_SECONDS:g} s: {what}")
+        time.sleep(0.2)
+
+
+def messages(server: Server, text: str) -> list[int]:
+    """The pids of the log lines whose message contains ``text``."""
+    return [int(line["pid"]) for line in server.log_lines() if text in str(line.get("message"))]
+
+
+def ask(server: Server, path: str, key: str | None = None) -> httpx.Response:
+    """One request on a new connection (so the kernel may hand it to either worker)."""
+    headers = bearer(key) if key is not None else {}
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        return http.get(path, headers=headers)
+
+
+def test_the_server_outlives_a_database_outage_with_a_worker_killed_during_it(
+    own_postgres: OwnPostgres, graph_path: Path
+) -> None:
+    url = own_postgres.create_database("ledger")
+    upgrade(url)
+    _, key = user_with_key(url, "17", cap_epsilon=10.0)
+    backend = Backend("own-postgres", url, None, graph_path)
+    env = {"PPR_LEDGER_CONNECT_TIMEOUT_SECONDS": "1", "PPR_RECONCILE_INTERVAL_SECONDS": "0"}
+    query = "/v1/ppr/17?k=5&fresh=true"  # fresh: always admitted by the ledger, never a replay
+    with uvicorn_server(backend, workers=2, extra_env=env) as server:
+        assert ask(server, query, key).status_code == 200
+        before = worker_pids(server.pid)
+        assert len(before) == 2
+
+        own_postgres.stop()
+        lost = ask(server, query, key)
+        assert lost.status_code == 503 and lost.json()["error"]["code"] == "ledger_unavailable"
+        os.kill(before[0], signal.SIGKILL)
+
+        # The replacement waits PPR_LEDGER_CONNECT_TIMEOUT_SECONDS, then serves without the
+        # ledger (and keeps connecting); uvicorn's supervisor keeps running.
+        def replaced() -> bool:
+            pids = worker_pids(server.pid)
+            return len(pids) == 2 and before[0] not in pids
+
+        wait_until(replaced, "a replacement worker")
+        (replacement,) = set(worker_pids(server.pid)) - set(before)
+        wait_until(
+            lambda: replacement in messages(server, "serving 503 ledger_unavailable"),
+            "the replacement serving during the outage",
+        )
+        for _ in range(8):  # new connections: both workers answer, neither is ready
+            assert ask(server, "/healthz").status_code == 200
+            assert ask(server, "/readyz").status_code == 503
+            refused = ask(server, query, key)
+            assert refused.status_code == 503
+            assert refused.json()["error"]["code"] == "ledger_unavailable"
+            assert refused.headers["retry-after"]
+        assert os.path.exists(f"/proc/{server.pid}"), "the supervisor must not exit"
+
+        def refused_by_replacement() -> bool:
+            assert ask(server, query, key).status_code == 503
+            return any(
+                int(line["pid"]) == replacement and line.get("status") == 503
+                for line in server.log_lines()
+                if line.get("route") == "/v1/ppr/{node_id}"
+            )
+
+        wait_until(refused_by_replacement, "a 503 from the replacement during the outage")
+
+        own_postgres.start()
+        wait_until(
+            lambda: replacement in messages(server, "the ledger database answers again"),
+            "the replacement reaching the ledger again",
+        )
+
+        def answered_by_replacement() -> bool:
+            if ask(server, query, key).status_code != 200:
+                return False
+            return any(
+                int(line["pid"]) == replacement and line.get("status") == 200
+                for line in server.log_lines()
+                if line.get("route") == "/v1/ppr/{node_id}"
+            )
+
+        wait_until(answered_by_replacement, "an answer from the replacement worker")
+        for _ in range(6):
+            assert ask(server, "/readyz").status_code == 200
+            assert ask(server, query, key).status_code == 200
+        assert sorted(worker_pids(server.pid)) == sorted([before[1], replacement])
+
+
+def test_a_real_failure_after_an_outage_stops_the_server_with_a_non_zero_status(
+    own_postgres: OwnPostgres, graph_path: Path, tmp_path: Path
+) -> None:
+    """The database does not exist when the server starts (an outage: the server starts and
+    answers 503); it then appears un-migrated (a real failure): the server stops, non-zero."""
+    url = own_postgres.url("later")
+    port = free_port()
+    env = {
+        **os.environ,
+        "PPR_GRAPH_PATH": str(graph_path),
+        "PPR_DATABASE_URL": url,
+        "PPR_STEPS": "30",
+        "PPR_GRAPH_SNAPSHOT_DIR": str(tmp_path / "snapshots"),
+        "PPR_PREFIX_TABLE_BYTES": "0",
+        "PPR_LEDGER_CONNECT_TIMEOUT_SECONDS": "0.5",
+    }
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    log_path = tmp_path / "server.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service", "serve", "--port", str(port), "--workers", "2"],
+            env=env, stdout=log_file, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    server = Server(f"http://127.0.0.1:{port}", log_path, proc.pid)
+    try:
+        wait_until(
+            lambda: len(set(messages(server, "serving 503 ledger_unavailable"))) == 2,
+            "both workers serving without their ledger",
+        )
+        assert ask(server, "/healthz").status_code == 200
+        assert ask(server, "/readyz").status_code == 503
+        refused = ask(server, "/v1/ppr/1", "ppr_" + "x" * 30)
+        assert refused.json()["error"]["code"] == "ledger_unavailable"
+        assert proc.poll() is None
+
+        own_postgres.create_database("later")  # reachable now, but not migrated
+        returncode = proc.wait(timeout=WAIT_SECONDS)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = log_path.read_text()
+    assert returncode != 0, log
+    assert "the runtime cannot be built" in log
+    assert "failed to start" in log
