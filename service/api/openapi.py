@@ -32,7 +32,7 @@ _RETRY_AFTER = {
 }
 
 AUTHENTICATED_ERRORS: dict[str, dict[str, Any]] = {
-    "400": {"description": "`duplicate_header`: more than one Authorization header"},
+    "400": {"description": "`duplicate_header`: a second Authorization or Idempotency-Key"},
     "401": {"description": "`unauthorized`: missing, malformed, unknown or revoked key"},
     "429": {"description": "`rate_limited`: this account's requests are over its rate limit",
             "headers": _RETRY_AFTER},
@@ -49,6 +49,8 @@ BODY_ERRORS: dict[str, dict[str, Any]] = {
     },
 }
 _METHODS = ("get", "put", "post", "delete", "patch")
+#: Statuses both lists above declare: an operation that gets both states both codes.
+_SHARED_STATUSES = frozenset(AUTHENTICATED_ERRORS) & frozenset(BODY_ERRORS)
 
 
 def _bound(parameter: dict[str, Any], **bounds: float) -> None:
@@ -63,7 +65,12 @@ def _add(responses: dict[str, Any], extra: dict[str, dict[str, Any]]) -> None:
     for status, response in extra.items():
         if status not in responses:
             responses[status] = {**response, "content": _JSON_ERROR}
-        elif "headers" in response:
+            continue
+        if status in _SHARED_STATUSES:  # e.g. 400: malformed_json or duplicate_header
+            described = responses[status].get("description", "")
+            if response["description"] not in described:
+                responses[status]["description"] = f"{described}; {response['description']}"
+        if "headers" in response:
             responses[status].setdefault("headers", response["headers"])
 
 
