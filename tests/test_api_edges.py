@@ -168,12 +168,14 @@ def test_the_schema_states_bounds_and_errors(client: TestClient) -> None:
     assert (eps["minimum"], eps["maximum"]) == (0.01, 2.0)
     assert params["node_id"]["schema"]["maxLength"] == 1024
     assert {"401", "403", "404", "422", "500", "503"} <= set(ppr["responses"])
-    assert "400" not in ppr["responses"]  # no body, so no malformed JSON
+    # no body, so no malformed JSON: its only 400 is two Authorization headers
+    assert "malformed_json" not in ppr["responses"]["400"]["description"]
+    assert "duplicate_header" in ppr["responses"]["400"]["description"]
     account = schema["paths"]["/v1/admin/accounts/{account_id}"]["get"]
     (account_id,) = account["parameters"]
     assert account_id["schema"]["minimum"] == 1 and account_id["schema"]["maximum"] == ID_MAX
     create = schema["paths"]["/v1/admin/accounts"]["post"]
-    assert {"400", "413", "500", "503"} <= set(create["responses"])
+    assert {"400", "413", "415", "500", "503"} <= set(create["responses"])
     health = schema["paths"]["/healthz"]["get"]
     assert set(health["responses"]) == {"200"}
 

@@ -41,7 +41,7 @@ def test_edge_mode_items_in_order_with_their_own_errors(
     client: TestClient, accounts: Accounts
 ) -> None:
     service_id, key = accounts.service()
-    response = batch(client, key, ["3", "no-such-node", 7, "3"], epsilon=0.1, k=4, mode="edge")
+    response = batch(client, key, ["3", "no-such-node", "7", "3"], epsilon=0.1, k=4, mode="edge")
     assert response.status_code == 200, response.text
     body = response.json()
     items = body["items"]

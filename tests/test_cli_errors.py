@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -105,3 +106,30 @@ def test_a_closed_pipe_is_one_line_not_a_traceback() -> None:
     assert "Traceback" not in err and err.strip().splitlines() == [
         "error [broken_pipe]: the output was closed before the command finished"
     ]
+
+
+@pytest.mark.parametrize(
+    ("content", "workers", "expected"),
+    [
+        (b"", "1", "no edges: the file is empty"),
+        (b"", "2", "no edges: the file is empty"),
+        (b"1 2\n3\n", "1", ":2: only one field ('3')"),
+    ],
+)
+def test_serve_a_file_that_is_not_a_graph_is_one_line_whatever_the_workers(
+    tmp_path: Path, content: bytes, workers: str, expected: str
+) -> None:
+    graph = tmp_path / "graph.txt"
+    graph.write_bytes(content)
+    env = {**os.environ, "PPR_DATABASE_URL": f"sqlite:///{tmp_path / 'ledger.db'}"}
+    env.pop("PPR_GRAPH_PATH", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "service", "serve", "--graph", str(graph), "--auto-migrate",
+         "--port", "1", "--workers", workers],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error [graph_load_error]: "), done.stderr
+    assert expected in lines[0]

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 from pydantic.config import JsonDict
 
 from service.api.models import ErrorBody, Result
+from service.api.params import QueryNodeIdField
 from service.mechanisms.registry import RankingMechanism
 from service.privacy.modes import Mode
-
-NodeId = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 
 _QUERY_EXAMPLE: JsonDict = {
     "nodes": ["42", "107", "no-such-node"],
@@ -59,20 +56,22 @@ _ANSWER_EXAMPLE: JsonDict = {
 class BatchQuery(BaseModel):
     """Seeds answered in one call; every other field applies to each of them."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        coerce_numbers_to_str=True,
-        json_schema_extra={"examples": [_QUERY_EXAMPLE]},
-    )
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [_QUERY_EXAMPLE]})
 
-    nodes: list[NodeId] = Field(
+    nodes: list[QueryNodeIdField] = Field(
         min_length=1,
-        description="External node ids, answered in this order (at most PPR_BATCH_MAX_ITEMS).",
+        description='External node ids as JSON strings (`"42"`, never the number `42`), '
+        "answered in this order (at most PPR_BATCH_MAX_ITEMS).",
     )
     epsilon: float | None = Field(
-        None, description="Per-item epsilon (configured range; default PPR_DEFAULT_EPSILON)."
+        None,
+        strict=True,
+        description="Per-item epsilon, a JSON number (configured range; default "
+        "PPR_DEFAULT_EPSILON).",
     )
-    k: int | None = Field(None, description="Results per item (1..max_k, default 20).")
+    k: StrictInt | None = Field(
+        None, description="Results per item, a JSON integer (1..PPR_MAX_K, default PPR_DEFAULT_K)."
+    )
     mode: Mode = Field(
         Mode.PERSONALIZED,
         description="`personalized`: each seed user's account is charged (within the caller's "
@@ -83,8 +82,8 @@ class BatchQuery(BaseModel):
         description="The ranking, as in GET /v1/ppr/{node} (default PPR_DEFAULT_MECHANISM; "
         "common_neighbours, friends_of_friends and blended are personalized mode only).",
     )
-    fresh: bool = Field(False, description="Draw new noise even where a release exists.")
-    exclude_neighbors: bool = Field(
+    fresh: StrictBool = Field(False, description="Draw new noise even where a release exists.")
+    exclude_neighbors: StrictBool = Field(
         False, description="Drop each seed's own neighbours (personalized mode only)."
     )
 

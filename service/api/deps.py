@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from service.api.errors import DuplicateHeader
 from service.api.runtime import Runtime
 from service.errors import Forbidden, Unauthorized
 from service.ledger.ledger import LedgerUnavailable
@@ -45,7 +46,10 @@ async def authenticate(
     """The caller's principal, rate-limited. On the event loop: a key this process
     authenticated within ``PPR_AUTH_CACHE_SECONDS`` and the rate limit (an asyncio Redis
     call) need no thread; a database lookup runs in the threadpool."""
-    header = request.headers.get("authorization")
+    headers = request.headers.getlist("authorization")
+    if len(headers) > 1:  # which one would count? (a proxy may have added one)
+        raise DuplicateHeader("Authorization")
+    header = headers[0] if headers else None
     if not header:
         raise Unauthorized(
             "missing credentials: send 'Authorization: Bearer <api key>'", reason="missing"
@@ -103,8 +107,10 @@ EngineTurn = Annotated[None, Depends(engine_slot, scope="function")]
 def is_admin_request(request: Request, runtime: Runtime) -> bool:
     """Whether the request carries a valid admin key (never raises: for public endpoints that
     show more to admins)."""
-    header = request.headers.get("authorization", "")
-    scheme, _, key = header.partition(" ")
+    headers = request.headers.getlist("authorization")
+    if len(headers) != 1:
+        return False
+    scheme, _, key = headers[0].partition(" ")
     key = key.strip()
     if scheme.lower() != "bearer" or not _KEY_SHAPE.match(key):
         return False

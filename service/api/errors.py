@@ -18,6 +18,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from service.api.observability import REFUSALS, internal_error_response
+from service.api.params import ACCOUNT_NODE_ID_PATTERN, NODE_ID_PATTERN
+from service.bounds import PRINTABLE
 from service.errors import ServiceError
 
 #: Retry-After of a 503 that names no wait of its own (the ledger database is unreachable).
@@ -46,6 +48,27 @@ _HTTP_CODES = {
     415: "unsupported_media_type",
     431: "headers_too_large",
 }
+
+
+#: What a value that misses one of the schema's patterns should look like, in words.
+_PATTERNS = {
+    NODE_ID_PATTERN: "a node id has no whitespace (spaces, tabs, line ends) or commas",
+    ACCOUNT_NODE_ID_PATTERN: "a node id has no whitespace, commas or control characters",
+    PRINTABLE: "must not contain control characters",
+}
+
+
+class DuplicateHeader(ServiceError):
+    """A header that must be sent at most once was sent several times."""
+
+    code = "duplicate_header"
+    status = 400
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"the {name} header was sent more than once; send it exactly once",
+            details={"header": name},
+        )
 
 
 #: Where FastAPI says a request value came from (the first part of a validation error's loc).
@@ -92,9 +115,11 @@ async def handle_validation_error(request: Request, exc: Exception) -> JSONRespo
         else [str(where_from), *map(str, inside)]
     )
     name = ".".join(part for part in loc if part) or "request"
-    if where_from == "header":
-        name = loc[-1] if loc else "header"
+    if where_from == "header":  # as it is written in requests: Idempotency-Key
+        name = "-".join(part.capitalize() for part in loc[-1].split("-")) if loc else "header"
     reason = str(first.get("msg", "is not valid")).removeprefix("Value error, ")
+    if first.get("type") == "string_pattern_mismatch":
+        reason = _PATTERNS.get(first.get("ctx", {}).get("pattern", ""), reason)
     given = first.get("input")
     message = f"{name}: {reason}" + (
         f", got {given!r}" if isinstance(given, str | int | float) else ""

@@ -243,7 +243,7 @@ class CreateAccount(BaseModel):
     label: LabelField | None = None
     may_create_seed_accounts: BoolField = False
     modes: list[Literal["personalized", "edge"]] | None = Field(
-        None, min_length=1, description="Service accounts only; default edge only."
+        None, min_length=1, max_length=2, description="Service accounts only; default edge only."
     )
     quota_epsilon: QuotaEpsilonField | None = Field(
         None, description="Service accounts only; default the configured quota."
@@ -253,7 +253,7 @@ class CreateAccount(BaseModel):
 class SetScopes(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    modes: list[Literal["personalized", "edge"]] | None = Field(None, min_length=1)
+    modes: list[Literal["personalized", "edge"]] | None = Field(None, min_length=1, max_length=2)
     may_create_seed_accounts: BoolField | None = None
     quota_epsilon: QuotaEpsilonField | None = None
     default_quota: BoolField = Field(False, description="Use the configured default quota again.")

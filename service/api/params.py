@@ -11,15 +11,26 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import Path, Query
-from pydantic import BeforeValidator, Field, StrictBool
+from fastapi import Header, Path, Query
+from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, StrictInt
+from starlette.convertors import Convertor, register_url_convertor
 
 from service.bounds import ID_MAX, LABEL_MAX, LIMIT_MAX, OFFSET_MAX, PRINTABLE
 from service.budgets import CAP_EPSILON_MAX, CAP_EPSILON_MIN, DELTA_MAX, DELTA_MIN
 from service.graph.loader import MAX_ID_BYTES
 
-#: Longest node id: the loader accepts ids of at most this many bytes of UTF-8.
+#: Longest node id: the loader accepts ids of at most this many bytes of UTF-8. The schema
+#: states it as ``maxLength`` (characters); the bytes are checked too.
 NODE_ID_MAX = MAX_ID_BYTES
+#: What a node id may hold: anything but the loader's separators (space, tab, line ends,
+#: vertical tab, form feed and comma), so no id can be trimmed or split into another one.
+NODE_ID_PATTERN = r"^[^ \t\n\r\x0b\x0c,]+$"
+#: A node id of a user account: the same, and no control characters (it is stored as text).
+ACCOUNT_NODE_ID_PATTERN = r"^[^\x00-\x20\x7f,]+$"
+#: Longest ``limit`` of the admin lists and the dashboard's pages (one bound for all).
+LIST_LIMIT_MAX = LIMIT_MAX
+#: Longest ``Idempotency-Key``, in characters (printable: no control characters).
+IDEMPOTENCY_KEY_MAX = 200
 #: Hard bounds of ``k`` and ``epsilon`` (the configured ranges lie inside; the schema served by
 #: a running service states the configured ones).
 K_LIMIT = 10_000
@@ -35,12 +46,35 @@ def _strict_query_bool(value: Any) -> Any:
     return value
 
 
+def _node_id_bytes(value: str) -> str:
+    if len(value.encode("utf-8", "surrogatepass")) > NODE_ID_MAX:
+        raise ValueError(f"a node id is at most {NODE_ID_MAX} bytes of UTF-8")
+    return value
+
+
+class NodeConvertor(Convertor[str]):
+    """``{name:node}``: the rest of the path, exactly. Starlette's ``path`` convertor stops
+    before a final line feed (its route pattern ends in ``$``), so ``/v1/ppr/7%0A`` would
+    name node ``7``; this one keeps every character (and the id is then refused for holding a
+    separator). ``batch`` alone is not a node id here: it is ``POST /v1/ppr/batch``'s path."""
+
+    regex = r"(?!batch\Z)(?s:.+)"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("node", NodeConvertor())
+
 AccountIdPath = Annotated[int, Path(ge=1, le=ID_MAX, description="An account id.")]
 KeyIdPath = Annotated[int, Path(ge=1, le=ID_MAX, description="An API key id.")]
 AccountIdQuery = Annotated[
     int | None, Query(ge=1, le=ID_MAX, description="Only this charged account's rows.")
 ]
-Limit = Annotated[int, Query(ge=1, le=LIMIT_MAX, description="Rows to return.")]
+Limit = Annotated[int, Query(ge=1, le=LIST_LIMIT_MAX, description="Rows to return.")]
 Offset = Annotated[int, Query(ge=0, le=OFFSET_MAX, description="Rows to skip.")]
 QueryBool = Annotated[bool, BeforeValidator(_strict_query_bool)]
 NodeIdPath = Annotated[
@@ -48,12 +82,48 @@ NodeIdPath = Annotated[
     Path(
         min_length=1,
         max_length=NODE_ID_MAX,
-        description="External node id, as in the edge list; percent-encode it (a `/` is `%2F`).",
+        pattern=NODE_ID_PATTERN,
+        description=f"External node id, exactly as in the edge list (at most {NODE_ID_MAX} "
+        "bytes of UTF-8; no whitespace or commas); percent-encode it (a `/` is `%2F`).",
+    ),
+    AfterValidator(_node_id_bytes),
+]
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    Header(
+        min_length=1,
+        max_length=IDEMPOTENCY_KEY_MAX,
+        pattern=PRINTABLE,
+        description=f"1..{IDEMPOTENCY_KEY_MAX} characters, no control characters.",
     ),
 ]
 
 # JSON body fields.
-NodeIdField = Annotated[str, Field(min_length=1, max_length=NODE_ID_MAX, pattern=PRINTABLE)]
+#: A node id in a query body: the same rule as in a path.
+QueryNodeIdField = Annotated[
+    str,
+    Field(
+        strict=True,
+        min_length=1,
+        max_length=NODE_ID_MAX,
+        pattern=NODE_ID_PATTERN,
+        description=f"External node id, a JSON string exactly as in the edge list (at most "
+        f"{NODE_ID_MAX} bytes of UTF-8; no whitespace or commas).",
+    ),
+    AfterValidator(_node_id_bytes),
+]
+NodeIdField = Annotated[
+    str,
+    Field(
+        strict=True,
+        min_length=1,
+        max_length=NODE_ID_MAX,
+        pattern=ACCOUNT_NODE_ID_PATTERN,
+        description=f"The user's node id, as in the edge list (at most {NODE_ID_MAX} bytes of "
+        "UTF-8; no whitespace, commas or control characters).",
+    ),
+    AfterValidator(_node_id_bytes),
+]
 GraphFileField = Annotated[str, Field(min_length=1, max_length=1024, pattern=PRINTABLE)]
 LabelField = Annotated[str, Field(max_length=LABEL_MAX, pattern=PRINTABLE)]
 CapEpsilonField = Annotated[
@@ -85,3 +155,4 @@ QuotaEpsilonField = Annotated[
     ),
 ]
 BoolField = StrictBool
+IntField = StrictInt

@@ -131,14 +131,16 @@ def run(args: argparse.Namespace) -> int:
     if settings.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         metrics_dir = tempfile.mkdtemp(prefix="ppr-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-    app = "service.api.app:create_app"
-    if settings.workers > 1:
-        # One copy per machine: load, compile and snapshot once here, then fork the workers.
-        from service.api.forked_workers import fork_workers, prepare_supervisor
+    # One path for every worker count: the graph is loaded (its snapshot written) and the
+    # kernels compiled here, once, before uvicorn starts; so a file that is not a graph ends
+    # the command with one line and exit 2, never a worker's traceback. With several workers
+    # they are then forked from this process (each maps the snapshot).
+    from service.api.forked_workers import fork_workers, prepare_supervisor
 
-        prepare_supervisor(settings)
-        if fork_workers():
-            app = "service.api.forked_workers:preloaded_app"
+    prepare_supervisor(settings)
+    app = "service.api.forked_workers:preloaded_app"
+    if settings.workers > 1:
+        fork_workers()  # else spawned: preloaded_app builds each worker's app itself
     try:
         return _serve(app, settings)
     finally:

@@ -17,6 +17,7 @@ __all__ = [
     "BudgetExhausted",
     "ChargeSettled",
     "Conflict",
+    "DuplicateHeader",
     "Forbidden",
     "GraphBudgetExhausted",
     "GraphLoadError",
@@ -134,6 +135,13 @@ class BadRequest(PprError):
 @_register
 class MalformedJson(BadRequest):
     code = "malformed_json"
+
+
+@_register
+class DuplicateHeader(BadRequest):
+    """A header that counts once (Authorization, Idempotency-Key) was sent several times."""
+
+    code = "duplicate_header"
 
 
 @_register

@@ -81,11 +81,16 @@ def graph_file_in(directory: Path | None, name: str) -> Path:
     if not name or "\x00" in name or Path(name).is_absolute():
         raise InvalidParameter("path", "must be a file name relative to PPR_GRAPH_DIR")
     root = directory.resolve()
-    candidate = (root / name).resolve()
-    if not candidate.is_relative_to(root) or candidate == root:
-        raise InvalidParameter("path", "must name a file inside PPR_GRAPH_DIR")
-    if not candidate.is_file():
-        raise InvalidParameter("path", f"no such file in PPR_GRAPH_DIR: {name!r}")
+    try:
+        candidate = (root / name).resolve()
+        if not candidate.is_relative_to(root) or candidate == root:
+            raise InvalidParameter("path", "must name a file inside PPR_GRAPH_DIR")
+        if not candidate.is_file():
+            raise InvalidParameter("path", f"no such file in PPR_GRAPH_DIR: {name!r}")
+    except OSError as exc:  # a name too long for the file system, a loop of links, ...
+        raise InvalidParameter(
+            "path", f"cannot be opened in PPR_GRAPH_DIR: {exc.strerror}"
+        ) from None
     return candidate
 
 

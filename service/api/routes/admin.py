@@ -30,11 +30,12 @@ from service.api.models import (
 )
 from service.api.params import AccountIdPath, AccountIdQuery, KeyIdPath, Limit, Offset
 from service.api.runtime import Runtime, node_set_origin
+from service.api.strict import StrictRoute
 from service.errors import InvalidParameter
 from service.ledger.records import AccountRecord
 from service.serving.graph_holder import graph_file_in
 
-router = APIRouter(prefix="/v1/admin", tags=["admin"])
+router = APIRouter(prefix="/v1/admin", tags=["admin"], route_class=StrictRoute)
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorResponse},

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from service.api.batch_models import BatchAnswer, BatchQuery
 from service.api.deps import EngineTurn, PrincipalDep, RuntimeDep
 from service.api.models import ErrorResponse
 from service.api.observability import CHARGES, EPSILON_CHARGED, REFUSALS, REPLAYS
-from service.api.routes.ppr import check_idempotency_key
+from service.api.params import IdempotencyKeyHeader
+from service.api.routes.ppr import one_header
+from service.api.strict import StrictRoute
 from service.errors import InvalidParameter
 from service.serving.batch import BatchRequest
 
-router = APIRouter(prefix="/v1", tags=["queries"])
+router = APIRouter(prefix="/v1", tags=["queries"], route_class=StrictRoute)
 
 _ERRORS: dict[int | str, dict[str, object]] = {
     401: {"model": ErrorResponse, "description": "missing, malformed, unknown or revoked key"},
@@ -38,10 +40,7 @@ def ppr_batch(
     principal: PrincipalDep,
     _turn: EngineTurn,
     body: BatchQuery,
-    idempotency_key: Annotated[
-        str | None,
-        Header(description="A retry with the same key charges each item at most once"),
-    ] = None,
+    idempotency_key: IdempotencyKeyHeader = None,
 ) -> JSONResponse:
     """Private PPR answers for many seeds, one item per node in the order given.
 
@@ -51,7 +50,7 @@ def ppr_batch(
     are answered. With an `Idempotency-Key`, each item gets a key derived from it and its
     position and node, so a retried batch charges no item twice.
     """
-    check_idempotency_key(idempotency_key)
+    one_header(request, "Idempotency-Key")
     settings = runtime.settings
     if len(body.nodes) > settings.batch_max_items:
         raise InvalidParameter(

@@ -40,10 +40,11 @@ from service.api.deps import AdminDep, RuntimeDep
 from service.api.models import ErrorResponse, SetBudget
 from service.api.params import AccountIdPath, Limit, Offset
 from service.api.runtime import Runtime
+from service.api.strict import StrictRoute
 from service.bounds import ID_MAX
 from service.ledger.admin_views import AccountFilter, AdminViews
 
-router = APIRouter(prefix="/v1/admin", tags=["admin dashboard"])
+router = APIRouter(prefix="/v1/admin", tags=["admin dashboard"], route_class=StrictRoute)
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorResponse},
@@ -99,7 +100,7 @@ def account_table(
     ] = "any",
     near_cap_fraction: Annotated[float, Query(gt=0, le=1)] = 0.8,
     min_spent_epsilon: Annotated[float | None, Query(ge=0, le=1e9)] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    limit: Limit = 50,
     offset: Offset = 0,
 ) -> AccountTable:  # fmt: skip
     """Accounts with their budgets, sorted, filtered and paginated in the database, with the
@@ -156,7 +157,7 @@ def refusals(
 def spenders(
     runtime: RuntimeDep,
     admin: AdminDep,
-    limit: Annotated[int, Query(ge=1, le=100)] = 10,
+    limit: Limit = 10,
     near_cap_fraction: Annotated[float, Query(gt=0, le=1)] = 0.8,
 ) -> Spenders:
     """Top spenders (composed spend) and the accounts nearest their cap."""

@@ -11,11 +11,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from service.api.deps import RuntimeDep, is_admin_request
+from service.api.errors import DuplicateHeader
 from service.api.observability import metrics_response
 from service.api.runtime import Runtime
+from service.api.strict import StrictRoute
 from service.errors import Unauthorized
 
-router = APIRouter(tags=["operations"])
+router = APIRouter(tags=["operations"], route_class=StrictRoute)
 
 
 @router.get("/healthz")
@@ -56,7 +58,10 @@ def metrics(request: Request, runtime: RuntimeDep) -> Response:
     `Authorization: Bearer <token>` (Prometheus: `authorization: {credentials: <token>}`)."""
     token = runtime.settings.metrics_token
     if token is not None:
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        sent = request.headers.getlist("authorization")
+        if len(sent) > 1:
+            raise DuplicateHeader("Authorization")
+        scheme, _, given = (sent[0] if sent else "").partition(" ")
         expected = token.get_secret_value().encode()
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
             raise Unauthorized("send 'Authorization: Bearer <PPR_METRICS_TOKEN>'", reason="metrics")

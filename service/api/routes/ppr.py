@@ -4,19 +4,21 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from service.api.deps import EngineTurn, PrincipalDep, RuntimeDep
+from service.api.errors import DuplicateHeader
 from service.api.models import Budget, ErrorResponse, PprAnswer, Reads
 from service.api.observability import CHARGES, EPSILON_CHARGED, REPLAYS
-from service.api.params import K_LIMIT, NodeIdPath, QueryBool
-from service.errors import Forbidden, InvalidParameter
+from service.api.params import K_LIMIT, IdempotencyKeyHeader, NodeIdPath, QueryBool
+from service.api.strict import StrictRoute
+from service.errors import Forbidden
 from service.mechanisms.registry import RankingMechanism
 from service.privacy.modes import Mode
 from service.serving.schemas import QueryRequest
 
-router = APIRouter(prefix="/v1", tags=["queries"])
+router = APIRouter(prefix="/v1", tags=["queries"], route_class=StrictRoute)
 
 _ERRORS: dict[int | str, dict[str, object]] = {
     401: {"model": ErrorResponse, "description": "missing, malformed, unknown or revoked key"},
@@ -29,21 +31,15 @@ _ERRORS: dict[int | str, dict[str, object]] = {
     422: {"model": ErrorResponse, "description": "`invalid_parameter`, naming it"},
 }
 
-#: What an Idempotency-Key may look like (printable, bounded).
-_MAX_IDEMPOTENCY_KEY = 200
 
-
-def check_idempotency_key(idempotency_key: str | None) -> None:
-    if idempotency_key is not None and not (
-        0 < len(idempotency_key) <= _MAX_IDEMPOTENCY_KEY and idempotency_key.isprintable()
-    ):
-        raise InvalidParameter(
-            "Idempotency-Key", f"must be 1..{_MAX_IDEMPOTENCY_KEY} printable characters"
-        )
+def one_header(request: Request, name: str) -> None:
+    """Refuse a request that sends ``name`` more than once (which one would count?)."""
+    if len(request.headers.getlist(name)) > 1:
+        raise DuplicateHeader(name)
 
 
 @router.get(
-    "/ppr/{node_id:path}",
+    "/ppr/{node_id:node}",
     response_model=PprAnswer,
     response_model_exclude_none=True,  # mechanism fields that do not apply are absent
     responses={
@@ -88,9 +84,7 @@ async def ppr(
     exclude_neighbors: Annotated[
         QueryBool, Query(description="Drop the seed's own neighbours (personalized mode only)")
     ] = False,
-    idempotency_key: Annotated[
-        str | None, Header(description="Retries with the same key return the same answer")
-    ] = None,
+    idempotency_key: IdempotencyKeyHeader = None,
 ) -> Response:
     """A ranked list of nodes close to `node_id`, from the chosen private ranking.
 
@@ -100,7 +94,7 @@ async def ppr(
     `popular` charges no account: its degree release is made once per graph version and
     paid by the graph-wide exposure. The `mechanism` block names what was used.
     """
-    check_idempotency_key(idempotency_key)
+    one_header(request, "Idempotency-Key")
     settings = runtime.settings
     query = QueryRequest(
         principal=principal,
@@ -134,7 +128,7 @@ async def ppr(
     return Response(content=body, media_type="application/json")
 
 
-@router.get("/me/budget", response_model=Budget, tags=["budget"], responses=_ERRORS)
+@router.get("/me/budget", response_model=Budget, responses=_ERRORS)
 def my_budget(runtime: RuntimeDep, principal: PrincipalDep) -> Budget:
     """The caller's own budget: spend composed by the RDP accountant at the account's delta."""
     return Budget.of(runtime.ledger.budget(principal.account_id))
