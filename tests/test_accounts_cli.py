@@ -43,10 +43,10 @@ def test_db_commands(capsys: pytest.CaptureFixture[str], ledger_url: str) -> Non
     assert "python -m service db upgrade" in err and "Traceback" not in err
     assert run_json(capsys, "db", "current", *db)["current"] == []
     code, out, _ = run(capsys, "db", "upgrade", *db)
-    assert code == 0 and "0003_admin_dashboard (head)" in out
+    assert code == 0 and "0006_idempotency_binding (head)" in out
     assert run(capsys, "db", "upgrade", *db)[0] == 0  # idempotent
     status = run_json(capsys, "db", "check", *db)
-    assert status["at_head"] and status["current"] == status["head"] == ["0003_admin_dashboard"]
+    assert status["at_head"] and status["current"] == status["head"] == ["0006_idempotency_binding"]
     assert status["grid_version"] == "1"
     code, out, _ = run(capsys, "db", "current", *db)
     assert code == 0 and "at head" in out
