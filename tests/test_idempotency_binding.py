@@ -283,3 +283,40 @@ def test_two_workers_bind_keys_under_concurrent_fresh_draws(
             assert [r.node for r in release.results[:5]] == [r["node"] for r in first[idem]]
         report = ledger.verify()
         assert report.ok, report.mismatches
+
+
+def test_the_migration_binds_the_keys_of_live_charges(ledger_url: str) -> None:
+    """A ledger whose charges were made before revision 0006 (here: downgraded to 0003 after
+    charging) comes back with every live keyed charge's key bound, and verifies clean."""
+    from alembic import command
+
+    from service.ledger.database import alembic_config
+    from service.ledger.records import ReleaseKey, StoredRelease
+    from service.mechanisms.postprocess import RankedNode
+
+    upgrade(ledger_url)
+    with open_ledger(ledger_url) as ledger:
+        user = ledger.create_account("user", node_id="1", cap_epsilon=5.0, delta=1e-6)
+        uid, curve = user.account_id, laplace_curve(0.1)
+        ids = [
+            ledger.admit_and_charge(
+                charged_account_id=uid, principal_account_id=uid, seed="1",
+                mechanism="common_neighbours", mode="personalized", params={},
+                query_curve=curve, query_epsilon=0.1, graph_version="g1",
+                request_id=f"r{i}", idempotency_key=idem,
+            ).charge_id
+            for i, idem in enumerate(["released", "refunded", "in-flight", None])
+        ]  # fmt: skip
+        key = ReleaseKey(uid, "1", "g1", "personalized", 0.1, "common_neighbours")
+        stored = StoredRelease(key, ids[0], [RankedNode("2", 0.5)], {}, "r0")
+        ledger.store_release(stored, idempotency_key="released", principal_account_id=uid)
+        ledger.refund(ids[1], reason="test: nothing drawn")
+    command.downgrade(alembic_config(ledger_url), "0003_admin_dashboard")
+    upgrade(ledger_url)
+    with open_ledger(ledger_url) as ledger:
+        assert sorted((k, kind, c, live) for k, kind, c, live in bindings(ledger)) == [
+            ("in-flight", "charged", ids[2], True), ("released", "charged", ids[0], True),
+        ]  # fmt: skip
+        assert ledger.release_for_idempotency_key(uid, "released") == stored
+        report = ledger.verify()
+        assert report.ok, report.mismatches
