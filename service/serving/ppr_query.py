@@ -397,12 +397,11 @@ class PprQueryService:
 
     def _cache_bound(self, entries: list[tuple[StoredRelease, int, str | None]]) -> None:
         """Cache releases whose keys are bound to them (a bound key never changes charge)."""
-        if self.replays is None or not entries:
+        keyed = [(principal, idem, stored) for stored, principal, idem in entries if idem]
+        if self.replays is None or not keyed:
             return
         try:
-            for stored, principal, idem in entries:
-                if idem is not None:
-                    self.replays.put_for_idempotency(principal, idem, stored)
+            self.replays.put_many_for_idempotency(keyed)
         except Exception:  # the ledger is the truth: a miss reads the binding there
             log.warning("caching bound releases failed", exc_info=True)
 
