@@ -320,3 +320,35 @@ def test_the_migration_binds_the_keys_of_live_charges(ledger_url: str) -> None:
         assert ledger.release_for_idempotency_key(uid, "released") == stored
         report = ledger.verify()
         assert report.ok, report.mismatches
+
+
+def test_a_key_joined_to_an_in_flight_twin_is_freed_when_the_twin_is_refunded(
+    ledger: Ledger,
+) -> None:
+    from service.ledger.records import ReleaseKey
+
+    user = ledger.create_account("user", node_id="1", cap_epsilon=5.0, delta=1e-6)
+    uid, curve = user.account_id, laplace_curve(0.1)
+    key = ReleaseKey(uid, "1", "g1", "personalized", 0.1, "common_neighbours")
+
+    def admit(idem: str | None, request_id: str) -> Any:
+        return ledger.admit_and_charge(
+            charged_account_id=uid, principal_account_id=uid, seed="1",
+            mechanism="common_neighbours", mode="personalized", params={}, query_curve=curve,
+            query_epsilon=0.1, graph_version="g1", request_id=request_id,
+            idempotency_key=idem, release_key=key,
+        )  # fmt: skip
+
+    twin = admit(None, "r1")
+    joined = admit("J", "r2")
+    assert joined.joined and joined.charge_id == twin.charge_id
+    assert bindings(ledger) == [("J", "joined", twin.charge_id, True)]
+    retry = admit("J", "r3")
+    assert retry.reused and retry.charge_id == twin.charge_id
+    ledger.reconcile(older_than_seconds=0)  # the twin's worker died: nothing was released
+    assert bindings(ledger) == [("J", "joined", twin.charge_id, False)]
+    again = admit("J", "r4")
+    assert not (again.reused or again.joined) and again.charge_id != twin.charge_id
+    assert bindings(ledger)[-1] == ("J", "charged", again.charge_id, True)
+    report = ledger.verify()
+    assert report.ok, report.mismatches
