@@ -15,6 +15,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -172,6 +173,13 @@ def test_replay_round_trip(caches: Caches) -> None:
     assert caches.replay.get_for_idempotency(3, "idem-1") == stored
     assert caches.replay.get_for_idempotency(4, "idem-1") is None
     assert caches.replay.get_for_idempotency(3, "idem-2") is None
+
+    # keys bound to an older release: cached under the keys only, the query's entry unchanged
+    older = replace(stored, charge_id=stored.charge_id - 1, request_id="older")
+    caches.replay.put_many_for_idempotency([(3, "idem-2", older), (4, "idem-1", older)])
+    assert caches.replay.get_for_idempotency(3, "idem-2") == older
+    assert caches.replay.get_for_idempotency(4, "idem-1") == older
+    assert caches.replay.get(stored.key) == stored
 
 
 @pytest.mark.redis

@@ -469,6 +469,25 @@ class ReplayCache(_Counted):
         self._remember(key, release)
         self._write(self.store, key, encode_release(release), self.ttl_seconds)
 
+    def put_many_for_idempotency(self, entries: list[tuple[int, str, StoredRelease]]) -> None:
+        """Cache many releases each under its (principal, idempotency key) only (never under
+        its :class:`ReleaseKey`, whose entry is the newest release), in one round trip where
+        the store can. Only for keys the ledger has bound to those releases."""
+        items: list[tuple[str, bytes]] = []
+        for principal, idem, release in entries:
+            key = self.idempotency_key(principal, idem)
+            self._remember(key, release)
+            items.append((key, encode_release(release)))
+        set_many = getattr(self.store, "set_many", None)
+        if set_many is None:
+            for key, raw in items:
+                self._write(self.store, key, raw, self.ttl_seconds)
+            return
+        try:
+            set_many(items, self.ttl_seconds)
+        except Exception as exc:
+            self._store_failed(exc, "set")
+
     def get_for_idempotency(self, principal_id: int, idem_key: str) -> StoredRelease | None:
         release = self._load(self.idempotency_key(principal_id, idem_key))
         if release is not None:

@@ -1,7 +1,7 @@
 """What the admissions of a group read of earlier charges and releases, read once per group.
 
-Admitting one query reads, under its account's lock, up to three things: the charge of an
-earlier query with the same Idempotency-Key, an identical query's charge still in flight (a
+Admitting one query reads, under its account's lock, up to three things: the charge its
+Idempotency-Key is bound to, an identical query's charge still in flight (a
 twin), and an identical query's stored release. A group admitted one query at a time would
 make those reads per query, each after writing the group's charges so far so that they are
 seen: up to three round trips per query while the account's row is locked. Here each is one
@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import cast
 
-from sqlalchemy import Table, bindparam, func, select, tuple_
+from sqlalchemy import Table, bindparam, func, select
 from sqlalchemy.orm import Session
 
+from service.ledger.idempotency import EarlierCharge, bound_charges
 from service.ledger.locked_rows import NewCharge
 from service.ledger.records import Admission, BudgetView, ChargeReceipt, ReleaseKey
 from service.ledger.tables import Charge, Release
@@ -66,16 +66,6 @@ _RELEASED = (
 
 
 @dataclass(frozen=True)
-class EarlierCharge:
-    """A charge made before this group, read for it: an in-flight twin, or the holder of an
-    Idempotency-Key."""
-
-    id: int
-    charged_account_id: int
-    created_at: datetime | None = None
-
-
-@dataclass(frozen=True)
 class ReceiptOfNewCharge:
     """A query of the group answered by a charge the group itself added: its id is known
     once the group's charges are written."""
@@ -105,7 +95,7 @@ class GroupReads:
         self._released = released
         self._by_key = by_key
         self._new_twins: dict[tuple[int, str], NewCharge] = {}
-        self._new_by_key: dict[tuple[int, str], NewCharge] = {}
+        self._new_by_key: dict[tuple[int, str], NewCharge | EarlierCharge] = {}
 
     @classmethod
     def read(cls, session: Session, admissions: Iterable[Admission]) -> GroupReads:
@@ -138,8 +128,8 @@ class GroupReads:
         return self._released.get(key)
 
     def holder(self, principal: int, idempotency_key: str) -> NewCharge | EarlierCharge | None:
-        """The live charge that holds ``idempotency_key`` for ``principal``: this group's,
-        else one made before it."""
+        """The charge ``idempotency_key`` of ``principal`` is bound to: by this group, else
+        before it."""
         found = self._new_by_key.get((principal, idempotency_key))
         return found if found is not None else self._by_key.get((principal, idempotency_key))
 
@@ -147,8 +137,12 @@ class GroupReads:
         """Remember a charge the group added, as later queries of the group would read it."""
         if digest is not None:
             self._new_twins[(a.charged_account_id, digest)] = charge
-        if a.idempotency_key is not None:
-            self._new_by_key[(a.principal_account_id, a.idempotency_key)] = charge
+
+    def bound(
+        self, principal: int, idempotency_key: str, charge: NewCharge | EarlierCharge
+    ) -> None:
+        """Remember a key the group bound (to a charge it added, or an earlier one)."""
+        self._new_by_key[(principal, idempotency_key)] = charge
 
 
 def _read_twins(
@@ -191,17 +185,4 @@ def _read_released(session: Session, keys: list[ReleaseKey]) -> dict[ReleaseKey,
 def _read_by_key(
     session: Session, wanted: set[tuple[int, str]]
 ) -> dict[tuple[int, str], EarlierCharge]:
-    if not wanted:
-        return {}
-    pairs = tuple_(CHARGES.c.principal_account_id, CHARGES.c.idempotency_key)
-    rows = session.execute(
-        select(CHARGES.c.id, CHARGES.c.charged_account_id, CHARGES.c.principal_account_id,
-               CHARGES.c.idempotency_key)
-        .where(pairs.in_(sorted(wanted)), CHARGES.c.state != "refunded")
-    )  # fmt: skip
-    out: dict[tuple[int, str], EarlierCharge] = {}
-    for row in rows:
-        pair = (int(row.principal_account_id), str(row.idempotency_key))
-        if pair in wanted:
-            out[pair] = EarlierCharge(int(row.id), int(row.charged_account_id))
-    return out
+    return bound_charges(session, wanted) if wanted else {}

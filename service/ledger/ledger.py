@@ -42,7 +42,14 @@ from service.ledger.database import (
     write_engine,
 )
 from service.ledger.exposure import ExposureReport, default_delta, exposure_report
-from service.ledger.group_reads import EarlierCharge, GroupReads, ReceiptOfNewCharge
+from service.ledger.group_reads import GroupReads, ReceiptOfNewCharge
+from service.ledger.idempotency import (
+    EarlierCharge,
+    bound_charge,
+    bound_charges,
+    free_bindings,
+    insert_unless_bound,
+)
 from service.ledger.keys import generate_api_key, hash_api_key, key_prefix
 from service.ledger.locked_rows import (
     CHARGES,
@@ -98,6 +105,7 @@ from service.ledger.tables import (
     ExposureShard,
     GraphRelease,
     GraphVersion,
+    IdempotencyBinding,
     LedgerMeta,
     ReadTotal,
     Refund,
@@ -996,13 +1004,11 @@ class Ledger:
                 self._record_refused(a, refusal)
                 raise
             except IntegrityError:
-                # A concurrent twin with the same idempotency key committed first.
+                # A concurrent request with the same idempotency key bound it first.
                 if a.idempotency_key is None:
                     raise
                 with self._reading() as session:
-                    earlier = self._charge_by_key(
-                        session, a.principal_account_id, a.idempotency_key
-                    )
+                    earlier = bound_charge(session, a.principal_account_id, a.idempotency_key)
                     if earlier is None:
                         raise
                     return self._reused(session, earlier)
@@ -1026,6 +1032,7 @@ class Ledger:
             writes,
         )
         if isinstance(outcome, ChargeReceipt):
+            writes.finish(session)  # the key it bound, if any
             return outcome
         assert isinstance(outcome, tuple)  # alone, no charge of a group answers it
         charge, view = outcome
@@ -1117,6 +1124,10 @@ class Ledger:
                 a.request_id, now,
             )  # fmt: skip
             charges += 1
+        if a.idempotency_key is not None:
+            writes.bind(a.principal_account_id, a.idempotency_key, charge, "charged", now)
+            if reads is not None:
+                reads.bound(a.principal_account_id, a.idempotency_key, charge)
         _set_spend(account, account, composed, charges)
         account.last_charge_at = now
         writes.changed_account(account)
@@ -1233,6 +1244,25 @@ class Ledger:
             )
             raise
 
+    @staticmethod
+    def _bind_joined(
+        a: Admission,
+        charge: NewCharge | int,
+        charged_account_id: int,
+        writes: AdmissionWrites,
+        reads: GroupReads | None = None,
+    ) -> None:
+        """A keyed query answered by an identical query's charge binds its key to it, in the
+        admission's transaction (so a retry gets that charge's release, never a newer one)."""
+        if a.idempotency_key is None:
+            return
+        writes.bind(a.principal_account_id, a.idempotency_key, charge, "joined", utcnow())
+        if reads is not None:
+            held = charge if isinstance(charge, NewCharge) else EarlierCharge(
+                charge, charged_account_id
+            )  # fmt: skip
+            reads.bound(a.principal_account_id, a.idempotency_key, held)
+
     def _earlier_alone(
         self,
         session: Session,
@@ -1245,18 +1275,17 @@ class Ledger:
         """The receipt of an earlier charge that answers ``a`` (its Idempotency-Key's, an
         in-flight twin's, a stored release's), read now; None: ``a`` is charged."""
         if a.idempotency_key is not None:
-            earlier = self._charge_by_key(session, a.principal_account_id, a.idempotency_key)
+            earlier = bound_charge(session, a.principal_account_id, a.idempotency_key)
             if earlier is not None:
                 return self._reused(session, earlier, writes)
         if a.release_key is not None and digest is not None:
             twin = self._twin(session, a.charged_account_id, digest, stale_after_seconds)
+            if twin is None:
+                released = self._release_row(session, a.release_key)
+                twin = None if released is None else released.charge_id
             if twin is not None:
+                self._bind_joined(a, twin, a.charged_account_id, writes)
                 return ChargeReceipt(charge_id=twin, budget=_view(account, account), joined=True)
-            released = self._release_row(session, a.release_key)
-            if released is not None:
-                return ChargeReceipt(
-                    charge_id=released.charge_id, budget=_view(account, account), joined=True
-                )
         return None
 
     def _earlier_in_group(
@@ -1281,13 +1310,16 @@ class Ledger:
         if a.release_key is not None and digest is not None:
             new_twin = reads.new_twin(a.charged_account_id, digest)
             if new_twin is not None:
+                self._bind_joined(a, new_twin, a.charged_account_id, writes, reads)
                 return ReceiptOfNewCharge(new_twin, _view(account, account), joined=True)
             twin = reads.twin(a.charged_account_id, digest)
             if twin is not None:
                 _refuse_stale_twin(twin.id, twin.created_at, stale_after_seconds)
+                self._bind_joined(a, twin.id, a.charged_account_id, writes, reads)
                 return ChargeReceipt(charge_id=twin.id, budget=_view(account, account), joined=True)
             released = reads.released(a.release_key)
             if released is not None:
+                self._bind_joined(a, released, a.charged_account_id, writes, reads)
                 view = _view(account, account)
                 return ChargeReceipt(charge_id=released, budget=view, joined=True)
         return None
@@ -1568,20 +1600,10 @@ class Ledger:
             raise LedgerNotMigrated("exposure_shards is empty: run the migrations")
         return row
 
-    @staticmethod
-    def _charge_by_key(session: Session, principal: int, key: str) -> Charge | None:
-        return session.scalars(
-            select(Charge).where(
-                Charge.principal_account_id == principal,
-                Charge.idempotency_key == key,
-                Charge.state != "refunded",
-            )
-        ).one_or_none()
-
     def _reused(
         self,
         session: Session,
-        charge: Charge | EarlierCharge,
+        charge: EarlierCharge,
         writes: AdmissionWrites | None = None,
     ) -> ChargeReceipt:
         locked = None if writes is None else writes.account(charge.charged_account_id)
@@ -1645,6 +1667,7 @@ class Ledger:
                 )
             return _view(budget, spend)
         session.add(Refund(charge_id=charge.id, created_at=now, reason=reason))
+        free_bindings(session, charge.id, now)  # nothing was released under those keys
         curves: list[dict[str, Any]] = list(
             session.scalars(
                 select(Charge.rdp)
@@ -2159,20 +2182,47 @@ class Ledger:
     def release_for_idempotency_key(
         self, principal_account_id: int, idempotency_key: str
     ) -> StoredRelease | None:
+        """The release the key is bound to, once stored (None: the key is free, or bound to a
+        charge still in flight)."""
         stmt = (
             select(Release)
+            .join(IdempotencyBinding, IdempotencyBinding.charge_id == Release.charge_id)
             .join(Charge, Charge.id == Release.charge_id)
             .where(
-                Release.principal_account_id == principal_account_id,
-                Release.idempotency_key == idempotency_key,
+                IdempotencyBinding.principal_account_id == principal_account_id,
+                IdempotencyBinding.idempotency_key == idempotency_key,
+                IdempotencyBinding.freed_at.is_(None),
                 Charge.state == "released",
             )
-            .order_by(Release.charge_id.desc())
-            .limit(1)
         )
         with self._reading() as session:
             row = session.scalars(stmt).one_or_none()
             return None if row is None else _release_record(row)
+
+    def bind_idempotency_keys(self, bindings: Sequence[tuple[int, str, int]]) -> list[int]:
+        """Bind each ``(principal, idempotency key)`` to the released charge given, unless the
+        key is bound already, in ONE transaction; per binding the charge the key is bound to
+        after it: the one given, or the charge an earlier (or concurrent) request bound it to.
+
+        For a keyed query answered from a stored release before admission: the release it
+        returns must be the one the key is bound to. Only charges already ``released`` may be
+        given (a stored release's), so the binding is permanent."""
+        if not bindings:
+            return []
+        with self._writing() as session:
+            now = utcnow()
+            session.execute(
+                insert_unless_bound(self._sqlite),
+                [
+                    {
+                        "principal_account_id": principal, "idempotency_key": key,
+                        "charge_id": charge_id, "kind": "replayed", "created_at": now,
+                    }
+                    for principal, key, charge_id in bindings
+                ],
+            )  # fmt: skip
+            bound = bound_charges(session, {(p, k) for p, k, _ in bindings})
+        return [bound[(principal, key)].id for principal, key, _ in bindings]
 
     def admitted_charges_for_keys(self, keys: list[tuple[int, str]]) -> list[ChargeRecord]:
         """The charges still ``admitted`` (no release stored) under any of the

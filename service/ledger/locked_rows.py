@@ -24,6 +24,7 @@ from service.ledger.tables import (
     Charge,
     EncodedJson,
     ExposureShard,
+    IdempotencyBinding,
     Release,
     Spend,
     encode_json,
@@ -34,6 +35,7 @@ RELEASES = cast(Table, Release.__table__)
 SPEND = cast(Table, Spend.__table__)
 BUDGETS = cast(Table, Budget.__table__)
 SHARDS = cast(Table, ExposureShard.__table__)
+BINDINGS = cast(Table, IdempotencyBinding.__table__)
 
 _LOCK_ACCOUNT = (
     select(SPEND, BUDGETS.c.cap_epsilon, BUDGETS.c.delta)
@@ -73,6 +75,7 @@ _WRITE_SHARD = (
     )
 )
 _INSERT_CHARGES = insert(CHARGES).returning(CHARGES.c.id, sort_by_parameter_order=True)
+_INSERT_BINDINGS = insert(BINDINGS)
 _SETTLE = (
     update(CHARGES)
     .where(CHARGES.c.id == bindparam("charge_id"), CHARGES.c.state == "admitted")
@@ -166,13 +169,14 @@ class NewCharge:
 
 class AdmissionWrites:
     """What one admission transaction changes: the accounts' spend, the shards, the new
-    charges. Charges are inserted with one multi-row ``INSERT ... RETURNING id`` when the
-    transaction must see them (before a read of the charges, and at the end); spend and
-    shards are written once each at the end. The JSON of a curve or parameter set shared by
-    many charges of a group is encoded once."""
+    charges and the Idempotency-Keys they bind. Charges (then the keys bound to them) are
+    inserted with one multi-row ``INSERT`` each when the transaction must see them (before a
+    read of the charges, and at the end); spend and shards are written once each at the end.
+    The JSON of a curve or parameter set shared by many charges of a group is encoded once."""
 
     def __init__(self) -> None:
         self._charges: list[NewCharge] = []
+        self._bindings: list[tuple[int, str, NewCharge | int, str, datetime]] = []
         self._accounts: dict[int, LockedAccount] = {}
         self._shards: dict[int, LockedShard] = {}
         self._encoded: dict[int, tuple[object, EncodedJson]] = {}
@@ -193,6 +197,15 @@ class AdmissionWrites:
         self._charges.append(charge)
         return charge
 
+    def bind(
+        self, principal: int, idempotency_key: str, charge: NewCharge | int, kind: str,
+        now: datetime,
+    ) -> None:  # fmt: skip
+        """Bind ``idempotency_key`` of ``principal`` to ``charge`` (one of this transaction's
+        new charges, or an earlier charge's id). Written with the charges; a key bound
+        concurrently by another transaction makes the commit fail (IntegrityError)."""
+        self._bindings.append((principal, idempotency_key, charge, kind, now))
+
     def changed_account(self, account: LockedAccount) -> None:
         self._accounts[account.account_id] = account
 
@@ -204,12 +217,25 @@ class AdmissionWrites:
         self._shards[shard.shard] = shard
 
     def write_charges(self, session: Session) -> None:
-        if not self._charges:
-            return
-        pending, self._charges = self._charges, []
-        ids = session.scalars(_INSERT_CHARGES, [charge.values for charge in pending]).all()
-        for charge, charge_id in zip(pending, ids, strict=True):
-            charge.id = int(charge_id)
+        """Insert the pending charges, then the pending key bindings."""
+        if self._charges:
+            pending, self._charges = self._charges, []
+            ids = session.scalars(_INSERT_CHARGES, [charge.values for charge in pending]).all()
+            for charge, charge_id in zip(pending, ids, strict=True):
+                charge.id = int(charge_id)
+        if self._bindings:
+            bindings, self._bindings = self._bindings, []
+            rows = []
+            for principal, key, target, kind, now in bindings:
+                charge_id = target if isinstance(target, int) else target.id
+                assert charge_id, "a new charge is written before the key bound to it"
+                rows.append(
+                    {
+                        "principal_account_id": principal, "idempotency_key": key,
+                        "charge_id": charge_id, "kind": kind, "created_at": now,
+                    }
+                )  # fmt: skip
+            session.execute(_INSERT_BINDINGS, rows)
 
     def finish(self, session: Session) -> None:
         """Write everything still pending (before the transaction commits)."""

@@ -285,6 +285,45 @@ class Release(Base):
     created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
 
 
+#: How an Idempotency-Key came to name its charge: the keyed request was ``charged``, it
+#: ``joined`` an identical query's charge (in flight or released) at admission, or it was
+#: ``replayed`` from a stored release before admission.
+BINDING_KINDS = ("charged", "joined", "replayed")
+_BOUND = "freed_at IS NULL"
+
+
+class IdempotencyBinding(Base):
+    """What an Idempotency-Key answers with: the charge whose release was (or will be) the
+    first answer given under ``(principal_account_id, idempotency_key)``.
+
+    Every keyed answer records its key here in the transaction that decides it, under one
+    uniqueness rule, so a key names at most one charge. A binding is freed only when its charge
+    is refunded (nothing was released under it): a retry may then be charged anew. A binding
+    to a released charge is permanent."""
+
+    __tablename__ = "idempotency_bindings"
+    __table_args__ = (
+        CheckConstraint("kind IN ('charged', 'joined', 'replayed')", name="kind"),
+        Index(
+            "uq_idempotency_bindings_bound",
+            "principal_account_id",
+            "idempotency_key",
+            unique=True,
+            sqlite_where=text(_BOUND),
+            postgresql_where=text(_BOUND),
+        ),
+        Index("ix_idempotency_bindings_charge_id", "charge_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    principal_account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), nullable=False)
+    idempotency_key: Mapped[str] = mapped_column(String, nullable=False)
+    charge_id: Mapped[int] = mapped_column(ForeignKey("charges.id"), nullable=False)
+    kind: Mapped[str] = mapped_column(String(16), nullable=False)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
+    freed_at: Mapped[datetime | None] = mapped_column(Timestamp, nullable=True)
+
+
 #: How many rows the graph-wide exposure is spread over: a charge updates one of them, so
 #: concurrent charges of different accounts rarely wait for each other.
 EXPOSURE_SHARDS = 16

@@ -3,9 +3,10 @@
 Every account's spend is recomputed from its live (unrefunded) charges, curve by curve on the
 stored grid, in charge-id order, and compared with the stored curve, count and converted
 epsilon. Charge states are checked against the release and refund rows (``released`` iff a
-release is stored, ``refunded`` iff a refund row exists). Admitted charges without a release
-are counted by age: they are in flight, or their process died and ``ledger reconcile`` settles
-them. The exposure shards must bound the composition of every live charge and graph-wide
+release is stored, ``refunded`` iff a refund row exists). Every live keyed charge holds its
+Idempotency-Key's binding, and no binding names a refunded charge. Admitted charges without a
+release are counted by age: they are in flight, or their process died and ``ledger reconcile``
+settles them. The exposure shards must bound the composition of every live charge and graph-wide
 release (they are rounded up on refunds, never down).
 """
 
@@ -26,6 +27,7 @@ from service.ledger.tables import (
     Charge,
     ExposureShard,
     GraphRelease,
+    IdempotencyBinding,
     Refund,
     Release,
     Spend,
@@ -67,6 +69,7 @@ def verify_ledger(engine: Engine) -> VerifyReport:
     with Session(engine) as session:
         _check_spends(session, report)
         _check_states(session, report)
+        _check_bindings(session, report)
         _check_admitted(session, report)
         _check_exposure(session, report)
     return report
@@ -144,6 +147,40 @@ def _check_states(session: Session, report: VerifyReport) -> None:
     for detail, stmt in checks:
         for charge_id in session.scalars(stmt.limit(1000)):
             report.mismatches.append({"kind": "state", "charge_id": charge_id, "detail": detail})
+
+
+def _check_bindings(session: Session, report: VerifyReport) -> None:
+    """Every key a live charge was charged under is bound to it, and no bound key names a
+    refunded charge (a refund frees the keys bound to it)."""
+    bound_to_itself = (
+        select(IdempotencyBinding.id)
+        .where(
+            IdempotencyBinding.charge_id == Charge.id,
+            IdempotencyBinding.principal_account_id == Charge.principal_account_id,
+            IdempotencyBinding.idempotency_key == Charge.idempotency_key,
+            IdempotencyBinding.freed_at.is_(None),
+        )
+        .exists()
+    )
+    checks = [
+        (
+            "keyed live charge whose Idempotency-Key is not bound to it",
+            select(Charge.id).where(
+                Charge.idempotency_key.is_not(None), Charge.state != "refunded", ~bound_to_itself
+            ),
+        ),
+        (
+            "Idempotency-Key still bound to a refunded charge",
+            select(IdempotencyBinding.charge_id)
+            .join(Charge, Charge.id == IdempotencyBinding.charge_id)
+            .where(IdempotencyBinding.freed_at.is_(None), Charge.state == "refunded"),
+        ),
+    ]
+    for detail, stmt in checks:
+        for charge_id in session.scalars(stmt.limit(1000)):
+            report.mismatches.append(
+                {"kind": "idempotency", "charge_id": charge_id, "detail": detail}
+            )
 
 
 def _check_admitted(session: Session, report: VerifyReport) -> None:

@@ -5,8 +5,9 @@ with each other and with single queries; a failing item becomes that item's erro
 call's.
 
 One Idempotency-Key for the batch gives every item its own key, derived from the batch key,
-the item's position and its node; a retried batch therefore charges each item at most once
-and answers the items already charged with their stored releases.
+the item's position and its node, bound like a single query's key to the item's first answer
+(charged or replayed); a retried batch therefore charges each item at most once and answers
+every item with the release it first returned.
 """
 
 from __future__ import annotations

@@ -130,6 +130,21 @@ class _Pending:
 
 
 @dataclass(frozen=True)
+class _ToBind:
+    """A keyed query a stored release can answer before admission: it is answered with that
+    release only once its Idempotency-Key is bound to it in the ledger."""
+
+    req: QueryRequest
+    graph: Graph
+    seed: int
+    account_id: int
+    key: ReleaseKey
+    name: RankingMechanism
+    epsilon: float
+    stored: StoredRelease
+
+
+@dataclass(frozen=True)
 class _Started:
     """An admitted query handed to the engine: its result to wait for, and how to rank it."""
 
@@ -298,14 +313,21 @@ class PprQueryService:
 
     def answer(self, req: QueryRequest) -> Answer:
         prepared = self._prepare(req)
+        if isinstance(prepared, _ToBind):
+            bound = self._bind([prepared])[0]
+            if isinstance(bound, BaseException):
+                raise bound
+            prepared = bound
         if isinstance(prepared, Answer):
             return prepared
         receipt = self._admit(prepared)
         return self._after_admission(prepared, receipt)
 
-    def _prepare(self, req: QueryRequest) -> Answer | _Pending:
+    def _prepare(self, req: QueryRequest) -> Answer | _Pending | _ToBind:
         """Everything before admission: validation, the charged account, replays from stored
-        releases, the plan. An Answer when a stored release (or ``popular``) answers."""
+        releases, the plan. An Answer when a stored release (or ``popular``) answers; a
+        keyed query a stored release can answer is that release once its key is bound to it
+        (:meth:`_bind`), so every retry under the key gets the same one."""
         graph = self.graphs.current  # one version for the whole request
         epsilon = self._validate(req)
         name = self._mechanism_for(req)
@@ -326,9 +348,24 @@ class PprQueryService:
             stored = self._find_release(key)
             if stored is not None:
                 if self._covers(stored, req, graph, seed):
+                    if req.idempotency_key is not None:
+                        return _ToBind(req, graph, seed, account_id, key, name, epsilon, stored)
                     return self._replay(stored, req, graph, seed, account_id)
                 join_twins = False  # the stored release is too short for this query: draw anew
+        return self._plan(req, graph, seed, account_id, key, name, epsilon, join_twins)
 
+    def _plan(
+        self,
+        req: QueryRequest,
+        graph: Graph,
+        seed: int,
+        account_id: int,
+        key: ReleaseKey,
+        name: RankingMechanism,
+        epsilon: float,
+        join_twins: bool,
+    ) -> _Pending:
+        """The query prepared for admission: its plan and mechanism description."""
         plan: DiffusionPlan | RankingPlan
         if name is RankingMechanism.NOISY_DIFFUSION:
             delta = self._account_delta(account_id)
@@ -346,6 +383,46 @@ class PprQueryService:
             mechanism = plan.describe()
         return _Pending(req, graph, seed, account_id, key, join_twins, plan, mechanism)
 
+    def _bind(self, items: list[_ToBind]) -> list[Answer | _Pending | BaseException]:
+        """Bind each keyed query's Idempotency-Key to the stored release found for it, in one
+        ledger transaction, and answer with that release. A key bound already (by an earlier
+        or a concurrent request) keeps its charge: that query goes on to admission, which
+        finds the binding and answers with its release (or 422 for a different query)."""
+        try:
+            bound = self.ledger.bind_idempotency_keys(
+                [
+                    (b.req.principal.account_id, b.req.idempotency_key or "", b.stored.charge_id)
+                    for b in items
+                ]
+            )
+        except Exception as exc:
+            return [exc] * len(items)
+        out: list[Answer | _Pending | BaseException] = []
+        cache: list[tuple[StoredRelease, int, str | None]] = []
+        for b, charge_id in zip(items, bound, strict=True):
+            if charge_id == b.stored.charge_id:
+                cache.append((b.stored, b.req.principal.account_id, b.req.idempotency_key))
+                out.append(self._replay(b.stored, b.req, b.graph, b.seed, b.account_id))
+                continue
+            try:
+                out.append(
+                    self._plan(b.req, b.graph, b.seed, b.account_id, b.key, b.name, b.epsilon, True)
+                )
+            except Exception as exc:
+                out.append(exc)
+        self._cache_bound(cache)
+        return out
+
+    def _cache_bound(self, entries: list[tuple[StoredRelease, int, str | None]]) -> None:
+        """Cache releases whose keys are bound to them (a bound key never changes charge)."""
+        keyed = [(principal, idem, stored) for stored, principal, idem in entries if idem]
+        if self.replays is None or not keyed:
+            return
+        try:
+            self.replays.put_many_for_idempotency(keyed)
+        except Exception:  # the ledger is the truth: a miss reads the binding there
+            log.warning("caching bound releases failed", exc_info=True)
+
     def _after_admission(self, p: _Pending, receipt: ChargeReceipt) -> Answer:
         """A twin's release (waiting for it), or this query's own release once stored."""
         for _ in range(_MAX_ADMISSIONS):
@@ -358,6 +435,7 @@ class PprQueryService:
             if stored is not None:
                 if stored.key != p.key:
                     raise IdempotencyKeyReused()
+                self._cache_bound([(stored, p.req.principal.account_id, p.req.idempotency_key)])
                 return self._replay(stored, p.req, p.graph, p.seed, p.account_id)
             receipt = self._admit(p)
         else:
@@ -436,6 +514,7 @@ class PprQueryService:
                 on_ready(i, outcome)
 
         pending: list[tuple[int, _Pending]] = []
+        to_bind: list[tuple[int, _ToBind]] = []
         for i, req in enumerate(reqs):
             try:
                 prepared = self._prepare(req)
@@ -444,8 +523,18 @@ class PprQueryService:
                 continue
             if isinstance(prepared, Answer):
                 settle(i, prepared)
+            elif isinstance(prepared, _ToBind):
+                to_bind.append((i, prepared))
             else:
                 pending.append((i, prepared))
+        if to_bind:  # the group's keyed replays bind their keys in one transaction
+            bound = self._bind([b for _, b in to_bind])
+            for (i, _), resolved in zip(to_bind, bound, strict=True):
+                if isinstance(resolved, _Pending):
+                    pending.append((i, resolved))
+                else:
+                    settle(i, resolved)
+            pending.sort(key=lambda item: item[0])
         graph_caps = {id(p.graph): self._graph_cap(p.graph) for _, p in pending}
         by_cap: dict[int, list[tuple[int, _Pending]]] = {}
         for i, p in pending:

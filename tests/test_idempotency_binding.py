@@ -1,0 +1,354 @@
+"""An Idempotency-Key binds to the answer it first returned (issue 23, finding 1).
+
+The first answer given under a key (fresh, replayed from a stored release, or a batch call's
+items) is what every retry under that key returns, and no other query may take the key: the
+ledger records the key against the release in the transaction that decides the answer. The
+same tests run on SQLite with the in-process cache and on PostgreSQL with Redis, in process,
+and as ``serve --workers 2`` with concurrent clients."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from service.graph.generate import write_generated_edge_list
+from service.ledger import upgrade
+from service.ledger.ledger import Ledger
+from service.ledger.tables import IdempotencyBinding
+from service.privacy.curves import laplace_curve
+from tests.api_support import (
+    GRAPH_EDGES,
+    GRAPH_NODES,
+    Backend,
+    bearer,
+    ledger_of,
+    open_ledger,
+    running_app,
+    user_with_key,
+    uvicorn_server,
+)
+from tests.test_api import REDIS_URL, redis_answers
+
+
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("postgres+redis", marks=[pytest.mark.postgres, pytest.mark.redis]),
+    ]
+)
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    graph_path = tmp_path / "graph.txt"
+    write_generated_edge_list(graph_path, GRAPH_NODES, GRAPH_EDGES, seed=7)
+    if request.param == "sqlite":
+        url, redis_url = f"sqlite:///{tmp_path / 'ledger.db'}", None
+    else:
+        if not redis_answers():
+            pytest.skip(f"Redis does not answer at {REDIS_URL}")
+        url, redis_url = request.getfixturevalue("postgres_url"), REDIS_URL
+    upgrade(url)
+    yield Backend(request.param, url, redis_url, graph_path)
+
+
+def get(http: Any, key: str, node: str, idem: str | None = None, **params: Any) -> Any:
+    headers = bearer(key)
+    if idem is not None:
+        headers["Idempotency-Key"] = idem
+    return http.get(f"/v1/ppr/{node}", params={"k": 5, "epsilon": 0.05, **params}, headers=headers)
+
+
+def results(response: Any) -> list[dict[str, Any]]:
+    assert response.status_code == 200, response.text
+    found: list[dict[str, Any]] = response.json()["results"]
+    return found
+
+
+def bindings(ledger: Ledger) -> list[tuple[str, str, int, bool]]:
+    with ledger.engine.connect() as conn:
+        rows = conn.execute(
+            select(
+                IdempotencyBinding.idempotency_key, IdempotencyBinding.kind,
+                IdempotencyBinding.charge_id, IdempotencyBinding.freed_at.is_(None),
+            ).order_by(IdempotencyBinding.id)
+        )  # fmt: skip
+        return [(str(r[0]), str(r[1]), int(r[2]), bool(r[3])) for r in rows]
+
+
+def the_issue_sequence(http: Any, key: str, node: str, **params: Any) -> None:
+    """The repro of issue 23: a charged query (R0 below, no key); the same with K-1 (a replay
+    of it); a fresh draw R2 without a key; the retry under K-1 must still be the replay; a
+    different query under K-1 is 422 and the original retry is unharmed."""
+    first = results(get(http, key, node, **params))
+    keyed = get(http, key, node, "K-1", **params)
+    assert keyed.json()["replayed"] is True and results(keyed) == first
+    newer = results(get(http, key, node, fresh="true", **params))
+    assert newer != first  # fresh noise
+    for _ in range(3):
+        retry = get(http, key, node, "K-1", **params)
+        assert retry.json()["replayed"] is True
+        assert results(retry) == first, "a keyed retry must return the answer it first got"
+    other = get(http, key, node, "K-1", **{**params, "epsilon": 0.07})
+    assert other.status_code == 422, other.text
+    assert other.json()["error"]["details"]["parameter"] == "Idempotency-Key"
+    assert results(get(http, key, node, "K-1", **params)) == first
+    # and a fresh retry under the key is the same answer too (the key is bound, not free)
+    assert results(get(http, key, node, "K-1", fresh="true", **params)) == first
+
+
+@pytest.mark.parametrize("groups", [1, 0], ids=["grouped", "alone"])
+def test_a_keyed_replay_binds_its_key_to_that_release(backend: Backend, groups: int) -> None:
+    account_id, key = user_with_key(backend.database_url, "7")
+    with running_app(backend, query_groups_in_flight=groups) as client:
+        the_issue_sequence(client, key, "7", mechanism="noisy_diffusion")
+        ledger = ledger_of(client)
+        charges = ledger.list_charges(account_id)
+        assert len(charges) == 2  # the first query and the fresh one; nothing else charged
+        first_charge = min(c.charge_id for c in charges)
+        assert bindings(ledger) == [("K-1", "replayed", first_charge, True)]
+        assert ledger.verify().ok
+
+
+def test_edge_mode_keys_bind_too(backend: Backend) -> None:
+    with running_app(backend) as client:
+        ledger = ledger_of(client)
+        service = ledger.create_account("service", cap_epsilon=5.0, delta=1e-6, modes=["edge"])
+        key, _ = ledger.create_api_key(service.account_id)
+        the_issue_sequence(client, key, "11", mode="edge")
+        assert len(ledger.list_charges(service.account_id)) == 2
+        assert ledger.verify().ok
+
+
+def batch(http: Any, key: str, nodes: list[str], idem: str, **body: Any) -> Any:
+    headers = {**bearer(key), "Idempotency-Key": idem}
+    payload = {"nodes": nodes, "k": 5, "epsilon": 0.05, "mode": "edge", **body}
+    return http.post("/v1/ppr/batch", json=payload, headers=headers)
+
+
+def test_a_retried_batch_returns_the_items_it_first_returned(backend: Backend) -> None:
+    with running_app(backend) as client:
+        ledger = ledger_of(client)
+        service = ledger.create_account("service", cap_epsilon=5.0, delta=1e-6, modes=["edge"])
+        key, _ = ledger.create_api_key(service.account_id)
+        nodes = ["3", "4", "5"]
+        for node in nodes[:2]:  # two of the three have a stored release: replayed in the batch
+            results(get(client, key, node, mode="edge"))
+        first = batch(client, key, nodes, "nightly-1")
+        assert first.status_code == 200, first.text
+        items = first.json()["items"]
+        assert [i["replayed"] for i in items] == [True, True, False]
+        for node in nodes:  # newer releases of every item's query
+            results(get(client, key, node, fresh="true", mode="edge"))
+        retry = batch(client, key, nodes, "nightly-1")
+        assert [i["results"] for i in retry.json()["items"]] == [i["results"] for i in items]
+        assert all(i["replayed"] for i in retry.json()["items"])
+        clash = batch(client, key, nodes, "nightly-1", epsilon=0.07)
+        assert all(i["error"]["code"] == "invalid_parameter" for i in clash.json()["items"])
+        again = batch(client, key, nodes, "nightly-1")
+        assert [i["results"] for i in again.json()["items"]] == [i["results"] for i in items]
+        assert len(ledger.list_charges(service.account_id)) == 2 + 1 + 3
+        assert ledger.verify().ok
+
+
+def test_ledger_binds_each_key_once_and_a_refund_frees_it(ledger: Ledger) -> None:
+    user = ledger.create_account("user", node_id="1", cap_epsilon=5.0, delta=1e-6)
+    curve = laplace_curve(0.1)
+
+    def charge(idem: str | None, request_id: str) -> int:
+        return ledger.admit_and_charge(
+            charged_account_id=user.account_id, principal_account_id=user.account_id,
+            seed="1", mechanism="common_neighbours", mode="personalized", params={},
+            query_curve=curve, query_epsilon=0.1, graph_version="g1",
+            request_id=request_id, idempotency_key=idem,
+        ).charge_id  # fmt: skip
+
+    released, in_flight = charge(None, "r1"), charge(None, "r2")
+    ledger.refund(in_flight, reason="test: nothing drawn")
+    released_too = charge(None, "r3")
+    assert ledger.bind_idempotency_keys([(user.account_id, "A", released)]) == [released]
+    # a later binding of the same key keeps the first; another key binds on its own
+    assert ledger.bind_idempotency_keys(
+        [(user.account_id, "A", released_too), (user.account_id, "B", released_too)]
+    ) == [released, released_too]
+    # a charged query under a bound key is not charged: it gets the bound charge back
+    reused = ledger.admit_and_charge(
+        charged_account_id=user.account_id, principal_account_id=user.account_id, seed="1",
+        mechanism="common_neighbours", mode="personalized", params={}, query_curve=curve,
+        query_epsilon=0.1, graph_version="g1", request_id="r4", idempotency_key="A",
+    )  # fmt: skip
+    assert reused.reused and reused.charge_id == released
+    # a charged key is bound to its charge; refunding the charge frees the key
+    keyed = charge("C", "r5")
+    assert ledger.bind_idempotency_keys([(user.account_id, "C", released)]) == [keyed]
+    ledger.refund(keyed, reason="test: nothing drawn")
+    again = charge("C", "r6")
+    assert again not in (keyed, released)
+    kinds = [(k, kind, live) for k, kind, _, live in bindings(ledger)]
+    assert kinds == [
+        ("A", "replayed", True), ("B", "replayed", True), ("C", "charged", False),
+        ("C", "charged", True),
+    ]  # fmt: skip
+    report = ledger.verify()
+    assert report.ok, report.mismatches
+
+
+# -- real server processes: two workers, concurrent clients ------------------------------
+
+
+def _two_worker_backend(name: str, tmp_path: Path, request: pytest.FixtureRequest) -> Backend:
+    graph_path = tmp_path / "graph.txt"
+    write_generated_edge_list(graph_path, GRAPH_NODES, GRAPH_EDGES, seed=7)
+    if name == "sqlite":
+        url, redis_url = f"sqlite:///{tmp_path / 'ledger.db'}", None
+    else:
+        if not redis_answers():
+            pytest.skip(f"Redis does not answer at {REDIS_URL}")
+        url, redis_url = request.getfixturevalue("postgres_url"), REDIS_URL
+    upgrade(url)
+    return Backend(name, url, redis_url, graph_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name", ["sqlite", pytest.param("postgres+redis", marks=[pytest.mark.postgres])]
+)
+def test_two_workers_bind_keys_under_concurrent_fresh_draws(
+    name: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Many threads re-ask keyed queries on two worker processes while others keep making
+    newer releases of the same queries with fresh=true: every keyed answer, first or retried,
+    is the one that key first returned; a key raced by two first requests binds once."""
+    backend = _two_worker_backend(name, tmp_path, request)
+    _, key = user_with_key(backend.database_url, "7", cap_epsilon=50.0)
+    with uvicorn_server(backend, workers=2) as server:
+        with httpx.Client(base_url=server.base_url, timeout=60) as http:
+            the_issue_sequence(http, key, "7", mechanism="noisy_diffusion")
+
+        keys = [f"K-{i}" for i in range(12)]
+        first: dict[str, list[Any]] = {}
+        seen: dict[str, list[list[Any]]] = {k: [] for k in keys}
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def fresh_draws() -> int:
+            made = 0
+            with httpx.Client(base_url=server.base_url, timeout=60) as http:
+                while not stop.is_set():
+                    response = get(http, key, "7", fresh="true", mechanism="noisy_diffusion")
+                    assert response.status_code == 200, response.text
+                    made += 1
+            return made
+
+        def ask(idem: str) -> None:
+            # a new connection per request: the kernel hands it to either worker
+            response = httpx.get(
+                f"{server.base_url}/v1/ppr/7",
+                params={"k": 5, "epsilon": 0.05, "mechanism": "noisy_diffusion"},
+                headers={**bearer(key), "Idempotency-Key": idem},
+                timeout=60,
+            )
+            if response.status_code == 409:  # the key's first request still in flight
+                return
+            with lock:
+                seen[idem].append(results(response))
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            drawers = [pool.submit(fresh_draws) for _ in range(2)]
+            # two racing first requests per key, then retries mixed with the fresh draws
+            for _ in range(4):
+                list(pool.map(ask, [k for k in keys for _ in range(2)]))
+            stop.set()
+            made = sum(d.result() for d in drawers)
+        log = server.log_lines()
+
+    assert made >= 1
+    for idem in keys:
+        answers = seen[idem]
+        assert answers, idem
+        first[idem] = answers[0]
+        assert all(a == answers[0] for a in answers), f"{idem} returned different answers"
+    pids = {line["pid"] for line in log if line.get("route") == "/v1/ppr/{node_id}"}
+    assert len(pids) == 2, "both workers should have answered"
+    with open_ledger(backend.database_url) as ledger:
+        bound = {k: c for k, _, c, live in bindings(ledger) if live and k in first}
+        assert set(bound) == set(keys)
+        for idem in keys:
+            release = ledger.release_for_charge(bound[idem])
+            assert release is not None
+            assert [r.node for r in release.results[:5]] == [r["node"] for r in first[idem]]
+        report = ledger.verify()
+        assert report.ok, report.mismatches
+
+
+def test_the_migration_binds_the_keys_of_live_charges(ledger_url: str) -> None:
+    """A ledger whose charges were made before revision 0006 (here: downgraded to 0003 after
+    charging) comes back with every live keyed charge's key bound, and verifies clean."""
+    from alembic import command
+
+    from service.ledger.database import alembic_config
+    from service.ledger.records import ReleaseKey, StoredRelease
+    from service.mechanisms.postprocess import RankedNode
+
+    upgrade(ledger_url)
+    with open_ledger(ledger_url) as ledger:
+        user = ledger.create_account("user", node_id="1", cap_epsilon=5.0, delta=1e-6)
+        uid, curve = user.account_id, laplace_curve(0.1)
+        ids = [
+            ledger.admit_and_charge(
+                charged_account_id=uid, principal_account_id=uid, seed="1",
+                mechanism="common_neighbours", mode="personalized", params={},
+                query_curve=curve, query_epsilon=0.1, graph_version="g1",
+                request_id=f"r{i}", idempotency_key=idem,
+            ).charge_id
+            for i, idem in enumerate(["released", "refunded", "in-flight", None])
+        ]  # fmt: skip
+        key = ReleaseKey(uid, "1", "g1", "personalized", 0.1, "common_neighbours")
+        stored = StoredRelease(key, ids[0], [RankedNode("2", 0.5)], {}, "r0")
+        ledger.store_release(stored, idempotency_key="released", principal_account_id=uid)
+        ledger.refund(ids[1], reason="test: nothing drawn")
+    command.downgrade(alembic_config(ledger_url), "0003_admin_dashboard")
+    upgrade(ledger_url)
+    with open_ledger(ledger_url) as ledger:
+        assert sorted((k, kind, c, live) for k, kind, c, live in bindings(ledger)) == [
+            ("in-flight", "charged", ids[2], True), ("released", "charged", ids[0], True),
+        ]  # fmt: skip
+        assert ledger.release_for_idempotency_key(uid, "released") == stored
+        report = ledger.verify()
+        assert report.ok, report.mismatches
+
+
+def test_a_key_joined_to_an_in_flight_twin_is_freed_when_the_twin_is_refunded(
+    ledger: Ledger,
+) -> None:
+    from service.ledger.records import ReleaseKey
+
+    user = ledger.create_account("user", node_id="1", cap_epsilon=5.0, delta=1e-6)
+    uid, curve = user.account_id, laplace_curve(0.1)
+    key = ReleaseKey(uid, "1", "g1", "personalized", 0.1, "common_neighbours")
+
+    def admit(idem: str | None, request_id: str) -> Any:
+        return ledger.admit_and_charge(
+            charged_account_id=uid, principal_account_id=uid, seed="1",
+            mechanism="common_neighbours", mode="personalized", params={}, query_curve=curve,
+            query_epsilon=0.1, graph_version="g1", request_id=request_id,
+            idempotency_key=idem, release_key=key,
+        )  # fmt: skip
+
+    twin = admit(None, "r1")
+    joined = admit("J", "r2")
+    assert joined.joined and joined.charge_id == twin.charge_id
+    assert bindings(ledger) == [("J", "joined", twin.charge_id, True)]
+    retry = admit("J", "r3")
+    assert retry.reused and retry.charge_id == twin.charge_id
+    ledger.reconcile(older_than_seconds=0)  # the twin's worker died: nothing was released
+    assert bindings(ledger) == [("J", "joined", twin.charge_id, False)]
+    again = admit("J", "r4")
+    assert not (again.reused or again.joined) and again.charge_id != twin.charge_id
+    assert bindings(ledger)[-1] == ("J", "charged", again.charge_id, True)
+    report = ledger.verify()
+    assert report.ok, report.mismatches
