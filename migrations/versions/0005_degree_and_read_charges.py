@@ -98,5 +98,6 @@ def downgrade() -> None:
     op.drop_index("uq_service_reads_charge", table_name="service_reads")
     op.drop_table("service_reads")
     op.drop_index("uq_charges_degree_release_live", table_name="charges")
-    with op.batch_alter_table("accounts") as batch:
-        batch.drop_column("read_cap_epsilon")
+    # A plain DROP COLUMN (SQLite >= 3.35): a batch copy of ``accounts`` would drop a table that
+    # other tables' rows reference, which SQLite's foreign keys refuse on a ledger with data.
+    op.drop_column("accounts", "read_cap_epsilon")
