@@ -18,6 +18,7 @@ from service.cli.common import add_mechanism_arguments, print_json, print_table
 from service.cli.evaluate_synthetic import add_arguments as add_synthetic_arguments
 from service.cli.evaluate_synthetic import run_synthetic
 from service.cli.options import open_unit_float, positive_float, positive_int
+from service.errors import InvalidParameter
 from service.evaluation.runner import (
     DEFAULT_ETA,
     DEFAULT_POPULAR_EPSILON,
@@ -26,7 +27,6 @@ from service.evaluation.runner import (
     evaluate,
     validate_parameters,
 )
-from service.errors import InvalidParameter
 from service.mechanisms.edge_flipping import DEFAULT_MAX_NODES
 from service.mechanisms.pushflowcap import DEFAULT_SIGMA
 
@@ -62,8 +62,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--sample-seed", type=int, default=None,
                         help="seed of the seed sample (never of any noise)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="JSON rows on stdout")
-    parser.add_argument("--task", choices=("ranking", "synthetic"), default="ranking",
-                        help="ranking quality (default) or synthetic graphs (docs/synthetic.md)")  # fmt: skip
+    parser.add_argument(
+        "--task",
+        choices=("ranking", "synthetic"),
+        default="ranking",
+        help="ranking quality, or synthetic graphs (docs/synthetic.md)",
+    )
     add_synthetic_arguments(parser)
     parser.set_defaults(handler=run)
 

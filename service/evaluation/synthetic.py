@@ -152,8 +152,8 @@ def micro_f1(a: sp.csr_matrix, labels: np.ndarray, rng: np.random.Generator) -> 
 
 @dataclass(frozen=True)
 class SyntheticSettings:
-    privdpr: PrivdprParams = PrivdprParams()
-    communities: CommunityParams = CommunityParams()
+    privdpr: PrivdprParams = field(default_factory=PrivdprParams)
+    communities: CommunityParams = field(default_factory=CommunityParams)
     bfs_sources: int = 200
 
 
