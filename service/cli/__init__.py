@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "ledger",
     "db",
     "batch",
+    "synthesize",
 )
 
 

@@ -15,7 +15,10 @@ from typing import Any
 import numpy as np
 
 from service.cli.common import add_mechanism_arguments, print_json, print_table
+from service.cli.evaluate_synthetic import add_arguments as add_synthetic_arguments
+from service.cli.evaluate_synthetic import run_synthetic
 from service.cli.options import open_unit_float, positive_float, positive_int
+from service.errors import InvalidParameter
 from service.evaluation.runner import (
     DEFAULT_ETA,
     DEFAULT_POPULAR_EPSILON,
@@ -59,6 +62,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--sample-seed", type=int, default=None,
                         help="seed of the seed sample (never of any noise)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="JSON rows on stdout")
+    parser.add_argument(
+        "--task",
+        choices=("ranking", "synthetic"),
+        default="ranking",
+        help="ranking quality, or synthetic graphs (docs/synthetic.md)",
+    )
+    add_synthetic_arguments(parser)
     parser.set_defaults(handler=run)
 
 
@@ -99,6 +109,12 @@ def _table(rows: list[EvaluationRow], k: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.task == "synthetic":
+        if args.graph is None:
+            raise InvalidParameter("graph", "--task synthetic needs --graph FILE")
+        from service.graph.loader import load_edge_list
+
+        return run_synthetic(args, load_edge_list(args.graph))
     validate_parameters(
         args.epsilon, args.seeds, args.k, args.eta, args.delta, args.beta, args.steps,
         args.mechanisms, args.sigma, args.popular_epsilon,

@@ -332,9 +332,14 @@ def _set_spend(
 
 
 def _subtract_up(total: RdpCurve, part: RdpCurve) -> RdpCurve:
-    """``total - part`` rounded up (never below the exact difference, never below 0)."""
+    """``total - part`` rounded up (never below the exact difference, never below 0). An
+    infinite pure part (a Gaussian release, e.g. a PrivDPR synthetic graph) stays infinite: a
+    shard that held a curve without a pure-DP bound keeps none (an upper bound, never NaN)."""
     rdp = np.maximum(np.nextafter(total.rdp - part.rdp, np.inf), 0.0)
-    pure = max(float(np.nextafter(total.pure - part.pure, np.inf)), 0.0)
+    if np.isinf(total.pure):
+        pure = float(total.pure)
+    else:
+        pure = max(float(np.nextafter(total.pure - part.pure, np.inf)), 0.0)
     return RdpCurve(rdp, pure)
 
 

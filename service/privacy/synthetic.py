@@ -1,0 +1,258 @@
+"""Privacy accounting of the synthetic-graph generators (pure functions).
+
+Two generators, two DIFFERENT promises (docs/synthetic.md says which is which, side by side):
+
+- ``privdpr`` (Zhang et al., KDD 2025, with spec-synthetic-graph.md's corrections) is (eps, delta)
+  NODE-level DP, bounded relation (N public): a neighbouring graph replaces all of one node's
+  edges. Every step adds Gaussian noise to the batch sum of per-pair gradients of the embedding
+  matrix V; the sum's norm is bounded uniformly over ALL graphs on N nodes, so the guarantee even
+  holds between any two graphs with N nodes.
+- ``communities`` (ours) is pure eps EDGE-level DP: neighbouring graphs differ in one edge. It is
+  the composition of Laplace releases of counts whose l1 sensitivity to one edge is 2.
+
+PrivDPR's calibration (spec, "Corrections [ours]" and step 5 "[ours, recommended]"):
+
+    M       = (2(N-1) gamma^2 + 2 gamma + 2 gamma (1-gamma)/N) (1 + 1/gamma)      (Lemma 4.4)
+    G_pair  = M * prod_l ||Wt_l||_2 = M s^-(L+1)    (L+1 matrices, EXACT spectral norms = 1/s)
+    Delta_2 = 2 * B_max * G_pair,   B_max = b R_wn R_wl   (replace-one: factor 2; pairs, not b)
+    std     = z * Delta_2,  z the smallest multiplier whose T-fold Gaussian RDP, T alpha/(2 z^2),
+              converts to <= eps at delta with the ledger's conversion (rounded up).
+
+The depth L is the paper's MINIMUM depth (Eq. 13): the smallest integer with
+B_max M s^-(L+1) <= S_grad / T. With the noise calibrated to the actual Delta_2, L affects only
+the numerics (and the signal-to-noise ratio, which is at most B_max G_pair / std), not privacy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from service.errors import InvalidParameter
+from service.privacy.accountant import RdpCurve, rdp_to_epsilon
+from service.privacy.curves import laplace_curve
+from service.privacy.orders import ORDERS
+
+#: Noise multipliers are rounded up to this many significant digits.
+_SIGNIFICANT_DIGITS = 6
+
+#: Privacy units, as recorded with every synthetic release.
+NODE_LEVEL = "node"
+EDGE_LEVEL = "edge"
+
+#: l1 sensitivity to one edge of a node-by-group count matrix (u's count towards v's group and
+#: v's count towards u's group each move by 1) and of the degree vector.
+GROUP_COUNT_SENSITIVITY = 2.0
+
+
+def _positive(name: str, value: float) -> float:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise InvalidParameter(name, f"{name} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
+def privdpr_pair_bound(n: int, gamma: float) -> float:
+    """M of Lemma 4.4: a bound on |d loss/d f_i| + |d loss/d f_j| of one pair, for any degrees
+    (d_j / d_i <= N - 1, never the data's maximum degree) and any f in (0, 1)."""
+    if n < 2:
+        raise InvalidParameter("nodes", f"PrivDPR needs at least 2 nodes, got {n}")
+    if not 0.0 < gamma < 1.0:
+        raise InvalidParameter("gamma", f"gamma must be in (0, 1), got {gamma}")
+    return (2.0 * (n - 1) * gamma**2 + 2.0 * gamma + 2.0 * gamma * (1.0 - gamma) / n) * (
+        1.0 + 1.0 / gamma
+    )
+
+
+def privdpr_min_depth(n: int, gamma: float, s: float, s_grad: float, pairs: int, steps: int) -> int:
+    """Smallest L with ``pairs`` * M * s^-(L+1) <= S_grad / T (Eq. 13; a MINIMUM, not Thm 4.2's
+    "maximum"). ``pairs`` is the number of pairs in a batch (B_max), not the start nodes."""
+    if s <= 1.0:
+        raise InvalidParameter("s", f"the normalisation s must be > 1, got {s}")
+    m = privdpr_pair_bound(n, gamma)
+    target = _positive("s_grad", s_grad) / (pairs * m * steps)
+    depth = max(0, math.ceil(math.log(target) / math.log(1.0 / s) - 1.0 - 1e-12))
+    while pairs * m * s ** (-(depth + 1)) > s_grad / steps:  # guard the float rounding
+        depth += 1
+    return depth
+
+
+def privdpr_sensitivity(n: int, gamma: float, weight_norm_product: float, max_pairs: int) -> float:
+    """Delta_2 = 2 * B_max * M * prod_l ||Wt_l||_2: the l2 distance the noised batch sum can
+    move between two graphs on ``n`` nodes (replace-one: both sums have norm <= B_max G_pair)."""
+    if max_pairs < 1:
+        raise InvalidParameter("max_pairs", "a batch holds at least one pair")
+    return 2.0 * max_pairs * privdpr_pair_bound(n, gamma) * float(weight_norm_product)
+
+
+def gaussian_curve(multiplier: float, steps: int = 1) -> RdpCurve:
+    """RDP of ``steps`` Gaussian mechanisms with noise std = multiplier * l2 sensitivity:
+    steps * alpha / (2 z^2). Its pure-DP value is infinite."""
+    z = _positive("noise multiplier", multiplier)
+    return RdpCurve(steps * ORDERS / (2.0 * z * z), math.inf)
+
+
+def gaussian_epsilon(multiplier: float, steps: int, delta: float) -> float:
+    return rdp_to_epsilon(steps * ORDERS / (2.0 * multiplier**2), math.inf, delta)
+
+
+def _round_up(value: float) -> float:
+    digits = _SIGNIFICANT_DIGITS - 1 - math.floor(math.log10(value))
+    scale = 10.0**digits
+    return math.ceil(value * scale) / scale
+
+
+def calibrate_gaussian_multiplier(epsilon: float, delta: float, steps: int) -> float:
+    """Smallest z (rounded up) whose ``steps``-fold Gaussian curve converts to <= epsilon."""
+    epsilon = _positive("epsilon", epsilon)
+    if not 0.0 < delta < 1.0:
+        raise InvalidParameter("delta", f"delta must be in (0, 1), got {delta}")
+    if steps < 1:
+        raise InvalidParameter("steps", f"steps must be >= 1, got {steps}")
+    low, high = 1e-3, 1.0
+    while gaussian_epsilon(high, steps, delta) > epsilon:
+        low, high = high, high * 2.0
+        if high > 1e12:
+            raise InvalidParameter("epsilon", f"epsilon {epsilon} is too small to calibrate")
+    for _ in range(200):
+        mid = 0.5 * (low + high)
+        if gaussian_epsilon(mid, steps, delta) > epsilon:
+            low = mid
+        else:
+            high = mid
+        if high - low <= 1e-12 * high:
+            break
+    z = _round_up(high)
+    assert gaussian_epsilon(z, steps, delta) <= epsilon
+    return z
+
+
+def paper_noise_std(epsilon: float, delta: float, steps: int, s_grad: float) -> float:
+    """The paper's own per-step std (Eq. 7, 13, Sec. 4.3.2): S_grad sqrt(2 ln(1.25 T/delta)) /
+    (eps/T), each step at (eps/T, delta/T). Reported for comparison only, never used."""
+    return s_grad * math.sqrt(2.0 * math.log(1.25 * steps / delta)) / (epsilon / steps)
+
+
+@dataclass(frozen=True)
+class PrivdprPlan:
+    """Everything PrivDPR's noise and the ledger need, fixed before any data is touched."""
+
+    nodes: int
+    steps: int
+    depth: int
+    max_pairs: int
+    sensitivity: float
+    multiplier: float
+    noise_std: float
+    epsilon: float
+    delta: float
+
+    @property
+    def curve(self) -> RdpCurve:
+        return gaussian_curve(self.multiplier, self.steps)
+
+    @property
+    def snr_bound(self) -> float:
+        """Largest batch-sum norm over the per-coordinate noise std: 1 / (2 z)."""
+        return 0.5 * self.sensitivity / self.noise_std
+
+
+def privdpr_plan(
+    *,
+    nodes: int,
+    epsilon: float,
+    delta: float,
+    gamma: float,
+    s: float,
+    s_grad: float,
+    start_nodes: int,
+    walks: int,
+    walk_length: int,
+    epochs: int,
+) -> PrivdprPlan:
+    """The corrected calibration: T = epochs * floor(N / b) fixed in advance, L from Eq. 13
+    with B = B_max, Delta_2 with the factor 2 and exact norms, z by the accountant."""
+    if start_nodes < 1 or start_nodes > nodes:
+        raise InvalidParameter("batch", f"start nodes per batch must be in [1, {nodes}]")
+    if walks < 1 or walk_length < 1 or epochs < 1:
+        raise InvalidParameter("walks", "walks, walk length and epochs must be >= 1")
+    steps = epochs * (nodes // start_nodes)
+    max_pairs = start_nodes * walks * walk_length
+    depth = privdpr_min_depth(nodes, gamma, s, s_grad, max_pairs, steps)
+    sensitivity = privdpr_sensitivity(nodes, gamma, s ** (-(depth + 1)), max_pairs)
+    z = calibrate_gaussian_multiplier(epsilon, delta, steps)
+    return PrivdprPlan(
+        nodes=nodes,
+        steps=steps,
+        depth=depth,
+        max_pairs=max_pairs,
+        sensitivity=sensitivity,
+        multiplier=z,
+        noise_std=z * sensitivity,
+        epsilon=float(epsilon),
+        delta=float(delta),
+    )
+
+
+#: l1 sensitivity of the edge count to one edge.
+EDGE_COUNT_SENSITIVITY = 1.0
+
+
+@dataclass(frozen=True)
+class CommunityPlan:
+    """The edge-level generator's budget, split before any data is read:
+
+    - ``probe``: the edge count + Lap(1 / eps_probe) (sensitivity 1);
+    - ``degrees``: the degree vector + Lap(2 / eps_degrees) (sensitivity 2);
+    - ``rounds``: each of ``rounds`` node-by-group count matrices + Lap(2 / eps_round)
+      (sensitivity 2: one edge moves u's count towards v's group and v's towards u's).
+
+    All pure DP, so the run is pure eps-DP with eps the sum (basic composition); the curve is the
+    sum of the Laplace curves. When the probe says the graph is too sparse for communities, the
+    rounds' budget goes to the degrees instead (decided on a DP output: post-processing).
+    """
+
+    probe_epsilon: float
+    degree_epsilon: float
+    round_epsilon: float
+    rounds: int
+
+    @property
+    def epsilon(self) -> float:
+        return self.probe_epsilon + self.degree_epsilon + self.rounds * self.round_epsilon
+
+    def without_rounds(self) -> CommunityPlan:
+        """The same total with the rounds' share moved to the degrees."""
+        return CommunityPlan(
+            probe_epsilon=self.probe_epsilon,
+            degree_epsilon=self.degree_epsilon + self.rounds * self.round_epsilon,
+            round_epsilon=0.0,
+            rounds=0,
+        )
+
+    @property
+    def curve(self) -> RdpCurve:
+        total = laplace_curve(self.probe_epsilon) + laplace_curve(self.degree_epsilon)
+        if self.rounds:
+            total = total + laplace_curve(self.round_epsilon) * self.rounds
+        return total
+
+
+def community_plan(
+    epsilon: float, *, probe_share: float, degree_share: float, rounds: int
+) -> CommunityPlan:
+    """Split ``epsilon``: ``probe_share`` to the edge count, ``degree_share`` to the degrees,
+    the rest equally over ``rounds`` rounds of group counts."""
+    epsilon = _positive("epsilon", epsilon)
+    if not 0.0 < probe_share < 1.0 or not 0.0 < degree_share < 1.0:
+        raise InvalidParameter("share", "budget shares must be in (0, 1)")
+    if rounds < 1:
+        raise InvalidParameter("rounds", f"rounds must be >= 1, got {rounds}")
+    rest = 1.0 - probe_share - degree_share
+    if rest <= 0.0:
+        raise InvalidParameter("share", "the probe and degree shares must sum to < 1")
+    return CommunityPlan(
+        probe_epsilon=epsilon * probe_share,
+        degree_epsilon=epsilon * degree_share,
+        round_epsilon=epsilon * rest / rounds,
+        rounds=rounds,
+    )
