@@ -57,9 +57,10 @@ def run(args: argparse.Namespace) -> int:
 
     from service.config import Settings
     from service.errors import InvalidParameter
-    from service.graph.loader import load_edge_list
     from service.ledger import GraphCap, Ledger
     from service.mechanisms.randomness import fresh_generator
+    from service.serving.graph_holder import load_configured_graph
+    from service.serving.graph_identity import as_served
     from service.synthetic.communities import CommunityParams
     from service.synthetic.privdpr import PrivdprParams
     from service.synthetic.release import Request, synthesize_release
@@ -86,9 +87,17 @@ def run(args: argparse.Namespace) -> int:
     path = args.graph if args.graph is not None else settings.graph_path
     if path is None:
         raise InvalidParameter("graph", "give --graph FILE or set PPR_GRAPH_PATH")
-    graph = load_edge_list(path)
     ledger = Ledger.from_url(database_url(args), auto_migrate=False)
     try:
+        # The graph as the service serves it: its node list, its public bounds, and the public
+        # version id the ledger records, so that the release composes with that version's
+        # other releases in the graph-wide exposure.
+        graph = as_served(
+            load_configured_graph(path, None, settings.nodes_path),
+            ledger,
+            max_degree_bound=settings.max_degree_bound,
+            edge_count_bound=settings.edge_count_bound,
+        )
         cap = None
         if settings.graph_cap_epsilon is not None:
             delta = settings.exposure_delta or ledger.smallest_delta()
