@@ -34,7 +34,7 @@ def seeds_file(tmp_path: Path, count: int, *, start: int = 0) -> Path:
 
 def options(
     url: str,
-    graph: Path,
+    graph: Path | None,
     seeds: Path,
     out: Path | str,
     *,

@@ -13,10 +13,10 @@ its prefix table, so fresh queries are measured in the steady state.
 
 Examples::
 
-    python -m service loadtest --start --graph ../shared/data/facebook_combined.txt
+    python -m service loadtest --start --graph edges.txt.gz
     python -m service loadtest --start --workers 2 --port 8601 \\
         --database-url postgresql+psycopg://postgres@127.0.0.1:5432/ppr \\
-        --redis-url redis://127.0.0.1:6379/0 --graph ../shared/data/facebook_combined.txt
+        --redis-url redis://127.0.0.1:6379/0 --graph edges.txt.gz
     python -m service loadtest --url http://127.0.0.1:8000 --key ppr_... --phases healthz,fresh
 """
 
