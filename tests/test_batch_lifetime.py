@@ -67,7 +67,9 @@ def _wait_for(predicate: object, timeout: float, what: str) -> None:
     pytest.fail(f"gave up waiting {timeout:g} s for {what}")
 
 
-def _start_driver(url: str, seeds: Path, out: Path, run_id: str) -> subprocess.Popen[bytes]:
+def _start_driver(
+    url: str, seeds: Path, out: Path, run_id: str, *, extra: list[str] | None = None
+) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PPR_STEPS": str(STEPS)}
     for name in ("PPR_GRAPH_PATH", "PPR_REDIS_URL"):
         env.pop(name, None)
@@ -75,7 +77,7 @@ def _start_driver(url: str, seeds: Path, out: Path, run_id: str) -> subprocess.P
         sys.executable, "-m", "service", "batch", "--accounts", str(seeds), "--out", str(out),
         "--run-id", run_id, "--create-missing-accounts", "--workers", "2",
         "--block-size", str(BLOCK), "--k", "10", "--epsilon", "0.1", "--database-url", url,
-        "--no-progress",
+        "--no-progress", *(extra or []),
     ]  # fmt: skip
     return subprocess.Popen(
         command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
