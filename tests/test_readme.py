@@ -63,7 +63,7 @@ def test_every_command_is_accepted_by_the_cli() -> None:
 def test_the_accounts_block_runs_as_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (block,) = [b for b in _shell_blocks() if "accounts create --type admin" in b]
+    (block,) = [b for b in _shell_blocks() if f"{PREFIX}accounts create --type admin" in b]
     url = f"sqlite:///{tmp_path / 'ppr-ledger.db'}"
     upgrade(url)
     monkeypatch.setenv("PPR_DATABASE_URL", url)
