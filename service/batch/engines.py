@@ -276,9 +276,14 @@ def _local_node(ray: Any) -> Any:
     return getattr(worker, "_global_node", None)
 
 
-def _dead_local_processes(ray: Any) -> list[str]:
-    """The processes of the Ray instance this driver started that have exited, by name and pid
-    (empty when the driver joined a cluster: its processes are not ours to watch)."""
+#: Parts of a local Ray instance without which no task can run or return (a log monitor or a
+#: dashboard that exits does not stop the run).
+ESSENTIAL_RAY_PROCESSES = frozenset({"raylet", "gcs_server"})
+
+
+def _dead_local_processes(ray: Any, *, essential_only: bool = False) -> list[str]:
+    """The processes of the local Ray instance that have exited, by name and pid (empty when
+    the driver joined a cluster: its processes are not ours to watch)."""
     node = _local_node(ray)
     if node is None or not hasattr(node, "dead_processes"):
         return []
@@ -286,12 +291,16 @@ def _dead_local_processes(ray: Any) -> list[str]:
         dead = node.dead_processes()
     except Exception:  # pragma: no cover - Ray's internals changed: nothing to report
         return []
-    return [f"{kind} (pid {process.pid})" for kind, process in dead]
+    return [
+        f"{kind} (pid {process.pid})"
+        for kind, process in dead
+        if kind in ESSENTIAL_RAY_PROCESSES or not essential_only
+    ]
 
 
 def _check_local_processes(ray: Any) -> None:
-    dead = _dead_local_processes(ray)
-    if dead:
+    if _dead_local_processes(ray, essential_only=True):
+        dead = _dead_local_processes(ray)
         raise RayComponentLost(
             f"Ray's {', '.join(dead)} of the local instance exited; {_RESUME}{_logs_hint(ray)}"
         )
