@@ -5,25 +5,20 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-import pytest
 from sqlalchemy import create_engine, text
 
 from service.batch import BatchOptions, BatchSummary, FailureInjection
 from service.config import Settings
 from service.ledger import Ledger, upgrade
 from service.privacy.modes import Mode
-
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+from tests.shared_data import shared_file
 
 #: Fewer diffusion steps than the default keep the tests quick; the path is the same.
 STEPS = 20
 
 
 def facebook_graph() -> Path:
-    path = DATA / "facebook_combined.txt"
-    if not path.is_file():
-        pytest.skip(f"{path} is not there (the shared data sits beside the checkout)")
-    return path
+    return shared_file("facebook_combined.txt")
 
 
 def seeds_file(tmp_path: Path, count: int, *, start: int = 0) -> Path:
@@ -34,7 +29,7 @@ def seeds_file(tmp_path: Path, count: int, *, start: int = 0) -> Path:
 
 def options(
     url: str,
-    graph: Path,
+    graph: Path | None,
     seeds: Path,
     out: Path | str,
     *,

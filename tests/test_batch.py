@@ -267,6 +267,11 @@ def cli_ledger(sqlite_url: str) -> str:
         (["--epsilon", "5"], "error [invalid_parameter]: epsilon: must be in [0.01, 2.0]"),
         (["--graph", "{tmp}/nograph.txt"], "error [invalid_parameter]: --graph: "),
         (["--address", "auto"], "--address: joins a Ray cluster: use it with --engine ray"),
+        (["--accounts", "{tmp}/empty.txt"], "error [invalid_parameter]: --accounts: '"),
+        (
+            ["--mode", "edge", "--mechanism", "blended"],
+            "error [invalid_parameter]: --mechanism: blended is offered in personalized mode only",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -278,6 +283,7 @@ def test_bad_input_is_one_line_and_exit_2(
 ) -> None:
     (tmp_path / "good.txt").write_text("1\n2\n")
     (tmp_path / "bad.txt").write_text("1\nno-such-node\n")
+    (tmp_path / "empty.txt").write_text("# no one yet\n\n")
     base = {"--accounts": "{tmp}/good.txt", "--out": "{tmp}/r.parquet"}
     flags = dict(zip(argv[::2], argv[1::2], strict=True))
     merged = {**base, **flags}
@@ -311,3 +317,33 @@ def test_the_command_prints_a_summary(
     ledger.dispose()
     assert actions[0] == "batch.finish" and "batch.start" in actions
     assert actions.count("account.create") == 3  # the admin and the two users
+
+
+@pytest.mark.parametrize(("flag", "expected"), [([], "blended"), (["noisy_diffusion"], None)])
+def test_batch_charges_the_mechanism_it_names(
+    flag: list[str],
+    expected: str | None,
+    cli_ledger: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Without --mechanism a run gets what a GET without one gets (the served default:
+    blended); with it, what it names. The summary names it, and so does every charge."""
+    mechanism = expected or flag[0]
+    seeds = tmp_path / "s.txt"
+    seeds.write_text("10\n11\n")
+    argv = ["batch", "--accounts", str(seeds), "--out", str(tmp_path / "r.parquet"),
+            "--database-url", cli_ledger, "--create-missing-accounts", "--run-id", "m",
+            "--k", "5", "--workers", "1", "--no-progress"]  # fmt: skip
+    if flag:
+        argv += ["--mechanism", *flag]
+    assert main(argv) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert f"(local engine, {mechanism} in personalized mode, epsilon" in first
+    engine = create_engine(cli_ledger)
+    try:
+        with engine.connect() as conn:
+            used = conn.execute(text("SELECT DISTINCT mechanism FROM charges")).scalars().all()
+    finally:
+        engine.dispose()
+    assert used == [mechanism]

@@ -34,7 +34,9 @@ def compose() -> dict[str, Any]:
 
 
 def _interpolate(value: str) -> str:
-    """Compose's ``${NAME:-default}`` with the default (the environment is not consulted)."""
+    """Compose's ``${NAME:-default}`` with the default, ``${NAME:?message}`` (required) with a
+    stand-in value (the environment is not consulted)."""
+    value = re.sub(r"\$\{[A-Z_]+:\?[^}]*\}", "required-value", value)
     return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
 
 
@@ -82,6 +84,7 @@ def test_health_checks_and_restart_policies(compose: dict[str, Any]) -> None:
     assert postgres[postgres.index("-h") + 1] == "127.0.0.1"
     assert "ping" in services["redis"]["healthcheck"]["test"]
     assert "PPR_PORT" in " ".join(services["api"]["healthcheck"]["test"])
+    assert "/readyz" in " ".join(services["api"]["healthcheck"]["test"])  # readiness
     for name in LONG_RUNNING:
         assert services[name]["restart"] in ("unless-stopped", "always"), name
         assert services[name]["healthcheck"]["retries"] >= 3
@@ -104,7 +107,7 @@ def test_commands_and_settings_are_the_services_own(compose: dict[str, Any]) -> 
         assert settings.database_url.startswith("postgresql+psycopg://")
         assert settings.redis_url is not None and settings.graph_dir == Path("/graphs")
     api_env = services["api"]["environment"]
-    assert services["api"]["ports"] == [f"{api_env['PPR_PORT']}:{api_env['PPR_PORT']}"]
+    assert services["api"]["ports"] == [f"127.0.0.1:{api_env['PPR_PORT']}:{api_env['PPR_PORT']}"]
     assert services["api"]["volumes"] == ["./graphs:/graphs:ro"]
 
 
@@ -171,16 +174,60 @@ def test_the_health_check_follows_ppr_port(tmp_path: Path) -> None:
     write_generated_edge_list(graph, 50, 120, seed=1)
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     upgrade(url)
-    command = _healthcheck_command(_dockerfile())
-    assert command[0] == "python"
+    image_check = _healthcheck_command(_dockerfile())
+    compose_file: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    compose_check = compose_file["services"]["api"]["healthcheck"]["test"][1:]
+    for command in (image_check, compose_check):
+        assert command[0] == "python"
     with uvicorn_server(Backend("sqlite", url, None, graph)) as server:
         port = server.base_url.rsplit(":", 1)[1]
-        for expected, env_port in ((0, port), (1, "1")):
-            done = subprocess.run(
-                [sys.executable, *command[1:]],
-                env={**os.environ, "PPR_PORT": env_port},
-                capture_output=True,
-                timeout=30,
-                check=False,
-            )
-            assert (done.returncode == 0) == (expected == 0), done.stderr
+        for command in (image_check, compose_check):
+            for expected, env_port in ((0, port), (1, "1")):
+                done = subprocess.run(
+                    [sys.executable, *command[1:]],
+                    env={**os.environ, "PPR_PORT": env_port},
+                    capture_output=True,
+                    timeout=30,
+                    check=False,
+                )
+                assert (done.returncode == 0) == (expected == 0), done.stderr
+
+
+def test_the_database_password_is_required_and_has_no_default() -> None:
+    """Every use of POSTGRES_PASSWORD is ``${POSTGRES_PASSWORD:?...}``: compose refuses to
+    start without it (no known default password)."""
+    text = (REPO / "docker-compose.yml").read_text()
+    uses = re.findall(r"\$\{POSTGRES_PASSWORD([^}]*)\}", text)
+    assert len(uses) == 2  # the postgres service and the ledger URL
+    assert all(use.startswith(":?") and len(use) > 10 for use in uses), uses
+    assert "change-me" not in text
+
+
+def test_one_image_is_built_once(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    builders = [name for name, service in services.items() if "build" in service]
+    assert builders == ["migrate"]
+    image = services["migrate"]["image"]
+    assert services["api"]["image"] == image and services["api"]["pull_policy"] == "never"
+    assert not image.startswith(("postgres", "redis"))
+
+
+def test_the_readme_tells_how_to_run_the_containers() -> None:
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("### Installing the wheel; containers") :]
+    section = section[: section.index("\n### ", 10)]
+    compose_text = (REPO / "docker-compose.yml").read_text()
+    # a single container on the SQLite default migrates its own ledger
+    assert "docker run" in section and "PPR_AUTO_MIGRATE=true" in section
+    # the first admin key, in the README and as the compose file says it
+    admin = "docker compose run --rm api python -m service accounts create --type admin --json"
+    assert admin in section and admin in compose_text
+    assert "POSTGRES_PASSWORD=" in section
+    # publishing the port: TLS in front, the metrics token
+    assert "TLS" in section and "PPR_METRICS_TOKEN" in section
+    assert "/readyz" in section
+    parser = build_parser()
+    for line in section.splitlines():
+        if "python -m service " in line and line.lstrip().startswith(("docker", "$ docker")):
+            argv = shlex.split(line.split("python -m service ", 1)[1], comments=True)
+            parser.parse_args(argv)

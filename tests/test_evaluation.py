@@ -17,8 +17,7 @@ from service.evaluation.runner import MECHANISMS, EvaluationRow, evaluate, sampl
 from service.graph.model import Graph
 from service.privacy.modes import Mode
 from tests.graph_helpers import graph_from_edges, random_graph
-
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+from tests.shared_data import needs_shared_file, shared_file
 
 # ---------------------------------------------------------------- metrics
 
@@ -276,9 +275,9 @@ def load_snap(path: Path) -> Graph:
     return graph_from_edges(map(tuple, pairs.tolist()))
 
 
-@pytest.mark.skipif(not (DATA / "email-Eu-core.txt").exists(), reason="needs ../shared/data")
+@needs_shared_file("email-Eu-core.txt")
 def test_integration_email_eu_core() -> None:
-    graph = load_snap(DATA / "email-Eu-core.txt")
+    graph = load_snap(shared_file("email-Eu-core.txt"))
     rows = evaluate(graph, [1.0], seeds_count=4, k=50, rng=np.random.default_rng(0))
     by = {r.mechanism: r for r in rows}
     assert set(by) == set(MECHANISMS)  # 1,005 nodes: edge flipping runs

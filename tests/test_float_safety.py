@@ -10,8 +10,6 @@ control: it exceeds rho on the bipartite graph, so the measurement can fail.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -24,8 +22,8 @@ from service.mechanisms.operator import WalkOperator
 from service.privacy.curves import distortion
 from service.privacy.floating import float64_distortion_margin
 from service.privacy.modes import Mode
+from tests.shared_data import needs_shared_file, shared_file
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 BETA, ETA = 0.8, 1e-7
 RHO = distortion(BETA) * ETA
 
@@ -44,7 +42,7 @@ def bipartite_case() -> tuple[Graph, Graph, int, int]:
 
 def hub_case() -> tuple[Graph, Graph, int, int]:
     """The two largest hubs of ego-Facebook that are not adjacent; G' adds the edge between them."""
-    g = load_edge_list(DATA / "facebook_combined.txt")
+    g = load_edge_list(shared_file("facebook_combined.txt"))
     order = np.argsort(-g.degrees, kind="stable")
     u = int(order[0])
     v = next(int(w) for w in order[1:] if int(w) not in set(g.neighbors(u).tolist()))
@@ -126,7 +124,7 @@ def test_float32_kernel_exceeds_rho_on_the_bipartite_graph() -> None:
     assert worst > RHO * (1 + 1e-6)
 
 
-@pytest.mark.skipif(not (DATA / "facebook_combined.txt").exists(), reason="needs ../shared/data")
+@needs_shared_file("facebook_combined.txt")
 @pytest.mark.parametrize("mode", [Mode.EDGE, Mode.PERSONALIZED])
 def test_facebook_hub_distortion_within_calibrated_rho(mode: Mode) -> None:
     g, g_plus, u, v = hub_case()

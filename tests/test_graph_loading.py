@@ -19,8 +19,7 @@ from hypothesis import strategies as st
 from service.errors import GraphLoadError, UnknownNode
 from service.graph import Graph, build_graph, load_edge_list
 from service.graph.loader import MAX_ID_BYTES
-
-DATA = Path(__file__).parents[1].parent / "shared" / "data"
+from tests.shared_data import shared_file
 
 TRIANGLE_PLUS = [("1", "2"), ("2", "3"), ("3", "1"), ("3", "4"), ("10", "4")]
 
@@ -515,10 +514,7 @@ def _reference_counts(path: Path) -> tuple[int, int, int]:
 
 
 def _shared(name: str) -> Path:
-    path = DATA / name
-    if not path.is_file():
-        pytest.skip(f"{path} not available")
-    return path
+    return shared_file(name)
 
 
 def test_facebook() -> None:

@@ -118,3 +118,42 @@ def test_the_wrk_script_carries_any_node_id_and_the_key() -> None:
     assert '["Authorization"]="Bearer ppr_k"' in script
     assert '"\\034x\\092\\034y\\034"' in script  # the JSON-encoded id '"x\"y"'
     assert "local batch_size = 2" in script
+
+
+@pytest.mark.slow
+def test_a_refused_key_is_named_with_its_code_and_fails_the_run(
+    graph_path: Path, tmp_path: Path
+) -> None:
+    from service.ledger import Ledger, upgrade
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    upgrade(url)
+    ledger = Ledger.from_url(url)
+    try:
+        spent = ledger.create_account("service", cap_epsilon=1e-6, delta=1e-6, label="tiny cap")
+        key, _ = ledger.create_api_key(spent.account_id)
+    finally:
+        ledger.dispose()
+    command = [
+        sys.executable, "-m", "service", "loadtest", "--start", "--workers", "1",
+        "--port", str(free_port()), "--graph", str(graph_path), "--database-url", url,
+        "--duration", "1", "--warmup", "0", "--concurrency", "2", "--phases", "healthz,fresh",
+        "--driver", "httpx",
+    ]  # fmt: skip
+    done = subprocess.run(
+        [*command, "--key", key], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 1, done.stderr
+    assert "answers by status:" in done.stdout
+    (fresh,) = [line for line in done.stdout.splitlines() if line.strip().startswith("fresh:")]
+    assert "403 x" in fresh and "403 budget_exhausted" in fresh
+    assert "error [key_refused]: the key was refused in the fresh phase: 403 budget_exhausted" in (
+        done.stderr
+    )
+
+    done = subprocess.run(
+        [*command, "--key", "ppr_not_a_key"], capture_output=True, text=True, timeout=300,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "error [key_refused]: the key was refused: GET /v1/me/budget answered 401" in done.stderr

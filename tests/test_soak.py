@@ -43,3 +43,18 @@ def test_a_short_soak_reports_errors_memory_per_worker_and_verifies(tmp_path: Pa
     workers = re.findall(r"^\| (\d+) \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [+-][\d.]+ \|$", out, re.M)
     assert len(workers) == 2, out
     assert "mismatches 0, admitted without release 0: ledger OK" in out
+
+
+def test_the_summary_says_what_the_errors_were() -> None:
+    from service.loadtest.soak import run_soak, summary
+    from service.loadtest.workload import Workload
+
+    # Nothing listens on this port: every request fails without an answer.
+    workload = Workload(name="mixed", kind="path", path="/healthz")
+    result = run_soak(
+        f"http://127.0.0.1:{free_port()}", workload, rate=20, seconds=0.5, interval_s=10,
+        timeout_s=5,
+    )  # fmt: skip
+    assert result.errors == result.requests > 0
+    text = summary(result)
+    assert f"the errors were: {result.errors} x no answer: ConnectError" in text

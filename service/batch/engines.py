@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from service.batch.lifetime import die_with_parent
 from service.batch.shared_graph import SharedGraph, graph_from_shared
 from service.batch.spec import BatchSpec, BlockFailure, BlockResult
 from service.batch.worker import answerer_for
@@ -94,36 +95,71 @@ class LocalEngine:
         attempts = _Attempts(self.retries)
         context = multiprocessing.get_context("spawn")
         while queue:
-            with ProcessPoolExecutor(self.workers, mp_context=context) as pool:
-                in_flight: dict[Future[BlockResult], Block] = {}
-                broken = False
-                while (queue or in_flight) and not broken:
-                    while queue and len(in_flight) < 2 * self.workers:
-                        block = queue.popleft()
-                        in_flight[pool.submit(_local_block, spec, *block)] = block
-                    done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-                    for future in done:
-                        block = in_flight.pop(future)
-                        try:
-                            yield future.result()
-                        except BrokenProcessPool:
-                            broken = True
-                            lost = attempts.failed(block, "a worker process died", queue)
-                            if lost is not None:
-                                yield lost
-                        except Exception as exc:
-                            lost = attempts.failed(block, _describe(exc), queue)
-                            if lost is not None:
-                                yield lost
-                if broken:  # every other block in flight went down with the pool
-                    for future, block in in_flight.items():
-                        if future.done() and future.exception() is None:
-                            yield future.result()
-                            continue
-                        lost = attempts.failed(block, "a worker process died", queue)
-                        if lost is not None:
-                            yield lost
-                    pool.shutdown(wait=True, cancel_futures=True)
+            pool = ProcessPoolExecutor(
+                self.workers,
+                mp_context=context,
+                initializer=die_with_parent,  # a killed driver takes its pool with it
+                initargs=(os.getpid(),),
+            )
+            finished = False
+            try:
+                yield from self._run_pool(pool, spec, queue, attempts)
+                finished = True
+            finally:
+                if finished:
+                    pool.shutdown(wait=True)
+                else:  # the driver is stopping (an error, a signal, Ctrl-C): no more answers
+                    _stop_now(pool)
+
+    def _run_pool(
+        self,
+        pool: ProcessPoolExecutor,
+        spec: BatchSpec,
+        queue: deque[Block],
+        attempts: _Attempts,
+    ) -> Iterator[Outcome]:
+        in_flight: dict[Future[BlockResult], Block] = {}
+        broken = False
+        while (queue or in_flight) and not broken:
+            while queue and len(in_flight) < 2 * self.workers:
+                block = queue.popleft()
+                in_flight[pool.submit(_local_block, spec, *block)] = block
+            done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+            for future in done:
+                block = in_flight.pop(future)
+                try:
+                    yield future.result()
+                except BrokenProcessPool:
+                    broken = True
+                    lost = attempts.failed(block, "a worker process died", queue)
+                    if lost is not None:
+                        yield lost
+                except Exception as exc:
+                    lost = attempts.failed(block, _describe(exc), queue)
+                    if lost is not None:
+                        yield lost
+        if broken:  # every other block in flight went down with the pool
+            for future, block in in_flight.items():
+                if future.done() and future.exception() is None:
+                    yield future.result()
+                    continue
+                lost = attempts.failed(block, "a worker process died", queue)
+                if lost is not None:
+                    yield lost
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _stop_now(pool: ProcessPoolExecutor) -> None:
+    """Kill the pool's processes and drop its queued work, without waiting for blocks in flight.
+
+    A seed killed mid-answer leaves at most its charge admitted, never a release: the next run
+    with the same run id refunds it (:mod:`service.batch.worker`).
+    """
+    processes: dict[int, Any] = dict(getattr(pool, "_processes", None) or {})
+    for process in processes.values():
+        if process.is_alive():
+            process.kill()
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 # -- ray -------------------------------------------------------------------------------------------
@@ -205,17 +241,100 @@ class RayEngine:
         limit = max(2, 2 * cpus)
         queue: deque[Block] = deque(blocks)
         in_flight: dict[Any, Block] = {}
+        lost_component = _system_errors(ray)
         while queue or in_flight:
             while queue and len(in_flight) < limit:
                 block = queue.popleft()
                 in_flight[task.remote(shared, spec_ref, *block)] = block
-            ready, _ = ray.wait(list(in_flight), num_returns=1)
+            try:
+                ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=RAY_WATCH_SECONDS)
+            except lost_component as exc:
+                raise RayComponentLost(_lost_component_message(ray, exc)) from exc
+            _check_local_processes(ray)
             for ref in ready:
                 index, nodes = in_flight.pop(ref)
                 try:
                     yield ray.get(ref)
+                except lost_component as exc:
+                    raise RayComponentLost(_lost_component_message(ray, exc)) from exc
                 except Exception as exc:  # every retry failed (RayTaskError, WorkerCrashedError)
                     yield BlockFailure(index, nodes, _describe(exc), self.retries + 1)
+
+
+#: Seconds between two looks at the local Ray instance's processes while blocks run.
+RAY_WATCH_SECONDS = 1.0
+
+_RESUME = "the run stops; rerun with the same --run-id to resume (nothing is charged twice)"
+
+
+def _system_errors(ray: Any) -> tuple[type[BaseException], ...]:
+    """Ray's errors that mean a part of Ray itself is gone (not a task or its worker)."""
+    names = ("LocalRayletDiedError", "NodeDiedError", "RaySystemError", "OwnerDiedError")
+    found = (getattr(ray.exceptions, name, None) for name in names)
+    return tuple(cls for cls in found if isinstance(cls, type))
+
+
+def _local_node(ray: Any) -> Any:
+    worker = getattr(getattr(ray, "_private", None), "worker", None)
+    return getattr(worker, "_global_node", None)
+
+
+#: Parts of a local Ray instance without which no task can run or return (a log monitor or a
+#: dashboard that exits does not stop the run).
+ESSENTIAL_RAY_PROCESSES = frozenset({"raylet", "gcs_server"})
+
+
+def _dead_local_processes(ray: Any, *, essential_only: bool = False) -> list[str]:
+    """The processes of the local Ray instance that have exited, by name and pid (empty when
+    the driver joined a cluster: its processes are not ours to watch)."""
+    node = _local_node(ray)
+    if node is None or not hasattr(node, "dead_processes"):
+        return []
+    try:
+        dead = node.dead_processes()
+    except Exception:  # pragma: no cover - Ray's internals changed: nothing to report
+        return []
+    return [
+        f"{kind} (pid {process.pid})"
+        for kind, process in dead
+        if kind in ESSENTIAL_RAY_PROCESSES or not essential_only
+    ]
+
+
+def _check_local_processes(ray: Any) -> None:
+    if _dead_local_processes(ray, essential_only=True):
+        dead = _dead_local_processes(ray)
+        raise RayComponentLost(
+            f"Ray's {', '.join(dead)} of the local instance exited; {_RESUME}{_logs_hint(ray)}"
+        )
+
+
+def _lost_component_message(ray: Any, exc: BaseException) -> str:
+    dead = _dead_local_processes(ray)
+    what = {
+        "LocalRayletDiedError": "the raylet (Ray's node manager) on this machine died",
+        "NodeDiedError": "a Ray node died",
+        "OwnerDiedError": "the owner of a Ray object died",
+    }.get(type(exc).__name__, f"Ray failed ({_describe(exc)})")
+    if dead:
+        what += f" (exited: {', '.join(dead)})"
+    return f"{what}; {_RESUME}{_logs_hint(ray)}"
+
+
+def _logs_hint(ray: Any) -> str:
+    node = _local_node(ray)
+    logs = getattr(node, "get_logs_dir_path", None)
+    try:
+        return f" (Ray's logs: {logs()})" if callable(logs) else ""
+    except Exception:  # pragma: no cover
+        return ""
+
+
+class RayComponentLost(ServiceError):
+    """A part of Ray (the raylet, a node, the GCS) went away during the run."""
+
+    code = "ray_component_lost"
+    status = 503
 
 
 class RayUnavailable(ServiceError):

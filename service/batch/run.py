@@ -55,6 +55,7 @@ class BatchOptions:
     sink: str
     mode: Mode = Mode.PERSONALIZED
     epsilon: float | None = None  # None: PPR_DEFAULT_EPSILON
+    mechanism: str | None = None  # None: the served default (PPR_DEFAULT_MECHANISM for the mode)
     k: int | None = None  # None: PPR_DEFAULT_K
     accounts_file: Path | None = None  # None with all_accounts: every user account
     all_accounts: bool = False
@@ -83,6 +84,7 @@ class BatchSummary:
     epsilon: float
     sink: str
     seeds: int = 0
+    mechanism: str = ""
     answered: int = 0  # a new release, charged in this run
     replayed: int = 0  # a stored release (this run's, or an identical earlier query's): free
     skipped_budget: int = 0
@@ -146,7 +148,14 @@ def read_seeds(path: Path) -> list[str]:
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidParameter("--accounts", f"cannot read {str(path)!r}: {exc}") from None
     seeds = (line.strip() for line in text.splitlines())
-    return list(dict.fromkeys(s for s in seeds if s and not s.startswith("#")))
+    found = list(dict.fromkeys(s for s in seeds if s and not s.startswith("#")))
+    if not found:
+        raise InvalidParameter(
+            "--accounts",
+            f"{str(path)!r} lists no node ids (one per line; blank lines and '#' comments are "
+            "skipped)",
+        )
+    return found
 
 
 def _user_nodes(ledger: Ledger) -> Iterator[str]:
@@ -263,6 +272,7 @@ def run_batch(
         )
     if (options.accounts_file is None) == (not options.all_accounts):
         raise InvalidParameter("--accounts", "give either --accounts FILE or --all")
+    mechanism = _mechanism(options, settings)
     graph_path = options.graph_path if options.graph_path is not None else settings.graph_path
     graph = load_configured_graph(graph_path, nodes_path=settings.nodes_path)
     ledger = Ledger.from_url(settings.database_url, auto_migrate=False)
@@ -286,6 +296,8 @@ def run_batch(
             create_missing_accounts=options.create_missing_accounts,
             graph_path=str(graph_path.resolve()) if graph_path is not None else None,
             invocation=secrets.token_hex(4),
+            mechanism=mechanism,
+            mechanism_chosen=options.mechanism is not None,
             failure=options.failure,
         )
         _check_query(spec, graph, ledger)
@@ -305,6 +317,7 @@ def run_batch(
             epsilon,
             sink.description,
             seeds=len(seeds),
+            mechanism=mechanism,
         )
         if outside:
             summary.skipped["not_in_graph"] = outside
@@ -328,6 +341,17 @@ def run_batch(
         ledger.dispose()
 
 
+def _mechanism(options: BatchOptions, settings: Settings) -> str:
+    """The ranking the run charges for: ``--mechanism``, else what a GET without one gets."""
+    from service.mechanisms.registry import resolve_mechanism
+
+    try:
+        chosen = resolve_mechanism(options.mechanism, options.mode, settings.default_mechanism)
+    except InvalidParameter as exc:
+        raise InvalidParameter("--mechanism", exc.message.removeprefix("mechanism: ")) from None
+    return chosen.value
+
+
 def _check_query(spec: BatchSpec, graph: Graph, ledger: Ledger) -> None:
     """k, epsilon and the mode's options, checked as the API checks them (nothing charged)."""
     from service.serving.graph_holder import GraphHolder
@@ -348,7 +372,13 @@ def _check_query(spec: BatchSpec, graph: Graph, ledger: Ledger) -> None:
     )
     checker.validate(
         QueryRequest(
-            probe, "", spec.k, spec.epsilon, spec.mode, exclude_neighbors=spec.exclude_neighbors
+            probe,
+            "",
+            spec.k,
+            spec.epsilon,
+            spec.mode,
+            exclude_neighbors=spec.exclude_neighbors,
+            mechanism=spec.mechanism,
         )
     )
 
@@ -371,8 +401,9 @@ def _execute(
     failed_blocks: list[BlockFailure] = []
     compute_start = time.perf_counter()
     summary.setup_seconds = compute_start - started
+    outcomes = engine.run(spec, graph, _blocks(seeds, options.block_size))
     try:
-        for item in engine.run(spec, graph, _blocks(seeds, options.block_size)):
+        for item in outcomes:
             if isinstance(item, BlockResult):
                 sink.write([o for o in item.outcomes if o.status in ("answered", "replayed")])
                 for outcome in item.outcomes:
@@ -389,6 +420,11 @@ def _execute(
                 progress.update(summary, len(item.nodes))
         summary.elapsed_seconds = time.perf_counter() - compute_start
     finally:
+        # A driver that stops early (an error, a signal) stops the engine now, not whenever
+        # the generator is collected: no block keeps charging for answers nobody writes.
+        close = getattr(outcomes, "close", None)
+        if close is not None:
+            close()
         progress.close()
     if failed_blocks:
         summary.reconciled += _reconcile_failed_blocks(ledger, spec, failed_blocks)
@@ -414,6 +450,7 @@ def _audit_details(spec: BatchSpec, options: BatchOptions, summary: BatchSummary
         "run_id": spec.run_id,
         "graph_version": spec.graph_version,
         "mode": spec.mode.value,
+        "mechanism": spec.mechanism,
         "epsilon": spec.epsilon,
         "k": spec.k,
         "fresh": spec.fresh,
@@ -445,7 +482,8 @@ def summary_lines(summary: BatchSummary) -> list[str]:
     failures = ", ".join(f"{code} {n}" for code, n in sorted(summary.failures.items()))
     lines = [
         f"run {summary.run_id} on graph {summary.graph_version} ({summary.engine} engine, "
-        f"{summary.mode} mode, epsilon {summary.epsilon:g}) -> {summary.sink}",
+        f"{summary.mechanism} in {summary.mode} mode, epsilon {summary.epsilon:g}) -> "
+        f"{summary.sink}",
         f"seeds                {summary.seeds}",
         f"answered             {summary.answered} (charged now)",
         f"replayed             {summary.replayed} (stored releases, no charge)",

@@ -3,7 +3,8 @@
 Every answer written here was stored in the ledger first (its release is durable), so a sink
 that fails loses nothing: a rerun with the same run id replays the stored releases for free and
 writes them again. Writes are idempotent per (run, user): the Parquet file is written whole
-under a temporary name and renamed at the end, a Redis hash and a table row are overwritten.
+under a temporary name (mode 0600; removed on any exit, or by the next run with the same run id
+after a driver was killed) and renamed at the end, a Redis hash and a table row are overwritten.
 
 ``--out`` forms:
 
@@ -17,6 +18,7 @@ under a temporary name and renamed at the end, a Redis hash and a table row are 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from service.batch.spec import SeedOutcome
@@ -83,6 +85,16 @@ def _results_json(outcome: SeedOutcome) -> str:
 
 
 class ParquetSink:
+    """One Parquet file, written whole under a temporary name beside it and renamed at the end.
+
+    The temporary file ``.<name>.<run id>.<pid>.tmp`` is created readable and writable by its
+    owner only (mode 0600: it holds users' recommendations), and so is the final file (the same
+    file, renamed). It is removed on every exit the driver sees (an error, Ctrl-C, SIGTERM,
+    SIGHUP); a driver killed outright (SIGKILL, a lost machine) cannot remove it, so the next
+    run with the same run id finds it and removes it. The writer holds an exclusive ``flock``
+    on it while it writes: a temporary file whose lock can be taken belongs to a dead driver.
+    """
+
     def __init__(self, path: Path, info: RunInfo) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -92,7 +104,8 @@ class ParquetSink:
         self.info = info
         if not path.parent.is_dir():
             raise SinkUnavailable(f"--out: the directory {str(path.parent)!r} does not exist")
-        self._tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        self.removed_stale = remove_stale_outputs(path, info.run_id)
+        self._tmp = path.with_name(f"{_tmp_prefix(path, info.run_id)}{os.getpid()}.tmp")
         self._pa = pa
         self._schema = pa.schema(
             [
@@ -108,9 +121,14 @@ class ParquetSink:
             ]
         )
         try:
-            self._writer = pq.ParquetWriter(str(self._tmp), self._schema, compression="zstd")
+            self._file = _create_private(self._tmp)
         except OSError as exc:
             raise SinkUnavailable(f"--out: cannot write {str(path)!r}: {exc}") from exc
+        try:
+            self._writer = pq.ParquetWriter(self._file, self._schema, compression="zstd")
+        except BaseException:
+            self._discard()
+            raise
 
     def write(self, outcomes: Sequence[SeedOutcome]) -> None:
         if not outcomes:
@@ -132,12 +150,73 @@ class ParquetSink:
         self._writer.write_table(table)
 
     def close(self) -> None:
-        self._writer.close()
-        os.replace(self._tmp, self.path)
+        try:
+            self._writer.close()
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            os.replace(self._tmp, self.path)  # still locked: no other run removes it meanwhile
+        except BaseException:
+            self._discard()
+            raise
+        self._file.close()
 
     def abort(self) -> None:
-        self._writer.close()
+        try:
+            self._writer.close()
+        finally:
+            self._discard()
+
+    def _discard(self) -> None:
         self._tmp.unlink(missing_ok=True)
+        self._file.close()
+
+
+def _tmp_prefix(path: Path, run_id: str) -> str:
+    return f".{path.name}.{run_id}."
+
+
+def _create_private(path: Path) -> BinaryIO:
+    """Create ``path`` (mode 0600, never through a symlink), locked for as long as it is open."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        raise
+
+
+def remove_stale_outputs(path: Path, run_id: str) -> list[Path]:
+    """Remove the temporary files that killed drivers of run ``run_id`` left beside ``path``
+    (those whose lock can be taken: their writer is gone); return what was removed."""
+    prefix = _tmp_prefix(path, run_id)
+    removed: list[Path] = []
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return removed
+    for name in names:
+        rest = name[len(prefix) : -len(".tmp")]
+        if not (name.startswith(prefix) and name.endswith(".tmp") and rest.isdigit()):
+            continue
+        candidate = path.parent / name
+        try:
+            fd = os.open(candidate, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # a live driver of this run id is writing it
+        try:
+            candidate.unlink(missing_ok=True)
+            removed.append(candidate)
+        finally:
+            os.close(fd)
+    return removed
 
 
 # -- Redis -----------------------------------------------------------------------------------------

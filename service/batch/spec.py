@@ -42,10 +42,20 @@ def check_run_id(run_id: str) -> str:
 
 
 def seed_idempotency_key(
-    run_id: str, graph_version: str, node: str, mode: Mode, epsilon: float
+    run_id: str,
+    graph_version: str,
+    node: str,
+    mode: Mode,
+    epsilon: float,
+    mechanism: str | None = None,
 ) -> str:
-    """The Idempotency-Key of ``node``'s query in run ``run_id`` on ``graph_version``."""
-    text = "\x1f".join(["batch-run", run_id, graph_version, node, mode.value, repr(epsilon)])
+    """The Idempotency-Key of ``node``'s query in run ``run_id`` on ``graph_version``.
+
+    ``mechanism`` is None for the served default (the key is then the one runs made before a
+    mechanism could be chosen, so they resume), else the mechanism the run was asked for.
+    """
+    parts = ["batch-run", run_id, graph_version, node, mode.value, repr(epsilon)]
+    text = "\x1f".join(parts if mechanism is None else [*parts, mechanism])
     return "batchrun-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:48]
 
 
@@ -95,13 +105,20 @@ class BatchSpec:
     graph_path: str | None = None  # where a local worker loads the graph from; None: demo
     #: Random per invocation of the command (reruns of a run id get new ones).
     invocation: str = "0"
+    #: The ranking every seed gets (resolved: never None in a run).
+    mechanism: str = "noisy_diffusion"
+    #: Whether ``mechanism`` was named by the operator (else: the served default).
+    mechanism_chosen: bool = False
     failure: FailureInjection | None = field(default=None, compare=False)
 
     def request_id(self, node: str) -> str:
         return seed_request_id(self.run_id, self.invocation, node)
 
     def idempotency_key(self, node: str) -> str:
-        return seed_idempotency_key(self.run_id, self.graph_version, node, self.mode, self.epsilon)
+        chosen = self.mechanism if self.mechanism_chosen else None
+        return seed_idempotency_key(
+            self.run_id, self.graph_version, node, self.mode, self.epsilon, chosen
+        )
 
 
 @dataclass(frozen=True)

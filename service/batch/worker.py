@@ -241,6 +241,7 @@ class BlockAnswerer:
             exclude_neighbors=spec.exclude_neighbors,
             idempotency_key=spec.idempotency_key(seed.node),
             request_id=spec.request_id(seed.node),
+            mechanism=spec.mechanism,
         )
         try:
             answer = self.queries.answer(request)

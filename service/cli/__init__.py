@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from service.errors import ServiceError
 
@@ -33,11 +34,51 @@ COMMAND_MODULES = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: The installed command's name (``[project.scripts]`` in pyproject.toml).
+SCRIPT_NAME = "dp-ppr"
+
+
+def program_name(argv0: str | None = None) -> str:
+    """How the user started us: ``dp-ppr`` (the installed command) or ``python -m service``."""
+    name = os.path.basename(sys.argv[0] if argv0 is None else argv0)
+    return SCRIPT_NAME if name == SCRIPT_NAME else "python -m service"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dp-ppr-service")
+    except PackageNotFoundError:  # pragma: no cover - a source tree that was never installed
+        from service import __version__
+
+        return __version__
+
+
+def plain_text(text: str, prog: str) -> str:
+    """A docstring as a terminal shows it: no reStructuredText markup (``x`` -> x, a literal
+    block's ``::`` -> ``:``), and commands named the way the user runs them."""
+    text = re.sub(r"``(.+?)``", r"\1", text, flags=re.S)
+    text = re.sub(r"(?<=\S)::$", ":", text, flags=re.M)
+    text = re.sub(r"^::$", "", text, flags=re.M)
+    return text.replace("python -m service", prog)
+
+
+def _parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                yield from _parsers(sub)
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    prog = prog or program_name()
     parser = argparse.ArgumentParser(
-        prog="python -m service",
+        prog=prog,
         description="Differentially private personalized PageRank: engine, service and tools.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         try:
@@ -47,6 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(subparsers)
+    for each in _parsers(parser):
+        if each.description:
+            each.description = plain_text(each.description, prog)
+        if each.epilog:
+            each.epilog = plain_text(each.epilog, prog)
+        for action in each._actions:
+            if action.help and action.help is not argparse.SUPPRESS:
+                action.help = plain_text(action.help, prog)
     return parser
 
 

@@ -7,6 +7,15 @@ mode the ``--service-account``. Who asks (the principal on each charge): the ser
 when one is named (its modes, seed-account right and 24-hour quota apply), otherwise each seed
 user itself, on the operator's authority, with the run id on every charge's request id and the
 run in the audit log (``batch.start`` / ``batch.finish``).
+
+What each seed gets and is charged for: the ranking ``--mechanism`` names, by default the one a
+``GET /v1/ppr/{node}`` without ``mechanism`` gets (``PPR_DEFAULT_MECHANISM``: ``blended`` unless
+set; in edge mode a personalized-only default becomes ``noisy_diffusion``). The summary's first
+line names it.
+
+A Parquet output is written under a temporary name beside it, readable by its owner only, and
+removed if the run stops (an error, Ctrl-C, SIGTERM, SIGHUP); a driver killed outright leaves
+it, and the next run with the same ``--run-id`` removes it. Pool processes end with their driver.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from typing import Any
 
 from service.cli.common import print_json
 from service.cli.options import database_url, positive_float, positive_int, redis_url
+from service.mechanisms.registry import RankingMechanism
 from service.privacy.modes import Mode
 
 
@@ -55,6 +65,14 @@ def register(subparsers: Any) -> None:
         choices=list(Mode),
         default=Mode.PERSONALIZED,
         help="privacy model (default personalized)",
+    )
+    parser.add_argument(
+        "--mechanism",
+        choices=[m.value for m in RankingMechanism],
+        metavar="NAME",
+        help="one of " + ", ".join(m.value for m in RankingMechanism) + "; the ranking each "
+        "seed gets and is charged for (default: what a GET without 'mechanism' gets: "
+        "PPR_DEFAULT_MECHANISM, blended unless set, noisy_diffusion in edge mode)",
     )
     parser.add_argument(
         "--out",
@@ -132,6 +150,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
+    from service.batch.lifetime import unwind_on_termination
     from service.batch.run import BatchOptions, run_batch, summary_lines
     from service.config import Settings, settings_error
     from service.errors import InvalidParameter
@@ -155,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
         sink=args.out,
         mode=args.mode,
         epsilon=args.epsilon,
+        mechanism=args.mechanism,
         k=args.k,
         accounts_file=args.accounts,
         all_accounts=args.all,
@@ -172,7 +192,8 @@ def run(args: argparse.Namespace) -> int:
         settings=settings,
         progress=False if args.no_progress else None,
     )
-    summary = run_batch(options)
+    with unwind_on_termination():  # SIGTERM/SIGHUP: temporary output removed, pool stopped
+        summary = run_batch(options)
     if args.json:
         print_json(summary.to_dict())
     else:

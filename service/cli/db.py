@@ -95,7 +95,35 @@ def register(subparsers: Any) -> None:
 _RETRY_SECONDS = 1.0
 
 
+def _create_sqlite_directory(url: str) -> None:
+    """A SQLite file in a directory that does not exist yet: create the directory (the file is
+    created by the migration), saying so; one that cannot be created is a one-line error."""
+    from pathlib import Path
+
+    from sqlalchemy import make_url
+
+    parsed = make_url(url)
+    database = parsed.database or ""
+    if parsed.get_backend_name() != "sqlite" or database in ("", ":memory:"):
+        return
+    if database.startswith("file:"):
+        return
+    folder = Path(database).expanduser().parent
+    if folder.is_dir():
+        return
+    try:
+        folder.mkdir(parents=True, mode=0o700)
+    except OSError as exc:
+        raise LedgerUnavailable(
+            f"the directory {folder} of the ledger database {database} does not exist and "
+            f"cannot be created ({exc.strerror}): create it, or choose another "
+            "PPR_DATABASE_URL / --database-url"
+        ) from exc
+    print(f"created the directory {folder} for the ledger database", file=sys.stderr)
+
+
 def _upgrade(args: argparse.Namespace) -> int:
+    _create_sqlite_directory(database_url(args))
     deadline = time.monotonic() + args.wait
     while True:
         try:

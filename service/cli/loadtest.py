@@ -7,16 +7,19 @@ on this machine at this moment, then the chosen query phases with the same conne
 ``--batch-size`` random seeds, ``--batch-concurrency`` calls in flight, each allowed
 ``--batch-timeout`` seconds; reported in seeds/s, counting the calls that finished within the
 phase). The load runs against a service account made for the run in
-the ledger at ``--database-url`` (or ``--key``), with a cap no run reaches. With ``--start``
+the ledger at ``--database-url``, with a cap no run reaches; a ``--key`` of your own needs a
+cap as large (a run charges thousands of queries: ``accounts create --type service --cap 1000``).
+After the table it prints each phase's answers by status (and error code); a refused key
+(401, 403, 429) is named with its code, and any error makes the exit status 1. With ``--start``
 the run first waits (at most ``--table-timeout`` seconds, saying so) while the server builds
 its prefix table, so fresh queries are measured in the steady state.
 
 Examples::
 
-    python -m service loadtest --start --graph ../shared/data/facebook_combined.txt
+    python -m service loadtest --start --graph edges.txt.gz
     python -m service loadtest --start --workers 2 --port 8601 \\
         --database-url postgresql+psycopg://postgres@127.0.0.1:5432/ppr \\
-        --redis-url redis://127.0.0.1:6379/0 --graph ../shared/data/facebook_combined.txt
+        --redis-url redis://127.0.0.1:6379/0 --graph edges.txt.gz
     python -m service loadtest --url http://127.0.0.1:8000 --key ppr_... --phases healthz,fresh
 """
 
@@ -111,10 +114,17 @@ def run(args: argparse.Namespace) -> int:
 
     from service.config import MechanismSettings, Settings
     from service.errors import InvalidParameter
-    from service.loadtest.report import reference_rps, table
+    from service.loadtest.report import (
+        has_errors,
+        reference_rps,
+        refusals,
+        status_breakdown,
+        table,
+    )
     from service.loadtest.run import RunPlan, run_phases, sample_seeds
     from service.loadtest.server import (
         admin_key,
+        check_key,
         served,
         service_account_key,
         wait_for_prefix_table,
@@ -184,8 +194,11 @@ def run(args: argparse.Namespace) -> int:
             base_url = args.url.rstrip("/")
         key = args.key or service_account_key(database_url, delta=MechanismSettings().account_delta)
 
+        if args.key is not None:
+            check_key(base_url, key, say=lambda text: print(text, file=sys.stderr))
+
         def progress(result: Any) -> None:
-            print(f"  {result.phase}: {result.rps:,.1f} req/s", file=sys.stderr)
+            print(f"  {result.rps:,.1f} req/s; {status_breakdown(result)}", file=sys.stderr)
 
         results = run_phases(base_url, plan, key, on_result=progress)
     ref = reference_rps(results)
@@ -206,4 +219,16 @@ def run(args: argparse.Namespace) -> int:
             f"epsilon {args.epsilon:g}, k {args.k}; prefix table {table_status}"
         )
         print(table(results))
+        print("answers by status:")
+        for result in results:
+            print(f"  {status_breakdown(result)}")
+    for line in refusals(results):
+        print(f"error [key_refused]: {line}", file=sys.stderr)
+    if has_errors(results):
+        print(
+            "loadtest: some requests failed (see the answers by status above, or the phases' "
+            "statuses and error_codes in --json)",
+            file=sys.stderr,
+        )
+        return 1
     return 0

@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from service.errors import InvalidParameter
     from service.ledger.ledger import Ledger
     from service.loadtest.httpx_driver import run_httpx
+    from service.loadtest.report import status_breakdown
     from service.loadtest.run import RunPlan, sample_seeds, store_replay_releases, workloads
     from service.loadtest.server import served_process, service_account_key
     from service.loadtest.soak import INTERVAL_HEADER, interval_line, run_soak, summary
@@ -119,7 +120,12 @@ def run(args: argparse.Namespace) -> int:
             print(
                 f"measured: {measured.rps:.1f} req/s with {args.concurrency} connections "
                 f"(p50 {measured.p50_ms:.1f} ms, p99 {measured.p99_ms:.1f} ms, errors "
-                f"{measured.errors}); soak at {rate:.1f} req/s",
+                f"{measured.errors}); soak at {rate:.1f} req/s"
+                + (
+                    f"\nthe measurement's errors: {status_breakdown(measured)}"
+                    if measured.errors
+                    else ""
+                ),
                 flush=True,
             )
             if rate <= 0:

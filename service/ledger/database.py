@@ -239,9 +239,15 @@ def check_migrated(engine: Engine) -> None:
     """Raise :class:`LedgerNotMigrated` unless the database is at head on this code's grid."""
     heads = head_revisions()
     if sqlite_file_missing(engine):
+        folder = Path(str(engine.url.database)).parent
+        missing = (
+            ""
+            if folder.is_dir()
+            else f", nor does its directory {folder} ({UPGRADE_COMMAND} creates it)"
+        )
         raise LedgerNotMigrated(
-            f"the ledger database file {engine.url.database} does not exist: create and "
-            f"migrate it with `{UPGRADE_COMMAND}` (with the same PPR_DATABASE_URL or "
+            f"the ledger database file {engine.url.database} does not exist{missing}: create "
+            f"and migrate it with `{UPGRADE_COMMAND}` (with the same PPR_DATABASE_URL or "
             "--database-url), or start the service with PPR_AUTO_MIGRATE=true",
             details={"command": UPGRADE_COMMAND},
         )

@@ -18,6 +18,7 @@ async def _run(
 ) -> PhaseResult:
     latencies: list[float] = []
     statuses: Counter[str] = Counter()
+    codes: Counter[str] = Counter()
     socket_errors = 0
     item_errors = 0
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -41,6 +42,8 @@ async def _run(
                     continue
                 latencies.append(time.perf_counter() - sent)
                 statuses[str(response.status_code)] += 1
+                if response.status_code >= 400:
+                    codes[f"{response.status_code} {_error_code(response)}"] += 1
                 if workload.kind == "batch" and response.status_code == 200:
                     items = response.json().get("items", [])
                     item_errors += sum(1 for item in items if "error" in item)
@@ -62,7 +65,18 @@ async def _run(
         items_per_request=workload.items_per_request,
         item_errors=item_errors,
         statuses=dict(statuses),
+        error_codes=dict(codes),
+        socket_errors=socket_errors,
     )
+
+
+def _error_code(response: httpx.Response) -> str:
+    """The envelope's ``error.code`` of a refused request, or "-"."""
+    try:
+        code = response.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return "-"
+    return str(code) if isinstance(code, str) else "-"
 
 
 def run_httpx(

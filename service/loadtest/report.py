@@ -22,6 +22,9 @@ class PhaseResult:
     items_per_request: int = 1
     item_errors: int = 0  # per-item errors inside 200 answers (batch)
     statuses: dict[str, int] = field(default_factory=dict)
+    #: Answers that were not 2xx, by "STATUS error_code" (the envelope's code; "-" if none).
+    error_codes: dict[str, int] = field(default_factory=dict)
+    socket_errors: int = 0  # connections refused or reset, and timeouts
 
     @property
     def rps(self) -> float:
@@ -54,6 +57,45 @@ def reference_rps(results: list[PhaseResult]) -> float | None:
         if result.phase == "healthz":
             return result.rps
     return None
+
+
+#: Statuses that mean the service refused the key or its account, not the load.
+REFUSED = ("401", "403", "429")
+
+
+def status_breakdown(result: PhaseResult) -> str:
+    """``fresh: 200 x 316, 403 x 1592 (403 budget_exhausted 1592)``."""
+    parts = [f"{code} x {n:,}" for code, n in sorted(result.statuses.items())]
+    if result.socket_errors:
+        parts.append(f"no answer x {result.socket_errors:,}")
+    line = f"{result.phase}: {', '.join(parts) or 'no requests'}"
+    if result.error_codes:
+        codes = ", ".join(f"{code} {n:,}" for code, n in sorted(result.error_codes.items()))
+        line += f" ({codes})"
+    if result.item_errors:
+        line += f"; {result.item_errors:,} batch item(s) answered with an error"
+    return line
+
+
+def refusals(results: list[PhaseResult]) -> list[str]:
+    """One line per phase in which the service refused the key (401/403/429), naming the code."""
+    lines = []
+    for result in results:
+        refused = {code: n for code, n in result.error_codes.items() if code.startswith(REFUSED)}
+        if not refused:
+            refused = {code: n for code, n in result.statuses.items() if code in REFUSED}
+        if refused:
+            what = ", ".join(f"{code} on {n:,} requests" for code, n in sorted(refused.items()))
+            lines.append(
+                f"the key was refused in the {result.phase} phase: {what}. The load runs "
+                "under one service account: give it a cap no run reaches (accounts create "
+                "--type service --cap 1000), or leave --key out to have one made"
+            )
+    return lines
+
+
+def has_errors(results: list[PhaseResult]) -> bool:
+    return any(r.errors or r.item_errors for r in results)
 
 
 def table(results: list[PhaseResult]) -> str:

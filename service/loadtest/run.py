@@ -62,11 +62,32 @@ def store_replay_releases(base_url: str, workload: Workload) -> None:
     with httpx.Client(base_url=base_url, headers=workload.headers, timeout=60) as client:
         for seed in workload.replay_seeds:
             response = client.get(workload.ppr_path(seed, fresh=False))
+            if response.status_code in (401, 403, 429):
+                raise KeyRefused(
+                    f"the key was refused while preparing replays: GET {seed} answered "
+                    f"{response.status_code} {_error_code(response)}; the load needs a service "
+                    "account with a cap no run reaches (accounts create --type service "
+                    "--cap 1000)"
+                )
             if response.status_code != 200:
                 raise ServiceError(
                     f"preparing replays: GET {seed} answered {response.status_code}: "
                     f"{response.text[:300]}"
                 )
+
+
+class KeyRefused(ServiceError):
+    """The service refused the load test's key (unknown, revoked, out of budget)."""
+
+    code = "key_refused"
+    status = 403
+
+
+def _error_code(response: httpx.Response) -> str:
+    try:
+        return str(response.json()["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return "-"
 
 
 def run_phases(

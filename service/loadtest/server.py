@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from service.errors import ServiceError
+from service.loadtest.run import KeyRefused
 
 
 def _graph_loaded_lines(log_path: Path) -> int:
@@ -166,3 +167,28 @@ def service_account_key(database_url: str, *, delta: float, cap_epsilon: float =
     finally:
         ledger.dispose()
     return key
+
+
+def check_key(base_url: str, key: str, *, say: Callable[[str], None]) -> None:
+    """Before the load: the key is accepted, and how much budget its account has left."""
+    try:
+        response = httpx.get(
+            f"{base_url}/v1/me/budget", headers={"Authorization": f"Bearer {key}"}, timeout=30
+        )
+    except httpx.HTTPError as exc:
+        raise ServiceError(f"cannot reach {base_url}: {exc}") from exc
+    if response.status_code != 200:
+        try:
+            code = str(response.json()["error"]["code"])
+        except (ValueError, KeyError, TypeError):
+            code = "-"
+        raise KeyRefused(
+            f"the key was refused: GET /v1/me/budget answered {response.status_code} {code}; "
+            "give --key of a service account (accounts create --type service --cap 1000)"
+        )
+    budget = response.json()
+    say(
+        f"key: account {budget.get('account_id')}, remaining epsilon "
+        f"{float(budget.get('remaining_epsilon', 0.0)):g} of its cap "
+        f"{float(budget.get('cap_epsilon', 0.0)):g} (every fresh query charges it)"
+    )

@@ -67,6 +67,9 @@ class Interval:
     late: int
     latencies: list[float]
     rss: dict[int, int | None]
+    #: What the errors were: "STATUS error_code" of refused answers, the exception's name of
+    #: requests that got no answer (ConnectError, ReadTimeout, ...).
+    error_kinds: Counter[str] = field(default_factory=Counter)
 
     @property
     def errors(self) -> int:
@@ -93,6 +96,13 @@ class SoakResult:
         total: Counter[int] = Counter()
         for interval in self.intervals:
             total.update(interval.statuses)
+        return total
+
+    @property
+    def error_kinds(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for interval in self.intervals:
+            total.update(interval.error_kinds)
         return total
 
     def memory_growth(self) -> dict[int, tuple[int, int, int]]:
@@ -142,11 +152,14 @@ async def _soak(
             sent = time.perf_counter()
             try:
                 response = await client.request(method, path, content=body)
-            except httpx.HTTPError:
+            except httpx.HTTPError as exc:
                 current.socket_errors += 1
+                current.error_kinds[f"no answer: {type(exc).__name__}"] += 1
             else:
                 current.latencies.append(time.perf_counter() - sent)
                 current.statuses[response.status_code] += 1
+                if not 200 <= response.status_code < 400:
+                    current.error_kinds[describe_error(response)] += 1
             finally:
                 gate.release()
 
@@ -228,12 +241,28 @@ INTERVAL_HEADER = (
 )
 
 
+def describe_error(response: httpx.Response) -> str:
+    """``503 ledger_unavailable``: the status and the envelope's error code ("-" if none)."""
+    try:
+        code = str(response.json()["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        code = "-"
+    return f"{response.status_code} {code}"
+
+
+def error_list(kinds: Counter[str]) -> str:
+    """``2 x 503 ledger_unavailable, 1 x no answer: ReadTimeout``, most frequent first."""
+    return ", ".join(f"{n} x {kind}" for kind, n in kinds.most_common())
+
+
 def summary(result: SoakResult) -> str:
+    kinds = result.error_kinds
     lines = [
         f"requests: {result.requests:,} in {result.seconds:.0f} s at a target of "
         f"{result.rate:.1f} req/s ({result.requests / max(result.seconds, 1e-9):.1f} sent/s); "
         f"errors: {result.errors} "
         f"({', '.join(f'{s}: {n}' for s, n in sorted(result.statuses.items()))})",
+        *([f"the errors were: {error_list(kinds)}"] if kinds else []),
         "| worker pid | RSS after first interval MiB | RSS at end MiB | peak MiB | growth MiB |",
         "| --- | --- | --- | --- | --- |",
     ]

@@ -39,6 +39,7 @@ end
 function init(args)
   math.randomseed(os.time() * 1000 + thread_id)
   statuses = {}
+  codes = {}
   item_errors = 0
 end
 
@@ -61,6 +62,11 @@ end
 function response(status, hdrs, body)
   local key = tostring(status)
   statuses[key] = (statuses[key] or 0) + 1
+  if status >= 400 then
+    local code = string.match(body or "", '"code"%s*:%s*"([%w_%-%.]+)"') or "-"
+    local both = key .. " " .. code
+    codes[both] = (codes[both] or 0) + 1
+  end
   if kind == "batch" and status == 200 then
     for _ in string.gmatch(body, '"error":') do item_errors = item_errors + 1 end
   end
@@ -68,20 +74,25 @@ end
 
 function done(summary, latency, requests)
   local all = {}
+  local all_codes = {}
   local item_errs = 0
   for _, t in ipairs(threads) do
     for k, v in pairs(t:get("statuses")) do all[k] = (all[k] or 0) + v end
+    for k, v in pairs(t:get("codes")) do all_codes[k] = (all_codes[k] or 0) + v end
     item_errs = item_errs + t:get("item_errors")
   end
   local parts = {}
   for k, v in pairs(all) do table.insert(parts, string.format('"%s":%d', k, v)) end
+  local code_parts = {}
+  for k, v in pairs(all_codes) do table.insert(code_parts, string.format('"%s":%d', k, v)) end
   local e = summary.errors
   io.write(string.format(
     '__MARKER__{"requests":%d,"duration_us":%d,"connect":%d,"read":%d,"write":%d,' ..
-    '"status":%d,"timeout":%d,"p50":%d,"p90":%d,"p99":%d,"statuses":{%s},"item_errors":%d}\n',
+    '"status":%d,"timeout":%d,"p50":%d,"p90":%d,"p99":%d,"statuses":{%s},"codes":{%s},' ..
+    '"item_errors":%d}\n',
     summary.requests, summary.duration, e.connect, e.read, e.write, e.status, e.timeout,
     latency:percentile(50), latency:percentile(90), latency:percentile(99),
-    table.concat(parts, ","), item_errs))
+    table.concat(parts, ","), table.concat(code_parts, ","), item_errs))
 end
 """
 
@@ -171,4 +182,6 @@ def run_wrk(
         items_per_request=workload.items_per_request,
         item_errors=int(data["item_errors"]),
         statuses={str(k): int(v) for k, v in data["statuses"].items()},
+        error_codes={str(k): int(v) for k, v in data.get("codes", {}).items()},
+        socket_errors=socket_errors,
     )
