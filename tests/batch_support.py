@@ -70,20 +70,38 @@ def migrated(url: str) -> str:
 
 
 def run_charges(url: str, run_id: str) -> list[tuple[str, str, int, str]]:
-    """(seed, state, principal, idempotency key) of every charge the run made."""
+    """(seed, state, principal, idempotency key) of every per-seed charge the run made."""
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
             rows = conn.execute(
                 text(
                     "SELECT seed, state, principal_account_id, idempotency_key FROM charges "
-                    "WHERE request_id LIKE :prefix ORDER BY id"
+                    # a seed's degree-release charge (once per graph version) is not one of
+                    # the run's per-seed charges
+                    "WHERE request_id LIKE :prefix AND mechanism <> 'degree_release' ORDER BY id"
                 ),
                 {"prefix": f"batch:{run_id}:%"},
             ).all()
     finally:
         engine.dispose()
     return [(str(r[0]), str(r[1]), int(r[2]), str(r[3])) for r in rows]
+
+
+def degree_charge_count(url: str) -> int:
+    """How many accounts have paid the graph version's degree release (live charges)."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            count = conn.execute(
+                text(
+                    "SELECT count(*) FROM charges WHERE mechanism = 'degree_release' "
+                    "AND state <> 'refunded'"
+                )
+            ).scalar()
+    finally:
+        engine.dispose()
+    return int(count or 0)
 
 
 def assert_exactly_once(url: str, run_id: str, nodes: list[str]) -> list[tuple[str, str, int, str]]:
