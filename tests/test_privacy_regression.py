@@ -38,16 +38,19 @@ What is covered, and how:
   it by rho/2. In edge mode one step reaches only the seed's own edges (loss rho/2 / b, half the
   claim); every other edge leaves x_1 unchanged, checked exactly below. The claim of one sum of
   two Laplace draws is reached only in its far tails (the log-density ratio tends to 1/b per
-  unit shift), so at the test's 8,000 draws the real release shows about 0.2-0.5 of its claim
-  and the harness catches a control mis-scaled 4x on the tight pair and 8x on the half-loss
-  pairs; at 200k draws (benchmarks/privacy_audit.py) it catches 2x (the rho of a halved
-  constant) and 4x. More steps only loosen the analysis, so a test there would have less power.
+  unit shift), so at the test's 8,000 draws the real release shows at most about 0.4 of its
+  claim and the harness catches a control mis-scaled 4x on the tight pair and 8x on the
+  half-loss pairs (lower bounds about 2); benchmarks/privacy_audit.py, at 200k draws, tries 2x
+  (a calibration with rho halved) and 4x. With more noisy steps the calibrated noise grows
+  faster than the shift one edge causes (measured at K = 2 in edge mode: the friend-friend pair
+  showed no loss at 10,000 draws and a 3x control was not caught), so the one-noisy-step
+  configurations are where a regression shows.
 
-Parameters: a 16-node graph, claimed eps 1 (where the harness has most power: at eps 0.1 the
-events' ratios 1.1 drown in the binomial noise, at eps 5 the favoured events are too rare),
+Parameters: a 16-node graph, claimed eps 1 (at eps 0.1 the bound's slack at these draw counts,
+about 0.1-0.2, would be as large as the claim itself; around 1 it is a small part of it),
 20,000 evaluation and 10,000 selection draws per graph for the Laplace releases, 8,000 and
 4,000 for the diffusion. Draws are vectorised through the mechanisms' public entry points:
-4,096 copies of the graph per call for the counts and degrees (privacy_audit.py says why the
+2,048 copies of the graph per call for the counts and degrees (privacy_audit.py says why the
 copies are independent draws on G), 4,096 queries per batch of the diffusion engine.
 
 The pairs touching the seed are not audited in personalized mode: its model leaves the seed's
@@ -173,14 +176,23 @@ def test_the_seeds_own_edges_are_not_protected_in_personalized_mode() -> None:
             assert case.pair_loss is not None and case.pair_loss > case.claimed_pure
 
 
-#: Pairs whose edge the release does not read at all. (The one-step edge-mode diffusion on the
-#: friend-to-hub pair is not here: that edge raises the graph's largest degree, and the drawn
-#: scale's float64 margin is computed from it.)
+#: Pairs whose edge the release does not read at all.
 UNREAD = [
     ("common_neighbours", "far"),
     ("friends_of_friends", "far"),
     ("noisy_diffusion/personalized", "far"),
     *(("noisy_diffusion/edge", pair) for pair in (*PERSONALIZED_PAIRS[:-1], "far")),
+    pytest.param(
+        "noisy_diffusion/edge",
+        "max-degree",
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="issue 19 finding 7: the drawn scale's float64 margin kappa is computed from "
+            "the graph's largest degree, which this edge (friend to hub) raises, so x_1 moves "
+            "by ~1e-12 relative although the step never reads the edge; passes once kappa "
+            "comes from a public degree bound (then drop this mark)",
+        ),
+    ),
 ]
 
 
