@@ -444,12 +444,18 @@ def two_scale_counts(friend_scale: float, candidate_scale: float) -> CountReleas
 def diffusion_sampler(edges: tuple[Edge, ...], config: DiffusionConfig) -> Sampler:
     """The noisy diffusion's x_K for SEED on G with ``config``, DIFFUSION_BATCH queries at a
     time through the batched engine that serves it (``run_jobs``: each query one column with
-    its own noise; ``noisy_diffusion`` runs one such column). The queries share one
-    generator: each query's noise is its own stretch of the stream."""
+    its own noise; ``noisy_diffusion`` runs one such column). As in serving, every query has
+    its own generator (children of a seed sequence drawn from ``rng``), so the draws do not
+    depend on how the engine's threads share out the columns."""
 
     def draw_round(rng: np.random.Generator) -> np.ndarray:
         graph = audit_graph(edges)
-        jobs = [DiffusionJob(SEED, config, rng, keep_prefix=False) for _ in range(DIFFUSION_BATCH)]
+        parent = np.random.SeedSequence([int(word) for word in rng.integers(0, 2**63, size=4)])
+        generators = [
+            np.random.Generator(np.random.PCG64DXSM(child))
+            for child in parent.spawn(DIFFUSION_BATCH)
+        ]
+        jobs = [DiffusionJob(SEED, config, own, keep_prefix=False) for own in generators]
         run_jobs(graph, jobs)
         return np.stack([job.future.result().scores for job in jobs])
 
