@@ -103,6 +103,8 @@ def _draws(case: AuditCase) -> tuple[int, int]:
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", CASES, ids=lambda spec: spec.name)
 def test_empirical_epsilon_stays_under_the_claim_and_the_control_is_caught(spec: CaseSpec) -> None:
+    """The real release's empirical lower bound is at most its claim; the control's (noise
+    divided by ``spec.test_factor``) exceeds it. Parameters and factors: the module docstring."""
     entropy = secrets.randbits(128)  # fresh per run, named in a failure's message
     rng = np.random.Generator(np.random.PCG64DXSM(entropy))
     case = spec.build(spec.test_factor)
