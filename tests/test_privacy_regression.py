@@ -38,7 +38,7 @@ What is covered, and how:
   it by rho/2. In edge mode one step reaches only the seed's own edges (loss rho/2 / b, half the
   claim); every other edge leaves x_1 unchanged, checked exactly below. The claim of one sum of
   two Laplace draws is reached only in its far tails (the log-density ratio tends to 1/b per
-  unit shift), so at the test's 8,000 draws the real release shows at most about 0.4 of its
+  unit shift), so at the test's 6,000 draws the real release shows at most about 0.4 of its
   claim and the harness catches a control mis-scaled 4x on the tight pair and 8x on the
   half-loss pairs (lower bounds about 2); benchmarks/privacy_audit.py, at 200k draws, tries 2x
   (a calibration with rho halved) and 4x. With more noisy steps the calibrated noise grows
@@ -48,8 +48,8 @@ What is covered, and how:
 
 Parameters: a 16-node graph, claimed eps 1 (at eps 0.1 the bound's slack at these draw counts,
 about 0.1-0.2, would be as large as the claim itself; around 1 it is a small part of it),
-20,000 evaluation and 10,000 selection draws per graph for the Laplace releases, 8,000 and
-4,000 for the diffusion. Draws are vectorised through the mechanisms' public entry points:
+20,000 evaluation and 10,000 selection draws per graph for the Laplace releases, 6,000 and
+3,000 for the diffusion. Draws are vectorised through the mechanisms' public entry points:
 2,048 copies of the graph per call for the counts and degrees (privacy_audit.py says why the
 copies are independent draws on G), 4,096 queries per batch of the diffusion engine.
 
@@ -91,7 +91,7 @@ from tests.privacy_audit import (
 #: Each case's bounds hold at confidence 1 - ALPHA.
 ALPHA = 1e-6
 LAPLACE_DRAWS, LAPLACE_SELECTION = 20_000, 10_000
-DIFFUSION_DRAWS, DIFFUSION_SELECTION = 8_000, 4_000
+DIFFUSION_DRAWS, DIFFUSION_SELECTION = 6_000, 3_000
 
 
 def _draws(case: AuditCase) -> tuple[int, int]:
