@@ -1,0 +1,287 @@
+"""Privacy regression suite: empirical lower bounds on every served release's epsilon.
+
+For every served mechanism and mode and worst-case neighbouring pairs (tests/privacy_audit.py,
+``CASES``), the harness draws the release on G and on G' (one edge toggled), picks threshold
+events on a selection batch and bounds ln((p - delta) / q) from below with Clopper-Pearson
+bounds on a fresh batch, in both directions. Each case asserts two things with the SAME test:
+
+- the real release: eps_lb <= the claimed epsilon (a correct release fails this with
+  probability at most ALPHA = 1e-6 per case: the bound holds at confidence 1 - ALPHA);
+- its control, the same release with the noise scale divided by a factor while claiming the
+  same epsilon: eps_lb > the claim. A suite that cannot catch its control proves nothing.
+
+What is covered, and how:
+
+- ``popular``: the degree release d + Lap(2/eps_d), one release for both modes (it does not read
+  the mode). Every edge moves two degrees by 1, so every pair is worst-case (exact loss = the
+  claim); the pairs here include the seed's own edge, which edge mode protects.
+- ``common_neighbours`` (personalized): c + Lap(2/eps). Only the friend-friend pair moves two
+  counts (loss = the claim); a friend to a non-friend, a pendant node, a bridge between nodes of
+  degree 1 and an edge at the max-degree node move one count (loss eps/2), so their controls
+  are mis-scaled twice as much.
+- ``friends_of_friends`` (personalized): the two-scale counts, Lap(2/eps) on the friends and
+  Lap(1/eps) on the candidates; every pair here is worst-case (two friend counts or one
+  candidate count). ``friends_of_friends``' ranking and ``blended`` are post-processing of
+  this release (``blended`` also of the degree release, paid once per graph version):
+  ``tests/test_ranking_sensitivity.py`` checks that the served draws equal that composition
+  exactly with the same generator and that ``blend`` reads the graph only through the seed's
+  own friends, so the bounds here cover them (``blended``'s claim is eps + eps_d, the sum of
+  the two audited releases).
+- ``noisy_diffusion``, personalized (K = 2) and edge (K = 1): one noisy step, so x_K is the
+  noise-free K steps plus xi1 + xi2 and each pair's exact pure loss ||shift||_1 / b is known
+  (``AuditCase.pair_loss``). eta = 0.05 is small enough that the clipping binds at the seed's
+  degree-1 friends (x_1 = 0.4/3 > eta (d + 1)): the friend-friend pair then shifts x_2 by
+  exactly rho = 2 beta eta in l1, so its pure loss equals the claim (the spec's bound is
+  attained). A larger eta would not help: the distortion is also at most the mass that reaches
+  the edge, so once eta d exceeds it the true loss falls while the noise, b = c eta, grows. An
+  edge from one friend to a node without mass (non-friend, pendant, bridge, max-degree) shifts
+  it by rho/2. In edge mode one step reaches only the seed's own edges (loss rho/2 / b, half the
+  claim); every other edge leaves x_1 unchanged, checked exactly below. The claim of one sum of
+  two Laplace draws is reached only in its far tails (the log-density ratio tends to 1/b per
+  unit shift), so at the test's 6,000 draws the real release shows at most about 0.4 of its
+  claim and the harness catches a control mis-scaled 4x on the tight pair and 8x on the
+  half-loss pairs (lower bounds about 2); benchmarks/privacy_audit.py, at 200k draws, tries 2x
+  (a calibration with rho halved) and 4x. With more noisy steps the calibrated noise grows
+  faster than the shift one edge causes (measured at K = 2 in edge mode: the friend-friend pair
+  showed no loss at 10,000 draws and a 3x control was not caught), so the one-noisy-step
+  configurations are where a regression shows.
+
+Parameters: a 16-node graph, claimed eps 1 (at eps 0.1 the bound's slack at these draw counts,
+about 0.1-0.2, would be as large as the claim itself; around 1 it is a small part of it),
+20,000 evaluation and 10,000 selection draws per graph for the Laplace releases, 6,000 and
+3,000 for the diffusion. Draws are vectorised through the mechanisms' public entry points:
+2,048 copies of the graph per call for the counts and degrees (privacy_audit.py says why the
+copies are independent draws on G), 4,096 queries per batch of the diffusion engine.
+
+The pairs touching the seed are not audited in personalized mode: its model leaves the seed's
+own edges unprotected (their loss is above the claim by design).
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+import pytest
+
+from service.mechanisms.diffusion import noisy_diffusion
+from service.mechanisms.engine import DiffusionJob, run_jobs
+from service.privacy.modes import Mode
+from tests.privacy_audit import (
+    CASES,
+    PAIRS,
+    PERSONALIZED_PAIRS,
+    SEED,
+    AuditCase,
+    AuditResult,
+    CaseSpec,
+    NeighbourPair,
+    Sampler,
+    audit,
+    audit_graph,
+    clopper_pearson,
+    common_neighbours_case,
+    degree_case,
+    diffusion_case,
+    epsilon_lower_bounds,
+    pair_edges,
+    two_scale_case,
+)
+
+#: Each case's bounds hold at confidence 1 - ALPHA.
+ALPHA = 1e-6
+LAPLACE_DRAWS, LAPLACE_SELECTION = 20_000, 10_000
+DIFFUSION_DRAWS, DIFFUSION_SELECTION = 6_000, 3_000
+
+
+def _draws(case: AuditCase) -> tuple[int, int]:
+    if case.mechanism == "noisy_diffusion":
+        return DIFFUSION_DRAWS, DIFFUSION_SELECTION
+    return LAPLACE_DRAWS, LAPLACE_SELECTION
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", CASES, ids=lambda spec: spec.name)
+def test_empirical_epsilon_stays_under_the_claim_and_the_control_is_caught(spec: CaseSpec) -> None:
+    """The real release's empirical lower bound is at most its claim; the control's (noise
+    divided by ``spec.test_factor``) exceeds it. Parameters and factors: the module docstring."""
+    entropy = secrets.randbits(128)  # fresh per run, named in a failure's message
+    rng = np.random.Generator(np.random.PCG64DXSM(entropy))
+    case = spec.build(spec.test_factor)
+    draws, selection = _draws(case)
+
+    def run(pair: NeighbourPair) -> AuditResult:
+        return audit(
+            pair, claimed_epsilon=case.claimed_epsilon, delta=case.delta, draws=draws,
+            selection_draws=selection, rng=rng, alpha=ALPHA,
+        )  # fmt: skip
+
+    real, control = run(case.real), run(case.control)
+    context = f"{case.name} (entropy {entropy})"
+    assert real.epsilon_lb <= case.claimed_epsilon, f"{context}: real {real.summary()}"
+    assert control.epsilon_lb > case.claimed_epsilon, (
+        f"{context}: control at {case.control_factor}x not caught: {control.summary()}"
+    )
+
+
+def _protected_cases(factor: float = 1.0) -> list[AuditCase]:
+    """Every release on every pair that its model protects (the seed's own edges only in edge
+    mode)."""
+    personalized = [pair for pair in PAIRS if not pair.startswith("seed-")]
+    cases = [degree_case(pair, factor) for pair in PAIRS]
+    for pair in personalized:
+        cases += [
+            common_neighbours_case(pair, factor),
+            two_scale_case(pair, factor),
+            diffusion_case(Mode.PERSONALIZED, pair, factor),
+        ]
+    return cases + [diffusion_case(Mode.EDGE, pair, factor) for pair in PAIRS]
+
+
+def test_every_protected_pair_loses_at_most_the_claim_and_the_audit_runs_the_worst() -> None:
+    """The exact pure loss of every protected pair (sum of |mean shift| / scale, from the
+    noise-free releases) is at most the pure claim; the empirical cases include, for every
+    release, a pair attaining its worst loss (the claim itself, but for the one-step edge-mode
+    diffusion, where one step reaches only the seed's own edges and loses exactly half); and
+    every control is mis-scaled to at least 1.5 times the claim on its pair."""
+    worst: dict[tuple[str, str], float] = {}
+    for case in _protected_cases():
+        assert case.pair_loss is not None, case.name
+        assert case.pair_loss <= case.claimed_pure * (1 + 1e-9), case.name
+        key = (case.mechanism, case.mode)
+        worst[key] = max(worst.get(key, 0.0), case.pair_loss)
+    assert worst == pytest.approx(
+        {
+            ("popular", "both"): 1.0,
+            ("common_neighbours", "personalized"): 1.0,
+            ("friends_of_friends", "personalized"): 1.0,
+            ("noisy_diffusion", "personalized"): 1.0,
+            ("noisy_diffusion", "edge"): 0.5,
+        },
+        rel=1e-9,
+    )
+    audited: dict[tuple[str, str], float] = {}
+    for spec in CASES:
+        case = spec.build(spec.test_factor)
+        assert case.pair_loss is not None
+        assert case.pair_loss * spec.test_factor >= 1.5 * case.claimed_pure, spec.name
+        key = (case.mechanism, case.mode)
+        audited[key] = max(audited.get(key, 0.0), case.pair_loss)
+    assert audited == pytest.approx(worst, rel=1e-9)
+
+
+def test_the_seeds_own_edges_are_not_protected_in_personalized_mode() -> None:
+    """Why the seed's edges are left out of the personalized cases: their loss exceeds the
+    claim (the model gives the answer to the seed, who knows them)."""
+    for pair in ("seed-non-friend", "seed-max-degree"):
+        for case in (two_scale_case(pair, 1.0), diffusion_case(Mode.PERSONALIZED, pair, 1.0)):
+            assert case.pair_loss is not None and case.pair_loss > case.claimed_pure
+
+
+#: Pairs whose edge the release does not read at all.
+UNREAD = [
+    ("common_neighbours", "far"),
+    ("friends_of_friends", "far"),
+    ("noisy_diffusion/personalized", "far"),
+    *(("noisy_diffusion/edge", pair) for pair in (*PERSONALIZED_PAIRS[:-1], "far")),
+    pytest.param(
+        "noisy_diffusion/edge",
+        "max-degree",
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="issue 19 finding 7: the drawn scale's float64 margin kappa is computed from "
+            "the graph's largest degree, which this edge (friend to hub) raises, so x_1 moves "
+            "by ~1e-12 relative although the step never reads the edge; passes once kappa "
+            "comes from a public degree bound (then drop this mark)",
+        ),
+    ),
+]
+
+
+def _same_draws(case: AuditCase, pair: str) -> tuple[np.ndarray, np.ndarray]:
+    """64 draws on G and on G' from the same generators (one per diffusion query, so that the
+    engine's two drawing threads cannot reorder them)."""
+    if case.real_config is None:
+        return (
+            case.real.on_graph(np.random.Generator(np.random.PCG64DXSM(7)), 64),
+            case.real.on_neighbour(np.random.Generator(np.random.PCG64DXSM(7)), 64),
+        )
+    out = []
+    for edges in pair_edges(pair):
+        jobs = [
+            DiffusionJob(SEED, case.real_config, np.random.Generator(np.random.PCG64DXSM(s)))
+            for s in range(64)
+        ]
+        run_jobs(audit_graph(edges), jobs)
+        out.append(np.stack([job.future.result().scores for job in jobs]))
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize(("release", "pair"), UNREAD, ids=lambda value: str(value))
+def test_an_edge_the_release_does_not_read_changes_nothing(release: str, pair: str) -> None:
+    """The release on G and on G' is bit for bit the same from the same generator (an edge
+    between two non-friends for the seed's counts and the two-step personalized diffusion; an
+    edge not at the seed for the one-step edge-mode diffusion)."""
+    builders = {
+        "common_neighbours": lambda: common_neighbours_case(pair, 1.0),
+        "friends_of_friends": lambda: two_scale_case(pair, 1.0),
+        "noisy_diffusion/personalized": lambda: diffusion_case(Mode.PERSONALIZED, pair, 1.0),
+        "noisy_diffusion/edge": lambda: diffusion_case(Mode.EDGE, pair, 1.0),
+    }
+    case = builders[release]()
+    assert case.pair_loss == 0.0
+    on_graph, on_neighbour = _same_draws(case, pair)
+    np.testing.assert_array_equal(on_graph, on_neighbour)
+
+
+def test_a_column_of_the_batched_diffusion_is_the_served_function() -> None:
+    """The diffusion sampler runs its queries as columns of one engine block; a column with a
+    given generator is exactly ``noisy_diffusion`` with that generator."""
+    config = diffusion_case(Mode.PERSONALIZED, "friend-friend", 1.0).real_config
+    assert config is not None
+    graph = audit_graph(pair_edges("friend-friend")[0])
+    alone = noisy_diffusion(graph, SEED, config, np.random.Generator(np.random.PCG64DXSM(3)))
+    jobs = [
+        DiffusionJob(SEED, config, np.random.Generator(np.random.PCG64DXSM(s)), keep_prefix=False)
+        for s in (1, 2, 3, 4)
+    ]
+    run_jobs(graph, jobs)
+    np.testing.assert_array_equal(jobs[2].future.result().scores, alone)
+
+
+def test_the_bounds_are_clopper_pearson() -> None:
+    """The one-sided bounds are the two ends of scipy's exact (Clopper-Pearson) interval at
+    twice the level, and the epsilon bound is ln((p_lo - delta) / q_hi)."""
+    from scipy.stats import binomtest
+
+    for k, n in ((0, 100), (3, 100), (50, 100), (100, 100), (1234, 20_000)):
+        low, high = clopper_pearson(np.array([k]), n, 0.01)
+        interval = binomtest(k, n).proportion_ci(confidence_level=0.98, method="exact")
+        assert low[0] == pytest.approx(interval.low, abs=1e-12)
+        assert high[0] == pytest.approx(interval.high, abs=1e-12)
+    low, _ = clopper_pearson(np.array([600]), 1000, 1e-3)
+    _, high = clopper_pearson(np.array([200]), 1000, 1e-3)
+    bound = epsilon_lower_bounds(np.array([600]), np.array([200]), 1000, 1e-3, 1e-3)
+    assert bound[0] == pytest.approx(np.log((low[0] - 1e-3) / high[0]))
+    assert epsilon_lower_bounds(np.array([0]), np.array([0]), 1000, 0.0, 1e-3)[0] == -np.inf
+
+
+def test_the_harness_finds_a_known_loss_and_no_more() -> None:
+    """On three Laplace coordinates, the first shifted by exactly one scale (loss 1; no
+    mechanism), the bound comes close to 1 and stays under it; unshifted it finds nothing above
+    0."""
+
+    def shifted(shift: float) -> Sampler:
+        return lambda rng, count: rng.laplace([shift, 0.0, 0.0], 1.0, (count, 3))
+
+    rng = np.random.Generator(np.random.PCG64DXSM(secrets.randbits(128)))
+    known = audit(
+        NeighbourPair("known", shifted(0.0), shifted(1.0)), claimed_epsilon=1.0, delta=0.0,
+        draws=20_000, selection_draws=10_000, rng=rng, alpha=ALPHA,
+    )  # fmt: skip
+    assert 0.75 < known.epsilon_lb <= 1.0, known.summary()
+    none = audit(
+        NeighbourPair("none", shifted(0.0), shifted(0.0)), claimed_epsilon=1.0, delta=0.0,
+        draws=20_000, selection_draws=10_000, rng=rng, alpha=ALPHA,
+    )  # fmt: skip
+    assert none.epsilon_lb <= 0.0, none.summary()
