@@ -184,17 +184,10 @@ UNREAD = [
     ("friends_of_friends", "far"),
     ("noisy_diffusion/personalized", "far"),
     *(("noisy_diffusion/edge", pair) for pair in (*PERSONALIZED_PAIRS[:-1], "far")),
-    pytest.param(
-        "noisy_diffusion/edge",
-        "max-degree",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="issue 19 finding 7: the drawn scale's float64 margin kappa is computed from "
-            "the graph's largest degree, which this edge (friend to hub) raises, so x_1 moves "
-            "by ~1e-12 relative although the step never reads the edge; passes once kappa "
-            "comes from a public degree bound (then drop this mark)",
-        ),
-    ),
+    # Issue 19 finding 7: an edge at the max-degree node once moved x_1 by ~1e-12 relative
+    # through the float64 margin kappa of the private largest degree; kappa now comes from the
+    # public degree bound, so this pair must leave the release bit for bit unchanged.
+    ("noisy_diffusion/edge", "max-degree"),
 ]
 
 
