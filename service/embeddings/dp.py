@@ -38,6 +38,7 @@ from service.privacy.laplace import LaplacePlan, plan_laplace
 from service.privacy.modes import Mode
 
 __all__ = [
+    "DEFAULT_EMBEDDING_SIGMA",
     "DEFAULT_K",
     "EMBEDDING_BETA",
     "EMBEDDING_ROUNDS",
@@ -52,6 +53,9 @@ __all__ = [
 
 #: The paper's dimension (Section 6).
 DEFAULT_K = 256
+#: Default sigma, chosen by the sweep in docs/embeddings.md (the paper's 1e-6 empties the
+#: embedding: no node but the seed carries n p_v > 1).
+DEFAULT_EMBEDDING_SIGMA = 1e-2
 #: Largest dimension accepted (a k-vector per answer; the noise does not grow with k).
 MAX_K = 4096
 #: The paper's lazy teleport alpha = a_std / (2 - a_std) with a_std = 0.15 (footnote 4), as
