@@ -43,8 +43,14 @@ def register(subparsers: Any) -> None:
     source.add_argument("--graph", metavar="FILE", help="edge-list file")
     source.add_argument("--demo", action="store_true",
                         help="the built-in 10,000-node demo graph (no file needed)")  # fmt: skip
-    parser.add_argument("--epsilon", type=positive_float, nargs="+", required=True,
-                        metavar="E", help="per-query epsilon(s)")  # fmt: skip
+    parser.add_argument("--epsilon", type=positive_float, nargs="+", default=None,
+                        metavar="E", help="per-query epsilon(s) (required)")  # fmt: skip
+    parser.add_argument("--task", choices=["ranking", "classification", "synthetic"],
+                        default="ranking",
+                        help="ranking quality (default), node classification on embeddings "
+                        "(docs/embeddings.md), or synthetic graphs "
+                        "(docs/synthetic.md)")  # fmt: skip
+    add_classification_arguments(parser)
     parser.add_argument("--seeds", type=positive_int, default=20, help="seeds to sample")
     parser.add_argument("--k", type=positive_int, default=100, help="ranking depth")
     parser.add_argument("--delta", type=open_unit_float, default=None,
@@ -62,14 +68,29 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--sample-seed", type=int, default=None,
                         help="seed of the seed sample (never of any noise)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="JSON rows on stdout")
-    parser.add_argument(
-        "--task",
-        choices=("ranking", "synthetic"),
-        default="ranking",
-        help="ranking quality, or synthetic graphs (docs/synthetic.md)",
-    )
     add_synthetic_arguments(parser)
     parser.set_defaults(handler=run)
+
+
+def add_classification_arguments(parser: argparse.ArgumentParser) -> None:
+    from service.embeddings.dp import DEFAULT_EMBEDDING_SIGMA, DEFAULT_K
+    from service.evaluation.classification import DEFAULT_FRACTIONS, DEFAULT_SPLITS
+    from service.evaluation.embeddings import ROWS
+
+    group = parser.add_argument_group("--task classification")
+    group.add_argument("--labels", metavar="FILE", help="'node label' per line (multi-label ok)")
+    group.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS), metavar="R",
+                       help=f"any of: {', '.join(ROWS)}")  # fmt: skip
+    group.add_argument("--dim", type=positive_int, default=DEFAULT_K, help="embedding dimension k")
+    group.add_argument("--embedding-sigma", type=positive_float, nargs="+",
+                       default=[DEFAULT_EMBEDDING_SIGMA], metavar="S",
+                       help="DP-IE's PushFlowCap sigma(s); several make a sweep")  # fmt: skip
+    group.add_argument("--fractions", type=positive_float, nargs="+",
+                       default=list(DEFAULT_FRACTIONS), help="training fractions")  # fmt: skip
+    group.add_argument("--splits", type=positive_int, default=DEFAULT_SPLITS,
+                       help="random splits per fraction")  # fmt: skip
+    group.add_argument("--store-top", type=positive_int, default=1000,
+                       help="entries a stored release keeps (PPR_REPLAY_STORE_TOP)")  # fmt: skip
 
 
 def _progress(text: str) -> None:
@@ -109,12 +130,18 @@ def _table(rows: list[EvaluationRow], k: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.epsilon is None:
+        raise InvalidParameter("epsilon", "give at least one --epsilon value")
     if args.task == "synthetic":
         if args.graph is None:
             raise InvalidParameter("graph", "--task synthetic needs --graph FILE")
         from service.graph.loader import load_edge_list
 
         return run_synthetic(args, load_edge_list(args.graph))
+    if args.task == "classification":
+        from service.cli.classification import run_classification
+
+        return run_classification(args)
     validate_parameters(
         args.epsilon, args.seeds, args.k, args.eta, args.delta, args.beta, args.steps,
         args.mechanisms, args.sigma, args.popular_epsilon,

@@ -1,0 +1,51 @@
+"""InstantEmbedding (Epasto et al., Algorithm 4): hash a PPR vector p into k dimensions.
+
+    z_v = max(ln(n p_v), 0)          (natural log: Theorem 5.1 needs ln(1 + x) <= x)
+    w_j = sum over v with h_k(v) = j of h_sgn(v) z_v
+
+Theorem 5.1: for non-negative p, p' the result moves by at most
+m ln(1 + n ||p - p'||_1 / m) <= n ||p - p'||_1 in l1, m = |supp(p - p')|. So after PushFlowCap
+(l1 sensitivity sigma) the embedding's l1 sensitivity is at most sigma n.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.embeddings.hashing import EmbeddingHashes
+from service.errors import InvalidParameter
+
+__all__ = ["instant_embedding", "log_mass", "theorem_5_1_bound"]
+
+
+def log_mass(p: np.ndarray) -> np.ndarray:
+    """z = max(ln(n p), 0) element-wise (0 where p <= 0), in float64."""
+    values = np.asarray(p, dtype=np.float64)
+    n = values.shape[0]
+    z = np.zeros(n, dtype=np.float64)
+    big = values * n > 1.0
+    z[big] = np.log(values[big] * n)
+    return z
+
+
+def instant_embedding(p: np.ndarray, hashes: EmbeddingHashes) -> np.ndarray:
+    """w = H^T max(ln(n p), 0): the k-dimensional InstantEmbedding of a non-negative ``p``."""
+    values = np.asarray(p, dtype=np.float64)
+    if values.ndim != 1 or values.shape[0] != hashes.buckets.shape[0]:
+        raise InvalidParameter(
+            "p", f"expected a vector of {hashes.buckets.shape[0]} entries, got {values.shape}"
+        )
+    if np.any(values < 0) or not np.all(np.isfinite(values)):
+        raise InvalidParameter("p", "must be finite and non-negative (clip released vectors)")
+    z = log_mass(values)
+    out: np.ndarray = np.bincount(hashes.buckets, weights=hashes.signs * z, minlength=hashes.k)
+    return out
+
+
+def theorem_5_1_bound(p: np.ndarray, q: np.ndarray) -> float:
+    """m ln(1 + n ||p - q||_1 / m), m = |supp(p - q)|: Theorem 5.1's bound on ||w - w'||_1."""
+    diff = np.abs(np.asarray(p, dtype=np.float64) - np.asarray(q, dtype=np.float64))
+    m = int(np.count_nonzero(diff))
+    if m == 0:
+        return 0.0
+    return float(m * np.log1p(diff.shape[0] * float(diff.sum()) / m))

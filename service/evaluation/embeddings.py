@@ -1,0 +1,245 @@
+"""The embedding comparison behind ``evaluate --task classification``.
+
+Rows (each a matrix with one k-dimensional embedding per labelled node, then
+:func:`service.evaluation.classification.classify`):
+
+- ``random``: i.i.d. standard normal vectors (no graph information);
+- ``instant_embedding``: non-private InstantEmbedding of uncapped push-flow PPR (the paper's
+  "Non-DP InstantEmbedding");
+- ``dp_ie_edge`` / ``dp_ie_personalized`` at each eps: DP-IE (PushFlowCap with the paper's
+  thresholds, ln, Lap(sigma n / eps) on the k coordinates);
+- ``free_noisy_diffusion`` at each eps: the free embedding of an `edge`-mode noisy diffusion
+  release at that eps, as a replay stores it (top ``store_top`` entries, negatives clipped);
+- ``free_blended`` at each eps: the free embedding of a `blended` release (personalized only),
+  scores clipped and normalized to sum 1.
+
+Exposure column: what releasing every labelled node's embedding (training and test nodes - the
+classifier sees both) costs the graph-wide exposure. `edge` rows: the n-fold composition of the
+per-release curve, as (epsilon, delta) at ``delta`` and as pure epsilon; `personalized` rows
+are joint-DP answers meant for their seed only, and pooling them is NOT covered by any
+guarantee (spec-embeddings.md, "All-node releases"), so their exposure is "not covered".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from service.embeddings.dp import EMBEDDING_BETA, EMBEDDING_ROUNDS, dp_instant_embedding
+from service.embeddings.free import free_embedding, stored_top
+from service.embeddings.hashing import EmbeddingHashes, embedding_hashes, new_salt
+from service.embeddings.instant import instant_embedding
+from service.evaluation.classification import FractionScore, Labels, classify
+from service.graph.model import Graph
+from service.mechanisms.blended import blended_ranking
+from service.mechanisms.diffusion import noise_free_prefix, noisy_diffusion
+from service.mechanisms.popular import noisy_degrees
+from service.mechanisms.pushflowcap import pushflowcap
+from service.mechanisms.randomness import fresh_generator
+from service.privacy.accountant import RdpCurve
+from service.privacy.calibration import plan_diffusion
+from service.privacy.laplace import DEGREE_SENSITIVITY, plan_laplace, plan_two_scale
+from service.privacy.modes import Mode
+
+__all__ = ["ROWS", "EmbeddingRow", "capped_support", "evaluate_embeddings"]
+
+ROWS = (
+    "random",
+    "instant_embedding",
+    "dp_ie_edge",
+    "dp_ie_personalized",
+    "free_noisy_diffusion",
+    "free_blended",
+)
+#: Thresholds that never bind: PushFlowCap is then the paper's plain PushFlow.
+UNCAPPED_SIGMA = 1e12
+
+
+@dataclass
+class EmbeddingRow:
+    """One row of the table: an embedding at one eps (None for eps-free rows)."""
+
+    row: str
+    epsilon: float | None
+    sigma: float | None
+    scores: list[FractionScore]
+    exposure_epsilon: float | None  # graph-wide (eps, delta) of the labelled nodes' releases
+    exposure_pure: float | None
+    note: str = ""
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "row": self.row,
+            "epsilon": self.epsilon,
+            "sigma": self.sigma,
+            "exposure_epsilon": self.exposure_epsilon,
+            "exposure_pure_epsilon": self.exposure_pure,
+            "note": self.note,
+            "extra": self.extra,
+            "fractions": [
+                {
+                    "fraction": s.fraction,
+                    "micro_f1": s.micro,
+                    "micro_f1_ci": list(s.micro_ci),
+                    "macro_f1": s.macro,
+                    "macro_f1_ci": list(s.macro_ci),
+                    "splits": s.splits,
+                }
+                for s in self.scores
+            ],
+        }
+
+
+def capped_support(graph: Graph, capped: np.ndarray, seed: int) -> int:
+    """How many nodes other than the seed carry n p_v > 1, i.e. enter the embedding."""
+    above = capped * graph.n > 1.0
+    return int(above.sum() - (1 if above[seed] else 0))
+
+
+def _exposure(curve: RdpCurve, count: int, delta: float) -> tuple[float, float]:
+    total = curve * count
+    return total.epsilon(delta), total.pure
+
+
+def _dp_ie_rows(
+    graph: Graph,
+    nodes: np.ndarray,
+    hashes: EmbeddingHashes,
+    mode: Mode,
+    sigma: float,
+    epsilons: Sequence[float],
+    delta: float,
+    score: Callable[[np.ndarray], list[FractionScore]],
+    progress: Callable[[str], None],
+) -> list[EmbeddingRow]:
+    name = f"dp_ie_{mode.value}"
+    progress(f"{name}: PushFlowCap at sigma {sigma:g}")
+    capped = [
+        pushflowcap(graph, int(s), EMBEDDING_BETA, EMBEDDING_ROUNDS, sigma, mode) for s in nodes
+    ]
+    support = float(
+        np.mean([capped_support(graph, p, int(s)) for p, s in zip(capped, nodes, strict=True)])
+    )
+    rows: list[EmbeddingRow] = []
+    for eps in epsilons:
+        progress(f"{name} sigma {sigma:g} eps {eps:g}")
+        released = [
+            dp_instant_embedding(graph, int(s), hashes, eps, sigma, mode, capped=p)
+            for p, s in zip(capped, nodes, strict=True)
+        ]
+        features = np.array([r.values for r in released])
+        plan = released[0].plan
+        exposure: float | None = None
+        pure: float | None = None
+        note = "joint DP: pooling not covered"
+        if mode is Mode.EDGE:
+            exposure, pure = _exposure(plan.curve, int(nodes.shape[0]), delta)
+            note = ""
+        extra = {"mean_support": support, "noise_scale": plan.scale}
+        rows.append(EmbeddingRow(name, eps, sigma, score(features), exposure, pure, note, extra))
+    return rows
+
+
+def evaluate_embeddings(
+    graph: Graph,
+    labels: Labels,
+    epsilons: Sequence[float],
+    *,
+    rows: Sequence[str] = ROWS,
+    k: int = 256,
+    sigmas: Sequence[float],
+    fractions: Sequence[float],
+    splits: int,
+    delta: float,
+    store_top: int,
+    beta: float = 0.8,
+    steps: int = 100,
+    eta: float = 1e-7,
+    popular_epsilon: float = 0.1,
+    rng: np.random.Generator | None = None,
+    hashes: EmbeddingHashes | None = None,
+    progress: Callable[[str], None] = lambda _text: None,
+) -> list[EmbeddingRow]:
+    """Every requested row at every eps. ``rng`` draws the splits and the random row only;
+    every privacy noise draw uses a fresh OS-entropy generator."""
+    rng = rng if rng is not None else np.random.default_rng()
+    hashes = hashes if hashes is not None else embedding_hashes(graph.node_ids, new_salt(), k)
+    nodes = labels.nodes
+    count = int(nodes.shape[0])
+    out: list[EmbeddingRow] = []
+
+    def score(features: np.ndarray) -> list[FractionScore]:
+        return classify(features, labels, fractions, splits, rng)
+
+    if "random" in rows:
+        progress("random")
+        out.append(
+            EmbeddingRow("random", None, None, score(rng.standard_normal((count, k))), 0.0, 0.0)
+        )
+    if "instant_embedding" in rows:
+        progress("instant_embedding (non-private)")
+        features = np.array([
+            instant_embedding(
+                pushflowcap(graph, int(s), EMBEDDING_BETA, EMBEDDING_ROUNDS, UNCAPPED_SIGMA,
+                            Mode.EDGE),
+                hashes,
+            )
+            for s in nodes
+        ])  # fmt: skip
+        out.append(EmbeddingRow("instant_embedding", None, None, score(features), None, None,
+                                "not private"))  # fmt: skip
+    for mode in (Mode.EDGE, Mode.PERSONALIZED):
+        name = f"dp_ie_{mode.value}"
+        if name not in rows:
+            continue
+        for sigma in sigmas:
+            out.extend(
+                _dp_ie_rows(graph, nodes, hashes, mode, sigma, epsilons, delta, score, progress)
+            )
+    if "free_noisy_diffusion" in rows:
+        for eps in epsilons:
+            progress(f"free_noisy_diffusion eps {eps:g}")
+            plan = plan_diffusion(eps, delta, steps, beta, eta, Mode.EDGE)
+            config = plan.config
+            full, top = [], []
+            for s in nodes:
+                prefix = noise_free_prefix(graph, int(s), Mode.EDGE, beta, eta,
+                                           config.noise_free_steps)  # fmt: skip
+                x = noisy_diffusion(graph, int(s), config, rng=fresh_generator(), prefix=prefix)
+                full.append(free_embedding(x, hashes))
+                top.append(free_embedding(stored_top(x, store_top), hashes))
+            full_m, top_m = np.array(full), np.array(top)
+            change = float(
+                np.mean(np.abs(full_m - top_m).sum(axis=1))
+                / max(float(np.mean(np.abs(full_m).sum(axis=1))), 1e-300)
+            )
+            exposure, pure = _exposure(plan.curve, count, delta)
+            out.append(EmbeddingRow("free_noisy_diffusion", eps, None, score(top_m), exposure,
+                                    pure, f"replay of top {store_top}",
+                                    {"top_vs_full_l1_relative": change}))  # fmt: skip
+    if "free_blended" in rows:
+        degree_plan = plan_laplace(popular_epsilon, DEGREE_SENSITIVITY)
+        degrees_released = noisy_degrees(graph, degree_plan, fresh_generator())
+        for eps in epsilons:
+            progress(f"free_blended eps {eps:g}")
+            two_scale = plan_two_scale(eps)
+            features = np.array([
+                free_embedding(
+                    stored_top(
+                        blended_ranking(graph, int(s), two_scale, degrees_released,
+                                        degree_plan.scale, fresh_generator(),
+                                        Mode.PERSONALIZED).scores,
+                        store_top,
+                    ),
+                    hashes,
+                    normalize=True,
+                )
+                for s in nodes
+            ])  # fmt: skip
+            note = f"joint DP: pooling not covered; replay of top {store_top}"
+            out.append(EmbeddingRow("free_blended", eps, None, score(features), None, None, note))
+    return out

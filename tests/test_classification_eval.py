@@ -1,0 +1,100 @@
+"""``evaluate --task classification``: labels parsing, the DeepWalk protocol, the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.cli import main
+from service.errors import InvalidLabels
+from service.evaluation.classification import _top_labels, classify, parse_labels
+from tests.graph_helpers import random_graph
+
+
+def test_parse_labels_multi_label_and_errors() -> None:
+    graph = random_graph(6, 0.5, np.random.default_rng(0))
+    labels = parse_labels(["0 a", "1 b", "1 a", "", "# comment", "2 b"], graph)
+    assert labels.classes == ["a", "b"]
+    assert labels.nodes.tolist() == [0, 1, 2]
+    assert labels.matrix.tolist() == [[True, False], [True, True], [False, True]]
+    assert labels.multi_label
+    with pytest.raises(InvalidLabels, match="not in the graph"):
+        parse_labels(["0 a", "77 b"], graph)
+    with pytest.raises(InvalidLabels, match="at least 2"):
+        parse_labels(["0 a", "1 a"], graph)
+    with pytest.raises(InvalidLabels, match="expected 'node label'"):
+        parse_labels(["0 a extra"], graph)
+
+
+def test_top_labels_gives_each_node_its_true_count() -> None:
+    scores = np.array([[0.1, 0.9, 0.5], [0.8, 0.2, 0.7]])
+    predicted = _top_labels(scores, np.array([1, 2]))
+    assert predicted.tolist() == [[False, True, False], [True, False, True]]
+
+
+def test_classify_separates_informative_from_random_features() -> None:
+    graph = random_graph(120, 0.05, np.random.default_rng(1))
+    rng = np.random.default_rng(2)
+    classes = rng.integers(0, 3, 120)
+    labels = parse_labels([f"{v} c{c}" for v, c in enumerate(classes)], graph)
+    informative = np.eye(3)[classes] * 3 + rng.standard_normal((120, 3)) * 0.3
+    good = classify(informative, labels, [0.5], 3, rng)[0]
+    bad = classify(rng.standard_normal((120, 3)), labels, [0.5], 3, rng)[0]
+    assert good.micro > 0.9 and good.macro > 0.9
+    assert bad.micro < 0.6
+    assert good.micro_ci[0] <= good.micro <= good.micro_ci[1]
+
+
+def _files(tmp_path: Path) -> tuple[Path, Path]:
+    rng = np.random.default_rng(3)
+    edges = [(u, v) for u in range(30) for v in range(u + 1, 30) if rng.random() < 0.2]
+    graph = tmp_path / "g.txt"
+    graph.write_text("".join(f"{u} {v}\n" for u, v in edges))
+    labels = tmp_path / "labels.txt"
+    labels.write_text("".join(f"{v} {v % 2}\n" for v in range(30)))
+    return graph, labels
+
+
+def test_cli_classification_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    graph, labels = _files(tmp_path)
+    status = main([
+        "evaluate", "--task", "classification", "--graph", str(graph), "--labels", str(labels),
+        "--epsilon", "1", "--dim", "8", "--fractions", "0.5", "--splits", "2",
+        "--embedding-sigma", "0.1", "--json",
+    ])  # fmt: skip
+    assert status == 0
+    rows = json.loads(capsys.readouterr().out)
+    names = {(r["row"], r["epsilon"]) for r in rows}
+    assert names == {
+        ("random", None), ("instant_embedding", None), ("dp_ie_edge", 1.0),
+        ("dp_ie_personalized", 1.0), ("free_noisy_diffusion", 1.0), ("free_blended", 1.0),
+    }  # fmt: skip
+    by_name = {r["row"]: r for r in rows}
+    # edge rows cost the graph-wide exposure for all 30 releases; joint rows are not covered
+    assert by_name["dp_ie_edge"]["exposure_pure_epsilon"] == pytest.approx(30.0)
+    assert by_name["dp_ie_personalized"]["exposure_pure_epsilon"] is None
+    assert by_name["free_blended"]["exposure_pure_epsilon"] is None
+    assert by_name["random"]["exposure_pure_epsilon"] == 0.0
+    assert len(by_name["random"]["fractions"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [("0 a\n1 a\n", "at least 2"), ("0 a\n999 b\n", "not in the graph")],
+)
+def test_cli_bad_labels_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, expected: str
+) -> None:
+    graph, _ = _files(tmp_path)
+    bad = tmp_path / "bad.txt"
+    bad.write_text(content)
+    status = main([
+        "evaluate", "--task", "classification", "--graph", str(graph), "--labels", str(bad),
+        "--epsilon", "1",
+    ])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert status == 2
+    assert err.count("\n") == 0 and err.startswith("error [invalid_labels]") and expected in err
