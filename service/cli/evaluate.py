@@ -78,7 +78,9 @@ def add_classification_arguments(parser: argparse.ArgumentParser) -> None:
     from service.evaluation.embeddings import ROWS
 
     group = parser.add_argument_group("--task classification")
-    group.add_argument("--labels", metavar="FILE", help="'node label' per line (multi-label ok)")
+    group.add_argument("--labels", metavar="FILE",
+                       help="'node label' per line (multi-label ok; also the synthetic task's "
+                       "node classification)")  # fmt: skip
     group.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS), metavar="R",
                        help=f"any of: {', '.join(ROWS)}")  # fmt: skip
     group.add_argument("--dim", type=positive_int, default=DEFAULT_K, help="embedding dimension k")

@@ -43,8 +43,6 @@ _HEADERS = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("--task synthetic")
     group.add_argument("--runs", type=int, default=5, help="runs per cell (synthetic task)")
-    group.add_argument("--labels", type=Path, default=None, metavar="FILE",
-                       help="'node label' lines for node classification")  # fmt: skip
     group.add_argument("--methods", dest="synthetic_methods", nargs="+", choices=METHODS,
                        default=list(METHODS), metavar="M",
                        help=f"synthetic task: any of {', '.join(METHODS)}")  # fmt: skip
@@ -89,7 +87,7 @@ def run_synthetic(args: argparse.Namespace, graph: Graph) -> int:
         if args.privdpr_epochs < 1:
             raise InvalidParameter("privdpr_epochs", "--privdpr-epochs must be >= 1")
         settings = replace(settings, privdpr=replace(settings.privdpr, epochs=args.privdpr_epochs))
-    labels = read_labels(args.labels, graph) if args.labels is not None else None
+    labels = read_labels(Path(args.labels), graph) if args.labels is not None else None
     u, v = graph.edge_arrays()
     cells: list[Cell] = evaluate_synthetic(
         (u.astype(np.int64), v.astype(np.int64)),
