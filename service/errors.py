@@ -105,10 +105,3 @@ class NotFound(ServiceError):
 class Conflict(ServiceError):
     code = "conflict"
     status = 409
-
-
-class InvalidLabels(ServiceError):
-    """A node-labels file that cannot be used: unreadable, malformed, unknown nodes, one class."""
-
-    code = "invalid_labels"
-    status = 422

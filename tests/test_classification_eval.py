@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from service.cli import main
-from service.errors import InvalidLabels
-from service.evaluation.classification import _top_labels, classify, parse_labels
+from service.evaluation.classification import InvalidLabels, _top_labels, classify, parse_labels
 from tests.graph_helpers import random_graph
 
 

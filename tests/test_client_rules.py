@@ -50,7 +50,9 @@ def _server_error_classes() -> list[type[ServiceError]]:
 
 def test_every_error_code_of_the_service_has_its_exception() -> None:
     for cls in _server_error_classes():
-        if cls.__module__.startswith(("service.batch", "service.cli")):
+        if cls.__module__.startswith(
+            ("service.batch", "service.cli", "service.loadtest", "service.evaluation")
+        ):
             continue  # errors of commands (exit 2), never answered over HTTP
         client_cls = error_class(cls.code)
         assert client_cls is not PprError, f"{cls.__name__} ({cls.code}) has no client class"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.errors import InvalidLabels
+from service.errors import ServiceError
 from service.evaluation.metrics import mean_ci
 from service.graph.model import Graph
 
@@ -37,6 +37,14 @@ DEFAULT_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 #: Random train/test splits per fraction.
 DEFAULT_SPLITS = 10
 _SHOWN_UNKNOWN = 5
+
+
+class InvalidLabels(ServiceError):
+    """A node-labels file that cannot be used: unreadable, malformed, unknown nodes, one class
+    (an error of the evaluation command: exit 2, never answered over HTTP)."""
+
+    code = "invalid_labels"
+    status = 422
 
 
 @dataclass(frozen=True)

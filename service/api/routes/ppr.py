@@ -134,7 +134,7 @@ def my_budget(runtime: RuntimeDep, principal: PrincipalDep) -> Budget:
     return Budget.of(runtime.ledger.budget(principal.account_id))
 
 
-@router.get("/me/reads", response_model=Reads, tags=["budget"], responses=_ERRORS)
+@router.get("/me/reads", response_model=Reads, responses=_ERRORS)
 def my_reads(runtime: RuntimeDep, principal: PrincipalDep) -> Reads:
     """A service account's read figure: what all the answers it received reveal about any one
     edge, composed over every distinct release (fresh or replayed; the degree release once
