@@ -20,15 +20,15 @@ import math
 import random
 import secrets
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, suppress
-from datetime import UTC, timedelta
-from typing import Any, cast
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from datetime import timedelta
+from typing import Any
 
 import numpy as np
 from alembic.util import CommandError
-from sqlalchemy import Engine, func, insert, select, text, tuple_, update
-from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
+from sqlalchemy import Engine, insert, select, text, tuple_, update
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from service.errors import InvalidParameter, ServiceError
@@ -36,12 +36,10 @@ from service.ledger.database import (
     DEFAULT_PING_IDLE_SECONDS,
     LedgerGridMismatch,
     check_migrated,
-    is_sqlite,
     make_engine,
     upgrade_engine,
-    write_engine,
 )
-from service.ledger.exposure import ExposureReport, default_delta, exposure_report
+from service.ledger.delegate import delegate
 from service.ledger.group_reads import GroupReads, ReceiptOfNewCharge
 from service.ledger.idempotency import (
     EarlierCharge,
@@ -51,19 +49,44 @@ from service.ledger.idempotency import (
     insert_unless_bound,
 )
 from service.ledger.keys import generate_api_key, hash_api_key, key_prefix
+from service.ledger.ledger_rows import (
+    ADMISSION_RTOL as ADMISSION_RTOL,
+)
+from service.ledger.ledger_rows import (
+    MODES as MODES,
+)
+from service.ledger.ledger_rows import (
+    _account_record,
+    _add_to_shard,
+    _aware,
+    _charge_record,
+    _check_cap,
+    _check_delta,
+    _check_modes,
+    _check_quota,
+    _check_read_cap,
+    _graph_exhausted,
+    _key_record,
+    _release_record,
+    _release_values,
+    _remove_from_shard,
+    _set_spend,
+    _shard_total,
+    _spent_curve,
+    _view,
+)
 from service.ledger.locked_rows import (
     CHARGES,
     RELEASES,
     AdmissionWrites,
     LockedAccount,
-    LockedShard,
     NewCharge,
-    lock_account,
     lock_all_shards,
-    lock_shard,
-    lock_spend_row,
     other_shards,
     settle,
+)
+from service.ledger.read_figures import (
+    ReadFigures,
 )
 from service.ledger.records import (
     ACCOUNT_TYPES,
@@ -81,14 +104,14 @@ from service.ledger.records import (
     GraphBudgetExhausted,
     GraphCap,
     LedgerNotMigrated,
-    ReadCapExhausted,
-    ReadView,
     ReleaseKey,
     ServiceQuotaExhausted,
     StoredRelease,
     UnknownAccount,
 )
-from service.ledger.release_format import decode_results, results_json
+from service.ledger.reports import (
+    Reports,
+)
 from service.ledger.tables import (
     DEGREE_RELEASE_CHARGE,
     EXPOSURE_SHARDS,
@@ -98,35 +121,26 @@ from service.ledger.tables import (
     META_LEDGER_ID,
     Account,
     ApiKey,
-    AuditLog,
     Budget,
     Charge,
-    EncodedJson,
-    ExposureShard,
     GraphRelease,
     GraphVersion,
     IdempotencyBinding,
     LedgerMeta,
-    ReadTotal,
     Refund,
-    Refusal,
     Release,
-    ServiceRead,
     Spend,
-    iso,
     utcnow,
 )
-from service.ledger.verification import VerifyReport, verify_ledger
+from service.ledger.unit_of_work import (
+    LedgerPart,
+    UnitOfWork,
+)
+from service.ledger.unit_of_work import (
+    LedgerUnavailable as LedgerUnavailable,
+)
 from service.privacy.accountant import RdpCurve
 from service.privacy.orders import GRID_VERSION
-
-#: Admission refuses when the composed epsilon exceeds ``cap * (1 - ADMISSION_RTOL)``: the
-#: tolerance only ever makes admission stricter, so a spend that a different summation order
-#: would evaluate an ulp higher still never exceeds the cap.
-ADMISSION_RTOL = 1e-12
-
-#: The modes an account may be scoped to.
-MODES = ("personalized", "edge")
 
 #: The rolling window of a service account's spending quota.
 QUOTA_WINDOW = timedelta(hours=24)
@@ -162,198 +176,36 @@ class UnknownCharge(ServiceError):
     status = 404
 
 
-class LedgerUnavailable(ServiceError):
-    code = "ledger_unavailable"
-    status = 503
-
-
 # --- validation and conversion ----------------------------------------------------------------
 
 
-@contextmanager
-def _transaction(engine: Engine) -> Iterator[Session]:
-    """One transaction on ``engine``; a database that cannot be reached (or stays locked) is
-    ``ledger_unavailable`` (503). A transaction that fails this way did not commit: nothing
-    was charged by it.
-    """
-    try:
-        with Session(engine, expire_on_commit=False) as session, session.begin():
-            yield session
-    except (OperationalError, InterfaceError) as exc:
-        raise LedgerUnavailable(
-            "the budget ledger database cannot be reached; no answer was released. Retry later",
-            details={"error": type(exc.orig).__name__ if exc.orig is not None else "unknown"},
-        ) from exc
-
-
-def _unknown_account(account_id: int) -> UnknownAccount:
-    return UnknownAccount(
-        f"account {account_id} does not exist", details={"account_id": account_id}
-    )
-
-
-def _check_cap(cap_epsilon: float) -> float:
-    if isinstance(cap_epsilon, bool) or not isinstance(cap_epsilon, int | float):
-        raise InvalidParameter("cap_epsilon", f"must be a number, got {cap_epsilon!r}")
-    if not (math.isfinite(cap_epsilon) and cap_epsilon > 0):
-        raise InvalidParameter("cap_epsilon", f"must be a finite number > 0, got {cap_epsilon}")
-    return float(cap_epsilon)
-
-
-def _check_delta(delta: float) -> float:
-    if isinstance(delta, bool) or not isinstance(delta, int | float):
-        raise InvalidParameter("delta", f"must be a number, got {delta!r}")
-    if not 0.0 < delta < 1.0:
-        raise InvalidParameter("delta", f"must be in (0, 1), got {delta}")
-    return float(delta)
-
-
-def _check_modes(modes: tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    chosen = tuple(dict.fromkeys(m.strip() for m in modes if m.strip()))
-    unknown = [m for m in chosen if m not in MODES]
-    if unknown or not chosen:
-        raise InvalidParameter(
-            "modes", f"must be a non-empty subset of {', '.join(MODES)}, got {list(modes)!r}"
-        )
-    return chosen
-
-
-def _check_quota(quota_epsilon: float | None) -> float | None:
-    if quota_epsilon is None:
-        return None
-    if isinstance(quota_epsilon, bool) or not isinstance(quota_epsilon, int | float):
-        raise InvalidParameter("quota_epsilon", f"must be a number, got {quota_epsilon!r}")
-    if not (math.isfinite(quota_epsilon) and quota_epsilon > 0):
-        raise InvalidParameter("quota_epsilon", f"must be a finite number > 0, got {quota_epsilon}")
-    return float(quota_epsilon)
-
-
-def _check_read_cap(read_cap_epsilon: float | None) -> float | None:
-    if read_cap_epsilon is None:
-        return None
-    if isinstance(read_cap_epsilon, bool) or not isinstance(read_cap_epsilon, int | float):
-        raise InvalidParameter("read_cap_epsilon", f"must be a number, got {read_cap_epsilon!r}")
-    if not (math.isfinite(read_cap_epsilon) and read_cap_epsilon > 0):
-        raise InvalidParameter(
-            "read_cap_epsilon", f"must be a finite number > 0, got {read_cap_epsilon}"
-        )
-    return float(read_cap_epsilon)
-
-
-def _account_record(row: Account) -> AccountRecord:
-    return AccountRecord(
-        account_id=row.id,
-        type=cast(AccountType, row.type),
-        node_id=row.node_id,
-        label=row.label,
-        may_create_seed_accounts=bool(row.may_create_seed_accounts),
-        created_at=iso(row.created_at) or "",
-        modes=tuple(m for m in (row.modes or "").split(",") if m),
-        quota_epsilon=row.quota_epsilon,
-        read_cap_epsilon=row.read_cap_epsilon,
-    )
-
-
-def _key_record(row: ApiKey) -> ApiKeyRecord:
-    return ApiKeyRecord(
-        key_id=row.id,
-        account_id=row.account_id,
-        prefix=row.prefix,
-        created_at=iso(row.created_at) or "",
-        revoked_at=iso(row.revoked_at),
-    )
-
-
-def _charge_record(row: Charge, refunded: bool) -> ChargeRecord:
-    return ChargeRecord(
-        charge_id=row.id,
-        created_at=iso(row.created_at) or "",
-        charged_account_id=row.charged_account_id,
-        principal_account_id=row.principal_account_id,
-        seed=row.seed,
-        mechanism=row.mechanism,
-        mode=row.mode,
-        epsilon=row.epsilon,
-        graph_version=row.graph_version,
-        request_id=row.request_id,
-        idempotency_key=row.idempotency_key,
-        refunded=refunded,
-        params=dict(row.params),
-        state=row.state,
-    )
-
-
-def _release_record(row: Release) -> StoredRelease:
-    return StoredRelease(
-        key=ReleaseKey(
-            account_id=row.charged_account_id,
-            node=row.node,
-            graph_version=row.graph_version,
-            mode=row.mode,
-            epsilon=row.epsilon,
-            mechanism=row.mechanism_name,
-        ),
-        charge_id=row.charge_id,
-        results=decode_results(row.results),
-        mechanism=dict(row.mechanism),
-        request_id=row.request_id,
-    )
-
-
-def _spent_curve(spend: Spend | LockedAccount) -> RdpCurve:
-    return RdpCurve.from_json(spend.rdp)
-
-
-def _view(
-    budget: Budget | LockedAccount, spend: Spend | LockedAccount, spent: RdpCurve | None = None
-) -> BudgetView:
-    curve = _spent_curve(spend) if spent is None else spent
-    spent_epsilon = curve.epsilon(budget.delta)
-    return BudgetView(
-        account_id=budget.account_id,
-        spent_epsilon=spent_epsilon,
-        cap_epsilon=budget.cap_epsilon,
-        remaining_epsilon=max(0.0, budget.cap_epsilon - spent_epsilon),
-        delta=budget.delta,
-        charges=spend.charges,
-    )
-
-
-def _set_spend(
-    spend: Spend | LockedAccount, budget: Budget | LockedAccount, curve: RdpCurve, charges: int
-) -> None:
-    """Write the composed curve, its conversion at the account's delta and the charge count."""
-    spend.rdp = curve.to_json()
-    spend.pure_epsilon = curve.pure
-    spend.grid_version = GRID_VERSION
-    spend.charges = charges
-    spend.epsilon = curve.epsilon(budget.delta)
-    spend.updated_at = utcnow()
-
-
-def _subtract_up(total: RdpCurve, part: RdpCurve) -> RdpCurve:
-    """``total - part`` rounded up (never below the exact difference, never below 0). An
-    infinite pure part (a Gaussian release, e.g. a PrivDPR synthetic graph) stays infinite: a
-    shard that held a curve without a pure-DP bound keeps none (an upper bound, never NaN)."""
-    rdp = np.maximum(np.nextafter(total.rdp - part.rdp, np.inf), 0.0)
-    if np.isinf(total.pure):
-        pure = float(total.pure)
-    else:
-        pure = max(float(np.nextafter(total.pure - part.pure, np.inf)), 0.0)
-    return RdpCurve(rdp, pure)
-
-
-class Ledger:
+class Ledger(LedgerPart):
     """The ledger on one database. Thread-safe: every call uses its own session and pool slot."""
 
     def __init__(self, engine: Engine) -> None:
+        super().__init__(UnitOfWork(engine))
         self._engine = engine
-        self._write_engine = write_engine(engine)
-        self._sqlite = is_sqlite(engine)
+        self._write_engine = self._uow.write_engine
+        self._sqlite = self._uow.sqlite
+        self.reports = Reports(self._uow)
+        self.read_figures = ReadFigures(self._uow)
         self._ledger_id: str | None = None
         # key hash -> (account, read at monotonic, generation); see authenticate_cached
         self._auth_cache: dict[str, tuple[AccountRecord, float, int]] = {}
         self._auth_generation = 0  # bumped by this process's key/scope changes
+
+    # --- the parts' methods, by their old names --------------------------------------------
+
+    verify = delegate("reports", Reports.verify)
+    exposure = delegate("reports", Reports.exposure)
+    smallest_delta = delegate("reports", Reports.smallest_delta)
+    list_charges = delegate("reports", Reports.list_charges)
+    count_charges = delegate("reports", Reports.count_charges)
+    record_audit = delegate("reports", Reports.record_audit)
+    record_refusal = delegate("reports", Reports.record_refusal)
+    list_audit = delegate("reports", Reports.list_audit)
+    record_reads = delegate("read_figures", ReadFigures.record_reads)
+    read_view = delegate("read_figures", ReadFigures.read_view)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -497,58 +349,6 @@ class Ledger:
 
     def dispose(self) -> None:
         self._engine.dispose()
-
-    def _reading(self) -> AbstractContextManager[Session]:
-        return _transaction(self._engine)
-
-    def _writing(self) -> AbstractContextManager[Session]:
-        """A write transaction: BEGIN IMMEDIATE on SQLite (takes the write lock up front)."""
-        return _transaction(self._write_engine)
-
-    # --- helpers ------------------------------------------------------------------------------
-
-    @staticmethod
-    def _audit(
-        session: Session,
-        action: str,
-        *,
-        actor: int | None,
-        target: int | None,
-        details: dict[str, Any],
-    ) -> None:
-        session.add(
-            AuditLog(
-                created_at=utcnow(),
-                actor_account_id=actor,
-                action=action,
-                target_account_id=target,
-                details=details,
-            )
-        )
-
-    @staticmethod
-    def _account(session: Session, account_id: int) -> Account:
-        row = session.get(Account, account_id)
-        if row is None:
-            raise _unknown_account(account_id)
-        return row
-
-    @staticmethod
-    def _lock_spend(session: Session, account_id: int) -> Spend:
-        """The account's spend row, locked until the transaction ends."""
-        row = session.scalars(
-            select(Spend).where(Spend.account_id == account_id).with_for_update()
-        ).one_or_none()
-        if row is None:
-            raise _unknown_account(account_id)
-        return row
-
-    @staticmethod
-    def _budget_row(session: Session, account_id: int) -> Budget:
-        row = session.get(Budget, account_id)
-        if row is None:
-            raise _unknown_account(account_id)
-        return row
 
     # --- accounts -----------------------------------------------------------------------------
 
@@ -1576,35 +1376,6 @@ class Ledger:
         writes.changed_shard(row)
         return row.shard
 
-    @staticmethod
-    def _lock_account(session: Session, account_id: int) -> LockedAccount:
-        """The account's spend and budget, its spend row locked (admission's Core path)."""
-        account = lock_account(session, account_id)
-        if account is None:
-            raise _unknown_account(account_id)
-        return account
-
-    @staticmethod
-    def _lock_principal(session: Session, account_id: int) -> None:
-        if not lock_spend_row(session, account_id):
-            raise _unknown_account(account_id)
-
-    @staticmethod
-    def _locked_shard(session: Session, shard: int) -> LockedShard:
-        row = lock_shard(session, shard)
-        if row is None:  # pragma: no cover - created by migration 0002
-            raise LedgerNotMigrated("exposure_shards is empty: run the migrations")
-        return row
-
-    @staticmethod
-    def _lock_shard(session: Session, shard: int) -> ExposureShard:
-        row = session.scalars(
-            select(ExposureShard).where(ExposureShard.shard == shard).with_for_update()
-        ).one_or_none()
-        if row is None:  # pragma: no cover - created by migration 0002
-            raise LedgerNotMigrated("exposure_shards is empty: run the migrations")
-        return row
-
     def _reused(
         self,
         session: Session,
@@ -1826,29 +1597,6 @@ class Ledger:
         self._reconcile_graph_releases(cutoff)
         return refunded
 
-    # --- checks and reports ----------------------------------------------------------------
-
-    def verify(self) -> VerifyReport:
-        """Recompute every derived value from the append-only rows (see ``verification``)."""
-        try:
-            return verify_ledger(self._engine)
-        except (OperationalError, InterfaceError) as exc:
-            raise LedgerUnavailable("the budget ledger database cannot be reached") from exc
-
-    def exposure(
-        self, *, delta: float | None = None, cap_epsilon: float | None = None
-    ) -> ExposureReport:
-        """The graph-wide exposure of every live charge and graph-wide release."""
-        if delta is not None:
-            _check_delta(delta)
-        try:
-            return exposure_report(self._engine, delta=delta, cap_epsilon=cap_epsilon)
-        except (OperationalError, InterfaceError) as exc:
-            raise LedgerUnavailable("the budget ledger database cannot be reached") from exc
-
-    def smallest_delta(self) -> float:
-        return default_delta(self._engine)
-
     # --- graph-wide releases -------------------------------------------------------------------
 
     def graph_release(
@@ -1893,16 +1641,6 @@ class Ledger:
                 self._reconcile_graph_releases(utcnow() - timedelta(seconds=wait_seconds))
                 deadline = time.monotonic() + wait_seconds
             time.sleep(0.05)
-
-    @staticmethod
-    def _live_graph_release(session: Session, version: str, mechanism: str) -> GraphRelease | None:
-        return session.scalars(
-            select(GraphRelease).where(
-                GraphRelease.graph_version == version,
-                GraphRelease.mechanism == mechanism,
-                GraphRelease.state != "refunded",
-            )
-        ).one_or_none()
 
     def _admit_graph_release(
         self, version: str, mechanism: str, epsilon: float, curve: RdpCurve, cap: GraphCap | None
@@ -1966,212 +1704,7 @@ class Ledger:
             except ChargeSettled:
                 continue
 
-    # --- what a service account has read ----------------------------------------------------
-
-    def record_reads(
-        self,
-        reader_account_id: int,
-        *,
-        charge_ids: Sequence[int] = (),
-        graph_release: tuple[str, str] | None = None,
-        default_cap_epsilon: float | None = None,
-    ) -> ReadView:
-        """Count the releases a service account is about to receive in its read figure, or
-        refuse with :class:`ReadCapExhausted` writing nothing.
-
-        ``charge_ids`` name query releases (their charges' curves), ``graph_release`` a
-        ``(graph_version, mechanism)`` graph-wide release. A release already counted for this
-        reader adds nothing (unique per reader, so this holds across workers); the new ones are
-        composed with the figure and checked against the reader's cap (its
-        ``read_cap_epsilon``, else ``default_cap_epsilon``; None: no cap) at its delta, under
-        the reader's spend-row lock, and recorded in the same transaction.
-        """
-        with self._writing() as session:
-            self._lock_principal(session, reader_account_id)
-            account = self._account(session, reader_account_id)
-            delta = self._budget_row(session, reader_account_id).delta
-            cap = account.read_cap_epsilon
-            cap = default_cap_epsilon if cap is None else cap
-            total_row = session.get(ReadTotal, reader_account_id)
-            total = RdpCurve.zero() if total_row is None else RdpCurve.from_json(total_row.rdp)
-            count = 0 if total_row is None else total_row.releases
-            new: list[ServiceRead] = []
-            wanted = sorted(set(charge_ids))
-            if wanted:
-                seen = set(
-                    session.scalars(
-                        select(ServiceRead.charge_id).where(
-                            ServiceRead.reader_account_id == reader_account_id,
-                            ServiceRead.charge_id.in_(wanted),
-                        )
-                    )
-                )
-                for charge_id, epsilon, rdp in session.execute(
-                    select(Charge.id, Charge.epsilon, Charge.rdp)
-                    .where(Charge.id.in_([c for c in wanted if c not in seen]))
-                    .order_by(Charge.id)
-                ):
-                    new.append(
-                        ServiceRead(
-                            reader_account_id=reader_account_id, charge_id=charge_id,
-                            epsilon=epsilon, rdp=rdp,
-                            pure_epsilon=RdpCurve.from_json(cast(dict[str, Any], rdp)).pure,
-                        )
-                    )  # fmt: skip
-            if graph_release is not None:
-                row = self._live_graph_release(session, *graph_release)
-                if (
-                    row is not None
-                    and session.scalar(
-                        select(ServiceRead.id).where(
-                            ServiceRead.reader_account_id == reader_account_id,
-                            ServiceRead.graph_release_id == row.id,
-                        )
-                    )
-                    is None
-                ):
-                    new.append(
-                        ServiceRead(
-                            reader_account_id=reader_account_id, graph_release_id=row.id,
-                            epsilon=row.epsilon, rdp=row.rdp, pure_epsilon=row.pure_epsilon,
-                        )
-                    )  # fmt: skip
-            before = ReadView(reader_account_id, total.epsilon(delta), delta, count, cap)
-            if not new:
-                return before
-            composed = total
-            for read in new:
-                composed = composed + RdpCurve.from_json(read.rdp)
-            after = composed.epsilon(delta)
-            if cap is not None and after > cap * (1.0 - ADMISSION_RTOL):
-                raise ReadCapExhausted(before, after)
-            now = utcnow()
-            for read in new:
-                read.created_at = now
-                session.add(read)
-            if total_row is None:
-                total_row = ReadTotal(account_id=reader_account_id)
-                session.add(total_row)
-            total_row.rdp = composed.to_json()
-            total_row.pure_epsilon = composed.pure
-            total_row.releases = count + len(new)
-            total_row.updated_at = now
-            session.flush()
-            return ReadView(reader_account_id, after, delta, count + len(new), cap)
-
-    def read_view(self, account_id: int, *, default_cap_epsilon: float | None = None) -> ReadView:
-        """A service account's read figure (zero before its first answer)."""
-        with self._reading() as session:
-            account = self._account(session, account_id)
-            delta = self._budget_row(session, account_id).delta
-            cap = account.read_cap_epsilon
-            cap = default_cap_epsilon if cap is None else cap
-            row = session.get(ReadTotal, account_id)
-            if row is None:
-                return ReadView(account_id, 0.0, delta, 0, cap)
-            return ReadView(
-                account_id, RdpCurve.from_json(row.rdp).epsilon(delta), delta, row.releases, cap
-            )
-
     # --- reading charges, releases and the audit log -------------------------------------------
-
-    def list_charges(
-        self, account_id: int | None = None, *, limit: int = 100, offset: int = 0
-    ) -> list[ChargeRecord]:
-        """Charges, newest first, with their state."""
-        stmt = select(Charge).order_by(Charge.id.desc()).limit(limit).offset(offset)
-        if account_id is not None:
-            stmt = stmt.where(Charge.charged_account_id == account_id)
-        with self._reading() as session:
-            return [
-                _charge_record(charge, charge.state == "refunded")
-                for charge in session.scalars(stmt)
-            ]
-
-    def count_charges(self, account_id: int | None = None) -> int:
-        stmt = select(func.count(Charge.id))
-        if account_id is not None:
-            stmt = stmt.where(Charge.charged_account_id == account_id)
-        with self._reading() as session:
-            return int(session.scalar(stmt) or 0)
-
-    def record_audit(
-        self,
-        actor_account_id: int | None,
-        action: str,
-        *,
-        target_account_id: int | None = None,
-        details: dict[str, Any] | None = None,
-    ) -> None:
-        """Append an audit row for an action taken outside the ledger (e.g. a graph reload)."""
-        with self._writing() as session:
-            self._audit(
-                session,
-                action,
-                actor=actor_account_id,
-                target=target_account_id,
-                details=dict(details or {}),
-            )
-
-    def record_refusal(
-        self,
-        reason: str,
-        *,
-        charged_account_id: int | None = None,
-        principal_account_id: int | None = None,
-        mode: str | None = None,
-        epsilon: float | None = None,
-    ) -> None:
-        """Keep a refused query (its own transaction; nothing was charged). Best effort: a
-        refusal is answered even when this write fails."""
-        try:
-            with self._writing() as session:
-                session.add(
-                    Refusal(
-                        created_at=utcnow(),
-                        reason=reason,
-                        charged_account_id=charged_account_id,
-                        principal_account_id=principal_account_id,
-                        mode=mode,
-                        epsilon=epsilon,
-                    )
-                )
-        except Exception:
-            log.warning("could not record a %s refusal", reason, exc_info=True)
-
-    def list_audit(self, limit: int = 100) -> list[dict[str, Any]]:
-        """Audit rows, newest first."""
-        with self._reading() as session:
-            rows = session.scalars(select(AuditLog).order_by(AuditLog.id.desc()).limit(limit))
-            return [
-                {
-                    "id": row.id,
-                    "created_at": iso(row.created_at),
-                    "actor_account_id": row.actor_account_id,
-                    "action": row.action,
-                    "target_account_id": row.target_account_id,
-                    "details": row.details,
-                }
-                for row in rows
-            ]
-
-    @staticmethod
-    def _release_row(session: Session, key: ReleaseKey) -> Release | None:
-        return session.scalars(
-            select(Release)
-            .join(Charge, Charge.id == Release.charge_id)
-            .where(
-                Release.charged_account_id == key.account_id,
-                Release.node == key.node,
-                Release.graph_version == key.graph_version,
-                Release.mode == key.mode,
-                Release.epsilon == float(key.epsilon),
-                Release.mechanism_name == key.mechanism,
-                Charge.state == "released",
-            )
-            .order_by(Release.charge_id.desc())
-            .limit(1)
-        ).one_or_none()
 
     def find_release(self, key: ReleaseKey) -> StoredRelease | None:
         """The newest release for ``key`` (epsilon compared exactly)."""
@@ -2256,28 +1789,6 @@ class Ledger:
         return records
 
 
-def _release_values(
-    release: StoredRelease, idempotency_key: str | None, principal_account_id: int, now: Any
-) -> dict[str, Any]:
-    """The ``releases`` row of a release, as the column values of a Core INSERT."""
-    key = release.key
-    return {
-        "charge_id": release.charge_id,
-        "charged_account_id": key.account_id,
-        "node": key.node,
-        "graph_version": key.graph_version,
-        "mode": key.mode,
-        "epsilon": float(key.epsilon),
-        "mechanism_name": key.mechanism,
-        "results": EncodedJson(results_json(release.results)),
-        "mechanism": release.mechanism,
-        "request_id": release.request_id,
-        "principal_account_id": principal_account_id,
-        "idempotency_key": idempotency_key,
-        "created_at": now,
-    }
-
-
 class _NeedsExactCap(Exception):
     """Internal: the fast graph-cap check could not admit; retry locking every shard."""
 
@@ -2301,41 +1812,3 @@ def _refuse_stale_twin(charge_id: int, created_at: Any, stale_after_seconds: flo
     age = (utcnow() - _aware(created_at)).total_seconds()
     if age > stale_after_seconds:
         raise _StaleTwin(charge_id, age)
-
-
-def _aware(moment: Any) -> Any:
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-
-
-def _shard_total(rows: list[LockedShard] | Any) -> RdpCurve:
-    total = RdpCurve.zero()
-    for row in rows:
-        total = total + RdpCurve.from_json(row.rdp)
-    return total
-
-
-def _add_to_shard(row: ExposureShard | LockedShard, curve: RdpCurve) -> None:
-    total = RdpCurve.from_json(row.rdp) + curve
-    row.rdp = total.to_json()
-    row.pure_epsilon = total.pure
-    row.charges = row.charges + 1
-    row.updated_at = utcnow()
-
-
-def _remove_from_shard(row: ExposureShard, curve: RdpCurve) -> None:
-    total = _subtract_up(RdpCurve.from_json(row.rdp), curve)
-    row.rdp = total.to_json()
-    row.pure_epsilon = total.pure
-    row.charges = max(0, row.charges - 1)
-    row.updated_at = utcnow()
-
-
-def _graph_exhausted(cap: GraphCap, spent: RdpCurve) -> GraphBudgetExhausted:
-    used = spent.epsilon(cap.delta)
-    return GraphBudgetExhausted(
-        f"the graph-wide exposure cap of {cap.cap_epsilon:.4g} (delta {cap.delta:.3g}) would be "
-        f"exceeded: all accounts together have spent {used:.4g}. No new noisy answers can be "
-        "released until an operator raises PPR_GRAPH_CAP_EPSILON; replays stay free",
-        details={"graph_cap_epsilon": cap.cap_epsilon, "exposure_epsilon": used,
-                 "delta": cap.delta},
-    )  # fmt: skip
