@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import secrets
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
@@ -32,6 +31,9 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from service.errors import InvalidParameter, ServiceError
+from service.ledger.accounts import Accounts
+from service.ledger.api_keys import ApiKeys
+from service.ledger.budgets import Budgets
 from service.ledger.database import (
     DEFAULT_PING_IDLE_SECONDS,
     LedgerGridMismatch,
@@ -40,6 +42,7 @@ from service.ledger.database import (
     upgrade_engine,
 )
 from service.ledger.delegate import delegate
+from service.ledger.graph_versions import GraphVersions
 from service.ledger.group_reads import GroupReads, ReceiptOfNewCharge
 from service.ledger.idempotency import (
     EarlierCharge,
@@ -48,7 +51,6 @@ from service.ledger.idempotency import (
     free_bindings,
     insert_unless_bound,
 )
-from service.ledger.keys import generate_api_key, hash_api_key, key_prefix
 from service.ledger.ledger_rows import (
     ADMISSION_RTOL as ADMISSION_RTOL,
 )
@@ -56,17 +58,10 @@ from service.ledger.ledger_rows import (
     MODES as MODES,
 )
 from service.ledger.ledger_rows import (
-    _account_record,
     _add_to_shard,
     _aware,
     _charge_record,
-    _check_cap,
-    _check_delta,
-    _check_modes,
-    _check_quota,
-    _check_read_cap,
     _graph_exhausted,
-    _key_record,
     _release_record,
     _release_values,
     _remove_from_shard,
@@ -89,11 +84,7 @@ from service.ledger.read_figures import (
     ReadFigures,
 )
 from service.ledger.records import (
-    ACCOUNT_TYPES,
-    AccountRecord,
-    AccountType,
     Admission,
-    ApiKeyRecord,
     BudgetExhausted,
     BudgetView,
     ChargeReceipt,
@@ -107,7 +98,6 @@ from service.ledger.records import (
     ReleaseKey,
     ServiceQuotaExhausted,
     StoredRelease,
-    UnknownAccount,
 )
 from service.ledger.reports import (
     Reports,
@@ -115,16 +105,9 @@ from service.ledger.reports import (
 from service.ledger.tables import (
     DEGREE_RELEASE_CHARGE,
     EXPOSURE_SHARDS,
-    META_CURRENT_GRAPH_CONFIGURATION,
-    META_CURRENT_GRAPH_PATH,
-    META_CURRENT_GRAPH_VERSION,
     META_LEDGER_ID,
-    Account,
-    ApiKey,
-    Budget,
     Charge,
     GraphRelease,
-    GraphVersion,
     IdempotencyBinding,
     LedgerMeta,
     Refund,
@@ -133,11 +116,20 @@ from service.ledger.tables import (
     utcnow,
 )
 from service.ledger.unit_of_work import (
+    AccountExists as AccountExists,
+)
+from service.ledger.unit_of_work import (
     LedgerPart,
     UnitOfWork,
 )
 from service.ledger.unit_of_work import (
     LedgerUnavailable as LedgerUnavailable,
+)
+from service.ledger.unit_of_work import (
+    UnknownApiKey as UnknownApiKey,
+)
+from service.ledger.unit_of_work import (
+    UnknownCharge as UnknownCharge,
 )
 from service.privacy.accountant import RdpCurve
 from service.privacy.orders import GRID_VERSION
@@ -148,32 +140,8 @@ QUOTA_WINDOW = timedelta(hours=24)
 #: A charge whose twin waits on it but which is older than this is settled by the waiter.
 DEFAULT_STALE_AFTER_SECONDS = 60.0
 
-#: Most API keys a process keeps authenticated lookups for (cleared when full).
-_AUTH_CACHE_ENTRIES = 10_000
-
 
 log = logging.getLogger(__name__)
-
-
-def new_public_graph_id() -> str:
-    """A fresh public graph id: 80 random bits from the OS entropy source, as 20 hex digits
-    (the shape of the ids recorded before graph ids were random)."""
-    return secrets.token_hex(10)
-
-
-class AccountExists(ServiceError):
-    code = "account_exists"
-    status = 409
-
-
-class UnknownApiKey(ServiceError):
-    code = "unknown_api_key"
-    status = 404
-
-
-class UnknownCharge(ServiceError):
-    code = "unknown_charge"
-    status = 404
 
 
 # --- validation and conversion ----------------------------------------------------------------
@@ -190,12 +158,36 @@ class Ledger(LedgerPart):
         self.reports = Reports(self._uow)
         self.read_figures = ReadFigures(self._uow)
         self._ledger_id: str | None = None
-        # key hash -> (account, read at monotonic, generation); see authenticate_cached
-        self._auth_cache: dict[str, tuple[AccountRecord, float, int]] = {}
-        self._auth_generation = 0  # bumped by this process's key/scope changes
+        self.api_keys = ApiKeys(self._uow)
+        self.accounts = Accounts(self._uow)
+        self.budgets = Budgets(self._uow, self.api_keys)
+        self.graph_versions = GraphVersions(self._uow)
 
     # --- the parts' methods, by their old names --------------------------------------------
 
+    create_api_key = delegate("api_keys", ApiKeys.create_api_key)
+    authenticate_cached = delegate("api_keys", ApiKeys.authenticate_cached)
+    recent_authentication = delegate("api_keys", ApiKeys.recent_authentication)
+    authenticate = delegate("api_keys", ApiKeys.authenticate)
+    revoke_api_key = delegate("api_keys", ApiKeys.revoke_api_key)
+    list_api_keys = delegate("api_keys", ApiKeys.list_api_keys)
+    create_account = delegate("accounts", Accounts.create_account)
+    get_account = delegate("accounts", Accounts.get_account)
+    list_accounts = delegate("accounts", Accounts.list_accounts)
+    account_for_node = delegate("accounts", Accounts.account_for_node)
+    user_account_for_node = delegate("accounts", Accounts.user_account_for_node)
+    budget = delegate("budgets", Budgets.budget)
+    account_delta = delegate("budgets", Budgets.account_delta)
+    set_budget = delegate("budgets", Budgets.set_budget)
+    set_scopes = delegate("budgets", Budgets.set_scopes)
+    current_graph_version = delegate("graph_versions", GraphVersions.current_graph_version)
+    current_graph_path = delegate("graph_versions", GraphVersions.current_graph_path)
+    current_graph_configuration = delegate(
+        "graph_versions", GraphVersions.current_graph_configuration
+    )
+    set_current_graph_version = delegate("graph_versions", GraphVersions.set_current_graph_version)
+    public_graph_version = delegate("graph_versions", GraphVersions.public_graph_version)
+    graph_fingerprint_of = delegate("graph_versions", GraphVersions.graph_fingerprint_of)
     verify = delegate("reports", Reports.verify)
     exposure = delegate("reports", Reports.exposure)
     smallest_delta = delegate("reports", Reports.smallest_delta)
@@ -266,79 +258,6 @@ class Ledger(LedgerPart):
                 self._ledger_id = value.value
         return self._ledger_id
 
-    # --- the graph version every worker and replica serves ----------------------------------
-
-    def current_graph_version(self) -> str | None:
-        """The graph version the service should serve (set by a load or reload), if any."""
-        with self._reading() as session:
-            row = session.get(LedgerMeta, META_CURRENT_GRAPH_VERSION)
-            return None if row is None else row.value
-
-    def current_graph_path(self) -> str | None:
-        """The file the recorded graph version was loaded from (None: each worker's own
-        configured location, e.g. the demo graph)."""
-        with self._reading() as session:
-            row = session.get(LedgerMeta, META_CURRENT_GRAPH_PATH)
-            return None if row is None or not row.value else row.value
-
-    def current_graph_configuration(self) -> str | None:
-        """The configured graph location (PPR_GRAPH_PATH, "" for the demo graph) of the
-        deployment that recorded the current version."""
-        with self._reading() as session:
-            row = session.get(LedgerMeta, META_CURRENT_GRAPH_CONFIGURATION)
-            return None if row is None else row.value
-
-    def set_current_graph_version(
-        self, version: str, path: str | None = None, configured: str | None = None
-    ) -> None:
-        """Record ``version`` (loaded from ``path``, by a deployment configured with
-        ``configured``) as the one to serve: every worker follows it (GraphHolder).
-
-        Workers that start together may both find no row and insert it: the loser of that
-        race retries once, and then updates the row the other inserted."""
-        for attempt in (1, 2):
-            try:
-                with self._writing() as session:
-                    for key, value in (
-                        (META_CURRENT_GRAPH_VERSION, version),
-                        (META_CURRENT_GRAPH_PATH, path or ""),
-                        (META_CURRENT_GRAPH_CONFIGURATION, configured or ""),
-                    ):
-                        row = session.get(LedgerMeta, key)
-                        if row is None:
-                            session.add(LedgerMeta(key=key, value=value))
-                        elif row.value != value:
-                            row.value = value
-                return
-            except IntegrityError:
-                if attempt == 2:
-                    raise
-
-    def public_graph_version(self, fingerprint: str) -> str:
-        """The public id of the graph whose content fingerprint is ``fingerprint``: the one
-        recorded, else a new random one, recorded now (insert-if-absent, then read back, so
-        that workers loading the same graph at once agree on the id the database kept)."""
-        with self._reading() as session:
-            row = session.get(GraphVersion, fingerprint)
-            if row is not None:
-                return row.public_id
-        fresh = GraphVersion(fingerprint=fingerprint, public_id=new_public_graph_id())
-        # another worker may insert it first (IntegrityError): then read theirs
-        with suppress(IntegrityError), self._writing() as session:
-            session.add(fresh)
-        with self._reading() as session:
-            row = session.get(GraphVersion, fingerprint)
-            if row is None:  # pragma: no cover - the insert above committed or lost a race
-                raise RuntimeError("graph version not recorded")
-            return row.public_id
-
-    def graph_fingerprint_of(self, public_id: str) -> str | None:
-        """The content fingerprint recorded for a public graph id (for admins)."""
-        with self._reading() as session:
-            return session.scalar(
-                select(GraphVersion.fingerprint).where(GraphVersion.public_id == public_id)
-            )
-
     def ping(self) -> bool:
         try:
             with self._engine.connect() as conn:
@@ -349,385 +268,6 @@ class Ledger(LedgerPart):
 
     def dispose(self) -> None:
         self._engine.dispose()
-
-    # --- accounts -----------------------------------------------------------------------------
-
-    def create_account(
-        self,
-        type: AccountType,
-        *,
-        node_id: str | None = None,
-        cap_epsilon: float,
-        delta: float,
-        label: str | None = None,
-        may_create_seed_accounts: bool = False,
-        modes: tuple[str, ...] | list[str] = ("edge",),
-        quota_epsilon: float | None = None,
-        actor_account_id: int | None = None,
-    ) -> AccountRecord:
-        if type not in ACCOUNT_TYPES:
-            raise InvalidParameter("type", f"must be one of {', '.join(ACCOUNT_TYPES)}")
-        if type == "user":
-            if not node_id:
-                raise InvalidParameter("node_id", "a user account is bound to a seed node")
-        elif node_id is not None:
-            raise InvalidParameter("node_id", f"only user accounts have a node, not {type}")
-        cap = _check_cap(cap_epsilon)
-        dlt = _check_delta(delta)
-        scoped = _check_modes(modes)
-        quota = _check_quota(quota_epsilon)
-        if type != "service" and (may_create_seed_accounts or quota is not None):
-            raise InvalidParameter(
-                "may_create_seed_accounts/quota_epsilon", "only service accounts have scopes"
-            )
-        if type == "user":
-            scoped = ("personalized", "edge")  # a user queries its own node in either mode
-        try:
-            with self._writing() as session:
-                now = utcnow()
-                account = Account(
-                    type=type,
-                    node_id=node_id,
-                    user_node_id=node_id if type == "user" else None,
-                    label=label,
-                    may_create_seed_accounts=bool(may_create_seed_accounts),
-                    modes=",".join(scoped),
-                    quota_epsilon=quota,
-                    created_at=now,
-                )
-                session.add(account)
-                session.flush()
-                session.add(
-                    Budget(account_id=account.id, cap_epsilon=cap, delta=dlt, updated_at=now)
-                )
-                zero = RdpCurve.zero()
-                session.add(
-                    Spend(
-                        account_id=account.id,
-                        rdp=zero.to_json(),
-                        pure_epsilon=zero.pure,
-                        grid_version=GRID_VERSION,
-                        charges=0,
-                        epsilon=0.0,
-                        updated_at=now,
-                    )
-                )
-                self._audit(
-                    session,
-                    "account.create",
-                    actor=actor_account_id,
-                    target=account.id,
-                    details={
-                        "type": type,
-                        "node_id": node_id,
-                        "label": label,
-                        "cap_epsilon": cap,
-                        "delta": dlt,
-                        "may_create_seed_accounts": bool(may_create_seed_accounts),
-                        "modes": list(scoped),
-                        "quota_epsilon": quota,
-                    },
-                )
-                session.flush()
-                return _account_record(account)
-        except IntegrityError as exc:
-            existing = self.account_for_node(node_id) if node_id is not None else None
-            if existing is not None:
-                raise AccountExists(
-                    f"node {node_id!r} already has a user account ({existing.account_id})",
-                    details={"node_id": node_id, "account_id": existing.account_id},
-                ) from exc
-            raise
-
-    def get_account(self, account_id: int) -> AccountRecord:
-        with self._reading() as session:
-            return _account_record(self._account(session, account_id))
-
-    def list_accounts(
-        self, *, type: str | None = None, limit: int = 100, offset: int = 0
-    ) -> list[AccountRecord]:
-        stmt = select(Account).order_by(Account.id).limit(limit).offset(offset)
-        if type is not None:
-            if type not in ACCOUNT_TYPES:
-                raise InvalidParameter("type", f"must be one of {', '.join(ACCOUNT_TYPES)}")
-            stmt = stmt.where(Account.type == type)
-        with self._reading() as session:
-            return [_account_record(row) for row in session.scalars(stmt)]
-
-    def account_for_node(self, node_id: str) -> AccountRecord | None:
-        with self._reading() as session:
-            row = session.scalars(
-                select(Account).where(Account.user_node_id == node_id)
-            ).one_or_none()
-            return None if row is None else _account_record(row)
-
-    def user_account_for_node(
-        self, node: str, *, create: bool, cap_epsilon: float, delta: float
-    ) -> int:
-        """The user account bound to ``node``, created on first use when ``create`` is set.
-
-        Race-safe: of two concurrent creators one inserts, the other hits the UNIQUE
-        constraint and reads the winner's account.
-        """
-        existing = self.account_for_node(node)
-        if existing is not None:
-            return existing.account_id
-        if not create:
-            raise UnknownAccount(
-                f"no account for node {node!r}; an admin must create one "
-                f"(python -m service accounts create --type user --node {node})",
-                details={"node": node},
-            )
-        try:
-            return self.create_account(
-                "user",
-                node_id=node,
-                cap_epsilon=cap_epsilon,
-                delta=delta,
-                label="created on first charge",
-            ).account_id
-        except AccountExists:
-            existing = self.account_for_node(node)
-            if existing is None:  # pragma: no cover - the constraint said it exists
-                raise
-            return existing.account_id
-
-    # --- API keys -----------------------------------------------------------------------------
-
-    def create_api_key(
-        self, account_id: int, *, actor_account_id: int | None = None
-    ) -> tuple[str, ApiKeyRecord]:
-        """A new key for the account; the plaintext is returned here and never stored."""
-        api_key = generate_api_key()
-        with self._writing() as session:
-            self._account(session, account_id)
-            row = ApiKey(
-                account_id=account_id,
-                key_hash=hash_api_key(api_key),
-                prefix=key_prefix(api_key),
-                created_at=utcnow(),
-            )
-            session.add(row)
-            session.flush()
-            self._audit(
-                session,
-                "api_key.create",
-                actor=actor_account_id,
-                target=account_id,
-                details={"key_id": row.id, "prefix": row.prefix},
-            )
-            return api_key, _key_record(row)
-
-    def authenticate_cached(self, api_key: str, max_age_seconds: float) -> AccountRecord | None:
-        """As :meth:`authenticate`, reusing a successful lookup for up to ``max_age_seconds``.
-
-        The staleness bound: a key revoked (or an account's scopes changed) by another process
-        is still accepted here, with the old scopes, for at most ``max_age_seconds``; a change
-        made through this process's ledger takes effect at once. Admission (budget, quota,
-        caps) is never cached: it always runs in the database.
-        """
-        if not isinstance(api_key, str) or not api_key:
-            return None
-        digest = hash_api_key(api_key)
-        hit = self._recent_authentication(digest, max_age_seconds)
-        if hit is not None:
-            return hit
-        now = time.monotonic()
-        generation = self._auth_generation
-        account = self.authenticate(api_key)
-        if account is None:
-            self._auth_cache.pop(digest, None)
-            return None
-        if len(self._auth_cache) >= _AUTH_CACHE_ENTRIES:
-            self._auth_cache.clear()
-        self._auth_cache[digest] = (account, now, generation)
-        return account
-
-    def recent_authentication(self, api_key: str, max_age_seconds: float) -> AccountRecord | None:
-        """The account of a key this process authenticated successfully in the last
-        ``max_age_seconds`` (see :meth:`authenticate_cached`), else None. Touches no
-        database, so an event loop may call it."""
-        if not isinstance(api_key, str) or not api_key:
-            return None
-        return self._recent_authentication(hash_api_key(api_key), max_age_seconds)
-
-    def _recent_authentication(self, digest: str, max_age_seconds: float) -> AccountRecord | None:
-        hit = self._auth_cache.get(digest)
-        if (
-            hit is not None
-            and max_age_seconds > 0
-            and time.monotonic() - hit[1] <= max_age_seconds
-            and hit[2] == self._auth_generation
-        ):
-            return hit[0]
-        return None
-
-    def _forget_authentications(self) -> None:
-        self._auth_generation += 1
-        self._auth_cache.clear()
-
-    def authenticate(self, api_key: str) -> AccountRecord | None:
-        if not isinstance(api_key, str) or not api_key:
-            return None
-        with self._reading() as session:
-            row = session.scalars(
-                select(Account)
-                .join(ApiKey, ApiKey.account_id == Account.id)
-                .where(ApiKey.key_hash == hash_api_key(api_key), ApiKey.revoked_at.is_(None))
-            ).one_or_none()
-            return None if row is None else _account_record(row)
-
-    def revoke_api_key(self, key_id: int, *, actor_account_id: int | None = None) -> ApiKeyRecord:
-        self._forget_authentications()
-        try:
-            return self._revoke_api_key(key_id, actor_account_id)
-        finally:
-            self._forget_authentications()  # also a lookup that raced the commit
-
-    def _revoke_api_key(self, key_id: int, actor_account_id: int | None) -> ApiKeyRecord:
-        with self._writing() as session:
-            row = session.get(ApiKey, key_id)
-            if row is None:
-                raise UnknownApiKey(f"API key {key_id} does not exist", details={"key_id": key_id})
-            if row.revoked_at is None:
-                row.revoked_at = utcnow()
-                self._audit(
-                    session,
-                    "api_key.revoke",
-                    actor=actor_account_id,
-                    target=row.account_id,
-                    details={"key_id": row.id, "prefix": row.prefix},
-                )
-                session.flush()
-            return _key_record(row)
-
-    def list_api_keys(self, account_id: int) -> list[ApiKeyRecord]:
-        with self._reading() as session:
-            self._account(session, account_id)
-            rows = session.scalars(
-                select(ApiKey).where(ApiKey.account_id == account_id).order_by(ApiKey.id)
-            )
-            return [_key_record(row) for row in rows]
-
-    # --- budgets ------------------------------------------------------------------------------
-
-    def budget(self, account_id: int) -> BudgetView:
-        with self._reading() as session:
-            budget = self._budget_row(session, account_id)
-            spend = session.get(Spend, account_id)
-            assert spend is not None  # created with the budget row
-            return _view(budget, spend)
-
-    def account_delta(self, account_id: int) -> float:
-        with self._reading() as session:
-            return self._budget_row(session, account_id).delta
-
-    def set_budget(
-        self,
-        account_id: int,
-        *,
-        cap_epsilon: float | None = None,
-        delta: float | None = None,
-        actor_account_id: int | None = None,
-    ) -> BudgetView:
-        """Change the cap and/or delta. The spend is an RDP curve, so a new delta re-converts
-        it; a cap below the spend is allowed and simply refuses further queries."""
-        cap = None if cap_epsilon is None else _check_cap(cap_epsilon)
-        dlt = None if delta is None else _check_delta(delta)
-        with self._writing() as session:
-            spend = self._lock_spend(session, account_id)  # serialise with admissions
-            budget = self._budget_row(session, account_id)
-            changes: dict[str, Any] = {}
-            if cap is not None and cap != budget.cap_epsilon:
-                changes["cap_epsilon"] = {"old": budget.cap_epsilon, "new": cap}
-                budget.cap_epsilon = cap
-            if dlt is not None and dlt != budget.delta:
-                changes["delta"] = {"old": budget.delta, "new": dlt}
-                budget.delta = dlt
-            if changes:
-                budget.updated_at = utcnow()
-                spend.epsilon = _spent_curve(spend).epsilon(budget.delta)
-                self._audit(
-                    session,
-                    "budget.set",
-                    actor=actor_account_id,
-                    target=account_id,
-                    details=changes,
-                )
-                session.flush()
-            return _view(budget, spend)
-
-    def set_scopes(
-        self,
-        account_id: int,
-        *,
-        modes: tuple[str, ...] | list[str] | None = None,
-        may_create_seed_accounts: bool | None = None,
-        quota_epsilon: float | None = None,
-        clear_quota: bool = False,
-        actor_account_id: int | None = None,
-        read_cap_epsilon: float | None = None,
-        clear_read_cap: bool = False,
-    ) -> AccountRecord:
-        """Change a service account's scopes (audited): its modes, whether it may create seed
-        users' accounts, its 24-hour spending quota (``clear_quota``: back to the default) and
-        the cap on its read figure (``clear_read_cap``: back to the default)."""
-        scoped = None if modes is None else _check_modes(modes)
-        quota = _check_quota(quota_epsilon)
-        read_cap = _check_read_cap(read_cap_epsilon)
-        self._forget_authentications()
-        try:
-            return self._set_scopes(
-                account_id, scoped, may_create_seed_accounts, quota, clear_quota, actor_account_id,
-                read_cap, clear_read_cap,
-            )  # fmt: skip
-        finally:
-            self._forget_authentications()
-
-    def _set_scopes(
-        self,
-        account_id: int,
-        scoped: tuple[str, ...] | None,
-        may_create_seed_accounts: bool | None,
-        quota: float | None,
-        clear_quota: bool,
-        actor_account_id: int | None,
-        read_cap: float | None = None,
-        clear_read_cap: bool = False,
-    ) -> AccountRecord:
-        with self._writing() as session:
-            row = self._account(session, account_id)
-            if row.type != "service":
-                raise InvalidParameter("account_id", "only service accounts have scopes")
-            changes: dict[str, Any] = {}
-            if scoped is not None and ",".join(scoped) != row.modes:
-                changes["modes"] = {"old": row.modes.split(","), "new": list(scoped)}
-                row.modes = ",".join(scoped)
-            if may_create_seed_accounts is not None and bool(may_create_seed_accounts) != bool(
-                row.may_create_seed_accounts
-            ):
-                changes["may_create_seed_accounts"] = {
-                    "old": bool(row.may_create_seed_accounts),
-                    "new": bool(may_create_seed_accounts),
-                }
-                row.may_create_seed_accounts = bool(may_create_seed_accounts)
-            new_quota = None if clear_quota else (quota if quota is not None else row.quota_epsilon)
-            if new_quota != row.quota_epsilon:
-                changes["quota_epsilon"] = {"old": row.quota_epsilon, "new": new_quota}
-                row.quota_epsilon = new_quota
-            new_read_cap = read_cap if read_cap is not None else row.read_cap_epsilon
-            if clear_read_cap:
-                new_read_cap = None
-            if new_read_cap != row.read_cap_epsilon:
-                changes["read_cap_epsilon"] = {"old": row.read_cap_epsilon, "new": new_read_cap}
-                row.read_cap_epsilon = new_read_cap
-            if changes:
-                self._audit(
-                    session, "scopes.set", actor=actor_account_id, target=account_id,
-                    details=changes,
-                )  # fmt: skip
-                session.flush()
-            return _account_record(row)
 
     # --- admission ----------------------------------------------------------------------------
 

@@ -48,6 +48,21 @@ from service.ledger.tables import (
 )
 
 
+class AccountExists(ServiceError):
+    code = "account_exists"
+    status = 409
+
+
+class UnknownApiKey(ServiceError):
+    code = "unknown_api_key"
+    status = 404
+
+
+class UnknownCharge(ServiceError):
+    code = "unknown_charge"
+    status = 404
+
+
 class LedgerUnavailable(ServiceError):
     code = "ledger_unavailable"
     status = 503
