@@ -18,19 +18,17 @@ from __future__ import annotations
 import logging
 import math
 import random
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import suppress
 from datetime import timedelta
 from typing import Any
 
-import numpy as np
 from alembic.util import CommandError
-from sqlalchemy import Engine, insert, select, text, tuple_, update
+from sqlalchemy import Engine, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
-from service.errors import InvalidParameter, ServiceError
+from service.errors import ServiceError
 from service.ledger.accounts import Accounts
 from service.ledger.api_keys import ApiKeys
 from service.ledger.budgets import Budgets
@@ -42,14 +40,13 @@ from service.ledger.database import (
     upgrade_engine,
 )
 from service.ledger.delegate import delegate
+from service.ledger.exposure_shards import ExposureShards, _NeedsExactCap
+from service.ledger.graph_releases import GraphReleases
 from service.ledger.graph_versions import GraphVersions
 from service.ledger.group_reads import GroupReads, ReceiptOfNewCharge
 from service.ledger.idempotency import (
     EarlierCharge,
     bound_charge,
-    bound_charges,
-    free_bindings,
-    insert_unless_bound,
 )
 from service.ledger.ledger_rows import (
     ADMISSION_RTOL as ADMISSION_RTOL,
@@ -60,25 +57,17 @@ from service.ledger.ledger_rows import (
 from service.ledger.ledger_rows import (
     _add_to_shard,
     _aware,
-    _charge_record,
     _graph_exhausted,
-    _release_record,
-    _release_values,
-    _remove_from_shard,
     _set_spend,
     _shard_total,
     _spent_curve,
     _view,
 )
 from service.ledger.locked_rows import (
-    CHARGES,
-    RELEASES,
     AdmissionWrites,
     LockedAccount,
     NewCharge,
     lock_all_shards,
-    other_shards,
-    settle,
 )
 from service.ledger.read_figures import (
     ReadFigures,
@@ -88,7 +77,6 @@ from service.ledger.records import (
     BudgetExhausted,
     BudgetView,
     ChargeReceipt,
-    ChargeRecord,
     ChargeSettled,
     DegreeCharge,
     DegreeReceipt,
@@ -97,21 +85,18 @@ from service.ledger.records import (
     LedgerNotMigrated,
     ReleaseKey,
     ServiceQuotaExhausted,
-    StoredRelease,
 )
 from service.ledger.reports import (
     Reports,
 )
+from service.ledger.settlement import Settlement
+from service.ledger.stored_releases import StoredReleases
 from service.ledger.tables import (
     DEGREE_RELEASE_CHARGE,
     EXPOSURE_SHARDS,
     META_LEDGER_ID,
     Charge,
-    GraphRelease,
-    IdempotencyBinding,
     LedgerMeta,
-    Refund,
-    Release,
     Spend,
     utcnow,
 )
@@ -162,6 +147,10 @@ class Ledger(LedgerPart):
         self.accounts = Accounts(self._uow)
         self.budgets = Budgets(self._uow, self.api_keys)
         self.graph_versions = GraphVersions(self._uow)
+        self.shards = ExposureShards(self._uow)
+        self.graph_releases = GraphReleases(self._uow, self.shards)
+        self.settlement = Settlement(self._uow, self.graph_releases)
+        self.stored_releases = StoredReleases(self._uow)
 
     # --- the parts' methods, by their old names --------------------------------------------
 
@@ -188,6 +177,21 @@ class Ledger(LedgerPart):
     set_current_graph_version = delegate("graph_versions", GraphVersions.set_current_graph_version)
     public_graph_version = delegate("graph_versions", GraphVersions.public_graph_version)
     graph_fingerprint_of = delegate("graph_versions", GraphVersions.graph_fingerprint_of)
+    graph_release = delegate("graph_releases", GraphReleases.graph_release)
+    refund = delegate("settlement", Settlement.refund)
+    store_release = delegate("settlement", Settlement.store_release)
+    store_releases = delegate("settlement", Settlement.store_releases)
+    charge_state = delegate("settlement", Settlement.charge_state)
+    reconcile = delegate("settlement", Settlement.reconcile)
+    find_release = delegate("stored_releases", StoredReleases.find_release)
+    release_for_charge = delegate("stored_releases", StoredReleases.release_for_charge)
+    release_for_idempotency_key = delegate(
+        "stored_releases", StoredReleases.release_for_idempotency_key
+    )
+    bind_idempotency_keys = delegate("stored_releases", StoredReleases.bind_idempotency_keys)
+    admitted_charges_for_keys = delegate(
+        "stored_releases", StoredReleases.admitted_charges_for_keys
+    )
     verify = delegate("reports", Reports.verify)
     exposure = delegate("reports", Reports.exposure)
     smallest_delta = delegate("reports", Reports.smallest_delta)
@@ -372,7 +376,7 @@ class Ledger(LedgerPart):
             session,
             a,
             account,
-            lambda curve: self._add_exposure(session, curve, graph_cap, exact_cap, writes),
+            lambda curve: self.shards._add_exposure(session, curve, graph_cap, exact_cap, writes),
             stale_after_seconds,
             writes,
         )
@@ -878,44 +882,6 @@ class Ledger(LedgerPart):
             details={"used_epsilon": used, "quota_epsilon": quota, "query_epsilon": epsilon},
         )
 
-    def _add_exposure(
-        self,
-        session: Session,
-        curve: RdpCurve,
-        cap: GraphCap | None,
-        exact: bool,
-        writes: AdmissionWrites,
-    ) -> int:
-        """Add ``curve`` to one exposure shard (returned), checking the graph-wide cap.
-
-        Fast path: lock one shard, read all shards, admit if the total plus this curve plus
-        ``EXPOSURE_SHARDS - 1`` copies of ``cap.max_charge`` (the most the other shards' lock
-        holders can add concurrently, each having passed the same check) stays within the cap.
-        Otherwise :class:`_NeedsExactCap` rolls the transaction back and it is retried locking
-        every shard in ascending order, which reads the exact total.
-        """
-        if cap is None:
-            row = self._locked_shard(session, random.randrange(EXPOSURE_SHARDS))
-        elif exact:
-            rows = lock_all_shards(session)
-            total = _shard_total(rows) + curve
-            if total.epsilon(cap.delta) > cap.cap_epsilon * (1.0 - ADMISSION_RTOL):
-                raise _graph_exhausted(cap, _shard_total(rows))
-            row = rows[random.randrange(len(rows))]
-        else:
-            shard = random.randrange(EXPOSURE_SHARDS)
-            row = self._locked_shard(session, shard)
-            within = bool(np.all(curve.rdp <= cap.max_charge.rdp))
-            if not within or curve.pure > cap.max_charge.pure:
-                raise _NeedsExactCap()
-            total = _shard_total([row, *other_shards(session, shard)]) + curve
-            margin = cap.max_charge * (EXPOSURE_SHARDS - 1)
-            if (total + margin).epsilon(cap.delta) > cap.cap_epsilon * (1.0 - ADMISSION_RTOL):
-                raise _NeedsExactCap()
-        _add_to_shard(row, curve)
-        writes.changed_shard(row)
-        return row.shard
-
     def _reused(
         self,
         session: Session,
@@ -930,407 +896,6 @@ class Ledger(LedgerPart):
         spend = session.get(Spend, charge.charged_account_id)
         assert spend is not None
         return ChargeReceipt(charge_id=charge.id, budget=_view(budget, spend), reused=True)
-
-    # --- settling a charge: released or refunded, exactly once ---------------------------------
-
-    def refund(
-        self, charge_id: int, *, reason: str, actor_account_id: int | None = None
-    ) -> BudgetView:
-        """Compensate a charge whose noise was provably never released (idempotent).
-
-        Only an ``admitted`` charge can be refunded; refunding a released one raises
-        :class:`ChargeSettled` (its answer may have left the process).
-        """
-        with self._writing() as session:
-            charge = session.get(Charge, charge_id)
-            if charge is None:
-                raise UnknownCharge(
-                    f"charge {charge_id} does not exist", details={"charge_id": charge_id}
-                )
-            account_id = charge.charged_account_id
-            spend = self._lock_spend(session, account_id)
-            budget = self._budget_row(session, account_id)
-            session.refresh(charge)
-            if charge.state == "refunded":
-                return _view(budget, spend)
-            if charge.state == "released":
-                raise ChargeSettled(
-                    f"charge {charge_id} was released: it cannot be refunded",
-                    details={"charge_id": charge_id},
-                )
-            return self._refund_in(session, charge, reason=reason, actor=actor_account_id)
-
-    def _refund_in(
-        self, session: Session, charge: Charge, *, reason: str, actor: int | None
-    ) -> BudgetView:
-        """Refund an admitted charge inside a transaction that holds its account's spend lock.
-
-        The state moves ``admitted -> refunded`` only if still admitted (so a concurrent
-        release and a refund can never both win); the spend is recomputed as the left fold of
-        the live charges, and the charge's curve leaves its exposure shard (rounded up).
-        """
-        account_id = charge.charged_account_id
-        now = utcnow()
-        moved = settle(session, charge.id, "refunded", now)
-        spend = self._lock_spend(session, account_id)
-        budget = self._budget_row(session, account_id)
-        if moved != 1:
-            session.refresh(charge)
-            if charge.state == "released":
-                raise ChargeSettled(
-                    f"charge {charge.id} was released: it cannot be refunded",
-                    details={"charge_id": charge.id},
-                )
-            return _view(budget, spend)
-        session.add(Refund(charge_id=charge.id, created_at=now, reason=reason))
-        free_bindings(session, charge.id, now)  # nothing was released under those keys
-        curves: list[dict[str, Any]] = list(
-            session.scalars(
-                select(Charge.rdp)
-                .where(Charge.charged_account_id == account_id, Charge.state != "refunded")
-                .order_by(Charge.id)
-            )
-        )
-        total = RdpCurve.zero()
-        for data in curves:
-            total = total + RdpCurve.from_json(data)
-        _set_spend(spend, budget, total, len(curves))
-        shard = self._lock_shard(session, charge.exposure_shard)
-        _remove_from_shard(shard, RdpCurve.from_json(charge.rdp))
-        self._audit(
-            session,
-            "charge.refund",
-            actor=actor,
-            target=account_id,
-            details={"charge_id": charge.id, "reason": reason, "epsilon": charge.epsilon},
-        )
-        session.flush()
-        return _view(budget, spend, total)
-
-    def store_release(
-        self,
-        release: StoredRelease,
-        *,
-        idempotency_key: str | None,
-        principal_account_id: int,
-    ) -> None:
-        """Store a released answer and mark its charge ``released``, in one transaction.
-
-        This must commit before the answer leaves the process. Storing the same charge twice is
-        a no-op; a charge already refunded (e.g. reconciled) raises :class:`ChargeSettled`, and
-        the answer must then be discarded, never sent.
-        """
-        with self._writing() as session:
-            now = utcnow()
-            moved = settle(session, release.charge_id, "released", now)
-            if moved != 1:
-                state = session.scalar(select(Charge.state).where(Charge.id == release.charge_id))
-                if state == "released":
-                    return
-                raise ChargeSettled(
-                    f"charge {release.charge_id} is {state or 'missing'}: its answer is discarded",
-                    details={"charge_id": release.charge_id, "state": state},
-                )
-            session.execute(
-                insert(RELEASES),
-                [_release_values(release, idempotency_key, principal_account_id, now)],
-            )
-
-    def store_releases(
-        self, releases: Sequence[tuple[StoredRelease, str | None, int]]
-    ) -> list[ChargeSettled | None]:
-        """Store many released answers, each with its idempotency key and principal, and mark
-        their charges ``released``, in ONE transaction: per release None (stored, or stored
-        before) or :class:`ChargeSettled` (its charge was refunded: discard that answer).
-
-        As :meth:`store_release` for each, and it must commit before any of them is answered.
-        """
-        if not releases:
-            return []
-        ids = [release.charge_id for release, _, _ in releases]
-        with self._writing() as session:
-            now = utcnow()
-            moved = set(
-                session.scalars(
-                    update(CHARGES)
-                    .where(CHARGES.c.id.in_(ids), CHARGES.c.state == "admitted")
-                    .values(state="released", settled_at=now)
-                    .returning(CHARGES.c.id)
-                )
-            )
-            others = [charge_id for charge_id in ids if charge_id not in moved]
-            states: dict[int, str] = {}
-            if others:
-                rows = session.execute(
-                    select(CHARGES.c.id, CHARGES.c.state).where(CHARGES.c.id.in_(others))
-                )
-                states = {int(row.id): str(row.state) for row in rows}
-            outcomes: list[ChargeSettled | None] = []
-            stored: set[int] = set()
-            new_rows: list[dict[str, Any]] = []
-            for release, idempotency_key, principal in releases:
-                if release.charge_id in stored:  # listed twice: stored once, by the first
-                    outcomes.append(None)
-                    continue
-                if release.charge_id not in moved:
-                    state = states.get(release.charge_id)
-                    outcomes.append(
-                        None if state == "released" else ChargeSettled(
-                            f"charge {release.charge_id} is {state or 'missing'}: its answer "
-                            "is discarded",
-                            details={"charge_id": release.charge_id, "state": state},
-                        )
-                    )  # fmt: skip
-                    continue
-                stored.add(release.charge_id)
-                new_rows.append(_release_values(release, idempotency_key, principal, now))
-                outcomes.append(None)
-            if new_rows:  # one multi-row INSERT, through Core: no ORM object per release
-                session.execute(insert(RELEASES), new_rows)
-        return outcomes
-
-    def charge_state(self, charge_id: int) -> str:
-        with self._reading() as session:
-            state = session.scalar(select(Charge.state).where(Charge.id == charge_id))
-        if state is None:
-            raise UnknownCharge(
-                f"charge {charge_id} does not exist", details={"charge_id": charge_id}
-            )
-        return str(state)
-
-    def reconcile(
-        self, *, older_than_seconds: float, actor_account_id: int | None = None
-    ) -> list[int]:
-        """Refund every charge still ``admitted`` (no release stored) that is older than the
-        limit, with an audit row each, and settle graph-wide releases left without a payload.
-
-        Sound because an answer leaves the process only after its release is stored, and a
-        release can no longer be stored once its charge is refunded. Returns the refunded ids.
-        """
-        if not (math.isfinite(older_than_seconds) and older_than_seconds >= 0):
-            raise InvalidParameter("older_than", f"must be >= 0 seconds, got {older_than_seconds}")
-        cutoff = utcnow() - timedelta(seconds=older_than_seconds)
-        with self._reading() as session:
-            ids = list(
-                session.scalars(
-                    select(Charge.id)
-                    .where(Charge.state == "admitted", Charge.created_at < cutoff)
-                    .order_by(Charge.id)
-                )
-            )
-        refunded: list[int] = []
-        for charge_id in ids:
-            with self._writing() as session:
-                charge = session.get(Charge, charge_id)
-                assert charge is not None
-                self._lock_spend(session, charge.charged_account_id)
-                session.refresh(charge)
-                if charge.state != "admitted":
-                    continue
-                self._refund_in(
-                    session,
-                    charge,
-                    reason=f"reconciled: no release stored within {older_than_seconds:g} s",
-                    actor=actor_account_id,
-                )
-                refunded.append(charge_id)
-        self._reconcile_graph_releases(cutoff)
-        return refunded
-
-    # --- graph-wide releases -------------------------------------------------------------------
-
-    def graph_release(
-        self,
-        graph_version: str,
-        mechanism: str,
-        *,
-        epsilon: float,
-        curve: RdpCurve,
-        draw: Callable[[], bytes],
-        wait_seconds: float = 30.0,
-        cap: GraphCap | None = None,
-    ) -> bytes:
-        """The single release of ``mechanism`` about graph ``graph_version`` (e.g. noisy degrees).
-
-        The first caller, in any process, commits its charge to the graph-wide exposure, then
-        calls ``draw()`` and stores the bytes; every other caller gets those same bytes. If the
-        drawing process died before storing, the release is reconciled (refunded) after
-        ``wait_seconds`` and the next caller draws anew. With a graph-wide ``cap``, a release
-        that would pass it is refused (:class:`GraphBudgetExhausted`) and nothing is drawn.
-        """
-        deadline = time.monotonic() + wait_seconds
-        while True:
-            with self._reading() as session:
-                row = self._live_graph_release(session, graph_version, mechanism)
-                if row is not None and row.state == "released" and row.payload is not None:
-                    return bytes(row.payload)
-            if row is None:
-                release_id = self._admit_graph_release(
-                    graph_version, mechanism, epsilon, curve, cap
-                )
-                if release_id is not None:
-                    try:
-                        payload = draw()
-                    except BaseException:
-                        self._settle_graph_release(release_id, None)  # nothing was drawn/kept
-                        raise
-                    self._settle_graph_release(release_id, payload)
-                    return payload
-                continue  # a twin won the insert: read its release
-            if time.monotonic() > deadline:
-                self._reconcile_graph_releases(utcnow() - timedelta(seconds=wait_seconds))
-                deadline = time.monotonic() + wait_seconds
-            time.sleep(0.05)
-
-    def _admit_graph_release(
-        self, version: str, mechanism: str, epsilon: float, curve: RdpCurve, cap: GraphCap | None
-    ) -> int | None:
-        try:
-            with self._writing() as session:
-                # a one-time release: the exact cap check (every shard locked) is cheap enough
-                writes = AdmissionWrites()
-                shard = self._add_exposure(session, curve, cap, cap is not None, writes)
-                writes.finish(session)
-                row = GraphRelease(
-                    graph_version=version,
-                    mechanism=mechanism,
-                    epsilon=float(epsilon),
-                    rdp=curve.to_json(),
-                    pure_epsilon=curve.pure,
-                    state="admitted",
-                    exposure_shard=shard,
-                    created_at=utcnow(),
-                )
-                session.add(row)
-                self._audit(
-                    session, "graph_release.admit", actor=None, target=None,
-                    details={"graph_version": version, "mechanism": mechanism, "epsilon": epsilon},
-                )  # fmt: skip
-                session.flush()
-                return row.id
-        except IntegrityError:
-            return None
-
-    def _settle_graph_release(self, release_id: int, payload: bytes | None) -> None:
-        with self._writing() as session:
-            row = session.get(GraphRelease, release_id)
-            assert row is not None
-            if row.state != "admitted":
-                raise ChargeSettled(
-                    f"graph release {release_id} is {row.state}", details={"id": release_id}
-                )
-            row.settled_at = utcnow()
-            if payload is None:
-                row.state = "refunded"
-                _remove_from_shard(
-                    self._lock_shard(session, row.exposure_shard), RdpCurve.from_json(row.rdp)
-                )
-            else:
-                row.state = "released"
-                row.payload = payload
-
-    def _reconcile_graph_releases(self, cutoff: Any) -> None:
-        with self._reading() as session:
-            ids = list(
-                session.scalars(
-                    select(GraphRelease.id).where(
-                        GraphRelease.state == "admitted", GraphRelease.created_at < cutoff
-                    )
-                )
-            )
-        for release_id in ids:
-            try:
-                self._settle_graph_release(release_id, None)
-            except ChargeSettled:
-                continue
-
-    # --- reading charges, releases and the audit log -------------------------------------------
-
-    def find_release(self, key: ReleaseKey) -> StoredRelease | None:
-        """The newest release for ``key`` (epsilon compared exactly)."""
-        with self._reading() as session:
-            row = self._release_row(session, key)
-            return None if row is None else _release_record(row)
-
-    def release_for_charge(self, charge_id: int) -> StoredRelease | None:
-        with self._reading() as session:
-            row = session.get(Release, charge_id)
-            return None if row is None else _release_record(row)
-
-    def release_for_idempotency_key(
-        self, principal_account_id: int, idempotency_key: str
-    ) -> StoredRelease | None:
-        """The release the key is bound to, once stored (None: the key is free, or bound to a
-        charge still in flight)."""
-        stmt = (
-            select(Release)
-            .join(IdempotencyBinding, IdempotencyBinding.charge_id == Release.charge_id)
-            .join(Charge, Charge.id == Release.charge_id)
-            .where(
-                IdempotencyBinding.principal_account_id == principal_account_id,
-                IdempotencyBinding.idempotency_key == idempotency_key,
-                IdempotencyBinding.freed_at.is_(None),
-                Charge.state == "released",
-            )
-        )
-        with self._reading() as session:
-            row = session.scalars(stmt).one_or_none()
-            return None if row is None else _release_record(row)
-
-    def bind_idempotency_keys(self, bindings: Sequence[tuple[int, str, int]]) -> list[int]:
-        """Bind each ``(principal, idempotency key)`` to the released charge given, unless the
-        key is bound already, in ONE transaction; per binding the charge the key is bound to
-        after it: the one given, or the charge an earlier (or concurrent) request bound it to.
-
-        For a keyed query answered from a stored release before admission: the release it
-        returns must be the one the key is bound to. Only charges already ``released`` may be
-        given (a stored release's), so the binding is permanent."""
-        if not bindings:
-            return []
-        with self._writing() as session:
-            now = utcnow()
-            session.execute(
-                insert_unless_bound(self._sqlite),
-                [
-                    {
-                        "principal_account_id": principal, "idempotency_key": key,
-                        "charge_id": charge_id, "kind": "replayed", "created_at": now,
-                    }
-                    for principal, key, charge_id in bindings
-                ],
-            )  # fmt: skip
-            bound = bound_charges(session, {(p, k) for p, k, _ in bindings})
-        return [bound[(principal, key)].id for principal, key, _ in bindings]
-
-    def admitted_charges_for_keys(self, keys: list[tuple[int, str]]) -> list[ChargeRecord]:
-        """The charges still ``admitted`` (no release stored) under any of the
-        ``(principal_account_id, idempotency_key)`` pairs, oldest first.
-
-        A batch job calls it for the seeds of a block whose previous attempt ended (its worker
-        died, or the attempt failed): those charges can no longer be released by anyone, so
-        they may be refunded.
-        """
-        if not keys:
-            return []
-        pairs = list(dict.fromkeys((int(p), str(k)) for p, k in keys))
-        records: list[ChargeRecord] = []
-        with self._reading() as session:
-            for start in range(0, len(pairs), 500):
-                chunk = pairs[start : start + 500]
-                rows = session.scalars(
-                    select(Charge)
-                    .where(
-                        tuple_(Charge.principal_account_id, Charge.idempotency_key).in_(chunk),
-                        Charge.state == "admitted",
-                    )
-                    .order_by(Charge.id)
-                )
-                records.extend(_charge_record(row, False) for row in rows)
-        return records
-
-
-class _NeedsExactCap(Exception):
-    """Internal: the fast graph-cap check could not admit; retry locking every shard."""
 
 
 class _StaleTwin(Exception):
