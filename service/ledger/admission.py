@@ -13,9 +13,7 @@ from service.errors import ServiceError
 from service.ledger.admission_rules import AdmissionRules, _StaleTwin
 from service.ledger.exposure_shards import ExposureShards, _NeedsExactCap
 from service.ledger.group_reads import GroupReads, ReceiptOfNewCharge
-from service.ledger.idempotency import (
-    bound_charge,
-)
+from service.ledger.idempotency import bound_charge
 from service.ledger.ledger_rows import (
     ADMISSION_RTOL,
     _add_to_shard,
@@ -40,9 +38,7 @@ from service.ledger.records import (
 )
 from service.ledger.reports import Reports
 from service.ledger.settlement import Settlement
-from service.ledger.tables import (
-    EXPOSURE_SHARDS,
-)
+from service.ledger.tables import EXPOSURE_SHARDS
 from service.ledger.unit_of_work import (
     LedgerPart,
     UnitOfWork,

@@ -18,15 +18,9 @@ from service.ledger.locked_rows import (
     lock_all_shards,
     other_shards,
 )
-from service.ledger.records import (
-    GraphCap,
-)
-from service.ledger.tables import (
-    EXPOSURE_SHARDS,
-)
-from service.ledger.unit_of_work import (
-    LedgerPart,
-)
+from service.ledger.records import GraphCap
+from service.ledger.tables import EXPOSURE_SHARDS
+from service.ledger.unit_of_work import LedgerPart
 from service.privacy.accountant import RdpCurve
 
 

@@ -11,12 +11,8 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from service.ledger.exposure_shards import ExposureShards
-from service.ledger.ledger_rows import (
-    _remove_from_shard,
-)
-from service.ledger.locked_rows import (
-    AdmissionWrites,
-)
+from service.ledger.ledger_rows import _remove_from_shard
+from service.ledger.locked_rows import AdmissionWrites
 from service.ledger.records import (
     ChargeSettled,
     GraphCap,

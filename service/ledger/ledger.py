@@ -11,11 +11,16 @@ The stored spend is always the left fold, in charge-id order, of the unrefunded 
 curves (charges are inserted under the lock, so ids follow the lock order); a refund recomputes
 that fold, so it is bit-for-bit what incremental charging would have produced without the
 refunded charge.
+
+:class:`Ledger` is a facade over parts that each own one concern and its SQL, sharing one
+unit of work (``unit_of_work``: the engines, one transaction per call): accounts, API keys
+with the authentication cache, budgets and scopes, admission (``admission``,
+``admission_rules``, ``quota_and_degree``, ``exposure_shards``), settlement, stored releases
+and idempotency bindings, graph-wide releases, graph versions, reports and read figures. Its
+methods keep their names and signatures; each delegates to its part.
 """
 
 from __future__ import annotations
-
-import logging
 
 from alembic.util import CommandError
 from sqlalchemy import Engine, text
@@ -38,48 +43,27 @@ from service.ledger.delegate import delegate
 from service.ledger.exposure_shards import ExposureShards
 from service.ledger.graph_releases import GraphReleases
 from service.ledger.graph_versions import GraphVersions
-from service.ledger.ledger_rows import (
-    ADMISSION_RTOL as ADMISSION_RTOL,
-)
-from service.ledger.ledger_rows import (
-    MODES as MODES,
-)
+from service.ledger.ledger_rows import ADMISSION_RTOL as ADMISSION_RTOL
+from service.ledger.ledger_rows import MODES as MODES
 from service.ledger.quota_and_degree import QUOTA_WINDOW as QUOTA_WINDOW
 from service.ledger.quota_and_degree import QuotaAndDegree
-from service.ledger.read_figures import (
-    ReadFigures,
-)
-from service.ledger.records import (
-    LedgerNotMigrated,
-)
-from service.ledger.reports import (
-    Reports,
-)
+from service.ledger.read_figures import ReadFigures
+from service.ledger.records import LedgerNotMigrated
+from service.ledger.reports import Reports
 from service.ledger.settlement import Settlement
 from service.ledger.stored_releases import StoredReleases
 from service.ledger.tables import (
     META_LEDGER_ID,
     LedgerMeta,
 )
-from service.ledger.unit_of_work import (
-    AccountExists as AccountExists,
-)
+from service.ledger.unit_of_work import AccountExists as AccountExists
 from service.ledger.unit_of_work import (
     LedgerPart,
     UnitOfWork,
 )
-from service.ledger.unit_of_work import (
-    LedgerUnavailable as LedgerUnavailable,
-)
-from service.ledger.unit_of_work import (
-    UnknownApiKey as UnknownApiKey,
-)
-from service.ledger.unit_of_work import (
-    UnknownCharge as UnknownCharge,
-)
-
-log = logging.getLogger(__name__)
-
+from service.ledger.unit_of_work import LedgerUnavailable as LedgerUnavailable
+from service.ledger.unit_of_work import UnknownApiKey as UnknownApiKey
+from service.ledger.unit_of_work import UnknownCharge as UnknownCharge
 
 # --- validation and conversion ----------------------------------------------------------------
 
@@ -92,9 +76,10 @@ class Ledger(LedgerPart):
         self._engine = engine
         self._write_engine = self._uow.write_engine
         self._sqlite = self._uow.sqlite
+        self._ledger_id: str | None = None
+        # the parts, each after those it uses
         self.reports = Reports(self._uow)
         self.read_figures = ReadFigures(self._uow)
-        self._ledger_id: str | None = None
         self.api_keys = ApiKeys(self._uow)
         self.accounts = Accounts(self._uow)
         self.budgets = Budgets(self._uow, self.api_keys)

@@ -16,9 +16,7 @@ from service.ledger.ledger_rows import (
     _spent_curve,
     _view,
 )
-from service.ledger.locked_rows import (
-    AdmissionWrites,
-)
+from service.ledger.locked_rows import AdmissionWrites
 from service.ledger.records import (
     BudgetExhausted,
     DegreeCharge,

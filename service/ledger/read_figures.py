@@ -7,9 +7,7 @@ from typing import Any, cast
 
 from sqlalchemy import select
 
-from service.ledger.ledger_rows import (
-    ADMISSION_RTOL,
-)
+from service.ledger.ledger_rows import ADMISSION_RTOL
 from service.ledger.records import (
     ReadCapExhausted,
     ReadView,
@@ -20,9 +18,7 @@ from service.ledger.tables import (
     ServiceRead,
     utcnow,
 )
-from service.ledger.unit_of_work import (
-    LedgerPart,
-)
+from service.ledger.unit_of_work import LedgerPart
 from service.privacy.accountant import RdpCurve
 
 

@@ -13,9 +13,7 @@ from service.ledger.ledger_rows import (
     _charge_record,
     _check_delta,
 )
-from service.ledger.records import (
-    ChargeRecord,
-)
+from service.ledger.records import ChargeRecord
 from service.ledger.tables import (
     AuditLog,
     Charge,

@@ -12,9 +12,7 @@ from sqlalchemy.orm import Session
 
 from service.errors import InvalidParameter
 from service.ledger.graph_releases import GraphReleases
-from service.ledger.idempotency import (
-    free_bindings,
-)
+from service.ledger.idempotency import free_bindings
 from service.ledger.ledger_rows import (
     _release_values,
     _remove_from_shard,

@@ -25,9 +25,7 @@ from service.ledger.tables import (
     Release,
     utcnow,
 )
-from service.ledger.unit_of_work import (
-    LedgerPart,
-)
+from service.ledger.unit_of_work import LedgerPart
 
 
 class StoredReleases(LedgerPart):
