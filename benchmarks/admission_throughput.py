@@ -30,7 +30,7 @@ def _curve() -> object:
 
 
 def _worker(url: str, accounts: list[int], mode: str, seconds: float, out: mp.Queue) -> None:
-    import service.ledger.ledger as ledger_module
+    from service.ledger.exposure_shards import ExposureShards
 
     curve = _curve()
     cap = None
@@ -38,12 +38,12 @@ def _worker(url: str, accounts: list[int], mode: str, seconds: float, out: mp.Qu
         cap = GraphCap(cap_epsilon=1e6, delta=DELTA, max_charge=curve)  # far from the cap
     if mode == "exact":
         # every charge locks all shards: the cost of a single global lock
-        original = ledger_module.Ledger._add_exposure
+        original = ExposureShards._add_exposure
 
-        def exact(self, session, c, cap_, exact_):  # type: ignore[no-untyped-def]
-            return original(self, session, c, cap_, True)
+        def exact(self, session, c, cap_, exact_, writes):  # type: ignore[no-untyped-def]
+            return original(self, session, c, cap_, True, writes)
 
-        ledger_module.Ledger._add_exposure = exact  # type: ignore[method-assign]
+        ExposureShards._add_exposure = exact  # type: ignore[method-assign]
     ledger = Ledger.from_url(url)
     latencies: list[float] = []
     lock = threading.Lock()

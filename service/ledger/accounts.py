@@ -1,0 +1,177 @@
+"""Accounts: creation (a user account per seed node), lookups and listings."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from service.errors import InvalidParameter
+from service.ledger.ledger_rows import (
+    _account_record,
+    _check_cap,
+    _check_delta,
+    _check_modes,
+    _check_quota,
+)
+from service.ledger.records import (
+    ACCOUNT_TYPES,
+    AccountRecord,
+    AccountType,
+    UnknownAccount,
+)
+from service.ledger.tables import (
+    Account,
+    Budget,
+    Spend,
+    utcnow,
+)
+from service.ledger.unit_of_work import (
+    AccountExists,
+    LedgerPart,
+)
+from service.privacy.accountant import RdpCurve
+from service.privacy.orders import GRID_VERSION
+
+
+class Accounts(LedgerPart):
+    """The accounts table, with each new account's budget and zero spend."""
+
+    def create_account(
+        self,
+        type: AccountType,
+        *,
+        node_id: str | None = None,
+        cap_epsilon: float,
+        delta: float,
+        label: str | None = None,
+        may_create_seed_accounts: bool = False,
+        modes: tuple[str, ...] | list[str] = ("edge",),
+        quota_epsilon: float | None = None,
+        actor_account_id: int | None = None,
+    ) -> AccountRecord:
+        if type not in ACCOUNT_TYPES:
+            raise InvalidParameter("type", f"must be one of {', '.join(ACCOUNT_TYPES)}")
+        if type == "user":
+            if not node_id:
+                raise InvalidParameter("node_id", "a user account is bound to a seed node")
+        elif node_id is not None:
+            raise InvalidParameter("node_id", f"only user accounts have a node, not {type}")
+        cap = _check_cap(cap_epsilon)
+        dlt = _check_delta(delta)
+        scoped = _check_modes(modes)
+        quota = _check_quota(quota_epsilon)
+        if type != "service" and (may_create_seed_accounts or quota is not None):
+            raise InvalidParameter(
+                "may_create_seed_accounts/quota_epsilon", "only service accounts have scopes"
+            )
+        if type == "user":
+            scoped = ("personalized", "edge")  # a user queries its own node in either mode
+        try:
+            with self._writing() as session:
+                now = utcnow()
+                account = Account(
+                    type=type,
+                    node_id=node_id,
+                    user_node_id=node_id if type == "user" else None,
+                    label=label,
+                    may_create_seed_accounts=bool(may_create_seed_accounts),
+                    modes=",".join(scoped),
+                    quota_epsilon=quota,
+                    created_at=now,
+                )
+                session.add(account)
+                session.flush()
+                session.add(
+                    Budget(account_id=account.id, cap_epsilon=cap, delta=dlt, updated_at=now)
+                )
+                zero = RdpCurve.zero()
+                session.add(
+                    Spend(
+                        account_id=account.id,
+                        rdp=zero.to_json(),
+                        pure_epsilon=zero.pure,
+                        grid_version=GRID_VERSION,
+                        charges=0,
+                        epsilon=0.0,
+                        updated_at=now,
+                    )
+                )
+                self._audit(
+                    session,
+                    "account.create",
+                    actor=actor_account_id,
+                    target=account.id,
+                    details={
+                        "type": type,
+                        "node_id": node_id,
+                        "label": label,
+                        "cap_epsilon": cap,
+                        "delta": dlt,
+                        "may_create_seed_accounts": bool(may_create_seed_accounts),
+                        "modes": list(scoped),
+                        "quota_epsilon": quota,
+                    },
+                )
+                session.flush()
+                return _account_record(account)
+        except IntegrityError as exc:
+            existing = self.account_for_node(node_id) if node_id is not None else None
+            if existing is not None:
+                raise AccountExists(
+                    f"node {node_id!r} already has a user account ({existing.account_id})",
+                    details={"node_id": node_id, "account_id": existing.account_id},
+                ) from exc
+            raise
+
+    def get_account(self, account_id: int) -> AccountRecord:
+        with self._reading() as session:
+            return _account_record(self._account(session, account_id))
+
+    def list_accounts(
+        self, *, type: str | None = None, limit: int = 100, offset: int = 0
+    ) -> list[AccountRecord]:
+        stmt = select(Account).order_by(Account.id).limit(limit).offset(offset)
+        if type is not None:
+            if type not in ACCOUNT_TYPES:
+                raise InvalidParameter("type", f"must be one of {', '.join(ACCOUNT_TYPES)}")
+            stmt = stmt.where(Account.type == type)
+        with self._reading() as session:
+            return [_account_record(row) for row in session.scalars(stmt)]
+
+    def account_for_node(self, node_id: str) -> AccountRecord | None:
+        with self._reading() as session:
+            row = session.scalars(
+                select(Account).where(Account.user_node_id == node_id)
+            ).one_or_none()
+            return None if row is None else _account_record(row)
+
+    def user_account_for_node(
+        self, node: str, *, create: bool, cap_epsilon: float, delta: float
+    ) -> int:
+        """The user account bound to ``node``, created on first use when ``create`` is set.
+
+        Race-safe: of two concurrent creators one inserts, the other hits the UNIQUE
+        constraint and reads the winner's account.
+        """
+        existing = self.account_for_node(node)
+        if existing is not None:
+            return existing.account_id
+        if not create:
+            raise UnknownAccount(
+                f"no account for node {node!r}; an admin must create one "
+                f"(python -m service accounts create --type user --node {node})",
+                details={"node": node},
+            )
+        try:
+            return self.create_account(
+                "user",
+                node_id=node,
+                cap_epsilon=cap_epsilon,
+                delta=delta,
+                label="created on first charge",
+            ).account_id
+        except AccountExists:
+            existing = self.account_for_node(node)
+            if existing is None:  # pragma: no cover - the constraint said it exists
+                raise
+            return existing.account_id

@@ -1,0 +1,324 @@
+"""Atomic admit-and-charge: single and grouped admissions, each in one transaction."""
+
+from __future__ import annotations
+
+import random
+from contextlib import suppress
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.errors import ServiceError
+from service.ledger.admission_rules import AdmissionRules, _StaleTwin
+from service.ledger.exposure_shards import ExposureShards, _NeedsExactCap
+from service.ledger.group_reads import GroupReads, ReceiptOfNewCharge
+from service.ledger.idempotency import bound_charge
+from service.ledger.ledger_rows import (
+    ADMISSION_RTOL,
+    _add_to_shard,
+    _graph_exhausted,
+    _shard_total,
+)
+from service.ledger.locked_rows import (
+    AdmissionWrites,
+    NewCharge,
+    lock_all_shards,
+)
+from service.ledger.records import (
+    Admission,
+    BudgetExhausted,
+    BudgetView,
+    ChargeReceipt,
+    ChargeSettled,
+    GraphBudgetExhausted,
+    GraphCap,
+    ReleaseKey,
+    ServiceQuotaExhausted,
+)
+from service.ledger.reports import Reports
+from service.ledger.settlement import Settlement
+from service.ledger.tables import EXPOSURE_SHARDS
+from service.ledger.unit_of_work import (
+    LedgerPart,
+    UnitOfWork,
+)
+from service.privacy.accountant import RdpCurve
+
+#: A charge whose twin waits on it but which is older than this is settled by the waiter.
+DEFAULT_STALE_AFTER_SECONDS = 60.0
+
+
+class Admissions(LedgerPart):
+    """Admits queries and commits their charges (or refuses writing nothing), alone or grouped."""
+
+    def __init__(
+        self,
+        uow: UnitOfWork,
+        rules: AdmissionRules,
+        shards: ExposureShards,
+        settlement: Settlement,
+        reports: Reports,
+    ) -> None:
+        super().__init__(uow)
+        self._rules = rules
+        self._shards = shards
+        self._settlement = settlement
+        self._reports = reports
+
+    def admit_and_charge(
+        self,
+        *,
+        charged_account_id: int,
+        principal_account_id: int,
+        seed: str,
+        mechanism: str,
+        mode: str,
+        params: dict[str, Any],
+        query_curve: RdpCurve,
+        query_epsilon: float,
+        graph_version: str,
+        request_id: str,
+        idempotency_key: str | None,
+        release_key: ReleaseKey | None = None,
+        quota_epsilon: float | None = None,
+        graph_cap: GraphCap | None = None,
+        stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
+    ) -> ChargeReceipt:
+        """Admit the query and commit its charge in one transaction, or refuse writing nothing.
+
+        Under the charged account's spend-row lock, in this order:
+
+        * a live charge under ``(principal_account_id, idempotency_key)`` is returned as
+          ``reused`` (nothing charged); a refunded one frees its key, so a retry charges anew;
+        * with a ``release_key`` (a non-fresh query), an identical query already admitted and
+          still in flight, or already released, is returned as ``joined`` (nothing charged);
+          an in-flight twin older than ``stale_after_seconds`` is reconciled (refunded) first;
+        * the budget (the spent curve plus this one, at the account's delta), the principal's
+          24-hour quota when ``quota_epsilon`` is given (a service account charging another
+          account; its own spend row is locked too), and the graph-wide cap when given.
+
+        Locks are always taken in the order: charged spend row, principal spend row, exposure
+        shard rows by ascending shard, so concurrent admissions never deadlock.
+        """
+        return self.admit(
+            Admission(
+                charged_account_id=charged_account_id,
+                principal_account_id=principal_account_id,
+                seed=seed,
+                mechanism=mechanism,
+                mode=mode,
+                params=params,
+                query_curve=query_curve,
+                query_epsilon=query_epsilon,
+                graph_version=graph_version,
+                request_id=request_id,
+                idempotency_key=idempotency_key,
+                release_key=release_key,
+                quota_epsilon=quota_epsilon,
+            ),
+            graph_cap=graph_cap,
+            stale_after_seconds=stale_after_seconds,
+        )
+
+    def admit(
+        self,
+        a: Admission,
+        *,
+        graph_cap: GraphCap | None = None,
+        stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
+    ) -> ChargeReceipt:
+        """:meth:`admit_and_charge` for a query given as an :class:`Admission`."""
+        if not isinstance(a.query_curve, RdpCurve):
+            raise TypeError("query_curve must be an RdpCurve")
+        exact_cap = False
+        while True:
+            try:
+                with self._writing() as session:
+                    return self._admit(session, a, graph_cap, exact_cap, stale_after_seconds)
+            except _NeedsExactCap:
+                exact_cap = True  # rolled back: start again, locking every shard
+            except _StaleTwin as stale:
+                self._reconcile_stale_twin(stale)  # rolled back: refund it, then start again
+            except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
+                self._record_refused(a, refusal)
+                raise
+            except IntegrityError:
+                # A concurrent request with the same idempotency key bound it first.
+                if a.idempotency_key is None:
+                    raise
+                with self._reading() as session:
+                    earlier = bound_charge(session, a.principal_account_id, a.idempotency_key)
+                    if earlier is None:
+                        raise
+                    return self._rules._reused(session, earlier)
+
+    def _admit(
+        self,
+        session: Session,
+        a: Admission,
+        graph_cap: GraphCap | None,
+        exact_cap: bool,
+        stale_after_seconds: float,
+    ) -> ChargeReceipt:
+        account = self._lock_account(session, a.charged_account_id)
+        writes = AdmissionWrites()
+        outcome = self._rules._admit_locked(
+            session,
+            a,
+            account,
+            lambda curve: self._shards._add_exposure(session, curve, graph_cap, exact_cap, writes),
+            stale_after_seconds,
+            writes,
+        )
+        if isinstance(outcome, ChargeReceipt):
+            writes.finish(session)  # the key it bound, if any
+            return outcome
+        assert isinstance(outcome, tuple)  # alone, no charge of a group answers it
+        charge, view = outcome
+        writes.finish(session)
+        return ChargeReceipt(charge_id=charge.id, budget=view, degree_epsilon=charge.degree_epsilon)
+
+    def admit_and_charge_many(
+        self,
+        admissions: list[Admission],
+        *,
+        graph_cap: GraphCap | None = None,
+        stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
+    ) -> list[ChargeReceipt | ServiceError]:
+        """Admit many queries in ONE transaction: per query, a receipt or its refusal.
+
+        Each query's admission is all-or-nothing and exactly the check of
+        :meth:`admit_and_charge` (budget, quota, graph-wide cap, idempotency, twins), made in
+        list order against the spend the earlier queries of the list left; a refused query
+        writes nothing and the others go on. The locks are taken up front in the single
+        path's order: every charged account's spend row by ascending id, then the principals'
+        (quota), then the exposure shards by ascending shard (one shard, or all of them when
+        a graph-wide cap is set), so groups and single admissions never deadlock.
+
+        If the group cannot commit as one (a concurrent twin took an idempotency key), every
+        query is admitted on its own with :meth:`admit_and_charge` instead.
+        """
+        if not admissions:
+            return []
+        while True:
+            try:
+                results = self._admit_group_once(admissions, graph_cap, stale_after_seconds)
+            except IntegrityError:
+                return [self._admit_alone(a, graph_cap, stale_after_seconds) for a in admissions]
+            except _StaleTwin as stale:
+                self._reconcile_stale_twin(stale)  # rolled back: refund it, then start again
+                continue
+            break
+        for a, result in zip(admissions, results, strict=True):
+            if isinstance(result, (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted)):
+                self._record_refused(a, result)
+        return results
+
+    def _record_refused(self, a: Admission, refusal: ServiceError) -> None:
+        """The refusal of admission ``a`` in the refusals table (its own transaction)."""
+        self._reports.record_refusal(
+            refusal.code,
+            charged_account_id=a.charged_account_id,
+            principal_account_id=a.principal_account_id,
+            mode=a.mode,
+            epsilon=a.query_epsilon,
+        )
+
+    def _admit_group_once(
+        self, admissions: list[Admission], graph_cap: GraphCap | None, stale_after_seconds: float
+    ) -> list[ChargeReceipt | ServiceError]:
+        with self._writing() as session:
+            writes = AdmissionWrites()
+            outcomes = self._admit_group(
+                session, admissions, graph_cap, stale_after_seconds, writes
+            )
+            writes.finish(session)  # the charges' ids, the spend and the shards
+            results: list[ChargeReceipt | ServiceError] = []
+            for outcome in outcomes:
+                if isinstance(outcome, tuple):
+                    charge, view = outcome
+                    outcome = ChargeReceipt(
+                        charge_id=charge.id, budget=view, degree_epsilon=charge.degree_epsilon
+                    )
+                elif isinstance(outcome, ReceiptOfNewCharge):
+                    outcome = outcome.receipt()
+                results.append(outcome)
+        return results
+
+    def _admit_alone(
+        self, a: Admission, graph_cap: GraphCap | None, stale_after_seconds: float
+    ) -> ChargeReceipt | ServiceError:
+        try:
+            return self.admit(a, graph_cap=graph_cap, stale_after_seconds=stale_after_seconds)
+        except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
+            return refusal
+
+    def _admit_group(
+        self,
+        session: Session,
+        admissions: list[Admission],
+        graph_cap: GraphCap | None,
+        stale_after_seconds: float,
+        writes: AdmissionWrites,
+    ) -> list[ChargeReceipt | ServiceError | ReceiptOfNewCharge | tuple[NewCharge, BudgetView]]:
+        charged = sorted({a.charged_account_id for a in admissions})
+        accounts = {account: self._lock_account(session, account) for account in charged}
+        principals = sorted(
+            {
+                a.principal_account_id
+                for a in admissions
+                if a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id
+            }
+            - set(charged)
+        )
+        for principal in principals:
+            self._lock_principal(session, principal)
+        # Every principal whose quota is checked is now locked (as a charged or a principal row).
+        if graph_cap is None:
+            shard_row = self._locked_shard(session, random.randrange(EXPOSURE_SHARDS))
+
+            def add_exposure(curve: RdpCurve) -> int:
+                _add_to_shard(shard_row, curve)
+                writes.changed_shard(shard_row)
+                return shard_row.shard
+        else:
+            cap = graph_cap
+            rows = lock_all_shards(session)
+            target = rows[random.randrange(len(rows))]
+
+            def add_exposure(curve: RdpCurve) -> int:
+                total = _shard_total(rows) + curve
+                if total.epsilon(cap.delta) > cap.cap_epsilon * (1.0 - ADMISSION_RTOL):
+                    raise _graph_exhausted(cap, _shard_total(rows))
+                _add_to_shard(target, curve)
+                writes.changed_shard(target)
+                return target.shard
+
+        # What the queries look for (keys, twins, releases), read once for the group under
+        # its locks; one INSERT batch at the end instead of one per query (_admit_locked
+        # writes the charges added so far only before a quota check, which must see them).
+        reads = GroupReads.read(session, admissions)
+        outcomes: list[
+            ChargeReceipt | ServiceError | ReceiptOfNewCharge | tuple[NewCharge, BudgetView]
+        ] = []
+        for a in admissions:
+            try:
+                outcome = self._rules._admit_locked(
+                    session, a, accounts[a.charged_account_id], add_exposure,
+                    stale_after_seconds, writes, principal_locked=True, reads=reads,
+                )  # fmt: skip
+            except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
+                outcomes.append(refusal)
+                continue
+            outcomes.append(outcome)
+        return outcomes
+
+    def _reconcile_stale_twin(self, stale: _StaleTwin) -> None:
+        """Refund an in-flight twin that outlived ``stale_after_seconds`` without a release
+        (its worker died between charge and answer), in its own transaction. If it was
+        released meanwhile, the admission that starts again joins its release."""
+        with suppress(ChargeSettled):
+            self._settlement.refund(
+                stale.charge_id, reason=f"reconciled: no release {stale.age:.0f} s after admission"
+            )

@@ -1,0 +1,286 @@
+"""One query's admission under its account's spend lock: earlier answers, the cap, the charge."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.ledger.group_reads import GroupReads, ReceiptOfNewCharge
+from service.ledger.idempotency import (
+    EarlierCharge,
+    bound_charge,
+)
+from service.ledger.ledger_rows import (
+    ADMISSION_RTOL,
+    _aware,
+    _set_spend,
+    _spent_curve,
+    _view,
+)
+from service.ledger.locked_rows import (
+    AdmissionWrites,
+    LockedAccount,
+    NewCharge,
+)
+from service.ledger.quota_and_degree import QuotaAndDegree
+from service.ledger.records import (
+    Admission,
+    BudgetExhausted,
+    BudgetView,
+    ChargeReceipt,
+)
+from service.ledger.tables import (
+    Charge,
+    Spend,
+    utcnow,
+)
+from service.ledger.unit_of_work import (
+    LedgerPart,
+    UnitOfWork,
+)
+from service.privacy.accountant import RdpCurve
+from service.privacy.orders import GRID_VERSION
+
+
+class _StaleTwin(Exception):
+    """Internal: an identical query's charge is still ``admitted`` past the stale bound;
+    roll back, refund it on its own, and admit again."""
+
+    def __init__(self, charge_id: int, age: float) -> None:
+        super().__init__(charge_id, age)
+        self.charge_id = charge_id
+        self.age = age
+
+
+def _refuse_stale_twin(charge_id: int, created_at: Any, stale_after_seconds: float) -> None:
+    """Raise :class:`_StaleTwin` for an in-flight twin admitted longer ago than the bound.
+
+    It is refunded in a transaction of its own (:meth:`Admissions._reconcile_stale_twin`), then
+    the admission starts again: refunding here would lock the twin's exposure shard after
+    this admission's own, out of ascending order."""
+    age = (utcnow() - _aware(created_at)).total_seconds()
+    if age > stale_after_seconds:
+        raise _StaleTwin(charge_id, age)
+
+
+class AdmissionRules(LedgerPart):
+    """What admits a query, alone or in a group, under the locks the caller holds."""
+
+    def __init__(self, uow: UnitOfWork, quota_and_degree: QuotaAndDegree) -> None:
+        super().__init__(uow)
+        self._quota_and_degree = quota_and_degree
+
+    def _admit_locked(
+        self,
+        session: Session,
+        a: Admission,
+        account: LockedAccount,
+        add_exposure: Callable[[RdpCurve], int],
+        stale_after_seconds: float,
+        writes: AdmissionWrites,
+        principal_locked: bool = False,
+        reads: GroupReads | None = None,
+    ) -> ChargeReceipt | ReceiptOfNewCharge | tuple[NewCharge, BudgetView]:
+        """Admission of ``a`` under its charged account's spend lock (``account``, held):
+        a receipt when an earlier charge answers it (``reused`` / ``joined``), else the new
+        charge (added to ``writes``, not yet written) and the budget after it.
+
+        In a group, ``reads`` holds what the group's queries look for (read once, under the
+        group's locks) and learns the charges the group adds; alone, each is read here.
+        A refusal raises before anything is written, so a group transaction may go on with
+        the next query after one is refused.
+        """
+        query_curve = a.query_curve
+        if not isinstance(query_curve, RdpCurve):
+            raise TypeError("query_curve must be an RdpCurve")
+        quota = a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id
+        reads_charges = quota or (
+            reads is None and (a.idempotency_key is not None or a.release_key is not None)
+        )
+        if reads_charges:
+            writes.write_charges(session)  # the charges this transaction added must be visible
+        release_key = a.release_key
+        digest = release_key.digest() if release_key is not None else None
+        earlier: ChargeReceipt | ReceiptOfNewCharge | None
+        if reads is None:
+            earlier = self._earlier_alone(session, a, account, digest, stale_after_seconds, writes)
+        else:
+            earlier = self._earlier_in_group(
+                session, a, account, digest, stale_after_seconds, writes, reads
+            )
+        if earlier is not None:
+            return earlier
+        degree = a.degree
+        if degree is not None and self._quota_and_degree._paid_degree(
+            session, a.charged_account_id, degree, writes
+        ):
+            degree = None
+        spent = _spent_curve(account)
+        composed = spent + query_curve
+        epsilon = float(a.query_epsilon)
+        if degree is not None:  # composed with the query's curve, admitted as one
+            composed = composed + degree.curve
+            epsilon += float(degree.epsilon)
+        if composed.epsilon(account.delta) > account.cap_epsilon * (1.0 - ADMISSION_RTOL):
+            raise BudgetExhausted(_view(account, account, spent), epsilon)
+        now = utcnow()
+        if a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id:
+            self._quota_and_degree._check_quota(
+                session, a.principal_account_id, a.quota_epsilon, epsilon, now,
+                lock=not principal_locked,
+            )  # fmt: skip
+        shard = add_exposure(query_curve)
+        charge = writes.add_charge(
+            created_at=now,
+            charged_account_id=a.charged_account_id,
+            principal_account_id=a.principal_account_id,
+            seed=a.seed,
+            mechanism=a.mechanism,
+            mode=a.mode,
+            params=writes.json(a.params, lambda: a.params),
+            epsilon=float(a.query_epsilon),
+            rdp=writes.json(query_curve, query_curve.to_json),
+            pure_epsilon=query_curve.pure,
+            grid_version=GRID_VERSION,
+            graph_version=a.graph_version,
+            request_id=a.request_id,
+            idempotency_key=a.idempotency_key,
+            state="admitted",
+            release_key=digest,
+            exposure_shard=shard,
+        )
+        charges = account.charges + 1
+        if degree is not None:
+            charge.degree_epsilon = float(degree.epsilon)
+            self._quota_and_degree._add_degree_charge(
+                writes, a.charged_account_id, a.principal_account_id, a.seed, a.mode, degree,
+                a.request_id, now,
+            )  # fmt: skip
+            charges += 1
+        if a.idempotency_key is not None:
+            writes.bind(a.principal_account_id, a.idempotency_key, charge, "charged", now)
+            if reads is not None:
+                reads.bound(a.principal_account_id, a.idempotency_key, charge)
+        _set_spend(account, account, composed, charges)
+        account.last_charge_at = now
+        writes.changed_account(account)
+        if reads is not None:
+            reads.added(charge, a, digest)
+        return charge, _view(account, account, composed)
+
+    def _earlier_alone(
+        self,
+        session: Session,
+        a: Admission,
+        account: LockedAccount,
+        digest: str | None,
+        stale_after_seconds: float,
+        writes: AdmissionWrites,
+    ) -> ChargeReceipt | None:
+        """The receipt of an earlier charge that answers ``a`` (its Idempotency-Key's, an
+        in-flight twin's, a stored release's), read now; None: ``a`` is charged."""
+        if a.idempotency_key is not None:
+            earlier = bound_charge(session, a.principal_account_id, a.idempotency_key)
+            if earlier is not None:
+                return self._reused(session, earlier, writes)
+        if a.release_key is not None and digest is not None:
+            twin = self._twin(session, a.charged_account_id, digest, stale_after_seconds)
+            if twin is None:
+                released = self._release_row(session, a.release_key)
+                twin = None if released is None else released.charge_id
+            if twin is not None:
+                self._bind_joined(a, twin, a.charged_account_id, writes)
+                return ChargeReceipt(charge_id=twin, budget=_view(account, account), joined=True)
+        return None
+
+    def _earlier_in_group(
+        self,
+        session: Session,
+        a: Admission,
+        account: LockedAccount,
+        digest: str | None,
+        stale_after_seconds: float,
+        writes: AdmissionWrites,
+        reads: GroupReads,
+    ) -> ChargeReceipt | ReceiptOfNewCharge | None:
+        """As :meth:`_earlier_alone`, from what the group read up front and added since."""
+        if a.idempotency_key is not None:
+            holder = reads.holder(a.principal_account_id, a.idempotency_key)
+            if isinstance(holder, NewCharge):
+                locked = writes.account(int(holder.values["charged_account_id"]))
+                assert locked is not None  # the group charged it, under its lock
+                return ReceiptOfNewCharge(holder, _view(locked, locked), reused=True)
+            if holder is not None:
+                return self._reused(session, holder, writes)
+        if a.release_key is not None and digest is not None:
+            new_twin = reads.new_twin(a.charged_account_id, digest)
+            if new_twin is not None:
+                self._bind_joined(a, new_twin, a.charged_account_id, writes, reads)
+                return ReceiptOfNewCharge(new_twin, _view(account, account), joined=True)
+            twin = reads.twin(a.charged_account_id, digest)
+            if twin is not None:
+                _refuse_stale_twin(twin.id, twin.created_at, stale_after_seconds)
+                self._bind_joined(a, twin.id, a.charged_account_id, writes, reads)
+                return ChargeReceipt(charge_id=twin.id, budget=_view(account, account), joined=True)
+            released = reads.released(a.release_key)
+            if released is not None:
+                self._bind_joined(a, released, a.charged_account_id, writes, reads)
+                view = _view(account, account)
+                return ChargeReceipt(charge_id=released, budget=view, joined=True)
+        return None
+
+    @staticmethod
+    def _bind_joined(
+        a: Admission,
+        charge: NewCharge | int,
+        charged_account_id: int,
+        writes: AdmissionWrites,
+        reads: GroupReads | None = None,
+    ) -> None:
+        """A keyed query answered by an identical query's charge binds its key to it, in the
+        admission's transaction (so a retry gets that charge's release, never a newer one)."""
+        if a.idempotency_key is None:
+            return
+        writes.bind(a.principal_account_id, a.idempotency_key, charge, "joined", utcnow())
+        if reads is not None:
+            held = charge if isinstance(charge, NewCharge) else EarlierCharge(
+                charge, charged_account_id
+            )  # fmt: skip
+            reads.bound(a.principal_account_id, a.idempotency_key, held)
+
+    def _twin(
+        self, session: Session, account_id: int, digest: str, stale_after_seconds: float
+    ) -> int | None:
+        """The in-flight charge of an identical query, if any (a stale one is reconciled)."""
+        row = session.scalars(
+            select(Charge)
+            .where(
+                Charge.charged_account_id == account_id,
+                Charge.release_key == digest,
+                Charge.state == "admitted",
+            )
+            .order_by(Charge.id.desc())
+            .limit(1)
+        ).one_or_none()
+        if row is None:
+            return None
+        _refuse_stale_twin(row.id, row.created_at, stale_after_seconds)
+        return row.id
+
+    def _reused(
+        self,
+        session: Session,
+        charge: EarlierCharge,
+        writes: AdmissionWrites | None = None,
+    ) -> ChargeReceipt:
+        locked = None if writes is None else writes.account(charge.charged_account_id)
+        if locked is not None:
+            # the spend as this transaction left it (a group may have charged it already)
+            return ChargeReceipt(charge_id=charge.id, budget=_view(locked, locked), reused=True)
+        budget = self._budget_row(session, charge.charged_account_id)
+        spend = session.get(Spend, charge.charged_account_id)
+        assert spend is not None
+        return ChargeReceipt(charge_id=charge.id, budget=_view(budget, spend), reused=True)

@@ -1,0 +1,70 @@
+"""The exposure shards: each charge's and graph release's curve, against the graph-wide cap."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from service.ledger.ledger_rows import (
+    ADMISSION_RTOL,
+    _add_to_shard,
+    _graph_exhausted,
+    _shard_total,
+)
+from service.ledger.locked_rows import (
+    AdmissionWrites,
+    lock_all_shards,
+    other_shards,
+)
+from service.ledger.records import GraphCap
+from service.ledger.tables import EXPOSURE_SHARDS
+from service.ledger.unit_of_work import LedgerPart
+from service.privacy.accountant import RdpCurve
+
+
+class _NeedsExactCap(Exception):
+    """Internal: the fast graph-cap check could not admit; retry locking every shard."""
+
+
+class ExposureShards(LedgerPart):
+    """Adds a curve to one exposure shard, checking the graph-wide cap (fast path or exact)."""
+
+    def _add_exposure(
+        self,
+        session: Session,
+        curve: RdpCurve,
+        cap: GraphCap | None,
+        exact: bool,
+        writes: AdmissionWrites,
+    ) -> int:
+        """Add ``curve`` to one exposure shard (returned), checking the graph-wide cap.
+
+        Fast path: lock one shard, read all shards, admit if the total plus this curve plus
+        ``EXPOSURE_SHARDS - 1`` copies of ``cap.max_charge`` (the most the other shards' lock
+        holders can add concurrently, each having passed the same check) stays within the cap.
+        Otherwise :class:`_NeedsExactCap` rolls the transaction back and it is retried locking
+        every shard in ascending order, which reads the exact total.
+        """
+        if cap is None:
+            row = self._locked_shard(session, random.randrange(EXPOSURE_SHARDS))
+        elif exact:
+            rows = lock_all_shards(session)
+            total = _shard_total(rows) + curve
+            if total.epsilon(cap.delta) > cap.cap_epsilon * (1.0 - ADMISSION_RTOL):
+                raise _graph_exhausted(cap, _shard_total(rows))
+            row = rows[random.randrange(len(rows))]
+        else:
+            shard = random.randrange(EXPOSURE_SHARDS)
+            row = self._locked_shard(session, shard)
+            within = bool(np.all(curve.rdp <= cap.max_charge.rdp))
+            if not within or curve.pure > cap.max_charge.pure:
+                raise _NeedsExactCap()
+            total = _shard_total([row, *other_shards(session, shard)]) + curve
+            margin = cap.max_charge * (EXPOSURE_SHARDS - 1)
+            if (total + margin).epsilon(cap.delta) > cap.cap_epsilon * (1.0 - ADMISSION_RTOL):
+                raise _NeedsExactCap()
+        _add_to_shard(row, curve)
+        writes.changed_shard(row)
+        return row.shard

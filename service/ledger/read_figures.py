@@ -1,0 +1,131 @@
+"""What a service account has read: its read figure and the cap on it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+from sqlalchemy import select
+
+from service.ledger.ledger_rows import ADMISSION_RTOL
+from service.ledger.records import (
+    ReadCapExhausted,
+    ReadView,
+)
+from service.ledger.tables import (
+    Charge,
+    ReadTotal,
+    ServiceRead,
+    utcnow,
+)
+from service.ledger.unit_of_work import LedgerPart
+from service.privacy.accountant import RdpCurve
+
+
+class ReadFigures(LedgerPart):
+    """The releases each service account has received, composed, against its read cap."""
+
+    def record_reads(
+        self,
+        reader_account_id: int,
+        *,
+        charge_ids: Sequence[int] = (),
+        graph_release: tuple[str, str] | None = None,
+        default_cap_epsilon: float | None = None,
+    ) -> ReadView:
+        """Count the releases a service account is about to receive in its read figure, or
+        refuse with :class:`ReadCapExhausted` writing nothing.
+
+        ``charge_ids`` name query releases (their charges' curves), ``graph_release`` a
+        ``(graph_version, mechanism)`` graph-wide release. A release already counted for this
+        reader adds nothing (unique per reader, so this holds across workers); the new ones are
+        composed with the figure and checked against the reader's cap (its
+        ``read_cap_epsilon``, else ``default_cap_epsilon``; None: no cap) at its delta, under
+        the reader's spend-row lock, and recorded in the same transaction.
+        """
+        with self._writing() as session:
+            self._lock_principal(session, reader_account_id)
+            account = self._account(session, reader_account_id)
+            delta = self._budget_row(session, reader_account_id).delta
+            cap = account.read_cap_epsilon
+            cap = default_cap_epsilon if cap is None else cap
+            total_row = session.get(ReadTotal, reader_account_id)
+            total = RdpCurve.zero() if total_row is None else RdpCurve.from_json(total_row.rdp)
+            count = 0 if total_row is None else total_row.releases
+            new: list[ServiceRead] = []
+            wanted = sorted(set(charge_ids))
+            if wanted:
+                seen = set(
+                    session.scalars(
+                        select(ServiceRead.charge_id).where(
+                            ServiceRead.reader_account_id == reader_account_id,
+                            ServiceRead.charge_id.in_(wanted),
+                        )
+                    )
+                )
+                for charge_id, epsilon, rdp in session.execute(
+                    select(Charge.id, Charge.epsilon, Charge.rdp)
+                    .where(Charge.id.in_([c for c in wanted if c not in seen]))
+                    .order_by(Charge.id)
+                ):
+                    new.append(
+                        ServiceRead(
+                            reader_account_id=reader_account_id, charge_id=charge_id,
+                            epsilon=epsilon, rdp=rdp,
+                            pure_epsilon=RdpCurve.from_json(cast(dict[str, Any], rdp)).pure,
+                        )
+                    )  # fmt: skip
+            if graph_release is not None:
+                row = self._live_graph_release(session, *graph_release)
+                if (
+                    row is not None
+                    and session.scalar(
+                        select(ServiceRead.id).where(
+                            ServiceRead.reader_account_id == reader_account_id,
+                            ServiceRead.graph_release_id == row.id,
+                        )
+                    )
+                    is None
+                ):
+                    new.append(
+                        ServiceRead(
+                            reader_account_id=reader_account_id, graph_release_id=row.id,
+                            epsilon=row.epsilon, rdp=row.rdp, pure_epsilon=row.pure_epsilon,
+                        )
+                    )  # fmt: skip
+            before = ReadView(reader_account_id, total.epsilon(delta), delta, count, cap)
+            if not new:
+                return before
+            composed = total
+            for read in new:
+                composed = composed + RdpCurve.from_json(read.rdp)
+            after = composed.epsilon(delta)
+            if cap is not None and after > cap * (1.0 - ADMISSION_RTOL):
+                raise ReadCapExhausted(before, after)
+            now = utcnow()
+            for read in new:
+                read.created_at = now
+                session.add(read)
+            if total_row is None:
+                total_row = ReadTotal(account_id=reader_account_id)
+                session.add(total_row)
+            total_row.rdp = composed.to_json()
+            total_row.pure_epsilon = composed.pure
+            total_row.releases = count + len(new)
+            total_row.updated_at = now
+            session.flush()
+            return ReadView(reader_account_id, after, delta, count + len(new), cap)
+
+    def read_view(self, account_id: int, *, default_cap_epsilon: float | None = None) -> ReadView:
+        """A service account's read figure (zero before its first answer)."""
+        with self._reading() as session:
+            account = self._account(session, account_id)
+            delta = self._budget_row(session, account_id).delta
+            cap = account.read_cap_epsilon
+            cap = default_cap_epsilon if cap is None else cap
+            row = session.get(ReadTotal, account_id)
+            if row is None:
+                return ReadView(account_id, 0.0, delta, 0, cap)
+            return ReadView(
+                account_id, RdpCurve.from_json(row.rdp).epsilon(delta), delta, row.releases, cap
+            )

@@ -1,0 +1,135 @@
+"""Reports on the ledger: verification, graph-wide exposure, listings and the audit log."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import InterfaceError, OperationalError
+
+from service.ledger.exposure import ExposureReport, default_delta, exposure_report
+from service.ledger.ledger_rows import (
+    _charge_record,
+    _check_delta,
+)
+from service.ledger.records import ChargeRecord
+from service.ledger.tables import (
+    AuditLog,
+    Charge,
+    Refusal,
+    iso,
+    utcnow,
+)
+from service.ledger.unit_of_work import (
+    LedgerPart,
+    LedgerUnavailable,
+)
+from service.ledger.verification import VerifyReport, verify_ledger
+
+log = logging.getLogger("service.ledger.ledger")
+
+
+class Reports(LedgerPart):
+    """Checks and reports over the whole ledger, and the audit and refusal rows."""
+
+    def verify(self) -> VerifyReport:
+        """Recompute every derived value from the append-only rows (see ``verification``)."""
+        try:
+            return verify_ledger(self._uow.engine)
+        except (OperationalError, InterfaceError) as exc:
+            raise LedgerUnavailable("the budget ledger database cannot be reached") from exc
+
+    def exposure(
+        self, *, delta: float | None = None, cap_epsilon: float | None = None
+    ) -> ExposureReport:
+        """The graph-wide exposure of every live charge and graph-wide release."""
+        if delta is not None:
+            _check_delta(delta)
+        try:
+            return exposure_report(self._uow.engine, delta=delta, cap_epsilon=cap_epsilon)
+        except (OperationalError, InterfaceError) as exc:
+            raise LedgerUnavailable("the budget ledger database cannot be reached") from exc
+
+    def smallest_delta(self) -> float:
+        return default_delta(self._uow.engine)
+
+    def list_charges(
+        self, account_id: int | None = None, *, limit: int = 100, offset: int = 0
+    ) -> list[ChargeRecord]:
+        """Charges, newest first, with their state."""
+        stmt = select(Charge).order_by(Charge.id.desc()).limit(limit).offset(offset)
+        if account_id is not None:
+            stmt = stmt.where(Charge.charged_account_id == account_id)
+        with self._reading() as session:
+            return [
+                _charge_record(charge, charge.state == "refunded")
+                for charge in session.scalars(stmt)
+            ]
+
+    def count_charges(self, account_id: int | None = None) -> int:
+        stmt = select(func.count(Charge.id))
+        if account_id is not None:
+            stmt = stmt.where(Charge.charged_account_id == account_id)
+        with self._reading() as session:
+            return int(session.scalar(stmt) or 0)
+
+    def record_audit(
+        self,
+        actor_account_id: int | None,
+        action: str,
+        *,
+        target_account_id: int | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        """Append an audit row for an action taken outside the ledger (e.g. a graph reload)."""
+        with self._writing() as session:
+            self._audit(
+                session,
+                action,
+                actor=actor_account_id,
+                target=target_account_id,
+                details=dict(details or {}),
+            )
+
+    def record_refusal(
+        self,
+        reason: str,
+        *,
+        charged_account_id: int | None = None,
+        principal_account_id: int | None = None,
+        mode: str | None = None,
+        epsilon: float | None = None,
+    ) -> None:
+        """Keep a refused query (its own transaction; nothing was charged). Best effort: a
+        refusal is answered even when this write fails."""
+        try:
+            with self._writing() as session:
+                session.add(
+                    Refusal(
+                        created_at=utcnow(),
+                        reason=reason,
+                        charged_account_id=charged_account_id,
+                        principal_account_id=principal_account_id,
+                        mode=mode,
+                        epsilon=epsilon,
+                    )
+                )
+        except Exception:
+            log.warning("could not record a %s refusal", reason, exc_info=True)
+
+    def list_audit(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Audit rows, newest first."""
+        with self._reading() as session:
+            rows = session.scalars(select(AuditLog).order_by(AuditLog.id.desc()).limit(limit))
+            return [
+                {
+                    "id": row.id,
+                    "created_at": iso(row.created_at),
+                    "actor_account_id": row.actor_account_id,
+                    "action": row.action,
+                    "target_account_id": row.target_account_id,
+                    "details": row.details,
+                }
+                for row in rows
+            ]

@@ -1,0 +1,254 @@
+"""Settling a charge exactly once: its release stored, or refunded; and reconciling the stale."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.orm import Session
+
+from service.errors import InvalidParameter
+from service.ledger.graph_releases import GraphReleases
+from service.ledger.idempotency import free_bindings
+from service.ledger.ledger_rows import (
+    _release_values,
+    _remove_from_shard,
+    _set_spend,
+    _view,
+)
+from service.ledger.locked_rows import (
+    CHARGES,
+    RELEASES,
+    settle,
+)
+from service.ledger.records import (
+    BudgetView,
+    ChargeSettled,
+    StoredRelease,
+)
+from service.ledger.tables import (
+    Charge,
+    Refund,
+    utcnow,
+)
+from service.ledger.unit_of_work import (
+    LedgerPart,
+    UnitOfWork,
+    UnknownCharge,
+)
+from service.privacy.accountant import RdpCurve
+
+
+class Settlement(LedgerPart):
+    """Moves a charge ``admitted -> released`` (its release stored) or ``admitted -> refunded``."""
+
+    def __init__(self, uow: UnitOfWork, graph_releases: GraphReleases) -> None:
+        super().__init__(uow)
+        self._graph_releases = graph_releases
+
+    def refund(
+        self, charge_id: int, *, reason: str, actor_account_id: int | None = None
+    ) -> BudgetView:
+        """Compensate a charge whose noise was provably never released (idempotent).
+
+        Only an ``admitted`` charge can be refunded; refunding a released one raises
+        :class:`ChargeSettled` (its answer may have left the process).
+        """
+        with self._writing() as session:
+            charge = session.get(Charge, charge_id)
+            if charge is None:
+                raise UnknownCharge(
+                    f"charge {charge_id} does not exist", details={"charge_id": charge_id}
+                )
+            account_id = charge.charged_account_id
+            spend = self._lock_spend(session, account_id)
+            budget = self._budget_row(session, account_id)
+            session.refresh(charge)
+            if charge.state == "refunded":
+                return _view(budget, spend)
+            if charge.state == "released":
+                raise ChargeSettled(
+                    f"charge {charge_id} was released: it cannot be refunded",
+                    details={"charge_id": charge_id},
+                )
+            return self._refund_in(session, charge, reason=reason, actor=actor_account_id)
+
+    def _refund_in(
+        self, session: Session, charge: Charge, *, reason: str, actor: int | None
+    ) -> BudgetView:
+        """Refund an admitted charge inside a transaction that holds its account's spend lock.
+
+        The state moves ``admitted -> refunded`` only if still admitted (so a concurrent
+        release and a refund can never both win); the spend is recomputed as the left fold of
+        the live charges, and the charge's curve leaves its exposure shard (rounded up).
+        """
+        account_id = charge.charged_account_id
+        now = utcnow()
+        moved = settle(session, charge.id, "refunded", now)
+        spend = self._lock_spend(session, account_id)
+        budget = self._budget_row(session, account_id)
+        if moved != 1:
+            session.refresh(charge)
+            if charge.state == "released":
+                raise ChargeSettled(
+                    f"charge {charge.id} was released: it cannot be refunded",
+                    details={"charge_id": charge.id},
+                )
+            return _view(budget, spend)
+        session.add(Refund(charge_id=charge.id, created_at=now, reason=reason))
+        free_bindings(session, charge.id, now)  # nothing was released under those keys
+        curves: list[dict[str, Any]] = list(
+            session.scalars(
+                select(Charge.rdp)
+                .where(Charge.charged_account_id == account_id, Charge.state != "refunded")
+                .order_by(Charge.id)
+            )
+        )
+        total = RdpCurve.zero()
+        for data in curves:
+            total = total + RdpCurve.from_json(data)
+        _set_spend(spend, budget, total, len(curves))
+        shard = self._lock_shard(session, charge.exposure_shard)
+        _remove_from_shard(shard, RdpCurve.from_json(charge.rdp))
+        self._audit(
+            session,
+            "charge.refund",
+            actor=actor,
+            target=account_id,
+            details={"charge_id": charge.id, "reason": reason, "epsilon": charge.epsilon},
+        )
+        session.flush()
+        return _view(budget, spend, total)
+
+    def store_release(
+        self,
+        release: StoredRelease,
+        *,
+        idempotency_key: str | None,
+        principal_account_id: int,
+    ) -> None:
+        """Store a released answer and mark its charge ``released``, in one transaction.
+
+        This must commit before the answer leaves the process. Storing the same charge twice is
+        a no-op; a charge already refunded (e.g. reconciled) raises :class:`ChargeSettled`, and
+        the answer must then be discarded, never sent.
+        """
+        with self._writing() as session:
+            now = utcnow()
+            moved = settle(session, release.charge_id, "released", now)
+            if moved != 1:
+                state = session.scalar(select(Charge.state).where(Charge.id == release.charge_id))
+                if state == "released":
+                    return
+                raise ChargeSettled(
+                    f"charge {release.charge_id} is {state or 'missing'}: its answer is discarded",
+                    details={"charge_id": release.charge_id, "state": state},
+                )
+            session.execute(
+                insert(RELEASES),
+                [_release_values(release, idempotency_key, principal_account_id, now)],
+            )
+
+    def store_releases(
+        self, releases: Sequence[tuple[StoredRelease, str | None, int]]
+    ) -> list[ChargeSettled | None]:
+        """Store many released answers, each with its idempotency key and principal, and mark
+        their charges ``released``, in ONE transaction: per release None (stored, or stored
+        before) or :class:`ChargeSettled` (its charge was refunded: discard that answer).
+
+        As :meth:`store_release` for each, and it must commit before any of them is answered.
+        """
+        if not releases:
+            return []
+        ids = [release.charge_id for release, _, _ in releases]
+        with self._writing() as session:
+            now = utcnow()
+            moved = set(
+                session.scalars(
+                    update(CHARGES)
+                    .where(CHARGES.c.id.in_(ids), CHARGES.c.state == "admitted")
+                    .values(state="released", settled_at=now)
+                    .returning(CHARGES.c.id)
+                )
+            )
+            others = [charge_id for charge_id in ids if charge_id not in moved]
+            states: dict[int, str] = {}
+            if others:
+                rows = session.execute(
+                    select(CHARGES.c.id, CHARGES.c.state).where(CHARGES.c.id.in_(others))
+                )
+                states = {int(row.id): str(row.state) for row in rows}
+            outcomes: list[ChargeSettled | None] = []
+            stored: set[int] = set()
+            new_rows: list[dict[str, Any]] = []
+            for release, idempotency_key, principal in releases:
+                if release.charge_id in stored:  # listed twice: stored once, by the first
+                    outcomes.append(None)
+                    continue
+                if release.charge_id not in moved:
+                    state = states.get(release.charge_id)
+                    outcomes.append(
+                        None if state == "released" else ChargeSettled(
+                            f"charge {release.charge_id} is {state or 'missing'}: its answer "
+                            "is discarded",
+                            details={"charge_id": release.charge_id, "state": state},
+                        )
+                    )  # fmt: skip
+                    continue
+                stored.add(release.charge_id)
+                new_rows.append(_release_values(release, idempotency_key, principal, now))
+                outcomes.append(None)
+            if new_rows:  # one multi-row INSERT, through Core: no ORM object per release
+                session.execute(insert(RELEASES), new_rows)
+        return outcomes
+
+    def charge_state(self, charge_id: int) -> str:
+        with self._reading() as session:
+            state = session.scalar(select(Charge.state).where(Charge.id == charge_id))
+        if state is None:
+            raise UnknownCharge(
+                f"charge {charge_id} does not exist", details={"charge_id": charge_id}
+            )
+        return str(state)
+
+    def reconcile(
+        self, *, older_than_seconds: float, actor_account_id: int | None = None
+    ) -> list[int]:
+        """Refund every charge still ``admitted`` (no release stored) that is older than the
+        limit, with an audit row each, and settle graph-wide releases left without a payload.
+
+        Sound because an answer leaves the process only after its release is stored, and a
+        release can no longer be stored once its charge is refunded. Returns the refunded ids.
+        """
+        if not (math.isfinite(older_than_seconds) and older_than_seconds >= 0):
+            raise InvalidParameter("older_than", f"must be >= 0 seconds, got {older_than_seconds}")
+        cutoff = utcnow() - timedelta(seconds=older_than_seconds)
+        with self._reading() as session:
+            ids = list(
+                session.scalars(
+                    select(Charge.id)
+                    .where(Charge.state == "admitted", Charge.created_at < cutoff)
+                    .order_by(Charge.id)
+                )
+            )
+        refunded: list[int] = []
+        for charge_id in ids:
+            with self._writing() as session:
+                charge = session.get(Charge, charge_id)
+                assert charge is not None
+                self._lock_spend(session, charge.charged_account_id)
+                session.refresh(charge)
+                if charge.state != "admitted":
+                    continue
+                self._refund_in(
+                    session,
+                    charge,
+                    reason=f"reconciled: no release stored within {older_than_seconds:g} s",
+                    actor=actor_account_id,
+                )
+                refunded.append(charge_id)
+        self._graph_releases._reconcile_graph_releases(cutoff)
+        return refunded

@@ -1,0 +1,220 @@
+"""The ledger's unit of work and what every part of the ledger shares.
+
+:class:`UnitOfWork` owns the engines: each call of a part runs in one transaction
+(:func:`transaction`), a write transaction on the write engine (``BEGIN IMMEDIATE`` on SQLite).
+:class:`LedgerPart` is the base of the ledger's parts (accounts, budgets, admission,
+settlement, graph-wide releases, reports): their unit of work and the row helpers and locks
+they share (locks are always taken in the order charged spend row, principal spend row,
+exposure shards by ascending shard).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+from sqlalchemy import Engine, select
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.orm import Session
+
+from service.errors import ServiceError
+from service.ledger.database import (
+    is_sqlite,
+    write_engine,
+)
+from service.ledger.locked_rows import (
+    LockedAccount,
+    LockedShard,
+    lock_account,
+    lock_shard,
+    lock_spend_row,
+)
+from service.ledger.records import (
+    LedgerNotMigrated,
+    ReleaseKey,
+    UnknownAccount,
+)
+from service.ledger.tables import (
+    Account,
+    AuditLog,
+    Budget,
+    Charge,
+    ExposureShard,
+    GraphRelease,
+    Release,
+    Spend,
+    utcnow,
+)
+
+
+class AccountExists(ServiceError):
+    code = "account_exists"
+    status = 409
+
+
+class UnknownApiKey(ServiceError):
+    code = "unknown_api_key"
+    status = 404
+
+
+class UnknownCharge(ServiceError):
+    code = "unknown_charge"
+    status = 404
+
+
+class LedgerUnavailable(ServiceError):
+    code = "ledger_unavailable"
+    status = 503
+
+
+@contextmanager
+def transaction(engine: Engine) -> Iterator[Session]:
+    """One transaction on ``engine``; a database that cannot be reached (or stays locked) is
+    ``ledger_unavailable`` (503). A transaction that fails this way did not commit: nothing
+    was charged by it.
+    """
+    try:
+        with Session(engine, expire_on_commit=False) as session, session.begin():
+            yield session
+    except (OperationalError, InterfaceError) as exc:
+        raise LedgerUnavailable(
+            "the budget ledger database cannot be reached; no answer was released. Retry later",
+            details={"error": type(exc.orig).__name__ if exc.orig is not None else "unknown"},
+        ) from exc
+
+
+def unknown_account(account_id: int) -> UnknownAccount:
+    return UnknownAccount(
+        f"account {account_id} does not exist", details={"account_id": account_id}
+    )
+
+
+class UnitOfWork:
+    """The ledger database's engines; one transaction per :meth:`reading` / :meth:`writing`."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.write_engine = write_engine(engine)
+        self.sqlite = is_sqlite(engine)
+
+    def reading(self) -> AbstractContextManager[Session]:
+        return transaction(self.engine)
+
+    def writing(self) -> AbstractContextManager[Session]:
+        """A write transaction: BEGIN IMMEDIATE on SQLite (takes the write lock up front)."""
+        return transaction(self.write_engine)
+
+
+class LedgerPart:
+    """A part of the ledger: one concern, its SQL, on the ledger's shared unit of work."""
+
+    def __init__(self, uow: UnitOfWork) -> None:
+        self._uow = uow
+
+    def _reading(self) -> AbstractContextManager[Session]:
+        return self._uow.reading()
+
+    def _writing(self) -> AbstractContextManager[Session]:
+        """A write transaction: BEGIN IMMEDIATE on SQLite (takes the write lock up front)."""
+        return self._uow.writing()
+
+    @staticmethod
+    def _audit(
+        session: Session,
+        action: str,
+        *,
+        actor: int | None,
+        target: int | None,
+        details: dict[str, Any],
+    ) -> None:
+        session.add(
+            AuditLog(
+                created_at=utcnow(),
+                actor_account_id=actor,
+                action=action,
+                target_account_id=target,
+                details=details,
+            )
+        )
+
+    @staticmethod
+    def _account(session: Session, account_id: int) -> Account:
+        row = session.get(Account, account_id)
+        if row is None:
+            raise unknown_account(account_id)
+        return row
+
+    @staticmethod
+    def _lock_spend(session: Session, account_id: int) -> Spend:
+        """The account's spend row, locked until the transaction ends."""
+        row = session.scalars(
+            select(Spend).where(Spend.account_id == account_id).with_for_update()
+        ).one_or_none()
+        if row is None:
+            raise unknown_account(account_id)
+        return row
+
+    @staticmethod
+    def _budget_row(session: Session, account_id: int) -> Budget:
+        row = session.get(Budget, account_id)
+        if row is None:
+            raise unknown_account(account_id)
+        return row
+
+    @staticmethod
+    def _lock_account(session: Session, account_id: int) -> LockedAccount:
+        """The account's spend and budget, its spend row locked (admission's Core path)."""
+        account = lock_account(session, account_id)
+        if account is None:
+            raise unknown_account(account_id)
+        return account
+
+    @staticmethod
+    def _lock_principal(session: Session, account_id: int) -> None:
+        if not lock_spend_row(session, account_id):
+            raise unknown_account(account_id)
+
+    @staticmethod
+    def _locked_shard(session: Session, shard: int) -> LockedShard:
+        row = lock_shard(session, shard)
+        if row is None:  # pragma: no cover - created by migration 0002
+            raise LedgerNotMigrated("exposure_shards is empty: run the migrations")
+        return row
+
+    @staticmethod
+    def _lock_shard(session: Session, shard: int) -> ExposureShard:
+        row = session.scalars(
+            select(ExposureShard).where(ExposureShard.shard == shard).with_for_update()
+        ).one_or_none()
+        if row is None:  # pragma: no cover - created by migration 0002
+            raise LedgerNotMigrated("exposure_shards is empty: run the migrations")
+        return row
+
+    @staticmethod
+    def _live_graph_release(session: Session, version: str, mechanism: str) -> GraphRelease | None:
+        return session.scalars(
+            select(GraphRelease).where(
+                GraphRelease.graph_version == version,
+                GraphRelease.mechanism == mechanism,
+                GraphRelease.state != "refunded",
+            )
+        ).one_or_none()
+
+    @staticmethod
+    def _release_row(session: Session, key: ReleaseKey) -> Release | None:
+        return session.scalars(
+            select(Release)
+            .join(Charge, Charge.id == Release.charge_id)
+            .where(
+                Release.charged_account_id == key.account_id,
+                Release.node == key.node,
+                Release.graph_version == key.graph_version,
+                Release.mode == key.mode,
+                Release.epsilon == float(key.epsilon),
+                Release.mechanism_name == key.mechanism,
+                Charge.state == "released",
+            )
+            .order_by(Release.charge_id.desc())
+            .limit(1)
+        ).one_or_none()
