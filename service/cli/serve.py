@@ -12,11 +12,13 @@ import contextlib
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from service.cli.options import database_url, port, positive_int, redis_url
+from service.cli.quickstart import quick_start
 
 log = logging.getLogger(__name__)
 
@@ -118,12 +120,19 @@ def run(args: argparse.Namespace) -> int:
     # Fail fast, with the command to run, before any worker starts; a database that does not
     # answer is an outage, not a mistake: the workers start and answer 503 until it returns.
     try:
-        Ledger.from_url(settings.database_url, auto_migrate=settings.auto_migrate).dispose()
+        ledger = Ledger.from_url(settings.database_url, auto_migrate=settings.auto_migrate)
+        try:
+            empty = not ledger.list_accounts(limit=1)
+        finally:
+            ledger.dispose()
     except LedgerUnavailable as exc:
         log.warning(
             "the ledger database does not answer (%s); starting anyway: workers answer 503 "
             "ledger_unavailable until it does", exc.details.get("error", exc),
         )  # fmt: skip
+    else:
+        if empty:  # a fresh ledger: say what to do next (the README's quick start)
+            print(quick_start(settings.host, settings.port), file=sys.stderr, flush=True)
     from service.api.open_files import ensure_open_file_limit
 
     ensure_open_file_limit(settings)
