@@ -6,7 +6,8 @@ README says (``make serve``) on the embedded default: a fresh SQLite ledger, in-
 the demo graph. What a reader fills in is filled from earlier output: ``NAME=ppr_...`` takes the
 key of the last account created of the kind the name says (``ADMIN_KEY`` an admin,
 ``SERVICE_KEY`` and ``LOAD_KEY`` a service account, anything else a user), and
-``http://127.0.0.1:8000`` becomes the live server. A line that starts a server (``make serve``,
+``http://127.0.0.1:8000`` becomes the live server (an HTTP error status fails ``curl``, as
+``--fail-with-body`` makes it). A line that starts a server (``make serve``,
 ``... service serve ...``) runs in the background on a port of its own until its block has run
 and ``/readyz`` answered. A block after ``<!-- doc-block: postgres -->`` runs with a fresh
 PostgreSQL database in place of the one it names (and Redis as it says); one after
@@ -223,6 +224,8 @@ def _fill(line: str, state: Run, env: dict[str, str]) -> str:
     if re.match(r"^[A-Z_]+=\S+(\s+#.*)?$", line):
         line = "export " + line  # a variable the next lines (each its own bash) read
     assert "ppr_..." not in line, f"a placeholder the test cannot fill: {line!r}"
+    # an HTTP error is a failed command, as a reader would take it (curl -s alone exits 0)
+    line = re.sub(r"(^|\s)curl ", r"\1curl --fail-with-body ", line)
     return line.replace(LIVE, f"http://127.0.0.1:{state.port}")
 
 
@@ -343,3 +346,22 @@ def test_every_shell_block_runs_as_written(run: Run, tmp_path: Path) -> None:
         executed.append(block.name)
     print(f"\nran {len(executed)} shell blocks: {', '.join(executed)}")
     assert len(executed) >= 8
+
+
+def test_a_drifted_answer_or_an_http_error_fails() -> None:
+    """What the runner would let through if it only ran commands: an answer of another shape or
+    mechanism, and a curl whose request the server refused."""
+    shown = '{"node": "42", "mechanism": {"name": "blended", "mode": "personalized"}}'
+    block = Block(REPO / "README.md", 1, "", None, None, shown)
+    _check_shape(block, '{"node": "42", "mechanism": {"name": "blended", "mode": "personalized"}}')
+    for drifted in (
+        '{"node": "42", "mechanism": {"name": "noisy_diffusion", "mode": "personalized"}}',
+        '{"error": {"code": "unsupported_media_type", "message": "..."}}',
+        '{"node": "42", "mechanism": {"name": "blended", "mode": "personalized"}, "extra": 1}',
+    ):
+        with pytest.raises(AssertionError):
+            _check_shape(block, drifted)
+    state = Run(workdir=REPO, port=1234, env={}, keys={"user": "ppr_k"})
+    filled = _fill(f'KEY=ppr_... curl -s "{LIVE}/v1/me/budget"', state, {})
+    assert filled == 'KEY=ppr_k curl --fail-with-body -s "http://127.0.0.1:1234/v1/me/budget"'
+    assert _fill("KEY=ppr_...   # the key", state, {}) == "export KEY=ppr_k   # the key"
