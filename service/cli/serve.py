@@ -119,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     _configure_logs(settings)
     # Fail fast, with the command to run, before any worker starts; a database that does not
     # answer is an outage, not a mistake: the workers start and answer 503 until it returns.
+    empty = False
     try:
         ledger = Ledger.from_url(settings.database_url, auto_migrate=settings.auto_migrate)
         try:
@@ -130,9 +131,6 @@ def run(args: argparse.Namespace) -> int:
             "the ledger database does not answer (%s); starting anyway: workers answer 503 "
             "ledger_unavailable until it does", exc.details.get("error", exc),
         )  # fmt: skip
-    else:
-        if empty:  # a fresh ledger: say what to do next (the README's quick start)
-            print(quick_start(settings.host, settings.port), file=sys.stderr, flush=True)
     from service.api.open_files import ensure_open_file_limit
 
     ensure_open_file_limit(settings)
@@ -147,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
     from service.api.forked_workers import fork_workers, prepare_supervisor
 
     prepare_supervisor(settings)
+    if empty:  # a fresh ledger, and a graph that loaded: what to do next (the README's quick start)
+        print(quick_start(settings.host, settings.port), file=sys.stderr, flush=True)
     app = "service.api.forked_workers:preloaded_app"
     if settings.workers > 1:
         fork_workers()  # else spawned: preloaded_app builds each worker's app itself
