@@ -128,7 +128,8 @@ def test_the_wheel_migrates_creates_accounts_and_serves(tmp_path: Path) -> None:
         assert answer.status_code == 200, answer.text
         body = answer.json()
         assert body["node"] == "42" and len(body["results"]) == 5
-        assert body["budget"]["charges"] == 1
+        # the answer and, with the account's first blended answer, the degree release
+        assert body["budget"]["charges"] == 2
     finally:
         server.terminate()
         server.wait(timeout=30)
