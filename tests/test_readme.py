@@ -202,10 +202,9 @@ def test_the_first_example_answer_is_the_default_answer(
 
     assert list(real) == list(shown)
     assert real["node"] == shown["node"]
-    # the version's public id is drawn from the OS per ledger (docs/privacy.md, "Graph
-    # identity"): 20 hex digits, never the same twice
-    for answer in (real, shown):
-        assert re.fullmatch(r"[0-9a-f]{20}", answer["graph_version"]), answer["graph_version"]
+    # the public version id is random per ledger (never a hash of the edges): same form only
+    assert re.fullmatch(r"[0-9a-f]{20}", real["graph_version"]), real["graph_version"]
+    assert re.fullmatch(r"[0-9a-f]{20}", shown["graph_version"]), shown["graph_version"]
     # the mechanism block: the same fields; the same values, but for what the blend reads off
     # this answer's own noisy counts
     assert list(real["mechanism"]) == list(shown["mechanism"])
@@ -214,8 +213,7 @@ def test_the_first_example_answer_is_the_default_answer(
             assert type(value) is type(shown["mechanism"][field]), field
         else:
             assert value == shown["mechanism"][field], field
-    # the answer and, with the user's first blended answer, the degree release: both charged
-    assert real["budget"] == shown["budget"] and shown["budget"]["charges"] == 2
+    assert real["budget"] == shown["budget"]
     assert real["epsilon_charged"] == shown["epsilon_charged"]
     assert real["replayed"] is shown["replayed"] is False
     # the ranking: k results, on the score grid, on the same scale

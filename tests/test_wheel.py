@@ -128,8 +128,9 @@ def test_the_wheel_migrates_creates_accounts_and_serves(tmp_path: Path) -> None:
         assert answer.status_code == 200, answer.text
         body = answer.json()
         assert body["node"] == "42" and len(body["results"]) == 5
-        # the answer and, with the account's first blended answer, the degree release
-        assert body["budget"]["charges"] == 2
+        # the default ranking (blended) reads the degree release: its first answer on a
+        # version is two charges, the query's and the release's
+        assert body["mechanism"]["name"] == "blended" and body["budget"]["charges"] == 2
     finally:
         server.terminate()
         server.wait(timeout=30)
