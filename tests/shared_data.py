@@ -2,7 +2,7 @@
 
 A clone without that directory skips every test that reads them, each with the same reason
 (``REASON``, listed by ``pytest -ra``), and runs everything else. tests/test_readme.py checks
-that no test looks for the directory any other way, so the README's statement stays true
+that no test looks for the directory any other way, so CONTRIBUTING.md's statement stays true
 without a count that drifts.
 """
 

@@ -3,7 +3,7 @@
 * Values are read exactly as written: node ids (never trimmed into another id), plain decimal
   numbers, the JSON types the schema names, one Authorization header; bodies labelled JSON.
 * Every limit the OpenAPI document declares is the one the server enforces (each is probed at
-  the limit and one step past it), the one in docs/api.md's table, and the one the README says.
+  the limit and one step past it), the one in docs/api.md's table, and the one its prose says.
 """
 
 from __future__ import annotations
@@ -284,8 +284,9 @@ def test_every_declared_limit_is_the_documented_one(backend: Backend) -> None:
         assert key in documented, f"{key} {intervals} is not in docs/api.md's table"
         assert documented[key] == intervals.pop(), key
     assert set(documented) == set(declared), set(documented) ^ set(declared)
-    # The README's own statements of the same limits (whitespace and line breaks aside).
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    # docs/api.md's own statements of the same limits in its prose (whitespace and line
+    # breaks aside).
+    readme = " ".join((ROOT / "docs" / "api.md").read_text().split())
     said = {
         ("limit", "query"): "`limit` in {low}..{high}",
         ("offset", "query"): "`offset` in {low}..2^31-1",
@@ -301,7 +302,7 @@ def test_every_declared_limit_is_the_documented_one(backend: Backend) -> None:
         if key in {("offset", "query"), ("account_id", "path"), ("key_id", "path")}:
             assert high == 2**31 - 1, key
         expected = sentence.format(low=_readme_number(low), high=_readme_number(high))
-        assert expected in readme, f"README.md does not say {expected!r}"
+        assert expected in readme, f"docs/api.md does not say {expected!r}"
 
 
 def _readme_number(x: float) -> str:

@@ -1,7 +1,9 @@
 """The README is true on a clean clone: its links stay inside the repository, nothing points at
-``../shared``, every ``python -m service`` command in it is one the CLI accepts, the accounts
-block runs as written on a fresh ledger, the example answer agrees with it, every setting is in
-the configuration table, and the test section's count of data-dependent skips is right."""
+``../shared`` or at a development machine, every ``python -m service`` command in it (and in the
+docs) is one the CLI accepts, the accounts block runs as written on a fresh ledger, the example
+answer agrees with the quick start, ``serve`` prints that quick start, every setting is in the
+configuration table (docs/configuration.md), and CONTRIBUTING.md's count of data-dependent skips
+is right. (tests/test_doc_blocks.py runs every shell block against a live server.)"""
 
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ from tests.api_support import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
+#: Where the user docs' shell blocks are: the README, docs/ and CONTRIBUTING.md.
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "CONTRIBUTING.md"]
 PREFIX = ".venv/bin/python -m service "
 #: Fields of a ``blended`` answer's mechanism block computed from that answer's noisy counts.
 ANSWER_DEPENDENT = frozenset(
@@ -32,8 +36,18 @@ ANSWER_DEPENDENT = frozenset(
 )
 
 
-def _shell_blocks() -> list[str]:
-    return re.findall(r"```sh\n(.*?)```", README, re.S)
+def _shell_blocks(text: str = README) -> list[str]:
+    return re.findall(r"```sh\n(.*?)```", text, re.S)
+
+
+def _quick_start() -> str:
+    (block,) = [b for b in _shell_blocks() if "KEY=ppr_..." in b and "/v1/me/budget" in b]
+    return block
+
+
+def _accounts_block() -> str:
+    (block,) = [b for b in _shell_blocks() if f"{PREFIX}accounts revoke-key" in b]
+    return block
 
 
 def _commands(block: str) -> list[list[str]]:
@@ -61,7 +75,12 @@ def test_links_stay_inside_the_repository() -> None:
 
 def test_every_command_is_accepted_by_the_cli() -> None:
     parser = build_parser()
-    commands = [argv for block in _shell_blocks() for argv in _commands(block)]
+    commands = [
+        argv
+        for path in DOCS
+        for block in _shell_blocks(path.read_text())
+        for argv in _commands(block)
+    ]
     assert len(commands) > 20
     for argv in commands:
         try:
@@ -75,7 +94,7 @@ def test_every_command_is_accepted_by_the_cli() -> None:
 def test_the_accounts_block_runs_as_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (block,) = [b for b in _shell_blocks() if f"{PREFIX}accounts create --type admin" in b]
+    block = _accounts_block()
     url = f"sqlite:///{tmp_path / 'ppr-ledger.db'}"
     upgrade(url)
     monkeypatch.setenv("PPR_DATABASE_URL", url)
@@ -90,11 +109,13 @@ def test_the_accounts_block_runs_as_written(
         _, err = capsys.readouterr()
         assert status == 0, f"python -m service {shlex.join(argv)}: {err}"
 
-    # the example answer is that of the user account the block creates (account 2), with the
-    # cap the block leaves it
+    # the example answer is that of the user account the quick start creates (account 2), with
+    # the cap it gives it (the same account and cap as the accounts block leaves on a fresh ledger)
     answer = _example_answer()
     budget = answer["budget"]
-    assert budget["account_id"] == 2 and budget["cap_epsilon"] == _cap_after_the_block(commands)
+    assert budget["account_id"] == 2
+    assert budget["cap_epsilon"] == _cap_after_the_block(_commands(_quick_start()))
+    assert budget["cap_epsilon"] == _cap_after_the_block(commands)
     assert budget["remaining_epsilon"] == pytest.approx(
         budget["cap_epsilon"] - budget["spent_epsilon"], abs=1e-12
     )
@@ -124,7 +145,7 @@ def test_the_first_example_answer_is_the_default_answer(
     """The README's first query, asked of a live server on the embedded default (SQLite
     ledger, in-process caches, demo graph, default settings) with the key the accounts block
     printed, answers in the shape and with the mechanism the README shows."""
-    (block,) = [b for b in _shell_blocks() if f"{PREFIX}accounts create --type admin" in b]
+    block = _quick_start()
     url = f"sqlite:///{tmp_path / 'ppr-ledger.db'}"
     upgrade(url)
     for name in [n for n in os.environ if n.startswith("PPR_")]:
@@ -208,17 +229,17 @@ def test_the_first_example_answer_is_the_default_answer(
 
 
 def test_every_setting_is_in_the_configuration_table() -> None:
-    table = README[README.index("### Configuration") :]
+    table = (REPO / "docs" / "configuration.md").read_text()
     for name in Settings.model_fields:
         assert f"`PPR_{name.upper()}" in table, f"PPR_{name.upper()} is not documented"
 
 
 def test_the_data_dependent_skips_are_stated_right() -> None:
-    """The README names the one reason every data-dependent test skips with (no count that
-    drifts), and no test looks for the shared data but through tests/shared_data.py."""
+    """CONTRIBUTING.md names the one reason every data-dependent test skips with (no count
+    that drifts), and no test looks for the shared data but through tests/shared_data.py."""
     from tests.shared_data import REASON
 
-    statement = " ".join(README.split())
+    statement = " ".join((REPO / "CONTRIBUTING.md").read_text().split())
     assert f"skips each of them with the reason `{REASON}`" in statement
     assert not re.search(r"skips (exactly )?(\d+|five|those \d+)", statement)
     for path in sorted((REPO / "tests").glob("*.py")):
@@ -228,3 +249,60 @@ def test_the_data_dependent_skips_are_stated_right() -> None:
         assert not re.search(r'"shared"\s*/\s*"data"', text), (
             f"{path.name} finds the shared data itself: use tests/shared_data.py"
         )
+
+
+def test_the_readme_is_for_users() -> None:
+    """At most 450 lines, no path of a development machine, no commit hash."""
+    assert len(README.splitlines()) <= 450
+    for path in DOCS:
+        text = path.read_text()
+        assert not re.search(r"/(work|home|Users)/\w", text), f"{path.name}: a machine's path"
+        assert not re.search(r"\b[0-9a-f]{40}\b", text), f"{path.name}: a commit hash"
+        assert not re.search(r"\bcommit [0-9a-f]{7,}\b", text), f"{path.name}: a commit hash"
+
+
+def test_serve_prints_the_readme_quick_start_on_an_empty_ledger(tmp_path: Path) -> None:
+    """The quick start ``make serve`` prints (``serve`` on a ledger with no accounts) is the
+    README's, command for command; with an account in the ledger it is not printed."""
+    from service.cli.quickstart import QUICK_START, quick_start
+
+    assert QUICK_START.format(base="http://127.0.0.1:8000") == _quick_start()
+    assert _quick_start() in quick_start("127.0.0.1", 8000)
+    url = f"sqlite:///{tmp_path / 'ppr-ledger.db'}"
+    upgrade(url)
+    env = {name: value for name, value in os.environ.items() if not name.startswith("PPR_")}
+    env.update(PPR_DATABASE_URL=url, PPR_GRAPH_SNAPSHOT_DIR=str(tmp_path / "snapshots"),
+               PPR_PREFIX_TABLE_BYTES="0")  # fmt: skip
+    for accounts, shown in ((0, True), (1, False)):
+        if accounts:
+            subprocess.run(
+                [sys.executable, "-m", "service", "accounts", "create", "--type", "admin"],
+                env=env, check=True, capture_output=True,
+            )  # fmt: skip
+        port = free_port()
+        log = tmp_path / f"serve-{accounts}.log"
+        with open(log, "wb") as sink:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "service", "serve", "--port", str(port)],
+                cwd=tmp_path, env=env, stdout=sink, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        try:
+            _wait_ready(server, f"http://127.0.0.1:{port}")
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+        out = log.read_text()
+        assert (f"http://127.0.0.1:{port}/v1/me/budget" in out) is shown, out
+
+
+def _wait_ready(server: subprocess.Popen[bytes], base: str) -> None:
+    deadline = time.monotonic() + 180
+    while True:
+        assert server.poll() is None, "the server stopped"
+        try:
+            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "the server did not become ready"
+        time.sleep(0.3)

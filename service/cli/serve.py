@@ -12,11 +12,13 @@ import contextlib
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from service.cli.options import database_url, port, positive_int, redis_url
+from service.cli.quickstart import quick_start
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +119,13 @@ def run(args: argparse.Namespace) -> int:
     _configure_logs(settings)
     # Fail fast, with the command to run, before any worker starts; a database that does not
     # answer is an outage, not a mistake: the workers start and answer 503 until it returns.
+    empty = False
     try:
-        Ledger.from_url(settings.database_url, auto_migrate=settings.auto_migrate).dispose()
+        ledger = Ledger.from_url(settings.database_url, auto_migrate=settings.auto_migrate)
+        try:
+            empty = not ledger.list_accounts(limit=1)
+        finally:
+            ledger.dispose()
     except LedgerUnavailable as exc:
         log.warning(
             "the ledger database does not answer (%s); starting anyway: workers answer 503 "
@@ -138,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
     from service.api.forked_workers import fork_workers, prepare_supervisor
 
     prepare_supervisor(settings)
+    if empty:  # a fresh ledger, and a graph that loaded: what to do next (the README's quick start)
+        print(quick_start(settings.host, settings.port), file=sys.stderr, flush=True)
     app = "service.api.forked_workers:preloaded_app"
     if settings.workers > 1:
         fork_workers()  # else spawned: preloaded_app builds each worker's app itself
