@@ -4,8 +4,10 @@ through a noisy release.
 Three live servers serve three graphs on one node list: G0, G0 plus the only edge of a pendant
 node, and G0 plus an edge at its largest-degree node. Each gets a fresh ledger with the same
 accounts, and the same sequence of requests from a user and a service account reaches every
-endpoint they can call (every ranking and mode, replays, the batch endpoint, budgets, errors of
-every kind, health, readiness, metrics, the API description, an admin page refused). The
+endpoint they can call (every ranking and mode, replays, the batch endpoint, budgets, the
+service's read figure, errors of every kind, health, readiness, metrics, the API description and
+its pages, an admin page refused; tests/test_structural_cover.py fails when an operation a user
+or a service account can call is missing from the sequence). The
 responses' bodies, headers and status codes must be equal after masking only what is noisy or
 per-process: the ids and scores of noisy rankings, their byte length, request ids, dates and
 timings, and the public graph id, which is random per ledger (a separate check shows it is not
@@ -91,8 +93,21 @@ def _requests() -> list[tuple[str, str, str, dict[str, Any] | None, bool]]:
         ("", "GET", "/healthz", None, False),
         ("", "GET", "/readyz", None, False),
         ("", "GET", "/openapi.json", None, False),
+        ("", "GET", "/docs", None, False),
+        ("", "GET", "/redoc", None, False),
+        ("", "GET", "/docs/assets/favicon.png", None, False),
+        ("", "GET", "/docs/assets/no-such-asset.js", None, False),
         ("", "GET", "/v1/ppr/7", None, False),  # no key
+        ("", "GET", "/v1/me/budget", None, False),
+        ("", "GET", "/v1/me/reads", None, False),
+        ("", "POST", "/v1/ppr/batch", {"nodes": SERVICE_SEEDS, "mode": "edge"}, False),
+        ("7", "GET", "/readyz", None, False),  # a user key is not an admin key: status only
         ("7", "GET", "/v1/me/budget", None, False),
+        ("7", "GET", "/v1/me/reads", None, False),  # users have no read figure
+        ("7", "POST", "/v1/ppr/batch", {"nodes": ["7"], "mode": "edge", "k": 4}, True),
+        ("7", "POST", "/v1/ppr/batch", {"nodes": ["3"], "mode": "edge", "k": 4}, False),
+        ("service", "GET", "/v1/me/reads", None, False),  # before any release
+        ("service", "GET", "/readyz", None, False),
     ]
     for mechanism in ("noisy_diffusion", "popular", "common_neighbours", "friends_of_friends",
                       "blended"):  # fmt: skip
@@ -127,9 +142,13 @@ def _requests() -> list[tuple[str, str, str, dict[str, Any] | None, bool]]:
         ),
         ("service", "POST", "/v1/ppr/batch", {"nodes": []}, False),
         ("service", "GET", "/v1/me/budget", None, False),
+        ("service", "GET", "/v1/me/reads", None, False),  # releases counted, not their content
         ("service", "GET", "/v1/admin/graph", None, False),
         ("7", "GET", "/v1/admin/health", None, False),
         ("3", "GET", "/v1/me/budget", None, False),
+        ("3", "GET", "/v1/me/reads", None, False),
+        ("service", "GET", "/healthz", None, False),
+        ("service", "GET", "/metrics", None, False),
         ("", "GET", "/metrics", None, False),
     ]
     return calls
@@ -175,7 +194,7 @@ _BLENDED_NOISY = {"weight", "reliability_counts", "reliability_degrees", "counts
 
 def _mask(value: Any, *, noisy: bool) -> Any:
     if isinstance(value, dict):
-        out = {}
+        out: dict[str, Any] = {}
         blended = value.get("name") == "blended"
         for key, item in value.items():
             if noisy and blended and key in _BLENDED_NOISY:
