@@ -444,6 +444,10 @@ class ReplayCache(_Counted):
             for key in keys:
                 self._remember(key, release)
                 items.append((key, raw))
+        self._write_many(items)
+
+    def _write_many(self, items: list[tuple[str, bytes]]) -> None:
+        """Write every (key, encoded release), in one round trip where the store can."""
         set_many = getattr(self.store, "set_many", None)
         if set_many is None:
             for key, raw in items:
@@ -478,15 +482,7 @@ class ReplayCache(_Counted):
             key = self.idempotency_key(principal, idem)
             self._remember(key, release)
             items.append((key, encode_release(release)))
-        set_many = getattr(self.store, "set_many", None)
-        if set_many is None:
-            for key, raw in items:
-                self._write(self.store, key, raw, self.ttl_seconds)
-            return
-        try:
-            set_many(items, self.ttl_seconds)
-        except Exception as exc:
-            self._store_failed(exc, "set")
+        self._write_many(items)
 
     def get_for_idempotency(self, principal_id: int, idem_key: str) -> StoredRelease | None:
         release = self._load(self.idempotency_key(principal_id, idem_key))
