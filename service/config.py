@@ -235,6 +235,20 @@ class Settings(MechanismSettings):
         description="Directory of the graph snapshots (created 0700; they hold the graph); "
         "unset: ppr-graph-snapshots-<uid> in the system temp dir.",
     )
+    embedding_release_dir: Path | None = Field(
+        None,
+        description="Directory an all-node embedding release was written to ('embeddings "
+        "release --out'); GET /v1/embeddings/similar serves the release its current.json "
+        "names. Unset: that endpoint answers 404 no_embedding_release.",
+    )
+    similar_max_k: int = Field(
+        100, ge=1, le=1000,
+        description="Largest k a similar-nodes answer may ask for.",
+    )  # fmt: skip
+    similar_ef: int = Field(
+        128, ge=1, le=4096,
+        description="Search depth (HNSW ef) of a similar-nodes answer; at least k + 1 is used.",
+    )  # fmt: skip
     engine_max_batch: int = Field(
         64, ge=1, le=4096,
         description="Most queries one diffusion block computes together per worker (its "

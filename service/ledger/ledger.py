@@ -120,6 +120,7 @@ class Ledger(LedgerPart):
     public_graph_version = delegate("graph_versions", GraphVersions.public_graph_version)
     graph_fingerprint_of = delegate("graph_versions", GraphVersions.graph_fingerprint_of)
     graph_release = delegate("graph_releases", GraphReleases.graph_release)
+    graph_release_state = delegate("graph_releases", GraphReleases.graph_release_state)
     refund = delegate("settlement", Settlement.refund)
     store_release = delegate("settlement", Settlement.store_release)
     store_releases = delegate("settlement", Settlement.store_releases)
