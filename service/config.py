@@ -241,10 +241,6 @@ class Settings(MechanismSettings):
         "release --out'); GET /v1/embeddings/similar serves the release its current.json "
         "names. Unset: that endpoint answers 404 no_embedding_release.",
     )
-    similar_max_k: int = Field(
-        100, ge=1, le=1000,
-        description="Largest k a similar-nodes answer may ask for.",
-    )  # fmt: skip
     similar_ef: int = Field(
         128, ge=1, le=4096,
         description="Search depth (HNSW ef) of a similar-nodes answer; at least k + 1 is used.",

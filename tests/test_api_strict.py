@@ -378,7 +378,8 @@ def test_every_declared_limit_is_enforced_at_the_limit_and_one_past(backend: Bac
         for entry in _declared(schema):
             method, path, where, name = entry["method"], entry["path"], entry["in"], entry["name"]
             ids = {"account_id": str(service_id), "key_id": str(key_id), "node_id": "7"}
-            headers = bearer(service_key if path.startswith("/v1/ppr") else accounts.admin_key)
+            keyed = path.startswith(("/v1/ppr", "/v1/embeddings"))  # a service account's
+            headers = bearer(service_key if keyed else accounts.admin_key)
             for value, accepted in _probes(entry["branch"], "edge" if name == "modes" else "7"):
                 query = dict(base_query.get(path, {}))
                 body = dict(base_body.get(path, {}))

@@ -10,7 +10,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from service.api.deps import PrincipalDep, RuntimeDep
 from service.api.models import EmbeddingReleaseInfo, ErrorResponse, SimilarAnswer, SimilarNode
-from service.api.params import NodeIdPath
+from service.api.params import K_LIMIT, NodeIdPath
 from service.api.runtime import Runtime
 from service.api.strict import StrictRoute
 from service.embeddings.similar import NoEmbeddingRelease
@@ -19,9 +19,6 @@ from service.ledger.records import ModeNotAllowed
 from service.serving.schemas import Principal
 
 router = APIRouter(prefix="/v1", tags=["embeddings"], route_class=StrictRoute)
-
-#: Hard bound of ``k`` in the schema; the configured PPR_SIMILAR_MAX_K lies inside.
-SIMILAR_K_LIMIT = 1000
 
 _ERRORS: dict[int | str, dict[str, object]] = {
     401: {"model": ErrorResponse, "description": "missing, malformed, unknown or revoked key"},
@@ -55,8 +52,8 @@ def _answer(
             f"{', '.join(principal.modes)} mode only (accounts set-scopes --modes)",
             details={"mode": "edge", "modes": list(principal.modes)},
         )
-    if k > settings.similar_max_k:
-        raise InvalidParameter("k", f"must be at most {settings.similar_max_k} (PPR_SIMILAR_MAX_K)")
+    if k > settings.max_k:
+        raise InvalidParameter("k", f"must be at most {settings.max_k} (PPR_MAX_K)")
     graph = runtime.graphs.current
     if not graph.has_node(node):
         raise UnknownNode(node)
@@ -103,8 +100,7 @@ async def similar_nodes(
     node_id: NodeIdPath,
     k: Annotated[
         int,
-        Query(ge=1, le=SIMILAR_K_LIMIT,
-              description="Neighbours to return (1..PPR_SIMILAR_MAX_K, default 10)"),
+        Query(ge=1, le=K_LIMIT, description="Neighbours to return (1..PPR_MAX_K, default 10)"),
     ] = 10,
 ) -> SimilarAnswer:  # fmt: skip
     """The nodes whose released edge-mode embeddings are nearest to `node_id`'s (cosine, an
