@@ -39,6 +39,7 @@ from service.privacy.synthetic import (
     community_plan,
 )
 from service.synthetic.sampling import block_configuration, denoise_degrees
+from service.synthetic.triangles import fit_affinity, truncated_triangles
 
 DEGREE_SENSITIVITY = 2.0
 
@@ -50,6 +51,14 @@ class CommunityParams:
     probe_share: float = 0.05
     degree_share: float = 0.35
     min_signal: float = 1.0
+    #: Share of eps for the truncated triangle count (0: no triangle release, no blocks).
+    triangle_share: float = 0.1
+    #: D of the triangle release: every node keeps its D lowest-priority neighbours.
+    triangle_bound: int = 10
+    #: Largest affinity block (BTER): bounds the triangles one block can hold.
+    block_cap: int = 64
+    #: Smallest synthetic degree (1: a graph read from an edge list has no isolated node).
+    min_degree: int = 1
 
     def validate(self) -> None:
         checks = (
@@ -58,6 +67,10 @@ class CommunityParams:
             ("probe_share", 0.0 < self.probe_share < 0.5),
             ("degree_share", 0.0 < self.degree_share < 1.0),
             ("min_signal", 0.0 <= self.min_signal <= 1e6),
+            ("triangle_share", 0.0 <= self.triangle_share < 0.5),
+            ("triangle_bound", 2 <= self.triangle_bound <= 256),
+            ("block_cap", 2 <= self.block_cap <= 1024),
+            ("min_degree", 0 <= self.min_degree <= 8),
         )
         for name, ok in checks:
             if not ok:
@@ -70,6 +83,8 @@ class CommunityParams:
             probe_share=self.probe_share,
             degree_share=self.degree_share,
             rounds=self.rounds,
+            triangle_share=self.triangle_share,
+            triangle_bound=self.triangle_bound,
         )
 
 
@@ -100,8 +115,15 @@ def community_synthesize(
     if signal < params.min_signal:
         plan = plan.without_rounds()
 
+    triangles_released = None
+    priority = rng.permutation(n)  # drawn without the data: the projection's neighbour order
+    if plan.triangle_epsilon > 0.0:
+        triangles_released = truncated_triangles(
+            indptr, indices, priority, plan.triangle_bound
+        ) + rng.laplace(0.0, plan.triangle_sensitivity / plan.triangle_epsilon)
+
     noisy = degrees + rng.laplace(0.0, DEGREE_SENSITIVITY / plan.degree_epsilon, n)
-    target = denoise_degrees(noisy, 2.0 * max(edges_released, 0.0), rng)
+    target = denoise_degrees(noisy, 2.0 * max(edges_released, 0.0), rng, params.min_degree)
 
     k = params.groups if plan.rounds else 1
     groups = rng.integers(0, k, n)
@@ -118,10 +140,24 @@ def community_synthesize(
             block = (block + block.T) / 2.0
             mixing = block / np.maximum(block.sum(axis=1, keepdims=True), 1e-12)
             mixing[block.sum(axis=1) <= 0] = 1.0 / k
-    u, v = block_configuration(target, groups, mixing, rng)
+
+    def rest(d: np.ndarray, r: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        return block_configuration(d, groups, mixing, r)
+
+    rho = 0.0
+    if triangles_released is None:
+        u, v = rest(target, rng)
+    else:
+        (u, v), rho = fit_affinity(
+            target, triangles_released, priority, plan.triangle_bound, params.block_cap, rest, rng
+        )
     summary = {
         "groups": int(k),
         "rounds": int(plan.rounds),
         "released_edges": float(round(edges_released, 3)),
+        "released_triangles": None
+        if triangles_released is None
+        else float(round(triangles_released, 3)),
+        "affinity": float(round(rho, 6)),
     }
     return u, v, plan, summary
