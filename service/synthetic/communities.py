@@ -35,11 +35,13 @@ from service.errors import InvalidParameter
 from service.privacy.synthetic import (
     EDGE_COUNT_SENSITIVITY,
     GROUP_COUNT_SENSITIVITY,
+    LOCALITY_SENSITIVITY,
     CommunityPlan,
     community_plan,
 )
+from service.synthetic.blocks import Targets, layered_graph
 from service.synthetic.sampling import block_configuration, denoise_degrees
-from service.synthetic.triangles import fit_affinity, truncated_triangles
+from service.synthetic.triangles import in_block_edges, public_block_size, truncated_triangles
 
 DEGREE_SENSITIVITY = 2.0
 
@@ -57,6 +59,8 @@ class CommunityParams:
     triangle_bound: int = 10
     #: Largest affinity block (BTER): bounds the triangles one block can hold.
     block_cap: int = 64
+    #: Share of eps for the in-block edge count along the public node order (0: none).
+    locality_share: float = 0.05
     #: Smallest synthetic degree (1: a graph read from an edge list has no isolated node).
     min_degree: int = 1
 
@@ -71,6 +75,7 @@ class CommunityParams:
             ("triangle_bound", 2 <= self.triangle_bound <= 256),
             ("block_cap", 2 <= self.block_cap <= 1024),
             ("min_degree", 0 <= self.min_degree <= 8),
+            ("locality_share", 0.0 <= self.locality_share < 0.5),
         )
         for name, ok in checks:
             if not ok:
@@ -85,6 +90,7 @@ class CommunityParams:
             rounds=self.rounds,
             triangle_share=self.triangle_share,
             triangle_bound=self.triangle_bound,
+            locality_share=self.locality_share,
         )
 
 
@@ -122,6 +128,13 @@ def community_synthesize(
             indptr, indices, priority, plan.triangle_bound
         ) + rng.laplace(0.0, plan.triangle_sensitivity / plan.triangle_epsilon)
 
+    size = public_block_size(mean_degree, params.block_cap)  # from the probe: post-processing
+    in_block_released = None
+    if plan.locality_epsilon > 0.0:
+        in_block_released = in_block_edges(indptr, indices, size) + rng.laplace(
+            0.0, LOCALITY_SENSITIVITY / plan.locality_epsilon
+        )
+
     noisy = degrees + rng.laplace(0.0, DEGREE_SENSITIVITY / plan.degree_epsilon, n)
     target = denoise_degrees(noisy, 2.0 * max(edges_released, 0.0), rng, params.min_degree)
 
@@ -144,13 +157,14 @@ def community_synthesize(
     def rest(d: np.ndarray, r: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         return block_configuration(d, groups, mixing, r)
 
-    rho = 0.0
-    if triangles_released is None:
-        u, v = rest(target, rng)
-    else:
-        (u, v), rho = fit_affinity(
-            target, triangles_released, priority, plan.triangle_bound, params.block_cap, rest, rng
-        )
+    targets = Targets(
+        triangles=triangles_released,
+        triangle_bound=plan.triangle_bound,
+        priority=priority,
+        in_block=in_block_released,
+        block_size=size,
+    )
+    (u, v), fitted = layered_graph(target, targets, params.block_cap, rest, rng)
     summary = {
         "groups": int(k),
         "rounds": int(plan.rounds),
@@ -158,6 +172,11 @@ def community_synthesize(
         "released_triangles": None
         if triangles_released is None
         else float(round(triangles_released, 3)),
-        "affinity": float(round(rho, 6)),
+        "released_in_block": None
+        if in_block_released is None
+        else float(round(in_block_released, 3)),
+        "block_size": int(size),
+        "band": float(round(fitted["band"], 6)),
+        "affinity": float(round(fitted["affinity"], 6)),
     }
     return u, v, plan, summary
