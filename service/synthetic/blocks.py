@@ -31,16 +31,22 @@ Edges = tuple[np.ndarray, np.ndarray]
 Rest = Callable[[np.ndarray, np.random.Generator], Edges]
 
 
-def affinity_blocks(degrees: np.ndarray, block_cap: int, order: np.ndarray) -> list[np.ndarray]:
-    """BTER's blocks: nodes of degree >= 2 in ascending degree (``order`` breaks ties), cut into
-    consecutive blocks of (the block's smallest degree + 1) nodes, at most ``block_cap``."""
+def affinity_blocks(
+    degrees: np.ndarray, block_cap: int, order: np.ndarray, groups: np.ndarray | None = None
+) -> list[np.ndarray]:
+    """BTER's blocks: nodes of degree >= 2 in ``order`` (ascending degree, within each group
+    when ``groups`` is given), cut into consecutive blocks of (the block's smallest degree + 1)
+    nodes, at most ``block_cap``; a block never spans two groups."""
     ranked = order[degrees[order] >= 2]
+    key = np.zeros(degrees.size, np.int64) if groups is None else groups
     blocks: list[np.ndarray] = []
     i = 0
     while i < ranked.size:
         size = int(min(degrees[ranked[i]] + 1, block_cap))
-        blocks.append(ranked[i : i + size])
-        i += size
+        block = ranked[i : i + size]
+        block = block[key[block] == key[block[0]]]
+        blocks.append(block)
+        i += block.size
     return [b for b in blocks if b.size >= 2]
 
 
@@ -117,9 +123,11 @@ def layered_graph(
     block_cap: int,
     rest: Rest,
     rng: np.random.Generator,
+    groups: np.ndarray | None = None,
     steps: int = 12,
 ) -> tuple[Edges, dict[str, float]]:
-    """The synthetic graph and the fitted (rho_band, rho_bter)."""
+    """The synthetic graph and the fitted (rho_band, rho_bter). Affinity blocks stay inside
+    ``groups`` (the partition of the group-count rounds) when given."""
     n = degrees.size
     d = degrees.astype(np.float64)
     seed = int(rng.integers(2**63))
@@ -128,8 +136,10 @@ def layered_graph(
         pairs = band_pairs(n, targets.block_size - 1)
         smaller = np.minimum(d[pairs[0]], d[pairs[1]])
         band = _layer(pairs, np.minimum(1.0, smaller / (2.0 * (targets.block_size - 1))), rng)
-    order = np.lexsort((rng.random(n), degrees))
-    bter = _layer(block_pairs(affinity_blocks(degrees, block_cap, order)), np.ones(1), rng)
+    group_key = np.zeros(n, np.int64) if groups is None else groups
+    order = np.lexsort((rng.random(n), degrees, group_key))
+    blocks = affinity_blocks(degrees, block_cap, order, groups)
+    bter = _layer(block_pairs(blocks), np.ones(1), rng)
 
     def graph(rho_band: float, rho_bter: float) -> Edges:
         parts = [bter.kept(rho_bter)] + ([band.kept(rho_band)] if band is not None else [])

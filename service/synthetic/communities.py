@@ -164,7 +164,7 @@ def community_synthesize(
         in_block=in_block_released,
         block_size=size,
     )
-    (u, v), fitted = layered_graph(target, targets, params.block_cap, rest, rng)
+    (u, v), fitted = layered_graph(target, targets, params.block_cap, rest, rng, groups)
     summary = {
         "groups": int(k),
         "rounds": int(plan.rounds),
