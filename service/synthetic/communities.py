@@ -50,17 +50,17 @@ DEGREE_SENSITIVITY = 2.0
 class CommunityParams:
     groups: int = 6
     rounds: int = 5
-    probe_share: float = 0.05
+    probe_share: float = 0.03
     degree_share: float = 0.35
     min_signal: float = 1.0
     #: Share of eps for the truncated triangle count (0: no triangle release, no blocks).
-    triangle_share: float = 0.1
+    triangle_share: float = 0.07
     #: D of the triangle release: every node keeps its D lowest-priority neighbours.
     triangle_bound: int = 10
     #: Largest affinity block (BTER): bounds the triangles one block can hold.
     block_cap: int = 64
     #: Share of eps for the in-block edge count along the public node order (0: none).
-    locality_share: float = 0.05
+    locality_share: float = 0.03
     #: Smallest synthetic degree (1: a graph read from an edge list has no isolated node).
     min_degree: int = 1
 
