@@ -61,6 +61,9 @@ class CommunityParams:
     block_cap: int = 64
     #: Share of eps for the in-block edge count along the public node order (0: none).
     locality_share: float = 0.03
+    #: A triangle or in-block count is used only when its released value is at least this many
+    #: times its Laplace scale (below that it is mostly noise: its layer is left out).
+    count_min_signal: float = 2.0
     #: Smallest synthetic degree (1: a graph read from an edge list has no isolated node).
     min_degree: int = 1
 
@@ -76,6 +79,7 @@ class CommunityParams:
             ("block_cap", 2 <= self.block_cap <= 1024),
             ("min_degree", 0 <= self.min_degree <= 8),
             ("locality_share", 0.0 <= self.locality_share < 0.5),
+            ("count_min_signal", 0.0 <= self.count_min_signal <= 1e6),
         )
         for name, ok in checks:
             if not ok:
@@ -134,6 +138,12 @@ def community_synthesize(
         in_block_released = in_block_edges(indptr, indices, size) + rng.laplace(
             0.0, LOCALITY_SENSITIVITY / plan.locality_epsilon
         )
+    use_triangles = triangles_released is not None and triangles_released >= (
+        params.count_min_signal * plan.triangle_sensitivity / max(plan.triangle_epsilon, 1e-300)
+    )
+    use_in_block = in_block_released is not None and in_block_released >= (
+        params.count_min_signal * LOCALITY_SENSITIVITY / max(plan.locality_epsilon, 1e-300)
+    )
 
     noisy = degrees + rng.laplace(0.0, DEGREE_SENSITIVITY / plan.degree_epsilon, n)
     target = denoise_degrees(noisy, 2.0 * max(edges_released, 0.0), rng, params.min_degree)
@@ -157,11 +167,11 @@ def community_synthesize(
     def rest(d: np.ndarray, r: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         return block_configuration(d, groups, mixing, r)
 
-    targets = Targets(
-        triangles=triangles_released,
+    targets = Targets(  # a count below the signal rule leaves its layer out: post-processing
+        triangles=triangles_released if use_triangles else None,
         triangle_bound=plan.triangle_bound,
         priority=priority,
-        in_block=in_block_released,
+        in_block=in_block_released if use_in_block else None,
         block_size=size,
     )
     (u, v), fitted = layered_graph(target, targets, params.block_cap, rest, rng, groups)
