@@ -67,6 +67,11 @@ def test_service_account_gets_neighbours_free(app_with_dir: tuple[TestClient, Pa
     assert (after.epsilon, after.graph_releases) == (before.epsilon, before.graph_releases)
     reads = client.get("/v1/me/reads", headers=bearer(key)).json()
     assert reads["releases"] == 1  # the release, once, however many answers
+    admin = ledger.create_account("admin", cap_epsilon=1.0, delta=1e-6)
+    admin_key, _ = ledger.create_api_key(admin.account_id)
+    shown = client.get("/v1/admin/exposure", headers=bearer(admin_key)).json()
+    assert shown["graph_releases"] == 1  # the dashboard's "Graph-wide releases"
+    assert shown["epsilon"] == pytest.approx(after.epsilon)
     # a new release replaces the old one in the next answer
     newer = _release(client, out, epsilon=2.0)
     assert newer != name
