@@ -29,7 +29,7 @@ from service.embeddings.all_nodes import edge_embeddings, edge_instant_embedding
 from service.embeddings.dp import EMBEDDING_BETA, dp_instant_embedding_curve
 from service.embeddings.hashing import embedding_hashes
 from service.embeddings.instant import instant_embedding
-from service.embeddings.similar import POINTER, SimilarIndex, build_index
+from service.embeddings.similar import POINTER, SimilarIndex, build_index, measure_recall
 from service.errors import InvalidParameter
 from service.graph.generate import generate_graph, write_generated_edge_list
 from service.graph.model import Graph
@@ -88,9 +88,11 @@ def test_recall_at_10_against_exact_cosine_search(tmp_path: Path) -> None:
     index = Index.restore(str(tmp_path / "x.usearch"), view=True)
     unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
     queries = np.random.default_rng(2).choice(graph.n, 200, replace=False)
-    loaded = SimilarIndex({"release_name": "t"}, [str(i) for i in range(graph.n)],
-                          {str(i): i for i in range(graph.n)}, index)  # fmt: skip
     ef = Settings.model_fields["similar_ef"].default
+    approximate = {"release_name": "t", "files": {"index": {"recall_at_10": 1.0, "ef": ef}}}
+    loaded = SimilarIndex(approximate, [str(i) for i in range(graph.n)],
+                          {str(i): i for i in range(graph.n)}, index)  # fmt: skip
+    assert not loaded.exact(ef)  # the HNSW search is what is measured here
     hits = 0
     for q in queries:
         scores = unit @ unit[q]
@@ -100,6 +102,7 @@ def test_recall_at_10_against_exact_cosine_search(tmp_path: Path) -> None:
         hits += len(found & exact)
     recall = hits / (10 * queries.size)
     assert recall >= 0.95, recall
+    assert measure_recall(tmp_path / "x.usearch", ef) >= 0.9  # the release's own estimate
 
 
 def _edge_file(tmp_path: Path) -> Path:
@@ -231,3 +234,29 @@ def test_cli_release_and_its_bad_input(
     finally:
         ledger.dispose()
     assert (out / POINTER).exists()
+
+
+def test_index_below_the_recall_target_is_answered_exactly(
+    ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import service.embeddings.similar as similar
+
+    graph = _served(ledger, _edge_file(tmp_path))
+    release_embeddings(ledger, graph, EmbeddingRequest(1.0, 16, 1e-2, 3), tmp_path, cap=None,
+                       rng_factory=np.random.default_rng)  # fmt: skip
+    measured = json.loads((tmp_path / POINTER).read_text())["files"]["index"]
+    assert 0.0 <= measured["recall_at_10"] <= 1.0 and measured["ef"] == 128
+    index = SimilarIndex.load(tmp_path)
+    assert not index.exact(128) and index.exact(64)  # a shallower search than measured
+    monkeypatch.setattr(similar, "RECALL_TARGET", 1.01)  # as if the index had missed it
+    assert index.exact(128)
+    vectors, nodes = read_vectors(tmp_path / measured["name"].replace(".usearch", ".npz"))
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    for row in range(0, graph.n, 17):
+        scores = unit @ unit[row]
+        scores[row] = -np.inf
+        want = [nodes[i] for i in np.argsort(-scores, kind="stable")[:5]]
+        got = index.neighbours(nodes[row], 5, 128)
+        assert [n for n, _ in got] == want
+        assert np.allclose([s for _, s in got], scores[np.argsort(-scores, kind="stable")[:5]],
+                           atol=1e-5)  # fmt: skip

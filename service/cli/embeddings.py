@@ -12,6 +12,7 @@ exit 2, with nothing charged and no file.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,7 @@ def run_release(args: argparse.Namespace) -> int:
 
     from service.config import Settings
     from service.embeddings.all_node_release import EmbeddingRequest, release_embeddings
+    from service.embeddings.similar import POINTER, RECALL_TARGET
     from service.errors import InvalidParameter
     from service.ledger import GraphCap, Ledger
     from service.mechanisms.randomness import fresh_generator
@@ -113,7 +115,7 @@ def run_release(args: argparse.Namespace) -> int:
         try:
             release = release_embeddings(
                 ledger, graph, request, args.out, cap=cap, rng_factory=fresh_generator,
-                progress=progress,
+                progress=progress, search_ef=settings.similar_ef,
             )  # fmt: skip
         finally:
             bar.close()
@@ -124,5 +126,11 @@ def run_release(args: argparse.Namespace) -> int:
         f"{request.sigma:g}, epsilon {release.epsilon_per_node:g} each) to {args.out}: "
         f"charged once to the graph-wide exposure, pure epsilon {release.epsilon:g} "
         f"({release.nodes}-fold composition); ledger release {release.release_name}"
+    )
+    index = json.loads((args.out / POINTER).read_text())["files"]["index"]
+    how = "approximate (HNSW)" if index["recall_at_10"] >= RECALL_TARGET else "exact search"
+    print(
+        f"index: recall@10 {index['recall_at_10']:.3f} against exact search at ef {index['ef']}"
+        f"; similar nodes will be answered by {how}"
     )
     return 0

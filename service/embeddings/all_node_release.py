@@ -50,7 +50,7 @@ from service.embeddings.dp import (
     plan_dp_instant_embedding,
 )
 from service.embeddings.hashing import embedding_hashes, new_salt
-from service.embeddings.similar import INDEX_SUFFIX, POINTER, build_index
+from service.embeddings.similar import INDEX_SUFFIX, POINTER, build_index, measure_recall
 from service.errors import InvalidParameter
 from service.graph.model import Graph
 from service.ledger import GraphCap, Ledger
@@ -162,8 +162,9 @@ def read_vectors(body: bytes | Path) -> tuple[np.ndarray, list[str]]:
         return np.asarray(data["vectors"]), [str(x) for x in data["nodes"]]
 
 
-def _write_index(out_dir: Path, tag: str, vectors: np.ndarray) -> tuple[str, str]:
-    """Build the index into a 0600 temporary file beside its final name, then rename it."""
+def _write_index(out_dir: Path, tag: str, vectors: np.ndarray, ef: int) -> dict[str, Any]:
+    """Build the index into a 0600 temporary file beside its final name, measure its recall@10
+    at depth ``ef`` against exact search, then rename it."""
     name = f"{tag}{INDEX_SUFFIX}"
     fd, temp = tempfile.mkstemp(prefix=".embeddings-", dir=out_dir)
     os.close(fd)
@@ -171,11 +172,12 @@ def _write_index(out_dir: Path, tag: str, vectors: np.ndarray) -> tuple[str, str
         build_index(vectors, Path(temp))
         os.chmod(temp, 0o600)
         digest = hashlib.sha256(Path(temp).read_bytes()).hexdigest()
+        recall = measure_recall(Path(temp), ef)
         os.replace(temp, out_dir / name)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
-    return name, digest
+    return {"name": name, "sha256": digest, "recall_at_10": recall, "ef": ef}
 
 
 def release_embeddings(
@@ -187,9 +189,11 @@ def release_embeddings(
     cap: GraphCap | None,
     rng_factory: Callable[[], np.random.Generator],
     progress: Progress | None = None,
+    search_ef: int = 128,
 ) -> EmbeddingRelease:
     """Admit and charge, compute, store in the ledger, then write the files and the index.
-    ``graph`` is the served graph (its ``version`` the public id the ledger records)."""
+    ``graph`` is the served graph (its ``version`` the public id the ledger records);
+    ``search_ef`` is the servers' PPR_SIMILAR_EF, at which the index's recall is measured."""
     _validate(request, graph)
     seeds = _seeds(graph, request.nodes)
     if not out_dir.is_dir():
@@ -250,12 +254,11 @@ def release_embeddings(
     release: EmbeddingRelease = kept["release"]
     vectors_name = f"{tag}.npz"
     write_atomically(out_dir / vectors_name, kept["body"])
-    index_name, index_sha = _write_index(out_dir, tag, kept["vectors"])
     pointer = {
         **release.header(),
         "files": {
             "vectors": {"name": vectors_name, "sha256": release.sha256},
-            "index": {"name": index_name, "sha256": index_sha},
+            "index": _write_index(out_dir, tag, kept["vectors"], search_ef),
         },
     }
     write_atomically(out_dir / POINTER, json.dumps(pointer, indent=1, sort_keys=True).encode())

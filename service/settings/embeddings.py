@@ -22,5 +22,6 @@ class EmbeddingSettings(BaseSettings):
     )
     similar_ef: int = Field(
         128, ge=1, le=4096,
-        description="Search depth (HNSW ef) of a similar-nodes answer; at least k + 1 is used.",
+        description="Search depth (HNSW ef) of a similar-nodes answer (at least k + 1); the "
+        "index is used only if the release measured recall@10 >= 0.95 at a depth no greater.",
     )  # fmt: skip
