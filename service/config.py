@@ -162,6 +162,21 @@ class Settings(MechanismSettings):
     reconcile_interval_seconds: float = Field(
         30.0, ge=0.0, description="How often each worker reconciles; 0 turns it off."
     )
+    synthesis_jobs_per_worker: int = Field(
+        1, ge=1, le=64,
+        description="Synthesis jobs (POST /v1/admin/synthetic) one worker runs at once; "
+        "another start is refused with 429 synthesis_busy, nothing charged.",
+    )  # fmt: skip
+    synthesis_heartbeat_seconds: float = Field(
+        5.0, gt=0.0,
+        description="How often a running synthesis (job or command) refreshes its heartbeat; "
+        "must be well under PPR_RECONCILE_AFTER_SECONDS.",
+    )  # fmt: skip
+    graph_is_synthetic: bool = Field(
+        False,
+        description="Serve a synthetic release as a sandbox: no charges, every answer marked "
+        "synthetic; the graph file must be a synthetic release the ledger recorded.",
+    )  # fmt: skip
     ledger_connect_timeout_seconds: float = Field(
         60.0, ge=0.0,
         description="How long a starting worker waits for an unreachable ledger database "
@@ -301,6 +316,15 @@ class Settings(MechanismSettings):
     def prefix_cache_bytes_per_worker(self) -> int:
         """This worker's share of the machine's prefix cache bound."""
         return self.prefix_cache_bytes // self.workers
+
+    @model_validator(mode="after")
+    def _heartbeat_under_reconcile(self) -> Settings:
+        if self.synthesis_heartbeat_seconds * 2 > self.reconcile_after_seconds:
+            raise ValueError(
+                "PPR_SYNTHESIS_HEARTBEAT_SECONDS must be at most half of "
+                "PPR_RECONCILE_AFTER_SECONDS (a running synthesis would be refunded)"
+            )
+        return self
 
     @field_validator("database_url")
     @classmethod

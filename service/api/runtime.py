@@ -19,6 +19,7 @@ from service.cache.caches import Caches, build_caches
 from service.config import Settings
 from service.graph.model import Graph
 from service.ledger.ledger import Ledger, LedgerUnavailable
+from service.ledger.records import GraphCap
 from service.mechanisms.engine import DiffusionEngine
 from service.serving.batch import BatchQueryService
 from service.serving.coalescer import QueryCoalescer
@@ -30,6 +31,7 @@ from service.serving.ppr_query import AdmissionPolicy, PprQueryService, PrefixPr
 from service.serving.prefix_tables import SharedPrefixTables
 from service.serving.rankings import DegreeReleases
 from service.serving.reconciler import Reconciler
+from service.synthetic.jobs import SynthesisRunner
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,10 @@ class Runtime:
     coalescer: QueryCoalescer | None = None  # None: each single query on its own thread
     limiter: RateLimiter = field(default_factory=lambda: RateLimiter(0, 1))
     gate: EngineGate = field(default_factory=lambda: EngineGate(16, 512, 30.0))
+    synthesis: SynthesisRunner = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.synthesis = synthesis_runner(self.settings, self.ledger, self.queries.degree_releases)
 
     def start_background(self) -> None:
         self.reconciler = Reconciler(
@@ -58,6 +64,7 @@ class Runtime:
     def close(self) -> None:
         if self.reconciler is not None:
             self.reconciler.stop()
+        self.synthesis.close()
         self.limiter.close()
         self.batch.close()
         self.queries.engine.close()
@@ -87,6 +94,19 @@ class Runtime:
         if tables is not None:
             checks["prefix_table"] = tables.state()
         return loaded is not None and database_ok, checks
+
+
+def synthesis_runner(
+    settings: Settings, ledger: Ledger, releases: DegreeReleases
+) -> SynthesisRunner:
+    """This worker's synthesis job runner (``chung_lu`` reads the service's degree release)."""
+    from service.mechanisms.randomness import fresh_generator
+    from service.serving.rankings import degree_release_name
+
+    def degrees(graph: Graph, cap: GraphCap | None) -> tuple[Any, str]:
+        return releases.get(graph, cap).values, degree_release_name(releases.plan.scale)
+
+    return SynthesisRunner(ledger, settings, degrees, fresh_generator)
 
 
 def node_set_origin(settings: Settings, source: str) -> str:
