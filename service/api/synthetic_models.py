@@ -24,16 +24,20 @@ class StartSynthesis(BaseModel):
         description="communities (edge-level DP), privdpr (node-level DP), chung_lu (free: "
         "post-processing of the service's degree release)",
     )
+    # epsilon and delta are checked by the run's plan (422 invalid_parameter naming them), not
+    # in the schema: the same names carry other limits on the query endpoints (docs/api.md)
     epsilon: float | None = Field(
-        None, gt=0.0, le=1e6, description="The run's epsilon (required; not for chung_lu)."
+        None, description="The run's epsilon, > 0 (required; not for chung_lu)."
     )
-    delta: float = Field(_PRIVDPR.delta, gt=0.0, lt=1.0, description="privdpr's delta.")
-    epochs: int = Field(_PRIVDPR.epochs, ge=1, le=10_000, description="privdpr's epochs.")
+    delta: float = Field(_PRIVDPR.delta, description="privdpr's delta, in (0, 1).")
+    epochs: int = Field(_PRIVDPR.epochs, ge=1, le=100, description="privdpr's epochs.")
     score_rounds: int = Field(
-        _PRIVDPR.score_rounds, ge=1, le=1_000, description="privdpr's score samplings."
+        _PRIVDPR.score_rounds, ge=1, le=10_000, description="privdpr's score samplings."
     )
-    groups: int = Field(_COMMUNITIES.groups, ge=1, le=10_000, description="communities' groups.")
-    rounds: int = Field(_COMMUNITIES.rounds, ge=1, le=10_000, description="group-count rounds.")
+    groups: int = Field(_COMMUNITIES.groups, ge=2, le=256, description="communities' groups.")
+    rounds: int = Field(
+        _COMMUNITIES.rounds, ge=1, le=64, description="communities' group-count rounds."
+    )
 
 
 class SynthesisError(BaseModel):
