@@ -32,6 +32,7 @@ from service.serving.prefix_tables import SharedPrefixTables
 from service.serving.rankings import DegreeReleases
 from service.serving.reconciler import Reconciler
 from service.synthetic.jobs import SynthesisRunner
+from service.synthetic.sandbox import SandboxQueries, synthetic_release_of
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ class Runtime:
     limiter: RateLimiter = field(default_factory=lambda: RateLimiter(0, 1))
     gate: EngineGate = field(default_factory=lambda: EngineGate(16, 512, 30.0))
     synthesis: SynthesisRunner = field(init=False)
+    #: Set when this worker serves a synthetic release as a sandbox (charging off).
+    sandbox: SandboxQueries | None = None
 
     def __post_init__(self) -> None:
         self.synthesis = synthesis_runner(self.settings, self.ledger, self.queries.degree_releases)
@@ -94,6 +97,19 @@ class Runtime:
         if tables is not None:
             checks["prefix_table"] = tables.state()
         return loaded is not None and database_ok, checks
+
+
+def sandbox_for(settings: Settings, ledger: Ledger) -> SandboxQueries | None:
+    """The sandbox when the graph file is a synthetic release (required with
+    ``PPR_GRAPH_IS_SYNTHETIC``: else NotASyntheticRelease and the worker does not start)."""
+    job = synthetic_release_of(settings.graph_path, ledger, required=settings.graph_is_synthetic)
+    if job is None:
+        return None
+    log.warning(
+        "serving the synthetic release %s as a sandbox: charging is off, every answer is "
+        "marked synthetic", job.release_name,
+    )  # fmt: skip
+    return SandboxQueries(ledger, job, beta=settings.beta)
 
 
 def synthesis_runner(
@@ -234,12 +250,14 @@ def build_runtime(
         def remember_degrees(graph: Graph) -> None:
             caches.degrees.put(graph.version, graph.degrees)
 
+        sandbox = sandbox_for(settings, ledger)
         snapshot_dir = settings.snapshot_directory
         graphs = GraphHolder(
             settings.graph_path,
             loader=serving_loader(settings, ledger),
             on_load=remember_degrees,
-            versions=ledger if settings.graph_version_check_ms > 0 else None,
+            # a sandbox neither records its graph as the service's current one nor follows it
+            versions=ledger if settings.graph_version_check_ms > 0 and sandbox is None else None,
             check_seconds=settings.graph_version_check_ms / 1000.0,
         )
         graphs.start()  # records its version (or follows the recorded one): workers agree
@@ -296,7 +314,7 @@ def build_runtime(
         )
     return Runtime(
         settings, graphs, ledger, caches, queries, batch,
-        limiter=limiter, gate=gate, coalescer=coalescer,
+        limiter=limiter, gate=gate, coalescer=coalescer, sandbox=sandbox,
     )  # fmt: skip
 
 

@@ -95,6 +95,22 @@ def check_graph_inputs(settings: Any) -> None:
     )
 
 
+def check_synthetic_release(settings: Any) -> None:
+    """A sandbox serves only a file the ledger recorded as a synthetic release: one line and
+    exit 2 here otherwise (an unreachable ledger is left to the workers, which then refuse)."""
+    from service.ledger.ledger import Ledger, LedgerUnavailable
+    from service.synthetic.sandbox import synthetic_release_of
+
+    try:
+        ledger = Ledger.from_url(settings.database_url, auto_migrate=settings.auto_migrate)
+    except LedgerUnavailable:
+        return
+    try:
+        synthetic_release_of(settings.graph_path, ledger, required=True)
+    finally:
+        ledger.dispose()
+
+
 def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
@@ -116,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
         name = "--nodes" if args.nodes is not None else "PPR_NODES_PATH"
         raise InvalidParameter(name, f"{settings.nodes_path} is not a readable file")
     check_graph_inputs(settings)
+    if settings.graph_is_synthetic:
+        check_synthetic_release(settings)
     _configure_logs(settings)
     # Fail fast, with the command to run, before any worker starts; a database that does not
     # answer is an outage, not a mistake: the workers start and answer 503 until it returns.

@@ -129,6 +129,7 @@ class Ledger(LedgerPart):
     synthesis_job = delegate("synthesis", SynthesisJobs.synthesis_job)
     synthesis_jobs = delegate("synthesis", SynthesisJobs.synthesis_jobs)
     synthesis_payload = delegate("synthesis", SynthesisJobs.synthesis_payload)
+    synthetic_release_by_sha256 = delegate("synthesis", SynthesisJobs.synthetic_release_by_sha256)
     refund = delegate("settlement", Settlement.refund)
     store_release = delegate("settlement", Settlement.store_release)
     store_releases = delegate("settlement", Settlement.store_releases)

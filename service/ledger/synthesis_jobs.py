@@ -245,6 +245,22 @@ class SynthesisJobs(LedgerPart):
             ).all()
             return [_record(job, release) for job, release in rows], int(total)
 
+    def synthetic_release_by_sha256(self, sha256: str) -> JobRecord | None:
+        """The finished run whose edge list has this SHA-256 (the oldest, if several)."""
+        with self._reading() as session:
+            row = session.execute(
+                select(SynthesisJob, GraphRelease)
+                .join(GraphRelease, GraphRelease.id == SynthesisJob.release_id)
+                .where(
+                    SynthesisJob.sha256 == sha256,
+                    SynthesisJob.state == "done",
+                    GraphRelease.state == "released",
+                )
+                .order_by(SynthesisJob.created_at, SynthesisJob.id)
+                .limit(1)
+            ).one_or_none()
+            return None if row is None else _record(row[0], row[1])
+
     def synthesis_payload(self, job_id: str) -> bytes | None:
         """The stored payload of a done job (None while it runs or after it failed)."""
         with self._reading() as session:
