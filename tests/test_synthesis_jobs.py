@@ -226,3 +226,21 @@ def test_plan_and_start_check_before_charging(ledger: Ledger, graph_file: Path) 
                   cap=GraphCap(0.5, 1e-5, max_charge=None), source="api")  # fmt: skip
     assert ledger.synthesis_jobs() == ([], 0)
     assert ledger.exposure(delta=1e-5).graph_releases == 0
+
+
+def test_verify_flags_a_job_whose_release_disagrees(ledger: Ledger, graph_file: Path) -> None:
+    from sqlalchemy import update
+    from sqlalchemy.orm import Session
+
+    graph = load_edge_list(graph_file)
+    request = Request("communities", 1.0)
+    job = start_job(ledger, graph, request, plan_request(request, graph), cap=None, source="cli")
+    assert ledger.verify().ok  # running, its release admitted
+    with Session(ledger.engine) as session, session.begin():
+        session.execute(
+            update(SynthesisJob).where(SynthesisJob.id == job.job_id).values(state="done")
+        )
+    report = ledger.verify()
+    assert not report.ok
+    assert report.mismatches[0]["kind"] == "synthesis"
+    assert report.mismatches[0]["job_id"] == job.job_id
