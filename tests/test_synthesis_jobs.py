@@ -20,8 +20,12 @@ from service.ledger import Ledger
 from service.ledger.tables import GraphRelease, SynthesisJob
 from service.serving.reconciler import Reconciler
 from service.synthetic.jobs import SynthesisBusy, SynthesisRunner
+from service.synthetic.privdpr import PrivdprParams
 from service.synthetic.release import Request, plan_request, start_job, synthesize_release
 from service.synthetic.sampling import erdos_renyi
+
+_TINY = PrivdprParams(embedding_dim=8, hidden_dim=4, start_nodes=8, walks=1, walk_length=4,
+                      epochs=1, score_rounds=2)  # fmt: skip
 
 
 @pytest.fixture
@@ -244,3 +248,45 @@ def test_verify_flags_a_job_whose_release_disagrees(ledger: Ledger, graph_file: 
     assert not report.ok
     assert report.mismatches[0]["kind"] == "synthesis"
     assert report.mismatches[0]["job_id"] == job.job_id
+
+
+def test_runs_made_before_the_jobs_table_are_backfilled(
+    ledger: Ledger, ledger_url: str, graph_file: Path, tmp_path: Path
+) -> None:
+    """A ledger written before revision 0011 (its synthesis runs only graph releases) gets a
+    job per run on upgrade, from the payload's header, and still verifies."""
+    from alembic import command
+
+    from service.ledger import upgrade
+    from service.ledger.database import alembic_config
+
+    graph = load_edge_list(graph_file)
+    done = synthesize_release(ledger, graph, Request("communities", 1.0), tmp_path / "a.txt",
+                              cap=None, rng_factory=np.random.default_rng)  # fmt: skip
+
+    def interrupt(done: int, total: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        tiny = Request("privdpr", 1.0, privdpr=_TINY)
+        synthesize_release(ledger, graph, tiny, tmp_path / "b.txt", cap=None, progress=interrupt,
+                           rng_factory=np.random.default_rng)  # fmt: skip
+    before = {j.job_id: j for j in ledger.synthesis_jobs()[0]}
+    ledger.dispose()
+    command.downgrade(alembic_config(ledger_url), "0006_idempotency_binding")  # main's schema
+    upgrade(ledger_url)
+    after = Ledger.from_url(ledger_url)
+    try:
+        jobs = {j.job_id: j for j in after.synthesis_jobs()[0]}
+        assert set(jobs) == set(before)
+        ran = jobs[done.release_name.rsplit(":", 1)[1]]
+        assert (ran.state, ran.privacy_unit, ran.sha256, ran.edges) == (
+            "done", "edge", done.sha256, done.edges)  # fmt: skip
+        assert ran.epsilon == done.epsilon and ran.source == "cli"
+        failed = next(j for j in jobs.values() if j.method == "privdpr")
+        assert (failed.state, failed.release_state, failed.privacy_unit) == (
+            "failed", "refunded", "node")  # fmt: skip
+        assert after.synthetic_release_by_sha256(done.sha256) is not None
+        assert after.verify().ok
+    finally:
+        after.dispose()
