@@ -290,3 +290,26 @@ def test_runs_made_before_the_jobs_table_are_backfilled(
         assert after.verify().ok
     finally:
         after.dispose()
+
+
+def test_a_stopping_worker_fails_and_refunds_its_running_job(
+    ledger: Ledger, ledger_url: str, graph_file: Path
+) -> None:
+    graph = load_edge_list(graph_file)
+    gate = threading.Event()
+    held = _degrees_after(gate, graph.degrees)
+    settings = Settings(database_url=ledger_url, synthesis_heartbeat_seconds=0.05)
+    runner = SynthesisRunner(ledger, settings, lambda g, cap: held(), np.random.default_rng)
+    job = runner.start(graph, Request("chung_lu", 1.0), actor_account_id=None)
+    try:
+        runner.close(wait_seconds=0.1)  # the draw is still held: the job is failed under it
+        stopped = ledger.synthesis_job(job.job_id)
+        assert (stopped.state, stopped.error_code) == ("failed", "worker_stopped")
+    finally:
+        gate.set()  # the draw ends, finds its job settled and releases nothing
+    _wait_for(lambda: not runner._running, "the job's thread")
+    final = ledger.synthesis_job(job.job_id)
+    assert (final.state, final.release_state, final.error_code) == (
+        "failed", "refunded", "worker_stopped")  # fmt: skip
+    assert ledger.synthesis_payload(job.job_id) is None
+    assert ledger.verify().ok
