@@ -77,6 +77,13 @@ def test_serve_refuses_a_file_that_is_not_a_known_synthetic_release(
         assert main(["serve", "--graph", str(path), "--port", "1"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error [not_a_synthetic_release]"), err
+    # without the setting, serve recognises a known release (and only that) as a sandbox
+    from service.cli.serve import check_synthetic_release
+
+    plain = backend.settings(graph_is_synthetic=False)
+    assert check_synthetic_release(plain.model_copy(update={"graph_path": out}))
+    for path in (backend.graph_path, edited):
+        assert not check_synthetic_release(plain.model_copy(update={"graph_path": path}))
     # and a worker started some other way does not start either
     with (
         pytest.raises(Exception, match="not a synthetic release"),

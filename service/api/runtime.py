@@ -100,11 +100,12 @@ class Runtime:
 
 
 def sandbox_for(settings: Settings, ledger: Ledger) -> SandboxQueries | None:
-    """The sandbox when the graph file is a synthetic release (required with
-    ``PPR_GRAPH_IS_SYNTHETIC``: else NotASyntheticRelease and the worker does not start)."""
-    job = synthetic_release_of(settings.graph_path, ledger, required=settings.graph_is_synthetic)
-    if job is None:
+    """The sandbox with ``PPR_GRAPH_IS_SYNTHETIC`` (a graph file the ledger does not know as a
+    synthetic release: NotASyntheticRelease and the worker does not start), else None."""
+    if not settings.graph_is_synthetic:
         return None
+    job = synthetic_release_of(settings.graph_path, ledger, required=True)
+    assert job is not None
     log.warning(
         "serving the synthetic release %s as a sandbox: charging is off, every answer is "
         "marked synthetic", job.release_name,

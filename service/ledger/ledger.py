@@ -129,6 +129,7 @@ class Ledger(LedgerPart):
     synthesis_job = delegate("synthesis", SynthesisJobs.synthesis_job)
     synthesis_jobs = delegate("synthesis", SynthesisJobs.synthesis_jobs)
     synthesis_payload = delegate("synthesis", SynthesisJobs.synthesis_payload)
+    any_synthetic_release = delegate("synthesis", SynthesisJobs.any_synthetic_release)
     synthetic_release_by_sha256 = delegate("synthesis", SynthesisJobs.synthetic_release_by_sha256)
     refund = delegate("settlement", Settlement.refund)
     store_release = delegate("settlement", Settlement.store_release)

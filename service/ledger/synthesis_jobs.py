@@ -245,6 +245,14 @@ class SynthesisJobs(LedgerPart):
             ).all()
             return [_record(job, release) for job, release in rows], int(total)
 
+    def any_synthetic_release(self) -> bool:
+        """Whether any synthesis run finished (a cheap test before hashing a graph file)."""
+        with self._reading() as session:
+            found = session.scalar(
+                select(SynthesisJob.id).where(SynthesisJob.state == "done").limit(1)
+            )
+            return found is not None
+
     def synthetic_release_by_sha256(self, sha256: str) -> JobRecord | None:
         """The finished run whose edge list has this SHA-256 (the oldest, if several)."""
         with self._reading() as session:

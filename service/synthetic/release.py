@@ -274,7 +274,10 @@ def run_job(
         code = getattr(exc, "code", None) or (
             "interrupted" if isinstance(exc, KeyboardInterrupt) else "internal_error"
         )
-        ledger.fail_synthesis(job.job_id, str(code), str(exc) or type(exc).__name__)
+        # our errors' messages are written for people; anything else is named by its type only
+        # (its message could quote data)
+        message = exc.message if isinstance(exc, ServiceError) else type(exc).__name__
+        ledger.fail_synthesis(job.job_id, str(code), message)
         raise
     return release, text
 

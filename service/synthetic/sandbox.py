@@ -1,7 +1,8 @@
 """The sandbox: a synthetic release served with charging off, for backend developers.
 
-With ``PPR_GRAPH_IS_SYNTHETIC=true`` (or when the graph file's SHA-256 is that of a synthetic
-release the ledger recorded), the service serves a synthetic graph: the file must be, byte for
+With ``PPR_GRAPH_IS_SYNTHETIC=true`` (which ``serve`` also sets for its workers when the graph
+file's SHA-256 is that of a synthetic release the ledger recorded), the service serves a
+synthetic graph: the file must be, byte for
 byte, a release this ledger stored (``synthesize --out`` or a job's download), else ``serve``
 refuses to start. Answers are computed from the ledger's stored copy of that release (never
 from whatever the file holds later) as exact personalized PageRank: the graph is already a DP
@@ -56,6 +57,8 @@ def synthetic_release_of(
                 "synthetic release of this ledger; the built-in demo graph is not one"
             )
         return None
+    if not required and not ledger.any_synthetic_release():
+        return None  # nothing to recognise: the file is not hashed
     job = ledger.synthetic_release_by_sha256(file_sha256(graph_path))
     if job is None and required:
         raise NotASyntheticRelease(
