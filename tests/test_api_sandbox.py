@@ -56,6 +56,8 @@ def test_a_synthetic_release_is_served_with_charging_off(backend: Backend, tmp_p
         assert client.get(f"/v1/ppr/{node}", headers=admin).status_code == 403
         reload = client.post("/v1/admin/graph/reload", json={}, headers=admin)
         assert reload.status_code == 409, reload.text
+        again = client.post("/v1/admin/synthetic", json={"epsilon": 1.0}, headers=admin)
+        assert again.status_code == 409, again.text
         assert len(ledger.list_charges(None, limit=1000)) == charges
         after = ledger.exposure(delta=1e-5)
         assert (after.epsilon, after.charges) == (before.epsilon, before.charges)

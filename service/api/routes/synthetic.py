@@ -72,6 +72,11 @@ def _request(body: StartSynthesis, popular_epsilon: float) -> Request:
 def start_synthesis(body: StartSynthesis, runtime: RuntimeDep, admin: AdminDep) -> SynthesisJob:
     """Start a synthesis run of the served graph: one graph-wide release, charged now (before
     anything is drawn) and refunded if the run fails (docs/synthetic.md)."""
+    if runtime.sandbox is not None:
+        raise Conflict(
+            "this service is a sandbox serving a synthetic release: synthesize on the service "
+            "that serves the real graph"
+        )
     request = _request(body, runtime.settings.popular_epsilon)
     job = runtime.synthesis.start(
         runtime.graphs.current, request, actor_account_id=admin.account_id
