@@ -131,7 +131,7 @@ def main() -> None:
             for name, seconds in sorted(totals.items(), key=lambda kv: -kv[1]):
                 print(f"  {name:40s} {seconds / args.batches * 1000:8.2f} ms per call")
 
-        instrument(runtime.batch, ["_run_all"], "batch", totals)
+        instrument(runtime.batch, ["run_all"], "batch", totals)
         run_batches("batch, cold seeds", cold)
         run_batches("batch, the same seeds again (warm)", cold)
     finally:
