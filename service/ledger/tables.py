@@ -371,6 +371,49 @@ class GraphRelease(Base):
     payload: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
     settled_at: Mapped[datetime | None] = mapped_column(Timestamp, nullable=True)
+    #: The drawing process's last sign of life (a long draw, e.g. a synthesis run, refreshes
+    #: it); the reconciler refunds an ``admitted`` release only once this (or, for releases
+    #: made before the column existed, ``created_at``) is older than its limit.
+    heartbeat_at: Mapped[datetime | None] = mapped_column(Timestamp, nullable=True)
+
+
+class SynthesisJob(Base):
+    """One synthesis run (``synthesize`` on the command line or ``POST /v1/admin/synthetic``):
+    the graph-wide release it is charged as, its method, parameters and privacy unit, and its
+    progress. Any worker answers its status from here; a run whose process stopped sending
+    heartbeats is marked ``failed`` and its release refunded by the reconciler."""
+
+    __tablename__ = "synthesis_jobs"
+    __table_args__ = (
+        CheckConstraint("state IN ('running', 'done', 'failed')", name="state"),
+        CheckConstraint("source IN ('cli', 'api')", name="source"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    release_id: Mapped[int] = mapped_column(
+        ForeignKey("graph_releases.id"), nullable=False, unique=True
+    )
+    graph_version: Mapped[str] = mapped_column(String, nullable=False)
+    method: Mapped[str] = mapped_column(String(32), nullable=False)
+    privacy_unit: Mapped[str] = mapped_column(String(8), nullable=False)
+    epsilon: Mapped[float] = mapped_column(Double, nullable=False)
+    delta: Mapped[float] = mapped_column(Double, nullable=False)
+    parameters: Mapped[dict[str, Any]] = mapped_column(JsonText, nullable=False)
+    source: Mapped[str] = mapped_column(String(8), nullable=False)
+    state: Mapped[str] = mapped_column(String(16), nullable=False)
+    progress: Mapped[float] = mapped_column(Double, nullable=False)
+    actor_account_id: Mapped[int | None] = mapped_column(
+        ForeignKey("accounts.id"), nullable=True
+    )  # NULL: the operator on the command line
+    nodes: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    edges: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    note: Mapped[str | None] = mapped_column(Text, nullable=True)
+    error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(Timestamp, nullable=True)
 
 
 class ServiceRead(Base):

@@ -31,6 +31,7 @@ from service.ledger.tables import (
     Refund,
     Release,
     Spend,
+    SynthesisJob,
     utcnow,
 )
 from service.privacy.accountant import RdpCurve
@@ -72,7 +73,30 @@ def verify_ledger(engine: Engine) -> VerifyReport:
         _check_bindings(session, report)
         _check_admitted(session, report)
         _check_exposure(session, report)
+        _check_synthesis(session, report)
     return report
+
+
+#: A synthesis job's state and the state its graph release must be in.
+_JOB_RELEASE_STATES = {"running": "admitted", "done": "released", "failed": "refunded"}
+
+
+def _check_synthesis(session: Session, report: VerifyReport) -> None:
+    """Every synthesis job's release is in the state its job says (done: released, with the
+    payload; failed: refunded; running: still admitted)."""
+    rows = session.execute(
+        select(SynthesisJob.id, SynthesisJob.state, GraphRelease.state, GraphRelease.payload)
+        .join(GraphRelease, GraphRelease.id == SynthesisJob.release_id)
+        .limit(10_000)
+    )
+    for job_id, job_state, release_state, payload in rows:
+        expected = _JOB_RELEASE_STATES.get(job_state)
+        if release_state != expected or (job_state == "done") != (payload is not None):
+            report.mismatches.append({
+                "kind": "synthesis", "job_id": job_id,
+                "detail": f"job {job_state} but its graph release is {release_state}"
+                + ("" if (job_state == "done") == (payload is not None) else ", payload wrong"),
+            })  # fmt: skip
 
 
 def _check_spends(session: Session, report: VerifyReport) -> None:
