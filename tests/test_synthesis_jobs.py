@@ -253,7 +253,7 @@ def test_verify_flags_a_job_whose_release_disagrees(ledger: Ledger, graph_file: 
 def test_runs_made_before_the_jobs_table_are_backfilled(
     ledger: Ledger, ledger_url: str, graph_file: Path, tmp_path: Path
 ) -> None:
-    """A ledger written before revision 0011 (its synthesis runs only graph releases) gets a
+    """A ledger written before revision 0007 (its synthesis runs only graph releases) gets a
     job per run on upgrade, from the payload's header, and still verifies."""
     from alembic import command
 

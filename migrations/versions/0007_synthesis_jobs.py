@@ -11,7 +11,7 @@
   released (``done``), else ``failed`` (refunded) or ``running`` (still admitted: the reconciler
   settles it), with ``source = 'cli'`` (the only way to run one before).
 
-Revision ID: 0011_synthesis_jobs
+Revision ID: 0007_synthesis_jobs
 Revises: 0006_idempotency_binding
 Create Date: 2026-11-25
 """
@@ -28,7 +28,7 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0011_synthesis_jobs"
+revision: str = "0007_synthesis_jobs"
 down_revision: str | None = "0006_idempotency_binding"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
