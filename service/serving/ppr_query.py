@@ -31,6 +31,7 @@ from service.ledger.records import (
     ChargeSettled,
     DegreeCharge,
     GraphCap,
+    IdempotencyKeyReused,
     ModeNotAllowed,
     ReadCapExhausted,
     ReleaseKey,
@@ -64,15 +65,6 @@ from service.serving.schemas import Answer, Principal, QueryRequest
 log = logging.getLogger(__name__)
 
 MECHANISM_NAME = "noisy_diffusion"
-
-
-class IdempotencyKeyReused(InvalidParameter):
-    """The same Idempotency-Key was sent with a different query."""
-
-    def __init__(self) -> None:
-        super().__init__(
-            "Idempotency-Key", "was already used for a different query; send a new key"
-        )
 
 
 class RequestInProgress(Conflict):
@@ -924,7 +916,9 @@ class PprQueryService:
         """``popular``: the version's one degree release, ranked. Post-processing of a stored
         graph-wide release, which the charged account pays for once per graph version (the
         first time it receives an answer built on it; refused past its cap like any charge);
-        nothing new is stored."""
+        nothing new is stored. An Idempotency-Key is bound in that admission's transaction to
+        this query (node, mode, the account's charge for the release): a retry is the same
+        ranking of the same release, ``replayed``; any other query under the key is 422."""
         if req.idempotency_key is not None:
             stored = self._release_for_idempotency_key(req)
             if stored is not None:  # the key belongs to a charged query
@@ -940,6 +934,7 @@ class PprQueryService:
             degree=DegreeCharge(graph.version, degrees.plan.epsilon, degrees.plan.curve),
             request_id=req.request_id,
             quota_epsilon=self._quota_for(req.principal, account_id),
+            idempotency_key=req.idempotency_key,
         )
         extra = int(graph.degrees[seed]) if req.exclude_neighbors else 0
         results = ranked_results(
@@ -962,7 +957,7 @@ class PprQueryService:
             results=results[: req.k],
             mechanism=mechanism,
             budget=receipt.budget,
-            replayed=False,
+            replayed=receipt.replayed,
             request_id=req.request_id,
             charged_account_id=account_id,
             epsilon_charged=degrees.plan.epsilon if receipt.charged else 0.0,
