@@ -516,3 +516,47 @@ def test_two_workers_give_a_key_to_popular_or_to_a_charged_query_never_both(
         assert popular == {k for k, (w, _) in winners.items() if w != "charged"}
         report = ledger.verify()
         assert report.ok, report.mismatches
+
+
+def test_verify_checks_popular_bindings(ledger: Ledger) -> None:
+    """``ledger verify`` flags a popular binding that names anything but a released
+    degree-release charge, and a charged query's binding that names a degree-release charge."""
+    from service.ledger.records import DegreeCharge
+    from service.ledger.tables import utcnow
+
+    user = ledger.create_account("user", node_id="1", cap_epsilon=5.0, delta=1e-6)
+    uid, curve = user.account_id, laplace_curve(0.1)
+    popular = ledger.admit_degree_release(
+        charged_account_id=uid, principal_account_id=uid, seed="1", mode="personalized",
+        degree=DegreeCharge("g1", 0.1, curve), request_id="r1", idempotency_key="P",
+    )  # fmt: skip
+    assert popular.charged and not popular.replayed
+    again = ledger.admit_degree_release(
+        charged_account_id=uid, principal_account_id=uid, seed="1", mode="personalized",
+        degree=DegreeCharge("g1", 0.1, curve), request_id="r2", idempotency_key="P",
+    )  # fmt: skip
+    assert again.replayed and not again.charged
+    assert ledger.verify().ok
+    charged = ledger.admit_and_charge(
+        charged_account_id=uid, principal_account_id=uid, seed="1",
+        mechanism="common_neighbours", mode="personalized", params={}, query_curve=curve,
+        query_epsilon=0.1, graph_version="g1", request_id="r3", idempotency_key=None,
+    ).charge_id  # fmt: skip
+    degree_charge = next(c.charge_id for c in ledger.list_charges(uid) if c.charge_id != charged)
+    with ledger.engine.begin() as conn:
+        conn.execute(
+            IdempotencyBinding.__table__.insert(),  # type: ignore[attr-defined]
+            [
+                {"principal_account_id": uid, "idempotency_key": "bad-popular",
+                 "charge_id": charged, "kind": "popular", "created_at": utcnow(),
+                 "seed": "1", "mode": "personalized"},
+                {"principal_account_id": uid, "idempotency_key": "bad-charged",
+                 "charge_id": degree_charge, "kind": "replayed", "created_at": utcnow(),
+                 "seed": None, "mode": None},
+            ],
+        )  # fmt: skip
+    details = {m["detail"] for m in ledger.verify().mismatches if m["kind"] == "idempotency"}
+    assert details == {
+        "popular Idempotency-Key not bound to a released degree-release charge",
+        "Idempotency-Key of a charged query bound to a degree-release charge",
+    }
