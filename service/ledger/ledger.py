@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from alembic.util import CommandError
 from sqlalchemy import Engine, text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from service.ledger.accounts import Accounts
 from service.ledger.admission import DEFAULT_STALE_AFTER_SECONDS as DEFAULT_STALE_AFTER_SECONDS
@@ -189,7 +189,7 @@ class Ledger(LedgerPart):
                 except CommandError as exc:
                     raise LedgerNotMigrated(f"cannot migrate the ledger database: {exc}") from exc
                 check_migrated(engine)
-        except OperationalError as exc:
+        except (OperationalError, InterfaceError) as exc:
             engine.dispose()
             where = engine.url.render_as_string(hide_password=True)
             raise LedgerUnavailable(

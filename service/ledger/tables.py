@@ -286,10 +286,14 @@ class Release(Base):
 
 
 #: How an Idempotency-Key came to name its charge: the keyed request was ``charged``, it
-#: ``joined`` an identical query's charge (in flight or released) at admission, or it was
-#: ``replayed`` from a stored release before admission.
-BINDING_KINDS = ("charged", "joined", "replayed")
+#: ``joined`` an identical query's charge (in flight or released) at admission, it was
+#: ``replayed`` from a stored release before admission, or it was a ``popular`` answer (the
+#: ranked degree release; the binding names the account's charge for that release, and the
+#: query's ``seed`` and ``mode``, which only this kind records).
+BINDING_KINDS = ("charged", "joined", "replayed", "popular")
+POPULAR_BINDING = "popular"
 _BOUND = "freed_at IS NULL"
+_POPULAR_SHAPE = "(kind = 'popular') = (seed IS NOT NULL AND mode IS NOT NULL)"
 
 
 class IdempotencyBinding(Base):
@@ -303,7 +307,8 @@ class IdempotencyBinding(Base):
 
     __tablename__ = "idempotency_bindings"
     __table_args__ = (
-        CheckConstraint("kind IN ('charged', 'joined', 'replayed')", name="kind"),
+        CheckConstraint("kind IN ('charged', 'joined', 'replayed', 'popular')", name="kind"),
+        CheckConstraint(_POPULAR_SHAPE, name="popular_query"),
         Index(
             "uq_idempotency_bindings_bound",
             "principal_account_id",
@@ -322,6 +327,10 @@ class IdempotencyBinding(Base):
     kind: Mapped[str] = mapped_column(String(16), nullable=False)
     created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
     freed_at: Mapped[datetime | None] = mapped_column(Timestamp, nullable=True)
+    #: ``popular`` bindings only: the node and mode of the query answered (the charge named is
+    #: the account's degree-release charge, shared by every popular answer of the version).
+    seed: Mapped[str | None] = mapped_column(String, nullable=True)
+    mode: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
 
 #: How many rows the graph-wide exposure is spread over: a charge updates one of them, so

@@ -16,12 +16,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, or_, select
 from sqlalchemy.orm import Session
 
 from service.ledger.tables import (
     DEGREE_RELEASE_CHARGE,
     EXPOSURE_SHARDS,
+    POPULAR_BINDING,
     Account,
     Budget,
     Charge,
@@ -198,6 +199,36 @@ def _check_bindings(session: Session, report: VerifyReport) -> None:
             select(IdempotencyBinding.charge_id)
             .join(Charge, Charge.id == IdempotencyBinding.charge_id)
             .where(IdempotencyBinding.freed_at.is_(None), Charge.state == "refunded"),
+        ),
+        (
+            "popular Idempotency-Key not bound to a released degree-release charge",
+            select(IdempotencyBinding.charge_id)
+            .join(Charge, Charge.id == IdempotencyBinding.charge_id)
+            .where(
+                IdempotencyBinding.kind == POPULAR_BINDING,
+                or_(Charge.mechanism != DEGREE_RELEASE_CHARGE, Charge.state != "released"),
+            ),
+        ),
+        (
+            "Idempotency-Key of a charged query bound to a degree-release charge",
+            select(IdempotencyBinding.charge_id)
+            .join(Charge, Charge.id == IdempotencyBinding.charge_id)
+            .where(
+                IdempotencyBinding.kind != POPULAR_BINDING,
+                Charge.mechanism == DEGREE_RELEASE_CHARGE,
+            ),
+        ),
+        (
+            "popular Idempotency-Key bound by another caller than the degree charge's account "
+            "or its principal",
+            select(IdempotencyBinding.charge_id)
+            .join(Charge, Charge.id == IdempotencyBinding.charge_id)
+            .join(Account, Account.id == IdempotencyBinding.principal_account_id)
+            .where(
+                IdempotencyBinding.kind == POPULAR_BINDING,
+                IdempotencyBinding.principal_account_id != Charge.charged_account_id,
+                Account.type != "service",
+            ),
         ),
     ]
     for detail, stmt in checks:

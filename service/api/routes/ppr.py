@@ -91,8 +91,11 @@ async def ppr(
     The seed is never in the list. The answer is charged to the seed user's budget
     (`personalized`) or to the caller (`edge` by a service account); a repeated query returns
     the stored release with `replayed: true` and costs nothing unless `fresh=true`.
-    `popular` charges no account: its degree release is made once per graph version and
-    paid by the graph-wide exposure. The `mechanism` block names what was used.
+    `popular` ranks the graph version's one degree release: the charged account pays its
+    epsilon once per version (with its first answer built on it), nothing per query. An
+    `Idempotency-Key` binds to the first answer given under it, `popular` included: its
+    retries return that answer, any other query under it is 422. The `mechanism` block names
+    what was used.
     """
     one_header(request, "Idempotency-Key")
     settings = runtime.settings
