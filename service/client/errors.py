@@ -320,6 +320,45 @@ class ServiceQuotaExhausted(PprError):
 
 
 @_register
+class SynthesisBusy(PprError):
+    """Every synthesis slot of the worker that took the call is running a job (admins only)."""
+
+    code = "synthesis_busy"
+    default_status = 429
+
+
+@_register
+class SynthesisNotDone(Conflict):
+    """The synthesis job has no file yet: it is still running, or it failed (admins only)."""
+
+    code = "synthesis_not_done"
+
+
+@_register
+class SynthesisAbandoned(PprError):
+    """The synthesis run's release was settled under it (refunded); nothing was released."""
+
+    code = "synthesis_abandoned"
+    default_status = 503
+
+
+@_register
+class UnknownSynthesisJob(PprError):
+    """No synthesis job has this id (admins only)."""
+
+    code = "unknown_synthesis_job"
+    default_status = 404
+
+
+@_register
+class NotASyntheticRelease(PprError):
+    """The graph file is not a synthetic release the ledger knows (sandbox only)."""
+
+    code = "not_a_synthetic_release"
+    default_status = 422
+
+
+@_register
 class HeadersTooLarge(PprError):
     code = "headers_too_large"
     default_status = 431
