@@ -69,6 +69,16 @@ class NodeConvertor(Convertor[str]):
 
 register_url_convertor("node", NodeConvertor())
 
+
+class EmbeddingNodeConvertor(NodeConvertor):
+    """``{name:embedding_node}``: as ``node``, but a path starting ``free/`` or ``similar/``
+    is not a node id: those are the free embedding's and the similar-nodes endpoints."""
+
+    regex = r"(?!(?:free|similar)/)(?s:.+)"
+
+
+register_url_convertor("embedding_node", EmbeddingNodeConvertor())
+
 AccountIdPath = Annotated[int, Path(ge=1, le=ID_MAX, description="An account id.")]
 KeyIdPath = Annotated[int, Path(ge=1, le=ID_MAX, description="An API key id.")]
 AccountIdQuery = Annotated[

@@ -22,6 +22,7 @@ from service.ledger.ledger import Ledger, LedgerUnavailable
 from service.mechanisms.engine import DiffusionEngine
 from service.serving.batch import BatchQueryService
 from service.serving.coalescer import QueryCoalescer
+from service.serving.embedding_query import EmbeddingQueryService
 from service.serving.graph_holder import GraphHolder
 from service.serving.graph_identity import serving_loader
 from service.serving.limits import EngineGate, RateLimiter
@@ -46,6 +47,10 @@ class Runtime:
     coalescer: QueryCoalescer | None = None  # None: each single query on its own thread
     limiter: RateLimiter = field(default_factory=lambda: RateLimiter(0, 1))
     gate: EngineGate = field(default_factory=lambda: EngineGate(16, 512, 30.0))
+    embeddings: EmbeddingQueryService = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.embeddings = EmbeddingQueryService(self.queries, self.settings)
 
     def start_background(self) -> None:
         self.reconciler = Reconciler(
