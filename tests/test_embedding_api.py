@@ -138,7 +138,7 @@ def test_a_personalized_embedding_by_a_service_account_is_charged_to_the_seed(
 
 def test_bad_input_is_refused_and_nothing_charged(client: TestClient, accounts: Accounts) -> None:
     _, key = accounts.user("5")
-    service_id, service_key = accounts.service(modes=["edge"])
+    _, service_key = accounts.service(modes=["edge"])
     cases = [
         (embed(client, key, "6"), 403, "forbidden"),  # another user's node
         (embed(client, service_key, "nope", mode="edge"), 404, "unknown_node"),
@@ -201,7 +201,7 @@ def test_the_free_embedding_of_a_replayable_release(
     expected = free_embedding_of(graph, list(stored.results), graph.index_of("21"), hashes, False)
     np.testing.assert_array_equal(np.asarray(body["embedding"]), expected)
     # another user cannot embed it; a service account with personalized scope may, counted
-    other_id, other_key = accounts.user("22")
+    _, other_key = accounts.user("22")
     assert free(client, other_key, "21", epsilon=0.2).status_code == 403
     _, service_key = accounts.service(modes=["edge", "personalized"])
     by_service = free(client, service_key, "21", epsilon=0.2, mechanism="noisy_diffusion", k=8)
