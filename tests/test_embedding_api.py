@@ -74,6 +74,12 @@ def test_dp_ie_is_charged_stored_replayed_and_listed(
     fresh = embed(client, key, "5", k=16, epsilon=0.1, fresh="true").json()
     assert fresh["replayed"] is False and fresh["embedding"] != body["embedding"]
     assert charge_count(client) == 4
+    # the dashboard's account page lists them by mechanism name
+    listed = client.get(
+        f"/v1/admin/accounts/{account_id}/charges", headers=bearer(accounts.admin_key)
+    )
+    assert listed.status_code == 200, listed.text
+    assert {c["mechanism"] for c in listed.json()["items"]} == {"dp_instant_embedding"}
     # a second embedding of the same version hashes alike (one recorded salt)
     assert fresh["mechanism"]["hash_salt"] == m["hash_salt"]
 
