@@ -72,12 +72,8 @@ class MechanismSettings(BaseSettings):
 
     embedding_default_k: int = Field(
         DP_IE_DEFAULT_K, ge=1, le=DP_IE_MAX_K,
-        description="Dimension of a DP-IE embedding that names none (the paper's 256).",
-    )  # fmt: skip
-    embedding_max_k: int = Field(
-        1024, ge=1, le=DP_IE_MAX_K,
-        description="Largest embedding dimension a request may ask for (the noise does not "
-        "grow with k; the answer and the stored release do).",
+        description="Dimension k of an embedding request that names none (the paper's 256); "
+        "k is bounded by PPR_MAX_K, as a ranking's, and by 4096.",
     )  # fmt: skip
     embedding_default_sigma: float = Field(
         DEFAULT_EMBEDDING_SIGMA, ge=DP_IE_MIN_SIGMA, le=DP_IE_MAX_SIGMA,
@@ -102,8 +98,8 @@ class MechanismSettings(BaseSettings):
             raise ValueError("PPR_DEFAULT_EPSILON must lie in [PPR_EPSILON_MIN, PPR_EPSILON_MAX]")
         if self.default_k > self.max_k:
             raise ValueError("PPR_DEFAULT_K must not exceed PPR_MAX_K")
-        if self.embedding_default_k > self.embedding_max_k:
-            raise ValueError("PPR_EMBEDDING_DEFAULT_K must not exceed PPR_EMBEDDING_MAX_K")
+        if self.embedding_default_k > self.max_k:
+            raise ValueError("PPR_EMBEDDING_DEFAULT_K must not exceed PPR_MAX_K")
         if not (
             self.embedding_min_sigma <= self.embedding_default_sigma <= self.embedding_max_sigma
         ):

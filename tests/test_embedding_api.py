@@ -149,7 +149,7 @@ def test_bad_input_is_refused_and_nothing_charged(client: TestClient, accounts: 
         (embed(client, key, "6"), 403, "forbidden"),  # another user's node
         (embed(client, service_key, "nope", mode="edge"), 404, "unknown_node"),
         (embed(client, key, "5", k=0), 422, "invalid_parameter"),
-        (embed(client, key, "5", k=1025), 422, "invalid_parameter"),
+        (embed(client, key, "5", k=1001), 422, "invalid_parameter"),
         (embed(client, key, "5", sigma=1e-6), 422, "invalid_parameter"),
         (embed(client, key, "5", sigma=2.0), 422, "invalid_parameter"),
         (embed(client, key, "5", sigma="nan"), 422, "invalid_parameter"),

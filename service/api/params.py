@@ -71,10 +71,12 @@ register_url_convertor("node", NodeConvertor())
 
 
 class EmbeddingNodeConvertor(NodeConvertor):
-    """``{name:embedding_node}``: as ``node``, but a path starting ``free/`` or ``similar/``
-    is not a node id: those are the free embedding's and the similar-nodes endpoints."""
+    """``{name:embedding_node}``: as ``node``, but ``free`` and ``similar``, alone or followed
+    by ``/``, are not node ids: those paths are the free embedding's and the similar-nodes
+    endpoints (DP-IE cannot be asked for a node whose id is one of those words, as
+    `batch` for rankings)."""
 
-    regex = r"(?!(?:free|similar)/)(?s:.+)"
+    regex = r"(?!(?:free|similar)(?:/|\Z))(?s:.+)"
 
 
 register_url_convertor("embedding_node", EmbeddingNodeConvertor())

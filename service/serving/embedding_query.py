@@ -35,6 +35,7 @@ from service.embeddings.dp import (
     dp_instant_embedding_curve,
     plan_dp_instant_embedding,
 )
+from service.embeddings.dp import MAX_K as DP_IE_MAX_K
 from service.embeddings.hashing import EmbeddingHashes, embedding_hashes, new_salt
 from service.embeddings.release import (
     DP_IE,
@@ -188,9 +189,10 @@ class EmbeddingQueryService:
     def _dimension(self, k: int | None) -> int:
         s = self.settings
         k = s.embedding_default_k if k is None else k
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= s.embedding_max_k:
+        largest = min(s.max_k, DP_IE_MAX_K)
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= largest:
             raise InvalidParameter(
-                "k", f"must be an integer in [1, {s.embedding_max_k}] (the dimension), got {k}"
+                "k", f"must be an integer in [1, {largest}] (the dimension), got {k}"
             )
         return k
 

@@ -37,7 +37,8 @@ Dimension = Annotated[
     int | None,
     Query(
         ge=1, le=K_LIMIT,
-        description="Dimension k (1..PPR_EMBEDDING_MAX_K, default PPR_EMBEDDING_DEFAULT_K)",
+        description="Dimension k (1..PPR_MAX_K and at most 4096, default "
+        "PPR_EMBEDDING_DEFAULT_K)",
     ),
 ]  # fmt: skip
 Epsilon = Annotated[
