@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -283,6 +284,8 @@ class EmbeddingQueryService:
                 "an identical request is still being answered; retry shortly", retry_after=1
             )
         charge_id = receipt.charge_id
+        # the ranking path's replays on this worker show the budget after this charge
+        self.queries._budgets[account_id] = (receipt.budget, time.monotonic())
         if req.principal.type == "service":
             try:  # before any noise is drawn: a refused read refunds the fresh charge
                 self.queries._record_reads(query, graph.version, charge_id, None)
@@ -340,7 +343,7 @@ class EmbeddingQueryService:
             graph_version=graph.version,
             embedding=stored_values(stored.results),
             mechanism=stored.mechanism,
-            budget=self.queries._replay_budget(account_id),
+            budget=self.ledger.budget(account_id),  # read now: the same on every worker
             replayed=True,
             request_id=query.request_id,
             charged_account_id=account_id,
@@ -402,7 +405,7 @@ class EmbeddingQueryService:
                 "entries": len(entries),
                 "store_top": top,
             },
-            budget=self.queries._replay_budget(account_id),
+            budget=self.ledger.budget(account_id),  # read now: the same on every worker
             replayed=True,
             request_id=req.request_id,
             charged_account_id=account_id,
