@@ -82,6 +82,7 @@ def test_dp_ie_is_charged_stored_replayed_and_listed(
     assert {c["mechanism"] for c in listed.json()["items"]} == {"dp_instant_embedding"}
     # a second embedding of the same version hashes alike (one recorded salt)
     assert fresh["mechanism"]["hash_salt"] == m["hash_salt"]
+    assert ledger_of(client).verify().mismatches == []
 
 
 def test_idempotency_key_binds_and_refuses_another_query(
