@@ -13,15 +13,15 @@ InstantEmbedding of that stored release under the version's hash functions, char
 and names the release it came from. A caller who could not replay it gets the refusal a
 replay would.
 
-This module uses the ranking path's helpers (:class:`PprQueryService`: the charged account,
-quotas, the graph-wide cap, twins, stored releases, read figures) so both answer alike.
+This module uses the ranking pipeline's stages (:mod:`service.serving.pipeline`: the charged
+account from ``prepare``, quotas and the graph-wide cap from ``admit``, stored releases, twins
+and read figures from ``replay``, storing from ``store``), so both kinds answer alike.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,7 +61,8 @@ from service.mechanisms.pushflowcap import pushflowcap
 from service.mechanisms.randomness import fresh_generator
 from service.mechanisms.registry import RankingMechanism, resolve_mechanism
 from service.privacy.modes import Mode
-from service.serving.ppr_query import IdempotencyKeyReused, PprQueryService, RequestInProgress
+from service.serving.pipeline.errors import IdempotencyKeyReused, RequestInProgress
+from service.serving.ppr_query import PprQueryService
 from service.serving.rankings import degree_release_name
 from service.serving.schemas import Principal, QueryRequest
 
@@ -177,6 +178,11 @@ class EmbeddingQueryService:
     ) -> None:
         self.queries = queries
         self.ledger = queries.ledger
+        # the ranking pipeline's stages this path shares
+        self._preparing = queries.preparing
+        self._replaying = queries.replaying
+        self._admitting = queries.admitting
+        self._storing = queries.storing
         self.settings = settings
         self.spaces = spaces if spaces is not None else EmbeddingSpaces(queries.ledger)
 
@@ -227,20 +233,20 @@ class EmbeddingQueryService:
         k, sigma, epsilon = self.validate(req)
         graph = self.queries.graphs.current  # one version for the whole request
         seed = graph.index_of(req.node)
-        account_id = self.queries._charged_account(req.principal, req.node, req.mode, graph)
+        account_id = self._preparing.charged_account(req.principal, req.node, req.mode, graph)
         key = ReleaseKey(
             account_id, req.node, graph.version, req.mode.value, epsilon,
             embedding_key_mechanism(k, sigma),
         )  # fmt: skip
         query = _as_query(req, epsilon)
         if req.idempotency_key is not None:
-            stored = self.queries._release_for_idempotency_key(query)
+            stored = self._replaying.release_for_idempotency_key(query)
             if stored is not None:
                 if stored.key != key:
                     raise IdempotencyKeyReused()
                 return self._replay(stored, query, graph, account_id)
         if not req.fresh:
-            stored = self.queries._find_release(key)
+            stored = self._replaying.find_release(key)
             if stored is not None and self._bound_to(stored, query):
                 return self._replay(stored, query, graph, account_id)
         hashes = self.spaces.hashes(graph, k)  # the salt is not noise: before admission
@@ -261,23 +267,23 @@ class EmbeddingQueryService:
             request_id=req.request_id,
             idempotency_key=req.idempotency_key,
             release_key=None if req.fresh else key,
-            quota_epsilon=self.queries._quota_for(req.principal, account_id),
+            quota_epsilon=self._admitting.quota_for(req.principal, account_id),
         )
         for _ in range(_MAX_ADMISSIONS):
             receipt = self.ledger.admit(
                 admission,
-                graph_cap=self.queries._graph_cap(graph),
+                graph_cap=self._admitting.graph_cap(graph),
                 stale_after_seconds=self.queries.policy.stale_after_seconds,
             )
             if not (receipt.reused or receipt.joined):
                 break
             # an identical request (or a retry under the same key) was admitted first: its
             # release is the answer once stored; if it was refunded, admission runs again
-            twin = self.queries._wait_for_release(receipt.charge_id)
+            twin = self._replaying.wait_for_release(receipt.charge_id)
             if twin is not None:
                 if twin.key != key:
                     raise IdempotencyKeyReused()
-                self.queries._cache_bound([(twin, req.principal.account_id, req.idempotency_key)])
+                self._replaying.cache_bound([(twin, req.principal.account_id, req.idempotency_key)])
                 return self._replay(twin, query, graph, account_id)
         else:
             raise RequestInProgress(
@@ -285,10 +291,10 @@ class EmbeddingQueryService:
             )
         charge_id = receipt.charge_id
         # the ranking path's replays on this worker show the budget after this charge
-        self.queries._budgets[account_id] = (receipt.budget, time.monotonic())
+        self._replaying.note_budget(account_id, receipt.budget)
         if req.principal.type == "service":
             try:  # before any noise is drawn: a refused read refunds the fresh charge
-                self.queries._record_reads(query, graph.version, charge_id, None)
+                self._replaying.reads.record(query, graph.version, charge_id, None)
             except ReadCapExhausted:
                 reason = "refused by the service account's read cap before any noise was drawn"
                 self.ledger.refund(charge_id, reason=reason)
@@ -306,7 +312,7 @@ class EmbeddingQueryService:
         stored = StoredRelease(
             key, charge_id, stored_embedding(drawn.values), block, req.request_id
         )
-        self.queries._store(stored, query)  # before the answer leaves the process, or none
+        self._storing.store(stored, query)  # before the answer leaves the process, or none
         return EmbeddingAnswer(
             node=req.node,
             graph_version=graph.version,
@@ -330,14 +336,14 @@ class EmbeddingQueryService:
         )
         if bound[0] != stored.charge_id:
             return False
-        self.queries._cache_bound([(stored, principal, query.idempotency_key)])
+        self._replaying.cache_bound([(stored, principal, query.idempotency_key)])
         return True
 
     def _replay(
         self, stored: StoredRelease, query: QueryRequest, graph: Graph, account_id: int
     ) -> EmbeddingAnswer:
         if query.principal.type == "service":  # counted before the replay is sent
-            self.queries._record_reads(query, stored.key.graph_version, stored.charge_id, None)
+            self._replaying.reads.record(query, stored.key.graph_version, stored.charge_id, None)
         return EmbeddingAnswer(
             node=query.node,
             graph_version=graph.version,
@@ -368,7 +374,7 @@ class EmbeddingQueryService:
         seed = graph.index_of(req.node)
         account_id = self._replaying_account(req.principal, req.node, req.mode, graph)
         key = ReleaseKey(account_id, req.node, graph.version, req.mode.value, epsilon, name.value)
-        stored = self.queries._find_release(key)
+        stored = self._replaying.find_release(key)
         if stored is None:
             raise NoRelease(
                 f"no stored {name.value} release of node {req.node!r} in {req.mode.value} mode at "
@@ -423,7 +429,7 @@ class EmbeddingQueryService:
     def _record_reads_of(
         self, query: QueryRequest, stored: StoredRelease, degree: str | None
     ) -> None:
-        self.queries._record_reads(query, stored.key.graph_version, stored.charge_id, degree)
+        self._replaying.reads.record(query, stored.key.graph_version, stored.charge_id, degree)
 
     def _replaying_account(self, principal: Principal, node: str, mode: Mode, graph: Graph) -> int:
         """The account whose release a replay by ``principal`` would return (never creates
@@ -440,7 +446,7 @@ class EmbeddingQueryService:
                     details={"node": node},
                 )
             return account.account_id
-        return self.queries._charged_account(principal, node, mode, graph)
+        return self._preparing.charged_account(principal, node, mode, graph)
 
 
 def _as_query(req: EmbeddingRequest, epsilon: float) -> QueryRequest:
