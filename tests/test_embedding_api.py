@@ -227,3 +227,19 @@ def test_a_node_named_like_the_free_path_is_not_embedded_by_accident(
     response = client.get("/v1/embeddings/free/5", headers=bearer(key))
     assert response.status_code == 404 and response.json()["error"]["code"] == "no_release"
     assert charge_count(client) == 0
+
+
+def test_identical_requests_at_once_are_charged_once(
+    client: TestClient, accounts: Accounts
+) -> None:
+    """Identical DP-IE requests that arrive together: one is admitted and drawn, the others
+    join it in the ledger and return its release."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    account_id, key = accounts.user("31")
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: embed(client, key, "31", k=8, epsilon=0.1), range(8)))
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+    assert len({tuple(a.json()["embedding"]) for a in answers}) == 1
+    assert sum(not a.json()["replayed"] for a in answers) == 1
+    assert len(ledger_of(client).list_charges(account_id)) == 1
