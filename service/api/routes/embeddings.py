@@ -13,7 +13,9 @@ from service.api.models import EmbeddingAnswerModel, ErrorResponse
 from service.api.observability import CHARGES, EPSILON_CHARGED, REPLAYS
 from service.api.params import K_LIMIT, IdempotencyKeyHeader, NodeIdPath, QueryBool
 from service.api.routes.ppr import one_header
+from service.api.runtime import Runtime
 from service.api.strict import StrictRoute
+from service.errors import Forbidden
 from service.mechanisms.registry import RankingMechanism
 from service.privacy.modes import Mode
 from service.serving.embedding_query import EmbeddingRequest, FreeEmbeddingRequest
@@ -47,6 +49,14 @@ Epsilon = Annotated[
                             "PPR_DEFAULT_EPSILON)"),
 ]  # fmt: skip
 ModeQuery = Annotated[Mode, Query(description="`personalized` or `edge`")]
+
+
+def _not_in_sandbox(runtime: Runtime) -> None:
+    if runtime.sandbox is not None:
+        raise Forbidden(
+            "this server answers on a synthetic release (sandbox, charging off); embeddings "
+            "are served by the service on its graph only"
+        )
 
 
 def _body(answer: EmbeddingAnswerModel) -> Response:
@@ -89,6 +99,7 @@ async def free_embedding(
     (scores that are not PPR mass scaled to sum 1), hashed with the graph version's hash
     functions. Post-processing of an answer already charged: charges nothing. A stored
     release keeps its top `PPR_REPLAY_STORE_TOP` entries only; `source` names the release."""
+    _not_in_sandbox(runtime)
     query = FreeEmbeddingRequest(
         principal=principal, node=node_id, k=k, epsilon=epsilon, mode=mode,
         mechanism=mechanism, request_id=request.state.request_id,
@@ -134,6 +145,7 @@ async def dp_embedding(
     for the seed only) or to the caller (`edge`, counted in the graph-wide exposure); an
     identical request replays the stored release free unless `fresh=true`."""
     one_header(request, "Idempotency-Key")
+    _not_in_sandbox(runtime)
     query = EmbeddingRequest(
         principal=principal, node=node_id, k=k, sigma=sigma, epsilon=epsilon, mode=mode,
         fresh=fresh, idempotency_key=idempotency_key, request_id=request.state.request_id,
