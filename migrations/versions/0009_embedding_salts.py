@@ -5,8 +5,8 @@ OS entropy source once per graph version (its public id). Recording it makes emb
 comparable across workers, restarts and replicas. Nothing to backfill: a version gets its salt
 the first time an embedding is made on it.
 
-Revision ID: 0008_embedding_salts
-Revises: 0006_idempotency_binding
+Revision ID: 0009_embedding_salts
+Revises: 0008_popular_key_bindings
 Create Date: 2026-11-25
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0008_embedding_salts"
-down_revision: str | None = "0006_idempotency_binding"
+revision: str = "0009_embedding_salts"
+down_revision: str | None = "0008_popular_key_bindings"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
