@@ -32,6 +32,7 @@ __all__ = [
     "MalformedJson",
     "MethodNotAllowed",
     "ModeNotAllowed",
+    "NoRelease",
     "NotAcceptable",
     "NotConverged",
     "NotFound",
@@ -243,6 +244,13 @@ class UnknownApiKey(NotFound):
 @_register
 class UnknownCharge(NotFound):
     code = "unknown_charge"
+
+
+@_register
+class NoRelease(NotFound):
+    """No stored release of the named query that the caller may replay (the free embedding)."""
+
+    code = "no_release"
 
 
 @_register

@@ -32,3 +32,11 @@ CHANGED_COORDINATES = 2
 def count_release_delta(epsilon: float) -> float:
     """The delta a pure ``epsilon``-DP count release states: what the sampler adds."""
     return (1.0 + math.exp(epsilon)) * CHANGED_COORDINATES * TAU_PER_COORDINATE
+
+
+def vector_release_delta(epsilon: float, coordinates: int) -> float:
+    """The delta a pure ``epsilon``-DP Laplace release of a vector states when one edge may
+    change all ``coordinates`` of it (DP-IE's k coordinates): the coupling bound
+    :data:`TAU_PER_COORDINATE` once per coordinate that may change, as
+    :func:`count_release_delta` counts :data:`CHANGED_COORDINATES`."""
+    return (1.0 + math.exp(epsilon)) * coordinates * TAU_PER_COORDINATE
