@@ -588,10 +588,12 @@ class CaseSpec:
     pair: str
     test_factor: float
     bench_factor: float
+    steps: int | None = None  # the diffusion's K, if not the mode's DIFFUSION_STEPS
 
     @property
     def name(self) -> str:
-        return f"{self.mechanism}/{self.mode}/{self.pair}"
+        suffix = "" if self.steps is None else f"/K={self.steps}"
+        return f"{self.mechanism}/{self.mode}/{self.pair}{suffix}"
 
     def build(self, factor: float) -> AuditCase:
         if self.mechanism == "popular":
@@ -600,7 +602,7 @@ class CaseSpec:
             return common_neighbours_case(self.pair, factor)
         if self.mechanism == "friends_of_friends":
             return two_scale_case(self.pair, factor)
-        return diffusion_case(Mode(self.mode), self.pair, factor)
+        return diffusion_case(Mode(self.mode), self.pair, factor, self.steps)
 
 
 #: The pairs that are neighbouring in personalized mode (the seed's own edges are not protected
@@ -625,4 +627,9 @@ CASES: tuple[CaseSpec, ...] = (
     *(CaseSpec("noisy_diffusion", "personalized", pair, 8.0, 4.0)
       for pair in PERSONALIZED_PAIRS[1:]),
     *(CaseSpec("noisy_diffusion", "edge", pair, 8.0, 4.0) for pair in EDGE_STEP_PAIRS),
+    # Two noisy steps (edge mode, K = 2): the seed's own edge to a node without edges moves
+    # both steps (the seed's column of W and its threshold change at step 1 and again at step
+    # 2), so about half the claim is lost on this pair; its control is caught at 8x (measured
+    # lower bounds 1.46-1.70 at the test's draws, 1.01 at 6x).
+    CaseSpec("noisy_diffusion", "edge", "seed-pendant", 8.0, 4.0, steps=2),
 )  # fmt: skip

@@ -20,7 +20,7 @@ from service.errors import InvalidParameter
 from service.ledger.exposure import _as_time, _hour
 from service.ledger.ledger import QUOTA_WINDOW, Ledger
 from service.ledger.tables import Account, AuditLog, Budget, Charge, Refusal, Spend, iso
-from service.privacy.accountant import RdpCurve
+from service.privacy.accountant import RdpCurve, curve_key
 
 AccountSort = Literal[
     "account_id", "spent", "remaining", "used", "cap", "delta", "charges", "last_charge", "created"
@@ -417,7 +417,7 @@ class AdminViews:
         naive_terms: list[float] = []
         points: list[CurvePoint] = []
         for charge_id, created_at, eps, rdp in rows:
-            key = repr(rdp.get("rdp")) + repr(rdp.get("pure"))
+            key = curve_key(rdp)
             curve = parsed.get(key)
             if curve is None:
                 curve = parsed[key] = RdpCurve.from_json(rdp)

@@ -44,7 +44,7 @@ from service.mechanisms.randomness import fresh_generator
 from service.mechanisms.registry import RankingMechanism, resolve_mechanism
 from service.privacy.accountant import RdpCurve
 from service.privacy.calibration import DiffusionPlan
-from service.privacy.curves import laplace_curve
+from service.privacy.laplace import count_release_curve
 from service.privacy.modes import Mode
 from service.privacy.sampler import count_release_delta
 from service.serving.graph_holder import GraphHolder
@@ -783,8 +783,12 @@ class PprQueryService:
             curves = [
                 self.planner.plan(m.epsilon_max, delta, m.steps, m.beta, m.eta, mode).curve
                 for mode in Mode
-            ] + [laplace_curve(m.epsilon_max)]
-            hit = RdpCurve(np.max([c.rdp for c in curves], axis=0), max(c.pure for c in curves))
+            ] + [count_release_curve(m.epsilon_max)]
+            hit = RdpCurve(
+                np.max([c.rdp for c in curves], axis=0),
+                max(c.pure for c in curves),
+                max(c.sampler_tv for c in curves),
+            )
             self._max_charge = {graph.version: hit}
         return hit
 
