@@ -234,6 +234,19 @@ def test_every_setting_is_in_the_configuration_table() -> None:
         assert f"`PPR_{name.upper()}" in table, f"PPR_{name.upper()} is not documented"
 
 
+def test_every_documented_setting_is_a_setting() -> None:
+    """The other direction: every variable the configuration table documents is a field of
+    Settings (a renamed or removed setting leaves no row behind)."""
+    documented: list[str] = []
+    for line in (REPO / "docs" / "configuration.md").read_text().splitlines():
+        cells = line.split(" | ")
+        if line.startswith("| `PPR_") and len(cells) >= 3:
+            documented += re.findall(r"`(PPR_[A-Z0-9_]+)`", cells[0])
+    assert len(documented) >= len(Settings.model_fields)
+    for variable in documented:
+        assert variable[4:].lower() in Settings.model_fields, f"{variable} is not a setting"
+
+
 def test_the_data_dependent_skips_are_stated_right() -> None:
     """CONTRIBUTING.md names the one reason every data-dependent test skips with (no count
     that drifts), and no test looks for the shared data but through tests/shared_data.py."""

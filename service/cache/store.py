@@ -1,7 +1,7 @@
 """Byte stores under the caches: in-process LRU, Redis, and Redis with an in-process fallback.
 
 Every store maps ``str`` keys to ``bytes`` values. Nothing here knows what the bytes mean
-(the typed caches in :mod:`service.cache.caches` encode them; never with pickle). Logs name
+(the typed caches encode them, :mod:`service.cache.codec`; never with pickle). Logs name
 keys' kinds and errors only, never values.
 """
 

@@ -1,0 +1,76 @@
+"""The mechanism's settings: how the noisy diffusion runs on this deployment's graph, the
+bounds a query's epsilon and k must lie in and their defaults, the ranking a query gets when
+it names none, the public bounds on the graph (degree, edge count) and the budget of new
+accounts. Per deployment (one graph), never taken from clients. :class:`MechanismSettings`
+also stands alone (``MechanismSettings().account_delta``) where only these are needed."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from service.budgets import CAP_EPSILON_MAX, CAP_EPSILON_MIN, DELTA_MAX, DELTA_MIN
+from service.graph.bounds import DEFAULT_MAX_DEGREE_BOUND, MAX_DEGREE_BOUND_LIMIT
+from service.mechanisms.registry import DEFAULT_MECHANISM, RankingMechanism
+
+
+class MechanismSettings(BaseSettings):
+    """How the noisy diffusion runs on this deployment's graph (clients cannot change these)."""
+
+    model_config = SettingsConfigDict(env_prefix="PPR_", extra="ignore")
+
+    beta: float = Field(0.8, gt=0.0, lt=1.0, description="Diffusion weight (teleport 1 - beta).")
+    steps: int = Field(100, ge=1, le=10_000, description="Diffusion steps K.")
+    eta: float = Field(1e-7, gt=0.0, description="Threshold per unit degree: t_i = eta d_i.")
+    epsilon_min: float = Field(0.01, gt=0.0, description="Smallest epsilon a query may ask for.")
+    epsilon_max: float = Field(2.0, gt=0.0, description="Largest epsilon a query may ask for.")
+    default_epsilon: float = Field(0.1, gt=0.0, description="Epsilon of a query that names none.")
+    default_delta: float = Field(
+        1e-6, ge=DELTA_MIN, lt=DELTA_MAX,
+        description="Delta of new accounts' budgets and of the query calibration (never "
+        "derived from the graph; see PPR_EDGE_COUNT_BOUND).",
+    )  # fmt: skip
+    edge_count_bound: int | None = Field(
+        None, ge=1,
+        description="A public bound on the number of edges: when set, delta is "
+        "min(PPR_DEFAULT_DELTA, 1 / this), and a graph with more edges is refused at load.",
+    )  # fmt: skip
+    max_degree_bound: int = Field(
+        DEFAULT_MAX_DEGREE_BOUND, ge=1, le=MAX_DEGREE_BOUND_LIMIT,
+        description="A public bound on every node's degree: the float64 margin of the "
+        "diffusion's noise (kappa) is computed from it, never from the graph's own largest "
+        "degree; a graph with a node of higher degree is refused at load.",
+    )  # fmt: skip
+    default_cap_epsilon: float = Field(
+        1.0, ge=CAP_EPSILON_MIN, le=CAP_EPSILON_MAX, description="Budget cap of new accounts."
+    )
+    max_k: int = Field(1000, ge=1, le=10_000, description="Largest k a query may ask for.")
+    default_k: int = Field(20, ge=1, description="k of a query that names none.")
+    default_mechanism: RankingMechanism = Field(
+        DEFAULT_MECHANISM,
+        description="Ranking of a query that names none (personalized mode); a "
+        "personalized-only default is noisy_diffusion in edge mode.",
+    )
+    popular_epsilon: float = Field(
+        0.1, gt=0.0, le=10.0,
+        description="Epsilon of the one DP degree release per graph version behind `popular` "
+        "and `blended` (counted once in the graph-wide exposure; each account receiving an "
+        "answer built on it is charged it once per graph version).",
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _ranges_agree(self) -> MechanismSettings:
+        if self.epsilon_min > self.epsilon_max:
+            raise ValueError("PPR_EPSILON_MIN must not exceed PPR_EPSILON_MAX")
+        if not self.epsilon_min <= self.default_epsilon <= self.epsilon_max:
+            raise ValueError("PPR_DEFAULT_EPSILON must lie in [PPR_EPSILON_MIN, PPR_EPSILON_MAX]")
+        if self.default_k > self.max_k:
+            raise ValueError("PPR_DEFAULT_K must not exceed PPR_MAX_K")
+        return self
+
+    @property
+    def account_delta(self) -> float:
+        """Delta of new accounts and of calibration: from configuration only, never the graph."""
+        if self.edge_count_bound is None:
+            return self.default_delta
+        return min(self.default_delta, 1.0 / self.edge_count_bound)
