@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -167,6 +169,15 @@ def test_a_refund_takes_its_share_back(ledger: Ledger) -> None:
     assert report.ok, report.mismatches
 
 
+def _revision_before_share() -> str:
+    """The revision the sampler-share migration follows (it changes data only, so a ledger at
+    head with the old rows is a ledger at that revision)."""
+    path = Path(__file__).resolve().parents[1] / "migrations" / "versions" / "0010_sampler_share.py"
+    match = re.search(r'^down_revision: str \| None = "([^"]+)"', path.read_text(), re.M)
+    assert match is not None
+    return match.group(1)
+
+
 def test_an_old_ledgers_count_charges_get_their_share_on_upgrade(ledger_url: str) -> None:
     """Rows written by the code before carry the Laplace curve alone; after ``db upgrade``
     their shares are in every composed row and the ledger verifies."""
@@ -190,7 +201,9 @@ def test_an_old_ledgers_count_charges_get_their_share_on_upgrade(ledger_url: str
         old.dispose()
     engine = create_engine(ledger_url)
     with engine.begin() as conn:  # as a ledger of the revision before this one
-        conn.execute(text("UPDATE alembic_version SET version_num = '0006_idempotency_binding'"))
+        conn.execute(
+            text("UPDATE alembic_version SET version_num = :v"), {"v": _revision_before_share()}
+        )
     engine.dispose()
     upgrade(ledger_url)
     after = Ledger.from_url(ledger_url)

@@ -14,7 +14,7 @@ at the account's delta), each service account's read total and each exposure sha
 written before accounts for its old count answers too, and ``ledger verify`` holds after it.
 
 Revision ID: 0010_sampler_share
-Revises: 0006_idempotency_binding
+Revises: 0008_popular_key_bindings
 Create Date: 2026-11-25
 """
 
@@ -31,7 +31,7 @@ from alembic import op
 from service.privacy.accountant import RdpCurve
 
 revision: str = "0010_sampler_share"
-down_revision: str | None = "0006_idempotency_binding"
+down_revision: str | None = "0008_popular_key_bindings"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
