@@ -35,10 +35,12 @@ STAGES: dict[str, list[str]] = {
         "release_for_idempotency_key", "charge_state", "admit_and_charge_many",
         "store_releases", "authenticate",
     ],
-    "queries": [
-        "_release", "_post_process", "_find_release", "_store", "_prepare", "_store_many",
-        "_draw",
-    ],
+    # the query pipeline's stages (service/serving/pipeline), by the attribute of the service
+    "preparing": ["prepare"],
+    "replaying": ["find_release", "replay"],
+    "admitting": ["admit", "admit_many"],
+    "drawing": ["draw", "draw_group"],
+    "storing": ["store", "store_many"],
     "engine": ["compute"],
     "prefixes": ["lookup", "remember"],
 }  # fmt: skip
@@ -83,7 +85,8 @@ def main() -> None:
         queries = runtime.queries
         totals: dict[str, float] = defaultdict(float)
         instrument(ledger, STAGES["ledger"], "ledger", totals)
-        instrument(queries, STAGES["queries"], "service", totals)
+        for stage in ("preparing", "replaying", "admitting", "drawing", "storing"):
+            instrument(getattr(queries, stage), STAGES[stage], stage, totals)
         instrument(queries.engine, STAGES["engine"], "engine", totals)
         instrument(queries.prefixes, STAGES["prefixes"], "prefix", totals)
 
@@ -128,7 +131,7 @@ def main() -> None:
             for name, seconds in sorted(totals.items(), key=lambda kv: -kv[1]):
                 print(f"  {name:40s} {seconds / args.batches * 1000:8.2f} ms per call")
 
-        instrument(runtime.batch, ["_run_all"], "batch", totals)
+        instrument(runtime.batch, ["run_all"], "batch", totals)
         run_batches("batch, cold seeds", cold)
         run_batches("batch, the same seeds again (warm)", cold)
     finally:

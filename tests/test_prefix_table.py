@@ -321,7 +321,7 @@ def test_a_served_query_starts_from_the_table_and_releases_the_same_vector(
                 assert table_status() == "off"
             # test only: the same generator for the query in both runs
             monkeypatch.setattr(
-                "service.serving.ppr_query.fresh_generator", lambda: np.random.default_rng(7)
+                "service.serving.pipeline.draw.fresh_generator", lambda: np.random.default_rng(7)
             )
             before = runtime.queries.engine.stats()["column_steps"]
             body = _answer(client, key, "17")

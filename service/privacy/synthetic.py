@@ -26,7 +26,7 @@ the numerics (and the signal-to-noise ratio, which is at most B_max G_pair / std
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from service.errors import InvalidParameter
 from service.privacy.accountant import RdpCurve, rdp_to_epsilon
@@ -193,8 +193,17 @@ def privdpr_plan(
     )
 
 
-#: l1 sensitivity of the edge count to one edge.
+#: l1 sensitivity of the edge count to one edge, and of the in-block edge count.
 EDGE_COUNT_SENSITIVITY = 1.0
+LOCALITY_SENSITIVITY = 1.0
+
+
+def triangle_sensitivity(bound: int) -> float:
+    """l1 sensitivity to one edge of the triangle count of the degree-``bound`` projection
+    (service.synthetic.triangles): 2 (D - 1). One edge changes at most three edges of the
+    projection (itself and one displaced neighbour at each end); an edge of a graph of maximum
+    degree D lies in at most D - 1 triangles; at most one edge is added and two removed."""
+    return 2.0 * max(int(bound) - 1, 0)
 
 
 @dataclass(frozen=True)
@@ -203,6 +212,10 @@ class CommunityPlan:
 
     - ``probe``: the edge count + Lap(1 / eps_probe) (sensitivity 1);
     - ``degrees``: the degree vector + Lap(2 / eps_degrees) (sensitivity 2);
+    - ``triangles``: the triangle count of the degree-``triangle_bound`` projection
+      + Lap(2 (D - 1) / eps_triangles) (sensitivity 2 (D - 1), :func:`triangle_sensitivity`);
+    - ``locality``: the number of edges inside the blocks of consecutive nodes of the public
+      order + Lap(1 / eps_locality) (sensitivity 1: an edge is counted at most once);
     - ``rounds``: each of ``rounds`` node-by-group count matrices + Lap(2 / eps_round)
       (sensitivity 2: one edge moves u's count towards v's group and v's towards u's).
 
@@ -215,15 +228,28 @@ class CommunityPlan:
     degree_epsilon: float
     round_epsilon: float
     rounds: int
+    triangle_epsilon: float = 0.0
+    triangle_bound: int = 0
+    locality_epsilon: float = 0.0
 
     @property
     def epsilon(self) -> float:
-        return self.probe_epsilon + self.degree_epsilon + self.rounds * self.round_epsilon
+        return (
+            self.probe_epsilon
+            + self.degree_epsilon
+            + self.triangle_epsilon
+            + self.locality_epsilon
+            + self.rounds * self.round_epsilon
+        )
+
+    @property
+    def triangle_sensitivity(self) -> float:
+        return triangle_sensitivity(self.triangle_bound)
 
     def without_rounds(self) -> CommunityPlan:
         """The same total with the rounds' share moved to the degrees."""
-        return CommunityPlan(
-            probe_epsilon=self.probe_epsilon,
+        return replace(
+            self,
             degree_epsilon=self.degree_epsilon + self.rounds * self.round_epsilon,
             round_epsilon=0.0,
             rounds=0,
@@ -232,27 +258,48 @@ class CommunityPlan:
     @property
     def curve(self) -> RdpCurve:
         total = laplace_curve(self.probe_epsilon) + laplace_curve(self.degree_epsilon)
+        if self.triangle_epsilon > 0.0:
+            total = total + laplace_curve(self.triangle_epsilon)
+        if self.locality_epsilon > 0.0:
+            total = total + laplace_curve(self.locality_epsilon)
         if self.rounds:
             total = total + laplace_curve(self.round_epsilon) * self.rounds
         return total
 
 
 def community_plan(
-    epsilon: float, *, probe_share: float, degree_share: float, rounds: int
+    epsilon: float,
+    *,
+    probe_share: float,
+    degree_share: float,
+    rounds: int,
+    triangle_share: float = 0.0,
+    triangle_bound: int = 0,
+    locality_share: float = 0.0,
 ) -> CommunityPlan:
     """Split ``epsilon``: ``probe_share`` to the edge count, ``degree_share`` to the degrees,
-    the rest equally over ``rounds`` rounds of group counts."""
+    ``triangle_share`` to the truncated triangle count and ``locality_share`` to the in-block
+    edge count (none when 0), the rest equally over ``rounds`` rounds of group counts."""
     epsilon = _positive("epsilon", epsilon)
     if not 0.0 < probe_share < 1.0 or not 0.0 < degree_share < 1.0:
         raise InvalidParameter("share", "budget shares must be in (0, 1)")
+    if not 0.0 <= triangle_share < 1.0:
+        raise InvalidParameter("triangle_share", "the triangle share must be in [0, 1)")
+    if not 0.0 <= locality_share < 1.0:
+        raise InvalidParameter("locality_share", "the locality share must be in [0, 1)")
+    if triangle_share > 0.0 and triangle_bound < 2:
+        raise InvalidParameter("triangle_bound", "the triangle degree bound must be >= 2")
     if rounds < 1:
         raise InvalidParameter("rounds", f"rounds must be >= 1, got {rounds}")
-    rest = 1.0 - probe_share - degree_share
+    rest = 1.0 - probe_share - degree_share - triangle_share - locality_share
     if rest <= 0.0:
-        raise InvalidParameter("share", "the probe and degree shares must sum to < 1")
+        raise InvalidParameter("share", "the budget shares must sum to < 1")
     return CommunityPlan(
         probe_epsilon=epsilon * probe_share,
         degree_epsilon=epsilon * degree_share,
         round_epsilon=epsilon * rest / rounds,
         rounds=rounds,
+        triangle_epsilon=epsilon * triangle_share,
+        triangle_bound=triangle_bound if triangle_share > 0.0 else 0,
+        locality_epsilon=epsilon * locality_share,
     )

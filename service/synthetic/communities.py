@@ -35,10 +35,13 @@ from service.errors import InvalidParameter
 from service.privacy.synthetic import (
     EDGE_COUNT_SENSITIVITY,
     GROUP_COUNT_SENSITIVITY,
+    LOCALITY_SENSITIVITY,
     CommunityPlan,
     community_plan,
 )
+from service.synthetic.blocks import Targets, layered_graph
 from service.synthetic.sampling import block_configuration, denoise_degrees
+from service.synthetic.triangles import in_block_edges, public_block_size, truncated_triangles
 
 DEGREE_SENSITIVITY = 2.0
 
@@ -47,9 +50,22 @@ DEGREE_SENSITIVITY = 2.0
 class CommunityParams:
     groups: int = 6
     rounds: int = 5
-    probe_share: float = 0.05
+    probe_share: float = 0.03
     degree_share: float = 0.35
     min_signal: float = 1.0
+    #: Share of eps for the truncated triangle count (0: no triangle release, no blocks).
+    triangle_share: float = 0.07
+    #: D of the triangle release: every node keeps its D lowest-priority neighbours.
+    triangle_bound: int = 10
+    #: Largest affinity block (BTER): bounds the triangles one block can hold.
+    block_cap: int = 64
+    #: Share of eps for the in-block edge count along the public node order (0: none).
+    locality_share: float = 0.03
+    #: A triangle or in-block count is used only when its released value is at least this many
+    #: times its Laplace scale (below that it is mostly noise: its layer is left out).
+    count_min_signal: float = 2.0
+    #: Smallest synthetic degree (1: a graph read from an edge list has no isolated node).
+    min_degree: int = 1
 
     def validate(self) -> None:
         checks = (
@@ -58,6 +74,12 @@ class CommunityParams:
             ("probe_share", 0.0 < self.probe_share < 0.5),
             ("degree_share", 0.0 < self.degree_share < 1.0),
             ("min_signal", 0.0 <= self.min_signal <= 1e6),
+            ("triangle_share", 0.0 <= self.triangle_share < 0.5),
+            ("triangle_bound", 2 <= self.triangle_bound <= 256),
+            ("block_cap", 2 <= self.block_cap <= 1024),
+            ("min_degree", 0 <= self.min_degree <= 8),
+            ("locality_share", 0.0 <= self.locality_share < 0.5),
+            ("count_min_signal", 0.0 <= self.count_min_signal <= 1e6),
         )
         for name, ok in checks:
             if not ok:
@@ -70,6 +92,9 @@ class CommunityParams:
             probe_share=self.probe_share,
             degree_share=self.degree_share,
             rounds=self.rounds,
+            triangle_share=self.triangle_share,
+            triangle_bound=self.triangle_bound,
+            locality_share=self.locality_share,
         )
 
 
@@ -100,8 +125,28 @@ def community_synthesize(
     if signal < params.min_signal:
         plan = plan.without_rounds()
 
+    triangles_released = None
+    priority = rng.permutation(n)  # drawn without the data: the projection's neighbour order
+    if plan.triangle_epsilon > 0.0:
+        triangles_released = truncated_triangles(
+            indptr, indices, priority, plan.triangle_bound
+        ) + rng.laplace(0.0, plan.triangle_sensitivity / plan.triangle_epsilon)
+
+    size = public_block_size(mean_degree, params.block_cap)  # from the probe: post-processing
+    in_block_released = None
+    if plan.locality_epsilon > 0.0:
+        in_block_released = in_block_edges(indptr, indices, size) + rng.laplace(
+            0.0, LOCALITY_SENSITIVITY / plan.locality_epsilon
+        )
+    use_triangles = triangles_released is not None and triangles_released >= (
+        params.count_min_signal * plan.triangle_sensitivity / max(plan.triangle_epsilon, 1e-300)
+    )
+    use_in_block = in_block_released is not None and in_block_released >= (
+        params.count_min_signal * LOCALITY_SENSITIVITY / max(plan.locality_epsilon, 1e-300)
+    )
+
     noisy = degrees + rng.laplace(0.0, DEGREE_SENSITIVITY / plan.degree_epsilon, n)
-    target = denoise_degrees(noisy, 2.0 * max(edges_released, 0.0), rng)
+    target = denoise_degrees(noisy, 2.0 * max(edges_released, 0.0), rng, params.min_degree)
 
     k = params.groups if plan.rounds else 1
     groups = rng.integers(0, k, n)
@@ -118,10 +163,30 @@ def community_synthesize(
             block = (block + block.T) / 2.0
             mixing = block / np.maximum(block.sum(axis=1, keepdims=True), 1e-12)
             mixing[block.sum(axis=1) <= 0] = 1.0 / k
-    u, v = block_configuration(target, groups, mixing, rng)
+
+    def rest(d: np.ndarray, r: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        return block_configuration(d, groups, mixing, r)
+
+    targets = Targets(  # a count below the signal rule leaves its layer out: post-processing
+        triangles=triangles_released if use_triangles else None,
+        triangle_bound=plan.triangle_bound,
+        priority=priority,
+        in_block=in_block_released if use_in_block else None,
+        block_size=size,
+    )
+    (u, v), fitted = layered_graph(target, targets, params.block_cap, rest, rng, groups)
     summary = {
         "groups": int(k),
         "rounds": int(plan.rounds),
         "released_edges": float(round(edges_released, 3)),
+        "released_triangles": None
+        if triangles_released is None
+        else float(round(triangles_released, 3)),
+        "released_in_block": None
+        if in_block_released is None
+        else float(round(in_block_released, 3)),
+        "block_size": int(size),
+        "band": float(round(fitted["band"], 6)),
+        "affinity": float(round(fitted["affinity"], 6)),
     }
     return u, v, plan, summary

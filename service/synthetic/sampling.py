@@ -19,22 +19,26 @@ def simple_edges(u: np.ndarray, v: np.ndarray, n: int) -> tuple[np.ndarray, np.n
     return keys // n, keys % n
 
 
-def denoise_degrees(noisy: np.ndarray, total: float | None, rng: np.random.Generator) -> np.ndarray:
+def denoise_degrees(
+    noisy: np.ndarray, total: float | None, rng: np.random.Generator, floor: int = 0
+) -> np.ndarray:
     """Integer degrees from a noisy degree vector (post-processing only).
 
     The sorted noisy degrees are replaced by their isotonic (non-decreasing) least-squares fit
-    (Hay et al., ICDM 2009: the sorted true degrees are non-decreasing), clipped at 0, given
-    back to the nodes in the order of their noisy values, rescaled to ``total`` (e.g. twice a
-    released edge count) when given, and rounded at random without bias.
+    (Hay et al., ICDM 2009: the sorted true degrees are non-decreasing), clipped at ``floor``
+    (a public prior, e.g. 1 for a graph read from an edge list, where no node is isolated),
+    given back to the nodes in the order of their noisy values, rescaled to ``total`` (e.g.
+    twice a released edge count) when given, clipped at ``floor`` again, and rounded at random
+    without bias.
     """
     order = np.argsort(noisy, kind="stable")
-    fitted = np.maximum(isotonic_regression(noisy[order]).x, 0.0)
+    fitted = np.maximum(isotonic_regression(noisy[order]).x, float(floor))
     out = np.empty_like(fitted)
     out[order] = fitted
     if total is not None and out.sum() > 0:
-        out *= max(total, 0.0) / out.sum()
-    floor = np.floor(out)
-    return (floor + (rng.random(out.size) < out - floor)).astype(np.int64)
+        out = np.maximum(out * max(total, 0.0) / out.sum(), float(floor))
+    low = np.floor(out)
+    return (low + (rng.random(out.size) < out - low)).astype(np.int64)
 
 
 def chung_lu(

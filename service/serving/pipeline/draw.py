@@ -1,0 +1,196 @@
+"""Drawing: the admitted query's noisy release, never before its charge is committed.
+
+A diffusion is handed to the engine, which runs it in a block with concurrent queries (a
+group's diffusions all go to the engine before the first is waited for, so they share one
+block); the other rankings draw their Laplace noise here. A failure before the first noise
+draw refunds the charge with a compensating ledger row; after it, the charge stays. The
+release is ranked into its stored form (the top ``replay_store_top``, plus room to drop the
+seed's neighbours on replay); it is not yet stored, and must be before it is answered.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from service.graph.model import Graph
+from service.ledger.ledger import Ledger
+from service.ledger.records import BudgetView, ChargeReceipt, ReadCapExhausted, StoredRelease
+from service.ledger.release_format import StoredResults
+from service.mechanisms.engine import DiffusionEngine, EngineFailure
+from service.mechanisms.postprocess import RankedNode, ranked_indices, score_grid
+from service.mechanisms.randomness import fresh_generator
+from service.privacy.calibration import DiffusionPlan
+from service.privacy.modes import Mode
+from service.serving.pipeline.items import Admitted, Pending, Started
+from service.serving.pipeline.prefixes import PrefixProvider
+from service.serving.pipeline.reads import ReadFigure
+from service.serving.rankings import RankingPlan, degree_release_name, draw_ranking
+from service.serving.schemas import Answer, QueryRequest
+
+#: What a group's query that joined a twin does instead of drawing (the coordinator's path
+#: after admission): the twin's release, or its own answer if the twin was refunded.
+Join = Callable[[Pending, ChargeReceipt], Answer | StoredRelease]
+
+
+class Drawer:
+    """Draws admitted queries' releases: alone, or a group's together."""
+
+    def __init__(
+        self,
+        *,
+        engine: DiffusionEngine,
+        prefixes: PrefixProvider,
+        ledger: Ledger,
+        reads: ReadFigure,
+        note_budget: Callable[[int, BudgetView], None],
+        replay_store_top: int,
+    ) -> None:
+        self.engine = engine
+        self.prefixes = prefixes
+        self.ledger = ledger
+        self.reads = reads
+        self.note_budget = note_budget
+        self.replay_store_top = replay_store_top
+
+    def draw(self, p: Pending, receipt: ChargeReceipt) -> StoredRelease:
+        """The admitted query's noisy release (not yet stored: it must be, before answering)."""
+        return self.finish(p, self.start(p, receipt))
+
+    def start(self, p: Pending, receipt: ChargeReceipt) -> Started | StoredRelease:
+        """Begin the admitted query's release: a diffusion is handed to the engine and returns
+        at once (:meth:`finish` waits for it); another ranking is drawn here."""
+        self.note_budget(p.account_id, receipt.budget)  # for replays here
+        if p.req.principal.type == "service":
+            try:  # before any noise is drawn: a refused read refunds the fresh charge
+                degree = _degree_release_of(p.plan)
+                self.reads.record(p.req, p.graph.version, receipt.charge_id, degree)
+            except ReadCapExhausted:
+                reason = "refused by the service account's read cap before any noise was drawn"
+                self.ledger.refund(receipt.charge_id, reason=reason)
+                raise
+        if isinstance(p.plan, DiffusionPlan):
+            return self._start_diffusion(p.graph, p.seed, p.plan, receipt.charge_id)
+        results, mechanism = self._draw_ranking(
+            p.graph, p.seed, p.plan, receipt.charge_id, p.req, p.mechanism
+        )
+        return StoredRelease(p.key, receipt.charge_id, results, mechanism, p.req.request_id)
+
+    def finish(self, p: Pending, started: Started | StoredRelease) -> StoredRelease:
+        if isinstance(started, StoredRelease):
+            return started
+        results = self._finish_diffusion(started)
+        return StoredRelease(p.key, started.charge_id, results, p.mechanism, p.req.request_id)
+
+    def _start_diffusion(
+        self, graph: Graph, seed: int, plan: DiffusionPlan, charge_id: int
+    ) -> Started:
+        """Hand the admitted query to the engine (it returns at once): batched with
+        concurrent queries; a cold seed's prefix is computed in the same block."""
+        config = plan.config
+        where = (graph, seed, config.mode, config.beta, config.eta, config.noise_free_steps)
+        try:
+            prefix = self.prefixes.lookup(*where)
+            rng = fresh_generator()
+            future = self.engine.submit(graph, seed, config, rng=rng, prefix=prefix)
+        except BaseException:
+            # No noise has been drawn: nothing was released, so the charge is compensated.
+            self.ledger.refund(charge_id, reason="failed before any noise was drawn")
+            raise
+        return Started(future, where, prefix is None, charge_id, config.noise_scale)
+
+    def _finish_diffusion(self, started: Started) -> Sequence[RankedNode]:
+        """Wait for the engine's result, then rank it (the stored form of the release)."""
+        try:
+            result = started.future.result()
+        except EngineFailure as exc:
+            if not exc.noise_drawn:  # it failed in the noise-free prefix: nothing released
+                self.ledger.refund(started.charge_id, reason="failed before any noise was drawn")
+            raise exc.error from None
+        graph, seed, mode, _, _, _ = started.where
+        if started.cold and result.prefix is not None:
+            self.prefixes.remember(*started.where, result.prefix)
+        keep = self.replay_store_top
+        if mode is Mode.PERSONALIZED:
+            keep += int(graph.degrees[seed])  # room to drop the seed's neighbours on replay
+        grid = score_grid(started.noise_scale)
+        return stored_results(graph, *ranked_indices(graph, seed, result.scores, keep, grid=grid))
+
+    def _draw_ranking(
+        self,
+        graph: Graph,
+        seed: int,
+        plan: RankingPlan,
+        charge_id: int,
+        req: QueryRequest,
+        mechanism: dict[str, Any],
+    ) -> tuple[Sequence[RankedNode], dict[str, Any]]:
+        """``common_neighbours`` / ``friends_of_friends`` / ``blended``: this query's Laplace
+        draw, post-processed."""
+        try:
+            rng = fresh_generator()
+        except BaseException:
+            self.ledger.refund(charge_id, reason="failed before any noise was drawn")
+            raise
+        drawn = draw_ranking(graph, seed, plan, rng)
+        keep = self.replay_store_top + int(graph.degrees[seed])
+        ranked = ranked_indices(graph, seed, drawn.scores, keep, grid=drawn.grid)
+        results = stored_results(graph, *ranked)
+        return results, {**mechanism, **drawn.extra}
+
+    # -- a group --------------------------------------------------------------------------
+
+    def draw_group(
+        self,
+        admitted: list[Admitted],
+        run: Callable[[list[Callable[[], Any]]], list[Any]],
+        join: Join,
+    ) -> list[Answer | StoredRelease | BaseException]:
+        """Each admitted query's release (or a twin's answer through ``join``, or its error),
+        in order. Every diffusion goes to the engine before the first is waited for, so they
+        share a block without a thread each; the rest run on ``run``."""
+        started: dict[int, Started | StoredRelease | BaseException] = {}
+        thunks: list[Callable[[], Any]] = []
+        with self.engine.together():  # an idle engine starts them as one block
+            for j, (_, p, r) in enumerate(admitted):
+                if isinstance(p.plan, DiffusionPlan) and not (r.reused or r.joined):
+                    try:
+                        started[j] = self.start(p, r)
+                    except Exception as exc:
+                        started[j] = exc
+                else:
+                    thunks.append(functools.partial(self._draw_or_join, p, r, join))
+        ran = iter(run(thunks) if thunks else [])
+        drawn: list[Answer | StoredRelease | BaseException] = []
+        for j, (_, p, _) in enumerate(admitted):
+            if j not in started:
+                drawn.append(next(ran))
+                continue
+            begun = started[j]
+            try:
+                drawn.append(begun if isinstance(begun, BaseException) else self.finish(p, begun))
+            except Exception as exc:
+                drawn.append(exc)
+        return drawn
+
+    def _draw_or_join(
+        self, p: Pending, receipt: ChargeReceipt, join: Join
+    ) -> Answer | StoredRelease:
+        if receipt.reused or receipt.joined:
+            return join(p, receipt)  # an earlier twin's release
+        return self.draw(p, receipt)
+
+
+def _degree_release_of(plan: DiffusionPlan | RankingPlan) -> str | None:
+    """The graph release name of the degree vector an answer of ``plan`` is built on."""
+    degrees = plan.degrees if isinstance(plan, RankingPlan) else None
+    return None if degrees is None else degree_release_name(degrees.plan.scale)
+
+
+def stored_results(graph: Graph, best: np.ndarray, scores: np.ndarray) -> StoredResults:
+    """The stored form of a ranking, the ids taken from the graph's table as UTF-8 bytes."""
+    data, lengths = graph.external_ids_utf8(best)
+    return StoredResults(data, lengths, scores)

@@ -1,0 +1,29 @@
+"""What admission enforces beyond each account's own cap."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class AdmissionPolicy:
+    """What admission enforces beyond each account's own cap (from the settings)."""
+
+    service_quota_epsilon: float | None = None  # default quota of service accounts
+    service_read_cap_epsilon: float | None = None  # default cap on a service account's reads
+    graph_cap_epsilon: float | None = None
+    exposure_delta: float | None = None  # None: the smallest account delta
+    stale_after_seconds: float = 60.0  # an in-flight twin older than this is reconciled
+    twin_wait_seconds: float = 10.0  # how long to wait for an in-flight twin's release
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> AdmissionPolicy:
+        return cls(
+            service_quota_epsilon=settings.service_quota_epsilon,
+            service_read_cap_epsilon=settings.service_read_cap_epsilon,
+            graph_cap_epsilon=settings.graph_cap_epsilon,
+            exposure_delta=settings.exposure_delta,
+            stale_after_seconds=settings.reconcile_after_seconds,
+            twin_wait_seconds=settings.twin_wait_seconds,
+        )

@@ -1,0 +1,273 @@
+"""Preparing: everything before admission.
+
+Validate the request, find the account it charges, answer it from a stored release when one
+can (a keyed query's release only once its Idempotency-Key is bound to it), answer
+``popular`` from the graph version's degree release, else plan the query: its calibration
+and the mechanism description its answer carries (:class:`Pending`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from service.config import MechanismSettings
+from service.errors import Forbidden, InvalidParameter
+from service.graph.model import Graph
+from service.ledger.ledger import Ledger
+from service.ledger.records import ModeNotAllowed, ReleaseKey
+from service.mechanisms.postprocess import score_grid
+from service.mechanisms.registry import RankingMechanism, resolve_mechanism
+from service.privacy.calibration import DiffusionPlan
+from service.privacy.modes import Mode
+from service.serving.graph_holder import GraphHolder
+from service.serving.pipeline.admit import Admitter
+from service.serving.pipeline.answer import PopularAnswers
+from service.serving.pipeline.errors import IdempotencyKeyReused
+from service.serving.pipeline.items import Pending, ToBind
+from service.serving.pipeline.replay import Replayer, covers
+from service.serving.planner import DiffusionPlanner
+from service.serving.rankings import DegreeReleases, RankingPlan, plan_ranking
+from service.serving.schemas import Answer, Principal, QueryRequest
+
+MECHANISM_NAME = "noisy_diffusion"
+
+#: How long an account's delta (calibration only) is reused.
+_DELTA_TTL_SECONDS = 5.0
+
+
+class Preparer:
+    """Takes a request as far as it goes without the ledger's admission."""
+
+    def __init__(
+        self,
+        *,
+        graphs: GraphHolder,
+        ledger: Ledger,
+        mechanism: MechanismSettings,
+        planner: DiffusionPlanner,
+        degree_releases: DegreeReleases,
+        create_seed_accounts: bool,
+        admitter: Admitter,
+        replayer: Replayer,
+        popular: PopularAnswers,
+    ) -> None:
+        self.graphs = graphs
+        self.ledger = ledger
+        self.mechanism = mechanism
+        self.planner = planner
+        self.degree_releases = degree_releases
+        self.create_seed_accounts = create_seed_accounts
+        self.admitter = admitter
+        self.replayer = replayer
+        self.popular = popular
+        self._deltas: dict[int, tuple[float, float]] = {}  # account -> (delta, read at)
+
+    # -- validation and authorization -----------------------------------------------------
+
+    def _validate(self, req: QueryRequest) -> float:
+        if req.principal.type == "user" and req.principal.node_id != req.node:
+            # Before the graph lookup: the same 403 for another user's node and for a node
+            # that does not exist, so a key holder cannot list the graph's nodes.
+            raise Forbidden("a user account may query only its own node")
+        m = self.mechanism
+        if not 1 <= req.k <= m.max_k:
+            raise InvalidParameter("k", f"must be an integer in [1, {m.max_k}], got {req.k}")
+        epsilon = m.default_epsilon if req.epsilon is None else req.epsilon
+        if not math.isfinite(epsilon) or not m.epsilon_min <= epsilon <= m.epsilon_max:
+            raise InvalidParameter(
+                "epsilon", f"must be in [{m.epsilon_min}, {m.epsilon_max}], got {epsilon}"
+            )
+        if req.exclude_neighbors and req.mode is not Mode.PERSONALIZED:
+            raise InvalidParameter(
+                "exclude_neighbors",
+                "uses the seed's own edges, which edge mode protects; use mode=personalized",
+            )
+        if req.exclude_neighbors and req.principal.type == "service":
+            # With and without it, two answers name the seed's neighbour list outright: a
+            # user's own edges are for that user, so only the user may ask for it.
+            raise InvalidParameter(
+                "exclude_neighbors",
+                "is offered to the seed user only, not to service accounts; drop the seed's "
+                "neighbours on your side if you hold them",
+            )
+        return float(epsilon)
+
+    def validate(self, req: QueryRequest) -> float:
+        """Check k, epsilon, the mechanism and the mode's options without answering; the
+        epsilon to use."""
+        epsilon = self._validate(req)
+        self._mechanism_for(req)
+        return epsilon
+
+    def _mechanism_for(self, req: QueryRequest) -> RankingMechanism:
+        return resolve_mechanism(req.mechanism, req.mode, self.mechanism.default_mechanism)
+
+    def _charged_account(self, principal: Principal, node: str, mode: Mode, graph: Graph) -> int:
+        if principal.type == "admin":
+            raise Forbidden("admin accounts manage budgets and cannot query")
+        if principal.type == "user":
+            if principal.node_id != node:
+                raise Forbidden("a user account may query only its own node")
+            return principal.account_id
+        if principal.type == "service":
+            if mode.value not in principal.modes:
+                self.ledger.record_refusal(
+                    ModeNotAllowed.code, principal_account_id=principal.account_id, mode=mode.value
+                )
+                raise ModeNotAllowed(
+                    f"this service account may query in {', '.join(principal.modes)} mode only; "
+                    f"an admin must grant {mode.value!r} (accounts set-scopes --modes)",
+                    details={"mode": mode.value, "modes": list(principal.modes)},
+                )
+            if mode is Mode.EDGE:
+                return principal.account_id  # shared answers: every edge protected, paid by caller
+            allow_create = self.create_seed_accounts and principal.may_create_seed_accounts
+            return self.ledger.user_account_for_node(
+                node,
+                create=allow_create,
+                cap_epsilon=self.mechanism.default_cap_epsilon,
+                delta=self.mechanism.account_delta,
+            )
+        raise Forbidden(f"account type {principal.type!r} cannot query")
+
+    # -- one query, a group ---------------------------------------------------------------
+
+    def prepare_one(self, req: QueryRequest) -> Answer | Pending:
+        """:meth:`prepare`, a keyed replay's key bound to its release (or the query planned,
+        when the key is bound already)."""
+        prepared = self.prepare(req)
+        if isinstance(prepared, ToBind):
+            bound = self.replayer.bind([prepared], self.plan_bound)[0]
+            if isinstance(bound, BaseException):
+                raise bound
+            return bound
+        return prepared
+
+    def prepare_many(
+        self,
+        reqs: list[QueryRequest],
+        settle: Callable[[int, Answer | BaseException], None],
+    ) -> list[tuple[int, Pending]]:
+        """Each request prepared, in order: replays and errors are settled at once, the
+        group's keyed replays bind their keys in one transaction; the rest go to admission."""
+        pending: list[tuple[int, Pending]] = []
+        to_bind: list[tuple[int, ToBind]] = []
+        for i, req in enumerate(reqs):
+            try:
+                prepared = self.prepare(req)
+            except Exception as exc:
+                settle(i, exc)
+                continue
+            if isinstance(prepared, Answer):
+                settle(i, prepared)
+            elif isinstance(prepared, ToBind):
+                to_bind.append((i, prepared))
+            else:
+                pending.append((i, prepared))
+        if to_bind:  # the group's keyed replays bind their keys in one transaction
+            bound = self.replayer.bind([b for _, b in to_bind], self.plan_bound)
+            for (i, _), resolved in zip(to_bind, bound, strict=True):
+                if isinstance(resolved, Pending):
+                    pending.append((i, resolved))
+                else:
+                    settle(i, resolved)
+            pending.sort(key=lambda item: item[0])
+        return pending
+
+    def prepare(self, req: QueryRequest) -> Answer | Pending | ToBind:
+        """Everything before admission: validation, the charged account, replays from stored
+        releases, the plan. An Answer when a stored release (or ``popular``) answers; a
+        keyed query a stored release can answer is that release once its key is bound to it
+        (:meth:`Replayer.bind`), so every retry under the key gets the same one."""
+        graph = self.graphs.current  # one version for the whole request
+        epsilon = self._validate(req)
+        name = self._mechanism_for(req)
+        seed = graph.index_of(req.node)
+        account_id = self._charged_account(req.principal, req.node, req.mode, graph)
+        if name is RankingMechanism.POPULAR:
+            return self.popular.answer(req, graph, seed, account_id)
+        key = ReleaseKey(account_id, req.node, graph.version, req.mode.value, epsilon, name.value)
+
+        if req.idempotency_key is not None:
+            stored = self.replayer.release_for_idempotency_key(req)
+            if stored is not None:
+                if stored.key != key:
+                    raise IdempotencyKeyReused()
+                return self.replayer.replay(stored, req, graph, seed, account_id)
+        join_twins = not req.fresh
+        if not req.fresh:
+            stored = self.replayer.find_release(key)
+            if stored is not None:
+                if covers(stored, req, graph, seed):
+                    if req.idempotency_key is not None:
+                        return ToBind(req, graph, seed, account_id, key, name, epsilon, stored)
+                    return self.replayer.replay(stored, req, graph, seed, account_id)
+                join_twins = False  # the stored release is too short for this query: draw anew
+        return self._plan(req, graph, seed, account_id, key, name, epsilon, join_twins)
+
+    # -- the plan -------------------------------------------------------------------------
+
+    def plan_bound(self, b: ToBind) -> Pending:
+        """A keyed query whose key was bound already: planned, to be admitted as a twin."""
+        return self._plan(b.req, b.graph, b.seed, b.account_id, b.key, b.name, b.epsilon, True)
+
+    def _plan(
+        self,
+        req: QueryRequest,
+        graph: Graph,
+        seed: int,
+        account_id: int,
+        key: ReleaseKey,
+        name: RankingMechanism,
+        epsilon: float,
+        join_twins: bool,
+    ) -> Pending:
+        """The query prepared for admission: its plan and mechanism description."""
+        plan: DiffusionPlan | RankingPlan
+        if name is RankingMechanism.NOISY_DIFFUSION:
+            delta = self._account_delta(account_id)
+            m = self.mechanism
+            plan = self.planner.plan(epsilon, delta, m.steps, m.beta, m.eta, req.mode)
+            mechanism = mechanism_dict(plan)
+        else:
+            # blended's degree release is made (or read) before admission: it is the graph
+            # version's, counted once in the graph-wide exposure; this account pays for it
+            # (once per version) in the query's own admission
+            degrees = None
+            if name is RankingMechanism.BLENDED:
+                degrees = self.degree_releases.get(graph, self.admitter.graph_cap(graph))
+            plan = plan_ranking(name, epsilon, req.mode, degrees)
+            mechanism = plan.describe()
+        return Pending(req, graph, seed, account_id, key, join_twins, plan, mechanism)
+
+    def _account_delta(self, account_id: int) -> float:
+        """The account's delta, re-read at most every ``_DELTA_TTL_SECONDS``. It only picks the
+        calibration: admission checks the composed curve at the delta read under its lock."""
+        now = time.monotonic()
+        hit = self._deltas.get(account_id)
+        if hit is None or now - hit[1] > _DELTA_TTL_SECONDS:
+            hit = (self.ledger.account_delta(account_id), now)
+            if len(self._deltas) > 100_000:
+                self._deltas.clear()
+            self._deltas[account_id] = hit
+        return hit[0]
+
+
+def mechanism_dict(plan: DiffusionPlan) -> dict[str, Any]:
+    """The mechanism description a noisy-diffusion answer carries."""
+    c = plan.config
+    return {
+        "name": MECHANISM_NAME,
+        "mode": c.mode.value,
+        "epsilon": plan.epsilon,
+        "delta": plan.delta,
+        "beta": c.beta,
+        "steps": c.steps,
+        "noisy_steps": c.noisy_steps,
+        "eta": c.eta,
+        "noise_scale": c.noise_scale,
+        "score_grid": score_grid(c.noise_scale),
+    }

@@ -1,0 +1,242 @@
+"""Replaying: answers from stored releases, at no charge.
+
+A stored release answers a query that is identical to the one it was drawn for (the same
+account, seed, graph version, mode, epsilon and mechanism) when it holds k results; a retry
+under the same Idempotency-Key gets the release its key is bound to in the ledger (binding a
+key to a release found before admission takes one transaction for a whole group). A query
+whose identical twin was admitted first waits for the twin's release (and is admitted again if
+the twin is refunded instead). The database is the truth; the replay cache sits in front.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from service.cache.caches import ReplayCache
+from service.graph.model import Graph
+from service.ledger.ledger import Ledger
+from service.ledger.records import BudgetView, ChargeReceipt, ReleaseKey, StoredRelease
+from service.serving.pipeline.answer import post_process
+from service.serving.pipeline.errors import IdempotencyKeyReused, RequestInProgress
+from service.serving.pipeline.items import Admitted, Pending, ToBind
+from service.serving.pipeline.policy import AdmissionPolicy
+from service.serving.pipeline.reads import ReadFigure
+from service.serving.rankings import degree_release_name
+from service.serving.schemas import Answer, QueryRequest
+
+log = logging.getLogger(__name__)
+
+#: How long a replay's budget view is reused.
+_REPLAY_BUDGET_TTL_SECONDS = 1.0
+
+#: How often an admission is retried after the charge it waited on was refunded.
+_MAX_ADMISSIONS = 3
+
+
+class Replayer:
+    """Finds stored releases and answers with them."""
+
+    def __init__(
+        self,
+        *,
+        ledger: Ledger,
+        replays: ReplayCache | None,
+        reads: ReadFigure,
+        policy: AdmissionPolicy,
+    ) -> None:
+        self.ledger = ledger
+        self.replays = replays
+        self.reads = reads
+        self.policy = policy
+        self._budgets: dict[int, tuple[BudgetView, float]] = {}  # account -> (budget, read at)
+
+    # -- finding stored releases ----------------------------------------------------------
+
+    def find_release(self, key: ReleaseKey) -> StoredRelease | None:
+        if self.replays is not None:
+            hit = self.replays.get(key)
+            if hit is not None:
+                return hit
+        stored = self.ledger.find_release(key)
+        if stored is not None and self.replays is not None:
+            self.replays.put(stored)
+        return stored
+
+    def release_for_idempotency_key(self, req: QueryRequest) -> StoredRelease | None:
+        principal, idem = req.principal.account_id, req.idempotency_key or ""
+        if self.replays is not None:
+            hit = self.replays.get_for_idempotency(principal, idem)
+            if hit is not None:
+                return hit
+        stored = self.ledger.release_for_idempotency_key(principal, idem)
+        if stored is not None and self.replays is not None:
+            self.replays.put_for_idempotency(principal, idem, stored)
+        return stored
+
+    # -- answering with one ---------------------------------------------------------------
+
+    def replay(
+        self, stored: StoredRelease, req: QueryRequest, graph: Graph, seed: int, account_id: int
+    ) -> Answer:
+        if req.principal.type == "service":  # before the replay is sent
+            scale = stored.mechanism.get("degree_noise_scale")
+            degree = None if scale is None else degree_release_name(float(scale))
+            self.reads.record(req, stored.key.graph_version, stored.charge_id, degree)
+        return Answer(
+            node=req.node,
+            graph_version=graph.version,
+            results=post_process(stored.results, req, graph, seed),
+            mechanism=stored.mechanism,
+            budget=self._replay_budget(account_id),
+            replayed=True,
+            request_id=req.request_id,
+            charged_account_id=account_id,
+            epsilon_charged=0.0,
+            extra={"original_request_id": stored.request_id},
+        )
+
+    def note_budget(self, account_id: int, budget: BudgetView) -> None:
+        """A fresh receipt's budget, shown with this account's replays for a while."""
+        self._budgets[account_id] = (budget, time.monotonic())
+
+    def _replay_budget(self, account_id: int) -> BudgetView:
+        """The budget shown with a replay (nothing is charged), at most
+        ``_REPLAY_BUDGET_TTL_SECONDS`` old; fresh answers show their own receipt's."""
+        now = time.monotonic()
+        hit = self._budgets.get(account_id)
+        if hit is None or now - hit[1] > _REPLAY_BUDGET_TTL_SECONDS:
+            hit = (self.ledger.budget(account_id), now)
+            if len(self._budgets) > 100_000:
+                self._budgets.clear()
+            self._budgets[account_id] = hit
+        return hit[0]
+
+    # -- Idempotency-Key binding ----------------------------------------------------------
+
+    def bind(
+        self, items: list[ToBind], plan: Callable[[ToBind], Pending]
+    ) -> list[Answer | Pending | BaseException]:
+        """Bind each keyed query's Idempotency-Key to the stored release found for it, in one
+        ledger transaction, and answer with that release. A key bound already (by an earlier
+        or a concurrent request) keeps its charge: that query is planned (``plan``) and goes
+        on to admission, which finds the binding and answers with its release (or 422 for a
+        different query)."""
+        try:
+            bound = self.ledger.bind_idempotency_keys(
+                [
+                    (b.req.principal.account_id, b.req.idempotency_key or "", b.stored.charge_id)
+                    for b in items
+                ]
+            )
+        except Exception as exc:
+            return [exc] * len(items)
+        out: list[Answer | Pending | BaseException] = []
+        cache: list[tuple[StoredRelease, int, str | None]] = []
+        for b, charge_id in zip(items, bound, strict=True):
+            if charge_id == b.stored.charge_id:
+                cache.append((b.stored, b.req.principal.account_id, b.req.idempotency_key))
+                out.append(self.replay(b.stored, b.req, b.graph, b.seed, b.account_id))
+                continue
+            try:
+                out.append(plan(b))
+            except Exception as exc:
+                out.append(exc)
+        self._cache_bound(cache)
+        return out
+
+    def _cache_bound(self, entries: list[tuple[StoredRelease, int, str | None]]) -> None:
+        """Cache releases whose keys are bound to them (a bound key never changes charge)."""
+        keyed = [(principal, idem, stored) for stored, principal, idem in entries if idem]
+        if self.replays is None or not keyed:
+            return
+        try:
+            self.replays.put_many_for_idempotency(keyed)
+        except Exception:  # the ledger is the truth: a miss reads the binding there
+            log.warning("caching bound releases failed", exc_info=True)
+
+    # -- twins: an identical query admitted first -----------------------------------------
+
+    def join_twin(
+        self, p: Pending, receipt: ChargeReceipt, admit: Callable[[Pending], ChargeReceipt]
+    ) -> Answer | ChargeReceipt:
+        """A twin's release (waiting for it), or the receipt of this query's own charge."""
+        for _ in range(_MAX_ADMISSIONS):
+            if not (receipt.reused or receipt.joined):
+                return receipt
+            # An identical query (or a retry with the same Idempotency-Key) was admitted
+            # first: its release is the answer, once stored. If it is refunded instead (its
+            # worker died and it was reconciled), admission runs again and may charge.
+            stored = self._wait_for_release(receipt.charge_id)
+            if stored is not None:
+                if stored.key != p.key:
+                    raise IdempotencyKeyReused()
+                self._cache_bound([(stored, p.req.principal.account_id, p.req.idempotency_key)])
+                return self.replay(stored, p.req, p.graph, p.seed, p.account_id)
+            receipt = admit(p)
+        raise RequestInProgress(
+            "an identical request is still being answered; retry shortly", retry_after=1
+        )
+
+    def _wait_for_release(self, charge_id: int) -> StoredRelease | None:
+        """The release of ``charge_id`` once stored; None once it is refunded. A charge still
+        in flight after ``twin_wait_seconds`` answers 409 with Retry-After."""
+        deadline = time.monotonic() + self.policy.twin_wait_seconds
+        pause = 0.005
+        while True:
+            state = self.ledger.charge_state(charge_id)
+            if state == "released":
+                return self.ledger.release_for_charge(charge_id)
+            if state == "refunded":
+                return None
+            if time.monotonic() >= deadline:
+                raise RequestInProgress(
+                    "an identical request is still being answered; retry shortly",
+                    retry_after=max(1, math.ceil(self.policy.twin_wait_seconds)),
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+
+    def from_twin_in_group(
+        self, p: Pending, twin: StoredRelease | BaseException | None
+    ) -> Answer | BaseException:
+        """A group's query that joined a twin of the same group: the twin's release as
+        stored (or the error that discarded it)."""
+        if twin is None or isinstance(twin, BaseException):
+            return twin or RequestInProgress(
+                "an identical request failed before its answer was stored; retry",
+                retry_after=1,
+            )
+        if twin.key != p.key:
+            return IdempotencyKeyReused()
+        try:  # a service account's replay may be refused by its read cap
+            return self.replay(twin, p.req, p.graph, p.seed, p.account_id)
+        except Exception as exc:
+            return exc
+
+
+def covers(stored: StoredRelease, req: QueryRequest, graph: Graph, seed: int) -> bool:
+    """A stored release can answer k results (after dropping neighbours if asked)."""
+    if req.exclude_neighbors:
+        available = len(post_process(stored.results, replace(req, k=10**9), graph, seed))
+    else:
+        available = len(stored.results)
+    return available >= min(
+        req.k, graph.n - 1 - (int(graph.degrees[seed]) if req.exclude_neighbors else 0)
+    )
+
+
+def split_twins(admitted: list[Admitted]) -> tuple[list[Admitted], list[Admitted]]:
+    """A group's admitted queries: those to draw (or to wait for a twin admitted earlier),
+    and those that joined a twin admitted in this same group, answered from its release once
+    it is stored (waiting for it in the pool would wait for ourselves)."""
+    own = {r.charge_id for _, _, r in admitted if not (r.reused or r.joined)}
+    later: list[Admitted] = []
+    now: list[Admitted] = []
+    for item in admitted:
+        r = item[2]
+        (later if (r.reused or r.joined) and r.charge_id in own else now).append(item)
+    return now, later
