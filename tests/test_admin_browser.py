@@ -9,6 +9,7 @@ run; .gitignore excludes the directory).
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,7 @@ class Seeded:
             )  # fmt: skip
             self.service_key, _ = ledger.create_api_key(service.account_id)
             self.service_id = service.account_id
+        self.synthesis_job = ""
 
 
 @pytest.fixture
@@ -98,6 +100,20 @@ def served(tmp_path: Path) -> Iterator[tuple[str, Seeded]]:
                 headers=bearer(seeded.users["21"][1]),
             )  # fmt: skip
             assert refused.status_code == 403  # budget_exhausted: shows in refusals
+            started = http.post(
+                "/v1/admin/synthetic", json={"method": "communities", "epsilon": 1.0},
+                headers=bearer(seeded.admin_key),
+            )  # fmt: skip
+            assert started.status_code == 202, started.text
+            seeded.synthesis_job = started.json()["job_id"]
+            for _ in range(3000):
+                job = http.get(
+                    f"/v1/admin/synthetic/{seeded.synthesis_job}", headers=bearer(seeded.admin_key)
+                ).json()
+                if job["state"] != "running":
+                    break
+                time.sleep(0.02)
+            assert job["state"] == "done", job
         yield base, seeded
 
 
@@ -216,7 +232,21 @@ def test_admin_dashboard_in_chromium(served: tuple[str, Seeded]) -> None:
             page.wait_for_selector("#chart-exposure svg path.series", state="attached")
             assert page.locator("#exposure-modes tbody tr").count() >= 1
             assert "cap ε 10" in page.locator("#chart-exposure").inner_text()
+            run = page.locator(f"#exposure-synthesis tr[data-job='{seeded.synthesis_job}']")
+            expect(run).to_contain_text("communities")
+            expect(run).to_contain_text("edge-level DP")
             _shot(page, "07-exposure")
+
+            # the synthesis runs, and a run's file downloaded
+            page.click("#nav a[data-view=synthesis]")
+            run = page.locator(f"#synthesis-runs tr[data-job='{seeded.synthesis_job}']")
+            expect(run).to_contain_text("done")
+            expect(run).to_contain_text("released")
+            with page.expect_download() as got:
+                run.locator("button.download").click()
+            downloaded = Path(got.value.path())
+            assert downloaded.read_text().count("\n") > 100  # an edge list
+            _shot(page, "07b-synthesis")
 
             # the audit log, filtered
             page.click("#nav a[data-view=audit]")

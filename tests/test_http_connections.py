@@ -32,6 +32,7 @@ pytestmark = pytest.mark.slow
 
 HEAD_TIMEOUT = 2
 BODY_TIMEOUT = 2
+WRITE_TIMEOUT = 2
 MAX_CONNECTIONS = 4
 #: Bound on how long a test waits for an answer that should come (never a timing assertion).
 WAIT_SECONDS = 30.0
@@ -55,6 +56,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     env = {
         "PPR_HTTP_HEAD_TIMEOUT_SECONDS": str(HEAD_TIMEOUT),
         "PPR_HTTP_BODY_TIMEOUT_SECONDS": str(BODY_TIMEOUT),
+        "PPR_HTTP_WRITE_TIMEOUT_SECONDS": str(WRITE_TIMEOUT),
         "PPR_HTTP_KEEP_ALIVE_SECONDS": "600",  # held connections stay for the bound's test
         "PPR_HTTP_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
     }
@@ -166,6 +168,61 @@ def test_a_batch_body_at_one_byte_a_second_is_refused_and_charges_nothing(
         assert closed_by_server(sock)
     with open_ledger(served.database_url) as ledger:
         assert ledger.budget(account_id).charges == 0
+
+
+def test_a_client_that_never_reads_a_large_answer_is_cut_off(served: Served) -> None:
+    """A batch call whose answer (several MB: 1,000 popular items of k=399) is far larger than
+    the socket buffers, from a client that never reads: uvicorn pauses writing, and after
+    PPR_HTTP_WRITE_TIMEOUT_SECONDS the connection is aborted. Reading afterwards gets a cut
+    answer (then the end of the stream or a reset), never the whole of it. Before, the
+    connection was held, and the whole answer sent once the client read, for as long as it
+    waited."""
+    with open_ledger(served.database_url) as ledger:
+        service = ledger.create_account("service", cap_epsilon=5.0, delta=1e-6, modes=["edge"])
+        key, _ = ledger.create_api_key(service.account_id)
+    nodes = [str(i % GRAPH_NODES) for i in range(1000)]
+    body = json.dumps(
+        {"nodes": nodes, "k": GRAPH_NODES - 1, "mode": "edge", "mechanism": "popular"}
+    ).encode()
+    head = (
+        "POST /v1/ppr/batch HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    before = len(served.server.log_lines())
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
+    sock.settimeout(WAIT_SECONDS)
+    with sock:
+        sock.connect((served.host, served.port))
+        sock.sendall(head + body)
+
+        def cut_off() -> bool:
+            return any(
+                "PPR_HTTP_WRITE_TIMEOUT_SECONDS" in str(line.get("message"))
+                for line in served.server.log_lines()[before:]
+            )
+
+        deadline = time.monotonic() + 4 * WAIT_SECONDS
+        while not cut_off():
+            assert time.monotonic() < deadline, "the server kept a client that never reads"
+            time.sleep(0.5)
+        received = b""
+        try:
+            while chunk := sock.recv(1 << 20):
+                received += chunk
+        except ConnectionResetError:
+            pass
+    head_part, _, got = received.partition(b"\r\n\r\n")
+    assert head_part.startswith(b"HTTP/1.1 200"), head_part[:100]
+    length = int(next(
+        line.split(b":", 1)[1] for line in head_part.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    ))  # fmt: skip
+    assert len(got) < length, "the whole answer arrived: the connection was never cut"
+    with connect(served) as check:  # the worker serves on
+        check.sendall(_HEALTHZ + b"\r\n")
+        assert read_reply(check).status == 200
 
 
 def test_a_request_in_time_on_a_kept_alive_connection_is_served(served: Served) -> None:

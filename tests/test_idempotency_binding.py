@@ -352,3 +352,211 @@ def test_a_key_joined_to_an_in_flight_twin_is_freed_when_the_twin_is_refunded(
     assert bindings(ledger)[-1] == ("J", "charged", again.charge_id, True)
     report = ledger.verify()
     assert report.ok, report.mismatches
+
+
+# -- popular answers bind their keys too ------------------------------------------------
+
+
+def popular_bindings(ledger: Ledger) -> list[tuple[str, str | None, str | None, int]]:
+    with ledger.engine.connect() as conn:
+        rows = conn.execute(
+            select(
+                IdempotencyBinding.idempotency_key, IdempotencyBinding.seed,
+                IdempotencyBinding.mode, IdempotencyBinding.charge_id,
+            )
+            .where(IdempotencyBinding.kind == "popular")
+            .order_by(IdempotencyBinding.id)
+        )  # fmt: skip
+        return [(str(r[0]), r[1], r[2], int(r[3])) for r in rows]
+
+
+def refused_for_the_key(response: Any) -> None:
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["details"]["parameter"] == "Idempotency-Key"
+
+
+def test_a_popular_answer_binds_its_key(backend: Backend) -> None:
+    """A key first used for ``popular`` is bound (kind ``popular``) to the account's charge for
+    the degree release, with the query's node and mode: its retries are that answer
+    (``replayed``, with or without ``exclude_neighbors``), and no charged query may take it.
+    Before, nothing was recorded and a later charged query under the key was charged."""
+    account_id, key = user_with_key(backend.database_url, "7", cap_epsilon=5.0)
+    with running_app(backend) as client:
+        ledger = ledger_of(client)
+        first = get(client, key, "7", "P-1", mechanism="popular")
+        assert first.json()["replayed"] is False and first.json()["epsilon_charged"] > 0
+        dropped = results(get(client, key, "7", mechanism="popular", exclude_neighbors="true"))
+        for extra in ({}, {"fresh": "true"}, {"k": 3}):
+            retry = get(client, key, "7", "P-1", mechanism="popular", **extra)
+            assert retry.json()["replayed"] is True and retry.json()["epsilon_charged"] == 0
+            assert results(retry) == results(first)[: extra.get("k", 5)]
+        without = get(client, key, "7", "P-1", mechanism="popular", exclude_neighbors="true")
+        assert without.json()["replayed"] is True and results(without) == dropped
+        # another query under the key: refused, nothing charged, the key keeps its answer
+        refused_for_the_key(get(client, key, "7", "P-1", mechanism="noisy_diffusion"))
+        refused_for_the_key(get(client, key, "7", "P-1", mechanism="popular", mode="edge"))
+        assert results(get(client, key, "7", "P-1", mechanism="popular")) == results(first)
+        # and the other way round: a charged query's key is not taken by popular
+        results(get(client, key, "7", "N-1", mechanism="common_neighbours"))
+        refused_for_the_key(get(client, key, "7", "N-1", mechanism="popular"))
+        # a key first used with exclude_neighbors binds the same way
+        kept = get(client, key, "7", "P-2", mechanism="popular", exclude_neighbors="true")
+        assert results(kept) == dropped
+        again = get(client, key, "7", "P-2", mechanism="popular")
+        assert again.json()["replayed"] is True and results(again) == results(first)
+
+        charges = ledger.list_charges(account_id)
+        degree = [c for c in charges if c.mechanism == "degree_release"]
+        assert len(degree) == 1 and len(charges) == 2  # the degree release, common_neighbours
+        assert popular_bindings(ledger) == [
+            ("P-1", "7", "personalized", degree[0].charge_id),
+            ("P-2", "7", "personalized", degree[0].charge_id),
+        ]
+        report = ledger.verify()
+        assert report.ok, report.mismatches
+
+
+def test_a_popular_key_after_a_new_graph_version_is_refused(backend: Backend) -> None:
+    """The first answer under a popular key ranked the old version's degree release: after a
+    reload, its retry is 422 (as for a charged query's key), not the new version's ranking."""
+    with running_app(backend) as client:
+        ledger = ledger_of(client)
+        service = ledger.create_account("service", cap_epsilon=5.0, delta=1e-6, modes=["edge"])
+        key, _ = ledger.create_api_key(service.account_id)
+        admin = ledger.create_account("admin", cap_epsilon=1.0, delta=1e-6)
+        admin_key, _ = ledger.create_api_key(admin.account_id)
+        first = get(client, key, "11", "E-1", mechanism="popular", mode="edge")
+        assert get(client, key, "11", "E-1", mechanism="popular", mode="edge").json()["replayed"]
+        write_generated_edge_list(backend.graph_path, GRAPH_NODES, GRAPH_EDGES + 10, seed=8)
+        reloaded = client.post("/v1/admin/graph/reload", headers=bearer(admin_key))
+        assert reloaded.json()["version"] != first.json()["graph_version"]
+        refused_for_the_key(get(client, key, "11", "E-1", mechanism="popular", mode="edge"))
+        fresh_key = get(client, key, "11", "E-2", mechanism="popular", mode="edge")
+        assert fresh_key.json()["graph_version"] == reloaded.json()["version"]
+        report = ledger.verify()
+        assert report.ok, report.mismatches
+
+
+def test_a_batch_of_popular_items_binds_each_item_key(backend: Backend) -> None:
+    with running_app(backend) as client:
+        ledger = ledger_of(client)
+        service = ledger.create_account("service", cap_epsilon=5.0, delta=1e-6, modes=["edge"])
+        key, _ = ledger.create_api_key(service.account_id)
+        nodes = ["3", "4", "5"]
+        first = batch(client, key, nodes, "popular-1", mechanism="popular")
+        assert first.status_code == 200, first.text
+        assert not any(i["replayed"] for i in first.json()["items"])
+        retry = batch(client, key, nodes, "popular-1", mechanism="popular")
+        assert all(i["replayed"] for i in retry.json()["items"])
+        items = [i["results"] for i in first.json()["items"]]
+        assert [i["results"] for i in retry.json()["items"]] == items
+        clash = batch(client, key, nodes, "popular-1")  # noisy_diffusion under the same key
+        assert all(i["error"]["code"] == "invalid_parameter" for i in clash.json()["items"])
+        assert len(ledger.list_charges(service.account_id)) == 1  # the degree release only
+        assert len(popular_bindings(ledger)) == 3
+        assert ledger.verify().ok
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name", ["sqlite", pytest.param("postgres+redis", marks=[pytest.mark.postgres])]
+)
+def test_two_workers_give_a_key_to_popular_or_to_a_charged_query_never_both(
+    name: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """On two worker processes, each key is raced by a popular request (with or without
+    exclude_neighbors) and a charged one: exactly one of them is answered, the other is 422,
+    and every retry of the winner returns its first answer."""
+    backend = _two_worker_backend(name, tmp_path, request)
+    _, key = user_with_key(backend.database_url, "7", cap_epsilon=50.0)
+    keys = [f"R-{i}" for i in range(10)]
+    queries = {
+        "popular": {"mechanism": "popular"},
+        "popular-excluding": {"mechanism": "popular", "exclude_neighbors": "true"},
+        "charged": {"mechanism": "common_neighbours", "fresh": "true"},
+    }
+
+    def ask(idem: str, which: str) -> tuple[str, str, int, Any]:
+        response = httpx.get(
+            f"{server.base_url}/v1/ppr/7",
+            params={"k": 5, "epsilon": 0.05, **queries[which]},
+            headers={**bearer(key), "Idempotency-Key": idem},
+            timeout=60,
+        )  # a new connection per request: the kernel hands it to either worker
+        body = response.json()
+        return idem, which, response.status_code, body.get("results", body)
+
+    with uvicorn_server(backend, workers=2) as server:
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            races = [(k, "popular-excluding" if i % 2 else "popular") for i, k in enumerate(keys)]
+            firsts = list(
+                pool.map(
+                    lambda pair: ask(*pair),
+                    [(k, w) for k, w in races] + [(k, "charged") for k in keys],
+                )
+            )
+            retries = list(pool.map(lambda f: ask(f[0], f[1]), firsts * 2))
+        log = server.log_lines()
+    winners: dict[str, tuple[str, Any]] = {}
+    for idem, which, status, found in firsts:
+        assert status in (200, 422), (idem, which, status, found)
+        if status == 200:
+            assert idem not in winners, f"{idem} answered two different queries"
+            winners[idem] = (which, found)
+    assert set(winners) == set(keys)
+    for idem, which, status, found in retries:
+        if winners[idem][0] == which:
+            assert status == 200 and found == winners[idem][1], (idem, which)
+        else:
+            assert status == 422, (idem, which, status)
+    pids = {line["pid"] for line in log if line.get("route") == "/v1/ppr/{node_id}"}
+    assert len(pids) == 2, "both workers should have answered"
+    with open_ledger(backend.database_url) as ledger:
+        popular = {k for k, _, _, _ in popular_bindings(ledger)}
+        assert popular == {k for k, (w, _) in winners.items() if w != "charged"}
+        report = ledger.verify()
+        assert report.ok, report.mismatches
+
+
+def test_verify_checks_popular_bindings(ledger: Ledger) -> None:
+    """``ledger verify`` flags a popular binding that names anything but a released
+    degree-release charge, and a charged query's binding that names a degree-release charge."""
+    from service.ledger.records import DegreeCharge
+    from service.ledger.tables import utcnow
+
+    user = ledger.create_account("user", node_id="1", cap_epsilon=5.0, delta=1e-6)
+    uid, curve = user.account_id, laplace_curve(0.1)
+    popular = ledger.admit_degree_release(
+        charged_account_id=uid, principal_account_id=uid, seed="1", mode="personalized",
+        degree=DegreeCharge("g1", 0.1, curve), request_id="r1", idempotency_key="P",
+    )  # fmt: skip
+    assert popular.charged and not popular.replayed
+    again = ledger.admit_degree_release(
+        charged_account_id=uid, principal_account_id=uid, seed="1", mode="personalized",
+        degree=DegreeCharge("g1", 0.1, curve), request_id="r2", idempotency_key="P",
+    )  # fmt: skip
+    assert again.replayed and not again.charged
+    assert ledger.verify().ok
+    charged = ledger.admit_and_charge(
+        charged_account_id=uid, principal_account_id=uid, seed="1",
+        mechanism="common_neighbours", mode="personalized", params={}, query_curve=curve,
+        query_epsilon=0.1, graph_version="g1", request_id="r3", idempotency_key=None,
+    ).charge_id  # fmt: skip
+    degree_charge = next(c.charge_id for c in ledger.list_charges(uid) if c.charge_id != charged)
+    with ledger.engine.begin() as conn:
+        conn.execute(
+            IdempotencyBinding.__table__.insert(),  # type: ignore[attr-defined]
+            [
+                {"principal_account_id": uid, "idempotency_key": "bad-popular",
+                 "charge_id": charged, "kind": "popular", "created_at": utcnow(),
+                 "seed": "1", "mode": "personalized"},
+                {"principal_account_id": uid, "idempotency_key": "bad-charged",
+                 "charge_id": degree_charge, "kind": "replayed", "created_at": utcnow(),
+                 "seed": None, "mode": None},
+            ],
+        )  # fmt: skip
+    details = {m["detail"] for m in ledger.verify().mismatches if m["kind"] == "idempotency"}
+    assert details == {
+        "popular Idempotency-Key not bound to a released degree-release charge",
+        "Idempotency-Key of a charged query bound to a degree-release charge",
+    }

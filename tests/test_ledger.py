@@ -42,7 +42,7 @@ DELTA = 3e-6
 TABLES = {
     "accounts", "api_keys", "budgets", "spend", "charges", "refunds", "releases", "audit_log",
     "ledger_meta", "alembic_version", "exposure_shards", "graph_releases", "refusals",
-    "service_reads", "read_totals", "graph_versions",
+    "service_reads", "read_totals", "graph_versions", "synthesis_jobs",
     "idempotency_bindings",
 }  # fmt: skip
 

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -195,3 +196,74 @@ def test_a_real_failure_after_an_outage_stops_the_server_with_a_non_zero_status(
     assert returncode != 0, log
     assert "the runtime cannot be built" in log
     assert "failed to start" in log
+
+
+@pytest.mark.parametrize("when", ["after_the_revision_check", "after_the_ledger_opened"])
+def test_a_worker_whose_database_stops_while_it_starts_serves_when_it_returns(
+    own_postgres: OwnPostgres,
+    graph_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    when: str,
+) -> None:
+    """The database stops at a point of a worker's start-up after it first answered: between
+    reading the ledger's revision and its order grid, or once the ledger is open and before
+    the graph's public version id is recorded. Both are outages: the worker starts without
+    its runtime (503 ledger_unavailable), keeps connecting, and builds it, with the graph's
+    version recorded, once the database is back. Before, the first was reported as an
+    un-migrated ledger, a real failure that stopped the worker (and the server with it).
+
+    The real database is stopped at that point by wrapping the function that ends it."""
+    from service.api import runtime as runtime_module
+    from service.config import Settings
+    from service.ledger import database
+
+    url = own_postgres.create_database("ledger")
+    upgrade(url)
+    stopped: list[str] = []
+
+    def stop_once() -> None:
+        if not stopped:
+            own_postgres.stop()
+            stopped.append(when)
+
+    if when == "after_the_revision_check":
+        check_grid = database.check_grid
+
+        def stop_then_check_grid(engine: Any) -> None:
+            stop_once()
+            check_grid(engine)
+
+        monkeypatch.setattr(database, "check_grid", stop_then_check_grid)
+    else:
+        open_ledger = runtime_module.open_ledger
+
+        def open_then_stop(*args: Any, **kwargs: Any) -> Any:
+            ledger = open_ledger(*args, **kwargs)
+            stop_once()
+            return ledger
+
+        monkeypatch.setattr(runtime_module, "open_ledger", open_then_stop)
+    settings = Settings(
+        database_url=url, graph_path=graph_path, steps=30, prefix_table_bytes=0,
+        graph_snapshot_dir=tmp_path / "snapshots", ledger_connect_timeout_seconds=0.5,
+    )  # fmt: skip
+    ready: list[Any] = []
+    failures: list[BaseException] = []
+    starter = runtime_module.RuntimeStarter(
+        settings, on_ready=ready.append, on_failure=failures.append
+    )
+    runtime = None
+    try:
+        assert starter.start() is None, "the worker should start without its runtime"
+        assert stopped == [when] and not failures
+        own_postgres.start()
+        wait_until(lambda: bool(ready or failures), "the runtime built once the database is back")
+        assert not failures, failures
+        runtime = ready[0]
+        served = runtime.graphs.current.version
+        assert runtime.ledger.current_graph_version() == served
+    finally:
+        starter.stop()
+        if runtime is not None:
+            runtime.close()

@@ -104,3 +104,6 @@ class BatchAnswer(BaseModel):
     items: list[BatchItem] = Field(description="One per requested node, in the given order.")
     request_id: str
     epsilon_charged: float = Field(description="Sum of the items' per-query epsilons charged.")
+    synthetic: bool | None = Field(
+        None, description="Present (true) only in a sandbox (docs/synthetic.md)."
+    )

@@ -12,6 +12,11 @@ subclass adds, per connection:
 * ``PPR_HTTP_BODY_TIMEOUT_SECONDS``: from the end of the head to the end of the body; then
   ``408 request_timeout``. The application sees the client gone (``http.disconnect``) before
   it has read the body, so nothing is admitted or charged.
+* ``PPR_HTTP_WRITE_TIMEOUT_SECONDS``: how long an answer may stay unsent because the client
+  does not read it. uvicorn stops writing when the connection's send buffer passes its high
+  water mark (flow control: ``pause_writing``) and goes on when the client has read enough
+  (``resume_writing``); a connection paused for longer than this is aborted (its buffered
+  answer dropped, its file descriptor freed), and the application sees the client gone.
 * ``PPR_HTTP_MAX_CONNECTIONS``: a request that arrives while its worker holds more open
   connections than this gets ``503 overloaded`` (with ``Retry-After``) and its connection is
   closed, instead of the worker running out of file descriptors and failing to accept.
@@ -47,6 +52,7 @@ log = logging.getLogger(__name__)
 class ConnectionLimits:
     head_timeout_seconds: float
     body_timeout_seconds: float
+    write_timeout_seconds: float
     max_connections: int
     max_url_bytes: int
     max_header_bytes: int
@@ -56,6 +62,7 @@ class ConnectionLimits:
         return cls(
             head_timeout_seconds=settings.http_head_timeout_seconds,
             body_timeout_seconds=settings.http_body_timeout_seconds,
+            write_timeout_seconds=settings.http_write_timeout_seconds,
             max_connections=settings.http_max_connections,
             max_url_bytes=settings.http_max_url_bytes,
             max_header_bytes=settings.max_header_bytes,
@@ -95,6 +102,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.bounds: ConnectionLimits = GuardedHttpProtocol.limits
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
         self._refusal: Refusal | None = None
         self._header_bytes = 0
 
@@ -124,6 +132,18 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             )
             log.warning("refused at the HTTP parser: %s %s", refusal.status, refusal.code)
             self._send_and_close(refusal)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(
+                self.bounds.write_timeout_seconds, self._write_timed_out
+            )
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._cancel(self._write_timer)
+        self._write_timer = None
 
     # --- parser callbacks ---------------------------------------------------------------------
 
@@ -225,10 +245,25 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             )
         )
 
+    def _write_timed_out(self) -> None:
+        """The client has not read its answer for ``write_timeout_seconds``: abort the
+        connection (a close would wait for the buffer to drain, which may be never)."""
+        self._write_timer = None
+        cycle = self.cycle
+        if cycle is not None:
+            cycle.disconnected = True  # the application's next send is dropped
+            cycle.message_event.set()
+        log.warning(
+            "closed a connection whose client did not read its answer for %g s "
+            "(PPR_HTTP_WRITE_TIMEOUT_SECONDS)", self.bounds.write_timeout_seconds,
+        )  # fmt: skip
+        self.transport.abort()
+
     def _cancel_timers(self) -> None:
         self._cancel(self._head_timer)
         self._cancel(self._body_timer)
-        self._head_timer = self._body_timer = None
+        self._cancel(self._write_timer)
+        self._head_timer = self._body_timer = self._write_timer = None
 
     @staticmethod
     def _cancel(timer: asyncio.TimerHandle | None) -> None:

@@ -38,7 +38,12 @@ class Mechanism(BaseModel):
     are absent."""
 
     name: Literal[
-        "noisy_diffusion", "popular", "common_neighbours", "friends_of_friends", "blended"
+        "noisy_diffusion",
+        "popular",
+        "common_neighbours",
+        "friends_of_friends",
+        "blended",
+        "synthetic_exact",
     ] = Field(
         description="`noisy_diffusion` (the diffusion of the spec), `popular` (the graph "
         "version's one DP degree release, ranked), `common_neighbours` (|N(s) & N(v)| + "
@@ -46,7 +51,8 @@ class Mechanism(BaseModel):
         "counts with Laplace(2/eps) on the seed's friends and Laplace(1/eps) on everyone else, "
         "friends first, personalized only) or `blended` (those two-scale counts and the "
         "degrees blended by a hold-out check on the seed's own friends, personalized only); "
-        "see docs/ranking.md."
+        "see docs/ranking.md. `synthetic_exact` only in a sandbox: exact PPR on a synthetic "
+        "release (docs/synthetic.md)."
     )
     mode: Literal["personalized", "edge"]
     epsilon: float = Field(
@@ -163,6 +169,11 @@ class PprAnswer(BaseModel):
     replayed: bool = Field(description="True: a stored earlier release, nothing charged.")
     request_id: str
     epsilon_charged: float = Field(description="Per-query epsilon charged now (0 on replays).")
+    synthetic: bool | None = Field(
+        None,
+        description="Present (true) only in a sandbox: the answer is about a synthetic "
+        "release, computed with charging off (docs/synthetic.md).",
+    )
 
     @classmethod
     def of(cls, answer: Answer) -> PprAnswer:

@@ -19,6 +19,7 @@ from service.cache.caches import Caches, build_caches
 from service.config import Settings
 from service.graph.model import Graph
 from service.ledger.ledger import Ledger, LedgerUnavailable
+from service.ledger.records import GraphCap
 from service.mechanisms.engine import DiffusionEngine
 from service.serving.batch import BatchQueryService
 from service.serving.coalescer import QueryCoalescer
@@ -30,6 +31,8 @@ from service.serving.ppr_query import AdmissionPolicy, PprQueryService, PrefixPr
 from service.serving.prefix_tables import SharedPrefixTables
 from service.serving.rankings import DegreeReleases
 from service.serving.reconciler import Reconciler
+from service.synthetic.jobs import SynthesisRunner
+from service.synthetic.sandbox import SandboxQueries, synthetic_release_of
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,12 @@ class Runtime:
     coalescer: QueryCoalescer | None = None  # None: each single query on its own thread
     limiter: RateLimiter = field(default_factory=lambda: RateLimiter(0, 1))
     gate: EngineGate = field(default_factory=lambda: EngineGate(16, 512, 30.0))
+    synthesis: SynthesisRunner = field(init=False)
+    #: Set when this worker serves a synthetic release as a sandbox (charging off).
+    sandbox: SandboxQueries | None = None
+
+    def __post_init__(self) -> None:
+        self.synthesis = synthesis_runner(self.settings, self.ledger, self.queries.degree_releases)
 
     def start_background(self) -> None:
         self.reconciler = Reconciler(
@@ -58,6 +67,7 @@ class Runtime:
     def close(self) -> None:
         if self.reconciler is not None:
             self.reconciler.stop()
+        self.synthesis.close()
         self.limiter.close()
         self.batch.close()
         self.queries.engine.close()
@@ -87,6 +97,33 @@ class Runtime:
         if tables is not None:
             checks["prefix_table"] = tables.state()
         return loaded is not None and database_ok, checks
+
+
+def sandbox_for(settings: Settings, ledger: Ledger) -> SandboxQueries | None:
+    """The sandbox with ``PPR_GRAPH_IS_SYNTHETIC`` (a graph file the ledger does not know as a
+    synthetic release: NotASyntheticRelease and the worker does not start), else None."""
+    if not settings.graph_is_synthetic:
+        return None
+    job = synthetic_release_of(settings.graph_path, ledger, required=True)
+    assert job is not None
+    log.warning(
+        "serving the synthetic release %s as a sandbox: charging is off, every answer is "
+        "marked synthetic", job.release_name,
+    )  # fmt: skip
+    return SandboxQueries(ledger, job, beta=settings.beta)
+
+
+def synthesis_runner(
+    settings: Settings, ledger: Ledger, releases: DegreeReleases
+) -> SynthesisRunner:
+    """This worker's synthesis job runner (``chung_lu`` reads the service's degree release)."""
+    from service.mechanisms.randomness import fresh_generator
+    from service.serving.rankings import degree_release_name
+
+    def degrees(graph: Graph, cap: GraphCap | None) -> tuple[Any, str]:
+        return releases.get(graph, cap).values, degree_release_name(releases.plan.scale)
+
+    return SynthesisRunner(ledger, settings, degrees, fresh_generator)
 
 
 def node_set_origin(settings: Settings, source: str) -> str:
@@ -214,12 +251,14 @@ def build_runtime(
         def remember_degrees(graph: Graph) -> None:
             caches.degrees.put(graph.version, graph.degrees)
 
+        sandbox = sandbox_for(settings, ledger)
         snapshot_dir = settings.snapshot_directory
         graphs = GraphHolder(
             settings.graph_path,
             loader=serving_loader(settings, ledger),
             on_load=remember_degrees,
-            versions=ledger if settings.graph_version_check_ms > 0 else None,
+            # a sandbox neither records its graph as the service's current one nor follows it
+            versions=ledger if settings.graph_version_check_ms > 0 and sandbox is None else None,
             check_seconds=settings.graph_version_check_ms / 1000.0,
         )
         graphs.start()  # records its version (or follows the recorded one): workers agree
@@ -276,7 +315,7 @@ def build_runtime(
         )
     return Runtime(
         settings, graphs, ledger, caches, queries, batch,
-        limiter=limiter, gate=gate, coalescer=coalescer,
+        limiter=limiter, gate=gate, coalescer=coalescer, sandbox=sandbox,
     )  # fmt: skip
 
 

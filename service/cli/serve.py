@@ -95,6 +95,27 @@ def check_graph_inputs(settings: Any) -> None:
     )
 
 
+def check_synthetic_release(settings: Any) -> bool:
+    """Whether the graph file is a synthetic release the ledger recorded (then it is served as
+    a sandbox). With PPR_GRAPH_IS_SYNTHETIC it must be: one line and exit 2 here otherwise.
+    An unreachable or un-migrated ledger is left to the workers (which then refuse)."""
+    from service.ledger.ledger import Ledger, LedgerUnavailable
+    from service.ledger.records import LedgerNotMigrated
+    from service.synthetic.sandbox import synthetic_release_of
+
+    try:
+        ledger = Ledger.from_url(settings.database_url, auto_migrate=False)
+    except (LedgerUnavailable, LedgerNotMigrated):
+        return False
+    try:
+        job = synthetic_release_of(
+            settings.graph_path, ledger, required=settings.graph_is_synthetic
+        )
+    finally:
+        ledger.dispose()
+    return job is not None
+
+
 def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
@@ -116,6 +137,9 @@ def run(args: argparse.Namespace) -> int:
         name = "--nodes" if args.nodes is not None else "PPR_NODES_PATH"
         raise InvalidParameter(name, f"{settings.nodes_path} is not a readable file")
     check_graph_inputs(settings)
+    if check_synthetic_release(settings) and not settings.graph_is_synthetic:
+        os.environ["PPR_GRAPH_IS_SYNTHETIC"] = "true"  # a known synthetic release: a sandbox
+        settings = Settings()
     _configure_logs(settings)
     # Fail fast, with the command to run, before any worker starts; a database that does not
     # answer is an outage, not a mistake: the workers start and answer 503 until it returns.

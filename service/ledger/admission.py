@@ -33,6 +33,7 @@ from service.ledger.records import (
     ChargeSettled,
     GraphBudgetExhausted,
     GraphCap,
+    IdempotencyKeyReused,
     ReleaseKey,
     ServiceQuotaExhausted,
 )
@@ -251,7 +252,9 @@ class Admissions(LedgerPart):
     ) -> ChargeReceipt | ServiceError:
         try:
             return self.admit(a, graph_cap=graph_cap, stale_after_seconds=stale_after_seconds)
-        except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
+        except (
+            BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted, IdempotencyKeyReused,
+        ) as refusal:  # fmt: skip
             return refusal
 
     def _admit_group(
@@ -310,6 +313,9 @@ class Admissions(LedgerPart):
                 )  # fmt: skip
             except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
                 outcomes.append(refusal)
+                continue
+            except IdempotencyKeyReused as reused:  # bad input: no refusal row, nothing charged
+                outcomes.append(reused)
                 continue
             outcomes.append(outcome)
         return outcomes

@@ -31,6 +31,7 @@ from service.ledger.records import (
     BudgetExhausted,
     BudgetView,
     ChargeReceipt,
+    IdempotencyKeyReused,
 )
 from service.ledger.tables import (
     Charge,
@@ -276,6 +277,8 @@ class AdmissionRules(LedgerPart):
         charge: EarlierCharge,
         writes: AdmissionWrites | None = None,
     ) -> ChargeReceipt:
+        if charge.popular:  # the key answered a popular query: no charged query may take it
+            raise IdempotencyKeyReused()
         locked = None if writes is None else writes.account(charge.charged_account_id)
         if locked is not None:
             # the spend as this transaction left it (a group may have charged it already)

@@ -293,6 +293,10 @@ def check_grid(engine: Engine) -> None:
     try:
         meta = read_meta(engine)
     except (OperationalError, ProgrammingError) as exc:
+        if isinstance(exc, OperationalError) and not _missing_table(engine, exc):
+            # the database stopped answering since the revision was read: an outage (the
+            # caller's ledger_unavailable), not a ledger to migrate
+            raise
         raise LedgerNotMigrated(
             f"the ledger database has no readable ledger_meta table ({exc.__class__.__name__}): "
             f"run `{UPGRADE_COMMAND}`"
@@ -307,6 +311,12 @@ def check_grid(engine: Engine) -> None:
             "refusing to reinterpret them",
             details={"stored": list(stored), "expected": list(expected)},
         )
+
+
+def _missing_table(engine: Engine, exc: OperationalError) -> bool:
+    """Whether ``exc`` says a table does not exist (SQLite reports that as an OperationalError;
+    PostgreSQL as a ProgrammingError), rather than that the database cannot be reached."""
+    return engine.dialect.name == "sqlite" and "no such table" in str(exc.orig)
 
 
 def describe_status(engine: Engine) -> dict[str, Any]:

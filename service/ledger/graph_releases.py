@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+import logging
+import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from service.ledger.exposure_shards import ExposureShards
 from service.ledger.ledger_rows import _remove_from_shard
@@ -26,6 +30,8 @@ from service.ledger.unit_of_work import (
     UnitOfWork,
 )
 from service.privacy.accountant import RdpCurve
+
+log = logging.getLogger(__name__)
 
 
 class GraphReleases(LedgerPart):
@@ -45,6 +51,7 @@ class GraphReleases(LedgerPart):
         draw: Callable[[], bytes],
         wait_seconds: float = 30.0,
         cap: GraphCap | None = None,
+        heartbeat_seconds: float = 5.0,
     ) -> bytes:
         """The single release of ``mechanism`` about graph ``graph_version`` (e.g. noisy degrees).
 
@@ -53,6 +60,8 @@ class GraphReleases(LedgerPart):
         drawing process died before storing, the release is reconciled (refunded) after
         ``wait_seconds`` and the next caller draws anew. With a graph-wide ``cap``, a release
         that would pass it is refused (:class:`GraphBudgetExhausted`) and nothing is drawn.
+        While ``draw()`` runs, a thread refreshes the release's heartbeat every
+        ``heartbeat_seconds``, so a long draw is not taken for a dead one.
         """
         deadline = time.monotonic() + wait_seconds
         while True:
@@ -65,8 +74,10 @@ class GraphReleases(LedgerPart):
                     graph_version, mechanism, epsilon, curve, cap
                 )
                 if release_id is not None:
+                    beat = functools.partial(self.beat, release_id)
                     try:
-                        payload = draw()
+                        with Heartbeat(beat, heartbeat_seconds):
+                            payload = draw()
                     except BaseException:
                         self._settle_graph_release(release_id, None)  # nothing was drawn/kept
                         raise
@@ -74,7 +85,10 @@ class GraphReleases(LedgerPart):
                     return payload
                 continue  # a twin won the insert: read its release
             if time.monotonic() > deadline:
-                self._reconcile_graph_releases(utcnow() - timedelta(seconds=wait_seconds))
+                # only this release's twin: another (a long synthesis run) has its own heartbeat
+                self._reconcile_graph_releases(
+                    utcnow() - timedelta(seconds=wait_seconds), mechanism=mechanism
+                )
                 deadline = time.monotonic() + wait_seconds
             time.sleep(0.05)
 
@@ -83,59 +97,149 @@ class GraphReleases(LedgerPart):
     ) -> int | None:
         try:
             with self._writing() as session:
-                # a one-time release: the exact cap check (every shard locked) is cheap enough
-                writes = AdmissionWrites()
-                shard = self._shards._add_exposure(session, curve, cap, cap is not None, writes)
-                writes.finish(session)
-                row = GraphRelease(
-                    graph_version=version,
-                    mechanism=mechanism,
-                    epsilon=float(epsilon),
-                    rdp=curve.to_json(),
-                    pure_epsilon=curve.pure,
-                    state="admitted",
-                    exposure_shard=shard,
-                    created_at=utcnow(),
-                )
-                session.add(row)
-                self._audit(
-                    session, "graph_release.admit", actor=None, target=None,
-                    details={"graph_version": version, "mechanism": mechanism, "epsilon": epsilon},
-                )  # fmt: skip
-                session.flush()
-                return row.id
+                return self._admit_in(session, version, mechanism, epsilon, curve, cap).id
         except IntegrityError:
             return None
 
+    def _admit_in(
+        self,
+        session: Session,
+        version: str,
+        mechanism: str,
+        epsilon: float,
+        curve: RdpCurve,
+        cap: GraphCap | None,
+        actor: int | None = None,
+    ) -> GraphRelease:
+        """Charge the graph-wide exposure and insert the ``admitted`` release row, in the
+        caller's write transaction (GraphBudgetExhausted past the cap: nothing written)."""
+        # a one-time release: the exact cap check (every shard locked) is cheap enough
+        writes = AdmissionWrites()
+        shard = self._shards._add_exposure(session, curve, cap, cap is not None, writes)
+        writes.finish(session)
+        now = utcnow()
+        row = GraphRelease(
+            graph_version=version,
+            mechanism=mechanism,
+            epsilon=float(epsilon),
+            rdp=curve.to_json(),
+            pure_epsilon=curve.pure,
+            state="admitted",
+            exposure_shard=shard,
+            created_at=now,
+            heartbeat_at=now,
+        )
+        session.add(row)
+        self._audit(
+            session, "graph_release.admit", actor=actor, target=None,
+            details={"graph_version": version, "mechanism": mechanism, "epsilon": epsilon},
+        )  # fmt: skip
+        session.flush()
+        return row
+
+    def beat(self, release_id: int) -> bool:
+        """Refresh an ``admitted`` release's heartbeat; False once it is settled (e.g. refunded
+        by the reconciler: then its draw must not be released)."""
+        with self._writing() as session:
+            done = session.execute(
+                update(GraphRelease)
+                .where(GraphRelease.id == release_id, GraphRelease.state == "admitted")
+                .values(heartbeat_at=utcnow())
+            )
+            return bool(getattr(done, "rowcount", 0))
+
     def _settle_graph_release(self, release_id: int, payload: bytes | None) -> None:
         with self._writing() as session:
-            row = session.get(GraphRelease, release_id)
-            assert row is not None
-            if row.state != "admitted":
-                raise ChargeSettled(
-                    f"graph release {release_id} is {row.state}", details={"id": release_id}
-                )
-            row.settled_at = utcnow()
-            if payload is None:
-                row.state = "refunded"
-                _remove_from_shard(
-                    self._lock_shard(session, row.exposure_shard), RdpCurve.from_json(row.rdp)
-                )
-            else:
-                row.state = "released"
-                row.payload = payload
+            self._settle_in(session, release_id, payload)
 
-    def _reconcile_graph_releases(self, cutoff: Any) -> None:
-        with self._reading() as session:
-            ids = list(
-                session.scalars(
-                    select(GraphRelease.id).where(
-                        GraphRelease.state == "admitted", GraphRelease.created_at < cutoff
-                    )
-                )
+    def _settle_in(
+        self, session: Session, release_id: int, payload: bytes | None, cutoff: Any = None
+    ) -> bool:
+        """Release (``payload``) or refund (None) an ``admitted`` release, in the caller's
+        transaction; ChargeSettled if it is no longer admitted. With ``cutoff`` (the
+        reconciler), refund only if its heartbeat is still older than that, else return False.
+        """
+        row = session.get(GraphRelease, release_id, with_for_update=True, populate_existing=True)
+        assert row is not None
+        if row.state != "admitted":
+            raise ChargeSettled(
+                f"graph release {release_id} is {row.state}", details={"id": release_id}
             )
+        if cutoff is not None and _naive_utc(_last_sign(row)) >= _naive_utc(cutoff):
+            return False  # it beat since it was selected: alive
+        row.settled_at = utcnow()
+        if payload is None:
+            row.state = "refunded"
+            _remove_from_shard(
+                self._lock_shard(session, row.exposure_shard), RdpCurve.from_json(row.rdp)
+            )
+        else:
+            row.state = "released"
+            row.payload = payload
+        return True
+
+    def _reconcile_graph_releases(self, cutoff: Any, *, mechanism: str | None = None) -> list[int]:
+        """Refund the ``admitted`` releases whose last heartbeat is older than ``cutoff`` (all,
+        or those of one ``mechanism``); returns their ids."""
+        last_sign = func.coalesce(GraphRelease.heartbeat_at, GraphRelease.created_at)
+        query = select(GraphRelease.id).where(GraphRelease.state == "admitted", last_sign < cutoff)
+        if mechanism is not None:
+            query = query.where(GraphRelease.mechanism == mechanism)
+        with self._reading() as session:
+            ids = list(session.scalars(query))
+        refunded: list[int] = []
         for release_id in ids:
             try:
-                self._settle_graph_release(release_id, None)
+                with self._writing() as session:
+                    if self._settle_in(session, release_id, None, cutoff=cutoff):
+                        refunded.append(release_id)
             except ChargeSettled:
                 continue
+        return refunded
+
+
+def _last_sign(row: GraphRelease) -> datetime:
+    return row.heartbeat_at if row.heartbeat_at is not None else row.created_at
+
+
+def _naive_utc(moment: datetime) -> datetime:
+    """Comparable across backends: SQLite hands back naive UTC, PostgreSQL aware values."""
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC).replace(tzinfo=None)
+    return moment
+
+
+class Heartbeat:
+    """While open, call ``beat`` every ``seconds`` from a daemon thread (``seconds`` <= 0: no
+    thread). ``beat`` refreshes a release's heartbeat and returns False once the release is no
+    longer admitted; ``alive`` then turns False for good (the draw must not be released)."""
+
+    def __init__(self, beat: Callable[[], bool], seconds: float) -> None:
+        self._beat = beat
+        self._seconds = seconds
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.alive = True
+
+    def beat(self) -> None:
+        try:
+            alive = self._beat()
+        except Exception:  # a database hiccup: the next beat retries
+            log.warning("graph release heartbeat failed", exc_info=True)
+            return
+        self.alive = self.alive and alive
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._seconds):
+            self.beat()
+
+    def __enter__(self) -> Heartbeat:
+        if self._seconds > 0:
+            self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from alembic.util import CommandError
 from sqlalchemy import Engine, text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from service.ledger.accounts import Accounts
 from service.ledger.admission import DEFAULT_STALE_AFTER_SECONDS as DEFAULT_STALE_AFTER_SECONDS
@@ -52,6 +52,7 @@ from service.ledger.records import LedgerNotMigrated
 from service.ledger.reports import Reports
 from service.ledger.settlement import Settlement
 from service.ledger.stored_releases import StoredReleases
+from service.ledger.synthesis_jobs import SynthesisJobs
 from service.ledger.tables import (
     META_LEDGER_ID,
     LedgerMeta,
@@ -86,7 +87,8 @@ class Ledger(LedgerPart):
         self.graph_versions = GraphVersions(self._uow)
         self.shards = ExposureShards(self._uow)
         self.graph_releases = GraphReleases(self._uow, self.shards)
-        self.settlement = Settlement(self._uow, self.graph_releases)
+        self.synthesis = SynthesisJobs(self._uow, self.graph_releases)
+        self.settlement = Settlement(self._uow, self.graph_releases, self.synthesis)
         self.stored_releases = StoredReleases(self._uow)
         self.quota_and_degree = QuotaAndDegree(self._uow, self.reports)
         self.admission_rules = AdmissionRules(self._uow, self.quota_and_degree)
@@ -120,6 +122,15 @@ class Ledger(LedgerPart):
     public_graph_version = delegate("graph_versions", GraphVersions.public_graph_version)
     graph_fingerprint_of = delegate("graph_versions", GraphVersions.graph_fingerprint_of)
     graph_release = delegate("graph_releases", GraphReleases.graph_release)
+    start_synthesis = delegate("synthesis", SynthesisJobs.start_synthesis)
+    beat_synthesis = delegate("synthesis", SynthesisJobs.beat_synthesis)
+    finish_synthesis = delegate("synthesis", SynthesisJobs.finish_synthesis)
+    fail_synthesis = delegate("synthesis", SynthesisJobs.fail_synthesis)
+    synthesis_job = delegate("synthesis", SynthesisJobs.synthesis_job)
+    synthesis_jobs = delegate("synthesis", SynthesisJobs.synthesis_jobs)
+    synthesis_payload = delegate("synthesis", SynthesisJobs.synthesis_payload)
+    any_synthetic_release = delegate("synthesis", SynthesisJobs.any_synthetic_release)
+    synthetic_release_by_sha256 = delegate("synthesis", SynthesisJobs.synthetic_release_by_sha256)
     refund = delegate("settlement", Settlement.refund)
     store_release = delegate("settlement", Settlement.store_release)
     store_releases = delegate("settlement", Settlement.store_releases)
@@ -178,7 +189,7 @@ class Ledger(LedgerPart):
                 except CommandError as exc:
                     raise LedgerNotMigrated(f"cannot migrate the ledger database: {exc}") from exc
                 check_migrated(engine)
-        except OperationalError as exc:
+        except (OperationalError, InterfaceError) as exc:
             engine.dispose()
             where = engine.url.render_as_string(hide_password=True)
             raise LedgerUnavailable(

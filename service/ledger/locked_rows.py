@@ -176,7 +176,9 @@ class AdmissionWrites:
 
     def __init__(self) -> None:
         self._charges: list[NewCharge] = []
-        self._bindings: list[tuple[int, str, NewCharge | int, str, datetime]] = []
+        self._bindings: list[
+            tuple[int, str, NewCharge | int, str, datetime, tuple[str, str] | None]
+        ] = []
         self._accounts: dict[int, LockedAccount] = {}
         self._shards: dict[int, LockedShard] = {}
         self._encoded: dict[int, tuple[object, EncodedJson]] = {}
@@ -199,12 +201,13 @@ class AdmissionWrites:
 
     def bind(
         self, principal: int, idempotency_key: str, charge: NewCharge | int, kind: str,
-        now: datetime,
+        now: datetime, popular: tuple[str, str] | None = None,
     ) -> None:  # fmt: skip
         """Bind ``idempotency_key`` of ``principal`` to ``charge`` (one of this transaction's
-        new charges, or an earlier charge's id). Written with the charges; a key bound
-        concurrently by another transaction makes the commit fail (IntegrityError)."""
-        self._bindings.append((principal, idempotency_key, charge, kind, now))
+        new charges, or an earlier charge's id); ``popular``: the (node, mode) of a popular
+        query. Written with the charges; a key bound concurrently by another transaction
+        makes the commit fail (IntegrityError)."""
+        self._bindings.append((principal, idempotency_key, charge, kind, now, popular))
 
     def changed_account(self, account: LockedAccount) -> None:
         self._accounts[account.account_id] = account
@@ -226,13 +229,15 @@ class AdmissionWrites:
         if self._bindings:
             bindings, self._bindings = self._bindings, []
             rows = []
-            for principal, key, target, kind, now in bindings:
+            for principal, key, target, kind, now, popular in bindings:
                 charge_id = target if isinstance(target, int) else target.id
                 assert charge_id, "a new charge is written before the key bound to it"
+                seed, mode = popular if popular is not None else (None, None)
                 rows.append(
                     {
                         "principal_account_id": principal, "idempotency_key": key,
                         "charge_id": charge_id, "kind": kind, "created_at": now,
+                        "seed": seed, "mode": mode,
                     }
                 )  # fmt: skip
             session.execute(_INSERT_BINDINGS, rows)

@@ -7,8 +7,10 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from service.ledger.idempotency import PopularQuery, bound_query
 from service.ledger.ledger_rows import (
     ADMISSION_RTOL,
     _aware,
@@ -16,16 +18,18 @@ from service.ledger.ledger_rows import (
     _spent_curve,
     _view,
 )
-from service.ledger.locked_rows import AdmissionWrites
+from service.ledger.locked_rows import AdmissionWrites, NewCharge
 from service.ledger.records import (
     BudgetExhausted,
     DegreeCharge,
     DegreeReceipt,
+    IdempotencyKeyReused,
     ServiceQuotaExhausted,
 )
 from service.ledger.reports import Reports
 from service.ledger.tables import (
     DEGREE_RELEASE_CHARGE,
+    POPULAR_BINDING,
     Charge,
     utcnow,
 )
@@ -125,12 +129,12 @@ class QuotaAndDegree(LedgerPart):
         degree: DegreeCharge,
         request_id: str,
         now: Any,
-    ) -> None:
+    ) -> NewCharge:
         """The account's charge for the version's degree release. It is ``released`` at once
         (the release is stored in ``graph_releases`` before any answer built on it) and never
         refunded; it is not added to an exposure shard (the release is there once already)."""
         curve = degree.curve
-        writes.add_charge(
+        charge = writes.add_charge(
             created_at=now,
             charged_account_id=account_id,
             principal_account_id=principal_id,
@@ -150,6 +154,7 @@ class QuotaAndDegree(LedgerPart):
             exposure_shard=0,
         )
         writes.degree_paid.add((account_id, degree.graph_version, float(degree.epsilon)))
+        return charge
 
     def admit_degree_release(
         self,
@@ -161,43 +166,118 @@ class QuotaAndDegree(LedgerPart):
         degree: DegreeCharge,
         request_id: str,
         quota_epsilon: float | None = None,
+        idempotency_key: str | None = None,
     ) -> DegreeReceipt:
         """Admit an answer built on the degree release alone (``popular``): free when the
         account has paid for this version's release, else its charge is admitted like any
         (the cap at the account's delta, the principal's quota) and committed, or refused
-        with :class:`BudgetExhausted` writing nothing."""
+        with :class:`BudgetExhausted` writing nothing.
+
+        With an ``idempotency_key``, the key is bound in the same transaction (kind
+        ``popular``: to the account's charge for this release, with ``seed`` and ``mode``):
+        a key bound to this same query already is a replay (``replayed``, nothing charged),
+        a key bound to any other query is :class:`IdempotencyKeyReused` (nothing written).
+        Of two requests racing with one key, the unique index keeps one binding; the other
+        transaction is rolled back and run again, and reads it."""
         if not isinstance(degree.curve, RdpCurve):
             raise TypeError("degree.curve must be an RdpCurve")
-        try:
-            with self._writing() as session:
-                account = self._lock_account(session, charged_account_id)
-                writes = AdmissionWrites()
-                if self._paid_degree(session, charged_account_id, degree, writes):
-                    return DegreeReceipt(_view(account, account), charged=False)
-                spent = _spent_curve(account)
-                composed = spent + degree.curve
-                if composed.epsilon(account.delta) > account.cap_epsilon * (1.0 - ADMISSION_RTOL):
-                    raise BudgetExhausted(_view(account, account, spent), float(degree.epsilon))
-                now = utcnow()
-                if quota_epsilon is not None and principal_account_id != charged_account_id:
-                    self._check_quota(
-                        session, principal_account_id, quota_epsilon, float(degree.epsilon), now
-                    )
-                self._add_degree_charge(
-                    writes, charged_account_id, principal_account_id, seed, mode, degree,
-                    request_id, now,
-                )  # fmt: skip
-                _set_spend(account, account, composed, account.charges + 1)
-                account.last_charge_at = now
-                writes.changed_account(account)
-                writes.finish(session)
-                return DegreeReceipt(_view(account, account, composed), charged=True)
-        except (BudgetExhausted, ServiceQuotaExhausted) as refusal:
-            self._reports.record_refusal(
-                refusal.code,
-                charged_account_id=charged_account_id,
-                principal_account_id=principal_account_id,
-                mode=mode,
-                epsilon=float(degree.epsilon),
+        query = None
+        if idempotency_key is not None:
+            query = PopularQuery(
+                charged_account_id, degree.graph_version, float(degree.epsilon), seed, mode
             )
-            raise
+        attempts = 3
+        while True:
+            attempts -= 1
+            try:
+                return self._admit_degree_release(
+                    charged_account_id, principal_account_id, seed, mode, degree, request_id,
+                    quota_epsilon, idempotency_key, query,
+                )  # fmt: skip
+            except IntegrityError:  # a concurrent request bound the key first: read it
+                if idempotency_key is None or attempts == 0:
+                    raise
+            except (BudgetExhausted, ServiceQuotaExhausted) as refusal:
+                self._reports.record_refusal(
+                    refusal.code,
+                    charged_account_id=charged_account_id,
+                    principal_account_id=principal_account_id,
+                    mode=mode,
+                    epsilon=float(degree.epsilon),
+                )
+                raise
+
+    def _admit_degree_release(
+        self,
+        charged_account_id: int,
+        principal_account_id: int,
+        seed: str,
+        mode: str,
+        degree: DegreeCharge,
+        request_id: str,
+        quota_epsilon: float | None,
+        idempotency_key: str | None,
+        query: PopularQuery | None,
+    ) -> DegreeReceipt:
+        with self._writing() as session:
+            account = self._lock_account(session, charged_account_id)
+            if idempotency_key is not None:
+                held = bound_query(session, principal_account_id, idempotency_key)
+                if held is not None:
+                    if held != query:
+                        raise IdempotencyKeyReused()
+                    return DegreeReceipt(_view(account, account), charged=False, replayed=True)
+            writes = AdmissionWrites()
+            now = utcnow()
+            paid = self._degree_charge_id(session, charged_account_id, degree)
+            if paid is not None:
+                self._bind_popular(writes, principal_account_id, idempotency_key, paid, query)
+                writes.finish(session)
+                return DegreeReceipt(_view(account, account), charged=False)
+            spent = _spent_curve(account)
+            composed = spent + degree.curve
+            if composed.epsilon(account.delta) > account.cap_epsilon * (1.0 - ADMISSION_RTOL):
+                raise BudgetExhausted(_view(account, account, spent), float(degree.epsilon))
+            if quota_epsilon is not None and principal_account_id != charged_account_id:
+                self._check_quota(
+                    session, principal_account_id, quota_epsilon, float(degree.epsilon), now
+                )
+            charge = self._add_degree_charge(
+                writes, charged_account_id, principal_account_id, seed, mode, degree,
+                request_id, now,
+            )  # fmt: skip
+            self._bind_popular(writes, principal_account_id, idempotency_key, charge, query)
+            _set_spend(account, account, composed, account.charges + 1)
+            account.last_charge_at = now
+            writes.changed_account(account)
+            writes.finish(session)
+            return DegreeReceipt(_view(account, account, composed), charged=True)
+
+    @staticmethod
+    def _bind_popular(
+        writes: AdmissionWrites,
+        principal: int,
+        idempotency_key: str | None,
+        charge: NewCharge | int,
+        query: PopularQuery | None,
+    ) -> None:
+        if idempotency_key is None or query is None:
+            return
+        popular = (query.seed, query.mode)
+        writes.bind(principal, idempotency_key, charge, POPULAR_BINDING, utcnow(), popular)
+
+    @staticmethod
+    def _degree_charge_id(session: Session, account_id: int, degree: DegreeCharge) -> int | None:
+        """The account's live charge for this degree release, if any (under its spend lock)."""
+        return session.scalar(
+            select(Charge.id)
+            .where(
+                Charge.charged_account_id == account_id,
+                Charge.mechanism == DEGREE_RELEASE_CHARGE,
+                Charge.graph_version == degree.graph_version,
+                Charge.epsilon == float(degree.epsilon),
+                Charge.state != "refunded",
+            )
+            .order_by(Charge.id)
+            .limit(1)
+        )

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from service.errors import ServiceError
+from service.errors import InvalidParameter, ServiceError
 from service.mechanisms.postprocess import RankedNode
 
 AccountType = Literal["user", "service", "admin"]
@@ -78,6 +78,7 @@ class DegreeReceipt:
 
     budget: BudgetView
     charged: bool
+    replayed: bool = False  # the Idempotency-Key was bound to this same popular query already
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,15 @@ class BudgetExhausted(ServiceError):
             details={"budget": budget.to_dict(), "query_epsilon": query_epsilon},
         )
         self.budget = budget
+
+
+class IdempotencyKeyReused(InvalidParameter):
+    """The same Idempotency-Key was sent with a different query (nothing is charged)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "Idempotency-Key", "was already used for a different query; send a new key"
+        )
 
 
 class UnknownAccount(ServiceError):

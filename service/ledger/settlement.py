@@ -29,6 +29,7 @@ from service.ledger.records import (
     ChargeSettled,
     StoredRelease,
 )
+from service.ledger.synthesis_jobs import SynthesisJobs
 from service.ledger.tables import (
     Charge,
     Refund,
@@ -45,9 +46,12 @@ from service.privacy.accountant import RdpCurve
 class Settlement(LedgerPart):
     """Moves a charge ``admitted -> released`` (its release stored) or ``admitted -> refunded``."""
 
-    def __init__(self, uow: UnitOfWork, graph_releases: GraphReleases) -> None:
+    def __init__(
+        self, uow: UnitOfWork, graph_releases: GraphReleases, synthesis: SynthesisJobs
+    ) -> None:
         super().__init__(uow)
         self._graph_releases = graph_releases
+        self._synthesis = synthesis
 
     def refund(
         self, charge_id: int, *, reason: str, actor_account_id: int | None = None
@@ -250,5 +254,7 @@ class Settlement(LedgerPart):
                     actor=actor_account_id,
                 )
                 refunded.append(charge_id)
+        # synthesis jobs first: a dead job's release is refunded with the job marked failed
+        self._synthesis.reconcile_synthesis(cutoff)
         self._graph_releases._reconcile_graph_releases(cutoff)
         return refunded

@@ -286,10 +286,14 @@ class Release(Base):
 
 
 #: How an Idempotency-Key came to name its charge: the keyed request was ``charged``, it
-#: ``joined`` an identical query's charge (in flight or released) at admission, or it was
-#: ``replayed`` from a stored release before admission.
-BINDING_KINDS = ("charged", "joined", "replayed")
+#: ``joined`` an identical query's charge (in flight or released) at admission, it was
+#: ``replayed`` from a stored release before admission, or it was a ``popular`` answer (the
+#: ranked degree release; the binding names the account's charge for that release, and the
+#: query's ``seed`` and ``mode``, which only this kind records).
+BINDING_KINDS = ("charged", "joined", "replayed", "popular")
+POPULAR_BINDING = "popular"
 _BOUND = "freed_at IS NULL"
+_POPULAR_SHAPE = "(kind = 'popular') = (seed IS NOT NULL AND mode IS NOT NULL)"
 
 
 class IdempotencyBinding(Base):
@@ -303,7 +307,8 @@ class IdempotencyBinding(Base):
 
     __tablename__ = "idempotency_bindings"
     __table_args__ = (
-        CheckConstraint("kind IN ('charged', 'joined', 'replayed')", name="kind"),
+        CheckConstraint("kind IN ('charged', 'joined', 'replayed', 'popular')", name="kind"),
+        CheckConstraint(_POPULAR_SHAPE, name="popular_query"),
         Index(
             "uq_idempotency_bindings_bound",
             "principal_account_id",
@@ -322,6 +327,10 @@ class IdempotencyBinding(Base):
     kind: Mapped[str] = mapped_column(String(16), nullable=False)
     created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
     freed_at: Mapped[datetime | None] = mapped_column(Timestamp, nullable=True)
+    #: ``popular`` bindings only: the node and mode of the query answered (the charge named is
+    #: the account's degree-release charge, shared by every popular answer of the version).
+    seed: Mapped[str | None] = mapped_column(String, nullable=True)
+    mode: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
 
 #: How many rows the graph-wide exposure is spread over: a charge updates one of them, so
@@ -371,6 +380,49 @@ class GraphRelease(Base):
     payload: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
     settled_at: Mapped[datetime | None] = mapped_column(Timestamp, nullable=True)
+    #: The drawing process's last sign of life (a long draw, e.g. a synthesis run, refreshes
+    #: it); the reconciler refunds an ``admitted`` release only once this (or, for releases
+    #: made before the column existed, ``created_at``) is older than its limit.
+    heartbeat_at: Mapped[datetime | None] = mapped_column(Timestamp, nullable=True)
+
+
+class SynthesisJob(Base):
+    """One synthesis run (``synthesize`` on the command line or ``POST /v1/admin/synthetic``):
+    the graph-wide release it is charged as, its method, parameters and privacy unit, and its
+    progress. Any worker answers its status from here; a run whose process stopped sending
+    heartbeats is marked ``failed`` and its release refunded by the reconciler."""
+
+    __tablename__ = "synthesis_jobs"
+    __table_args__ = (
+        CheckConstraint("state IN ('running', 'done', 'failed')", name="state"),
+        CheckConstraint("source IN ('cli', 'api')", name="source"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    release_id: Mapped[int] = mapped_column(
+        ForeignKey("graph_releases.id"), nullable=False, unique=True
+    )
+    graph_version: Mapped[str] = mapped_column(String, nullable=False)
+    method: Mapped[str] = mapped_column(String(32), nullable=False)
+    privacy_unit: Mapped[str] = mapped_column(String(8), nullable=False)
+    epsilon: Mapped[float] = mapped_column(Double, nullable=False)
+    delta: Mapped[float] = mapped_column(Double, nullable=False)
+    parameters: Mapped[dict[str, Any]] = mapped_column(JsonText, nullable=False)
+    source: Mapped[str] = mapped_column(String(8), nullable=False)
+    state: Mapped[str] = mapped_column(String(16), nullable=False)
+    progress: Mapped[float] = mapped_column(Double, nullable=False)
+    actor_account_id: Mapped[int | None] = mapped_column(
+        ForeignKey("accounts.id"), nullable=True
+    )  # NULL: the operator on the command line
+    nodes: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    edges: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    note: Mapped[str | None] = mapped_column(Text, nullable=True)
+    error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(Timestamp, nullable=True)
 
 
 class ServiceRead(Base):

@@ -16,12 +16,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, or_, select
 from sqlalchemy.orm import Session
 
 from service.ledger.tables import (
     DEGREE_RELEASE_CHARGE,
     EXPOSURE_SHARDS,
+    POPULAR_BINDING,
     Account,
     Budget,
     Charge,
@@ -31,6 +32,7 @@ from service.ledger.tables import (
     Refund,
     Release,
     Spend,
+    SynthesisJob,
     utcnow,
 )
 from service.privacy.accountant import RdpCurve
@@ -72,7 +74,30 @@ def verify_ledger(engine: Engine) -> VerifyReport:
         _check_bindings(session, report)
         _check_admitted(session, report)
         _check_exposure(session, report)
+        _check_synthesis(session, report)
     return report
+
+
+#: A synthesis job's state and the state its graph release must be in.
+_JOB_RELEASE_STATES = {"running": "admitted", "done": "released", "failed": "refunded"}
+
+
+def _check_synthesis(session: Session, report: VerifyReport) -> None:
+    """Every synthesis job's release is in the state its job says (done: released, with the
+    payload; failed: refunded; running: still admitted)."""
+    rows = session.execute(
+        select(SynthesisJob.id, SynthesisJob.state, GraphRelease.state, GraphRelease.payload)
+        .join(GraphRelease, GraphRelease.id == SynthesisJob.release_id)
+        .limit(10_000)
+    )
+    for job_id, job_state, release_state, payload in rows:
+        expected = _JOB_RELEASE_STATES.get(job_state)
+        if release_state != expected or (job_state == "done") != (payload is not None):
+            report.mismatches.append({
+                "kind": "synthesis", "job_id": job_id,
+                "detail": f"job {job_state} but its graph release is {release_state}"
+                + ("" if (job_state == "done") == (payload is not None) else ", payload wrong"),
+            })  # fmt: skip
 
 
 def _check_spends(session: Session, report: VerifyReport) -> None:
@@ -174,6 +199,36 @@ def _check_bindings(session: Session, report: VerifyReport) -> None:
             select(IdempotencyBinding.charge_id)
             .join(Charge, Charge.id == IdempotencyBinding.charge_id)
             .where(IdempotencyBinding.freed_at.is_(None), Charge.state == "refunded"),
+        ),
+        (
+            "popular Idempotency-Key not bound to a released degree-release charge",
+            select(IdempotencyBinding.charge_id)
+            .join(Charge, Charge.id == IdempotencyBinding.charge_id)
+            .where(
+                IdempotencyBinding.kind == POPULAR_BINDING,
+                or_(Charge.mechanism != DEGREE_RELEASE_CHARGE, Charge.state != "released"),
+            ),
+        ),
+        (
+            "Idempotency-Key of a charged query bound to a degree-release charge",
+            select(IdempotencyBinding.charge_id)
+            .join(Charge, Charge.id == IdempotencyBinding.charge_id)
+            .where(
+                IdempotencyBinding.kind != POPULAR_BINDING,
+                Charge.mechanism == DEGREE_RELEASE_CHARGE,
+            ),
+        ),
+        (
+            "popular Idempotency-Key bound by another caller than the degree charge's account "
+            "or its principal",
+            select(IdempotencyBinding.charge_id)
+            .join(Charge, Charge.id == IdempotencyBinding.charge_id)
+            .join(Account, Account.id == IdempotencyBinding.principal_account_id)
+            .where(
+                IdempotencyBinding.kind == POPULAR_BINDING,
+                IdempotencyBinding.principal_account_id != Charge.charged_account_id,
+                Account.type != "service",
+            ),
         ),
     ]
     for detail, stmt in checks:

@@ -22,6 +22,11 @@ class GraphSettings(BaseSettings):
         "(nodes without edges are served; an edge naming a node not listed is refused). "
         "Unset: the node set is derived from the edges and is then public.",
     )
+    graph_is_synthetic: bool = Field(
+        False,
+        description="Serve a synthetic release as a sandbox: no charges, every answer marked "
+        "synthetic; the graph file must be a synthetic release the ledger recorded.",
+    )
     graph_dir: Path | None = Field(
         None,
         description="Directory an admin may load graph files from by name "

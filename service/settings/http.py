@@ -34,6 +34,11 @@ class HttpSettings(BaseSettings):
         description="Longest time from the end of a request head to the end of its body; "
         "then 408 request_timeout and the connection is closed.",
     )  # fmt: skip
+    http_write_timeout_seconds: float = Field(
+        60.0, gt=0.0, le=3600.0,
+        description="Longest time an answer may wait, unsent, for its client to read (the "
+        "connection's send buffer full); then the connection is closed.",
+    )  # fmt: skip
     http_keep_alive_seconds: float = Field(
         5.0,
         gt=0.0,

@@ -1,10 +1,11 @@
 """The budget ledger's settings: its database, migrations at start-up, how a worker waits for
 and keeps its connections, group commit, reconciling stale charges and the authentication
-cache (an API key's account read from the ledger)."""
+cache (an API key's account read from the ledger), and the heartbeat of a running synthesis
+(which the reconciler reads)."""
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.urls import check_database_url
@@ -42,6 +43,11 @@ class LedgerSettings(BaseSettings):
     reconcile_interval_seconds: float = Field(
         30.0, ge=0.0, description="How often each worker reconciles; 0 turns it off."
     )
+    synthesis_heartbeat_seconds: float = Field(
+        5.0, gt=0.0,
+        description="How often a running synthesis (job or command) refreshes its heartbeat; "
+        "must be well under PPR_RECONCILE_AFTER_SECONDS.",
+    )  # fmt: skip
     auth_cache_seconds: float = Field(
         1.0, ge=0.0,
         description="How long a worker reuses an API key's account (type, scopes, quota) "
@@ -49,6 +55,15 @@ class LedgerSettings(BaseSettings):
         "workers within this bound (at once in the worker that made the change); 0: read "
         "on every request.",
     )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _heartbeat_under_reconcile(self) -> LedgerSettings:
+        if self.synthesis_heartbeat_seconds * 2 > self.reconcile_after_seconds:
+            raise ValueError(
+                "PPR_SYNTHESIS_HEARTBEAT_SECONDS must be at most half of "
+                "PPR_RECONCILE_AFTER_SECONDS (a running synthesis would be refunded)"
+            )
+        return self
 
     @field_validator("database_url")
     @classmethod

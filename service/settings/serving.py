@@ -12,6 +12,12 @@ class ServingSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="PPR_", extra="ignore")
 
+    synthesis_jobs_per_worker: int = Field(
+        1, ge=1, le=64,
+        description="Synthesis jobs (POST /v1/admin/synthetic) one worker runs at once; "
+        "another start is refused with 429 synthesis_busy, nothing charged.",
+    )  # fmt: skip
+
     engine_concurrency: int = Field(
         16, ge=1, le=1024, description="Queries computing at once per worker process."
     )

@@ -1,11 +1,13 @@
 """A synthesis run as ONE graph-wide release in the ledger, and its edge-list file.
 
-The run reuses the ledger's graph-wide release path (the one the degree release takes,
-:meth:`Ledger.graph_release`): admitted against the graph-wide cap and charged to the graph-wide
-exposure in one transaction BEFORE anything is drawn; the generator runs inside ``draw()``; the
+A run is a graph-wide release with a job row (:mod:`service.ledger.synthesis_jobs`): admitted
+against the graph-wide cap and charged to the graph-wide exposure in one transaction BEFORE
+anything is drawn, with its job recorded in the same transaction; while the generator runs, a
+heartbeat keeps the release alive for the reconciler and records the job's progress; the
 synthetic edge list is stored in the ledger as the release's payload (with its method,
 parameters, privacy unit, epsilon and the file's SHA-256) before the file is written. An
-interrupted or failed draw refunds the charge (nothing was released) and leaves no file.
+interrupted or failed draw refunds the charge (nothing was released) and leaves no file; a run
+whose process dies is failed and refunded by the reconciler once its heartbeat lapses.
 
 The file is written to a 0600 temporary file in the target directory and renamed into place.
 
@@ -25,7 +27,6 @@ import hashlib
 import json
 import os
 import tempfile
-import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,9 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from service.errors import InvalidParameter
+from service.errors import InvalidParameter, ServiceError
 from service.graph.model import Graph
 from service.ledger import GraphCap, Ledger
+from service.ledger.graph_releases import Heartbeat
+from service.ledger.synthesis_jobs import RELEASE_PREFIX as RELEASE_PREFIX
+from service.ledger.synthesis_jobs import JobRecord
 from service.privacy.accountant import RdpCurve
 from service.privacy.synthetic import EDGE_LEVEL, NODE_LEVEL
 from service.synthetic.communities import CommunityParams, community_synthesize
@@ -43,8 +47,6 @@ from service.synthetic.privdpr import PrivdprParams, privdpr_synthesize
 from service.synthetic.sampling import chung_lu
 
 METHODS = ("privdpr", "communities", "chung_lu")
-#: Prefix of the ledger's mechanism name of every synthetic release.
-RELEASE_PREFIX = "synthetic:"
 
 Progress = Callable[[int, int], None]
 
@@ -140,6 +142,146 @@ def _validate(request: Request, graph: Graph) -> tuple[RdpCurve, float, float, s
     return RdpCurve.zero(), 0.0, 0.0, EDGE_LEVEL, {}
 
 
+class JobAbandoned(ServiceError):
+    """The run's release was settled under it (its heartbeat lapsed and the reconciler refunded
+    it, or the job was failed): what it drew must not be released."""
+
+    code = "synthesis_abandoned"
+    status = 503
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated request: its curve, epsilon charged, delta, privacy unit and parameters."""
+
+    curve: RdpCurve
+    epsilon: float
+    delta: float
+    privacy_unit: str
+    parameters: dict[str, Any]
+
+
+def plan_request(request: Request, graph: Graph) -> Plan:
+    """Validate ``request`` on ``graph`` (InvalidParameter, nothing charged)."""
+    return Plan(*_validate(request, graph))
+
+
+def start_job(
+    ledger: Ledger,
+    graph: Graph,
+    request: Request,
+    plan: Plan,
+    *,
+    cap: GraphCap | None,
+    source: str,
+    actor_account_id: int | None = None,
+) -> JobRecord:
+    """Admit the run against the graph-wide cap and record its job (GraphBudgetExhausted:
+    nothing written)."""
+    return ledger.start_synthesis(
+        graph.version,
+        request.method,
+        epsilon=plan.epsilon,
+        delta=plan.delta,
+        curve=plan.curve,
+        privacy_unit=plan.privacy_unit,
+        parameters=plan.parameters,
+        cap=cap,
+        source=source,
+        actor_account_id=actor_account_id,
+    )
+
+
+def run_job(
+    ledger: Ledger,
+    job: JobRecord,
+    graph: Graph,
+    request: Request,
+    plan: Plan,
+    *,
+    degrees: Callable[[], tuple[np.ndarray, str]] | None = None,
+    progress: Progress | None = None,
+    rng_factory: Callable[[], np.random.Generator],
+    heartbeat_seconds: float = 5.0,
+) -> tuple[SyntheticRelease, bytes]:
+    """Draw a started job while beating its heartbeat (with its progress), then store its
+    payload and mark it done. Any failure (an interrupt included) refunds it and marks it
+    failed; a run whose release was settled under it stops with :class:`JobAbandoned`."""
+    params = dict(plan.parameters)
+    fraction: list[float] = [0.0]
+
+    def beat() -> bool:
+        return ledger.beat_synthesis(job.job_id, fraction[0])
+
+    try:
+        with Heartbeat(beat, heartbeat_seconds) as heart:
+
+            def step(done: int, total: int) -> None:
+                if not heart.alive:
+                    raise JobAbandoned(
+                        f"synthesis job {job.job_id} was settled while it ran: nothing released"
+                    )
+                fraction[0] = done / total if total > 0 else 0.0
+                if progress is not None:
+                    progress(done, total)
+
+            rng = rng_factory()
+            note = ""
+            if request.method == "privdpr":
+                u, v, _ = privdpr_synthesize(
+                    graph.indptr, graph.indices, request.epsilon, request.privdpr, rng, step
+                )
+            elif request.method == "communities":
+                u, v, _, summary = community_synthesize(
+                    graph.indptr, graph.indices, request.epsilon, request.communities, rng
+                )
+                params.update(summary)
+            else:
+                if degrees is None:
+                    raise InvalidParameter("method", "chung_lu needs the service's degree release")
+                released, source = degrees()
+                weights = np.maximum(released, 0.0)
+                u, v = chung_lu(weights, round(float(weights.sum()) / 2.0), rng)
+                params["post_processing_of"] = source
+                note = f"post-processing of the degree release {source}: no charge of its own"
+            if not heart.alive:
+                raise JobAbandoned(
+                    f"synthesis job {job.job_id} was settled while it ran: nothing released"
+                )
+        text = edge_list_text(graph, u, v)
+        release = SyntheticRelease(
+            method=request.method,
+            release_name=job.release_name,
+            privacy_unit=plan.privacy_unit,
+            epsilon=plan.epsilon,
+            delta=plan.delta,
+            parameters=params,
+            nodes=graph.n,
+            edges=int(u.size),
+            sha256=hashlib.sha256(text).hexdigest(),
+            note=note,
+        )
+        ledger.finish_synthesis(
+            job.job_id,
+            encode_payload(release.header(), text),
+            nodes=release.nodes,
+            edges=release.edges,
+            sha256=release.sha256,
+            parameters=params,
+            note=note,
+        )
+    except BaseException as exc:
+        code = getattr(exc, "code", None) or (
+            "interrupted" if isinstance(exc, KeyboardInterrupt) else "internal_error"
+        )
+        # our errors' messages are written for people; anything else is named by its type only
+        # (its message could quote data)
+        message = exc.message if isinstance(exc, ServiceError) else type(exc).__name__
+        ledger.fail_synthesis(job.job_id, str(code), message)
+        raise
+    return release, text
+
+
 def synthesize_release(
     ledger: Ledger,
     graph: Graph,
@@ -150,57 +292,18 @@ def synthesize_release(
     degrees: Callable[[], tuple[np.ndarray, str]] | None = None,
     progress: Progress | None = None,
     rng_factory: Callable[[], np.random.Generator],
+    heartbeat_seconds: float = 5.0,
 ) -> SyntheticRelease:
-    """Admit, charge, draw, store, then write ``out``. ``degrees`` returns the service's degree
-    release and its ledger name (``chung_lu`` only)."""
-    curve, epsilon, delta, unit, params = _validate(request, graph)
+    """Admit, charge, draw, store, then write ``out`` (the command line's run). ``degrees``
+    returns the service's degree release and its ledger name (``chung_lu`` only)."""
+    plan = plan_request(request, graph)
     check_output_path(out)
     if request.method == "chung_lu" and degrees is None:
         raise InvalidParameter("method", "chung_lu needs the service's degree release")
-    name = f"{RELEASE_PREFIX}{request.method}:{uuid.uuid4().hex}"
-    kept: dict[str, Any] = {}
-
-    def draw() -> bytes:
-        rng = rng_factory()
-        note = ""
-        if request.method == "privdpr":
-            u, v, _ = privdpr_synthesize(
-                graph.indptr, graph.indices, request.epsilon, request.privdpr, rng, progress
-            )
-        elif request.method == "communities":
-            u, v, _, summary = community_synthesize(
-                graph.indptr, graph.indices, request.epsilon, request.communities, rng
-            )
-            params.update(summary)
-        else:
-            assert degrees is not None
-            released, source = degrees()
-            weights = np.maximum(released, 0.0)
-            u, v = chung_lu(weights, round(float(weights.sum()) / 2.0), rng)
-            params["post_processing_of"] = source
-            note = f"post-processing of the degree release {source}: no charge of its own"
-        text = edge_list_text(graph, u, v)
-        release = SyntheticRelease(
-            method=request.method,
-            release_name=name,
-            privacy_unit=unit,
-            epsilon=epsilon,
-            delta=delta,
-            parameters=params,
-            nodes=graph.n,
-            edges=int(u.size),
-            sha256=hashlib.sha256(text).hexdigest(),
-            note=note,
-        )
-        kept["release"], kept["text"] = release, text
-        return encode_payload(release.header(), text)
-
-    payload = ledger.graph_release(
-        graph.version, name, epsilon=epsilon, curve=curve, draw=draw, cap=cap
-    )
-    if "text" not in kept:  # another process made this exact release: read it back
-        header, text = decode_payload(payload)
-        kept["release"], kept["text"] = SyntheticRelease(**header), text
-    write_atomically(out, kept["text"])
-    release: SyntheticRelease = kept["release"]
+    job = start_job(ledger, graph, request, plan, cap=cap, source="cli")
+    release, text = run_job(
+        ledger, job, graph, request, plan, degrees=degrees, progress=progress,
+        rng_factory=rng_factory, heartbeat_seconds=heartbeat_seconds,
+    )  # fmt: skip
+    write_atomically(out, text)
     return release

@@ -31,7 +31,7 @@ from service.api.models import (
 from service.api.params import AccountIdPath, AccountIdQuery, KeyIdPath, Limit, Offset
 from service.api.runtime import Runtime, node_set_origin
 from service.api.strict import StrictRoute
-from service.errors import InvalidParameter
+from service.errors import Conflict, InvalidParameter
 from service.ledger.records import AccountRecord
 from service.serving.graph_holder import graph_file_in
 
@@ -256,8 +256,14 @@ def reload_graph(
     leaves the old graph serving and answers with the loader's error (`graph_load_error`,
     naming file and line). The new version and its file are recorded in the ledger database;
     every other worker and replica compares its own version with it at most every
-    `PPR_GRAPH_VERSION_CHECK_MS` and loads the recorded file.
+    `PPR_GRAPH_VERSION_CHECK_MS` and loads the recorded file. A sandbox (a synthetic release
+    served with charging off) cannot reload: `409 conflict`.
     """
+    if runtime.sandbox is not None:
+        raise Conflict(
+            "this service is a sandbox serving a synthetic release: restart it on another "
+            "file instead of reloading"
+        )
     previous = runtime.graphs.current.version
     path = None
     if body is not None and body.path is not None:

@@ -56,7 +56,8 @@ def ppr_batch(
         raise InvalidParameter(
             "nodes", f"at most {settings.batch_max_items} per call (PPR_BATCH_MAX_ITEMS)"
         )
-    items = runtime.batch.answer(
+    answer_batch = runtime.batch.answer if runtime.sandbox is None else runtime.sandbox.answer_batch
+    items = answer_batch(
         BatchRequest(
             principal=principal,
             nodes=body.nodes,
@@ -85,7 +86,7 @@ def ppr_batch(
             )
             if answer.replayed:
                 REPLAYS.labels("batch").inc()
-            else:
+            elif runtime.sandbox is None:
                 charged += answer.epsilon_charged
                 CHARGES.labels(body.mode.value).inc()
                 EPSILON_CHARGED.labels(body.mode.value).inc(answer.epsilon_charged)
@@ -98,6 +99,11 @@ def ppr_batch(
     request.state.outcome = "batch"
     # Built directly (the schema above documents it): thousands of results per call are not
     # re-validated on the way out.
-    return JSONResponse(
-        {"items": out, "request_id": request.state.request_id, "epsilon_charged": charged}
-    )
+    answered: dict[str, Any] = {
+        "items": out,
+        "request_id": request.state.request_id,
+        "epsilon_charged": charged,
+    }
+    if runtime.sandbox is not None:
+        answered["synthetic"] = True
+    return JSONResponse(answered)

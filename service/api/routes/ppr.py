@@ -91,8 +91,11 @@ async def ppr(
     The seed is never in the list. The answer is charged to the seed user's budget
     (`personalized`) or to the caller (`edge` by a service account); a repeated query returns
     the stored release with `replayed: true` and costs nothing unless `fresh=true`.
-    `popular` charges no account: its degree release is made once per graph version and
-    paid by the graph-wide exposure. The `mechanism` block names what was used.
+    `popular` ranks the graph version's one degree release: the charged account pays its
+    epsilon once per version (with its first answer built on it), nothing per query. An
+    `Idempotency-Key` binds to the first answer given under it, `popular` included: its
+    retries return that answer, any other query under it is 422. The `mechanism` block names
+    what was used.
     """
     one_header(request, "Idempotency-Key")
     settings = runtime.settings
@@ -108,12 +111,16 @@ async def ppr(
         request_id=request.state.request_id,
         mechanism=mechanism,
     )
-    if runtime.coalescer is not None:  # with the queries around it, on the event loop
+    if runtime.sandbox is not None:  # a synthetic release, charging off
+        answer = await run_in_threadpool(runtime.sandbox.answer, query)
+    elif runtime.coalescer is not None:  # with the queries around it, on the event loop
         answer = await runtime.coalescer.answer(query)
     else:
         answer = await run_in_threadpool(runtime.queries.answer, query)
     request.state.epsilon_charged = answer.epsilon_charged
-    if answer.replayed:
+    if runtime.sandbox is not None:
+        request.state.outcome = "synthetic"
+    elif answer.replayed:
         request.state.outcome = "replayed"
         REPLAYS.labels("idempotency" if idempotency_key else "release").inc()
     elif answer.epsilon_charged == 0.0:
@@ -124,7 +131,10 @@ async def ppr(
         EPSILON_CHARGED.labels(mode.value).inc(answer.epsilon_charged)
     # Serialized here, once: the model is already validated (FastAPI would dump it, validate
     # the dump again and dump that; the schema still comes from response_model).
-    body = PprAnswer.of(answer).model_dump_json(by_alias=True, exclude_none=True)
+    shown = PprAnswer.of(answer)
+    if runtime.sandbox is not None:
+        shown.synthetic = True
+    body = shown.model_dump_json(by_alias=True, exclude_none=True)
     return Response(content=body, media_type="application/json")
 
 

@@ -196,7 +196,7 @@
       a.classList.toggle("active", a.dataset.view === (name || "overview"));
     }
     const views = { overview: overviewView, accounts: arg ? () => accountView(Number(arg)) : accountsView,
-      exposure: exposureView, audit: auditView };
+      exposure: exposureView, synthesis: synthesisView, audit: auditView };
     const render = views[name] || overviewView;
     view().replaceChildren(h("p", { class: "muted loading" }, "Loading…"));
     try {
@@ -533,7 +533,7 @@
   /* --- exposure ----------------------------------------------------------------------------- */
 
   async function exposureView() {
-    const exposure = await api("/v1/admin/exposure");
+    const [exposure, runs] = await Promise.all([api("/v1/admin/exposure"), api("/v1/admin/synthetic" + qs({ limit: 100 }))]);
     const chart = h("div", { class: "chart-box", id: "chart-exposure" });
     const modes = Object.entries(exposure.by_mode);
     view().replaceChildren(h("div", { class: "grid", id: "exposure" },
@@ -549,8 +549,48 @@
         h("tbody", {}, modes.length ? modes.map(([m, v]) => h("tr", {}, h("td", {}, m), h("td", { class: "num" }, String(v.charges)), h("td", { class: "num" }, eps(v.epsilon))))
           : h("tr", {}, h("td", { colspan: 3, class: "muted" }, "No charges"))))),
       card("Check", h("dl", { class: "facts" }, h("dt", {}, "From the exposure shards"), h("dd", {}, eps(exposure.shards_epsilon)),
-        h("dt", {}, "Recomposed from charges"), h("dd", {}, eps(exposure.epsilon))))));
+        h("dt", {}, "Recomposed from charges"), h("dd", {}, eps(exposure.epsilon)))),
+      h("div", { class: "span-2" }, card("Synthesis runs in this exposure", synthesisTable(runs.jobs.filter((j) => j.charge_state !== "refunded"), "exposure-synthesis"),
+        h("p", { class: "muted" }, "Each synthesis run is one graph-wide release, composed into the exposure above with its charge (refunded runs are not). ",
+          h("a", { href: "#/synthesis" }, "All runs ›"))))));
     drawExposure(chart, exposure, 320);
+  }
+
+  /* --- synthesis runs ----------------------------------------------------------------------- */
+
+  async function download(job) {
+    const key = sessionStorage.getItem(KEY);
+    const response = await fetch(job.file_url, { headers: { Authorization: `Bearer ${key}` } });
+    if (!response.ok) throw new ApiError(response.status, await response.json().catch(() => null));
+    const url = URL.createObjectURL(await response.blob());
+    const link = h("a", { href: url, download: `synthetic-${job.method}-${job.job_id.slice(0, 12)}.txt` });
+    document.body.appendChild(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 10000);
+  }
+
+  function synthesisTable(jobs, id) {
+    const unit = (u) => (u === "node" ? "node-level DP" : "edge-level DP");
+    return h("table", { class: "table compact", id },
+      h("thead", {}, h("tr", {}, ["When", "Method", "Privacy unit", "ε", "δ", "Charge", "State", "Source", "Edges", "File"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, jobs.length ? jobs.map((j) => h("tr", { class: "synthesis-run", "data-job": j.job_id },
+        h("td", {}, when(j.created_at)), h("td", {}, h("code", {}, j.method)), h("td", {}, unit(j.privacy_unit)),
+        h("td", { class: "num" }, eps(j.epsilon)), h("td", { class: "num" }, j.delta ? j.delta.toExponential(1) : "0"),
+        h("td", {}, h("span", { class: `badge state-${j.charge_state}` }, j.epsilon === 0 ? "free (post-processing)" : j.charge_state)),
+        h("td", {}, j.state === "running" ? `running ${(100 * j.progress).toFixed(0)}%` : j.state,
+          j.error ? h("div", { class: "muted" }, `${j.error.code}: ${j.error.message}`) : null),
+        h("td", {}, j.source === "api" ? "API" : "command"), h("td", { class: "num" }, j.edges === null ? "—" : j.edges.toLocaleString("en-US")),
+        h("td", {}, j.file_url ? h("button", { type: "button", class: "button ghost download", onclick: (e) => download(j).catch((error) => e.target.replaceWith(errorBox(error))) }, "Download") : "—")))
+        : h("tr", {}, h("td", { colspan: 10, class: "muted" }, "No synthesis runs"))));
+  }
+
+  async function synthesisView() {
+    const runs = await api("/v1/admin/synthetic" + qs({ limit: 100 }));
+    view().replaceChildren(card(`Synthesis runs (${runs.total})`, synthesisTable(runs.jobs, "synthesis-runs"),
+      h("p", { class: "muted" }, "Synthetic graphs published with ",
+        h("code", {}, "python -m service synthesize"), " or ", h("code", {}, "POST /v1/admin/synthetic"),
+        ". communities and chung_lu are edge-level DP, privdpr node-level DP: not the same promise. chung_lu reuses the degree release and charges nothing of its own.")));
   }
 
   /* --- audit log ---------------------------------------------------------------------------- */

@@ -72,7 +72,9 @@ class PopularAnswers:
         """``popular``: the version's one degree release, ranked. Post-processing of a stored
         graph-wide release, which the charged account pays for once per graph version (the
         first time it receives an answer built on it; refused past its cap like any charge);
-        nothing new is stored."""
+        nothing new is stored. An Idempotency-Key is bound in that admission's transaction to
+        this query (node, mode, the account's charge for the release): a retry is the same
+        ranking of the same release, ``replayed``; any other query under the key is 422."""
         if req.idempotency_key is not None:
             stored = self.replayer.release_for_idempotency_key(req)
             if stored is not None:  # the key belongs to a charged query
@@ -88,6 +90,7 @@ class PopularAnswers:
             degree=DegreeCharge(graph.version, degrees.plan.epsilon, degrees.plan.curve),
             request_id=req.request_id,
             quota_epsilon=self.admitter.quota_for(req.principal, account_id),
+            idempotency_key=req.idempotency_key,
         )
         extra = int(graph.degrees[seed]) if req.exclude_neighbors else 0
         results = ranked_results(
@@ -110,7 +113,7 @@ class PopularAnswers:
             results=results[: req.k],
             mechanism=mechanism,
             budget=receipt.budget,
-            replayed=False,
+            replayed=receipt.replayed,
             request_id=req.request_id,
             charged_account_id=account_id,
             epsilon_charged=degrees.plan.epsilon if receipt.charged else 0.0,

@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-from service.errors import Conflict, InvalidParameter
+from service.errors import Conflict
+from service.ledger.records import IdempotencyKeyReused  # the ledger refuses a bound key too
 
-
-class IdempotencyKeyReused(InvalidParameter):
-    """The same Idempotency-Key was sent with a different query."""
-
-    def __init__(self) -> None:
-        super().__init__(
-            "Idempotency-Key", "was already used for a different query; send a new key"
-        )
+__all__ = ["IdempotencyKeyReused", "RequestInProgress"]
 
 
 class RequestInProgress(Conflict):

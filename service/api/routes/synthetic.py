@@ -1,0 +1,125 @@
+"""Synthesis as an admin job: start a run, follow it, download its edge list.
+
+``POST /v1/admin/synthetic`` validates the run like ``synthesize`` does (422
+``invalid_parameter``, nothing charged), refuses it when this worker's job slots are full (429
+``synthesis_busy``) or the graph-wide cap does not allow it (403 ``graph_budget_exhausted``),
+and otherwise admits and charges it and returns 202 with the job; the run proceeds in a thread
+of this worker. Its state is in the ledger: any worker answers ``GET .../{job}`` and serves
+``GET .../{job}/file`` (the stored release's bytes).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Response, status
+
+from service.api.deps import AdminDep, RuntimeDep
+from service.api.models import ErrorResponse
+from service.api.params import Limit, Offset
+from service.api.strict import StrictRoute
+from service.api.synthetic_models import StartSynthesis, SynthesisJob, SynthesisJobs
+from service.errors import Conflict, InvalidParameter
+from service.synthetic.communities import CommunityParams
+from service.synthetic.privdpr import PrivdprParams
+from service.synthetic.release import Request, decode_payload
+
+router = APIRouter(prefix="/v1/admin/synthetic", tags=["admin"], route_class=StrictRoute)
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorResponse},
+    403: {"model": ErrorResponse, "description": "`forbidden`, `graph_budget_exhausted`"},
+    404: {"model": ErrorResponse, "description": "`unknown_synthesis_job`"},
+    409: {"model": ErrorResponse, "description": "`synthesis_not_done`"},
+    422: {"model": ErrorResponse},
+    429: {"model": ErrorResponse, "description": "`synthesis_busy`"},
+}
+
+JobIdPath = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$", description="The job's id.")]
+
+
+class SynthesisNotDone(Conflict):
+    code = "synthesis_not_done"
+
+
+def _request(body: StartSynthesis, popular_epsilon: float) -> Request:
+    from dataclasses import replace
+
+    if body.method == "chung_lu":
+        if body.epsilon is not None:
+            raise InvalidParameter(
+                "epsilon", "chung_lu reuses the degree release (PPR_POPULAR_EPSILON): no epsilon"
+            )
+        epsilon = popular_epsilon
+    elif body.epsilon is None:
+        raise InvalidParameter("epsilon", f"method {body.method} needs an epsilon")
+    else:
+        epsilon = body.epsilon
+    return Request(
+        method=body.method,
+        epsilon=epsilon,
+        privdpr=replace(
+            PrivdprParams(), delta=body.delta, epochs=body.epochs, score_rounds=body.score_rounds
+        ),
+        communities=replace(CommunityParams(), groups=body.groups, rounds=body.rounds),
+    )
+
+
+@router.post(
+    "", response_model=SynthesisJob, status_code=status.HTTP_202_ACCEPTED, responses=_ERRORS
+)
+def start_synthesis(body: StartSynthesis, runtime: RuntimeDep, admin: AdminDep) -> SynthesisJob:
+    """Start a synthesis run of the served graph: one graph-wide release, charged now (before
+    anything is drawn) and refunded if the run fails (docs/synthetic.md)."""
+    if runtime.sandbox is not None:
+        raise Conflict(
+            "this service is a sandbox serving a synthetic release: synthesize on the service "
+            "that serves the real graph"
+        )
+    request = _request(body, runtime.settings.popular_epsilon)
+    job = runtime.synthesis.start(
+        runtime.graphs.current, request, actor_account_id=admin.account_id
+    )
+    return SynthesisJob.of(job)
+
+
+@router.get("", response_model=SynthesisJobs, responses=_ERRORS)
+def list_synthesis(
+    runtime: RuntimeDep, admin: AdminDep, limit: Limit = 100, offset: Offset = 0
+) -> SynthesisJobs:
+    """Every synthesis run (command line and API), newest first."""
+    jobs, total = runtime.ledger.synthesis_jobs(limit=limit, offset=offset)
+    return SynthesisJobs(jobs=[SynthesisJob.of(j) for j in jobs], total=total)
+
+
+@router.get("/{job_id}", response_model=SynthesisJob, responses=_ERRORS)
+def get_synthesis(job_id: JobIdPath, runtime: RuntimeDep, admin: AdminDep) -> SynthesisJob:
+    """A run's state, progress, charge and error."""
+    return SynthesisJob.of(runtime.ledger.synthesis_job(job_id))
+
+
+@router.get(
+    "/{job_id}/file",
+    response_class=Response,
+    responses={**_ERRORS, 200: {"content": {"text/plain": {}}, "description": "the edge list"}},
+)
+def synthesis_file(job_id: JobIdPath, runtime: RuntimeDep, admin: AdminDep) -> Response:
+    """The run's edge list (``u v`` lines), as the command line writes it."""
+    payload = runtime.ledger.synthesis_payload(job_id)
+    if payload is None:
+        job = runtime.ledger.synthesis_job(job_id)
+        raise SynthesisNotDone(
+            f"synthesis job {job_id} is {job.state}: its file exists once it is done",
+            details={"job_id": job_id, "state": job.state},
+        )
+    header, text = decode_payload(payload)
+    name = re.sub(r"[^a-z_]", "", str(header.get("method", "synthetic")))
+    return Response(
+        content=text,
+        media_type="text/plain; charset=utf-8",
+        headers={
+            "Content-Disposition": f'attachment; filename="synthetic-{name}-{job_id[:12]}.txt"',
+            "X-Content-SHA256": str(header.get("sha256", "")),
+        },
+    )
