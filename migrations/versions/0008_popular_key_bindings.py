@@ -6,8 +6,8 @@ that account's degree-release charge, with the query's ``seed`` and ``mode`` (th
 query, the account, graph version and epsilon, are the charge's), under the same partial
 UNIQUE index as every other binding. Nothing to backfill: popular keys were never recorded.
 
-Revision ID: 0007_popular_key_bindings
-Revises: 0006_idempotency_binding
+Revision ID: 0008_popular_key_bindings
+Revises: 0007_synthesis_jobs
 Create Date: 2026-11-25
 """
 
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0007_popular_key_bindings"
-down_revision: str | None = "0006_idempotency_binding"
+revision: str = "0008_popular_key_bindings"
+down_revision: str | None = "0007_synthesis_jobs"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
