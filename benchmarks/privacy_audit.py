@@ -74,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
 
         real, control = (_audit(case, pair, args, rng) for pair in (case.real, case.control))
         loss = "n/a" if case.pair_loss is None else f"{case.pair_loss:.3f}"
+        mode = case.mode if spec.steps is None else f"{case.mode}, K={spec.steps}"
         row = (
-            f"| {case.mechanism} | {case.mode} | {case.pair} | {case.claimed_epsilon:.4f} "
+            f"| {case.mechanism} | {mode} | {case.pair} | {case.claimed_epsilon:.4f} "
             f"({case.delta:g}) | {loss} | {_format(real.epsilon_lb)} | {spec.bench_factor:g}x "
             f"| {_format(control.epsilon_lb)} |"
         )

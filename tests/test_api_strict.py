@@ -234,6 +234,8 @@ _SETTINGS_NAMES = {
     "PPR_EPSILON_MIN": "epsilon_min",
     "PPR_EPSILON_MAX": "epsilon_max",
     "PPR_BATCH_MAX_ITEMS": "batch_max_items",
+    "PPR_EMBEDDING_MIN_SIGMA": "embedding_min_sigma",
+    "PPR_EMBEDDING_MAX_SIGMA": "embedding_max_sigma",
 }
 
 
@@ -368,7 +370,11 @@ def test_every_declared_limit_is_enforced_at_the_limit_and_one_past(backend: Bac
         service_id, service_key = accounts.service(modes=["edge"], cap_epsilon=1000.0)
         key_id = ledger_of(client).list_api_keys(service_id)[0].key_id
         schema = client.get("/openapi.json").json()
-        base_query = {"/v1/ppr/{node_id}": {"mode": "edge", "mechanism": "popular"}}
+        base_query = {
+            "/v1/ppr/{node_id}": {"mode": "edge", "mechanism": "popular"},
+            "/v1/embeddings/{node_id}": {"mode": "edge", "k": 2},
+            "/v1/embeddings/free/{node_id}": {"mode": "edge"},
+        }
         base_body: dict[str, dict[str, Any]] = {
             "/v1/ppr/batch": {"nodes": ["7"], "mode": "edge", "mechanism": "popular"},
             "/v1/admin/accounts": {"type": "service"},
@@ -378,7 +384,7 @@ def test_every_declared_limit_is_enforced_at_the_limit_and_one_past(backend: Bac
         for entry in _declared(schema):
             method, path, where, name = entry["method"], entry["path"], entry["in"], entry["name"]
             ids = {"account_id": str(service_id), "key_id": str(key_id), "node_id": "7"}
-            keyed = path.startswith(("/v1/ppr", "/v1/embeddings"))  # a service account's
+            keyed = path.startswith(("/v1/ppr", "/v1/embeddings"))
             headers = bearer(service_key if keyed else accounts.admin_key)
             for value, accepted in _probes(entry["branch"], "edge" if name == "modes" else "7"):
                 query = dict(base_query.get(path, {}))

@@ -43,7 +43,7 @@ TABLES = {
     "accounts", "api_keys", "budgets", "spend", "charges", "refunds", "releases", "audit_log",
     "ledger_meta", "alembic_version", "exposure_shards", "graph_releases", "refusals",
     "service_reads", "read_totals", "graph_versions", "synthesis_jobs",
-    "idempotency_bindings",
+    "idempotency_bindings", "embedding_salts",
 }  # fmt: skip
 
 

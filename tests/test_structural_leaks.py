@@ -4,14 +4,16 @@ through a noisy release.
 Three live servers serve three graphs on one node list: G0, G0 plus the only edge of a pendant
 node, and G0 plus an edge at its largest-degree node. Each gets a fresh ledger with the same
 accounts, and the same sequence of requests from a user and a service account reaches every
-endpoint they can call (every ranking and mode, replays, the batch endpoint, budgets, the
+endpoint they can call (every ranking and mode, DP-IE embeddings and the free embedding of a
+stored release, replays, the batch endpoint, budgets, the
 service's read figure, errors of every kind, health, readiness, metrics, the API description and
 its pages, an admin page refused; tests/test_structural_cover.py fails when an operation a user
 or a service account can call is missing from the sequence). The
 responses' bodies, headers and status codes must be equal after masking only what is noisy or
 per-process: the ids and scores of noisy rankings, their byte length, request ids, dates and
-timings, and the public graph id, which is random per ledger (a separate check shows it is not
-the content fingerprint). Run on SQLite with one worker and on PostgreSQL + Redis with two.
+timings, the public graph id, which is random per ledger (a separate check shows it is not
+the content fingerprint), and the embedding hash salt, random per ledger too. Run on SQLite
+with one worker and on PostgreSQL + Redis with two.
 """
 
 from __future__ import annotations
@@ -143,6 +145,19 @@ def _requests() -> list[tuple[str, str, str, dict[str, Any] | None, bool]]:
             True,
         ),
         ("service", "POST", "/v1/ppr/batch", {"nodes": []}, False),
+        # embeddings: DP-IE (charged, replayed, both modes) and the free embedding of a
+        # stored release (user 8's version probe above: edge-mode noisy_diffusion)
+        ("8", "GET", "/v1/embeddings/8", {"k": 8}, True),
+        ("8", "GET", "/v1/embeddings/8", {"k": 8}, True),  # replay
+        ("8", "GET", "/v1/embeddings/8", {"k": 8, "mode": "edge", "sigma": 0.01}, True),
+        ("8", "GET", "/v1/embeddings/free/8", {"mode": "edge", "k": 8}, True),
+        ("8", "GET", "/v1/embeddings/3", None, False),  # not its node
+        ("8", "GET", "/v1/embeddings/8", {"sigma": 5}, False),
+        ("8", "GET", "/v1/embeddings/free/8", {"epsilon": 0.3}, False),  # no such release
+        ("service", "GET", f"/v1/embeddings/{PENDANT}", {"mode": "edge", "k": 8}, True),
+        ("service", "GET", "/v1/embeddings/3", {"k": 8}, True),  # charged to user 3
+        ("service", "GET", "/v1/embeddings/free/3", {"k": 8}, True),  # its /v1/ppr/3 release
+        ("service", "GET", "/v1/embeddings/no-such-node", {"mode": "edge"}, False),
         ("service", "GET", "/v1/me/budget", None, False),
         ("service", "GET", "/v1/embeddings/similar/3", {"k": 5}, True),  # the all-node release
         ("service", "GET", f"/v1/embeddings/similar/{PENDANT}", {"k": 5}, True),
@@ -163,7 +178,10 @@ def _requests() -> list[tuple[str, str, str, dict[str, Any] | None, bool]]:
 
 
 _MASKED_HEADERS = {"date", "x-request-id", "server-timing", "content-length"}
-_TIMING_KEYS = {"request_id", "created_at", "released_at", "at", "timestamp", "duration_ms"}
+_TIMING_KEYS = {"request_id", "created_at", "released_at", "at", "timestamp", "duration_ms",
+                "release_request_id"}  # fmt: skip
+#: drawn from the OS per ledger, never from the edges: the embedding hash functions' salt
+_RANDOM_PER_LEDGER = {"hash_salt"}
 
 
 def _normalised(
@@ -213,6 +231,10 @@ def _mask(value: Any, *, noisy: bool) -> Any:
                 out[key] = "<masked>"
             elif key == "results" and noisy and isinstance(item, list):
                 out[key] = len(item)  # ids and scores are the noisy release
+            elif key == "embedding" and noisy and isinstance(item, list):
+                out[key] = len(item)  # the coordinates are the noisy release
+            elif key in _RANDOM_PER_LEDGER:
+                out[key] = "<random>"
             else:
                 out[key] = _mask(item, noisy=noisy)
         return out
@@ -300,6 +322,12 @@ def test_toggling_one_edge_changes_nothing_outside_the_noise(
                 forget_cached_keys(url, redis_url)
     for name in toggles:
         _compare(transcripts["g0"], transcripts[name], f"g0 vs {name}")
+    embeddings = [
+        (entry["status"], noisy)
+        for entry, (_, _, path, _, noisy) in zip(transcripts["g0"], _requests(), strict=True)
+        if path.startswith("/v1/embeddings/")
+    ]
+    assert embeddings and all((status == 200) == noisy for status, noisy in embeddings)
     listed = read_node_list(nodes)
     for name, path in files.items():  # the id callers saw is not the content hash
         fingerprint = load_edge_list(path, nodes=listed).fingerprint

@@ -22,6 +22,7 @@ from service.ledger.records import (
     ChargeRecord,
     ReadView,
 )
+from service.serving.embedding_query import EmbeddingAnswer
 from service.serving.schemas import Answer
 
 
@@ -401,3 +402,97 @@ class SimilarAnswer(BaseModel):
     )
     cost: str
     request_id: str
+
+
+class EmbeddingMechanism(BaseModel):
+    """What produced an embedding, with its parameters (fields that do not apply are absent)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Literal["dp_instant_embedding", "instant_embedding_of_release"] = Field(
+        description="`dp_instant_embedding` (DP-IE: PushFlowCap, InstantEmbedding, Laplace "
+        "noise of scale sigma n / eps on the k coordinates; charged) or "
+        "`instant_embedding_of_release` (the InstantEmbedding of a stored ranking release the "
+        "caller may replay; post-processing, charged nothing); see docs/embeddings.md."
+    )
+    mode: Literal["personalized", "edge"] = Field(
+        description="`personalized`: joint DP, for the seed user only (the seed's own edges "
+        "are not protected); `edge`: every edge protected."
+    )
+    epsilon: float = Field(description="The guarantee this answer's noise gives (0: free).")
+    delta: float = Field(
+        description="DP-IE: what the float64 Laplace sampler adds, once per coordinate "
+        "(docs/privacy.md); 0 for the free embedding (its release states its own)."
+    )
+    dimension: int = Field(description="k, the number of coordinates.")
+    hash_salt: str = Field(
+        description="Hex salt of the graph version's hash functions h_k, h_sgn (random, drawn "
+        "once per graph version: embeddings of one version are comparable)."
+    )
+    sigma: float | None = Field(None, description="DP-IE: PushFlowCap's sensitivity sigma.")
+    sensitivity: float | None = Field(None, description="DP-IE: l1 sensitivity sigma n.")
+    noise_scale: float | None = Field(None, description="DP-IE: Laplace scale sigma n / eps.")
+    score_grid: float | None = Field(
+        None, description="DP-IE: every coordinate is an integer multiple of this power of two."
+    )
+    alpha: float | None = Field(None, description="DP-IE: PushFlowCap's lazy teleport alpha.")
+    rounds: int | None = Field(None, description="DP-IE: PushFlowCap's rounds R.")
+    normalized: bool | None = Field(
+        None,
+        description="Free embedding: the clipped scores were scaled to sum 1 (scores that are "
+        "not PPR mass).",
+    )
+    entries: int | None = Field(
+        None, description="Free embedding: the stored entries it was computed from."
+    )
+    store_top: int | None = Field(
+        None,
+        description="Free embedding: PPR_REPLAY_STORE_TOP, the most entries a stored release "
+        "keeps (every other entry counts as 0).",
+    )
+
+
+class EmbeddingSource(BaseModel):
+    """The stored release a free embedding was computed from."""
+
+    release_request_id: str = Field(description="The request id of the release's answer.")
+    node: str
+    mode: Literal["personalized", "edge"]
+    epsilon: float
+    mechanism: Mechanism = Field(description="The release's own mechanism block.")
+    graph_version: str
+
+
+class EmbeddingAnswerModel(BaseModel):
+    node: str
+    graph_version: str
+    embedding: list[float] = Field(description="The k coordinates.")
+    mechanism: EmbeddingMechanism
+    budget: Budget
+    replayed: bool = Field(
+        description="True: built from a stored earlier release, nothing charged."
+    )
+    request_id: str
+    epsilon_charged: float = Field(description="Epsilon charged now (0 on replays, and free).")
+    source: EmbeddingSource | None = Field(
+        None, description="Free embedding: the stored release it was computed from."
+    )
+
+    @classmethod
+    def of(cls, answer: EmbeddingAnswer) -> EmbeddingAnswerModel:
+        source = None
+        if answer.source is not None:
+            source = EmbeddingSource(
+                **{**answer.source, "mechanism": Mechanism(**answer.source["mechanism"])}
+            )
+        return cls(
+            node=answer.node,
+            graph_version=answer.graph_version,
+            embedding=answer.embedding,
+            mechanism=EmbeddingMechanism(**answer.mechanism),
+            budget=Budget.of(answer.budget),
+            replayed=answer.replayed,
+            request_id=answer.request_id,
+            epsilon_charged=answer.epsilon_charged,
+            source=source,
+        )

@@ -10,7 +10,8 @@ new endpoint gets it without repeating it:
   ``unsupported_media_type``;
 * the configured bounds of ``k`` and ``epsilon`` (``PPR_MAX_K``, ``PPR_EPSILON_MIN``,
   ``PPR_EPSILON_MAX``) as ``minimum``/``maximum`` of those query parameters and of the batch
-  body's fields, and ``PPR_BATCH_MAX_ITEMS`` as the batch's ``maxItems``.
+  body's fields, ``PPR_EMBEDDING_MIN_SIGMA``/``MAX_SIGMA`` of the embeddings' ``sigma``, and
+  ``PPR_BATCH_MAX_ITEMS`` as the batch's ``maxItems``.
 """
 
 from __future__ import annotations
@@ -105,6 +106,12 @@ def complete_schema(schema: dict[str, Any], mechanism: Settings) -> dict[str, An
                     _bound(parameter, minimum=1, maximum=mechanism.max_k)
                 elif parameter["name"] == "epsilon":
                     _bound(parameter, minimum=mechanism.epsilon_min, maximum=mechanism.epsilon_max)
+                elif parameter["name"] == "sigma":
+                    _bound(
+                        parameter,
+                        minimum=mechanism.embedding_min_sigma,
+                        maximum=mechanism.embedding_max_sigma,
+                    )
     return schema
 
 

@@ -69,6 +69,18 @@ class NodeConvertor(Convertor[str]):
 
 register_url_convertor("node", NodeConvertor())
 
+
+class EmbeddingNodeConvertor(NodeConvertor):
+    """``{name:embedding_node}``: as ``node``, but ``free`` and ``similar``, alone or followed
+    by ``/``, are not node ids: those paths are the free embedding's and the similar-nodes
+    endpoints (DP-IE cannot be asked for a node whose id is one of those words, as
+    `batch` for rankings)."""
+
+    regex = r"(?!(?:free|similar)(?:/|\Z))(?s:.+)"
+
+
+register_url_convertor("embedding_node", EmbeddingNodeConvertor())
+
 AccountIdPath = Annotated[int, Path(ge=1, le=ID_MAX, description="An account id.")]
 KeyIdPath = Annotated[int, Path(ge=1, le=ID_MAX, description="An API key id.")]
 AccountIdQuery = Annotated[

@@ -24,6 +24,7 @@ from service.ledger.records import GraphCap
 from service.mechanisms.engine import DiffusionEngine
 from service.serving.batch import BatchQueryService
 from service.serving.coalescer import QueryCoalescer
+from service.serving.embedding_query import EmbeddingQueryService
 from service.serving.graph_holder import GraphHolder
 from service.serving.graph_identity import serving_loader
 from service.serving.limits import EngineGate, RateLimiter
@@ -52,11 +53,13 @@ class Runtime:
     gate: EngineGate = field(default_factory=lambda: EngineGate(16, 512, 30.0))
     similar: SimilarIndexHolder | None = None  # the all-node embedding release's index
     synthesis: SynthesisRunner = field(init=False)
+    embeddings: EmbeddingQueryService = field(init=False)
     #: Set when this worker serves a synthetic release as a sandbox (charging off).
     sandbox: SandboxQueries | None = None
 
     def __post_init__(self) -> None:
         self.synthesis = synthesis_runner(self.settings, self.ledger, self.queries.degree_releases)
+        self.embeddings = EmbeddingQueryService(self.queries, self.settings)
 
     def start_background(self) -> None:
         self.reconciler = Reconciler(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,20 @@ def load_graph(path: Path | None) -> Graph:
     return load_configured_graph(path)
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (as the API writes them: an
+    epsilon no delta left to certify is infinite, and JSON has no infinity)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
 def print_json(payload: Any) -> None:
-    json.dump(payload, sys.stdout, indent=2, allow_nan=False)
+    json.dump(_finite(payload), sys.stdout, indent=2, allow_nan=False)
     sys.stdout.write("\n")
 
 

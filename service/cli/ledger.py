@@ -1,9 +1,11 @@
-"""``ledger``: check and repair the budget ledger (``verify``, ``reconcile``, ``exposure``).
+"""``ledger``: check and repair the budget ledger (``verify``, ``reconcile``, ``exposure``,
+``edge-report``).
 
 ``verify`` recomputes every account's spend from its append-only charges and refunds and
 checks charge states against the stored releases; it exits 1 on any mismatch. ``reconcile``
 refunds admitted charges that never got a release (their worker died before storing it, so
-nothing was released). ``exposure`` prints the graph-wide composed bound.
+nothing was released). ``exposure`` prints the graph-wide composed bound. ``edge-report``
+prints one edge's per-instance exposure (admin only, :mod:`service.cli.edge_report`).
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from service.cli.common import print_json, print_table
 from service.cli.db import Handler, add_database_argument, database_url
-from service.cli.options import open_unit_float
+from service.cli.options import open_unit_float, positive_int
 from service.config import Settings
 from service.errors import InvalidParameter
 from service.ledger.ledger import Ledger
@@ -71,6 +74,34 @@ def register(subparsers: Any) -> None:
     exposure.add_argument(
         "--delta", type=open_unit_float, help="delta; default the smallest account delta"
     )
+    report = action(
+        "edge-report",
+        "one edge's per-instance exposure over the noisy-diffusion releases, next to the "
+        "worst case (admin only: confidential, not a DP guarantee)",
+        _edge_report,
+    )
+    report.add_argument("--edge", nargs=2, required=True, metavar=("U", "V"), help="node ids")
+    report.add_argument(
+        "--graph", type=Path, metavar="FILE", help="edge-list file; default PPR_GRAPH_PATH"
+    )
+    report.add_argument(
+        "--nodes", type=Path, metavar="FILE", help="node list the graph was served with"
+    )
+    report.add_argument(
+        "--account", type=positive_int, metavar="ID", help="only this account's releases"
+    )
+    report.add_argument(
+        "--delta",
+        type=open_unit_float,
+        help="delta; default the account's, or the smallest account delta graph-wide",
+    )
+
+
+def _edge_report(args: argparse.Namespace) -> int:
+    # imported here, never by the module: the per-edge code stays off every serving path
+    from service.cli.edge_report import run
+
+    return run(args)
 
 
 def _verify(args: argparse.Namespace) -> int:

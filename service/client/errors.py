@@ -32,6 +32,7 @@ __all__ = [
     "MalformedJson",
     "MethodNotAllowed",
     "ModeNotAllowed",
+    "NoRelease",
     "NotAcceptable",
     "NotConverged",
     "NotFound",
@@ -246,6 +247,13 @@ class UnknownCharge(NotFound):
 
 
 @_register
+class NoRelease(NotFound):
+    """No stored release of the named query that the caller may replay (the free embedding)."""
+
+    code = "no_release"
+
+
+@_register
 class MethodNotAllowed(PprError):
     code = "method_not_allowed"
     default_status = 405
@@ -317,6 +325,45 @@ class ServiceQuotaExhausted(PprError):
 
     code = "service_quota_exhausted"
     default_status = 429
+
+
+@_register
+class SynthesisBusy(PprError):
+    """Every synthesis slot of the worker that took the call is running a job (admins only)."""
+
+    code = "synthesis_busy"
+    default_status = 429
+
+
+@_register
+class SynthesisNotDone(Conflict):
+    """The synthesis job has no file yet: it is still running, or it failed (admins only)."""
+
+    code = "synthesis_not_done"
+
+
+@_register
+class SynthesisAbandoned(PprError):
+    """The synthesis run's release was settled under it (refunded); nothing was released."""
+
+    code = "synthesis_abandoned"
+    default_status = 503
+
+
+@_register
+class UnknownSynthesisJob(PprError):
+    """No synthesis job has this id (admins only)."""
+
+    code = "unknown_synthesis_job"
+    default_status = 404
+
+
+@_register
+class NotASyntheticRelease(PprError):
+    """The graph file is not a synthetic release the ledger knows (sandbox only)."""
+
+    code = "not_a_synthetic_release"
+    default_status = 422
 
 
 @_register

@@ -12,7 +12,7 @@ dp_instant_embedding` in `edge` mode:
 Steps 1-2 run in a compiled kernel that keeps, per seed, only the nodes the flow has reached:
 a node with zero residual pushes nothing (Algorithm 2), and a node whose cap d(v) T is used up
 never pushes again, so each round costs the edges of the nodes that still push, not the whole
-graph. The arithmetic is Algorithm 2's, in float64; ``tests/test_embedding_release.py``
+graph. The arithmetic is Algorithm 2's, in float64; ``tests/test_embedding_all_node_release.py``
 checks it against :func:`service.mechanisms.pushflowcap.pushflowcap` on every seed of a graph.
 
 Each of the seeds' releases is pure eps-DP for one edge (any edge: Theorems 4.3 and 5.1 hold

@@ -28,7 +28,7 @@ from service.ledger.admin_records import (
 from service.ledger.quota_and_degree import QUOTA_WINDOW
 from service.ledger.tables import Charge, Spend, iso
 from service.ledger.unit_of_work import LedgerPart
-from service.privacy.accountant import RdpCurve
+from service.privacy.accountant import RdpCurve, curve_key
 
 
 class AccountViews(LedgerPart):
@@ -52,7 +52,7 @@ class AccountViews(LedgerPart):
         naive_terms: list[float] = []
         points: list[CurvePoint] = []
         for charge_id, created_at, eps, rdp in rows:
-            key = repr(rdp.get("rdp")) + repr(rdp.get("pure"))
+            key = curve_key(rdp)
             curve = parsed.get(key)
             if curve is None:
                 curve = parsed[key] = RdpCurve.from_json(rdp)

@@ -25,7 +25,7 @@ from service.ledger.tables import (
     GraphRelease,
     iso,
 )
-from service.privacy.accountant import RdpCurve
+from service.privacy.accountant import RdpCurve, curve_key
 
 
 @dataclass
@@ -81,7 +81,7 @@ def exposure_report(
     parsed: dict[str, RdpCurve] = {}
 
     def curve(rdp: dict[str, Any]) -> RdpCurve:
-        key = repr(rdp.get("rdp")) + repr(rdp.get("pure"))
+        key = curve_key(rdp)
         if key not in parsed:
             parsed[key] = RdpCurve.from_json(rdp)
         return parsed[key]

@@ -59,7 +59,11 @@ class ExposureShards(LedgerPart):
             shard = random.randrange(EXPOSURE_SHARDS)
             row = self._locked_shard(session, shard)
             within = bool(np.all(curve.rdp <= cap.max_charge.rdp))
-            if not within or curve.pure > cap.max_charge.pure:
+            if (
+                not within
+                or curve.pure > cap.max_charge.pure
+                or curve.sampler_tv > cap.max_charge.sampler_tv
+            ):
                 raise _NeedsExactCap()
             total = _shard_total([row, *other_shards(session, shard)]) + curve
             margin = cap.max_charge * (EXPOSURE_SHARDS - 1)

@@ -40,6 +40,7 @@ from service.ledger.database import (
     upgrade_engine,
 )
 from service.ledger.delegate import delegate
+from service.ledger.embedding_salts import EmbeddingSalts
 from service.ledger.exposure_shards import ExposureShards
 from service.ledger.graph_releases import GraphReleases
 from service.ledger.graph_versions import GraphVersions
@@ -85,6 +86,7 @@ class Ledger(LedgerPart):
         self.accounts = Accounts(self._uow)
         self.budgets = Budgets(self._uow, self.api_keys)
         self.graph_versions = GraphVersions(self._uow)
+        self.embedding_salts = EmbeddingSalts(self._uow)
         self.shards = ExposureShards(self._uow)
         self.graph_releases = GraphReleases(self._uow, self.shards)
         self.synthesis = SynthesisJobs(self._uow, self.graph_releases)
@@ -121,6 +123,7 @@ class Ledger(LedgerPart):
     set_current_graph_version = delegate("graph_versions", GraphVersions.set_current_graph_version)
     public_graph_version = delegate("graph_versions", GraphVersions.public_graph_version)
     graph_fingerprint_of = delegate("graph_versions", GraphVersions.graph_fingerprint_of)
+    embedding_salt = delegate("embedding_salts", EmbeddingSalts.embedding_salt)
     graph_release = delegate("graph_releases", GraphReleases.graph_release)
     graph_release_state = delegate("graph_releases", GraphReleases.graph_release_state)
     start_synthesis = delegate("synthesis", SynthesisJobs.start_synthesis)

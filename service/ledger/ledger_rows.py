@@ -202,7 +202,8 @@ def _subtract_up(total: RdpCurve, part: RdpCurve) -> RdpCurve:
         pure = float(total.pure)
     else:
         pure = max(float(np.nextafter(total.pure - part.pure, np.inf)), 0.0)
-    return RdpCurve(rdp, pure)
+    tv = max(float(np.nextafter(total.sampler_tv - part.sampler_tv, np.inf)), 0.0)
+    return RdpCurve(rdp, pure, tv)
 
 
 def _release_values(

@@ -519,6 +519,21 @@ class GraphVersion(Base):
     created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
 
 
+class EmbeddingSalt(Base):
+    """The salt of each graph version's embedding hash functions (16 bytes, as hex).
+
+    Drawn from the OS entropy source by the first worker that embeds on the version, inserted
+    if absent and read back, so every worker, restart and replica hashes alike; a new graph
+    version gets a new salt. Never a function of the edges; it may be public.
+    """
+
+    __tablename__ = "embedding_salts"
+
+    graph_version: Mapped[str] = mapped_column(String(64), primary_key=True)
+    salt: Mapped[str] = mapped_column(String(128), nullable=False)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
+
+
 class LedgerMeta(Base):
     """Key/value facts about the stored data, e.g. the order grid the curves are on."""
 

@@ -126,6 +126,8 @@ def _check_spends(session: Session, report: VerifyReport) -> None:
         problems = []
         if not _close(stored.rdp, total.rdp) or not np.isclose(stored.pure, total.pure, RTOL):
             problems.append("spent curve differs from the composition of its live charges")
+        if not np.isclose(stored.sampler_tv, total.sampler_tv, RTOL, atol=1e-18):
+            problems.append("sampler share differs from the sum of its live charges'")
         if spend.charges != count:
             problems.append(f"charge count {spend.charges} stored, {count} live charges")
         expected = total.epsilon(delta)
@@ -286,8 +288,10 @@ def _check_exposure(session: Session, report: VerifyReport) -> None:
             continue
         stored = RdpCurve.from_json(row.rdp)
         slack = 1e-12 * np.abs(exact[shard].rdp) + 1e-15  # summation order, not understatement
-        below = bool(np.any(stored.rdp < exact[shard].rdp - slack)) or (
-            stored.pure < exact[shard].pure * (1 - 1e-12) - 1e-15
+        below = (
+            bool(np.any(stored.rdp < exact[shard].rdp - slack))
+            or stored.pure < exact[shard].pure * (1 - 1e-12) - 1e-15
+            or stored.sampler_tv < exact[shard].sampler_tv * (1 - 1e-12) - 1e-21
         )
         if below or not _close(stored.rdp, exact[shard].rdp) or row.charges != counts[shard]:
             report.mismatches.append(

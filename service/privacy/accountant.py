@@ -7,10 +7,24 @@ minimum over orders of the improved bound (Balle et al. 2020; Canonne, Kamath, S
     eps = r(alpha) + ln(1 - 1/alpha) - ln(delta * alpha) / (alpha - 1)
 
 and the pure value, whichever is smaller.
+
+A curve also carries ``sampler_tv``: the summed probability that the float64 sampler's released
+values differ from those of an exact Laplace sampler coupled with it (each count release adds
+its own, :func:`service.privacy.sampler.count_release_tv`; composition adds them). The
+transcript of every release an account received then equals the ideal (exact-noise) transcript
+except with probability at most T = ``sampler_tv`` (a union bound over the releases, adaptively:
+each coupling holds given the releases before it). If the ideal transcript is (eps, delta')-DP
+(the RDP conversion at delta'), the real one is (eps, delta' + (1 + e^eps) T)-DP:
+P[R(G) in S] <= P[I(G) in S] + T <= e^eps P[I(G') in S] + delta' + T
+<= e^eps P[R(G') in S] + delta' + (1 + e^eps) T. So :meth:`RdpCurve.epsilon` converts at
+delta' = delta - (1 + e^eps) T, for the smallest eps that satisfies it (docs/privacy.md,
+section 5, "The sampler's share of delta"). Summing the releases' own stated deltas
+(1 + e^eps_i) 2 tau instead would understate it: eps_i is one release's, eps the composition's.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,12 +44,45 @@ def rdp_to_epsilon(rdp: np.ndarray, pure: float, delta: float) -> float:
     return max(0.0, min(best, float(pure)))
 
 
+#: Fixed-point iterations of :func:`sound_epsilon` before it gives up (returns infinity).
+_FIXED_POINT_ITERATIONS = 200
+
+
+def sound_epsilon(rdp: np.ndarray, pure: float, sampler_tv: float, delta: float) -> float:
+    """The smallest eps with ``rdp_to_epsilon(rdp, pure, delta - (1 + e^eps) sampler_tv) <= eps``
+    (module docstring): the curve's epsilon at ``delta`` once the sampler's share is taken out.
+    Infinity when no eps leaves a positive delta for the curve."""
+    if sampler_tv <= 0.0:
+        return rdp_to_epsilon(rdp, pure, delta)
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+
+    def converted(eps: float) -> float:
+        # (1 + e^eps) T, computed so that a huge eps gives an infinite share, not an overflow
+        share = sampler_tv * (1.0 + math.exp(min(eps, 700.0)))
+        left = delta - share
+        return math.inf if not left > 0.0 else rdp_to_epsilon(rdp, pure, left)
+
+    # converted() is non-decreasing in eps: iterate up from below to the least fixed point
+    eps = converted(0.0)
+    for _ in range(_FIXED_POINT_ITERATIONS):
+        if math.isinf(eps):
+            return math.inf
+        candidate = eps * (1.0 + 1e-9) + 1e-15  # a point just above the iterate
+        if converted(candidate) <= candidate:
+            return candidate
+        eps = converted(candidate)
+    return math.inf
+
+
 @dataclass(frozen=True, eq=False)
 class RdpCurve:
-    """A Renyi-DP curve on :data:`ORDERS` plus the pure (alpha = infinity) epsilon."""
+    """A Renyi-DP curve on :data:`ORDERS` plus the pure (alpha = infinity) epsilon, and the
+    sampler's summed coupling failure ``sampler_tv`` (module docstring)."""
 
     rdp: np.ndarray
     pure: float
+    sampler_tv: float = 0.0
 
     def __post_init__(self) -> None:
         rdp = np.array(self.rdp, dtype=np.float64)
@@ -43,39 +90,59 @@ class RdpCurve:
             raise ValueError(f"curve has {rdp.shape} values, grid has {ORDERS.shape}")
         if np.any(rdp < 0) or np.any(np.isnan(rdp)) or not self.pure >= 0:
             raise ValueError("an RDP curve is non-negative and not NaN")
+        if not 0.0 <= self.sampler_tv < math.inf:
+            raise ValueError("a sampler coupling failure is a finite non-negative probability")
         rdp.setflags(write=False)
         object.__setattr__(self, "rdp", rdp)
         object.__setattr__(self, "pure", float(self.pure))
+        object.__setattr__(self, "sampler_tv", float(self.sampler_tv))
 
     @classmethod
     def zero(cls) -> RdpCurve:
         return cls(np.zeros_like(ORDERS), 0.0)
 
     def __add__(self, other: RdpCurve) -> RdpCurve:
-        return RdpCurve(self.rdp + other.rdp, self.pure + other.pure)
+        return RdpCurve(
+            self.rdp + other.rdp, self.pure + other.pure, self.sampler_tv + other.sampler_tv
+        )
 
     def __mul__(self, times: int) -> RdpCurve:
         """``times`` identical compositions."""
         if times < 0:
             raise ValueError("a curve composes a non-negative number of times")
-        return RdpCurve(self.rdp * times, self.pure * times)
+        return RdpCurve(self.rdp * times, self.pure * times, self.sampler_tv * times)
 
     __rmul__ = __mul__
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, RdpCurve):
             return NotImplemented
-        return bool(np.array_equal(self.rdp, other.rdp)) and self.pure == other.pure
+        return (
+            bool(np.array_equal(self.rdp, other.rdp))
+            and self.pure == other.pure
+            and self.sampler_tv == other.sampler_tv
+        )
 
     def __hash__(self) -> int:
-        return hash((self.rdp.tobytes(), self.pure))
+        return hash((self.rdp.tobytes(), self.pure, self.sampler_tv))
+
+    def with_sampler_tv(self, sampler_tv: float) -> RdpCurve:
+        """This curve with ``sampler_tv`` added to its sampler share."""
+        return RdpCurve(self.rdp, self.pure, self.sampler_tv + sampler_tv)
 
     def epsilon(self, delta: float) -> float:
-        return rdp_to_epsilon(self.rdp, self.pure, delta)
+        """What the curve certifies at ``delta``, the sampler's share taken out of it."""
+        return sound_epsilon(self.rdp, self.pure, self.sampler_tv, delta)
 
     def to_json(self) -> dict[str, Any]:
-        """Serialisable form, tagged with the grid version it was evaluated on."""
-        return {"grid_version": GRID_VERSION, "rdp": self.rdp.tolist(), "pure": self.pure}
+        """Serialisable form, tagged with the grid version it was evaluated on (``sampler_tv``
+        only when there is one, so that curves without it keep their stored form)."""
+        data: dict[str, Any] = {
+            "grid_version": GRID_VERSION, "rdp": self.rdp.tolist(), "pure": self.pure
+        }  # fmt: skip
+        if self.sampler_tv:
+            data["sampler_tv"] = self.sampler_tv
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RdpCurve:
@@ -84,7 +151,16 @@ class RdpCurve:
                 f"curve stored on order grid version {data.get('grid_version')}, "
                 f"this code uses {GRID_VERSION}: run the migration that converts it"
             )
-        return cls(np.asarray(data["rdp"], dtype=np.float64), float(data["pure"]))
+        return cls(
+            np.asarray(data["rdp"], dtype=np.float64),
+            float(data["pure"]),
+            float(data.get("sampler_tv", 0.0)),
+        )
+
+
+def curve_key(data: dict[str, Any]) -> str:
+    """A key that tells stored curves apart (for caches of parsed curves)."""
+    return repr(data.get("rdp")) + repr(data.get("pure")) + repr(data.get("sampler_tv"))
 
 
 def compose(curves: list[RdpCurve]) -> RdpCurve:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from service.errors import InvalidParameter
 from service.privacy.accountant import RdpCurve
 from service.privacy.curves import laplace_curve
+from service.privacy.sampler import count_release_tv
 
 #: l1 sensitivity of the degree vector to one edge (two degrees change by 1).
 DEGREE_SENSITIVITY = 2.0
@@ -79,12 +80,19 @@ def round_up(value: float, digits: int = SIGNIFICANT_DIGITS) -> float:
     return rounded
 
 
+def count_release_curve(epsilon: float) -> RdpCurve:
+    """What a count release at ``epsilon`` is charged: the Laplace curve, plus the float
+    sampler's coupling failure on the changed coordinates (:func:`count_release_tv`), which the
+    accountant takes out of the account's delta."""
+    return laplace_curve(epsilon).with_sampler_tv(count_release_tv())
+
+
 def laplace_plan_for_scale(sensitivity: float, scale: float) -> LaplacePlan:
     """The guarantee of Lap(``scale``) noise on a query of l1 sensitivity ``sensitivity``."""
     sensitivity = _positive("sensitivity", sensitivity)
     scale = _positive("scale", scale)
     epsilon = sensitivity / scale
-    return LaplacePlan(sensitivity, scale, epsilon, laplace_curve(epsilon))
+    return LaplacePlan(sensitivity, scale, epsilon, count_release_curve(epsilon))
 
 
 def plan_laplace(epsilon: float, sensitivity: float) -> LaplacePlan:
@@ -127,7 +135,7 @@ def two_scale_plan_for_scales(friend_scale: float, candidate_scale: float) -> Tw
     epsilon = max(
         FRIEND_COUNT_SENSITIVITY / friend_scale, CANDIDATE_COUNT_SENSITIVITY / candidate_scale
     )
-    return TwoScalePlan(friend_scale, candidate_scale, epsilon, laplace_curve(epsilon))
+    return TwoScalePlan(friend_scale, candidate_scale, epsilon, count_release_curve(epsilon))
 
 
 def plan_two_scale(epsilon: float) -> TwoScalePlan:

@@ -14,7 +14,9 @@ puts the two rounded values in different cells with probability at most
 ziggurat's tables: 6.0e-12). One edge changes at most :data:`CHANGED_COORDINATES` released
 coordinates, the others have the same law under both graphs; so a release that is pure
 eps-DP with exact Laplace noise is (eps, (1 + e^eps) * 2 * tau)-DP as drawn. That is the delta
-each count answer states.
+each count answer states. Composed over an account's answers, the ledger keeps the sum of the
+releases' ``2 tau`` in the curve (``sampler_tv``) and converts at
+``delta - (1 + e^eps) * sum`` (:mod:`service.privacy.accountant`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,21 @@ TAU_PER_COORDINATE = 1e-11
 CHANGED_COORDINATES = 2
 
 
+def count_release_tv() -> float:
+    """The probability that one count release, as drawn, differs from its exact-noise twin on
+    the coordinates a protected edge changes: its share of an account's ``sampler_tv``
+    (:class:`service.privacy.accountant.RdpCurve`)."""
+    return CHANGED_COORDINATES * TAU_PER_COORDINATE
+
+
 def count_release_delta(epsilon: float) -> float:
     """The delta a pure ``epsilon``-DP count release states: what the sampler adds."""
-    return (1.0 + math.exp(epsilon)) * CHANGED_COORDINATES * TAU_PER_COORDINATE
+    return (1.0 + math.exp(epsilon)) * count_release_tv()
+
+
+def vector_release_delta(epsilon: float, coordinates: int) -> float:
+    """The delta a pure ``epsilon``-DP Laplace release of a vector states when one edge may
+    change all ``coordinates`` of it (DP-IE's k coordinates): the coupling bound
+    :data:`TAU_PER_COORDINATE` once per coordinate that may change, as
+    :func:`count_release_delta` counts :data:`CHANGED_COORDINATES`."""
+    return (1.0 + math.exp(epsilon)) * coordinates * TAU_PER_COORDINATE

@@ -1,8 +1,9 @@
 """The mechanism's settings: how the noisy diffusion runs on this deployment's graph, the
 bounds a query's epsilon and k must lie in and their defaults, the ranking a query gets when
-it names none, the public bounds on the graph (degree, edge count) and the budget of new
-accounts. Per deployment (one graph), never taken from clients. :class:`MechanismSettings`
-also stands alone (``MechanismSettings().account_delta``) where only these are needed."""
+it names none, the embeddings' default dimension and sigma bounds, the public bounds on the
+graph (degree, edge count) and the budget of new accounts. Per deployment (one graph), never
+taken from clients. :class:`MechanismSettings` also stands alone
+(``MechanismSettings().account_delta``) where only these are needed."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.budgets import CAP_EPSILON_MAX, CAP_EPSILON_MIN, DELTA_MAX, DELTA_MIN
+from service.embeddings.dp import DEFAULT_EMBEDDING_SIGMA
+from service.embeddings.dp import DEFAULT_K as DP_IE_DEFAULT_K
+from service.embeddings.dp import MAX_K as DP_IE_MAX_K
+from service.embeddings.dp import MAX_SIGMA as DP_IE_MAX_SIGMA
+from service.embeddings.dp import MIN_SIGMA as DP_IE_MIN_SIGMA
 from service.graph.bounds import DEFAULT_MAX_DEGREE_BOUND, MAX_DEGREE_BOUND_LIMIT
 from service.mechanisms.registry import DEFAULT_MECHANISM, RankingMechanism
 
@@ -58,6 +64,26 @@ class MechanismSettings(BaseSettings):
         "answer built on it is charged it once per graph version).",
     )  # fmt: skip
 
+    embedding_default_k: int = Field(
+        DP_IE_DEFAULT_K, ge=1, le=DP_IE_MAX_K,
+        description="Dimension k of an embedding request that names none (the paper's 256); "
+        "k is bounded by PPR_MAX_K, as a ranking's, and by 4096.",
+    )  # fmt: skip
+    embedding_default_sigma: float = Field(
+        DEFAULT_EMBEDDING_SIGMA, ge=DP_IE_MIN_SIGMA, le=DP_IE_MAX_SIGMA,
+        description="PushFlowCap sensitivity sigma of a DP-IE request that names none (chosen "
+        "by the sweep in docs/embeddings.md).",
+    )  # fmt: skip
+    embedding_min_sigma: float = Field(
+        1e-5, ge=DP_IE_MIN_SIGMA, le=DP_IE_MAX_SIGMA,
+        description="Smallest sigma a DP-IE request may ask for (below ~1e-5 only the seed "
+        "enters the embedding on graphs of thousands of nodes).",
+    )  # fmt: skip
+    embedding_max_sigma: float = Field(
+        DP_IE_MAX_SIGMA, ge=DP_IE_MIN_SIGMA, le=DP_IE_MAX_SIGMA,
+        description="Largest sigma a DP-IE request may ask for (the noise scale is sigma n / eps).",
+    )  # fmt: skip
+
     @model_validator(mode="after")
     def _ranges_agree(self) -> MechanismSettings:
         if self.epsilon_min > self.epsilon_max:
@@ -66,6 +92,15 @@ class MechanismSettings(BaseSettings):
             raise ValueError("PPR_DEFAULT_EPSILON must lie in [PPR_EPSILON_MIN, PPR_EPSILON_MAX]")
         if self.default_k > self.max_k:
             raise ValueError("PPR_DEFAULT_K must not exceed PPR_MAX_K")
+        if self.embedding_default_k > self.max_k:
+            raise ValueError("PPR_EMBEDDING_DEFAULT_K must not exceed PPR_MAX_K")
+        if not (
+            self.embedding_min_sigma <= self.embedding_default_sigma <= self.embedding_max_sigma
+        ):
+            raise ValueError(
+                "PPR_EMBEDDING_DEFAULT_SIGMA must lie in "
+                "[PPR_EMBEDDING_MIN_SIGMA, PPR_EMBEDDING_MAX_SIGMA]"
+            )
         return self
 
     @property

@@ -22,7 +22,7 @@ from service.ledger.ledger import Ledger
 from service.ledger.records import Admission, ChargeReceipt, DegreeCharge, GraphCap
 from service.privacy.accountant import RdpCurve
 from service.privacy.calibration import DiffusionPlan
-from service.privacy.curves import laplace_curve
+from service.privacy.laplace import count_release_curve
 from service.privacy.modes import Mode
 from service.serving.group_commit import GroupCommitter
 from service.serving.pipeline.items import Admitted, Pending
@@ -186,8 +186,12 @@ class Admitter:
             curves = [
                 self.planner.plan(m.epsilon_max, delta, m.steps, m.beta, m.eta, mode).curve
                 for mode in Mode
-            ] + [laplace_curve(m.epsilon_max)]
-            hit = RdpCurve(np.max([c.rdp for c in curves], axis=0), max(c.pure for c in curves))
+            ] + [count_release_curve(m.epsilon_max)]
+            hit = RdpCurve(
+                np.max([c.rdp for c in curves], axis=0),
+                max(c.pure for c in curves),
+                max(c.sampler_tv for c in curves),
+            )
             self._max_charge = {graph.version: hit}
         return hit
 

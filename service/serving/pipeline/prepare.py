@@ -105,6 +105,11 @@ class Preparer:
     def _mechanism_for(self, req: QueryRequest) -> RankingMechanism:
         return resolve_mechanism(req.mechanism, req.mode, self.mechanism.default_mechanism)
 
+    def charged_account(self, principal: Principal, node: str, mode: Mode, graph: Graph) -> int:
+        """The account a query by ``principal`` is charged to (or its refusal), for answers
+        of other kinds (embeddings) authorized as rankings are."""
+        return self._charged_account(principal, node, mode, graph)
+
     def _charged_account(self, principal: Principal, node: str, mode: Mode, graph: Graph) -> int:
         if principal.type == "admin":
             raise Forbidden("admin accounts manage budgets and cannot query")

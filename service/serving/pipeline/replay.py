@@ -181,6 +181,14 @@ class Replayer:
             "an identical request is still being answered; retry shortly", retry_after=1
         )
 
+    def wait_for_release(self, charge_id: int) -> StoredRelease | None:
+        """:meth:`_wait_for_release`, for answers of other kinds (embeddings) joining a twin."""
+        return self._wait_for_release(charge_id)
+
+    def cache_bound(self, entries: list[tuple[StoredRelease, int, str | None]]) -> None:
+        """:meth:`_cache_bound`, for answers of other kinds (embeddings)."""
+        self._cache_bound(entries)
+
     def _wait_for_release(self, charge_id: int) -> StoredRelease | None:
         """The release of ``charge_id`` once stored; None once it is refunded. A charge still
         in flight after ``twin_wait_seconds`` answers 409 with Retry-After."""

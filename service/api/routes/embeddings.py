@@ -1,0 +1,162 @@
+"""``GET /v1/embeddings/{node_id}`` (DP-IE, charged) and ``GET /v1/embeddings/free/{node_id}``
+(the InstantEmbedding of a stored release the caller may replay, free)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+
+from service.api.deps import EngineTurn, PrincipalDep, RuntimeDep
+from service.api.models import EmbeddingAnswerModel, ErrorResponse
+from service.api.observability import CHARGES, EPSILON_CHARGED, REPLAYS
+from service.api.params import K_LIMIT, IdempotencyKeyHeader, NodeIdPath, QueryBool
+from service.api.routes.ppr import one_header
+from service.api.runtime import Runtime
+from service.api.strict import StrictRoute
+from service.errors import Forbidden
+from service.mechanisms.registry import RankingMechanism
+from service.privacy.modes import Mode
+from service.serving.embedding_query import EmbeddingRequest, FreeEmbeddingRequest
+
+router = APIRouter(prefix="/v1/embeddings", tags=["embeddings"], route_class=StrictRoute)
+
+_ERRORS: dict[int | str, dict[str, object]] = {
+    401: {"model": ErrorResponse, "description": "missing, malformed, unknown or revoked key"},
+    403: {
+        "model": ErrorResponse,
+        "description": "`forbidden`, `mode_not_allowed`, `budget_exhausted`, "
+        "`graph_budget_exhausted` or `read_cap_exhausted`",
+    },
+    404: {"model": ErrorResponse, "description": "`unknown_node` or `unknown_account`"},
+    409: {"model": ErrorResponse, "description": "`request_in_progress`"},
+    422: {"model": ErrorResponse, "description": "`invalid_parameter`, naming it"},
+    503: {"model": ErrorResponse, "description": "`ledger_unavailable`"},
+}
+
+Dimension = Annotated[
+    int | None,
+    Query(
+        ge=1, le=K_LIMIT,
+        description="Dimension k (1..PPR_MAX_K and at most 4096, default "
+        "PPR_EMBEDDING_DEFAULT_K)",
+    ),
+]  # fmt: skip
+Epsilon = Annotated[
+    float | None,
+    Query(gt=0, description="Epsilon (PPR_EPSILON_MIN..PPR_EPSILON_MAX, default "
+                            "PPR_DEFAULT_EPSILON)"),
+]  # fmt: skip
+ModeQuery = Annotated[Mode, Query(description="`personalized` or `edge`")]
+
+
+def _not_in_sandbox(runtime: Runtime) -> None:
+    if runtime.sandbox is not None:
+        raise Forbidden(
+            "this server answers on a synthetic release (sandbox, charging off); embeddings "
+            "are served by the service on its graph only"
+        )
+
+
+def _body(answer: EmbeddingAnswerModel) -> Response:
+    return Response(
+        content=answer.model_dump_json(exclude_none=True), media_type="application/json"
+    )
+
+
+@router.get(
+    "/free/{node_id:node}",
+    response_model=EmbeddingAnswerModel,
+    response_model_exclude_none=True,
+    responses={
+        **_ERRORS,
+        404: {
+            "model": ErrorResponse,
+            "description": "`unknown_node`, or `no_release`: no stored release of that query "
+            "that the caller may replay",
+        },
+    },
+)
+async def free_embedding(
+    request: Request,
+    runtime: RuntimeDep,
+    principal: PrincipalDep,
+    node_id: NodeIdPath,
+    epsilon: Epsilon = None,
+    mode: ModeQuery = Mode.PERSONALIZED,
+    mechanism: Annotated[
+        RankingMechanism | None,
+        Query(
+            description="The ranking whose stored release to embed (as in GET /v1/ppr/{node}; "
+            "`popular` has none). Default as there."
+        ),
+    ] = None,
+    k: Dimension = None,
+) -> Response:
+    """The InstantEmbedding of the stored release of `GET /v1/ppr/{node_id}` with these
+    `epsilon`, `mode` and `mechanism`, for a caller who may replay it: negatives clipped
+    (scores that are not PPR mass scaled to sum 1), hashed with the graph version's hash
+    functions. Post-processing of an answer already charged: charges nothing. A stored
+    release keeps its top `PPR_REPLAY_STORE_TOP` entries only; `source` names the release."""
+    _not_in_sandbox(runtime)
+    query = FreeEmbeddingRequest(
+        principal=principal, node=node_id, k=k, epsilon=epsilon, mode=mode,
+        mechanism=mechanism, request_id=request.state.request_id,
+    )  # fmt: skip
+    answer = await run_in_threadpool(runtime.embeddings.free, query)
+    request.state.epsilon_charged = 0.0
+    request.state.outcome = "free_embedding"
+    return _body(EmbeddingAnswerModel.of(answer))
+
+
+@router.get(
+    "/{node_id:embedding_node}",
+    response_model=EmbeddingAnswerModel,
+    response_model_exclude_none=True,
+    responses=_ERRORS,
+)
+async def dp_embedding(
+    request: Request,
+    runtime: RuntimeDep,
+    principal: PrincipalDep,
+    _turn: EngineTurn,
+    node_id: NodeIdPath,
+    k: Dimension = None,
+    sigma: Annotated[
+        float | None,
+        Query(
+            gt=0,
+            description="PushFlowCap's sensitivity sigma (PPR_EMBEDDING_MIN_SIGMA.."
+            "PPR_EMBEDDING_MAX_SIGMA, default PPR_EMBEDDING_DEFAULT_SIGMA); noise scale "
+            "sigma n / eps",
+        ),
+    ] = None,
+    epsilon: Epsilon = None,
+    mode: ModeQuery = Mode.PERSONALIZED,
+    fresh: Annotated[
+        QueryBool, Query(description="Draw new noise even if a release exists")
+    ] = False,
+    idempotency_key: IdempotencyKeyHeader = None,
+) -> Response:
+    """A DP-IE node embedding of `node_id` (Epasto et al.): PushFlowCap, InstantEmbedding with
+    the graph version's hash functions, Laplace noise of scale sigma n / eps on each of the k
+    coordinates. Charged like a ranking: to the seed user (`personalized`, joint DP, the answer
+    for the seed only) or to the caller (`edge`, counted in the graph-wide exposure); an
+    identical request replays the stored release free unless `fresh=true`."""
+    one_header(request, "Idempotency-Key")
+    _not_in_sandbox(runtime)
+    query = EmbeddingRequest(
+        principal=principal, node=node_id, k=k, sigma=sigma, epsilon=epsilon, mode=mode,
+        fresh=fresh, idempotency_key=idempotency_key, request_id=request.state.request_id,
+    )  # fmt: skip
+    answer = await run_in_threadpool(runtime.embeddings.answer, query)
+    request.state.epsilon_charged = answer.epsilon_charged
+    if answer.replayed:
+        request.state.outcome = "replayed"
+        REPLAYS.labels("idempotency" if idempotency_key else "release").inc()
+    else:
+        request.state.outcome = "charged"
+        CHARGES.labels(mode.value).inc()
+        EPSILON_CHARGED.labels(mode.value).inc(answer.epsilon_charged)
+    return _body(EmbeddingAnswerModel.of(answer))
