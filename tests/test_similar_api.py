@@ -39,7 +39,7 @@ def _service_key(ledger: Ledger, modes: tuple[str, ...] = ("edge", "personalized
 def app_with_dir(backend: Backend, tmp_path: Path) -> Iterator[tuple[TestClient, Path]]:  # noqa: F811
     out = tmp_path / "embeddings"
     out.mkdir()
-    with running_app(backend, embedding_release_dir=out, max_k=50) as client:
+    with running_app(backend, embedding_release_dir=out, max_k=300) as client:
         yield client, out
 
 
@@ -96,7 +96,7 @@ def test_refusals_have_stable_codes_and_charge_nothing(
         (key, "/v1/embeddings/similar/no-such-node", {}, 404, "unknown_node"),
         (key, "/v1/embeddings/similar/3", {"k": "0"}, 422, "invalid_parameter"),
         (key, "/v1/embeddings/similar/3", {"k": "10001"}, 422, "invalid_parameter"),
-        (key, "/v1/embeddings/similar/3", {"k": "51"}, 422, "invalid_parameter"),  # > PPR_MAX_K
+        (key, "/v1/embeddings/similar/3", {"k": "301"}, 422, "invalid_parameter"),  # > PPR_MAX_K
         (key, "/v1/embeddings/similar/3", {"k": "1.0"}, 422, "invalid_parameter"),
         (key, "/v1/embeddings/similar/3", {"k": " 5"}, 422, "invalid_parameter"),
         (key, "/v1/embeddings/similar/a%20b", {}, 422, "invalid_parameter"),
