@@ -34,6 +34,7 @@ from pydantic_settings import SettingsConfigDict
 from service.errors import InvalidParameter
 from service.settings.batch import BatchSettings
 from service.settings.cache import CacheSettings
+from service.settings.embeddings import EmbeddingSettings
 from service.settings.graph import GraphSettings
 from service.settings.http import HttpSettings
 from service.settings.ledger import LedgerSettings
@@ -50,6 +51,7 @@ class Settings(
     PrivacySettings,
     ServingSettings,
     BatchSettings,
+    EmbeddingSettings,
     MechanismSettings,
 ):
     """All settings of the service process: every part's, as one flat object."""

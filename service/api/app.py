@@ -17,7 +17,7 @@ from service.api.limits import RequestLimits
 from service.api.observability import CACHE_EVENTS, configure_logging, observe_request
 from service.api.openapi import install_openapi
 from service.api.pages import install_pages
-from service.api.routes import admin, batch, embeddings, operations, ppr, synthetic
+from service.api.routes import admin, batch, embeddings, operations, ppr, similar, synthetic
 from service.api.runtime import Runtime, RuntimeStarter, stop_this_process
 from service.config import Settings, get_settings
 
@@ -78,6 +78,7 @@ def create_app(settings: Settings | None = None, *, configure_logs: bool = True)
     app.middleware("http")(observe_request)  # outermost: request ids and logs cover the limits
     install_error_handlers(app)
     app.include_router(batch.router)
+    app.include_router(similar.router)  # before any /v1/embeddings/{node} route
     app.include_router(ppr.router)
     app.include_router(embeddings.router)
     app.include_router(admin.router)

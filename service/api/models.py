@@ -366,6 +366,44 @@ class GraphInfo(BaseModel):
     load_seconds: float
 
 
+class SimilarNode(BaseModel):
+    node: str
+    similarity: float = Field(description="Cosine similarity of the two released vectors.")
+
+
+class EmbeddingReleaseInfo(BaseModel):
+    """The all-node embedding release the answer is computed from."""
+
+    name: str = Field(description="The release's name in the ledger (its graph releases).")
+    graph_version: str
+    method: str = Field(
+        description="`dp_instant_embedding` (PushFlowCap, InstantEmbedding, Laplace)."
+    )
+    mode: str = Field(description="`edge`: every edge protected, any node's vector.")
+    privacy_unit: str = Field(description="`edge`: neighbouring graphs differ in one edge.")
+    nodes: int = Field(description="How many nodes' embeddings the release holds.")
+    epsilon_per_node: float = Field(description="Epsilon of each node's embedding.")
+    epsilon: float = Field(
+        description="Pure epsilon charged once to the graph-wide exposure for the whole release "
+        "(the composition over its nodes)."
+    )
+    k: int = Field(description="Embedding dimension.")
+    sigma: float = Field(description="PushFlowCap's sensitivity parameter.")
+
+
+class SimilarAnswer(BaseModel):
+    node: str
+    graph_version: str
+    results: list[SimilarNode] = Field(description="Nearest other nodes, most similar first.")
+    release: EmbeddingReleaseInfo
+    index: str = Field(description="How the neighbours were found (approximate: HNSW).")
+    epsilon_charged: float = Field(
+        description="Always 0: post-processing of a release already charged when it was made."
+    )
+    cost: str
+    request_id: str
+
+
 class EmbeddingMechanism(BaseModel):
     """What produced an embedding, with its parameters (fields that do not apply are absent)."""
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from service.cache.caches import Caches, build_caches
 from service.config import Settings
+from service.embeddings.similar import SimilarIndexHolder
 from service.graph.model import Graph
 from service.ledger.ledger import Ledger, LedgerUnavailable
 from service.ledger.records import GraphCap
@@ -50,6 +51,7 @@ class Runtime:
     coalescer: QueryCoalescer | None = None  # None: each single query on its own thread
     limiter: RateLimiter = field(default_factory=lambda: RateLimiter(0, 1))
     gate: EngineGate = field(default_factory=lambda: EngineGate(16, 512, 30.0))
+    similar: SimilarIndexHolder | None = None  # the all-node embedding release's index
     synthesis: SynthesisRunner = field(init=False)
     embeddings: EmbeddingQueryService = field(init=False)
     #: Set when this worker serves a synthetic release as a sandbox (charging off).
@@ -316,9 +318,15 @@ def build_runtime(
             max_group=settings.ledger_group_max,
             groups_in_flight=settings.query_groups_in_flight,
         )
+    similar = SimilarIndexHolder(
+        settings.embedding_release_dir,
+        release_is_live=lambda version, name: (
+            ledger.graph_release_state(version, name) == "released"
+        ),
+    )
     return Runtime(
         settings, graphs, ledger, caches, queries, batch,
-        limiter=limiter, gate=gate, coalescer=coalescer, sandbox=sandbox,
+        limiter=limiter, gate=gate, coalescer=coalescer, sandbox=sandbox, similar=similar,
     )  # fmt: skip
 
 

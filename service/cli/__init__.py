@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "db",
     "batch",
     "synthesize",
+    "embeddings",
 )
 
 

@@ -92,6 +92,19 @@ class GraphReleases(LedgerPart):
                 deadline = time.monotonic() + wait_seconds
             time.sleep(0.05)
 
+    def graph_release_state(self, graph_version: str, mechanism: str) -> str | None:
+        """The state of the live (not refunded) release of ``mechanism`` about
+        ``graph_version`` (``admitted`` or ``released``), or None; its payload is not read."""
+        with self._reading() as session:
+            state: str | None = session.scalar(
+                select(GraphRelease.state).where(
+                    GraphRelease.graph_version == graph_version,
+                    GraphRelease.mechanism == mechanism,
+                    GraphRelease.state != "refunded",
+                )
+            )
+            return state
+
     def _admit_graph_release(
         self, version: str, mechanism: str, epsilon: float, curve: RdpCurve, cap: GraphCap | None
     ) -> int | None:

@@ -125,6 +125,7 @@ class Ledger(LedgerPart):
     graph_fingerprint_of = delegate("graph_versions", GraphVersions.graph_fingerprint_of)
     embedding_salt = delegate("embedding_salts", EmbeddingSalts.embedding_salt)
     graph_release = delegate("graph_releases", GraphReleases.graph_release)
+    graph_release_state = delegate("graph_releases", GraphReleases.graph_release_state)
     start_synthesis = delegate("synthesis", SynthesisJobs.start_synthesis)
     beat_synthesis = delegate("synthesis", SynthesisJobs.beat_synthesis)
     finish_synthesis = delegate("synthesis", SynthesisJobs.finish_synthesis)

@@ -377,7 +377,9 @@ class GraphRelease(Base):
     pure_epsilon: Mapped[float] = mapped_column(Double, nullable=False)
     state: Mapped[str] = mapped_column(String(16), nullable=False)
     exposure_shard: Mapped[int] = mapped_column(Integer, nullable=False)
-    payload: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    # deferred: read only where the bytes are wanted (an all-node embedding release is tens of
+    # megabytes; its state and curve are read on every similar-nodes answer)
+    payload: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True, deferred=True)
     created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
     settled_at: Mapped[datetime | None] = mapped_column(Timestamp, nullable=True)
     #: The drawing process's last sign of life (a long draw, e.g. a synthesis run, refreshes

@@ -1,0 +1,263 @@
+"""The all-node edge-mode embedding release and the similar-nodes index over it (the single
+DP-IE release of `GET /v1/embeddings/{node}` is tests/test_embedding_release.py).
+
+- the compiled all-node computation is Algorithm 2 + InstantEmbedding, seed by seed;
+- the index's recall@10 against exact cosine search;
+- a release is ONE graph-wide release: charged once with the N-fold composition, stored in the
+  ledger (payload = the vectors file), listed in the exposure, verify clean; refused runs
+  charge nothing and leave no file; the CLI's bad input is one line and exit 2 (SQLite and
+  PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.cli import main
+from service.embeddings.all_node_release import (
+    RELEASE_PREFIX,
+    EmbeddingRequest,
+    read_vectors,
+    release_embeddings,
+)
+from service.embeddings.all_nodes import edge_embeddings, edge_instant_embeddings
+from service.embeddings.dp import EMBEDDING_BETA, dp_instant_embedding_curve
+from service.embeddings.hashing import embedding_hashes
+from service.embeddings.instant import instant_embedding
+from service.embeddings.similar import POINTER, SimilarIndex, build_index, measure_recall
+from service.errors import InvalidParameter
+from service.graph.generate import generate_graph, write_generated_edge_list
+from service.graph.model import Graph
+from service.ledger import GraphCap, Ledger
+from service.ledger.records import GraphBudgetExhausted
+from service.mechanisms.pushflowcap import pushflowcap
+from service.privacy.laplace import plan_laplace
+from service.privacy.modes import Mode
+from service.synthetic.release import decode_payload
+
+SALT = b"0123456789abcdef"
+
+
+@pytest.mark.parametrize("sigma", [1e-3, 1e-2, 0.1, 1.0])
+@pytest.mark.parametrize("rounds", [1, 3, 100])
+def test_all_node_computation_is_pushflowcap_then_instant_embedding(
+    sigma: float, rounds: int
+) -> None:
+    graph = generate_graph(300, 1200, seed=3)
+    hashes = embedding_hashes(graph.node_ids, SALT, 16)
+    got = edge_instant_embeddings(graph, hashes, np.arange(graph.n), sigma, rounds=rounds)
+    want = np.array([
+        instant_embedding(pushflowcap(graph, s, EMBEDDING_BETA, rounds, sigma, Mode.EDGE), hashes)
+        for s in range(graph.n)
+    ])  # fmt: skip
+    assert np.allclose(got, want, rtol=1e-12, atol=1e-12)
+    if sigma >= 0.01:
+        assert np.count_nonzero(want) > 0  # the caps let mass through: not a vacuous check
+
+
+def test_isolated_seed_embeds_nothing(tmp_path: Path) -> None:
+    from service.graph.loader import load_edge_list
+
+    path = tmp_path / "g.txt"
+    path.write_text("a b\nb c\n")
+    graph = load_edge_list(path, nodes=["a", "b", "c", "lonely"])
+    hashes = embedding_hashes(graph.node_ids, SALT, 4)
+    got = edge_instant_embeddings(graph, hashes, np.arange(graph.n), 1.0)
+    lonely = graph.index_of("lonely")
+    assert not got[lonely].any()
+    assert not pushflowcap(graph, lonely, EMBEDDING_BETA, 100, 1.0, Mode.EDGE).any()
+
+
+def test_recall_at_10_against_exact_cosine_search(tmp_path: Path) -> None:
+    from service.config import Settings
+
+    graph = generate_graph(3000, 15000, seed=5)
+    hashes = embedding_hashes(graph.node_ids, SALT, 64)
+    released, _, _ = edge_embeddings(
+        graph, hashes, np.arange(graph.n), 1.0, 1e-3, np.random.default_rng(1), rounds=3
+    )
+    vectors = released.astype(np.float32)
+    build_index(vectors, tmp_path / "x.usearch")
+    from usearch.index import Index
+
+    index = Index.restore(str(tmp_path / "x.usearch"), view=True)
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    queries = np.random.default_rng(2).choice(graph.n, 200, replace=False)
+    ef = Settings.model_fields["similar_ef"].default
+    approximate = {"release_name": "t", "files": {"index": {"recall_at_10": 1.0, "ef": ef}}}
+    loaded = SimilarIndex(approximate, [str(i) for i in range(graph.n)],
+                          {str(i): i for i in range(graph.n)}, index)  # fmt: skip
+    assert not loaded.exact(ef)  # the HNSW search is what is measured here
+    hits = 0
+    for q in queries:
+        scores = unit @ unit[q]
+        scores[q] = -np.inf
+        exact = set(np.argsort(-scores)[:10].tolist())
+        found = {int(node) for node, _ in loaded.neighbours(str(q), 10, ef)}
+        hits += len(found & exact)
+    recall = hits / (10 * queries.size)
+    assert recall >= 0.95, recall
+    assert measure_recall(tmp_path / "x.usearch", ef) >= 0.9  # the release's own estimate
+
+
+def _edge_file(tmp_path: Path) -> Path:
+    path = tmp_path / "graph.txt"
+    write_generated_edge_list(path, 200, 800, seed=9)
+    return path
+
+
+def _served(ledger: Ledger, path: Path) -> Graph:
+    from service.graph.loader import load_edge_list
+    from service.serving.graph_identity import as_served
+
+    return as_served(load_edge_list(path), ledger, max_degree_bound=10_000)
+
+
+def test_release_is_one_graph_wide_charge_stored_and_listed(ledger: Ledger, tmp_path: Path) -> None:
+    graph = _served(ledger, _edge_file(tmp_path))
+    out = tmp_path / "emb"
+    out.mkdir()
+    request = EmbeddingRequest(epsilon=0.5, k=16, sigma=1e-2, rounds=100)
+    release = release_embeddings(
+        ledger, graph, request, out, cap=None, rng_factory=np.random.default_rng
+    )
+    assert release.nodes == graph.n and release.privacy_unit == "edge"
+    assert release.release_name.startswith(RELEASE_PREFIX)
+    plan = plan_laplace(0.5, 1e-2 * graph.n)
+    composed = dp_instant_embedding_curve(plan.epsilon) * graph.n
+    assert release.epsilon == pytest.approx(graph.n * plan.epsilon)
+    report = ledger.exposure(delta=1e-6)
+    assert report.graph_releases == 1 and report.charges == 0
+    assert report.epsilon == pytest.approx(composed.epsilon(1e-6), rel=1e-9)
+    assert ledger.graph_release_state(graph.version, release.release_name) == "released"
+    assert ledger.verify().ok
+    pointer = json.loads((out / POINTER).read_text())
+    vectors_file = out / pointer["files"]["vectors"]["name"]
+    header, body = decode_payload(
+        ledger.graph_release(graph.version, release.release_name, epsilon=0.0,
+                             curve=composed, draw=lambda: b"never", cap=None)
+    )  # fmt: skip
+    assert body == vectors_file.read_bytes()  # the ledger holds what the file holds
+    assert header["parameters"]["k"] == 16 and header["method"] == "dp_instant_embedding"
+    vectors, nodes = read_vectors(vectors_file)
+    assert vectors.shape == (graph.n, 16) and nodes == list(graph.node_ids)
+    grid = header["parameters"]["grid"]
+    assert np.array_equal(np.round(vectors / grid) * grid, vectors)  # on the stated grid
+    for name in (POINTER, vectors_file.name, pointer["files"]["index"]["name"]):
+        assert stat.S_IMODE(os.stat(out / name).st_mode) == 0o600
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+    index = SimilarIndex.load(out)
+    assert len(index.neighbours(nodes[0], 5, 64)) == 5
+
+
+def test_node_list_release_charges_its_nodes_only(ledger: Ledger, tmp_path: Path) -> None:
+    graph = _served(ledger, _edge_file(tmp_path))
+    some = [str(x) for x in graph.node_ids[:10]]
+    release = release_embeddings(
+        ledger, graph, EmbeddingRequest(1.0, 8, 1e-3, 3, nodes=some), tmp_path,
+        cap=None, rng_factory=np.random.default_rng,
+    )  # fmt: skip
+    plan = plan_laplace(1.0, 1e-3 * graph.n)
+    assert release.nodes == 10 and release.epsilon == pytest.approx(10 * plan.epsilon)
+    assert read_vectors(tmp_path / f"{release.release_name[len(RELEASE_PREFIX) :]}.npz")[1] == some
+
+
+def test_refused_releases_charge_nothing_and_leave_no_file(ledger: Ledger, tmp_path: Path) -> None:
+    graph = _served(ledger, _edge_file(tmp_path))
+    out = tmp_path / "emb"
+    out.mkdir()
+    rng = np.random.default_rng
+    good = EmbeddingRequest(1.0, 8, 1e-3, 3)
+    for bad in (
+        EmbeddingRequest(0.0, 8, 1e-3, 3),
+        EmbeddingRequest(1.0, 0, 1e-3, 3),
+        EmbeddingRequest(1.0, 8, 5.0, 3),
+        EmbeddingRequest(1.0, 8, 1e-3, 0),
+        EmbeddingRequest(1.0, 8, 1e-3, 3, nodes=["no-such-node"]),
+        EmbeddingRequest(1.0, 8, 1e-3, 3, nodes=[]),
+    ):
+        with pytest.raises(InvalidParameter):
+            release_embeddings(ledger, graph, bad, out, cap=None, rng_factory=rng)
+    with pytest.raises(InvalidParameter):
+        release_embeddings(ledger, graph, good, tmp_path / "missing", cap=None, rng_factory=rng)
+    with pytest.raises(GraphBudgetExhausted):  # 200 releases at eps 1 are far past 10
+        release_embeddings(ledger, graph, good, out, cap=GraphCap(10.0, 1e-6, max_charge=None),
+                           rng_factory=rng)  # fmt: skip
+
+    def interrupt(done: int, total: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        release_embeddings(ledger, graph, good, out, cap=None, rng_factory=rng, progress=interrupt)
+    assert list(out.iterdir()) == []
+    report = ledger.exposure(delta=1e-6)
+    assert report.epsilon == 0.0 and report.graph_releases == 0
+    assert ledger.verify().ok
+
+
+def test_cli_release_and_its_bad_input(
+    tmp_path: Path, sqlite_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from service.ledger import upgrade
+
+    upgrade(sqlite_url)
+    graph = _edge_file(tmp_path)
+    out = tmp_path / "emb"
+    out.mkdir()
+    nodes = tmp_path / "nodes.txt"
+    nodes.write_text("0\nno-such-node\n")
+    base = ["embeddings", "release", "--graph", str(graph), "--database-url", sqlite_url,
+            "--no-progress"]  # fmt: skip
+    for extra in (
+        ["--epsilon", "1", "--out", str(tmp_path / "missing")],
+        ["--epsilon", "1", "--sigma", "2", "--out", str(out)],
+        ["--epsilon", "1", "--k", "5000", "--out", str(out)],
+        ["--epsilon", "1", "--nodes", str(nodes), "--out", str(out)],
+    ):
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error [invalid_parameter]"), err
+    assert list(out.iterdir()) == []
+    ok = [*base, "--epsilon", "0.5", "--k", "8", "--rounds", "3", "--out", str(out)]
+    assert main(ok) == 0
+    printed = capsys.readouterr().out
+    assert "charged once to the graph-wide exposure" in printed and "200-fold" in printed
+    ledger = Ledger.from_url(sqlite_url)
+    try:
+        assert ledger.exposure(delta=1e-6).graph_releases == 1
+        assert ledger.verify().ok
+    finally:
+        ledger.dispose()
+    assert (out / POINTER).exists()
+
+
+def test_index_below_the_recall_target_is_answered_exactly(
+    ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import service.embeddings.similar as similar
+
+    graph = _served(ledger, _edge_file(tmp_path))
+    release_embeddings(ledger, graph, EmbeddingRequest(1.0, 16, 1e-2, 3), tmp_path, cap=None,
+                       rng_factory=np.random.default_rng)  # fmt: skip
+    measured = json.loads((tmp_path / POINTER).read_text())["files"]["index"]
+    assert 0.0 <= measured["recall_at_10"] <= 1.0 and measured["ef"] == 128
+    index = SimilarIndex.load(tmp_path)
+    assert not index.exact(128) and index.exact(64)  # a shallower search than measured
+    monkeypatch.setattr(similar, "RECALL_TARGET", 1.01)  # as if the index had missed it
+    assert index.exact(128)
+    vectors, nodes = read_vectors(tmp_path / measured["name"].replace(".usearch", ".npz"))
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    for row in range(0, graph.n, 17):
+        scores = unit @ unit[row]
+        scores[row] = -np.inf
+        want = [nodes[i] for i in np.argsort(-scores, kind="stable")[:5]]
+        got = index.neighbours(nodes[row], 5, 128)
+        assert [n for n, _ in got] == want
+        assert np.allclose([s for _, s in got], scores[np.argsort(-scores, kind="stable")[:5]],
+                           atol=1e-5)  # fmt: skip
