@@ -1,7 +1,7 @@
 """The budget ledger's settings: its database, migrations at start-up, how a worker waits for
 and keeps its connections, group commit, reconciling stale charges and the authentication
-cache (an API key's account read from the ledger), and the heartbeat of a running synthesis
-(which the reconciler reads)."""
+cache (an API key's account read from the ledger), and the heartbeat of a running graph-wide
+release - a synthesis or an all-node embedding release - (which the reconciler reads)."""
 
 from __future__ import annotations
 
@@ -45,8 +45,9 @@ class LedgerSettings(BaseSettings):
     )
     synthesis_heartbeat_seconds: float = Field(
         5.0, gt=0.0,
-        description="How often a running synthesis (job or command) refreshes its heartbeat; "
-        "must be well under PPR_RECONCILE_AFTER_SECONDS.",
+        description="How often a running graph-wide release (a synthesis job or command, an "
+        "all-node embedding release) refreshes its heartbeat; must be well under "
+        "PPR_RECONCILE_AFTER_SECONDS.",
     )  # fmt: skip
     auth_cache_seconds: float = Field(
         1.0, ge=0.0,
@@ -61,7 +62,8 @@ class LedgerSettings(BaseSettings):
         if self.synthesis_heartbeat_seconds * 2 > self.reconcile_after_seconds:
             raise ValueError(
                 "PPR_SYNTHESIS_HEARTBEAT_SECONDS must be at most half of "
-                "PPR_RECONCILE_AFTER_SECONDS (a running synthesis would be refunded)"
+                "PPR_RECONCILE_AFTER_SECONDS (a running synthesis or embedding release would be "
+                "refunded)"
             )
         return self
 
