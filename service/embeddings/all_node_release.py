@@ -198,7 +198,7 @@ def release_embeddings(
     ``graph`` is the served graph (its ``version`` the public id the ledger records);
     ``search_ef`` is the servers' PPR_SIMILAR_EF, at which the index's recall is measured.
     While the vectors are computed the release's heartbeat is refreshed every
-    ``heartbeat_seconds`` (PPR_SYNTHESIS_HEARTBEAT_SECONDS; 0: never), so the reconciler of a
+    ``heartbeat_seconds`` (PPR_RELEASE_HEARTBEAT_SECONDS; 0: never), so the reconciler of a
     server sharing the ledger does not take a long run for a dead one and refund it."""
     _validate(request, graph)
     seeds = _seeds(graph, request.nodes)
