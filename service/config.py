@@ -56,7 +56,7 @@ class Settings(
 ):
     """All settings of the service process: every part's, as one flat object."""
 
-    model_config = SettingsConfigDict(env_prefix="PPR_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="PPR_", extra="ignore", populate_by_name=True)
 
     @property
     def prefix_cache_bytes_per_worker(self) -> int:
@@ -71,7 +71,9 @@ def settings_error(
     naming the ``PPR_*`` variable, or the command-line flag in ``flags`` that set it."""
     first = exc.errors()[0]
     loc = [str(part) for part in first["loc"]]
-    env = "PPR_" + "_".join(loc).upper() if loc else "PPR_* settings"
+    env = "_".join(loc).upper() if loc else "PPR_* settings"
+    if not env.startswith("PPR_"):  # a field read under an alias is named by that alias
+        env = "PPR_" + env
     name = (flags or {}).get(env, env)
     message = str(first["msg"]).removeprefix("Value error, ")
     return InvalidParameter(name, message)

@@ -5,8 +5,9 @@ DP-IE release of `GET /v1/embeddings/{node}` is tests/test_embedding_release.py)
 - the index's recall@10 against exact cosine search;
 - a release is ONE graph-wide release: charged once with the N-fold composition, stored in the
   ledger (payload = the vectors file), listed in the exposure, verify clean; refused runs
-  charge nothing and leave no file; the CLI's bad input is one line and exit 2 (SQLite and
-  PostgreSQL).
+  charge nothing and leave no file; the CLI's bad input is one line and exit 2; a long release
+  beats its heartbeat, so a server's reconciler spares it (a control without the heartbeat is
+  refunded) (SQLite and PostgreSQL).
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import pytest
+from sqlalchemy import select
 
 from service.cli import main
 from service.embeddings.all_node_release import (
@@ -35,10 +40,12 @@ from service.errors import InvalidParameter
 from service.graph.generate import generate_graph, write_generated_edge_list
 from service.graph.model import Graph
 from service.ledger import GraphCap, Ledger
-from service.ledger.records import GraphBudgetExhausted
+from service.ledger.records import ChargeSettled, GraphBudgetExhausted
+from service.ledger.tables import GraphRelease
 from service.mechanisms.pushflowcap import pushflowcap
 from service.privacy.laplace import plan_laplace
 from service.privacy.modes import Mode
+from service.serving.reconciler import Reconciler
 from service.synthetic.release import decode_payload
 
 SALT = b"0123456789abcdef"
@@ -261,3 +268,88 @@ def test_index_below_the_recall_target_is_answered_exactly(
         assert [n for n, _ in got] == want
         assert np.allclose([s for _, s in got], scores[np.argsort(-scores, kind="stable")[:5]],
                            atol=1e-5)  # fmt: skip
+
+
+def _release_row(ledger: Ledger) -> GraphRelease:
+    from sqlalchemy.orm import Session
+
+    with Session(ledger.engine) as session:
+        rows = list(
+            session.scalars(
+                select(GraphRelease).where(GraphRelease.mechanism.startswith(RELEASE_PREFIX))
+            )
+        )
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def _utc(moment: datetime | None) -> datetime:
+    assert moment is not None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    done = threading.Event()
+    for _ in range(3000):
+        if condition():
+            return
+        done.wait(0.01)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+@pytest.mark.parametrize("beats", [True, False], ids=["heartbeat", "control-no-heartbeat"])
+def test_reconciler_spares_a_beating_release_and_refunds_a_silent_one(
+    ledger: Ledger, tmp_path: Path, beats: bool
+) -> None:
+    """A release still computing after the reconciler's limit keeps its charge while it beats
+    and is released; the control (no heartbeat) is refunded by the same pass, and its vectors
+    are then never released: the run fails with charge_settled and writes no file."""
+    graph = _served(ledger, _edge_file(tmp_path))
+    out = tmp_path / "emb"
+    out.mkdir()
+    gate, computing = threading.Event(), threading.Event()
+    failures: list[BaseException] = []
+
+    def progress(done: int, total: int) -> None:  # the run stays in its draw until the gate
+        computing.set()
+        assert gate.wait(60), "the test never opened the gate"
+
+    def run() -> None:
+        try:
+            release_embeddings(
+                ledger, graph, EmbeddingRequest(1.0, 8, 1e-2, 3), out, cap=None,
+                rng_factory=np.random.default_rng, progress=progress,
+                heartbeat_seconds=0.05 if beats else 0.0,
+            )  # fmt: skip
+        except BaseException as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        assert computing.wait(60), "the release never started computing"
+        started = _utc(_release_row(ledger).created_at)
+        if beats:  # a beat well after the start: the run is older than the cutoff below
+            _wait_for(
+                lambda: (_utc(_release_row(ledger).heartbeat_at) - started).total_seconds() > 1.0,
+                "a heartbeat",
+            )
+        else:
+            threading.Event().wait(1.2)
+        # cutoff = start + 0.5 s: older than the run's start, younger than its last beat
+        age = (datetime.now(UTC) - started).total_seconds()
+        Reconciler(ledger, older_than_seconds=age - 0.5, interval_seconds=0).run_once()
+        assert _release_row(ledger).state == ("admitted" if beats else "refunded")
+    finally:
+        gate.set()
+        thread.join()
+    row = _release_row(ledger)
+    if beats:
+        assert not failures and row.state == "released"
+        assert json.loads((out / POINTER).read_text())["release_name"] == row.mechanism
+        assert ledger.exposure(delta=1e-6).graph_releases == 1
+    else:
+        assert len(failures) == 1 and isinstance(failures[0], ChargeSettled), failures
+        assert row.state == "refunded" and list(out.iterdir()) == []
+        assert ledger.exposure(delta=1e-6).epsilon == 0.0
+    assert ledger.verify().ok

@@ -14,6 +14,7 @@ from service.config import MechanismSettings, Settings
 from service.settings import (
     BatchSettings,
     CacheSettings,
+    EmbeddingSettings,
     GraphSettings,
     HttpSettings,
     LedgerSettings,
@@ -29,6 +30,7 @@ PARTS: list[type[BaseSettings]] = [
     PrivacySettings,
     ServingSettings,
     BatchSettings,
+    EmbeddingSettings,
     MechanismSettings,
 ]
 
@@ -88,3 +90,29 @@ def test_validators_travel_with_their_part(monkeypatch: pytest.MonkeyPatch) -> N
             for cls in (part, Settings):
                 with pytest.raises(ValidationError):
                     cls()
+
+
+def test_the_release_heartbeat_is_read_under_its_name_and_its_former_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PPR_RELEASE_HEARTBEAT_SECONDS (every graph-wide release beats at it) is also read as
+    PPR_SYNTHESIS_HEARTBEAT_SECONDS, its name while only synthesis runs beat; the new name wins;
+    a bad value is reported under the variable's name."""
+    from pydantic import ValidationError
+
+    from service.config import settings_error
+
+    assert Settings().release_heartbeat_seconds == 5.0
+    assert Settings(release_heartbeat_seconds=0.5).release_heartbeat_seconds == 0.5
+    monkeypatch.setenv("PPR_SYNTHESIS_HEARTBEAT_SECONDS", "2")
+    for cls in (LedgerSettings, Settings):
+        assert cls().release_heartbeat_seconds == 2.0
+    monkeypatch.setenv("PPR_RELEASE_HEARTBEAT_SECONDS", "3")
+    assert Settings().release_heartbeat_seconds == 3.0
+    monkeypatch.setenv("PPR_RELEASE_HEARTBEAT_SECONDS", "-1")
+    with pytest.raises(ValidationError) as caught:
+        Settings()
+    assert settings_error(caught.value).parameter == "PPR_RELEASE_HEARTBEAT_SECONDS"
+    monkeypatch.setenv("PPR_RELEASE_HEARTBEAT_SECONDS", "40")  # over half the 60 s reconcile
+    with pytest.raises(ValidationError, match="PPR_RELEASE_HEARTBEAT_SECONDS must be at most"):
+        Settings()

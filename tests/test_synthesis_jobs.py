@@ -298,7 +298,7 @@ def test_a_stopping_worker_fails_and_refunds_its_running_job(
     graph = load_edge_list(graph_file)
     gate = threading.Event()
     held = _degrees_after(gate, graph.degrees)
-    settings = Settings(database_url=ledger_url, synthesis_heartbeat_seconds=0.05)
+    settings = Settings(database_url=ledger_url, release_heartbeat_seconds=0.05)
     runner = SynthesisRunner(ledger, settings, lambda g, cap: held(), np.random.default_rng)
     job = runner.start(graph, Request("chung_lu", 1.0), actor_account_id=None)
     try:

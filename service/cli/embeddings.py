@@ -116,6 +116,7 @@ def run_release(args: argparse.Namespace) -> int:
             release = release_embeddings(
                 ledger, graph, request, args.out, cap=cap, rng_factory=fresh_generator,
                 progress=progress, search_ef=settings.similar_ef,
+                heartbeat_seconds=settings.release_heartbeat_seconds,
             )  # fmt: skip
         finally:
             bar.close()

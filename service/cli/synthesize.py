@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
                 degrees=degrees,
                 progress=progress,
                 rng_factory=fresh_generator,
-                heartbeat_seconds=settings.synthesis_heartbeat_seconds,
+                heartbeat_seconds=settings.release_heartbeat_seconds,
             )
         finally:
             bar.close()

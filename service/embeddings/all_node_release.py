@@ -7,7 +7,9 @@ given node list, and records it the way a synthesis run is recorded
 cap and charged to the graph-wide exposure in one transaction BEFORE anything is computed
 (:meth:`Ledger.graph_release`); the vectors are computed inside ``draw()`` and stored in the
 ledger as the release's payload, with the method, parameters and privacy unit, before any file
-is written; a failed or interrupted computation refunds the charge and leaves no file.
+is written; a failed or interrupted computation refunds the charge and leaves no file. While
+it computes, the release beats its heartbeat (``graph_releases.heartbeat_at``, the mechanism a
+synthesis run uses), so a server's reconciler refunds it only once its process stopped beating.
 
 **What it costs.** Each node's embedding is pure eps-DP for one edge, ANY edge (`edge` mode:
 Theorems 4.3 and 5.1), and every edge can move every node's embedding, so the N embeddings are N
@@ -190,10 +192,14 @@ def release_embeddings(
     rng_factory: Callable[[], np.random.Generator],
     progress: Progress | None = None,
     search_ef: int = 128,
+    heartbeat_seconds: float = 5.0,
 ) -> EmbeddingRelease:
     """Admit and charge, compute, store in the ledger, then write the files and the index.
     ``graph`` is the served graph (its ``version`` the public id the ledger records);
-    ``search_ef`` is the servers' PPR_SIMILAR_EF, at which the index's recall is measured."""
+    ``search_ef`` is the servers' PPR_SIMILAR_EF, at which the index's recall is measured.
+    While the vectors are computed the release's heartbeat is refreshed every
+    ``heartbeat_seconds`` (PPR_RELEASE_HEARTBEAT_SECONDS; 0: never), so the reconciler of a
+    server sharing the ledger does not take a long run for a dead one and refund it."""
     _validate(request, graph)
     seeds = _seeds(graph, request.nodes)
     if not out_dir.is_dir():
@@ -245,8 +251,9 @@ def release_embeddings(
         return encode_payload(release.header(), body)
 
     payload = ledger.graph_release(
-        graph.version, name, epsilon=curve.pure, curve=curve, draw=draw, cap=cap
-    )
+        graph.version, name, epsilon=curve.pure, curve=curve, draw=draw, cap=cap,
+        heartbeat_seconds=heartbeat_seconds,
+    )  # fmt: skip
     if "body" not in kept:  # another process stored this exact release: read it back
         header, body = decode_payload(payload)
         kept["release"], kept["body"] = EmbeddingRelease(**header), body

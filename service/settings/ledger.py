@@ -1,11 +1,11 @@
 """The budget ledger's settings: its database, migrations at start-up, how a worker waits for
 and keeps its connections, group commit, reconciling stale charges and the authentication
-cache (an API key's account read from the ledger), and the heartbeat of a running synthesis
-(which the reconciler reads)."""
+cache (an API key's account read from the ledger), and the heartbeat of a running graph-wide
+release - a synthesis or an all-node embedding release - (which the reconciler reads)."""
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.urls import check_database_url
@@ -14,7 +14,7 @@ from service.urls import check_database_url
 class LedgerSettings(BaseSettings):
     """The budget ledger's database and how each worker uses it."""
 
-    model_config = SettingsConfigDict(env_prefix="PPR_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="PPR_", extra="ignore", populate_by_name=True)
 
     database_url: str = Field("sqlite:///./ppr-ledger.db", description="SQLAlchemy URL.")
     auto_migrate: bool = Field(False, description="Run migrations at start-up.")
@@ -43,10 +43,15 @@ class LedgerSettings(BaseSettings):
     reconcile_interval_seconds: float = Field(
         30.0, ge=0.0, description="How often each worker reconciles; 0 turns it off."
     )
-    synthesis_heartbeat_seconds: float = Field(
+    release_heartbeat_seconds: float = Field(
         5.0, gt=0.0,
-        description="How often a running synthesis (job or command) refreshes its heartbeat; "
-        "must be well under PPR_RECONCILE_AFTER_SECONDS.",
+        # the name it had while only synthesis runs beat is still read
+        validation_alias=AliasChoices(
+            "PPR_RELEASE_HEARTBEAT_SECONDS", "PPR_SYNTHESIS_HEARTBEAT_SECONDS"
+        ),
+        description="How often a running graph-wide release (a synthesis job or command, an "
+        "all-node embedding release) refreshes its heartbeat; must be well under "
+        "PPR_RECONCILE_AFTER_SECONDS.",
     )  # fmt: skip
     auth_cache_seconds: float = Field(
         1.0, ge=0.0,
@@ -58,10 +63,11 @@ class LedgerSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _heartbeat_under_reconcile(self) -> LedgerSettings:
-        if self.synthesis_heartbeat_seconds * 2 > self.reconcile_after_seconds:
+        if self.release_heartbeat_seconds * 2 > self.reconcile_after_seconds:
             raise ValueError(
-                "PPR_SYNTHESIS_HEARTBEAT_SECONDS must be at most half of "
-                "PPR_RECONCILE_AFTER_SECONDS (a running synthesis would be refunded)"
+                "PPR_RELEASE_HEARTBEAT_SECONDS must be at most half of "
+                "PPR_RECONCILE_AFTER_SECONDS (a running synthesis or embedding release would be "
+                "refunded)"
             )
         return self
 

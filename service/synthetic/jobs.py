@@ -88,7 +88,7 @@ class SynthesisRunner:
                 run_job(
                     self._ledger, job, graph, request, plan, degrees=degrees,
                     rng_factory=self._rng_factory,
-                    heartbeat_seconds=self._settings.synthesis_heartbeat_seconds,
+                    heartbeat_seconds=self._settings.release_heartbeat_seconds,
                 )  # fmt: skip
             except Exception as exc:  # recorded on the job (failed, refunded) by run_job
                 log.warning(
