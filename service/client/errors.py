@@ -328,6 +328,22 @@ class ServiceQuotaExhausted(PprError):
 
 
 @_register
+class NoEmbeddingRelease(PprError):
+    """No all-node embedding release is served for the current graph version (similar nodes)."""
+
+    code = "no_embedding_release"
+    default_status = 404
+
+
+@_register
+class NodeNotInRelease(PprError):
+    """The node is in the graph but the served embedding release does not cover it."""
+
+    code = "node_not_in_release"
+    default_status = 404
+
+
+@_register
 class SynthesisBusy(PprError):
     """Every synthesis slot of the worker that took the call is running a job (admins only)."""
 

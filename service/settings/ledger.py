@@ -50,8 +50,8 @@ class LedgerSettings(BaseSettings):
             "PPR_RELEASE_HEARTBEAT_SECONDS", "PPR_SYNTHESIS_HEARTBEAT_SECONDS"
         ),
         description="How often a running graph-wide release (a synthesis job or command, an "
-        "all-node embedding release) refreshes its heartbeat; must be well under "
-        "PPR_RECONCILE_AFTER_SECONDS.",
+        "all-node embedding release) refreshes its heartbeat; at most half of "
+        "PPR_RECONCILE_AFTER_SECONDS (unset: 5, or a quarter of that limit if smaller).",
     )  # fmt: skip
     auth_cache_seconds: float = Field(
         1.0, ge=0.0,
@@ -63,7 +63,11 @@ class LedgerSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _heartbeat_under_reconcile(self) -> LedgerSettings:
-        if self.release_heartbeat_seconds * 2 > self.reconcile_after_seconds:
+        if "release_heartbeat_seconds" not in self.model_fields_set:
+            # the default follows a short reconcile limit (tests, small deployments) instead of
+            # refusing it: at most a quarter of the limit
+            self.release_heartbeat_seconds = min(5.0, self.reconcile_after_seconds / 4)
+        elif self.release_heartbeat_seconds * 2 > self.reconcile_after_seconds:
             raise ValueError(
                 "PPR_RELEASE_HEARTBEAT_SECONDS must be at most half of "
                 "PPR_RECONCILE_AFTER_SECONDS (a running synthesis or embedding release would be "
