@@ -39,6 +39,27 @@ def load_graph(path: Path | None) -> Graph:
     return load_configured_graph(path)
 
 
+def served_graph_and_cap(path: Path, settings: Any, ledger: Any) -> tuple[Graph, Any]:
+    """The graph a graph-wide release (``synthesize``, ``embeddings release``) is made from, as
+    the service serves it: its node list, its public bounds and the public version id the ledger
+    records, so the release composes with that version's other releases in the exposure; and
+    the graph-wide cap it is admitted against (None when no cap is set)."""
+    from service.ledger import GraphCap
+    from service.serving.graph_identity import as_served
+
+    graph = as_served(
+        load_configured_graph(path, None, settings.nodes_path),
+        ledger,
+        max_degree_bound=settings.max_degree_bound,
+        edge_count_bound=settings.edge_count_bound,
+    )
+    cap = None
+    if settings.graph_cap_epsilon is not None:
+        delta = settings.exposure_delta or ledger.smallest_delta()
+        cap = GraphCap(settings.graph_cap_epsilon, delta, max_charge=None)
+    return graph, cap
+
+
 def _finite(value: Any) -> Any:
     """``value`` with every non-finite float replaced by None (as the API writes them: an
     epsilon no delta left to certify is infinite, and JSON has no infinity)."""

@@ -71,14 +71,13 @@ def _node_list(path: Path) -> list[str]:
 def run_release(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from service.cli.common import served_graph_and_cap
     from service.config import Settings
     from service.embeddings.all_node_release import EmbeddingRequest, release_embeddings
     from service.embeddings.similar import POINTER, RECALL_TARGET
     from service.errors import InvalidParameter
-    from service.ledger import GraphCap, Ledger
+    from service.ledger import Ledger
     from service.mechanisms.randomness import fresh_generator
-    from service.serving.graph_holder import load_configured_graph
-    from service.serving.graph_identity import as_served
 
     settings = Settings()
     request = EmbeddingRequest(
@@ -93,18 +92,7 @@ def run_release(args: argparse.Namespace) -> int:
         raise InvalidParameter("graph", "give --graph FILE or set PPR_GRAPH_PATH")
     ledger = Ledger.from_url(database_url(args), auto_migrate=False)
     try:
-        # The graph as the service serves it, under the public version id the ledger records,
-        # so the release composes with that version's other releases in the exposure.
-        graph = as_served(
-            load_configured_graph(path, None, settings.nodes_path),
-            ledger,
-            max_degree_bound=settings.max_degree_bound,
-            edge_count_bound=settings.edge_count_bound,
-        )
-        cap = None
-        if settings.graph_cap_epsilon is not None:
-            delta = settings.exposure_delta or ledger.smallest_delta()
-            cap = GraphCap(settings.graph_cap_epsilon, delta, max_charge=None)
+        graph, cap = served_graph_and_cap(path, settings, ledger)
         bar = tqdm(total=None, unit="node", desc="embeddings", disable=args.no_progress)
 
         def progress(done: int, total: int) -> None:
