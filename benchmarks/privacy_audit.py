@@ -10,6 +10,7 @@ served releases that are post-processing of audited ones are listed under the ta
 audited release that covers them.
 
     .venv/bin/python benchmarks/privacy_audit.py                      # every case, 200k draws
+                                                  # (about 13 CPU-minutes; the run prints its own)
     .venv/bin/python benchmarks/privacy_audit.py --only noisy_diffusion/edge --draws 50000
     .venv/bin/python benchmarks/privacy_audit.py --list               # the cases, no draws
 
