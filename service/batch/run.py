@@ -92,6 +92,8 @@ class BatchSummary:
     seeds: int = 0
     mechanism: str = ""
     output: str = "rankings"
+    k: int = 0  # results per seed, or the embeddings' dimension
+    sigma: float = 0.0  # embeddings: PushFlowCap's sigma
     answered: int = 0  # a new release, charged in this run
     replayed: int = 0  # a stored release (this run's, or an identical earlier query's): free
     skipped_budget: int = 0
@@ -329,6 +331,8 @@ def run_batch(
             seeds=len(seeds),
             mechanism=mechanism,
             output=options.output,
+            k=k,
+            sigma=sigma,
         )
         if outside:
             summary.skipped["not_in_graph"] = outside
@@ -511,14 +515,19 @@ def _counts(summary: BatchSummary) -> dict[str, Any]:
     }
 
 
+def _what(summary: BatchSummary) -> str:
+    if summary.output != "embeddings":
+        return summary.mechanism
+    return f"DP-IE embeddings ({summary.mechanism}, k {summary.k}, sigma {summary.sigma:g})"
+
+
 def summary_lines(summary: BatchSummary) -> list[str]:
     """The final summary, as printed by the command."""
     skipped = Counter(summary.skipped)
     failures = ", ".join(f"{code} {n}" for code, n in sorted(summary.failures.items()))
     lines = [
         f"run {summary.run_id} on graph {summary.graph_version} ({summary.engine} engine, "
-        f"{summary.mechanism}{' embeddings' if summary.output == 'embeddings' else ''} in "
-        f"{summary.mode} mode, epsilon {summary.epsilon:g}) -> "
+        f"{_what(summary)} in {summary.mode} mode, epsilon {summary.epsilon:g}) -> "
         f"{summary.sink}",
         f"seeds                {summary.seeds}",
         f"answered             {summary.answered} (charged now)",
