@@ -9,9 +9,19 @@ PostgreSQL, the same Redis and the same generated graph. Then it runs each side'
 ``--rounds`` short rounds with the same parameters (the order flips every round so neither side
 always runs first), and prints one table per side: fresh and replay req/s (median over the
 rounds, and the range), p50/p99 latency (medians) and the answers that were not 200, by status.
+``/healthz`` is a phase of every round unless ``--phases`` leaves it out: it is the reference for
+what the framework alone does on the machine at that moment.
+
+With ``--count-database N``, after the rounds each side answers one more fresh-only run of N
+seconds, and PostgreSQL's own counters for that side's database (``pg_stat_database``: commits,
+rollbacks, rows read, inserted and updated, read before and after, each time after the server's
+connections have been idle long enough to report them) are divided by the fresh queries it
+answered: the database work per fresh query, under the same concurrency as the rounds. (The
+load test's own account and key, a few rows, are counted in it too.)
 
     .venv/bin/python benchmarks/ab_load.py --before 786f9bc --before-dir ../before
     .venv/bin/python benchmarks/ab_load.py --before-dir ../before --rounds 6 --duration 8
+    .venv/bin/python benchmarks/ab_load.py --before-dir ../before --count-database 10
 
 Both sides run with prefix tables off (``PPR_PREFIX_TABLE_BYTES=0``), so that neither is
 measured while a table is being built. Sends traffic only to 127.0.0.1. Not part of the tests.
@@ -140,11 +150,14 @@ def serving(side: Side, args: argparse.Namespace, graph: Path, log_dir: Path) ->
         log.close()
 
 
-def one_round(side: Side, args: argparse.Namespace, graph: Path) -> dict[str, Any]:
+def one_round(
+    side: Side, args: argparse.Namespace, graph: Path, *, phases: str = "", duration: float = 0.0
+) -> dict[str, Any]:
     out = subprocess.run(
         [side.python, "-m", "service", "loadtest", "--url", f"http://127.0.0.1:{side.port}",
-         "--database-url", side.database_url, "--graph", str(graph), "--phases", args.phases,
-         "--duration", str(args.duration), "--warmup", str(args.warmup),
+         "--database-url", side.database_url, "--graph", str(graph),
+         "--phases", phases or args.phases,
+         "--duration", str(duration or args.duration), "--warmup", str(args.warmup),
          "--concurrency", str(args.concurrency), "--mode", args.mode,
          "--epsilon", str(args.epsilon), "--k", str(args.k), "--json"],
         cwd=side.root, capture_output=True, text=True,
@@ -154,6 +167,42 @@ def one_round(side: Side, args: argparse.Namespace, graph: Path) -> dict[str, An
     except json.JSONDecodeError:
         raise SystemExit(f"ab_load: {side.name}'s loadtest failed:\n{out.stderr[-2000:]}") from None
     return {p["phase"]: p for p in report["phases"]}
+
+
+#: pg_stat_database's counters compared per fresh query
+COUNTERS = ("xact_commit", "xact_rollback", "tup_fetched", "tup_inserted", "tup_updated")
+#: A backend that has been idle this long has reported its counters (PostgreSQL flushes an idle
+#: backend's pending statistics within 10 s).
+STATS_IDLE_SECONDS = 11.0
+
+
+def database_counters(base_url: str, name: str) -> dict[str, int]:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(base_url)
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(
+                text(f"SELECT {', '.join(COUNTERS)} FROM pg_stat_database WHERE datname = :n"),
+                {"n": name},
+            ).one()
+    finally:
+        engine.dispose()
+    return dict(zip(COUNTERS, (int(v) for v in row), strict=True))
+
+
+def count_database(side: Side, args: argparse.Namespace, graph: Path, name: str) -> str:
+    """One fresh-only run; the database's counters per fresh query answered (200)."""
+    time.sleep(STATS_IDLE_SECONDS)
+    before = database_counters(args.base_url, name)
+    fresh = one_round(side, args, graph, phases="fresh", duration=args.count_database)["fresh"]
+    time.sleep(STATS_IDLE_SECONDS)
+    after = database_counters(args.base_url, name)
+    answered = int(fresh["statuses"].get("200", 0))
+    per = ", ".join(f"{c} {(after[c] - before[c]) / max(answered, 1):.2f}" for c in COUNTERS)
+    return (
+        f"{side.name}: {answered:,} fresh answers in {args.count_database:g} s; per answer: {per}"
+    )
 
 
 def summary(side: Side, phases: list[str]) -> str:
@@ -204,12 +253,15 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per phase")
     parser.add_argument("--warmup", type=float, default=1.0)
-    parser.add_argument("--phases", default="fresh,replay")
+    parser.add_argument("--phases", default="healthz,fresh,replay")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--mode", default="edge", choices=("edge", "personalized"))
     parser.add_argument("--epsilon", type=float, default=0.01)
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--ports", default="8181,8182", help="BEFORE,AFTER")
+    parser.add_argument("--count-database", type=float, default=0.0, metavar="SECONDS",
+                        help="after the rounds, a fresh-only run of SECONDS per side with "
+                        "PostgreSQL's counters per fresh answer (0: none)")  # fmt: skip
     args = parser.parse_args()
 
     ensure_checkout(args.before_dir.resolve(), args.before)
@@ -221,6 +273,7 @@ def main() -> int:
     from service.graph.generate import write_generated_edge_list
 
     run_id = str(int(time.time()))
+    counted: list[str] = []
     with tempfile.TemporaryDirectory(prefix="ppr-ab-") as tmp:
         work = Path(tmp)
         graph = work / "graph.txt"
@@ -239,10 +292,12 @@ def main() -> int:
                         side.rounds.append(result)
                         shown = ", ".join(f"{p} {r['rps']:,.1f} req/s" for p, r in result.items())
                         print(f"round {i + 1} {side.name}: {shown}", file=sys.stderr, flush=True)
+                if args.count_database > 0:
+                    counted = [count_database(s, args, graph, names[s.name]) for s in sides]
         finally:
             for side in sides:
                 drop_database(args.base_url, names[side.name])
-    phases = [p for p in args.phases.split(",") if p]
+    phases = [p for p in args.phases.split(",") if p and p != "healthz"]
     print(
         f"graph {nodes:,} nodes / {edges:,} edges; {args.workers} workers per side; "
         f"{args.rounds} rounds of {args.duration:g} s per phase, interleaved; "
@@ -251,6 +306,12 @@ def main() -> int:
     for side in sides:
         print()
         print(summary(side, ["healthz", *phases]))
+    if args.count_database > 0:
+        print(
+            "\nPostgreSQL counters (pg_stat_database) per fresh answer, one fresh-only run a side:"
+        )
+        for line in counted:
+            print(line)
     return 0
 
 

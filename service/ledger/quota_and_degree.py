@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -42,6 +43,30 @@ from service.privacy.orders import GRID_VERSION
 
 #: The rolling window of a service account's spending quota.
 QUOTA_WINDOW = timedelta(hours=24)
+
+
+@dataclass(frozen=True)
+class _DegreeAsk:
+    """What :meth:`QuotaAndDegree.admit_degree_release` was asked, for each of its attempts."""
+
+    charged_account_id: int
+    principal_account_id: int
+    seed: str
+    mode: str
+    degree: DegreeCharge
+    request_id: str
+    quota_epsilon: float | None
+    idempotency_key: str | None
+
+    @property
+    def query(self) -> PopularQuery | None:
+        """The query an Idempotency-Key binds to (None without a key)."""
+        if self.idempotency_key is None:
+            return None
+        d = self.degree
+        return PopularQuery(
+            self.charged_account_id, d.graph_version, float(d.epsilon), self.seed, self.mode
+        )
 
 
 class QuotaAndDegree(LedgerPart):
@@ -106,18 +131,7 @@ class QuotaAndDegree(LedgerPart):
         key = (account_id, degree.graph_version, float(degree.epsilon))
         if key in writes.degree_paid:
             return True
-        found = session.scalar(
-            select(Charge.id)
-            .where(
-                Charge.charged_account_id == account_id,
-                Charge.mechanism == DEGREE_RELEASE_CHARGE,
-                Charge.graph_version == degree.graph_version,
-                Charge.epsilon == float(degree.epsilon),
-                Charge.state != "refunded",
-            )
-            .limit(1)
-        )
-        return found is not None
+        return QuotaAndDegree._degree_charge_id(session, account_id, degree) is not None
 
     @staticmethod
     def _add_degree_charge(
@@ -181,19 +195,15 @@ class QuotaAndDegree(LedgerPart):
         transaction is rolled back and run again, and reads it."""
         if not isinstance(degree.curve, RdpCurve):
             raise TypeError("degree.curve must be an RdpCurve")
-        query = None
-        if idempotency_key is not None:
-            query = PopularQuery(
-                charged_account_id, degree.graph_version, float(degree.epsilon), seed, mode
-            )
+        ask = _DegreeAsk(
+            charged_account_id, principal_account_id, seed, mode, degree, request_id,
+            quota_epsilon, idempotency_key,
+        )  # fmt: skip
         attempts = 3
         while True:
             attempts -= 1
             try:
-                return self._admit_degree_release(
-                    charged_account_id, principal_account_id, seed, mode, degree, request_id,
-                    quota_epsilon, idempotency_key, query,
-                )  # fmt: skip
+                return self._admit_degree_release(ask)
             except IntegrityError:  # a concurrent request bound the key first: read it
                 if idempotency_key is None or attempts == 0:
                     raise
@@ -207,46 +217,36 @@ class QuotaAndDegree(LedgerPart):
                 )
                 raise
 
-    def _admit_degree_release(
-        self,
-        charged_account_id: int,
-        principal_account_id: int,
-        seed: str,
-        mode: str,
-        degree: DegreeCharge,
-        request_id: str,
-        quota_epsilon: float | None,
-        idempotency_key: str | None,
-        query: PopularQuery | None,
-    ) -> DegreeReceipt:
+    def _admit_degree_release(self, a: _DegreeAsk) -> DegreeReceipt:
+        degree, query = a.degree, a.query
         with self._writing() as session:
-            account = self._lock_account(session, charged_account_id)
-            if idempotency_key is not None:
-                held = bound_query(session, principal_account_id, idempotency_key)
+            account = self._lock_account(session, a.charged_account_id)
+            if a.idempotency_key is not None:
+                held = bound_query(session, a.principal_account_id, a.idempotency_key)
                 if held is not None:
                     if held != query:
                         raise IdempotencyKeyReused()
                     return DegreeReceipt(_view(account, account), charged=False, replayed=True)
             writes = AdmissionWrites()
             now = utcnow()
-            paid = self._degree_charge_id(session, charged_account_id, degree)
+            paid = self._degree_charge_id(session, a.charged_account_id, degree)
             if paid is not None:
-                self._bind_popular(writes, principal_account_id, idempotency_key, paid, query)
+                self._bind_popular(writes, a.principal_account_id, a.idempotency_key, paid, query)
                 writes.finish(session)
                 return DegreeReceipt(_view(account, account), charged=False)
             spent = _spent_curve(account)
             composed = spent + degree.curve
             if composed.epsilon(account.delta) > account.cap_epsilon * (1.0 - ADMISSION_RTOL):
                 raise BudgetExhausted(_view(account, account, spent), float(degree.epsilon))
-            if quota_epsilon is not None and principal_account_id != charged_account_id:
+            if a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id:
                 self._check_quota(
-                    session, principal_account_id, quota_epsilon, float(degree.epsilon), now
+                    session, a.principal_account_id, a.quota_epsilon, float(degree.epsilon), now
                 )
             charge = self._add_degree_charge(
-                writes, charged_account_id, principal_account_id, seed, mode, degree,
-                request_id, now,
+                writes, a.charged_account_id, a.principal_account_id, a.seed, a.mode, degree,
+                a.request_id, now,
             )  # fmt: skip
-            self._bind_popular(writes, principal_account_id, idempotency_key, charge, query)
+            self._bind_popular(writes, a.principal_account_id, a.idempotency_key, charge, query)
             _set_spend(account, account, composed, account.charges + 1)
             account.last_charge_at = now
             writes.changed_account(account)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import InterfaceError, OperationalError
@@ -84,10 +84,27 @@ def transaction(engine: Engine) -> Iterator[Session]:
         ) from exc
 
 
+RowT = TypeVar("RowT")
+
+
 def unknown_account(account_id: int) -> UnknownAccount:
     return UnknownAccount(
         f"account {account_id} does not exist", details={"account_id": account_id}
     )
+
+
+def _known(row: RowT | None, account_id: int) -> RowT:
+    """``row``, read for ``account_id``; None: :class:`UnknownAccount`."""
+    if row is None:
+        raise unknown_account(account_id)
+    return row
+
+
+def _migrated(row: RowT | None) -> RowT:
+    """An exposure shard's row; None: the migrations (0002 creates the shards) have not run."""
+    if row is None:  # pragma: no cover - created by migration 0002
+        raise LedgerNotMigrated("exposure_shards is empty: run the migrations")
+    return row
 
 
 class UnitOfWork:
@@ -140,10 +157,7 @@ class LedgerPart:
 
     @staticmethod
     def _account(session: Session, account_id: int) -> Account:
-        row = session.get(Account, account_id)
-        if row is None:
-            raise unknown_account(account_id)
-        return row
+        return _known(session.get(Account, account_id), account_id)
 
     @staticmethod
     def _lock_spend(session: Session, account_id: int) -> Spend:
@@ -151,24 +165,16 @@ class LedgerPart:
         row = session.scalars(
             select(Spend).where(Spend.account_id == account_id).with_for_update()
         ).one_or_none()
-        if row is None:
-            raise unknown_account(account_id)
-        return row
+        return _known(row, account_id)
 
     @staticmethod
     def _budget_row(session: Session, account_id: int) -> Budget:
-        row = session.get(Budget, account_id)
-        if row is None:
-            raise unknown_account(account_id)
-        return row
+        return _known(session.get(Budget, account_id), account_id)
 
     @staticmethod
     def _lock_account(session: Session, account_id: int) -> LockedAccount:
         """The account's spend and budget, its spend row locked (admission's Core path)."""
-        account = lock_account(session, account_id)
-        if account is None:
-            raise unknown_account(account_id)
-        return account
+        return _known(lock_account(session, account_id), account_id)
 
     @staticmethod
     def _lock_principal(session: Session, account_id: int) -> None:
@@ -177,19 +183,15 @@ class LedgerPart:
 
     @staticmethod
     def _locked_shard(session: Session, shard: int) -> LockedShard:
-        row = lock_shard(session, shard)
-        if row is None:  # pragma: no cover - created by migration 0002
-            raise LedgerNotMigrated("exposure_shards is empty: run the migrations")
-        return row
+        return _migrated(lock_shard(session, shard))
 
     @staticmethod
     def _lock_shard(session: Session, shard: int) -> ExposureShard:
-        row = session.scalars(
-            select(ExposureShard).where(ExposureShard.shard == shard).with_for_update()
-        ).one_or_none()
-        if row is None:  # pragma: no cover - created by migration 0002
-            raise LedgerNotMigrated("exposure_shards is empty: run the migrations")
-        return row
+        return _migrated(
+            session.scalars(
+                select(ExposureShard).where(ExposureShard.shard == shard).with_for_update()
+            ).one_or_none()
+        )
 
     @staticmethod
     def _live_graph_release(session: Session, version: str, mechanism: str) -> GraphRelease | None:
