@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from service.privacy.state_grid import INPUT_CLAMP
+
 RowsKernel = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int], None]
 
 #: How many stored entries ahead of the one being summed the walk kernel prefetches Z's row.
@@ -142,7 +144,7 @@ def warm_up(indptr: np.ndarray, indices: np.ndarray) -> None:
         no = np.zeros(1, dtype=np.bool_)
         slots = np.full(2, -1, dtype=np.int64)
         walk_rows(indptr, indices, z, z.copy(), one, one, no, one, no, slots, one, one,
-                  np.zeros((0, 1)), slots, out, 0, 0)  # fmt: skip
+                  np.zeros((0, 1), dtype=np.int64), slots, one, slots, out, 0, 0)  # fmt: skip
     noise = noise_kernel()
     if noise is not None:
         noise(np.zeros(2), np.zeros(1, np.int64), 1.0, np.zeros(1))
@@ -160,6 +162,7 @@ def _compile_step() -> StepKernels | None:
         return None
     prefetch = _prefetch_row() or _no_prefetch()
     ahead = PREFETCH_DISTANCE
+    input_clamp = INPUT_CLAMP
 
     def clip_rows(
         x: Any, degrees: Any, inv_degree: Any, etas: Any, z: Any, lo: int, hi: int
@@ -191,13 +194,18 @@ def _compile_step() -> StepKernels | None:
         lifts: Any,
         noise: Any,
         slots: Any,
+        grids: Any,
+        limits: Any,
         out: Any,
         lo: int,
         hi: int,
     ) -> None:  # pragma: no cover - compiled
         """out = beta (A z + c (+ c if isolated)) / 2, in the order of WalkOperator.apply,
-        then + lifts[k] (= 1 - beta_k) at column k's seed, then + noise[slots[k], i] on the
-        columns with a noise slot (slots[k] >= 0): phi(f(x)) + xi1 + xi2 in one pass.
+        then + lifts[k] (= 1 - beta_k) at column k's seed; then, on the columns with a noise
+        slot (slots[k] >= 0), the grid step of service.privacy.state_grid in the same pass:
+        with g = grids[k], the value clamped to [-INPUT_CLAMP, INPUT_CLAMP], divided by g
+        (exact: a power of two) and rounded to an integer, plus the integer noise
+        noise[slots[k], i], clamped to [-limits[k], limits[k]], times g.
 
         c = min(max(x, 0), eta_k d_i) is the row's own clipped value, recomputed here as the
         clip pass computes it (no clipped block is stored); at a seed whose threshold is 1
@@ -275,7 +283,19 @@ def _compile_step() -> StepKernels | None:
                 for k in range(width):
                     q = slots[k]
                     if q >= 0:
-                        out[i, k] += noise[q, i]
+                        v = out[i, k]
+                        if v > input_clamp:
+                            v = input_clamp
+                        elif v < -input_clamp:
+                            v = -input_clamp
+                        g = grids[k]
+                        units = np.int64(np.rint(v / g)) + noise[q, i]
+                        limit = limits[k]
+                        if units > limit:
+                            units = limit
+                        elif units < -limit:
+                            units = -limit
+                        out[i, k] = np.float64(units) * g
 
     clip = njit(nogil=True, cache=True, fastmath=False)(clip_rows)
     walk = njit(nogil=True, cache=True, fastmath=False)(walk_rows)
