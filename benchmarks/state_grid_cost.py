@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from service.privacy.floating import float64_distortion_margin  # noqa: E402
-from service.privacy.state_grid import float_contraction_slack, step_noise_plan  # noqa: E402
+from service.privacy.floating import float64_distortion_margin
+from service.privacy.state_grid import float_contraction_slack, step_noise_plan
 
 
 def main() -> None:

@@ -7,14 +7,16 @@ seeded from the OS entropy source:
 
     C = min(max(X, 0), T)            T[:, j] = eta_j d  (T[s_j, j] = 1 in personalized mode)
     X = beta * (A (C / d) + C) / 2 + (1 - beta) e_s      (a degree-0 node keeps its mass)
-    X[:, j] += xi1 + xi2             only on column j's noisy steps (its last L_j steps)
+    X[:, j] = clip(round_g(clip(X[:, j])) + g (N1 + N2))   on column j's noisy steps (its
+                                     last L_j steps): the grid step (service/privacy/state_grid.py)
 
 Columns join a running block at its next step boundary and leave it when their K-th step is
 done, so queries arriving while the engine is busy share the sparse products of the queries
 already running, a query arriving when the engine is idle starts at once, and a cold query
 (no cached noise-free prefix) runs its K - L noise-free steps in the same block as everyone
-else. Noise is drawn only for columns on their noisy steps, each from its own generator, in
-the order of :func:`service.mechanisms.randomness.step_noise`. The noise-free prefix x_m of a
+else. Noise is drawn only for columns on their noisy steps, each from its own generator, by
+the exact sampler (:func:`service.mechanisms.grid_noise.draw_pair_noise`: N1 the first n
+draws, N2 the next n). The noise-free prefix x_m of a
 cold column is handed back with its result (for the protected prefix cache), never released.
 
 The single-query function :func:`service.mechanisms.diffusion.noisy_diffusion` runs the same

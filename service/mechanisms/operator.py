@@ -23,14 +23,14 @@ import numpy as np
 import scipy.sparse as sp
 
 from service.graph.model import Graph
+from service.mechanisms.exact_laplace import rounded_laplace
 from service.mechanisms.kernels import (
     block_kernel,
     gather_kernel,
-    noise_kernel,
     step_kernels,
     warm_up,
 )
-from service.mechanisms.randomness import compiled_draws_match_numpy, signed_pairs
+from service.mechanisms.randomness import fresh_generator
 
 #: An empty noise block: a step without noisy columns.
 _NO_NOISE = np.zeros((0, 1), dtype=np.int64)
@@ -104,7 +104,6 @@ class WalkOperator:
         self._indices = graph.indices
         self._kernel = block_kernel()
         self._step = step_kernels()
-        self._noise = noise_kernel()
         self._gather = gather_kernel()
         self._isolated_mask = np.ascontiguousarray(graph.degrees == 0)
         # With the compiled kernel the graph's own (read-only, possibly shared) index arrays
@@ -113,7 +112,7 @@ class WalkOperator:
         self._blocks: list[tuple[int, int, sp.csr_matrix]] = []
         if self._kernel is not None:
             warm_up(graph.indptr, graph.indices)
-            compiled_draws_match_numpy()  # compiles and checks the noise sampler once
+            rounded_laplace(fresh_generator(), 1, 1 << 20, 4)  # compiles the noise sampler once
         else:  # pragma: no cover - numba is a dependency
             for lo, hi in self._rows:
                 indptr = graph.indptr[lo : hi + 1] - graph.indptr[lo]
@@ -222,15 +221,6 @@ class WalkOperator:
                       self._isolated_mask, betas, seed_rows, seeds, seed_clipped, 1.0 - betas,
                       noise, slots, grids, limits, out)  # fmt: skip
         return out
-
-    def pair_sums(self, exps: np.ndarray, words: np.ndarray, scale: float, out: np.ndarray) -> None:
-        """out = xi1 + xi2 of one column from its 2n standard exponentials and raw sign words
-        (kernels.pair_sums; :func:`service.mechanisms.randomness.signed_pairs` without numba),
-        in the calling thread."""
-        if self._noise is None:  # pragma: no cover - numba is a dependency
-            out[:] = signed_pairs(exps, words, scale, self.n)
-            return
-        self._noise(exps, words.view(np.int64), float(scale), out)
 
     def columns(
         self, block: np.ndarray, columns: list[int], scratch: np.ndarray | None = None
