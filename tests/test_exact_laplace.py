@@ -2,8 +2,12 @@
 
 The law of N = round(L / gamma), L ~ Lap(1), is checked by a chi-square test on bins of equal
 expected mass, computed from the Laplace CDF (P(N <= n) = F((n + 1/2) gamma)), for several
-gammas; the Bernoulli helpers by their exact expectations; the buffering by drawing the same
-stream with very different buffer sizes. Tests use seeded generators; the service never does.
+gammas, and at gamma ~ 1e-9 by the whole and fractional parts of |N| / t and |N| mod small m;
+the Bernoulli helpers by their exact expectations; the buffering by drawing the same stream
+with very different buffer sizes. The compiled kernel is checked to be the same function of the
+word stream as a plain Python reference, on random words and on words from a tiny alphabet
+that tie (several words deep) and sit on cell boundaries, so every rare path runs. Tests use
+seeded generators; the service never does.
 """
 
 from __future__ import annotations
