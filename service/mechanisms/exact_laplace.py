@@ -225,6 +225,48 @@ def _carry(
 
 
 @_jit
+def _trial(
+    words: np.ndarray, pos: np.int64, scratch: np.ndarray
+) -> tuple[bool, np.uint64, np.int64, np.int64, np.int64]:  # pragma: no cover
+    """One von Neumann trial from word ``pos``, any chain length, ties drawn out: (accepted,
+    first word of x, words of x known, position, status). The kernel runs the usual trial
+    (chain below x of at most 3, no tie among the next 5 words) itself, the same way."""
+    n_words = words.shape[0]
+    x = words[pos]  # the caller checked pos < n_words
+    pos += 1
+    x_depth = np.int64(1)
+    previous = x  # first word of the previous uniform of the chain
+    p = np.int64(0)  # its scratch slot (0: x itself)
+    p_depth = np.int64(1)
+    odd = True  # the index of the uniform drawn next is odd
+    while True:
+        if pos >= n_words:
+            return False, x, x_depth, pos, np.int64(_EXHAUSTED)
+        word = words[pos]
+        pos += 1
+        if word < previous:
+            previous = word
+            p = np.int64(1)
+            p_depth = np.int64(1)
+            odd = not odd
+            continue
+        if word > previous:
+            return odd, x, x_depth, pos, np.int64(_OK)
+        c = np.int64(2) if p == 1 else np.int64(1)
+        less, c_depth, p_depth, pos, status = _tie(words, pos, scratch, p, p_depth, c)
+        if status != _OK:
+            return False, x, x_depth, pos, status
+        if p == 0:
+            x_depth = p_depth
+        if not less:
+            return odd, x, x_depth, pos, np.int64(_OK)
+        previous = word
+        p = c
+        p_depth = c_depth
+        odd = not odd
+
+
+@_jit
 def _rounded_laplace_kernel(
     words: np.ndarray, state: np.ndarray, bits: np.ndarray, scratch: np.ndarray,
     s: np.uint64, t: np.uint64, max_k: np.uint64, out: np.ndarray, start: np.int64,
@@ -251,43 +293,30 @@ def _rounded_laplace_kernel(
         x = zero
         x_depth = np.int64(1)
         while True:  # von Neumann trials until one accepts x
+            if pos + 5 <= n_words:  # the usual trial: a chain of at most 3 below x, no tie
+                x = words[pos]
+                w1, w2, w3, w4 = words[pos + 1], words[pos + 2], words[pos + 3], words[pos + 4]
+                tie = (w1 == x) | (w2 == w1) | (w3 == w2) | (w4 == w3)
+                d1 = w1 < x
+                d2 = d1 & (w2 < w1)
+                d3 = d2 & (w3 < w2)
+                if not (tie | (d3 & (w4 < w3))):
+                    # the chain breaks at n = 1 + d1 + d2 + d3, read without branching
+                    n = np.int64(1) + np.int64(d1) + np.int64(d2) + np.int64(d3)
+                    pos += n + 1
+                    x_depth = np.int64(1)
+                    if n & 1:
+                        break
+                    k += one
+                    if k > max_k:
+                        status = np.int64(_OVERFLOW)
+                        break
+                    continue
             if pos >= n_words:
                 status = np.int64(_EXHAUSTED)
                 break
-            x = words[pos]
-            pos += 1
-            x_depth = np.int64(1)
-            previous = x  # first word of the previous uniform of the chain
-            p = np.int64(0)  # its scratch slot (0: x itself)
-            p_depth = np.int64(1)
-            odd = True  # the index of the uniform drawn next is odd
-            while True:
-                if pos >= n_words:
-                    status = np.int64(_EXHAUSTED)
-                    break
-                word = words[pos]
-                pos += 1
-                if word < previous:
-                    previous = word
-                    p = np.int64(1)
-                    p_depth = np.int64(1)
-                    odd = not odd
-                    continue
-                if word > previous:
-                    break
-                c = np.int64(2) if p == 1 else np.int64(1)
-                less, c_depth, p_depth, pos, status = _tie(words, pos, scratch, p, p_depth, c)
-                if status != _OK:
-                    break
-                if p == 0:
-                    x_depth = p_depth
-                if not less:
-                    break
-                previous = word
-                p = c
-                p_depth = c_depth
-                odd = not odd
-            if status != _OK or odd:
+            accepted, x, x_depth, pos, status = _trial(words, pos, scratch)
+            if status != _OK or accepted:
                 break
             k += one
             if k > max_k:
