@@ -12,14 +12,18 @@ seeded generators; the service never does.
 
 from __future__ import annotations
 
+import io
 import math
+import re
 from fractions import Fraction
 
+import numba
 import numpy as np
 import pytest
 from scipy import stats
 
 from service.errors import InvalidParameter
+from service.mechanisms import exact_bernoulli
 from service.mechanisms import exact_laplace as el
 from service.mechanisms.exact_laplace import (
     bernoulli_exp,
@@ -400,3 +404,26 @@ def test_a_wrong_tiny_gamma_is_rejected_by_the_same_test() -> None:
     assert stats.chisquare(cells, p * draws.shape[0]).pvalue < 1e-6
     p = -np.diff(np.concatenate([[1.0], magnitude_at_least(edges, 1 / t), [0.0]]))
     assert stats.chisquare(cells, p * draws.shape[0]).pvalue > 1e-4
+
+
+def test_no_float_in_the_compiled_integer_path() -> None:
+    """numba types a uint64/int64 mix as float64: no value in the kernels is a float (each
+    compiled afresh here, since a copy loaded from numba's cache carries no type listing)."""
+    u64, i64 = numba.types.uint64, numba.types.int64
+    words, ints, table = u64[::1], i64[::1], u64[:, ::1]
+    signatures = {
+        el._rounded_laplace_kernel: (words, ints, words, table, u64, u64, u64, ints, i64),
+        el._trial: (words, i64, table),
+        el._tie: (words, i64, table, i64, i64, i64),
+        el._carry: (words, i64, table, i64, u64, u64),
+        exact_bernoulli._bernoulli_exp_unit: (words, ints, words, u64, u64),
+        exact_bernoulli._bernoulli_exp: (words, ints, words, u64, u64),
+    }
+    for kernel, signature in signatures.items():
+        fresh = numba.njit(_nrt=False, cache=False)(kernel.py_func)  # type: ignore[attr-defined]
+        fresh.compile(signature)
+        listing = io.StringIO()
+        fresh.inspect_types(file=listing)
+        typed = re.findall(r"::\s*(\w+)", listing.getvalue())
+        assert "uint64" in typed, kernel
+        assert not [name for name in typed if "float" in name], kernel
