@@ -54,10 +54,7 @@ again. The words of a uniform beyond its first are kept in a small scratch array
 would need more of them than it holds (ties on several whole words) is rewound the same way and
 drawn again with a larger one. Every draw is a deterministic function of one stream of raw
 words, whatever the buffer and scratch sizes, so the law is that of an infinite stream
-(restarting a draw with fresh words instead would favour draws that consume few words). For a
-PCG64DXSM generator (the service's) the words come from the compiled copy of the generator
-(:func:`service.mechanisms.randomness.draw_step_randomness`): the same words as numpy's
-``random_raw``, bit for bit, checked in each process before its first use.
+(restarting a draw with fresh words instead would favour draws that consume few words).
 """
 
 from __future__ import annotations
@@ -77,7 +74,6 @@ from service.mechanisms.exact_bernoulli import (
     bernoulli_scaled,
     uniform_below,
 )
-from service.mechanisms.randomness import draw_step_randomness
 
 __all__ = [
     "MAX_DENOMINATOR",
@@ -375,16 +371,9 @@ def _checked_ratio(s: object, t: object) -> tuple[int, int]:
     return s, t
 
 
-_NO_EXPONENTIALS = np.empty(0, dtype=np.float64)
-
-
 def _raw_words(rng: np.random.Generator, out: np.ndarray) -> None:
-    """``out[:] = rng.bit_generator.random_raw(len(out))``, from the compiled generator for
-    PCG64DXSM (the same words, bit for bit)."""
-    if isinstance(rng.bit_generator, np.random.PCG64DXSM):
-        draw_step_randomness(rng, _NO_EXPONENTIALS, out)
-    else:
-        out[:] = rng.bit_generator.random_raw(out.shape[0])
+    """``out[:] = rng.bit_generator.random_raw(len(out))``."""
+    out[:] = rng.bit_generator.random_raw(out.shape[0])
 
 
 class _Stream:
