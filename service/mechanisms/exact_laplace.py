@@ -7,53 +7,54 @@ the law of ``round_g(b L)``, ``b L ~ Lap(b)`` rounded to the nearest multiple of
 ``round_g(c + Lap(b))``, post-processing of the exact Laplace mechanism (docs/privacy.md,
 "The Laplace sampler and its stated delta").
 
-The law (ties ``|L| = (j + 1/2) gamma`` have measure zero):
+The algorithm draws ``|L| = E ~ Exp(1)`` itself, exactly, as an integer part ``k`` and a
+fractional part ``x`` in [0, 1) whose binary digits are drawn only as far as a decision needs
+them, then rounds: ``N = +-|N|`` with a uniform sign bit and
 
-- ``P(N = 0) = P(|L| < gamma / 2) = 1 - e^{-gamma/2}``;
-- otherwise (probability ``e^{-gamma/2}``) ``|N| = 1 + Y`` with ``P(Y = j) = (1 - e^{-gamma})
-  e^{-j gamma}``: given ``|L| >= gamma / 2``, ``|L| - gamma / 2 ~ Exp(1)`` (memorylessness) and
-  ``Y = floor((|L| - gamma / 2) / gamma)`` is geometric with ratio ``e^{-gamma}``; the sign of
-  ``L`` is uniform and independent of ``|L|``.
+    |N| = floor(E t / s + 1/2) = floor((floor(2 t E) + s) / (2 s)),
+    floor(2 t E) = 2 t k + floor(2 t x)
 
-The algorithm (Canonne, Kamath & Steinke 2020, "The Discrete Gaussian for Differential
-Privacy", Algorithms 1 and 2):
+(``floor(z / m) = floor(floor(z) / m)`` for a positive integer ``m``; ties ``|L| = (j + 1/2)
+gamma`` have measure zero).
 
-1. ``Z ~ Bernoulli(exp(-s / (2t)))``; if ``Z = 0``, ``N = 0``.
-2. Geometric part: repeat ``U`` uniform in ``{0, ..., t-1}`` until ``Bernoulli(exp(-U / t))``
-   accepts it; ``V`` = the number of successes of ``Bernoulli(exp(-1))`` before the first
-   failure; ``X = U + t V`` has ``P(X = x)`` proportional to ``e^{-x/t}``, and
-   ``Y = floor(X / s)`` has ``P(Y = j)`` proportional to ``e^{-j s/t}``.
-3. A uniform sign bit: ``N = +-(1 + Y)``.
+The exponential is von Neumann's (1951): a trial draws uniforms ``x, u1, u2, ...`` in [0, 1)
+while ``x > u1 > u2 > ...``; ``n`` is the index of the first ``u_n`` not below its predecessor.
+``P(n > m) = x^m / m!``, so ``P(n odd | x) = sum_m even (x^m / m! - x^(m+1) / (m+1)!) = e^-x``.
+An odd ``n`` accepts ``x``: the accepted ``x`` has density ``e^-x / (1 - e^-1)`` on [0, 1). An
+even ``n`` (probability ``e^-1`` per trial) adds one to ``k`` and starts a fresh trial: ``k`` is
+geometric, ``P(k) = e^-k (1 - e^-1)``, independent of ``x``, and ``k + x ~ Exp(1)``. A draw
+reads about 4.3 raw words: 1.58 trials of ``e`` uniforms each, and a sign bit.
 
-``Bernoulli(exp(-r))`` for a rational ``r = a / b`` in [0, 1] is CKS Algorithm 1: ``K`` = the
-first ``k >= 1`` with ``Bernoulli(r / k) = 0``, and the result is ``K`` odd; for ``r > 1``,
-``floor(r)`` draws of ``Bernoulli(exp(-1))`` (stopping at the first failure) and one of
-``Bernoulli(exp(-(r - floor(r))))``. ``Bernoulli(a / m)`` is ``uniform(m) < a``, with
-``uniform(m)`` exactly uniform on ``{0, ..., m-1}`` by Lemire's multiply-and-reject method on
-raw 64-bit words. So the only randomness is the generator's raw 64-bit words, and every
-decision is an exact integer comparison: no floating-point value enters the law.
+Each uniform is the binary expansion ``0.w1 w2 w3 ...`` of raw 64-bit words ``w1, w2, ...``
+drawn lazily: two uniforms are compared word by word, drawing further words of both while they
+are equal (probability ``2^-64`` per word), so every comparison is exact and no uniform is ever
+truncated. ``floor(2 t x)`` is ``h`` or ``h + 1`` with ``2 t w1 = h 2^64 + l`` (128-bit
+product): it is ``h`` when ``l <= 2^64 - 2t``, and otherwise (probability ``2t / 2^64``)
+``h + 1`` exactly when ``0.w2 w3 ... >= (2^64 - l) / (2t)``, a comparison of the same uniform's
+further words (those already drawn, then fresh ones) with a rational, digit by digit. So the
+only randomness is the generator's raw 64-bit words and every decision is an exact integer
+comparison: no floating-point value enters the law.
 
 No floating-point fast path is used. The obvious one (accept when ``u / 2^64 < p - e``, reject
 when ``u / 2^64 >= p + e`` for a float ``p ~ exp(-r)`` with error at most ``e``, and otherwise run
 the exact loop on fresh words) is NOT exact: it accepts with probability
-``(p - e) + 2 e p = p - e (1 - 2p)``. An exact one has to finish the comparison of the SAME
-uniform ``u`` with ``exp(-r)`` to more bits than a float carries in the undecided cell.
+``(p - e) + 2 e p = p - e (1 - 2p)``. Here an undecided comparison always continues with more
+words of the SAME uniforms.
 
-Overflow guards. ``uniform(b k)`` in CKS Algorithm 1 needs ``b k < 2^64``; when it would not
-fit (``k >= 2^11`` for ``b < 2^53``, probability below ``1 / 2048!``) ``Bernoulli(a / (b k))`` is
-drawn as the product of the independent ``Bernoulli(a / b)`` and ``Bernoulli(1 / k)``, which is
-exact. ``X = U + t V`` must fit in an int64: ``V`` above ``(2^63 - t) / t >= 2^11 - 1`` (probability
-below ``e^{-2047}`` per draw) makes :func:`rounded_laplace` raise :class:`OverflowError` rather
-than return a value off the law. Values of ``|N|`` at or above ``2^53`` (probability
-``e^{-gamma 2^53}``, below ``e^{-8}`` only when gamma is within a factor 1000 of the smallest
-allowed ``2^-50``) are exact int64s but not exact float64s.
+Guards. ``2 t (k + 1) + s`` must fit in 64 bits: ``k`` above ``(2^64 - 1 - s) / (2t) - 1 >= 1534``
+(probability below ``e^-1534`` per draw) makes :func:`rounded_laplace` raise
+:class:`OverflowError` rather than return a value off the law. Values of ``|N|`` at or above
+``2^53`` (probability ``e^{-gamma 2^53}``, below ``e^{-8}`` only when gamma is within a factor 1000
+of the smallest allowed ``2^-50``) are exact int64s but not exact float64s.
 
-Buffering. The kernel consumes a buffer of raw words. When the buffer runs out in the middle
-of a draw, the kernel rewinds to the first word of that draw and returns; the wrapper appends
-fresh words to the unused tail and the kernel draws again from there, reading the same words
-again: every draw is a deterministic function of one stream of raw words, whatever the
-buffer size, so the law is that of an infinite stream (restarting a draw with fresh words
-instead would favour draws that consume few words).
+Buffering. The kernel consumes a buffer of raw words. When the buffer runs out in the middle of
+a draw, the kernel rewinds to the first word of that draw and returns; the wrapper keeps the
+unused tail, appends fresh words, and the kernel draws again from there, reading the same words
+again. The words of a uniform beyond its first are kept in a small scratch array; a draw that
+would need more of them than it holds (ties on several whole words) is rewound the same way and
+drawn again with a larger one. Every draw is a deterministic function of one stream of raw
+words, whatever the buffer and scratch sizes, so the law is that of an infinite stream
+(restarting a draw with fresh words instead would favour draws that consume few words).
 """
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ import numpy as np
 from numba import njit
 
 from service.errors import InvalidParameter
+from service.mechanisms.exact_bernoulli import (
+    bernoulli_exp,
+    bernoulli_ratio,
+    bernoulli_scaled,
+    uniform_below,
+)
 
 __all__ = [
     "MAX_DENOMINATOR",
@@ -85,7 +92,7 @@ __all__ = [
 
 #: Smallest gamma = s / t accepted (grid / scale).
 MIN_GAMMA = Fraction(1, 2**50)
-#: t must be below this (so that 2t and the Bernoulli denominators fit the kernel's integers).
+#: t must be below this (so that 2t and the products with it fit the kernel's integers).
 MAX_DENOMINATOR = 2**52
 #: s must be below this.
 MAX_NUMERATOR = 2**62
@@ -93,50 +100,43 @@ MAX_NUMERATOR = 2**62
 SCALE_BITS = 20
 
 _U64_MAX = (1 << 64) - 1
-_I64_MAX = (1 << 63) - 1
 
 # kernel status codes (state[2])
 _OK = 0
 _EXHAUSTED = 1
 _OVERFLOW = 2
+_DEEP = 3
 
-#: Raw words per draw the wrapper asks for (a draw uses about 11 on average).
-_WORDS_PER_DRAW = 12
-#: Most raw words the wrapper holds at once (8 MiB).
-_MAX_CHUNK = 1 << 20
+#: Raw words per draw the wrapper asks for (a draw reads about 4.3 on average).
+_WORDS_PER_DRAW = 4.4
+#: Most raw words the wrapper holds at once (512 KiB).
+_MAX_CHUNK = 1 << 16
+#: Words of a uniform beyond its first that the scratch array holds at first.
+_SCRATCH_WORDS = 4
 
 
 # --- the kernel -------------------------------------------------------------------------
-# Compiled without numba's reference counting (``_nrt=False``): the kernel allocates nothing,
-# and the atomic reference-count updates of the array arguments at every helper call made it
-# twenty times slower.
+# Compiled without numba's reference counting (``_nrt=False``): the kernel allocates nothing.
+# The draw loop keeps its state (buffer position, sign reservoir) in local variables and
+# reads the state arrays only at entry and on return. The usual von Neumann trial (about 99%
+# of them: a chain of at most 3 uniforms below x, no tie) is read from five words at once
+# without a branch per word; the other trials (longer chains, ties between uniforms) and a
+# cell boundary inside the first word of x are separate calls, which compute the same thing.
+# All integer arithmetic is in uint64 (numba would turn a uint64/int64 mix into float64).
 _Function = TypeVar("_Function", bound=Callable[..., Any])
 _NJIT: Any = njit
 
 
 def _jit(function: _Function) -> _Function:
-    compiled: _Function = _NJIT(nogil=True, cache=True, _nrt=False)(function)
+    compiled: _Function = _NJIT(nogil=True, cache=True, _nrt=False, error_model="numpy")(function)
     return compiled
 
 
 def _jit_inline(function: _Function) -> _Function:
-    compiled: _Function = _NJIT(nogil=True, cache=True, _nrt=False, inline="always")(function)
+    compiled: _Function = _NJIT(
+        nogil=True, cache=True, _nrt=False, error_model="numpy", inline="always"
+    )(function)
     return compiled
-
-
-# state: int64[3] = (next word, bits left in the sign reservoir, status); bits: uint64[1]
-# (the sign reservoir). Every helper checks the status after each word it reads and returns
-# at once when the buffer ran out (the caller rewinds the whole draw).
-
-
-@_jit_inline
-def _next_word(words: np.ndarray, state: np.ndarray) -> Any:  # pragma: no cover
-    pos = state[0]
-    if pos >= words.shape[0]:
-        state[2] = _EXHAUSTED
-        return np.uint64(0)
-    state[0] = pos + 1
-    return words[pos]
 
 
 @_jit_inline
@@ -156,186 +156,198 @@ def _mul_high_low(a: np.uint64, b: np.uint64) -> tuple[np.uint64, np.uint64]:  #
     return high, low
 
 
-@_jit_inline
-def _uniform_below(
-    words: np.ndarray, state: np.ndarray, bits: np.ndarray, m: np.uint64
-) -> Any:  # pragma: no cover
-    """Exactly uniform on {0, ..., m-1} (m >= 1): Lemire's multiply-and-reject method, on 32
-    bits of the reservoir when m <= 2^32, on a whole word otherwise."""
-    if m <= np.uint64(1 << 32):
-        mask = np.uint64(0xFFFFFFFF)
-        while True:
-            x = _take_bits(words, state, bits, 32)
-            if state[2] != _OK:
-                return np.uint64(0)
-            product = x * m  # < 2^64
-            low = product & mask
-            if low < m:
-                threshold = (np.uint64(1 << 32) - m) % m
-                if low < threshold:
-                    continue
-            return product >> np.uint64(32)
+@_jit
+def _tie(
+    words: np.ndarray, pos: np.int64, scratch: np.ndarray, p: np.int64, p_depth: np.int64,
+    c: np.int64,
+) -> tuple[bool, np.int64, np.int64, np.int64, np.int64]:  # fmt: skip  # pragma: no cover
+    """The new uniform (slot ``c``) equals the previous one (slot ``p``, ``p_depth`` words
+    known) on the first word: compare their further words, drawing those not yet drawn.
+    Word ``i >= 1`` of slot j is ``scratch[j, i - 1]``. Returns (new < previous, the new
+    one's known words, the previous one's known words, position, status)."""
+    cap = scratch.shape[1]
+    n = words.shape[0]
+    i = 1
     while True:
-        word = _next_word(words, state)
-        if state[2] != _OK:
-            return np.uint64(0)
-        high, low = _mul_high_low(word, m)
-        if low < m:
-            threshold = (np.uint64(0) - m) % m
-            if low < threshold:
-                continue
-        return high
-
-
-@_jit_inline
-def _bernoulli_ratio(
-    words: np.ndarray, state: np.ndarray, bits: np.ndarray, a: np.uint64, m: np.uint64
-) -> Any:  # pragma: no cover
-    """Bernoulli(a / m), 0 <= a <= m, m >= 1 (no randomness used when a is 0 or m)."""
-    if a == np.uint64(0):
-        return False
-    if a >= m:
-        return True
-    return _uniform_below(words, state, bits, m) < a
-
-
-@_jit_inline
-def _bernoulli_scaled(
-    words: np.ndarray, state: np.ndarray, bits: np.ndarray, a: np.uint64, b: np.uint64, k: np.uint64
-) -> Any:  # pragma: no cover
-    """Bernoulli(a / (b k)), 0 <= a <= b, b, k >= 1: one uniform on {0..bk-1} when b k fits
-    in 64 bits, otherwise the product of Bernoulli(a / b) and Bernoulli(1 / k) (exact too)."""
-    if (b >> np.uint64(32)) == np.uint64(0) and (k >> np.uint64(32)) == np.uint64(0):
-        return _bernoulli_ratio(words, state, bits, a, b * k)  # b k < 2^64
-    high, product = _mul_high_low(b, k)
-    if high == np.uint64(0):
-        return _bernoulli_ratio(words, state, bits, a, product)
-    if not _bernoulli_ratio(words, state, bits, a, b) or state[2] != _OK:
-        return False
-    return _bernoulli_ratio(words, state, bits, np.uint64(1), k)
+        if i > cap:
+            return False, np.int64(0), p_depth, pos, np.int64(_DEEP)
+        if i >= p_depth:
+            if pos >= n:
+                return False, np.int64(0), p_depth, pos, np.int64(_EXHAUSTED)
+            scratch[p, i - 1] = words[pos]
+            pos += 1
+            p_depth = np.int64(i + 1)
+        if pos >= n:
+            return False, np.int64(0), p_depth, pos, np.int64(_EXHAUSTED)
+        new = words[pos]
+        pos += 1
+        scratch[c, i - 1] = new
+        old = scratch[p, i - 1]
+        if new != old:
+            return new < old, np.int64(i + 1), p_depth, pos, np.int64(_OK)
+        i += 1
 
 
 @_jit
-def _bernoulli_exp_unit(
-    words: np.ndarray, state: np.ndarray, bits: np.ndarray, a: np.uint64, b: np.uint64
-) -> Any:  # pragma: no cover
-    """Bernoulli(exp(-a / b)) for 0 <= a <= b (CKS Algorithm 1)."""
+def _carry(
+    words: np.ndarray, pos: np.int64, scratch: np.ndarray, x_depth: np.int64, low: np.uint64,
+    two_t: np.uint64,
+) -> tuple[bool, np.int64, np.int64]:  # fmt: skip  # pragma: no cover
+    """Whether f = 0.w2 w3 ... (the words of x after the first: ``scratch[0]`` for the
+    ``x_depth - 1`` already drawn, then fresh ones) is >= (2^64 - low) / (2t), given
+    low > 2^64 - 2t. Returns (the answer, position, status)."""
+    n = words.shape[0]
     one = np.uint64(1)
-    k = one
+    c = np.uint64(0) - low  # in (0, 2t): compare f with c / (2t)
+    i = 1
     while True:
-        success = _bernoulli_scaled(words, state, bits, a, b, k)
-        if state[2] != _OK:
-            return False
-        if not success:
-            return (k & one) == one
-        k += one
+        if c == np.uint64(0):
+            return True, pos, np.int64(_OK)
+        q = np.uint64(0)  # q, c = divmod(c 2^64, 2t), bit by bit (c < 2t < 2^53)
+        for _ in range(64):
+            c = c << one
+            q = q << one
+            if c >= two_t:
+                c -= two_t
+                q |= one
+        if i < x_depth:
+            w = scratch[0, i - 1]
+        else:
+            if pos >= n:
+                return False, pos, np.int64(_EXHAUSTED)
+            w = words[pos]
+            pos += 1
+        if w != q:
+            return w > q, pos, np.int64(_OK)
+        i += 1
 
 
 @_jit
-def _bernoulli_exp(
-    words: np.ndarray, state: np.ndarray, bits: np.ndarray, a: np.uint64, b: np.uint64
-) -> Any:  # pragma: no cover
-    """Bernoulli(exp(-a / b)) for a >= 0, b >= 1: floor(a / b) factors exp(-1), then the
-    fractional part."""
-    one = np.uint64(1)
-    whole = a // b
-    i = np.uint64(0)
-    while i < whole:
-        if not _bernoulli_exp_unit(words, state, bits, one, one):
-            return False
-        if state[2] != _OK:
-            return False
-        i += one
-    return _bernoulli_exp_unit(words, state, bits, a - whole * b, b)
-
-
-@_jit_inline
-def _take_bits(
-    words: np.ndarray, state: np.ndarray, bits: np.ndarray, count: int
-) -> Any:  # pragma: no cover
-    """``count`` (1 or 32) uniform bits from the reservoir; with fewer left, the rest are
-    dropped (independent of everything drawn) and a whole word refills it."""
-    if state[1] < count:
-        word = _next_word(words, state)
-        if state[2] != _OK:
-            return np.uint64(0)
-        bits[0] = word
-        state[1] = 64
-    mask = (np.uint64(1) << np.uint64(count)) - np.uint64(1)
-    value = bits[0] & mask
-    bits[0] = bits[0] >> np.uint64(count)
-    state[1] -= count
-    return value
-
-
-@_jit
-def _one_draw(
-    words: np.ndarray,
-    state: np.ndarray,
-    bits: np.ndarray,
-    s: np.uint64,
-    t: np.uint64,
-    max_v: np.int64,
-) -> np.int64:  # pragma: no cover
-    """One N = round(L / (s / t)); the caller checks ``state[2]``."""
-    if not _bernoulli_exp(words, state, bits, s, t + t):
-        return np.int64(0)
-    if state[2] != _OK:
-        return np.int64(0)
-    while True:  # U uniform on {0..t-1}, accepted with probability exp(-U / t)
-        u = _uniform_below(words, state, bits, t)
-        if state[2] != _OK:
-            return np.int64(0)
-        accepted = _bernoulli_exp_unit(words, state, bits, u, t)
-        if state[2] != _OK:
-            return np.int64(0)
-        if accepted:
-            break
-    v = np.int64(0)
-    one = np.uint64(1)
-    while True:  # V: successes of Bernoulli(exp(-1)) before the first failure
-        success = _bernoulli_exp_unit(words, state, bits, one, one)
-        if state[2] != _OK:
-            return np.int64(0)
-        if not success:
-            break
-        v += 1
-        if v > max_v:
-            state[2] = _OVERFLOW
-            return np.int64(0)
-    x = np.int64(u) + np.int64(t) * v
-    y = x // np.int64(s)
-    negative = _take_bits(words, state, bits, 1) == np.uint64(1)
-    if state[2] != _OK:
-        return np.int64(0)
-    return -(y + 1) if negative else y + 1
+def _trial(
+    words: np.ndarray, pos: np.int64, scratch: np.ndarray
+) -> tuple[bool, np.uint64, np.int64, np.int64, np.int64]:  # pragma: no cover
+    """One von Neumann trial from word ``pos``, any chain length, ties drawn out: (accepted,
+    first word of x, words of x known, position, status). The kernel runs the usual trial
+    (chain below x of at most 3, no tie among the next 5 words) itself, the same way."""
+    n_words = words.shape[0]
+    x = words[pos]  # the caller checked pos < n_words
+    pos += 1
+    x_depth = np.int64(1)
+    previous = x  # first word of the previous uniform of the chain
+    p = np.int64(0)  # its scratch slot (0: x itself)
+    p_depth = np.int64(1)
+    odd = True  # the index of the uniform drawn next is odd
+    while True:
+        if pos >= n_words:
+            return False, x, x_depth, pos, np.int64(_EXHAUSTED)
+        word = words[pos]
+        pos += 1
+        if word < previous:
+            previous = word
+            p = np.int64(1)
+            p_depth = np.int64(1)
+            odd = not odd
+            continue
+        if word > previous:
+            return odd, x, x_depth, pos, np.int64(_OK)
+        c = np.int64(2) if p == 1 else np.int64(1)
+        less, c_depth, p_depth, pos, status = _tie(words, pos, scratch, p, p_depth, c)
+        if status != _OK:
+            return False, x, x_depth, pos, status
+        if p == 0:
+            x_depth = p_depth
+        if not less:
+            return odd, x, x_depth, pos, np.int64(_OK)
+        previous = word
+        p = c
+        p_depth = c_depth
+        odd = not odd
 
 
 @_jit
 def _rounded_laplace_kernel(
-    words: np.ndarray,
-    state: np.ndarray,
-    bits: np.ndarray,
-    s: np.uint64,
-    t: np.uint64,
-    max_v: np.int64,
-    out: np.ndarray,
-    start: np.int64,
-) -> np.int64:  # pragma: no cover
+    words: np.ndarray, state: np.ndarray, bits: np.ndarray, scratch: np.ndarray,
+    s: np.uint64, t: np.uint64, max_k: np.uint64, out: np.ndarray, start: np.int64,
+) -> np.int64:  # fmt: skip  # pragma: no cover
     """Fill ``out[start:]``; returns the index of the first draw not made (``out.shape[0]``
-    when done). On running out of words the state is rewound to that draw's first word."""
+    when done). state = (next word, bits left in the sign reservoir ``bits[0]``, status). On
+    running out of words or of scratch the state is rewound to that draw's first word."""
+    n_words = words.shape[0]
+    pos = state[0]
+    left = state[1]
+    reservoir = bits[0]
+    one = np.uint64(1)
+    zero = np.uint64(0)
+    two_t = t + t
+    room = zero - two_t  # 2^64 - 2t
+    two_s = s + s
+    halve = s == one
+    count = out.shape[0]
     i = start
-    n = out.shape[0]
-    while i < n:
-        pos, left, reservoir = state[0], state[1], bits[0]
-        value = _one_draw(words, state, bits, s, t, max_v)
-        if state[2] == _EXHAUSTED:
-            state[0], state[1], bits[0] = pos, left, reservoir
-            return i
-        if state[2] != _OK:
-            return i
-        out[i] = value
+    status = np.int64(_OK)
+    while i < count:
+        first, first_left, first_reservoir = pos, left, reservoir
+        k = zero
+        x = zero
+        x_depth = np.int64(1)
+        while True:  # von Neumann trials until one accepts x
+            if pos + 5 <= n_words:  # the usual trial: a chain of at most 3 below x, no tie
+                x = words[pos]
+                w1, w2, w3, w4 = words[pos + 1], words[pos + 2], words[pos + 3], words[pos + 4]
+                tie = (w1 == x) | (w2 == w1) | (w3 == w2) | (w4 == w3)
+                d1 = w1 < x
+                d2 = d1 & (w2 < w1)
+                d3 = d2 & (w3 < w2)
+                if not (tie | (d3 & (w4 < w3))):
+                    # the chain breaks at n = 1 + d1 + d2 + d3, read without branching
+                    n = np.int64(1) + np.int64(d1) + np.int64(d2) + np.int64(d3)
+                    pos += n + 1
+                    x_depth = np.int64(1)
+                    if n & 1:
+                        break
+                    k += one
+                    if k > max_k:
+                        status = np.int64(_OVERFLOW)
+                        break
+                    continue
+            if pos >= n_words:
+                status = np.int64(_EXHAUSTED)
+                break
+            accepted, x, x_depth, pos, status = _trial(words, pos, scratch)
+            if status != _OK or accepted:
+                break
+            k += one
+            if k > max_k:
+                status = np.int64(_OVERFLOW)
+                break
+        if status == _OK:
+            high, low = _mul_high_low(two_t, x)
+            if low > room:
+                up, pos, status = _carry(words, pos, scratch, x_depth, low, two_t)
+                if up:
+                    high += one
+        if status == _OK and left == 0:
+            if pos >= n_words:
+                status = np.int64(_EXHAUSTED)
+            else:
+                reservoir = words[pos]
+                pos += 1
+                left = np.int64(64)
+        if status != _OK:
+            if status != _OVERFLOW:
+                pos, left, reservoir = first, first_left, first_reservoir
+            break
+        total = k * two_t + high + s  # floor(2 t E) + s < 2^64
+        magnitude = np.int64(total >> one) if halve else np.int64(total // two_s)
+        negative = (reservoir & one) == one
+        reservoir = reservoir >> one
+        left -= 1
+        out[i] = -magnitude if negative else magnitude
         i += 1
+    state[0] = pos
+    state[1] = left
+    state[2] = status
+    bits[0] = reservoir
     return i
 
 
@@ -359,50 +371,74 @@ def _checked_ratio(s: object, t: object) -> tuple[int, int]:
     return s, t
 
 
+def _raw_words(rng: np.random.Generator, out: np.ndarray) -> None:
+    """``out[:] = rng.bit_generator.random_raw(len(out))``."""
+    out[:] = rng.bit_generator.random_raw(out.shape[0])
+
+
 class _Stream:
     """A generator's raw words, in chunks, and the kernel's state over them."""
 
     def __init__(self, rng: np.random.Generator, chunk: int) -> None:
         self.rng = rng
         self.chunk = chunk
-        self.words = rng.bit_generator.random_raw(chunk)
+        self.words = np.empty(chunk, dtype=np.uint64)
+        _raw_words(rng, self.words)
         self.state = np.zeros(3, dtype=np.int64)
         self.bits = np.zeros(1, dtype=np.uint64)
+        self.scratch = np.zeros((3, _SCRATCH_WORDS), dtype=np.uint64)
 
     def refill(self) -> None:
-        """Keep the unread tail (the unfinished draw's words) and append fresh words."""
-        tail = self.words[int(self.state[0]) :]
-        self.words = np.concatenate([tail, self.rng.bit_generator.random_raw(self.chunk)])
-        self.state[0] = 0
+        """Keep the unread tail (the unfinished draw's words) and append fresh words; a draw
+        that ran out of scratch gets twice as much."""
+        if self.state[2] == _DEEP:
+            self.scratch = np.zeros((3, 2 * self.scratch.shape[1]), dtype=np.uint64)
+        else:
+            start = int(self.state[0])
+            kept = self.words.shape[0] - start
+            if kept + self.chunk != self.words.shape[0]:
+                words = np.empty(kept + self.chunk, dtype=np.uint64)
+                words[:kept] = self.words[start:]
+                self.words = words
+            else:
+                self.words[:kept] = self.words[start:].copy()
+            _raw_words(self.rng, self.words[kept:])
+            self.state[0] = 0
         self.state[2] = _OK
 
 
 def _chunk_for(count: int) -> int:
-    return max(64, min(_MAX_CHUNK, count * _WORDS_PER_DRAW + 64))
+    return max(64, min(_MAX_CHUNK, int(count * _WORDS_PER_DRAW) + 64))
+
+
+def _max_k(s: int, t: int) -> int:
+    """The largest integer part k of E with 2t (k + 1) + s < 2^64."""
+    return (_U64_MAX - s) // (2 * t) - 1
 
 
 def _fill(
     rng: np.random.Generator, s: int, t: int, out: np.ndarray, chunk: int,
-    max_v: int | None = None,
+    max_k: int | None = None, scratch: int = _SCRATCH_WORDS,
 ) -> None:  # fmt: skip
-    """Fill ``out`` with draws from chunks of ``chunk`` raw words; ``max_v`` (tests only)
-    lowers the overflow guard on V below its int64 bound."""
+    """Fill ``out`` with draws from chunks of ``chunk`` raw words; ``max_k`` (tests only)
+    lowers the overflow guard on k, ``scratch`` (tests only) the scratch words at first."""
     if out.shape[0] == 0:
         return
     stream = _Stream(rng, chunk)
-    bound = (_I64_MAX - t) // t
-    max_v = bound if max_v is None else min(max_v, bound)
+    stream.scratch = np.zeros((3, scratch), dtype=np.uint64)
+    bound = _max_k(s, t)
+    limit = bound if max_k is None else min(max_k, bound)
     done = 0
     while True:
         done = int(
             _rounded_laplace_kernel(
-                stream.words, stream.state, stream.bits, np.uint64(s), np.uint64(t),
-                np.int64(max_v), out, np.int64(done),
+                stream.words, stream.state, stream.bits, stream.scratch, np.uint64(s),
+                np.uint64(t), np.uint64(limit), out, np.int64(done),
             )
         )  # fmt: skip
         if stream.state[2] == _OVERFLOW:
             raise OverflowError(
-                "an exact Laplace draw left the int64 range (probability below e^-2047)"
+                "an exact Laplace draw left the 64-bit range (probability below e^-1534)"
             )
         if done == out.shape[0]:
             return
@@ -490,56 +526,3 @@ def _power_of_two_grid(grid: float) -> None:
         or math.frexp(grid)[0] != 0.5
     ):
         raise InvalidParameter("grid", f"must be a positive power of two, got {grid!r}")
-
-
-# --- the helpers, exposed for tests ------------------------------------------------------
-
-
-def _run(rng: np.random.Generator, draw: object) -> int:
-    """Run one compiled helper on a fresh stream until it has words enough."""
-    stream = _Stream(rng, 256)
-    while True:
-        value = draw(stream.words, stream.state, stream.bits)  # type: ignore[operator]
-        if stream.state[2] == _OK:
-            return int(value)
-        stream.state[:] = 0
-        stream.bits[0] = 0
-        stream.refill()  # pragma: no cover - 256 words are plenty for one helper call
-
-
-def uniform_below(rng: np.random.Generator, m: int) -> int:
-    """One exactly uniform integer in {0, ..., m-1} (1 <= m < 2^64)."""
-    if not 1 <= m <= _U64_MAX:
-        raise InvalidParameter("m", f"must be in [1, 2^64), got {m}")
-    return _run(rng, lambda w, st, bi: _uniform_below(w, st, bi, np.uint64(m)))
-
-
-def bernoulli_ratio(rng: np.random.Generator, a: int, m: int) -> bool:
-    """One Bernoulli(a / m) draw, 0 <= a <= m < 2^64."""
-    if not 0 <= a <= m or not 1 <= m <= _U64_MAX:
-        raise InvalidParameter("a", f"need 0 <= a <= m < 2^64, got {a}/{m}")
-    return bool(
-        _run(rng, lambda w, st, bi: _bernoulli_ratio(w, st, bi, np.uint64(a), np.uint64(m)))
-    )
-
-
-def bernoulli_scaled(rng: np.random.Generator, a: int, b: int, k: int) -> bool:
-    """One Bernoulli(a / (b k)) draw as CKS Algorithm 1 makes it (0 <= a <= b < 2^64,
-    1 <= k < 2^64), including the product form used when b k does not fit in 64 bits."""
-    if not 0 <= a <= b <= _U64_MAX or not 1 <= k <= _U64_MAX:
-        raise InvalidParameter("a", f"need 0 <= a <= b < 2^64 and 1 <= k < 2^64, got {a}, {b}, {k}")
-    return bool(
-        _run(
-            rng,
-            lambda w, st, bi: _bernoulli_scaled(
-                w, st, bi, np.uint64(a), np.uint64(b), np.uint64(k)
-            ),
-        )
-    )
-
-
-def bernoulli_exp(rng: np.random.Generator, a: int, b: int) -> bool:
-    """One Bernoulli(exp(-a / b)) draw, 0 <= a < 2^64, 1 <= b < 2^53."""
-    if not 0 <= a <= _U64_MAX or not 1 <= b < 2**53:
-        raise InvalidParameter("a", f"need 0 <= a < 2^64 and 1 <= b < 2^53, got {a}/{b}")
-    return bool(_run(rng, lambda w, st, bi: _bernoulli_exp(w, st, bi, np.uint64(a), np.uint64(b))))
