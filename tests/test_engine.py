@@ -10,10 +10,11 @@ import pytest
 from service.mechanisms import engine as engine_module
 from service.mechanisms.diffusion import noise_free_prefix, noisy_diffusion
 from service.mechanisms.engine import DiffusionEngine, DiffusionJob, EngineFailure, run_jobs
+from service.mechanisms.grid_noise import grid_step
 from service.mechanisms.operator import walk_operator
-from service.mechanisms.randomness import sign_words, step_noise
 from service.privacy.calibration import DiffusionConfig, plan_diffusion
 from service.privacy.modes import Mode
+from service.privacy.state_grid import INPUT_CLAMP
 from tests.graph_helpers import graph_from_edges, random_graph
 
 P, E = Mode.PERSONALIZED, Mode.EDGE
@@ -172,39 +173,45 @@ def test_a_failure_reports_whether_noise_was_drawn(monkeypatch: pytest.MonkeyPat
         assert isinstance(failure.value.error, MemoryError)
 
 
-def test_the_compiled_noise_pass_adds_exactly_the_documented_draws() -> None:
-    """The block's noise (sign bits read inside the compiled kernel, added in the step's pass
-    over the rows) is bit for bit what ``step_noise`` draws from the same generator, for
-    distinct scales and n not a multiple of 64; and a block of many columns, some noisy and
-    some not, releases what each query alone does."""
+def test_the_compiled_grid_step_is_the_documented_arithmetic() -> None:
+    """The fused step's grid step on the columns with a slot (clamp, round to the column's
+    grid, add the integer noise, clamp to the limit, scale back) is bit for bit
+    :func:`grid_step` of the noise-free step, for distinct grids and limits, noise large enough
+    to reach both clamps, and n not a multiple of 64; and a block of many columns, some noisy
+    and some not, releases what each query alone does."""
     graph = random_graph(301, 0.03, np.random.default_rng(3))
     op = walk_operator(graph)
     n = graph.n
-    exps = np.empty(2 * n)
-    words = np.empty(sign_words(2 * n), dtype=np.uint64)
-    for q, scale in enumerate(np.linspace(1e-4, 3.0, 7)):
-        rng = np.random.default_rng(500 + q)
-        rng.standard_exponential(out=exps)
-        words[:] = rng.bit_generator.random_raw(words.shape[0])
-        pairs = np.empty(n)
-        op.pair_sums(exps, words, scale, pairs)
-        np.testing.assert_array_equal(pairs, step_noise(np.random.default_rng(500 + q), scale, n))
-    # the fused step: noise on the columns with a slot, after the seed's 1 - beta
     width = 19
     x = np.abs(np.random.default_rng(4).normal(size=(n, width))) * 1e-3
+    x[:40] = 9.0  # with large thresholds, above INPUT_CLAMP after the step: clamped, rounded
     args = {
         "seeds": np.arange(width, dtype=np.int64) * 7,
         "betas": np.linspace(0.5, 0.9, width),
-        "etas": np.full(width, 1e-3),
+        "etas": np.where(np.arange(width) % 4 == 1, 50.0, 1e-3),
         "personalized": np.arange(width) % 3 == 0,
     }
     slots = np.array([-1 if k in (0, 5, 18) else k % 4 for k in range(width)], dtype=np.int64)
-    noise = np.random.default_rng(6).laplace(size=(4, n))
-    fused = engine_module.thresholded_step(op, x, **args, noise=noise, slots=slots)
+    grids = 2.0 ** -np.arange(20, 20 + width, dtype=np.float64)
+    limits = (2.0 / grids).astype(np.int64)
+    limits[7] = 3  # a tight clamp
+    noise = np.random.default_rng(6).integers(-(2**61), 2**61, size=(4, n), dtype=np.int64)
+    noise[:, ::2] //= 2**40  # some small, some saturating
+    fused = engine_module.thresholded_step(
+        op, x, **args, noise=noise, slots=slots, grids=grids, limits=limits
+    )
     plain = engine_module.thresholded_step(op, x, **args)
+    assert plain.max() > INPUT_CLAMP
     for k in range(width):
-        expected = plain[:, k] + noise[slots[k]] if slots[k] >= 0 else plain[:, k]
+        if slots[k] >= 0:
+            expected = grid_step(plain[:, k], noise[slots[k]], grids[k], int(limits[k]))
+        else:
+            expected = plain[:, k]
         np.testing.assert_array_equal(fused[:, k], expected)
+        if slots[k] >= 0:  # on the grid, within the clamp
+            units = fused[:, k] / grids[k]
+            np.testing.assert_array_equal(units, np.rint(units))
+            assert np.abs(units).max() <= limits[k]
     # through the engine: warm and cold columns, noisy and noise-free steps in one block
     config = _config(E, steps=6, noisy=2)
     jobs = [

@@ -26,9 +26,9 @@ from service.ledger import Ledger, upgrade
 from service.mechanisms.engine import DiffusionJob, margin_degree, run_jobs
 from service.mechanisms.randomness import laplace_noise, rounded_noise
 from service.privacy.calibration import DiffusionConfig
-from service.privacy.floating import float_safe_scale
 from service.privacy.modes import Mode
 from service.privacy.sampler import TAU_PER_COORDINATE, count_release_delta
+from service.privacy.state_grid import step_noise_plan
 from service.serving.graph_identity import as_served
 from tests.api_support import Backend, bearer, open_ledger, running_app, user_with_key
 
@@ -315,7 +315,8 @@ def test_kappa_comes_from_the_public_bound_not_the_graph(ledger: Ledger) -> None
         job = DiffusionJob(0, config, rng=np.random.default_rng(1))
         run_jobs(served, [job])
         scales.append(job.noise_scale)
-    assert scales[0] == scales[1] == float_safe_scale(1e-5, 500, 1e-7, 0.8)
+    plan = step_noise_plan(1e-5, n=41, max_degree=500, eta=1e-7, beta=0.8, noisy_steps=1)
+    assert scales[0] == scales[1] == plan.scale
 
 
 def test_a_graph_over_the_degree_bound_is_refused(ledger: Ledger) -> None:

@@ -10,11 +10,12 @@ import pytest
 from service.errors import InvalidParameter
 from service.graph.bounds import DEFAULT_MAX_DEGREE_BOUND
 from service.mechanisms.diffusion import DiffusionConfig, noise_free_prefix, noisy_diffusion
-from service.mechanisms.randomness import fresh_generator, laplace_noise
+from service.mechanisms.exact_laplace import rounded_laplace
+from service.mechanisms.randomness import fresh_generator
 from service.privacy.calibration import plan_diffusion
 from service.privacy.curves import distortion
-from service.privacy.floating import float_safe_scale
 from service.privacy.modes import Mode
+from service.privacy.state_grid import INPUT_CLAMP, step_noise_plan
 from tests.graph_helpers import graph_from_edges, random_graph
 
 P, E = Mode.PERSONALIZED, Mode.EDGE
@@ -43,19 +44,26 @@ def dense_phi_f(
 def dense_noisy_diffusion(
     adjacency: np.ndarray, seed: int, config: DiffusionConfig, rng: np.random.Generator
 ) -> np.ndarray:
-    """Per noisy step: 2n Lap(b') draws as ``laplace_noise`` documents (n for xi1, then n for
-    xi2), at the float-safe scale b' = b (1 + kappa) of the default public degree bound (the
-    graph is not checked against a configured one, and its degrees are below the default)."""
+    """Per noisy step, the grid step of docs/privacy.md ("The diffusion on a grid"), written
+    out: the step clamped to +-INPUT_CLAMP and rounded to the grid g, plus g (N1 + N2) with 2n
+    exact rounded-Laplace draws (N1 the first n) at gamma = g / b'' of the plan for the default
+    public degree bound (the graph's degrees are below it), clamped to +-STATE_CLAMP."""
     n = adjacency.shape[0]
     assert int(adjacency.sum(axis=0).max()) <= DEFAULT_MAX_DEGREE_BOUND
-    scale = float_safe_scale(config.noise_scale, DEFAULT_MAX_DEGREE_BOUND, config.eta, config.beta)
+    plan = step_noise_plan(
+        config.noise_scale, n=n, max_degree=DEFAULT_MAX_DEGREE_BOUND, eta=config.eta,
+        beta=config.beta, noisy_steps=config.noisy_steps,
+    )  # fmt: skip
     x = np.zeros(n)
     x[seed] = 1.0
     for k in range(1, config.steps + 1):
         x = dense_phi_f(adjacency, x, seed, config.beta, config.eta, config.mode)
         if k > config.steps - config.noisy_steps:
-            draws = laplace_noise(rng, scale, 2 * n)
-            x = x + draws[:n] + draws[n:]
+            draws = rounded_laplace(rng, plan.s, plan.t, 2 * n)
+            units = (
+                np.rint(np.clip(x, -INPUT_CLAMP, INPUT_CLAMP) / plan.grid) + draws[:n] + draws[n:]
+            )
+            x = np.clip(units, -plan.limit, plan.limit) * plan.grid
     return x
 
 

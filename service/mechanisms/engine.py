@@ -7,14 +7,16 @@ seeded from the OS entropy source:
 
     C = min(max(X, 0), T)            T[:, j] = eta_j d  (T[s_j, j] = 1 in personalized mode)
     X = beta * (A (C / d) + C) / 2 + (1 - beta) e_s      (a degree-0 node keeps its mass)
-    X[:, j] += xi1 + xi2             only on column j's noisy steps (its last L_j steps)
+    X[:, j] = clip(round_g(clip(X[:, j])) + g (N1 + N2))   on column j's noisy steps (its
+                                     last L_j steps): the grid step (service/privacy/state_grid.py)
 
 Columns join a running block at its next step boundary and leave it when their K-th step is
 done, so queries arriving while the engine is busy share the sparse products of the queries
 already running, a query arriving when the engine is idle starts at once, and a cold query
 (no cached noise-free prefix) runs its K - L noise-free steps in the same block as everyone
-else. Noise is drawn only for columns on their noisy steps, each from its own generator, in
-the order of :func:`service.mechanisms.randomness.step_noise`. The noise-free prefix x_m of a
+else. Noise is drawn only for columns on their noisy steps, each from its own generator, by
+the exact sampler (:func:`service.mechanisms.grid_noise.draw_pair_noise`: N1 the first n
+draws, N2 the next n). The noise-free prefix x_m of a
 cold column is handed back with its result (for the protected prefix cache), never released.
 
 The single-query function :func:`service.mechanisms.diffusion.noisy_diffusion` runs the same
@@ -36,11 +38,11 @@ import numpy as np
 
 from service.graph.bounds import DEFAULT_MAX_DEGREE_BOUND
 from service.graph.model import Graph
+from service.mechanisms.grid_noise import draw_pair_noise, grid_step
 from service.mechanisms.operator import StepWorkspace, WalkOperator, aligned_block, walk_operator
-from service.mechanisms.randomness import draw_step_randomness, sign_words
 from service.privacy.calibration import DiffusionConfig
-from service.privacy.floating import float_safe_scale
 from service.privacy.modes import Mode
+from service.privacy.state_grid import StepNoise, step_noise_plan
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +81,13 @@ class DiffusionJob:
     # progress
     done_steps: int = 0
     computed_prefix: np.ndarray | None = None
-    noise_scale: float = 0.0
+    noise: StepNoise | None = None  # the grid and the drawn scale, set when the job starts
     noise_drawn: bool = False
+
+    @property
+    def noise_scale(self) -> float:
+        """The scale actually drawn (b'' >= the calibrated b), 0 before the job starts."""
+        return self.noise.scale if self.noise is not None else 0.0
 
     @property
     def noise_free_steps(self) -> int:
@@ -108,13 +115,17 @@ def thresholded_step(
     workspace: StepWorkspace | None = None,
     noise: np.ndarray | None = None,
     slots: np.ndarray | None = None,
+    grids: np.ndarray | None = None,
+    limits: np.ndarray | None = None,
 ) -> np.ndarray:
     """phi(f(x)) for every column of the block x (n x B) (into ``workspace``'s buffers if
-    given), plus ``noise[slots[k]]`` on each column k with ``slots[k] >= 0`` (added after the
-    seed's ``1 - beta``, in the kernel's pass over the rows)."""
+    given); each column k with ``slots[k] >= 0`` then takes the grid step
+    (:func:`service.mechanisms.grid_noise.grid_step`) with the integer noise
+    ``noise[slots[k]]``, grid ``grids[k]`` and clamp ``limits[k]`` (in the kernel's pass over
+    the rows, after the seed's ``1 - beta``)."""
     fused = op.fused_step(
         x, seeds=seeds, betas=betas, etas=etas, personalized=personalized, workspace=workspace,
-        noise=noise, slots=slots,
+        noise=noise, slots=slots, grids=grids, limits=limits,
     )  # fmt: skip
     if fused is not None:
         return fused
@@ -129,9 +140,9 @@ def thresholded_step(
     out = op.apply(clipped)
     out *= betas[None, :]
     out[seeds, np.arange(x.shape[1])] += 1.0 - betas
-    if noise is not None and slots is not None:
+    if noise is not None and slots is not None and grids is not None and limits is not None:
         for k in np.flatnonzero(slots >= 0):
-            out[:, k] += noise[slots[k]]
+            out[:, k] = grid_step(out[:, k], noise[slots[k]], grids[k], int(limits[k]))
     return out
 
 
@@ -171,13 +182,8 @@ class _Block:
         self.x = np.empty((graph.n, 0), dtype=np.float64)
         self._max_degree = margin_degree(graph)
         self._workspace = StepWorkspace()
-        self._noise = np.empty((0, graph.n), dtype=np.float64)
-        # per drawing thread: one column's 2n exponentials and sign words
-        self._scratch = [
-            (np.empty(2 * graph.n, dtype=np.float64),
-             np.empty(sign_words(2 * graph.n), dtype=np.uint64))
-            for _ in range(2)
-        ]  # fmt: skip
+        self._noise = np.empty((0, graph.n), dtype=np.int64)
+        self._columns = np.empty((0, graph.n), dtype=np.float64)
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -188,7 +194,11 @@ class _Block:
         for job in jobs:
             start = _start_vector(self.graph, job)
             c = job.config
-            job.noise_scale = float_safe_scale(c.noise_scale, self._max_degree, c.eta, c.beta)
+            if c.noisy_steps > 0:
+                job.noise = step_noise_plan(
+                    c.noise_scale, n=self.graph.n, max_degree=self._max_degree, eta=c.eta,
+                    beta=c.beta, noisy_steps=c.noisy_steps,
+                )  # fmt: skip
             if job.done_steps >= c.steps:  # nothing left to do (one personalized step)
                 if not job.future.done():
                     job.future.set_result(EngineResult(np.array(start, dtype=np.float64)))
@@ -220,10 +230,18 @@ class _Block:
         noisy = [i for i, job in enumerate(jobs) if job.done_steps >= job.noise_free_steps]
         noise: np.ndarray | None = None
         slots: np.ndarray | None = None
+        grids: np.ndarray | None = None
+        limits: np.ndarray | None = None
         if noisy:
             noise = self._draw_noise(noisy)
             slots = np.full(width, -1, dtype=np.int64)
             slots[noisy] = np.arange(len(noisy))
+            grids = np.ones(width)
+            limits = np.zeros(width, dtype=np.int64)
+            for i in noisy:
+                plan = jobs[i].noise
+                assert plan is not None, "a noisy step needs the query's grid"
+                grids[i], limits[i] = plan.grid, plan.limit
         out = thresholded_step(
             self.op,
             before,
@@ -234,17 +252,22 @@ class _Block:
             workspace=self._workspace,
             noise=noise,
             slots=slots,
+            grids=grids,
+            limits=limits,
         )
         prefixes: list[int] = []
         for i, job in enumerate(jobs):
             job.done_steps += 1
             if job.done_steps == job.noise_free_steps and job.keep_prefix:
                 prefixes.append(i)
-        # (the noise buffer is free once the step is done: it carries the copies)
-        for i, column in zip(prefixes, self.op.columns(out, prefixes, self._noise), strict=True):
+        for i, column in zip(
+            prefixes, self.op.columns(out, prefixes, self._scratch(len(prefixes))), strict=True
+        ):
             jobs[i].computed_prefix = column
         finished = [i for i, job in enumerate(jobs) if job.done_steps >= job.config.steps]
-        for i, scores in zip(finished, self.op.columns(out, finished, self._noise), strict=True):
+        for i, scores in zip(
+            finished, self.op.columns(out, finished, self._scratch(len(finished))), strict=True
+        ):
             job = jobs[i]
             prefix = job.computed_prefix
             if prefix is not None:
@@ -260,43 +283,42 @@ class _Block:
         if out is self._workspace.out:  # the previous block is free: the next step's result
             self._workspace.swap(before)
 
-    def _draw_noise(self, noisy: list[int]) -> np.ndarray:
-        """xi1 + xi2 of each noisy column (row q for column noisy[q]), each from its own
-        generator in the order of :func:`service.mechanisms.randomness.step_noise` (2n
-        exponentials, then the sign words).
+    def _scratch(self, rows: int) -> np.ndarray:
+        """A C-ordered buffer of at least ``rows`` x n for copying columns out of the block."""
+        if len(self._columns) < rows:
+            self._columns = aligned_block(rows, self.graph.n)
+        return self._columns
 
-        The columns are split over both threads (numpy releases the GIL while it fills); each
-        thread draws one column at a time into its own scratch buffers and a compiled pass
-        turns them into the column's row of the result, so the 2n draws of a column stay in
-        cache and the block itself is touched only by the step's own pass."""
+    def _draw_noise(self, noisy: list[int]) -> np.ndarray:
+        """N1 + N2 of each noisy column (row q for column noisy[q], int64 grid units), each
+        from its own generator (:func:`service.mechanisms.grid_noise.draw_pair_noise`).
+
+        The columns are split over both threads (the sampler releases the GIL)."""
         for i in noisy:
             self.jobs[i].noise_drawn = True
         n = self.graph.n
         if len(self._noise) < len(noisy):
-            self._noise = aligned_block(len(noisy), n)
+            self._noise = np.empty((len(noisy), n), dtype=np.int64)
         noise = self._noise[: len(noisy)]
         pool = self.op.pool
         if pool is None or len(noisy) < 2:
-            self._draw(noisy, noise, range(len(noisy)), 0)
+            self._draw(noisy, noise, range(len(noisy)))
         else:
             half = (len(noisy) + 1) // 2
-            other = pool.submit(self._draw, noisy, noise, range(half, len(noisy)), 1)
+            other = pool.submit(self._draw, noisy, noise, range(half, len(noisy)))
             try:
-                self._draw(noisy, noise, range(half), 0)
+                self._draw(noisy, noise, range(half))
             finally:
                 other.result()
         return noise
 
-    def _draw(self, noisy: list[int], noise: np.ndarray, slots: range, scratch: int) -> None:
-        """Column noisy[q]'s 2n exponentials, then its sign words, into scratch buffers
-        ``scratch``, then its xi1 + xi2 into noise[q]."""
-        exps, words = self._scratch[scratch]
+    def _draw(self, noisy: list[int], noise: np.ndarray, slots: range) -> None:
+        """Column noisy[q]'s N1 + N2 into noise[q], from its own generator."""
         for q in slots:
             job = self.jobs[noisy[q]]
             rng = job.rng
-            assert rng is not None, "a noisy step needs the query's generator"
-            draw_step_randomness(rng, exps, words)
-            self.op.pair_sums(exps, words, job.noise_scale, noise[q])
+            assert rng is not None and job.noise is not None, "a noisy step needs its generator"
+            draw_pair_noise(rng, job.noise, self.graph.n, noise[q])
 
 
 def warm_engine(graph: Graph, op: WalkOperator | None = None) -> None:

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from service.privacy.state_grid import INPUT_CLAMP
+
 RowsKernel = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int], None]
 
 #: How many stored entries ahead of the one being summed the walk kernel prefetches Z's row.
@@ -142,10 +144,7 @@ def warm_up(indptr: np.ndarray, indices: np.ndarray) -> None:
         no = np.zeros(1, dtype=np.bool_)
         slots = np.full(2, -1, dtype=np.int64)
         walk_rows(indptr, indices, z, z.copy(), one, one, no, one, no, slots, one, one,
-                  np.zeros((0, 1)), slots, out, 0, 0)  # fmt: skip
-    noise = noise_kernel()
-    if noise is not None:
-        noise(np.zeros(2), np.zeros(1, np.int64), 1.0, np.zeros(1))
+                  np.zeros((0, 1), dtype=np.int64), slots, one, slots, out, 0, 0)  # fmt: skip
     if _GATHER is not None:
         _GATHER(out, np.zeros(1, np.int64), np.zeros((1, 1)), 0, 0)
 
@@ -160,6 +159,7 @@ def _compile_step() -> StepKernels | None:
         return None
     prefetch = _prefetch_row() or _no_prefetch()
     ahead = PREFETCH_DISTANCE
+    input_clamp = INPUT_CLAMP
 
     def clip_rows(
         x: Any, degrees: Any, inv_degree: Any, etas: Any, z: Any, lo: int, hi: int
@@ -191,13 +191,18 @@ def _compile_step() -> StepKernels | None:
         lifts: Any,
         noise: Any,
         slots: Any,
+        grids: Any,
+        limits: Any,
         out: Any,
         lo: int,
         hi: int,
     ) -> None:  # pragma: no cover - compiled
         """out = beta (A z + c (+ c if isolated)) / 2, in the order of WalkOperator.apply,
-        then + lifts[k] (= 1 - beta_k) at column k's seed, then + noise[slots[k], i] on the
-        columns with a noise slot (slots[k] >= 0): phi(f(x)) + xi1 + xi2 in one pass.
+        then + lifts[k] (= 1 - beta_k) at column k's seed; then, on the columns with a noise
+        slot (slots[k] >= 0), the grid step of service.privacy.state_grid in the same pass:
+        with g = grids[k], the value clamped to [-INPUT_CLAMP, INPUT_CLAMP], divided by g
+        (exact: a power of two) and rounded to an integer, plus the integer noise
+        noise[slots[k], i], clamped to [-limits[k], limits[k]], times g.
 
         c = min(max(x, 0), eta_k d_i) is the row's own clipped value, recomputed here as the
         clip pass computes it (no clipped block is stored); at a seed whose threshold is 1
@@ -275,7 +280,19 @@ def _compile_step() -> StepKernels | None:
                 for k in range(width):
                     q = slots[k]
                     if q >= 0:
-                        out[i, k] += noise[q, i]
+                        v = out[i, k]
+                        if v > input_clamp:
+                            v = input_clamp
+                        elif v < -input_clamp:
+                            v = -input_clamp
+                        g = grids[k]
+                        units = np.int64(np.rint(v / g)) + noise[q, i]
+                        limit = limits[k]
+                        if units > limit:
+                            units = limit
+                        elif units < -limit:
+                            units = -limit
+                        out[i, k] = np.float64(units) * g
 
     clip = njit(nogil=True, cache=True, fastmath=False)(clip_rows)
     walk = njit(nogil=True, cache=True, fastmath=False)(walk_rows)
@@ -292,38 +309,6 @@ def step_kernels() -> StepKernels | None:
 
 def _compile_step_once() -> StepKernels | None:
     return _STEP
-
-
-def _compile_noise() -> Callable[..., None] | None:
-    try:
-        from numba import njit
-    except ImportError:  # pragma: no cover
-        return None
-
-    def pair_sums(exps: Any, words: Any, scale: float, out: Any) -> None:  # pragma: no cover
-        """out[i] = xi1_i + xi2_i of one column from its 2n exponentials and sign words.
-
-        Draw t is ``exps[t] * (-scale if sign bit t else scale)``, xi1 the first n (t = i),
-        xi2 the next n (t = n + i), exactly as :func:`service.mechanisms.randomness.step_noise`
-        computes them from the same exponentials and raw words: sign bit t is bit
-        ``7 - t % 8`` of byte ``t // 8`` of the words read as little-endian bytes (numpy's
-        ``unpackbits``, big bit order)."""
-        n = out.shape[0]
-        s = scale
-        for i in range(n):
-            t = i
-            bit = (words[t >> 6] >> ((t & 56) | (7 - (t & 7)))) & 1
-            a = exps[t] * (s * (1.0 - 2.0 * bit))  # +-s exactly, without a branch
-            t = n + i
-            bit = (words[t >> 6] >> ((t & 56) | (7 - (t & 7)))) & 1
-            b = exps[t] * (s * (1.0 - 2.0 * bit))
-            out[i] = a + b
-
-    compiled: Callable[..., None] = njit(nogil=True, cache=True, fastmath=False)(pair_sums)
-    return compiled
-
-
-_NOISE: Callable[..., None] | None = _compile_noise()
 
 
 def _compile_gather() -> Callable[..., None] | None:
@@ -351,125 +336,3 @@ _GATHER: Callable[..., None] | None = _compile_gather()
 def gather_kernel() -> Callable[..., None] | None:
     """``gather_columns(block, columns, dest, lo, hi)`` compiled, or None."""
     return _GATHER
-
-
-def noise_kernel() -> Callable[..., None] | None:
-    """``pair_sums(exps, words, scale, out)`` compiled (one column's xi1 + xi2), or None."""
-    return _NOISE
-
-
-#: PCG64DXSM's 64-bit "cheap" LCG multiplier (numpy's ``PCG_CHEAP_MULTIPLIER_128``).
-PCG_CHEAP_MULTIPLIER = 0xDA942042E4DD58B5
-
-#: ``draw_exponentials(state, exps, words)``: see :func:`_compile_draws`.
-DrawKernel = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
-
-
-def _compile_draws() -> DrawKernel | None:
-    """numpy's float64 ``standard_exponential`` (ziggurat) and ``random_raw`` on an inlined
-    PCG64DXSM, compiled: the same values from the same generator state, without numpy's
-    indirect call per 64-bit word. None if numba, its copy of numpy's ziggurat tables or
-    LLVM's 128-bit integers are not available (numpy's own functions are used then)."""
-    try:
-        ir: Any = importlib.import_module("llvmlite.ir")
-        extending: Any = importlib.import_module("numba.extending")
-        tables: Any = importlib.import_module("numba.np.random._constants")
-        from numba import njit, types
-    except ImportError:  # pragma: no cover
-        return None
-    ke = np.asarray(tables.ke_double, dtype=np.uint64)
-    we = np.asarray(tables.we_double, dtype=np.float64)
-    fe = np.asarray(tables.fe_double, dtype=np.float64)
-    tail_start = float(tables.ziggurat_exp_r)
-    if ke.shape != (256,) or we.shape != (256,) or fe.shape != (256,):  # pragma: no cover
-        return None
-    u64 = types.uint64
-
-    def pcg_next(typingctx: Any, hi: Any, lo: Any, inc_hi: Any, inc_lo: Any) -> Any:
-        # pragma: no cover - compiled
-        """(state', output) of one PCG64DXSM step: the DXSM output of the 128-bit state
-        (hi, lo), then state' = state * multiplier + inc (mod 2^128), as numpy's
-        ``pcg_cm_random_r``."""
-        triple: Any = types.UniTuple
-        sig = triple(u64, 3)(u64, u64, u64, u64)
-
-        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            i64, i128 = ir.IntType(64), ir.IntType(128)
-            h, lo, ih, il = args
-            mult = ir.Constant(i64, PCG_CHEAP_MULTIPLIER - (1 << 64))
-            out = builder.xor(h, builder.lshr(h, ir.Constant(i64, 32)))
-            out = builder.mul(out, mult)
-            out = builder.xor(out, builder.lshr(out, ir.Constant(i64, 48)))
-            out = builder.mul(out, builder.or_(lo, ir.Constant(i64, 1)))
-
-            def wide(high: Any, low: Any) -> Any:
-                shifted = builder.shl(builder.zext(high, i128), ir.Constant(i128, 64))
-                return builder.or_(shifted, builder.zext(low, i128))
-
-            state = builder.mul(wide(h, lo), builder.zext(mult, i128))
-            state = builder.add(state, wide(ih, il))
-            new_lo = builder.trunc(state, i64)
-            new_hi = builder.trunc(builder.lshr(state, ir.Constant(i128, 64)), i64)
-            return context.make_tuple(builder, signature.return_type, [new_hi, new_lo, out])
-
-        return sig, codegen
-
-    step: Any = extending.intrinsic(pcg_next)
-
-    def rejected(hi: Any, lo: Any, ih: Any, il: Any, idx: Any, x: float) -> Any:
-        # pragma: no cover - compiled
-        """numpy's ``standard_exponential_unlikely`` and its fresh tries, until a value is
-        kept: (value, hi, lo). The tail beyond the last layer is r - log1p(-U), U a 53-bit
-        uniform (numpy's ``next_double``)."""
-        while True:
-            hi, lo, r = step(hi, lo, ih, il)
-            u = (r >> 11) * (1.0 / 9007199254740992.0)
-            if idx == 0:
-                return tail_start - np.log1p(-u), hi, lo
-            if (fe[idx - 1] - fe[idx]) * u + fe[idx] < np.exp(-x):
-                return x, hi, lo
-            hi, lo, r = step(hi, lo, ih, il)
-            ri = r >> 3
-            idx = ri & 0xFF
-            ri >>= 8
-            x = ri * we[idx]
-            if ri < ke[idx]:
-                return x, hi, lo
-
-    slow = njit(nogil=True, cache=True, fastmath=False)(rejected)
-
-    def draw_exponentials(state: Any, exps: Any, words: Any) -> None:  # pragma: no cover
-        """exps = numpy's standard_exponential(len(exps)), then words = random_raw(len(words))
-        from the PCG64DXSM state ``state`` = [state_hi, state_lo, inc_hi, inc_lo], which is
-        advanced in place as numpy's would be."""
-        hi = state[0]
-        lo = state[1]
-        ih = state[2]
-        il = state[3]
-        for i in range(exps.shape[0]):
-            hi, lo, r = step(hi, lo, ih, il)
-            ri = r >> 3
-            idx = ri & 0xFF
-            ri >>= 8
-            x = ri * we[idx]
-            if ri >= ke[idx]:  # 1.1% of draws
-                x, hi, lo = slow(hi, lo, ih, il, idx, x)
-            exps[i] = x
-        for j in range(words.shape[0]):
-            hi, lo, r = step(hi, lo, ih, il)
-            words[j] = r
-        state[0] = hi
-        state[1] = lo
-
-    compiled: DrawKernel = njit(nogil=True, cache=True, fastmath=False)(draw_exponentials)
-    return compiled
-
-
-_DRAWS: DrawKernel | None = _compile_draws()
-
-
-def draw_kernel() -> DrawKernel | None:
-    """The compiled PCG64DXSM exponential and raw-word sampler (compiled on first call), or
-    None; :func:`service.mechanisms.randomness.draw_step_randomness` checks it against numpy
-    before using it."""
-    return _DRAWS

@@ -23,17 +23,17 @@ import numpy as np
 import scipy.sparse as sp
 
 from service.graph.model import Graph
+from service.mechanisms.exact_laplace import rounded_laplace
 from service.mechanisms.kernels import (
     block_kernel,
     gather_kernel,
-    noise_kernel,
     step_kernels,
     warm_up,
 )
-from service.mechanisms.randomness import compiled_draws_match_numpy, signed_pairs
+from service.mechanisms.randomness import fresh_generator
 
 #: An empty noise block: a step without noisy columns.
-_NO_NOISE = np.zeros((0, 1), dtype=np.float64)
+_NO_NOISE = np.zeros((0, 1), dtype=np.int64)
 
 
 def default_threads() -> int:
@@ -104,7 +104,6 @@ class WalkOperator:
         self._indices = graph.indices
         self._kernel = block_kernel()
         self._step = step_kernels()
-        self._noise = noise_kernel()
         self._gather = gather_kernel()
         self._isolated_mask = np.ascontiguousarray(graph.degrees == 0)
         # With the compiled kernel the graph's own (read-only, possibly shared) index arrays
@@ -113,7 +112,7 @@ class WalkOperator:
         self._blocks: list[tuple[int, int, sp.csr_matrix]] = []
         if self._kernel is not None:
             warm_up(graph.indptr, graph.indices)
-            compiled_draws_match_numpy()  # compiles and checks the noise sampler once
+            rounded_laplace(fresh_generator(), 1, 1 << 20, 4)  # compiles the noise sampler once
         else:  # pragma: no cover - numba is a dependency
             for lo, hi in self._rows:
                 indptr = graph.indptr[lo : hi + 1] - graph.indptr[lo]
@@ -166,13 +165,16 @@ class WalkOperator:
         workspace: StepWorkspace | None = None,
         noise: np.ndarray | None = None,
         slots: np.ndarray | None = None,
+        grids: np.ndarray | None = None,
+        limits: np.ndarray | None = None,
     ) -> np.ndarray | None:
         """phi(f(x)) for a block in two compiled passes over the rows (both threads), with the
         same operations in the same order as the unfused path; None without numba.
 
-        With ``noise`` (S x n, C order) and ``slots`` (one per column, -1 for none), column k
-        with ``slots[k] >= 0`` also gets ``noise[slots[k]]`` added, in the same pass, after its
-        seed's ``1 - beta`` (the order of the unfused path). With ``workspace`` the
+        With ``noise`` (S x n int64, C order), ``slots`` (one per column, -1 for none),
+        ``grids`` and ``limits`` (one per column), column k with ``slots[k] >= 0`` takes the
+        grid step (:func:`service.mechanisms.grid_noise.grid_step`) with the integer noise
+        ``noise[slots[k]]``, in the same pass, after its seed's ``1 - beta``. With ``workspace`` the
         intermediate blocks and the result are its buffers (the result is ``workspace.out``;
         ``x`` must not be one of them)."""
         kernels = self._step
@@ -197,26 +199,28 @@ class WalkOperator:
             z[seeds[p], p] = c * self.inv_degree[seeds[p]]
         seed_rows = np.zeros(self.n, dtype=np.bool_)
         seed_rows[seeds] = True
-        if noise is None or slots is None:
+        if noise is None or slots is None or grids is None or limits is None:
             noise, slots = _NO_NOISE, np.full(width, -1, dtype=np.int64)
+            grids, limits = np.ones(width), np.zeros(width, dtype=np.int64)
         else:
-            noise = np.ascontiguousarray(noise, dtype=np.float64)
+            if noise.dtype != np.int64:
+                raise ValueError("the grid step's noise is integer (int64) grid units")
+            noise = np.ascontiguousarray(noise)
             slots = np.ascontiguousarray(slots, dtype=np.int64)
-            if noise.shape[1] != self.n or slots.shape != (width,) or slots.max() >= len(noise):
+            grids = np.ascontiguousarray(grids, dtype=np.float64)
+            limits = np.ascontiguousarray(limits, dtype=np.int64)
+            if (
+                noise.shape[1] != self.n
+                or slots.shape != (width,)
+                or grids.shape != (width,)
+                or limits.shape != (width,)
+                or slots.max() >= len(noise)
+            ):
                 raise ValueError("noise must be S x n with one slot in [-1, S) per column")
         self._on_rows(walk_rows, self._indptr, self._indices, z, x, self.degrees, etas,
                       self._isolated_mask, betas, seed_rows, seeds, seed_clipped, 1.0 - betas,
-                      noise, slots, out)  # fmt: skip
+                      noise, slots, grids, limits, out)  # fmt: skip
         return out
-
-    def pair_sums(self, exps: np.ndarray, words: np.ndarray, scale: float, out: np.ndarray) -> None:
-        """out = xi1 + xi2 of one column from its 2n standard exponentials and raw sign words
-        (kernels.pair_sums; :func:`service.mechanisms.randomness.signed_pairs` without numba),
-        in the calling thread."""
-        if self._noise is None:  # pragma: no cover - numba is a dependency
-            out[:] = signed_pairs(exps, words, scale, self.n)
-            return
-        self._noise(exps, words.view(np.int64), float(scale), out)
 
     def columns(
         self, block: np.ndarray, columns: list[int], scratch: np.ndarray | None = None

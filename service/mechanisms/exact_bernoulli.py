@@ -1,0 +1,241 @@
+"""Exact Bernoulli and uniform draws from raw 64-bit words (Canonne, Kamath & Steinke 2020).
+
+``Bernoulli(exp(-r))`` for a rational ``r = a / b`` in [0, 1] is CKS Algorithm 1: ``K`` = the
+first ``k >= 1`` with ``Bernoulli(r / k) = 0``, and the result is ``K`` odd; for ``r > 1``,
+``floor(r)`` draws of ``Bernoulli(exp(-1))`` (stopping at the first failure) and one of
+``Bernoulli(exp(-(r - floor(r))))``. ``Bernoulli(a / m)`` is ``uniform(m) < a``, with
+``uniform(m)`` exactly uniform on ``{0, ..., m-1}`` by Lemire's multiply-and-reject method on
+raw 64-bit words. Every decision is an exact integer comparison.
+
+``uniform(b k)`` needs ``b k < 2^64``; when it would not fit, ``Bernoulli(a / (b k))`` is drawn
+as the product of the independent ``Bernoulli(a / b)`` and ``Bernoulli(1 / k)``, which is exact.
+
+These are the exact primitives of the rounded-Laplace sampler's first version; the sampler
+(:mod:`service.mechanisms.exact_laplace`) now draws its exponential with von Neumann's
+comparisons of uniforms instead, and these remain exact building blocks with their own tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+from numba import njit
+
+from service.errors import InvalidParameter
+
+__all__ = ["bernoulli_exp", "bernoulli_ratio", "bernoulli_scaled", "uniform_below"]
+
+_U64_MAX = (1 << 64) - 1
+
+# kernel status codes (state[2])
+_OK = 0
+_EXHAUSTED = 1
+
+_Function = TypeVar("_Function", bound=Callable[..., Any])
+_NJIT: Any = njit
+
+
+def _jit(function: _Function) -> _Function:
+    compiled: _Function = _NJIT(nogil=True, cache=True, _nrt=False)(function)
+    return compiled
+
+
+def _jit_inline(function: _Function) -> _Function:
+    compiled: _Function = _NJIT(nogil=True, cache=True, _nrt=False, inline="always")(function)
+    return compiled
+
+
+# state: int64[3] = (next word, bits left in the bit reservoir, status); bits: uint64[1]
+# (the reservoir). Every helper checks the status after each word it reads and returns at
+# once when the buffer ran out.
+
+
+@_jit_inline
+def _next_word(words: np.ndarray, state: np.ndarray) -> Any:  # pragma: no cover
+    pos = state[0]
+    if pos >= words.shape[0]:
+        state[2] = _EXHAUSTED
+        return np.uint64(0)
+    state[0] = pos + 1
+    return words[pos]
+
+
+@_jit_inline
+def _mul_high_low(a: np.uint64, b: np.uint64) -> tuple[np.uint64, np.uint64]:  # pragma: no cover
+    """The 128-bit product a * b as (high, low) 64-bit halves."""
+    mask = np.uint64(0xFFFFFFFF)
+    shift = np.uint64(32)
+    a_lo, a_hi = a & mask, a >> shift
+    b_lo, b_hi = b & mask, b >> shift
+    p0 = a_lo * b_lo
+    p1 = a_lo * b_hi
+    p2 = a_hi * b_lo
+    p3 = a_hi * b_hi
+    mid = (p0 >> shift) + (p1 & mask) + (p2 & mask)
+    high = p3 + (p1 >> shift) + (p2 >> shift) + (mid >> shift)
+    low = (mid << shift) | (p0 & mask)
+    return high, low
+
+
+@_jit_inline
+def _take_bits(
+    words: np.ndarray, state: np.ndarray, bits: np.ndarray, count: int
+) -> Any:  # pragma: no cover
+    """``count`` (1 or 32) uniform bits from the reservoir; with fewer left, the rest are
+    dropped (independent of everything drawn) and a whole word refills it."""
+    if state[1] < count:
+        word = _next_word(words, state)
+        if state[2] != _OK:
+            return np.uint64(0)
+        bits[0] = word
+        state[1] = 64
+    mask = (np.uint64(1) << np.uint64(count)) - np.uint64(1)
+    value = bits[0] & mask
+    bits[0] = bits[0] >> np.uint64(count)
+    state[1] -= count
+    return value
+
+
+@_jit_inline
+def _uniform_below(
+    words: np.ndarray, state: np.ndarray, bits: np.ndarray, m: np.uint64
+) -> Any:  # pragma: no cover
+    """Exactly uniform on {0, ..., m-1} (m >= 1): Lemire's multiply-and-reject method, on 32
+    bits of the reservoir when m <= 2^32, on a whole word otherwise."""
+    if m <= np.uint64(1 << 32):
+        mask = np.uint64(0xFFFFFFFF)
+        while True:
+            x = _take_bits(words, state, bits, 32)
+            if state[2] != _OK:
+                return np.uint64(0)
+            product = x * m  # < 2^64
+            low = product & mask
+            if low < m:
+                threshold = (np.uint64(1 << 32) - m) % m
+                if low < threshold:
+                    continue
+            return product >> np.uint64(32)
+    while True:
+        word = _next_word(words, state)
+        if state[2] != _OK:
+            return np.uint64(0)
+        high, low = _mul_high_low(word, m)
+        if low < m:
+            threshold = (np.uint64(0) - m) % m
+            if low < threshold:
+                continue
+        return high
+
+
+@_jit_inline
+def _bernoulli_ratio(
+    words: np.ndarray, state: np.ndarray, bits: np.ndarray, a: np.uint64, m: np.uint64
+) -> Any:  # pragma: no cover
+    """Bernoulli(a / m), 0 <= a <= m, m >= 1 (no randomness used when a is 0 or m)."""
+    if a == np.uint64(0):
+        return False
+    if a >= m:
+        return True
+    return _uniform_below(words, state, bits, m) < a
+
+
+@_jit_inline
+def _bernoulli_scaled(
+    words: np.ndarray, state: np.ndarray, bits: np.ndarray, a: np.uint64, b: np.uint64, k: np.uint64
+) -> Any:  # pragma: no cover
+    """Bernoulli(a / (b k)), 0 <= a <= b, b, k >= 1: one uniform on {0..bk-1} when b k fits
+    in 64 bits, otherwise the product of Bernoulli(a / b) and Bernoulli(1 / k) (exact too)."""
+    if (b >> np.uint64(32)) == np.uint64(0) and (k >> np.uint64(32)) == np.uint64(0):
+        return _bernoulli_ratio(words, state, bits, a, b * k)  # b k < 2^64
+    high, product = _mul_high_low(b, k)
+    if high == np.uint64(0):
+        return _bernoulli_ratio(words, state, bits, a, product)
+    if not _bernoulli_ratio(words, state, bits, a, b) or state[2] != _OK:
+        return False
+    return _bernoulli_ratio(words, state, bits, np.uint64(1), k)
+
+
+@_jit
+def _bernoulli_exp_unit(
+    words: np.ndarray, state: np.ndarray, bits: np.ndarray, a: np.uint64, b: np.uint64
+) -> Any:  # pragma: no cover
+    """Bernoulli(exp(-a / b)) for 0 <= a <= b (CKS Algorithm 1)."""
+    one = np.uint64(1)
+    k = one
+    while True:
+        success = _bernoulli_scaled(words, state, bits, a, b, k)
+        if state[2] != _OK:
+            return False
+        if not success:
+            return (k & one) == one
+        k += one
+
+
+@_jit
+def _bernoulli_exp(
+    words: np.ndarray, state: np.ndarray, bits: np.ndarray, a: np.uint64, b: np.uint64
+) -> Any:  # pragma: no cover
+    """Bernoulli(exp(-a / b)) for a >= 0, b >= 1: floor(a / b) factors exp(-1), then the
+    fractional part."""
+    one = np.uint64(1)
+    whole = a // b
+    i = np.uint64(0)
+    while i < whole:
+        if not _bernoulli_exp_unit(words, state, bits, one, one):
+            return False
+        if state[2] != _OK:
+            return False
+        i += one
+    return _bernoulli_exp_unit(words, state, bits, a - whole * b, b)
+
+
+def _run(rng: np.random.Generator, draw: object) -> int:
+    """Run one compiled helper on 256 raw words of ``rng`` (more if it runs out)."""
+    words = rng.bit_generator.random_raw(256)
+    while True:
+        state = np.zeros(3, dtype=np.int64)
+        bits = np.zeros(1, dtype=np.uint64)
+        value = draw(words, state, bits)  # type: ignore[operator]
+        if state[2] == _OK:
+            return int(value)
+        words = np.concatenate([words, rng.bit_generator.random_raw(256)])  # pragma: no cover
+
+
+def uniform_below(rng: np.random.Generator, m: int) -> int:
+    """One exactly uniform integer in {0, ..., m-1} (1 <= m < 2^64)."""
+    if not 1 <= m <= _U64_MAX:
+        raise InvalidParameter("m", f"must be in [1, 2^64), got {m}")
+    return _run(rng, lambda w, st, bi: _uniform_below(w, st, bi, np.uint64(m)))
+
+
+def bernoulli_ratio(rng: np.random.Generator, a: int, m: int) -> bool:
+    """One Bernoulli(a / m) draw, 0 <= a <= m < 2^64."""
+    if not 0 <= a <= m or not 1 <= m <= _U64_MAX:
+        raise InvalidParameter("a", f"need 0 <= a <= m < 2^64, got {a}/{m}")
+    return bool(
+        _run(rng, lambda w, st, bi: _bernoulli_ratio(w, st, bi, np.uint64(a), np.uint64(m)))
+    )
+
+
+def bernoulli_scaled(rng: np.random.Generator, a: int, b: int, k: int) -> bool:
+    """One Bernoulli(a / (b k)) draw as CKS Algorithm 1 makes it (0 <= a <= b < 2^64,
+    1 <= k < 2^64), including the product form used when b k does not fit in 64 bits."""
+    if not 0 <= a <= b <= _U64_MAX or not 1 <= k <= _U64_MAX:
+        raise InvalidParameter("a", f"need 0 <= a <= b < 2^64 and 1 <= k < 2^64, got {a}, {b}, {k}")
+    return bool(
+        _run(
+            rng,
+            lambda w, st, bi: _bernoulli_scaled(
+                w, st, bi, np.uint64(a), np.uint64(b), np.uint64(k)
+            ),
+        )
+    )
+
+
+def bernoulli_exp(rng: np.random.Generator, a: int, b: int) -> bool:
+    """One Bernoulli(exp(-a / b)) draw, 0 <= a < 2^64, 1 <= b < 2^53."""
+    if not 0 <= a <= _U64_MAX or not 1 <= b < 2**53:
+        raise InvalidParameter("a", f"need 0 <= a < 2^64 and 1 <= b < 2^53, got {a}/{b}")
+    return bool(_run(rng, lambda w, st, bi: _bernoulli_exp(w, st, bi, np.uint64(a), np.uint64(b))))
