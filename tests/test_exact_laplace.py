@@ -1,0 +1,233 @@
+"""The exact rounded-Laplace sampler (service/mechanisms/exact_laplace.py).
+
+The law of N = round(L / gamma), L ~ Lap(1), is checked by a chi-square test on bins of equal
+expected mass, computed from the Laplace CDF (P(N <= n) = F((n + 1/2) gamma)), for several
+gammas; the Bernoulli helpers by their exact expectations; the buffering by drawing the same
+stream with very different buffer sizes. Tests use seeded generators; the service never does.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from service.errors import InvalidParameter
+from service.mechanisms import exact_laplace as el
+from service.mechanisms.exact_laplace import (
+    bernoulli_exp,
+    bernoulli_ratio,
+    bernoulli_scaled,
+    dyadic_scale,
+    gamma_ratio,
+    grid_laplace,
+    rounded_laplace,
+    uniform_below,
+)
+
+GAMMAS = [(1, 256), (1, 3), (1, 1), (5, 2), (7, 1)]
+
+
+def laplace_cdf(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    out: np.ndarray = np.where(x < 0, 0.5 * np.exp(np.minimum(x, 0.0)), 1 - 0.5 * np.exp(-x))
+    return out
+
+
+def rounded_cdf(n: np.ndarray, gamma: float) -> np.ndarray:
+    """P(N <= n) for integers n."""
+    return laplace_cdf((np.asarray(n, dtype=np.float64) + 0.5) * gamma)
+
+
+def chi_square_pvalue(draws: np.ndarray, gamma: float, bins: int = 60) -> float:
+    """Chi-square p-value of ``draws`` against the rounded Laplace law, on integer bins of
+    about equal expected mass (upper edges from the continuous quantiles)."""
+    quantiles = stats.laplace.ppf(np.linspace(0, 1, bins + 1)[1:-1]) / gamma
+    edges = np.unique(np.floor(quantiles).astype(np.int64))  # bin i: (edges[i-1], edges[i]]
+    cdf = np.concatenate([[0.0], rounded_cdf(edges, gamma), [1.0]])
+    expected = np.diff(cdf) * draws.shape[0]
+    observed = np.bincount(np.searchsorted(edges, draws, side="left"), minlength=len(cdf) - 1)
+    keep = expected > 0
+    assert observed[~keep].sum() == 0
+    return float(
+        stats.chisquare(
+            observed[keep], expected[keep] * observed.sum() / expected[keep].sum()
+        ).pvalue
+    )
+
+
+@pytest.mark.parametrize(("s", "t"), GAMMAS)
+def test_law_matches_the_rounded_laplace_law(s: int, t: int) -> None:
+    gamma = s / t
+    draws = rounded_laplace(np.random.default_rng(20261126 + s * 1000 + t), s, t, 400_000)
+    assert draws.dtype == np.int64
+    assert chi_square_pvalue(draws, gamma) > 1e-4
+    # the atoms the derivation gives: P(N = 0) = 1 - e^{-gamma/2}, P(N = 1) = P(N = -1)
+    count = draws.shape[0]
+    for value, p in (
+        (0, 1 - math.exp(-gamma / 2)),
+        (1, math.exp(-gamma / 2) * (1 - math.exp(-gamma)) / 2),
+        (-1, math.exp(-gamma / 2) * (1 - math.exp(-gamma)) / 2),
+    ):
+        observed = int(np.count_nonzero(draws == value))
+        assert abs(observed - count * p) < 6 * math.sqrt(count * p * (1 - p)) + 1, (value, p)
+
+
+@pytest.mark.parametrize(("s", "t"), [(1, 3), (5, 2)])
+def test_a_wrong_gamma_is_rejected_by_the_same_test(s: int, t: int) -> None:
+    draws = rounded_laplace(np.random.default_rng(7), s, t, 400_000)
+    assert chi_square_pvalue(draws, 1.05 * s / t) < 1e-6
+
+
+def test_the_rounded_law_is_that_of_rounding_an_exact_laplace() -> None:
+    """g N against round_g(b L) by a two-sample test at gamma = g / b = 1/5: the same law."""
+    grid, scale = 0.25, 1.25
+    s, t = gamma_ratio(grid, scale)
+    assert Fraction(s, t) == Fraction(1, 5)
+    ours = rounded_laplace(np.random.default_rng(1), s, t, 200_000) * grid
+    theirs = np.round(np.random.default_rng(2).laplace(0.0, scale, 200_000) / grid) * grid
+    values = np.union1d(ours, theirs)
+    table = np.array(
+        [np.bincount(np.searchsorted(values, x), minlength=values.size) for x in (ours, theirs)]
+    )
+    table = table[:, table.sum(axis=0) >= 20]  # the bulk; the tails are in the chi-square above
+    assert stats.chi2_contingency(table).pvalue > 1e-4
+
+
+def test_reproducible_with_a_seeded_generator_and_independent_of_the_buffer() -> None:
+    """The same stream of raw words gives the same draws whatever the buffer size: a draw
+    that runs out of words is rewound and drawn again from the same words."""
+    first = rounded_laplace(np.random.default_rng(42), 1, 3, 5_000)
+    again = rounded_laplace(np.random.default_rng(42), 1, 3, 5_000)
+    np.testing.assert_array_equal(first, again)
+    for chunk in (1, 2, 7, 64):
+        out = np.empty(5_000, dtype=np.int64)
+        el._fill(np.random.default_rng(42), 1, 3, out, chunk)
+        np.testing.assert_array_equal(out, first)
+    assert not np.array_equal(first, rounded_laplace(np.random.default_rng(43), 1, 3, 5_000))
+
+
+def test_only_raw_words_are_drawn() -> None:
+    class WordsOnly(np.random.Generator):
+        def __getattribute__(self, name: str) -> object:
+            if name not in {"bit_generator"}:
+                raise AssertionError(f"the exact sampler used Generator.{name}")
+            return super().__getattribute__(name)
+
+    rng = WordsOnly(np.random.PCG64DXSM(3))
+    assert rounded_laplace(rng, 1, 256, 1000).shape == (1000,)
+    assert grid_laplace(rng, np.array([3.0, 0.0, 1.5]), 2.0**-8).shape == (3,)
+
+
+@pytest.mark.parametrize(("a", "b"), [(0, 1), (1, 3), (1, 1), (5, 2), (7, 3), (2**52, 2**52 + 1)])
+def test_bernoulli_exp_has_the_exact_expectation(a: int, b: int) -> None:
+    rng = np.random.default_rng(a * 31 + b)
+    count = 40_000
+    hits = sum(bernoulli_exp(rng, a, b) for _ in range(count))
+    p = math.exp(-a / b)
+    assert abs(hits - count * p) <= 6 * math.sqrt(count * p * (1 - p)) + 1e-9, (hits, p)
+
+
+@pytest.mark.parametrize(
+    ("a", "m"), [(0, 1), (1, 1), (1, 3), (2**40, 3 * 2**40), (2**62, 2**63 + 5)]
+)
+def test_bernoulli_ratio_has_the_exact_expectation(a: int, m: int) -> None:
+    rng = np.random.default_rng(m % 1000 + a % 7)
+    count = 40_000
+    hits = sum(bernoulli_ratio(rng, a, m) for _ in range(count))
+    p = a / m
+    assert abs(hits - count * p) <= 6 * math.sqrt(count * p * (1 - p)) + 1e-9, (hits, p)
+
+
+def test_bernoulli_scaled_when_b_k_overflows_64_bits() -> None:
+    """b k >= 2^64: drawn as Bernoulli(a / b) * Bernoulli(1 / k), still of mean a / (b k)."""
+    a, b, k = 3 * 2**60, 2**62, 5
+    assert b * k >= 2**64
+    rng = np.random.default_rng(5)
+    count = 40_000
+    hits = sum(bernoulli_scaled(rng, a, b, k) for _ in range(count))
+    p = a / (b * k)
+    assert abs(hits - count * p) <= 6 * math.sqrt(count * p * (1 - p)), (hits, p)
+    # and the fitting case agrees with its mean as well
+    hits = sum(bernoulli_scaled(rng, 2, 3, 7) for _ in range(count))
+    p = 2 / 21
+    assert abs(hits - count * p) <= 6 * math.sqrt(count * p * (1 - p)), (hits, p)
+
+
+@pytest.mark.parametrize("m", [3, 1000, 2**32, 2**32 + 3, 3 * 2**61])
+def test_uniform_below_is_uniform(m: int) -> None:
+    """Chi-square over 16 equal ranges (m >= 16) or the values; 32-bit and 64-bit paths."""
+    rng = np.random.default_rng(m % 9973)
+    draws = np.array([uniform_below(rng, m) for _ in range(32_000)], dtype=object)
+    assert all(0 <= x < m for x in draws)
+    cells = min(m, 16)
+    observed = np.bincount([x * cells // m for x in draws], minlength=cells)
+    edges = [-(-i * m // cells) for i in range(cells + 1)]  # first value of each cell
+    expected = np.diff(edges) / m * draws.size
+    assert stats.chisquare(observed, expected).pvalue > 1e-4
+
+
+def test_overflow_of_v_raises_instead_of_returning_off_law() -> None:
+    out = np.empty(10_000, dtype=np.int64)
+    with pytest.raises(OverflowError):
+        el._fill(np.random.default_rng(1), 1, 1, out, 1000, max_v=0)
+    el._fill(np.random.default_rng(1), 1, 1, out, 1000, max_v=10**6)  # no overflow
+
+
+@pytest.mark.parametrize(
+    ("s", "t"),
+    [(0, 1), (1, 0), (-1, 3), (1, 2**52), (1, 2**51 + 1), (2**62, 1), (True, 1), (1.0, 2)],
+)
+def test_bad_parameters_are_refused(s: object, t: object) -> None:
+    with pytest.raises(InvalidParameter):
+        rounded_laplace(np.random.default_rng(), s, t, 1)  # type: ignore[arg-type]
+
+
+def test_smallest_gamma_is_accepted_and_bad_counts_refused() -> None:
+    assert rounded_laplace(np.random.default_rng(1), 1, 2**50, 3).shape == (3,)
+    with pytest.raises(InvalidParameter):
+        rounded_laplace(np.random.default_rng(1), 1, 3, -1)
+    assert rounded_laplace(np.random.default_rng(1), 1, 3, 0).shape == (0,)
+
+
+@pytest.mark.parametrize("scale", [20.0, 0.1, 1 / 3, 2e6, 1e-9, 7.000001, 123456.789])
+def test_dyadic_scale_is_the_smallest_20_bit_float_above(scale: float) -> None:
+    rounded = dyadic_scale(scale)
+    assert rounded >= scale and rounded - scale < scale * 2.0**-19
+    mantissa, exponent = math.frexp(rounded)
+    top = math.ldexp(mantissa, 20)
+    assert top == int(top)  # at most 20 significant bits
+    below = math.ldexp(top - 1, exponent - 20)
+    assert below < scale  # the previous 20-bit value is too small
+    assert dyadic_scale(scale / 2) == rounded / 2
+
+
+def test_gamma_ratio_is_exact_and_reduced() -> None:
+    scale = dyadic_scale(20.0 / 0.3)
+    s, t = gamma_ratio(2.0**-2, scale)
+    assert Fraction(s, t) == Fraction(2.0**-2) / Fraction(scale)
+    assert math.gcd(s, t) == 1 and t < 2**52
+    with pytest.raises(InvalidParameter):
+        gamma_ratio(1.0, 1.0 + 2.0**-52)  # t = 2^52 + 1: a scale with a 53-bit mantissa
+    with pytest.raises(InvalidParameter):
+        gamma_ratio(2.0**-60, 1.0)  # gamma below 2^-50
+    with pytest.raises(InvalidParameter):
+        dyadic_scale(0.0)
+
+
+def test_grid_laplace_groups_by_scale_and_stays_on_the_grid() -> None:
+    grid = 2.0**-6
+    scales = np.array([20.0, 10.0, 0.0] * 40_000)
+    noise = grid_laplace(np.random.default_rng(3), scales, grid)
+    assert np.all(noise[2::3] == 0.0)
+    assert np.all(noise / grid == np.round(noise / grid))
+    for scale, part in ((20.0, noise[0::3]), (10.0, noise[1::3])):
+        b = dyadic_scale(scale)
+        assert chi_square_pvalue(np.round(part / grid).astype(np.int64), grid / b) > 1e-4
+    one = grid_laplace(np.random.default_rng(3), 20.0, grid, count=5)
+    assert one.shape == (5,)
+    with pytest.raises(InvalidParameter):
+        grid_laplace(np.random.default_rng(3), 20.0, 0.3, count=5)
