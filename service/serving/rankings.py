@@ -37,7 +37,7 @@ from service.mechanisms.common_neighbours import (
 )
 from service.mechanisms.friends_of_friends import friends_first
 from service.mechanisms.popular import degrees_from_bytes, degrees_to_bytes, noisy_degrees
-from service.mechanisms.postprocess import round_to_grid, score_grid
+from service.mechanisms.postprocess import count_grid, round_to_grid, score_grid
 from service.mechanisms.randomness import fresh_generator
 from service.mechanisms.registry import TWO_SCALE, RankingMechanism
 from service.privacy.accountant import RdpCurve
@@ -97,7 +97,7 @@ class ReleasedDegrees:
 
     @property
     def grid(self) -> float:
-        return score_grid(self.plan.scale)
+        return count_grid(self.plan.scale)
 
 
 class DegreeReleases:
@@ -138,7 +138,7 @@ class DegreeReleases:
             cached = self.cache.get(graph.version, scale, graph.n)
             if cached is not None:
                 return cached
-        grid = score_grid(scale)
+        grid = count_grid(scale)
 
         def draw() -> bytes:
             released = round_to_grid(
@@ -210,10 +210,11 @@ class RankingPlan:
 
 
 def counts_grid(release: LaplacePlan | TwoScalePlan) -> float:
-    """The grid released counts are rounded to: that of their smallest noise scale."""
+    """The grid released counts are drawn on: :func:`count_grid` of their smallest noise
+    scale (at most 1, so that the integer counts are multiples of it)."""
     if isinstance(release, TwoScalePlan):
-        return score_grid(min(release.candidate_scale, release.friend_scale))
-    return score_grid(release.scale)
+        return count_grid(min(release.candidate_scale, release.friend_scale))
+    return count_grid(release.scale)
 
 
 def degree_block(degrees: ReleasedDegrees) -> dict[str, Any]:
