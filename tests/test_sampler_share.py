@@ -235,3 +235,34 @@ def test_an_old_ledgers_count_charges_get_their_share_on_upgrade(ledger_url: str
         assert report.ok, report.mismatches
     finally:
         after.dispose()
+
+
+def test_a_stored_float_era_degree_release_keeps_its_share(ledger: Ledger) -> None:
+    """A graph version whose degree release was drawn with the float sampler before keeps
+    serving those bytes: its answers state that release's delta and accounts are charged its
+    curve with the share. A release drawn now states 0 and carries none."""
+    import numpy as np
+
+    from service.graph.build import build_graph
+    from service.mechanisms.popular import degrees_to_bytes
+    from service.serving.graph_identity import as_served
+    from service.serving.rankings import DegreeReleases, degree_block
+
+    graph = as_served(build_graph([0, 1, 2], [1, 2, 3]), ledger, max_degree_bound=10)
+    releases = DegreeReleases(ledger, 0.1)
+    plan = releases.plan
+    old = np.array([1.0, 2.0, 2.0, 1.0])
+    ledger.graph_release(
+        graph.version, degree_release_name(plan.scale), epsilon=plan.epsilon,
+        curve=float_era(plan.epsilon), draw=lambda: degrees_to_bytes(old),
+    )  # fmt: skip
+    got = releases.get(graph)
+    assert np.array_equal(got.values, old)
+    assert got.curve.sampler_tv == FLOAT_COUNT_RELEASE_TV
+    assert got.delta == pytest.approx((1 + math.exp(plan.epsilon)) * 2e-11)
+    assert degree_block(got)["degree_delta"] == got.delta > 0
+    other = as_served(build_graph([0, 1], [1, 2], num_nodes=4), ledger, max_degree_bound=10)
+    fresh = DegreeReleases(ledger, 0.1).get(other)
+    assert fresh.curve == plan.curve and fresh.curve.sampler_tv == 0.0
+    assert fresh.delta == 0.0 and degree_block(fresh)["degree_delta"] == 0.0
+    assert not np.array_equal(fresh.values, np.array([1.0, 2.0, 1.0, 0.0]))  # noisy

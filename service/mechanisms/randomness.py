@@ -1,8 +1,14 @@
-"""Where the noise's randomness comes from, and how Laplace noise is drawn from it.
+"""Where the noise's randomness comes from, and how the diffusion's Laplace noise is drawn.
 
 Every release draws from a generator freshly seeded from the operating system's entropy
 source. Nothing in the serving path accepts a seed; tests may pass their own generator to the
 mechanism functions directly.
+
+The count releases (``popular``, ``common_neighbours``, ``friends_of_friends``, ``blended``'s
+counts) and DP-IE do NOT draw here: they draw exactly on their grid with
+:func:`service.mechanisms.exact_laplace.grid_laplace` (raw words and integer comparisons only;
+docs/privacy.md, "The Laplace sampler and its stated delta"). What follows is the float64
+sampler the diffusion and PushFlowCap's evaluation baseline use.
 
 Laplace draws are ``b * S * E`` with ``S`` a uniform random sign and ``E ~ Exp(1)``: the
 density of ``S E`` is ``exp(-|x|) / 2``, the standard Laplace. ``E`` comes from numpy's
@@ -128,16 +134,6 @@ def laplace_noise(rng: np.random.Generator, scale: float, count: int) -> np.ndar
     signed_scale = np.array([scale, -scale], dtype=np.float64)
     draws *= signed_scale.take(random_signs(rng, count).view(np.uint8))
     return draws
-
-
-def rounded_noise(noise: np.ndarray, grid: float | None) -> np.ndarray:
-    """``noise`` rounded to the nearest multiple of ``grid`` (a power of two: exact), or as it
-    is for None. A count release adds it to the integer counts afterwards, an exact addition,
-    so the law of what is released does not depend on the counts' low bits."""
-    if grid is None:
-        return noise
-    out: np.ndarray = np.round(noise / grid) * grid
-    return out
 
 
 def step_noise(rng: np.random.Generator, scale: float, n: int) -> np.ndarray:

@@ -24,6 +24,8 @@ sound; new releases add nothing to it.
 
 from __future__ import annotations
 
+import math
+
 #: Upper bound (rounded up from 5.98e-12) on P(round_g(b S E) != round_g(b S E*)) for one
 #: coordinate drawn with the float64 sampler, cells at least 1/1024 of the scale wide.
 TAU_PER_COORDINATE = 1e-11
@@ -45,6 +47,13 @@ def count_release_delta(epsilon: float) -> float:
     docstring), whatever ``epsilon``."""
     del epsilon
     return 0.0
+
+
+def stored_release_delta(epsilon: float, sampler_tv: float) -> float:
+    """The delta a stored pure ``epsilon``-DP release states given the sampler share its curve
+    carries: ``(1 + e^eps) sampler_tv`` (a release drawn with the float sampler before:
+    ``sampler_tv`` 2e-11), 0 for one drawn exactly."""
+    return (1.0 + math.exp(epsilon)) * sampler_tv if sampler_tv > 0.0 else 0.0
 
 
 def vector_release_delta(epsilon: float, coordinates: int) -> float:
