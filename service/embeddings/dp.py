@@ -15,7 +15,9 @@
    comparisons only, from a fresh OS-entropy generator). Since w_h is a multiple of h, w_h + h N
    has exactly the law of round_h(w_h + Lap(b')^k): post-processing of the exact Laplace
    mechanism on w_h, pure (Delta / b')-DP with Delta / b' <= eps. The noise goes on the k
-   coordinates once, never on p and never scaled by k.
+   coordinates once, never on p and never scaled by k. (gamma is about eps 2^-22; the exact
+   sampler needs gamma >= 2^-50 and its denominator below 2^52, so eps below about 1e-8 is
+   refused with ``invalid_parameter``.)
 5. The released coordinates are rounded to the coarser grid ``score_grid(b)`` (the largest
    power of two <= b / 256), stated with the answer: post-processing.
 

@@ -467,9 +467,16 @@ def grid_laplace(
     if np.ndim(scales) == 0:
         if count is None:
             raise InvalidParameter("count", "is required with a single scale")
-        per = np.full(int(count), float(scales))  # type: ignore[arg-type]
-    else:
-        per = np.asarray(scales, dtype=np.float64)
+        scale = float(scales)  # type: ignore[arg-type]
+        if not math.isfinite(scale) or scale < 0:
+            raise InvalidParameter("scales", "must be finite and >= 0")
+        if scale == 0.0:
+            return np.zeros(int(count), dtype=np.float64)
+        s, t = gamma_ratio(grid, dyadic_scale(scale))
+        drawn: np.ndarray = rounded_laplace(rng, s, t, int(count)).astype(np.float64)
+        drawn *= grid
+        return drawn
+    per = np.asarray(scales, dtype=np.float64)
     if not np.all(np.isfinite(per)) or np.any(per < 0):
         raise InvalidParameter("scales", "must be finite and >= 0")
     out = np.zeros(per.shape[0], dtype=np.float64)
