@@ -157,7 +157,7 @@ def test_bernoulli_scaled_when_b_k_overflows_64_bits() -> None:
     assert abs(hits - count * p) <= 6 * math.sqrt(count * p * (1 - p)), (hits, p)
 
 
-@pytest.mark.parametrize("m", [3, 1000, 2**32, 2**32 + 3, 3 * 2**61])
+@pytest.mark.parametrize("m", [3, 1000, 2**24, 2**24 + 1, 2**32 + 3, 3 * 2**61])
 def test_uniform_below_is_uniform(m: int) -> None:
     """Chi-square over 16 equal ranges (m >= 16) or the values; 32-bit and 64-bit paths."""
     rng = np.random.default_rng(m % 9973)

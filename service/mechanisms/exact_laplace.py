@@ -100,6 +100,8 @@ _OK = 0
 _EXHAUSTED = 1
 _OVERFLOW = 2
 
+#: Largest range drawn from 32 bits rather than a whole word.
+_HALF_WORD_LIMIT = 1 << 24
 #: Raw words per draw the wrapper asks for (a draw uses about 11 on average).
 _WORDS_PER_DRAW = 12
 #: Most raw words the wrapper holds at once (8 MiB).
@@ -161,8 +163,9 @@ def _uniform_below(
     words: np.ndarray, state: np.ndarray, bits: np.ndarray, m: np.uint64
 ) -> Any:  # pragma: no cover
     """Exactly uniform on {0, ..., m-1} (m >= 1): Lemire's multiply-and-reject method, on 32
-    bits of the reservoir when m <= 2^32, on a whole word otherwise."""
-    if m <= np.uint64(1 << 32):
+    bits of the reservoir when m <= 2^24 (rejecting at most 2^-8 of them), on a whole word
+    otherwise (both exact for any m the path takes; the split only saves words)."""
+    if m <= np.uint64(_HALF_WORD_LIMIT):
         mask = np.uint64(0xFFFFFFFF)
         while True:
             x = _take_bits(words, state, bits, 32)
