@@ -15,6 +15,9 @@ here by wrapping its steps (none is in the generator):
 - ``hub_avoid:S:K``: each stub of a node of released degree >= K is, with probability S, paired
   with a stub of a node below K;
 - ``min_block:M``: the affinity (BTER) blocks take only nodes of released degree >= M;
+- ``low_blocks:C:A``: pairs of affinity blocks whose smallest released degree is <= C are
+  kept A times as often as the others (one rho still fitted to the released triangle count):
+  the real graph's low-degree nodes are the clustered ones;
 - ``param:NAME=VALUE``: a ``CommunityParams`` field (e.g. a budget share).
 
 Printed first: the real graph's share of edges within windows of the node order. Then per
@@ -118,10 +121,39 @@ def _paired_rest(selected: Callable[[np.ndarray], np.ndarray], share: float, kin
     return rest
 
 
+def _weighted_block_pairs(cut: int, factor: float) -> Callable[..., tuple[np.ndarray, ...]]:
+    """Block pairs where a pair of a block whose first (lowest-degree) node has released degree
+    <= ``cut`` appears as if drawn ``factor`` times more often: its uniform draw is divided by
+    ``factor`` through a third array the layer reads as the pair's weight."""
+    original = blocks.block_pairs
+    original_layer = blocks._layer
+
+    def pairs(block_list: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        u, v = original(block_list)
+        low = [np.full(b.size * (b.size - 1) // 2, b.size - 1 <= cut) for b in block_list]
+        flags = np.concatenate(low) if low else np.zeros(0, bool)
+
+        def layer(p: Any, weight: np.ndarray, rng: np.random.Generator) -> Any:
+            blocks._layer = original_layer  # type: ignore[assignment]
+            if p[0].size == flags.size:
+                weight = np.where(flags, factor, 1.0)
+            return original_layer(p, weight, rng)
+
+        blocks._layer = layer  # type: ignore[assignment]
+        return u, v
+
+    return pairs
+
+
 @contextlib.contextmanager
 def variant(spec: str) -> Iterator[communities.CommunityParams]:
     """The parameters to use, with the generator's steps wrapped as ``spec`` says."""
-    saved = (communities.block_configuration, communities.denoise_degrees, blocks.affinity_blocks)
+    saved = (
+        communities.block_configuration,
+        communities.denoise_degrees,
+        blocks.affinity_blocks,
+        blocks.block_pairs,
+    )
     params = communities.CommunityParams()
     kind, _, arg = spec.partition(":")
     try:
@@ -141,6 +173,10 @@ def variant(spec: str) -> Iterator[communities.CommunityParams]:
                 return original(np.where(degrees >= int(arg), degrees, 0), *args)
 
             blocks.affinity_blocks = fewer  # type: ignore[assignment]
+        elif kind == "low_blocks":
+            blocks.block_pairs = _weighted_block_pairs(  # type: ignore[assignment]
+                int(arg.split(":")[0]), float(arg.split(":")[1])
+            )
         elif kind == "param":
             name, value = arg.split("=")
             field_type = type(getattr(params, name))
@@ -152,6 +188,7 @@ def variant(spec: str) -> Iterator[communities.CommunityParams]:
         communities.block_configuration = saved[0]  # type: ignore[assignment]
         communities.denoise_degrees = saved[1]  # type: ignore[assignment]
         blocks.affinity_blocks = saved[2]  # type: ignore[assignment]
+        blocks.block_pairs = saved[3]  # type: ignore[assignment]
 
 
 def _summary(xs: list[float]) -> str:

@@ -377,6 +377,7 @@ def test_every_declared_limit_is_enforced_at_the_limit_and_one_past(backend: Bac
         }
         base_body: dict[str, dict[str, Any]] = {
             "/v1/ppr/batch": {"nodes": ["7"], "mode": "edge", "mechanism": "popular"},
+            "/v1/embeddings/batch": {"nodes": ["7"], "mode": "edge", "k": 2},
             "/v1/admin/accounts": {"type": "service"},
             "/v1/admin/graph/reload": {},
         }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -80,6 +81,29 @@ def test_a_task_ray_retries_after_its_worker_died_charges_nobody_twice(
     assert (summary.answered, summary.failed, summary.reconciled) == (60, 0, 1)
     charges = assert_exactly_once(url, "ray-short", [str(i) for i in range(60)])
     assert sum(1 for c in charges if c[1] == "refunded") == 1
+
+
+@pytest.mark.postgres
+def test_embeddings_on_ray_a_retried_task_charges_nobody_twice(
+    local_ray: None, postgres_url: str, tmp_path: Path
+) -> None:
+    """``--output embeddings`` on Ray: a worker killed after storing 3 embeddings, the task
+    retried; every seed one charge, the Parquet column a fixed-size list of its releases."""
+    import pyarrow as pa
+
+    url = migrated(postgres_url)
+    seeds = seeds_file(tmp_path, 20)
+    kill = FailureInjection(block=1, after=3, kill=True, marker=str(tmp_path / "fired"))
+    base = options(url, facebook_graph(), seeds, tmp_path / "e.parquet", run_id="ray-emb",
+                   engine="ray", failure=kill, retries=1, block_size=10)  # fmt: skip
+    summary = run_batch(replace(base, output="embeddings", k=8))
+    assert (summary.answered, summary.failed, summary.reconciled) == (20, 0, 1)
+    assert summary.mechanism == "dp_instant_embedding"
+    charges = assert_exactly_once(url, "ray-emb", [str(i) for i in range(20)])
+    assert sum(1 for c in charges if c[1] == "refunded") == 1
+    table = pq.read_table(tmp_path / "e.parquet")
+    assert table.schema.field("embedding").type == pa.list_(pa.float64(), 8)
+    assert sorted(table.column("user").to_pylist(), key=int) == [str(i) for i in range(20)]
 
 
 @pytest.mark.slow

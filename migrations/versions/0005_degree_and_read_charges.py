@@ -12,7 +12,7 @@ Existing ledgers carry over unchanged: no account has paid a degree release yet,
 service account has a read figure until its next answer.
 
 Revision ID: 0005_degree_and_read_charges
-Revises: 0003_admin_dashboard
+Revises: 0004_graph_identity
 Create Date: 2026-11-25
 """
 

@@ -8,7 +8,7 @@
   replays made before this revision recorded nothing, so they cannot be bound.
 
 Revision ID: 0006_idempotency_binding
-Revises: 0003_admin_dashboard
+Revises: 0005_degree_and_read_charges
 Create Date: 2026-11-25
 """
 

@@ -151,5 +151,7 @@ def _backfill() -> None:
 
 def downgrade() -> None:
     op.drop_table("synthesis_jobs")
-    with op.batch_alter_table("graph_releases") as batch:
-        batch.drop_column("heartbeat_at")
+    # A plain DROP COLUMN (SQLite >= 3.35), as in 0005: a batch copy of ``graph_releases``
+    # would drop a table that ``service_reads`` rows reference, which SQLite's foreign keys
+    # refuse once a service account has read a graph-wide release.
+    op.drop_column("graph_releases", "heartbeat_at")

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from service.api.figures import ComposedFigure
 from service.api.models import Budget, GraphInfo
 
 ChargeState = Literal["admitted", "released", "refunded"]
@@ -24,11 +25,14 @@ class AccountRow(BaseModel):
     label: str | None
     cap_epsilon: float
     delta: float
-    spent_epsilon: float = Field(
-        description="The account's live charges composed by the RDP accountant at its delta."
+    spent_epsilon: ComposedFigure = Field(
+        description="The account's live charges composed by the RDP accountant at its delta "
+        "(null: infinite)."
     )
     remaining_epsilon: float = Field(description="max(0, cap - spent).")
-    used_fraction: float = Field(description="spent / cap (above 1: over its cap).")
+    used_fraction: ComposedFigure = Field(
+        description="spent / cap (above 1: over its cap; null: infinite)."
+    )
     charges: int
     last_charge_at: str | None
     created_at: str
@@ -137,7 +141,9 @@ class CurvePoint(BaseModel):
     at: str
     charge_id: int
     epsilon: float = Field(description="This charge's per-query epsilon.")
-    composed_epsilon: float = Field(description="Spend after this charge, composed (RDP).")
+    composed_epsilon: ComposedFigure = Field(
+        description="Spend after this charge, composed (RDP; null: infinite)."
+    )
     naive_epsilon: float = Field(description="Per-query epsilons added up so far.")
 
 
@@ -146,7 +152,7 @@ class AccountCurve(BaseModel):
     delta: float
     cap_epsilon: float
     charges: int
-    composed_epsilon: float
+    composed_epsilon: ComposedFigure
     naive_epsilon: float
     points: list[CurvePoint] = Field(
         description="In admission order (at most 2000, evenly sampled; the last always)."
@@ -164,7 +170,9 @@ class BudgetPreview(BaseModel):
     account_id: int
     cap_epsilon: float
     delta: float
-    spent_epsilon: float = Field(description="The spend converted at this delta.")
+    spent_epsilon: ComposedFigure = Field(
+        description="The spend converted at this delta (null: infinite)."
+    )
     remaining_epsilon: float
     cap_below_spent: bool
 
@@ -210,10 +218,11 @@ class ServiceUsage(BaseModel):
     epsilon_to_others: float = Field(description="Per-query epsilons added up.")
     accounts_charged: int
     top_charged: list[ChargedAccount]
-    read_epsilon: float = Field(
+    read_epsilon: ComposedFigure = Field(
         0.0,
         description="What its answers reveal: every distinct release it received (fresh or "
-        "replayed; the degree release once per graph version), composed at its delta.",
+        "replayed; the degree release once per graph version), composed at its delta "
+        "(null: infinite).",
     )
     read_releases: int = Field(0, description="Distinct releases in the read figure.")
     read_cap_epsilon: float | None = Field(None, description="Cap on the read figure; null: none.")

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.api.figures import ComposedFigure
 from service.api.params import (
     BoolField,
     CapEpsilonField,
@@ -134,7 +135,9 @@ class Mechanism(BaseModel):
 
 class Budget(BaseModel):
     account_id: int
-    spent_epsilon: float = Field(description="Composed by the RDP accountant at `delta`.")
+    spent_epsilon: ComposedFigure = Field(
+        description="Composed by the RDP accountant at `delta` (null: infinite)."
+    )
     cap_epsilon: float
     remaining_epsilon: float
     delta: float
@@ -151,7 +154,9 @@ class Reads(BaseModel):
     version), converted at the account's delta."""
 
     account_id: int
-    read_epsilon: float = Field(description="Composed by the RDP accountant at `delta`.")
+    read_epsilon: ComposedFigure = Field(
+        description="Composed by the RDP accountant at `delta` (null: infinite)."
+    )
     delta: float
     releases: int = Field(description="Distinct releases counted.")
     read_cap_epsilon: float | None = Field(description="The cap in force; null: no cap.")
@@ -278,27 +283,28 @@ class SetScopes(BaseModel):
 
 
 class ExposureByMode(BaseModel):
-    epsilon: float
+    epsilon: ComposedFigure
     charges: int
 
 
 class ExposurePoint(BaseModel):
     at: str
-    epsilon: float
+    epsilon: ComposedFigure
     charges: int
 
 
 class Exposure(BaseModel):
-    """What all accounts together can have learned about any one edge (composed bound)."""
+    """What all accounts together can have learned about any one edge (composed bound; a
+    figure is null when infinite)."""
 
-    epsilon: float
+    epsilon: ComposedFigure
     delta: float
     charges: int
     graph_releases: int
     cap_epsilon: float | None
     by_mode: dict[str, ExposureByMode]
     series: list[ExposurePoint]
-    shards_epsilon: float
+    shards_epsilon: ComposedFigure
 
 
 class CreatedAccount(AccountWithBudget):

@@ -10,8 +10,8 @@ new endpoint gets it without repeating it:
   ``unsupported_media_type``;
 * the configured bounds of ``k`` and ``epsilon`` (``PPR_MAX_K``, ``PPR_EPSILON_MIN``,
   ``PPR_EPSILON_MAX``) as ``minimum``/``maximum`` of those query parameters and of the batch
-  body's fields, ``PPR_EMBEDDING_MIN_SIGMA``/``MAX_SIGMA`` of the embeddings' ``sigma``, and
-  ``PPR_BATCH_MAX_ITEMS`` as the batch's ``maxItems``.
+  batch bodies' fields, ``PPR_EMBEDDING_MIN_SIGMA``/``MAX_SIGMA`` of the embeddings' ``sigma``,
+  and ``PPR_BATCH_MAX_ITEMS`` as the batches' ``maxItems``.
 """
 
 from __future__ import annotations
@@ -84,11 +84,14 @@ def _bound_property(schema: dict[str, Any], model: str, name: str, **bounds: flo
 def complete_schema(schema: dict[str, Any], mechanism: Settings) -> dict[str, Any]:
     """``schema`` with the common error responses and the configured parameter bounds."""
     eps = {"minimum": mechanism.epsilon_min, "maximum": mechanism.epsilon_max}
-    _bound_property(schema, "BatchQuery", "k", minimum=1, maximum=mechanism.max_k)
-    _bound_property(schema, "BatchQuery", "epsilon", **eps)
-    nodes = schema.get("components", {}).get("schemas", {}).get("BatchQuery", {})
-    if "nodes" in nodes.get("properties", {}):
-        nodes["properties"]["nodes"]["maxItems"] = mechanism.batch_max_items
+    sigma = {"minimum": mechanism.embedding_min_sigma, "maximum": mechanism.embedding_max_sigma}
+    _bound_property(schema, "EmbeddingBatchQuery", "sigma", **sigma)
+    for model in ("BatchQuery", "EmbeddingBatchQuery"):  # POST /v1/ppr/batch, /embeddings/batch
+        _bound_property(schema, model, "k", minimum=1, maximum=mechanism.max_k)
+        _bound_property(schema, model, "epsilon", **eps)
+        nodes = schema.get("components", {}).get("schemas", {}).get(model, {})
+        if "nodes" in nodes.get("properties", {}):
+            nodes["properties"]["nodes"]["maxItems"] = mechanism.batch_max_items
     for path_item in schema.get("paths", {}).values():
         for method in _METHODS:
             operation = path_item.get(method)

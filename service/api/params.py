@@ -72,11 +72,11 @@ register_url_convertor("node", NodeConvertor())
 
 class EmbeddingNodeConvertor(NodeConvertor):
     """``{name:embedding_node}``: as ``node``, but ``free`` and ``similar``, alone or followed
-    by ``/``, are not node ids: those paths are the free embedding's and the similar-nodes
-    endpoints (DP-IE cannot be asked for a node whose id is one of those words, as
-    `batch` for rankings)."""
+    by ``/``, and ``batch`` alone, are not node ids: those paths are the free embedding's,
+    the similar-nodes and the batch endpoints (DP-IE cannot be asked for a node whose id is
+    one of those words, as `batch` for rankings)."""
 
-    regex = r"(?!(?:free|similar)(?:/|\Z))(?s:.+)"
+    regex = r"(?!(?:free|similar)(?:/|\Z)|batch\Z)(?s:.+)"
 
 
 register_url_convertor("embedding_node", EmbeddingNodeConvertor())

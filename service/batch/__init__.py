@@ -1,4 +1,5 @@
-"""Batch precompute of private recommendations for many users (``python -m service batch``).
+"""Batch precompute of private recommendations (or DP-IE embeddings, ``--output embeddings``)
+for many users (``python -m service batch``).
 
 Every seed is answered on the API's own path (:meth:`PprQueryService.answer`: authorize, admit
 and charge in one ledger transaction, fresh-noise release, stored release), exactly once per

@@ -31,11 +31,13 @@ from service.batch.spec import (
     BlockFailure,
     BlockResult,
     FailureInjection,
+    Output,
     SeedOutcome,
     check_run_id,
 )
 from service.batch.worker import refund_dead_charges
 from service.config import Settings
+from service.embeddings.release import DP_IE
 from service.errors import Forbidden, InvalidParameter
 from service.graph.model import Graph
 from service.ledger.ledger import Ledger
@@ -72,6 +74,10 @@ class BatchOptions:
     retries: int = 3
     settings: Settings | None = None  # None: from the environment
     progress: bool | None = None  # None: a bar when stderr is a terminal
+    #: ``embeddings``: a DP-IE embedding per seed (k: PPR_EMBEDDING_DEFAULT_K, sigma:
+    #: PPR_EMBEDDING_DEFAULT_SIGMA unless given) instead of a ranking.
+    output: Output = "rankings"
+    sigma: float | None = None
     failure: FailureInjection | None = field(default=None, compare=False)  # TEST ONLY
 
 
@@ -85,6 +91,9 @@ class BatchSummary:
     sink: str
     seeds: int = 0
     mechanism: str = ""
+    output: str = "rankings"
+    k: int = 0  # results per seed, or the embeddings' dimension
+    sigma: float = 0.0  # embeddings: PushFlowCap's sigma
     answered: int = 0  # a new release, charged in this run
     replayed: int = 0  # a stored release (this run's, or an identical earlier query's): free
     skipped_budget: int = 0
@@ -264,7 +273,7 @@ def run_batch(
     started = time.perf_counter()
     settings = options.settings if options.settings is not None else Settings()
     epsilon = settings.default_epsilon if options.epsilon is None else float(options.epsilon)
-    k = settings.default_k if options.k is None else int(options.k)
+    k, sigma = _dimension_and_sigma(options, settings)
     run_id = check_run_id(options.run_id) if options.run_id is not None else new_run_id()
     if options.create_missing_accounts and options.mode is not Mode.PERSONALIZED:
         raise InvalidParameter(
@@ -272,7 +281,7 @@ def run_batch(
         )
     if (options.accounts_file is None) == (not options.all_accounts):
         raise InvalidParameter("--accounts", "give either --accounts FILE or --all")
-    mechanism = _mechanism(options, settings)
+    mechanism = DP_IE if options.output == "embeddings" else _mechanism(options, settings)
     graph_path = options.graph_path if options.graph_path is not None else settings.graph_path
     graph = load_configured_graph(graph_path, nodes_path=settings.nodes_path)
     ledger = Ledger.from_url(settings.database_url, auto_migrate=False)
@@ -298,11 +307,14 @@ def run_batch(
             invocation=secrets.token_hex(4),
             mechanism=mechanism,
             mechanism_chosen=options.mechanism is not None,
+            output=options.output,
+            sigma=sigma,
             failure=options.failure,
         )
         _check_query(spec, graph, ledger)
         seeds, outside = _seeds(options, graph, ledger)
-        sink = open_sink(options.sink, RunInfo(run_id, graph.version, spec.mode.value, epsilon, k))
+        info = RunInfo(run_id, graph.version, spec.mode.value, epsilon, k, options.output, sigma)
+        sink = open_sink(options.sink, info)
         chosen = engine or make_engine(
             options.engine,
             workers=options.workers,
@@ -318,6 +330,9 @@ def run_batch(
             sink.description,
             seeds=len(seeds),
             mechanism=mechanism,
+            output=options.output,
+            k=k,
+            sigma=sigma,
         )
         if outside:
             summary.skipped["not_in_graph"] = outside
@@ -339,6 +354,23 @@ def run_batch(
         return summary
     finally:
         ledger.dispose()
+
+
+def _dimension_and_sigma(options: BatchOptions, settings: Settings) -> tuple[int, float]:
+    """k (results per seed, or the embedding's dimension) and sigma (embeddings only)."""
+    if options.output != "embeddings":
+        if options.sigma is not None:
+            raise InvalidParameter("--sigma", "applies to --output embeddings only")
+        return (settings.default_k if options.k is None else int(options.k)), 0.0
+    if options.mechanism is not None:
+        raise InvalidParameter(
+            "--mechanism", "names a ranking; --output embeddings releases DP-IE embeddings"
+        )
+    if options.exclude_neighbors:
+        raise InvalidParameter("--exclude-neighbors", "applies to rankings only")
+    k = settings.embedding_default_k if options.k is None else int(options.k)
+    sigma = settings.embedding_default_sigma if options.sigma is None else float(options.sigma)
+    return k, sigma
 
 
 def _mechanism(options: BatchOptions, settings: Settings) -> str:
@@ -370,6 +402,11 @@ def _check_query(spec: BatchSpec, graph: Graph, ledger: Ledger) -> None:
         if spec.service_account is not None
         else Principal(account_id=0, type="user", node_id="", modes=("personalized", "edge"))
     )
+    if spec.output == "embeddings":
+        from service.serving.embedding_query import EmbeddingQueryService
+
+        EmbeddingQueryService(checker, spec.settings).parameters(spec.k, spec.sigma, spec.epsilon)
+        return
     checker.validate(
         QueryRequest(
             probe,
@@ -451,8 +488,10 @@ def _audit_details(spec: BatchSpec, options: BatchOptions, summary: BatchSummary
         "graph_version": spec.graph_version,
         "mode": spec.mode.value,
         "mechanism": spec.mechanism,
+        "output": spec.output,
         "epsilon": spec.epsilon,
         "k": spec.k,
+        **({"sigma": spec.sigma} if spec.output == "embeddings" else {}),
         "fresh": spec.fresh,
         "engine": summary.engine,
         "sink": summary.sink,
@@ -476,13 +515,19 @@ def _counts(summary: BatchSummary) -> dict[str, Any]:
     }
 
 
+def _what(summary: BatchSummary) -> str:
+    if summary.output != "embeddings":
+        return summary.mechanism
+    return f"DP-IE embeddings ({summary.mechanism}, k {summary.k}, sigma {summary.sigma:g})"
+
+
 def summary_lines(summary: BatchSummary) -> list[str]:
     """The final summary, as printed by the command."""
     skipped = Counter(summary.skipped)
     failures = ", ".join(f"{code} {n}" for code, n in sorted(summary.failures.items()))
     lines = [
         f"run {summary.run_id} on graph {summary.graph_version} ({summary.engine} engine, "
-        f"{summary.mechanism} in {summary.mode} mode, epsilon {summary.epsilon:g}) -> "
+        f"{_what(summary)} in {summary.mode} mode, epsilon {summary.epsilon:g}) -> "
         f"{summary.sink}",
         f"seeds                {summary.seeds}",
         f"answered             {summary.answered} (charged now)",

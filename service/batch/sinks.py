@@ -14,6 +14,12 @@ after a driver was killed) and renamed at the end, a Redis hash and a table row 
 * ``postgresql+psycopg://USER@HOST/DB?table=NAME`` (or ``sqlite:///FILE?table=NAME``) - rows
   upserted by (run_id, user) into table NAME (default ``ppr_recommendations``), created if
   missing.
+
+A run with ``--output embeddings`` writes each user's DP-IE embedding instead of a ranking,
+with the release's metadata on every row (graph version, hash salt, epsilon, mode, sigma, k,
+grid): Parquet column ``embedding`` of type ``fixed_size_list<double>[k]``; Redis field
+``embedding``, a JSON array, under the default prefix ``ppr:emb:``; SQL column ``embedding``,
+``float8[]`` on PostgreSQL (a JSON array on SQLite), in the default table ``ppr_embeddings``.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ from service.errors import InvalidParameter, ServiceError
 
 DEFAULT_REDIS_PREFIX = "ppr:recs:"
 DEFAULT_TABLE = "ppr_recommendations"
+#: ``--output embeddings``: where embeddings go unless the URL names a prefix or table.
+EMBEDDING_REDIS_PREFIX = "ppr:emb:"
+EMBEDDING_TABLE = "ppr_embeddings"
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _SQL_SCHEMES = ("postgresql", "postgresql+psycopg", "postgresql+psycopg2", "sqlite")
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
@@ -59,6 +68,12 @@ class RunInfo:
     mode: str
     epsilon: float
     k: int
+    output: str = "rankings"  # or "embeddings" (DP-IE, dimension k)
+    sigma: float = 0.0  # embeddings: PushFlowCap's sigma
+
+    @property
+    def embeddings(self) -> bool:
+        return self.output == "embeddings"
 
 
 class Sink(Protocol):
@@ -79,6 +94,16 @@ def _results_json(outcome: SeedOutcome) -> str:
         separators=(",", ":"),
         allow_nan=False,
     )
+
+
+def _embedding_labels(info: RunInfo, outcome: SeedOutcome) -> dict[str, Any]:
+    """What an embedding row carries beside the vector (the run's labels are added apart)."""
+    return {
+        "mechanism": "dp_instant_embedding",
+        "sigma": info.sigma,
+        "hash_salt": outcome.hash_salt,
+        "score_grid": outcome.score_grid,
+    }
 
 
 # -- Parquet ---------------------------------------------------------------------------------------
@@ -107,19 +132,28 @@ class ParquetSink:
         self.removed_stale = remove_stale_outputs(path, info.run_id)
         self._tmp = path.with_name(f"{_tmp_prefix(path, info.run_id)}{os.getpid()}.tmp")
         self._pa = pa
-        self._schema = pa.schema(
-            [
-                ("user", pa.string()),
-                (
-                    "recommendations",
-                    pa.list_(pa.struct([("node", pa.string()), ("score", pa.float64())])),
-                ),
-                ("run_id", pa.string()),
-                ("graph_version", pa.string()),
-                ("mode", pa.string()),
-                ("epsilon", pa.float64()),
+        if info.embeddings:
+            answer = ("embedding", pa.list_(pa.float64(), info.k))  # fixed_size_list<double>[k]
+        else:
+            answer = (
+                "recommendations",
+                pa.list_(pa.struct([("node", pa.string()), ("score", pa.float64())])),
+            )
+        labels = [
+            ("run_id", pa.string()),
+            ("graph_version", pa.string()),
+            ("mode", pa.string()),
+            ("epsilon", pa.float64()),
+        ]
+        if info.embeddings:
+            labels += [
+                ("k", pa.int32()),
+                ("mechanism", pa.string()),
+                ("sigma", pa.float64()),
+                ("hash_salt", pa.string()),
+                ("score_grid", pa.float64()),
             ]
-        )
+        self._schema = pa.schema([("user", pa.string()), answer, *labels])
         try:
             self._file = _create_private(self._tmp)
         except OSError as exc:
@@ -133,21 +167,24 @@ class ParquetSink:
     def write(self, outcomes: Sequence[SeedOutcome]) -> None:
         if not outcomes:
             return
-        info = self.info
-        table = self._pa.table(
-            {
-                "user": [o.node for o in outcomes],
-                "recommendations": [
-                    [{"node": node, "score": score} for node, score in o.results] for o in outcomes
-                ],
-                "run_id": [info.run_id] * len(outcomes),
-                "graph_version": [info.graph_version] * len(outcomes),
-                "mode": [info.mode] * len(outcomes),
-                "epsilon": [info.epsilon] * len(outcomes),
-            },
-            schema=self._schema,
-        )
-        self._writer.write_table(table)
+        info, n = self.info, len(outcomes)
+        columns: dict[str, list[Any]] = {"user": [o.node for o in outcomes]}
+        if info.embeddings:
+            columns["embedding"] = [list(o.embedding) for o in outcomes]
+        else:
+            columns["recommendations"] = [
+                [{"node": node, "score": score} for node, score in o.results] for o in outcomes
+            ]
+        columns["run_id"] = [info.run_id] * n
+        columns["graph_version"] = [info.graph_version] * n
+        columns["mode"] = [info.mode] * n
+        columns["epsilon"] = [info.epsilon] * n
+        if info.embeddings:
+            columns["k"] = [info.k] * n
+            labels = [_embedding_labels(info, o) for o in outcomes]
+            for name in ("mechanism", "sigma", "hash_salt", "score_grid"):
+                columns[name] = [row[name] for row in labels]
+        self._writer.write_table(self._pa.table(columns, schema=self._schema))
 
     def close(self) -> None:
         try:
@@ -228,7 +265,8 @@ class RedisSink:
 
         parts = urlsplit(url)
         query = dict(parse_qsl(parts.query))
-        self.prefix = query.pop("prefix", DEFAULT_REDIS_PREFIX)
+        default_prefix = EMBEDDING_REDIS_PREFIX if info.embeddings else DEFAULT_REDIS_PREFIX
+        self.prefix = query.pop("prefix", default_prefix)
         ttl = query.pop("ttl", None)
         try:
             self.ttl = None if ttl is None else int(ttl)
@@ -253,8 +291,15 @@ class RedisSink:
         pipe = self._client.pipeline(transaction=False)
         for outcome in outcomes:
             key = f"{self.prefix}{outcome.node}"
-            fields: dict[Any, Any] = {
-                "results": _results_json(outcome),
+            fields: dict[Any, Any] = {}
+            if info.embeddings:
+                vector = json.dumps(list(outcome.embedding), allow_nan=False)
+                labels = _embedding_labels(info, outcome)
+                fields["embedding"] = vector
+                fields.update({name: _redis_text(value) for name, value in labels.items()})
+            else:
+                fields["results"] = _results_json(outcome)
+            fields |= {
                 "run_id": info.run_id,
                 "graph_version": info.graph_version,
                 "mode": info.mode,
@@ -278,12 +323,20 @@ class RedisSink:
         self._client.close()
 
 
+def _redis_text(value: object) -> str:
+    """A label as a Redis field: floats exactly (repr), None as the empty string."""
+    if value is None:
+        return ""
+    return repr(value) if isinstance(value, float) else str(value)
+
+
 # -- SQL (PostgreSQL; SQLite too) ------------------------------------------------------------------
 
 
 class SqlSink:
     def __init__(self, url: str, info: RunInfo) -> None:
         from sqlalchemy import (
+            ARRAY,
             JSON,
             Column,
             DateTime,
@@ -299,7 +352,8 @@ class SqlSink:
 
         parsed = make_url(url)
         query = dict(parsed.query)
-        table_name = str(query.pop("table", DEFAULT_TABLE))
+        default_table = EMBEDDING_TABLE if info.embeddings else DEFAULT_TABLE
+        table_name = str(query.pop("table", default_table))
         if not _IDENTIFIER.fullmatch(table_name):
             raise InvalidParameter(
                 "--out", f"table must be a plain SQL identifier, got {table_name!r}"
@@ -316,7 +370,18 @@ class SqlSink:
             Column("mode", String(16), nullable=False),
             Column("epsilon", Double, nullable=False),
             Column("k", Integer, nullable=False),
-            Column("results", JSON, nullable=False),
+            *(
+                [
+                    Column("mechanism", String(64), nullable=False),
+                    Column("sigma", Double, nullable=False),
+                    Column("hash_salt", String(64), nullable=False),
+                    Column("score_grid", Double, nullable=True),
+                    # float8[] on PostgreSQL; SQLite has no arrays: a JSON array there
+                    Column("embedding", ARRAY(Double).with_variant(JSON, "sqlite"), nullable=False),
+                ]
+                if info.embeddings
+                else [Column("results", JSON, nullable=False)]
+            ),
             Column("written_at", DateTime(timezone=True), nullable=False),
         )
         self._error = SQLAlchemyError
@@ -348,18 +413,20 @@ class SqlSink:
                 "mode": info.mode,
                 "epsilon": info.epsilon,
                 "k": info.k,
-                "results": [{"node": node, "score": score} for node, score in o.results],
+                **(
+                    {**_embedding_labels(info, o), "embedding": list(o.embedding)}
+                    if info.embeddings
+                    else {"results": [{"node": node, "score": score} for node, score in o.results]}
+                ),
                 "written_at": now,
             }
             for o in outcomes
         ]
         stmt = self._insert(self.table)
+        keys = ("run_id", "user_node")
         stmt = stmt.on_conflict_do_update(
-            index_elements=["run_id", "user_node"],
-            set_={
-                name: stmt.excluded[name]
-                for name in ("graph_version", "mode", "epsilon", "k", "results", "written_at")
-            },
+            index_elements=list(keys),
+            set_={c.name: stmt.excluded[c.name] for c in self.table.columns if c.name not in keys},
         )
         try:
             with self.engine.begin() as conn:

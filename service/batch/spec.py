@@ -29,6 +29,8 @@ BUDGET_CODES = frozenset({"budget_exhausted", "service_quota_exhausted", "graph_
 NO_ACCOUNT_CODE = "unknown_account"
 
 Status = Literal["answered", "replayed", "skipped", "failed"]
+#: What a run produces per seed: a ranking, or a DP-IE embedding (``--output embeddings``).
+Output = Literal["rankings", "embeddings"]
 
 
 def check_run_id(run_id: str) -> str:
@@ -109,13 +111,22 @@ class BatchSpec:
     mechanism: str = "noisy_diffusion"
     #: Whether ``mechanism`` was named by the operator (else: the served default).
     mechanism_chosen: bool = False
+    #: ``embeddings``: every seed gets a DP-IE embedding of dimension ``k`` at ``sigma``
+    #: (``mechanism`` is then ``dp_instant_embedding``), on the embedding endpoint's path.
+    output: Output = "rankings"
+    sigma: float = 0.0
     failure: FailureInjection | None = field(default=None, compare=False)
 
     def request_id(self, node: str) -> str:
         return seed_request_id(self.run_id, self.invocation, node)
 
     def idempotency_key(self, node: str) -> str:
-        chosen = self.mechanism if self.mechanism_chosen else None
+        if self.output == "embeddings":  # another k or sigma is another release, another key
+            from service.embeddings.release import embedding_key_mechanism
+
+            chosen: str | None = embedding_key_mechanism(self.k, self.sigma)
+        else:
+            chosen = self.mechanism if self.mechanism_chosen else None
         return seed_idempotency_key(
             self.run_id, self.graph_version, node, self.mode, self.epsilon, chosen
         )
@@ -123,11 +134,16 @@ class BatchSpec:
 
 @dataclass(frozen=True)
 class SeedOutcome:
-    """One seed's result: its released ranking, or why it has none."""
+    """One seed's result: its released ranking (or embedding), or why it has none."""
 
     node: str
     status: Status
     results: tuple[tuple[str, float], ...] = ()
+    #: ``--output embeddings``: the released coordinates, the version's hash salt (hex) and
+    #: the grid every coordinate is a multiple of.
+    embedding: tuple[float, ...] = ()
+    hash_salt: str | None = None
+    score_grid: float | None = None
     epsilon_charged: float = 0.0
     code: str | None = None  # skipped / failed: the error code
     message: str | None = None

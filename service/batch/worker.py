@@ -4,8 +4,11 @@ Each worker process holds one :class:`BlockAnswerer` per (run settings, graph ve
 graph, a ledger connection pool, the caches and a :class:`PprQueryService` built exactly as
 the API builds it, with one prefix cache shared by all blocks the process answers. Every seed
 goes through :meth:`PprQueryService.answer`: authorize, admit and charge in one transaction,
-noisy diffusion with fresh OS-entropy noise, stored release, answer. Only then is the answer
-returned to the driver (and written to the sink).
+noisy diffusion with fresh OS-entropy noise, stored release, answer; with ``--output
+embeddings`` through :meth:`EmbeddingQueryService.answer`, the path of
+``GET /v1/embeddings/{node}`` (the same ledger calls; PushFlowCap, InstantEmbedding, fresh
+OS-entropy Laplace noise). Only then is the answer returned to the driver (and written to the
+sink).
 
 Exactly once, across retries and reruns:
 
@@ -27,6 +30,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Engine
 
@@ -46,6 +50,7 @@ from service.graph.model import Graph
 from service.ledger.ledger import AccountExists, Ledger
 from service.ledger.records import ChargeSettled, StoredRelease, UnknownAccount
 from service.mechanisms.operator import walk_operator
+from service.serving.embedding_query import EmbeddingQueryService, EmbeddingRequest
 from service.serving.graph_holder import GraphHolder
 from service.serving.graph_identity import as_served
 from service.serving.planner import DiffusionPlanner
@@ -142,6 +147,8 @@ class BlockAnswerer:
             create_seed_accounts=False,  # accounts are created here, labelled with the run
             policy=AdmissionPolicy.from_settings(settings),
         )
+        # DP-IE (``--output embeddings``): the embedding endpoint's path on the same stages
+        self.embeddings = EmbeddingQueryService(self.queries, settings)
 
     def close(self) -> None:
         self.ledger.dispose()
@@ -229,7 +236,45 @@ class BlockAnswerer:
                 log.warning("could not refund a failed seed's charge", exc_info=True)
         return refunded
 
+    def _embed(self, spec: BatchSpec, seed: _Seed) -> SeedOutcome:
+        """The seed's DP-IE embedding, exactly as ``GET /v1/embeddings/{node}`` answers it."""
+        assert seed.principal is not None
+        request = EmbeddingRequest(
+            principal=seed.principal,
+            node=seed.node,
+            k=spec.k,
+            sigma=spec.sigma,
+            epsilon=spec.epsilon,
+            mode=spec.mode,
+            fresh=spec.fresh,
+            idempotency_key=spec.idempotency_key(seed.node),
+            request_id=spec.request_id(seed.node),
+        )
+        try:
+            answer = self.embeddings.answer(request)
+        except InjectedFailure:
+            raise  # test only: fails the whole attempt
+        except ServiceError as exc:
+            return _not_answered(seed.node, exc)
+        except Exception as exc:
+            log.exception("batch seed failed", extra={"request_id": request.request_id})
+            return SeedOutcome(
+                seed.node, "failed", code="internal_error", message=f"{type(exc).__name__}: {exc}"
+            )
+        status, charged = _status(answer.replayed, answer.extra, answer.mechanism, request)
+        grid = answer.mechanism.get("score_grid")
+        return SeedOutcome(
+            seed.node,
+            status,
+            epsilon_charged=answer.epsilon_charged if charged is None else charged,
+            embedding=tuple(answer.embedding),
+            hash_salt=str(answer.mechanism["hash_salt"]),
+            score_grid=None if grid is None else float(grid),
+        )
+
     def _answer(self, spec: BatchSpec, seed: _Seed) -> SeedOutcome:
+        if spec.output == "embeddings":
+            return self._embed(spec, seed)
         assert seed.principal is not None
         request = QueryRequest(
             principal=seed.principal,
@@ -254,20 +299,28 @@ class BlockAnswerer:
             return SeedOutcome(
                 seed.node, "failed", code="internal_error", message=f"{type(exc).__name__}: {exc}"
             )
-        status: Status = "answered"
-        charged = answer.epsilon_charged
-        if answer.replayed:
-            if answer.extra.get("original_request_id") == request.request_id:
-                # Stored by a lost attempt of this same invocation: charged by this run.
-                charged = float(answer.mechanism.get("epsilon", 0.0))
-            else:
-                status = "replayed"
+        status, charged = _status(answer.replayed, answer.extra, answer.mechanism, request)
         return SeedOutcome(
             seed.node,
             status,
             results=tuple((r.node, r.score) for r in answer.results),
-            epsilon_charged=charged,
+            epsilon_charged=answer.epsilon_charged if charged is None else charged,
         )
+
+
+def _status(
+    replayed: bool,
+    extra: dict[str, Any],
+    mechanism: dict[str, Any],
+    request: QueryRequest | EmbeddingRequest,
+) -> tuple[Status, float | None]:
+    """A seed's status, and what it was charged when that is not what the answer says."""
+    if not replayed:
+        return "answered", None
+    if extra.get("original_request_id") == request.request_id:
+        # Stored by a lost attempt of this same invocation: charged by this run.
+        return "answered", float(mechanism.get("epsilon", 0.0))
+    return "replayed", None
 
 
 def refund_admitted(ledger: Ledger, pairs: list[tuple[int, str]], reason: str) -> int:

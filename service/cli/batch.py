@@ -11,7 +11,11 @@ run in the audit log (``batch.start`` / ``batch.finish``).
 What each seed gets and is charged for: the ranking ``--mechanism`` names, by default the one a
 ``GET /v1/ppr/{node}`` without ``mechanism`` gets (``PPR_DEFAULT_MECHANISM``: ``blended`` unless
 set; in edge mode a personalized-only default becomes ``noisy_diffusion``). The summary's first
-line names it.
+line names it. With ``--output embeddings`` each seed gets a DP-IE embedding instead
+(``dp_instant_embedding``, dimension ``--k``, ``--sigma``), answered and charged exactly as
+``GET /v1/embeddings/{node}``: a Parquet column ``embedding`` of fixed-size lists, a Redis field
+``embedding`` (JSON array) under ``ppr:emb:<user>``, or a ``float8[]`` column of table
+``ppr_embeddings``, with the release's metadata on every row.
 
 A Parquet output is written under a temporary name beside it, readable by its owner only, and
 removed if the run stops (an error, Ctrl-C, SIGTERM, SIGHUP); a driver killed outright leaves
@@ -55,7 +59,23 @@ def register(subparsers: Any) -> None:
         help="node ids, one per line ('#' comments allowed)",
     )
     seeds.add_argument("--all", action="store_true", help="every user account in the ledger")
-    parser.add_argument("--k", type=positive_int, help="results per user (default PPR_DEFAULT_K)")
+    parser.add_argument(
+        "--output",
+        choices=("rankings", "embeddings"),
+        default="rankings",
+        help="what each seed gets: a ranking (default) or a DP-IE embedding",
+    )
+    parser.add_argument(
+        "--k",
+        type=positive_int,
+        help="results per user (default PPR_DEFAULT_K); with --output embeddings the "
+        "dimension (default PPR_EMBEDDING_DEFAULT_K)",
+    )
+    parser.add_argument(
+        "--sigma",
+        type=positive_float,
+        help="--output embeddings: PushFlowCap's sigma (default PPR_EMBEDDING_DEFAULT_SIGMA)",
+    )
     parser.add_argument(
         "--epsilon", type=positive_float, help="epsilon per user (default PPR_DEFAULT_EPSILON)"
     )
@@ -191,6 +211,8 @@ def run(args: argparse.Namespace) -> int:
         retries=args.retries,
         settings=settings,
         progress=False if args.no_progress else None,
+        output=args.output,
+        sigma=args.sigma,
     )
     with unwind_on_termination():  # SIGTERM/SIGHUP: temporary output removed, pool stopped
         summary = run_batch(options)

@@ -17,7 +17,7 @@ from typing import Any, Generic, ParamSpec, Self, TypeVar, overload
 
 import httpx
 
-from service.client import calls
+from service.client import calls, embedding_calls
 from service.client.calls import Call, error_from_response
 from service.client.errors import PprConnectionError
 from service.client.retry import RetryPolicy
@@ -174,6 +174,11 @@ class _Api:
     ppr = Endpoint(calls.ppr)
     batch = Endpoint(calls.batch)
     budget = Endpoint(calls.budget)
+    # embeddings (docs/embeddings.md)
+    embedding = Endpoint(embedding_calls.embedding)
+    embedding_batch = Endpoint(embedding_calls.embedding_batch)
+    free_embedding = Endpoint(embedding_calls.free_embedding)
+    similar = Endpoint(embedding_calls.similar)
     # admin accounts only
     list_accounts = Endpoint(calls.list_accounts)
     get_account = Endpoint(calls.get_account)

@@ -62,7 +62,7 @@ class Mechanism(_Model):
 
 class Budget(_Model):
     account_id: int
-    spent_epsilon: float
+    spent_epsilon: float | None  # null: infinite (docs/privacy.md, section 5)
     cap_epsilon: float
     remaining_epsilon: float
     delta: float

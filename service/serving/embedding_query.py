@@ -222,10 +222,17 @@ class EmbeddingQueryService:
             )
         return float(sigma)
 
+    def parameters(
+        self, k: int | None, sigma: float | None, epsilon: float | None
+    ) -> tuple[int, float, float]:
+        """(k, sigma, epsilon) with the defaults filled in, or the 4xx for a bad one (what a
+        batch checks once for all its items)."""
+        return self._dimension(k), self._sigma(sigma), self._epsilon(epsilon)
+
     def validate(self, req: EmbeddingRequest) -> tuple[int, float, float]:
         """(k, sigma, epsilon) of a DP-IE request, or the 4xx for a bad one."""
         self._own_node_only(req.principal, req.node)
-        return self._dimension(req.k), self._sigma(req.sigma), self._epsilon(req.epsilon)
+        return self.parameters(req.k, req.sigma, req.epsilon)
 
     # -- DP-IE ------------------------------------------------------------------------------
 

@@ -11,8 +11,9 @@ Releases (all Laplace, split by :func:`service.privacy.synthetic.community_plan`
    (measured: on Cora the rounds do not beat a random partition even at eps 3.2, and on
    email-Eu-core and ego-Facebook at eps <= 1 they cost more in degree accuracy than they
    bring). The decision reads a DP output only.
-2. degrees: d + Lap(2 / eps_degrees), denoised by isotonic regression and rescaled to the probe's
-   edge count (post-processing).
+2. degrees: d + Lap(2 / eps_degrees), clipped at the floor and rescaled to the probe's edge
+   count (post-processing); with ``deconvolve`` the nodes take instead the deconvolved degree
+   distribution at their noisy ranks (service.synthetic.deconvolve, post-processing).
 3. ``rounds`` rounds of group counts: C = A H(g) + Lap(2 / eps_round), H(g) the n x k indicator
    of the current partition g (the first is uniformly random, drawn without the data). After
    every round but the last, each node moves to the group its noisy counts favour most,
@@ -66,6 +67,11 @@ class CommunityParams:
     count_min_signal: float = 2.0
     #: Smallest synthetic degree (1: a graph read from an edge list has no isolated node).
     min_degree: int = 1
+    #: Give the nodes the deconvolved degree distribution at their noisy ranks
+    #: (service.synthetic.deconvolve; post-processing) instead of the noisy values. Off by
+    #: default: on Cora at eps 1 it halves the degree KS distance and the claw error but costs
+    #: link-prediction AUC about 0.006 (docs/synthetic.md, "What moves Cora's path length").
+    deconvolve: bool = False
 
     def validate(self) -> None:
         checks = (
@@ -146,7 +152,13 @@ def community_synthesize(
     )
 
     noisy = degrees + rng.laplace(0.0, DEGREE_SENSITIVITY / plan.degree_epsilon, n)
-    target = denoise_degrees(noisy, 2.0 * max(edges_released, 0.0), rng, params.min_degree)
+    target = denoise_degrees(
+        noisy,
+        2.0 * max(edges_released, 0.0),
+        rng,
+        params.min_degree,
+        DEGREE_SENSITIVITY / plan.degree_epsilon if params.deconvolve else None,
+    )
 
     k = params.groups if plan.rounds else 1
     groups = rng.integers(0, k, n)

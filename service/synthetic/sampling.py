@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import isotonic_regression
 
+from service.synthetic.deconvolve import deconvolved_degrees
+
 
 def simple_edges(u: np.ndarray, v: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Canonical ``u < v`` pairs without self-loops or duplicates, sorted."""
@@ -20,7 +22,11 @@ def simple_edges(u: np.ndarray, v: np.ndarray, n: int) -> tuple[np.ndarray, np.n
 
 
 def denoise_degrees(
-    noisy: np.ndarray, total: float | None, rng: np.random.Generator, floor: int = 0
+    noisy: np.ndarray,
+    total: float | None,
+    rng: np.random.Generator,
+    floor: int = 0,
+    noise_scale: float | None = None,
 ) -> np.ndarray:
     """Integer degrees from a noisy degree vector (post-processing only).
 
@@ -30,15 +36,24 @@ def denoise_degrees(
     given back to the nodes in the order of their noisy values, rescaled to ``total`` (e.g.
     twice a released edge count) when given, clipped at ``floor`` again, and rounded at random
     without bias.
+
+    With ``noise_scale`` (the Laplace scale of the noisy values), the values are replaced
+    instead by the quantiles of the deconvolved degree distribution at the nodes' ranks
+    (:func:`service.synthetic.deconvolve.deconvolved_degrees`): the isotonic fit of values
+    sorted by themselves is the identity, so it leaves the noise's spread in the distribution.
     """
-    order = np.argsort(noisy, kind="stable")
-    fitted = np.maximum(isotonic_regression(noisy[order]).x, float(floor))
-    out = np.empty_like(fitted)
-    out[order] = fitted
+    if noise_scale is not None:
+        out = deconvolved_degrees(noisy, noise_scale, floor)
+    else:
+        order = np.argsort(noisy, kind="stable")
+        fitted = np.maximum(isotonic_regression(noisy[order]).x, float(floor))
+        out = np.empty_like(fitted)
+        out[order] = fitted
     if total is not None and out.sum() > 0:
         out = np.maximum(out * max(total, 0.0) / out.sum(), float(floor))
     low = np.floor(out)
-    return (low + (rng.random(out.size) < out - low)).astype(np.int64)
+    rounded: np.ndarray = (low + (rng.random(out.size) < out - low)).astype(np.int64)
+    return rounded
 
 
 def chung_lu(

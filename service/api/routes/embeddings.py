@@ -1,23 +1,27 @@
-"""``GET /v1/embeddings/{node_id}`` (DP-IE, charged) and ``GET /v1/embeddings/free/{node_id}``
+"""``GET /v1/embeddings/{node_id}`` (DP-IE, charged), ``POST /v1/embeddings/batch`` (DP-IE for
+many seeds, each item charged as the single query is) and ``GET /v1/embeddings/free/{node_id}``
 (the InstantEmbedding of a stored release the caller may replay, free)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from service.api.deps import EngineTurn, PrincipalDep, RuntimeDep
-from service.api.models import EmbeddingAnswerModel, ErrorResponse
-from service.api.observability import CHARGES, EPSILON_CHARGED, REPLAYS
+from service.api.embedding_batch_models import EmbeddingBatchAnswer, EmbeddingBatchQuery
+from service.api.models import EmbeddingAnswerModel, EmbeddingMechanism, ErrorResponse
+from service.api.observability import CHARGES, EPSILON_CHARGED, REFUSALS, REPLAYS
 from service.api.params import K_LIMIT, IdempotencyKeyHeader, NodeIdPath, QueryBool
 from service.api.routes.ppr import one_header
 from service.api.runtime import Runtime
 from service.api.strict import StrictRoute
-from service.errors import Forbidden
+from service.errors import Forbidden, InvalidParameter
 from service.mechanisms.registry import RankingMechanism
 from service.privacy.modes import Mode
+from service.serving.embedding_batch import EmbeddingBatchRequest, answer_embedding_batch
 from service.serving.embedding_query import EmbeddingRequest, FreeEmbeddingRequest
 
 router = APIRouter(prefix="/v1/embeddings", tags=["embeddings"], route_class=StrictRoute)
@@ -160,3 +164,92 @@ async def dp_embedding(
         CHARGES.labels(mode.value).inc()
         EPSILON_CHARGED.labels(mode.value).inc(answer.epsilon_charged)
     return _body(EmbeddingAnswerModel.of(answer))
+
+
+_BATCH_ERRORS: dict[int | str, dict[str, object]] = {
+    401: {"model": ErrorResponse, "description": "missing, malformed, unknown or revoked key"},
+    403: {"model": ErrorResponse, "description": "`forbidden` (admin accounts; a sandbox)"},
+    422: {
+        "model": ErrorResponse,
+        "description": "`invalid_parameter` for the whole call (too many nodes, bad k, sigma or "
+        "epsilon)",
+    },
+    503: {
+        "model": ErrorResponse,
+        "description": "`overloaded` (the engine's queue is full; see Retry-After)",
+    },
+}
+
+
+@router.post("/batch", response_model=EmbeddingBatchAnswer, responses=_BATCH_ERRORS)
+def dp_embedding_batch(
+    request: Request,
+    runtime: RuntimeDep,
+    principal: PrincipalDep,
+    _turn: EngineTurn,
+    body: EmbeddingBatchQuery,
+    idempotency_key: IdempotencyKeyHeader = None,
+) -> Response:
+    """DP-IE embeddings for many seeds, one item per node in the order given.
+
+    Each item is answered exactly as `GET /v1/embeddings/{node}` would be (admitted, charged,
+    stored, replayed free unless `fresh`); an item that fails (`budget_exhausted`,
+    `unknown_node`, `unknown_account`, `forbidden`, `mode_not_allowed`, ...) carries its own
+    `error` and charges nothing; the others are answered. With an `Idempotency-Key`, each
+    item gets a key derived from it, its position and its node (as in `POST /v1/ppr/batch`),
+    so a retried batch charges no item twice.
+    """
+    one_header(request, "Idempotency-Key")
+    _not_in_sandbox(runtime)
+    settings = runtime.settings
+    if len(body.nodes) > settings.batch_max_items:
+        raise InvalidParameter(
+            "nodes", f"at most {settings.batch_max_items} per call (PPR_BATCH_MAX_ITEMS)"
+        )
+    items = answer_embedding_batch(
+        runtime.embeddings,
+        runtime.batch.run_all,
+        EmbeddingBatchRequest(
+            principal=principal,
+            nodes=body.nodes,
+            k=body.k,
+            sigma=body.sigma,
+            epsilon=body.epsilon,
+            mode=body.mode,
+            fresh=body.fresh,
+            idempotency_key=idempotency_key,
+            request_id=request.state.request_id,
+        ),
+    )
+    out: list[dict[str, Any]] = []
+    charged = 0.0
+    for item in items:
+        if item.answer is None:
+            assert item.error is not None
+            if item.error.code == "budget_exhausted":
+                REFUSALS.labels(item.error.code).inc()
+            out.append({"node": item.node, "error": item.error.to_dict()})
+            continue
+        answer = item.answer
+        mechanism = EmbeddingMechanism(**answer.mechanism).model_dump(exclude_none=True)
+        out.append(
+            {
+                "node": item.node,
+                "graph_version": answer.graph_version,
+                "embedding": answer.embedding,
+                "mechanism": mechanism,
+                "replayed": answer.replayed,
+                "epsilon_charged": answer.epsilon_charged,
+            }
+        )
+        if answer.replayed:
+            REPLAYS.labels("batch").inc()
+        else:
+            charged += answer.epsilon_charged
+            CHARGES.labels(body.mode.value).inc()
+            EPSILON_CHARGED.labels(body.mode.value).inc(answer.epsilon_charged)
+    request.state.epsilon_charged = charged
+    request.state.outcome = "batch"
+    answered = {"items": out, "request_id": request.state.request_id, "epsilon_charged": charged}
+    content = json.dumps(answered, separators=(",", ":"), allow_nan=False)
+    return Response(content=content, media_type="application/json")

@@ -1,0 +1,155 @@
+"""Migrations carry existing ledgers forward (issue 19, "Done when"): a ledger holding every
+kind of row the service writes (accounts, keyed count charges with their stored releases, a
+refund, a blended answer's degree-release charge, the graph-wide degree release, a service
+account's reads, an embedding salt, a synthesis run, public graph ids) is taken back to each
+earlier revision from 0003 (the schema of the ledgers written before issue 19) to 0009 and
+brought forward again with ``upgrade``: every revision's upgrade then runs on data, the ledger
+verifies clean, and what a revision's downgrade did not drop is as it was (each account's
+spend, the public graph id, the idempotency-key binding, the synthesis run, the salt).
+
+On SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from alembic import command
+from sqlalchemy import create_engine, text
+
+from service.graph.build import build_graph
+from service.ledger import DegreeCharge, Ledger, upgrade
+from service.ledger.database import alembic_config
+from service.ledger.records import Admission, ReleaseKey, StoredRelease
+from service.mechanisms.postprocess import RankedNode
+from service.privacy.laplace import count_release_curve
+from service.serving.rankings import degree_release_name
+from service.synthetic.release import Request, synthesize_release
+
+DELTA = 1e-6
+VERSIONS = Path(__file__).resolve().parents[1] / "migrations" / "versions"
+#: every revision a ledger in use may be at, oldest first: 0003 is the schema of the ledgers
+#: written before issue 19's changes (the public graph id arrived with 0004)
+OLD_REVISIONS = [
+    "0003_admin_dashboard",
+    "0004_graph_identity",
+    "0005_degree_and_read_charges",
+    "0006_idempotency_binding",
+    "0007_synthesis_jobs",
+    "0008_popular_key_bindings",
+    "0009_embedding_salts",
+]
+
+
+@dataclass(frozen=True)
+class Written:
+    user: int
+    other: int
+    service: int
+    version: str
+    fingerprint: str
+    salt: bytes
+    synthetic_sha256: str
+    synthetic_release: str
+    stored: StoredRelease
+    spent: dict[int, float]
+
+
+def _write(url: str, tmp_path: Path) -> Written:
+    """Every kind of row, through the ledger's own methods, at head."""
+    graph = build_graph([0, 0, 1, 2, 3], [1, 2, 2, 3, 4])
+    ledger = Ledger.from_url(url)
+    try:
+        version = ledger.public_graph_version(graph.fingerprint)
+        ledger.set_current_graph_version(version, path="graph.txt")
+        user = ledger.create_account("user", node_id="1", cap_epsilon=5.0, delta=DELTA).account_id
+        other = ledger.create_account("user", node_id="2", cap_epsilon=5.0, delta=DELTA).account_id
+        service = ledger.create_account(
+            "service", cap_epsilon=5.0, delta=DELTA, modes=("edge", "personalized"), label="b"
+        ).account_id
+        curve = count_release_curve(0.1)  # what the service charges a count release
+        charges = []
+        for i, key in enumerate(["released", "refunded"]):
+            charges.append(
+                ledger.admit_and_charge(
+                    charged_account_id=user, principal_account_id=user, seed="1",
+                    mechanism="common_neighbours", mode="personalized", params={},
+                    query_curve=curve, query_epsilon=0.1, graph_version=version,
+                    request_id=f"r{i}", idempotency_key=key,
+                ).charge_id
+            )  # fmt: skip
+        release_key = ReleaseKey(user, "1", version, "personalized", 0.1, "common_neighbours")
+        stored = StoredRelease(release_key, charges[0], [RankedNode("2", 0.5)], {}, "r0")
+        ledger.store_release(stored, idempotency_key="released", principal_account_id=user)
+        ledger.refund(charges[1], reason="test: nothing drawn")
+        d_curve = count_release_curve(0.05)
+        blended = ledger.admit(
+            Admission(
+                charged_account_id=other, principal_account_id=service, seed="2",
+                mechanism="blended", mode="personalized", params={"name": "blended"},
+                query_curve=curve, query_epsilon=0.1, graph_version=version,
+                request_id="b0", degree=DegreeCharge(version, 0.05, d_curve),
+            )
+        )  # fmt: skip
+        name = degree_release_name(40.0)
+        ledger.graph_release(version, name, epsilon=0.05, curve=d_curve, draw=lambda: b"deg")
+        ledger.record_reads(service, charge_ids=[blended.charge_id], graph_release=(version, name))
+        salt = ledger.embedding_salt(version, lambda: bytes(range(16)))
+        job = synthesize_release(
+            ledger, graph, Request("communities", 1.0), tmp_path / "synthetic.txt", cap=None,
+            rng_factory=np.random.default_rng,
+        )  # fmt: skip
+        report = ledger.verify()
+        assert report.ok, report.mismatches
+        spent = {a: ledger.budget(a).spent_epsilon for a in (user, other, service)}
+        assert spent[user] > 0 and spent[other] > 0
+        assert ledger.read_view(service).releases == 2
+        return Written(user, other, service, version, graph.fingerprint, salt,
+                       job.sha256, job.release_name, stored, spent)  # fmt: skip
+    finally:
+        ledger.dispose()
+
+
+def test_the_list_names_every_revision_before_head() -> None:
+    revisions = sorted(p.stem for p in VERSIONS.glob("0*.py"))
+    assert revisions[-1] > OLD_REVISIONS[-1]  # head is newer than every listed one
+    assert [r for r in revisions[:-1] if r >= "0003"] == OLD_REVISIONS, (
+        "a migration was added: list the previous head in OLD_REVISIONS"
+    )
+
+
+@pytest.mark.parametrize("revision", OLD_REVISIONS)
+def test_a_ledger_at_an_old_revision_verifies_after_upgrade(
+    revision: str, ledger_url: str, tmp_path: Path
+) -> None:
+    upgrade(ledger_url)
+    written = _write(ledger_url, tmp_path)
+    command.downgrade(alembic_config(ledger_url), revision)
+    engine = create_engine(ledger_url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == revision
+    engine.dispose()
+    upgrade(ledger_url)
+    ledger = Ledger.from_url(ledger_url)
+    try:
+        report = ledger.verify()
+        assert report.ok, report.mismatches
+        for account, spent in written.spent.items():
+            assert ledger.budget(account).spent_epsilon == pytest.approx(spent, rel=1e-12)
+        if revision >= "0004":  # the fingerprint -> public id record survives
+            assert ledger.public_graph_version(written.fingerprint) == written.version
+        else:  # rebuilt by 0004: every id already shown keeps being its own public id
+            assert ledger.graph_fingerprint_of(written.version) is not None
+        # kept, or (below 0006) bound again by 0006's backfill of every live keyed charge
+        assert ledger.release_for_idempotency_key(written.user, "released") == written.stored
+        if revision >= "0005":
+            assert ledger.read_view(written.service).releases == 2
+        job = ledger.synthetic_release_by_sha256(written.synthetic_sha256)  # 0007 backfills
+        assert job is not None and job.state == "done"
+        assert job.release_name == written.synthetic_release
+        if revision >= "0009":
+            assert ledger.embedding_salt(written.version, lambda: b"\0" * 16) == written.salt
+    finally:
+        ledger.dispose()
