@@ -55,8 +55,8 @@ def test_dp_ie_single_and_batch_are_typed_charged_once_and_replayed(
         assert isinstance(first, EmbeddingAnswer) and len(first.embedding) == 8
         assert first.mechanism.name == "dp_instant_embedding" and first.mechanism.dimension == 8
         assert first.mechanism.sigma == 1e-3 and first.mechanism.score_grid is not None
-        # the achieved epsilon, a hair below 0.2: the scale is calibrated on sigma n plus the
-        # slack of snapping to the noise grid (at most 2^-10 of sigma n)
+        # the achieved epsilon, at most 0.2 and a hair below it: the scale (sigma n + the
+        # snapping slack) / eps is rounded up to six significant digits
         assert 0.2 * (1 - 2.0**-10) <= first.epsilon_charged <= 0.2 and not first.replayed
         again = ppr.embedding(7, k=8, epsilon=0.2, mode="edge")
         assert again.replayed and again.embedding == first.embedding

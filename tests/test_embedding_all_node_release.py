@@ -139,7 +139,7 @@ def test_release_is_one_graph_wide_charge_stored_and_listed(ledger: Ledger, tmp_
     )
     assert release.nodes == graph.n and release.privacy_unit == "edge"
     assert release.release_name.startswith(RELEASE_PREFIX)
-    plan = plan_dp_instant_embedding(0.5, 1e-2, graph.n)  # sigma n + the snapping slack
+    plan = plan_dp_instant_embedding(0.5, 1e-2, graph.n)  # on sigma n + the snapping slack
     composed = dp_instant_embedding_curve(plan.epsilon) * graph.n
     assert release.epsilon == pytest.approx(graph.n * plan.epsilon)
     report = ledger.exposure(delta=1e-6)
