@@ -73,7 +73,9 @@ def test_cli_classification_rows(tmp_path: Path, capsys: pytest.CaptureFixture[s
     }  # fmt: skip
     by_name = {r["row"]: r for r in rows}
     # edge rows cost the graph-wide exposure for all 30 releases; joint rows are not covered
-    assert by_name["dp_ie_edge"]["exposure_pure_epsilon"] == pytest.approx(30.0)
+    # (each achieves at most eps 1, a hair below: its scale (sigma n + the snapping slack) / eps
+    # is rounded up to six significant digits)
+    assert 30.0 * (1 - 2.0**-10) <= by_name["dp_ie_edge"]["exposure_pure_epsilon"] <= 30.0
     assert by_name["dp_ie_personalized"]["exposure_pure_epsilon"] is None
     assert by_name["free_blended"]["exposure_pure_epsilon"] is None
     assert by_name["random"]["exposure_pure_epsilon"] == 0.0

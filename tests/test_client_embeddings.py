@@ -55,7 +55,9 @@ def test_dp_ie_single_and_batch_are_typed_charged_once_and_replayed(
         assert isinstance(first, EmbeddingAnswer) and len(first.embedding) == 8
         assert first.mechanism.name == "dp_instant_embedding" and first.mechanism.dimension == 8
         assert first.mechanism.sigma == 1e-3 and first.mechanism.score_grid is not None
-        assert first.epsilon_charged == pytest.approx(0.2) and not first.replayed
+        # the achieved epsilon, at most 0.2 and a hair below it: the scale (sigma n + the
+        # snapping slack) / eps is rounded up to six significant digits
+        assert 0.2 * (1 - 2.0**-10) <= first.epsilon_charged <= 0.2 and not first.replayed
         again = ppr.embedding(7, k=8, epsilon=0.2, mode="edge")
         assert again.replayed and again.embedding == first.embedding
 
@@ -69,7 +71,7 @@ def test_dp_ie_single_and_batch_are_typed_charged_once_and_replayed(
         assert (
             eight.mechanism is not None and eight.mechanism.hash_salt == first.mechanism.hash_salt
         )
-        assert batch.epsilon_charged == pytest.approx(0.2)
+        assert batch.epsilon_charged == pytest.approx(first.epsilon_charged)
         assert not missing.ok and isinstance(missing.exception(), UnknownNode)
         with pytest.raises(UnknownNode):
             missing.raise_for_error()

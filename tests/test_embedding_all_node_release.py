@@ -32,7 +32,11 @@ from service.embeddings.all_node_release import (
     release_embeddings,
 )
 from service.embeddings.all_nodes import edge_embeddings, edge_instant_embeddings
-from service.embeddings.dp import EMBEDDING_BETA, dp_instant_embedding_curve
+from service.embeddings.dp import (
+    EMBEDDING_BETA,
+    dp_instant_embedding_curve,
+    plan_dp_instant_embedding,
+)
 from service.embeddings.hashing import embedding_hashes
 from service.embeddings.instant import instant_embedding
 from service.embeddings.similar import POINTER, SimilarIndex, build_index, measure_recall
@@ -43,7 +47,6 @@ from service.ledger import GraphCap, Ledger
 from service.ledger.records import ChargeSettled, GraphBudgetExhausted
 from service.ledger.tables import GraphRelease
 from service.mechanisms.pushflowcap import pushflowcap
-from service.privacy.laplace import plan_laplace
 from service.privacy.modes import Mode
 from service.serving.reconciler import Reconciler
 from service.synthetic.release import decode_payload
@@ -136,7 +139,7 @@ def test_release_is_one_graph_wide_charge_stored_and_listed(ledger: Ledger, tmp_
     )
     assert release.nodes == graph.n and release.privacy_unit == "edge"
     assert release.release_name.startswith(RELEASE_PREFIX)
-    plan = plan_laplace(0.5, 1e-2 * graph.n)
+    plan = plan_dp_instant_embedding(0.5, 1e-2, graph.n)  # on sigma n + the snapping slack
     composed = dp_instant_embedding_curve(plan.epsilon) * graph.n
     assert release.epsilon == pytest.approx(graph.n * plan.epsilon)
     report = ledger.exposure(delta=1e-6)
@@ -170,7 +173,7 @@ def test_node_list_release_charges_its_nodes_only(ledger: Ledger, tmp_path: Path
         ledger, graph, EmbeddingRequest(1.0, 8, 1e-3, 3, nodes=some), tmp_path,
         cap=None, rng_factory=np.random.default_rng,
     )  # fmt: skip
-    plan = plan_laplace(1.0, 1e-3 * graph.n)
+    plan = plan_dp_instant_embedding(1.0, 1e-3, graph.n)
     assert release.nodes == 10 and release.epsilon == pytest.approx(10 * plan.epsilon)
     assert read_vectors(tmp_path / f"{release.release_name[len(RELEASE_PREFIX) :]}.npz")[1] == some
 

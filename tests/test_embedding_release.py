@@ -21,7 +21,6 @@ from service.embeddings.release import (
 from service.ledger.release_format import decode_results, encode_results
 from service.mechanisms.postprocess import RankedNode, score_grid
 from service.privacy.modes import Mode
-from service.privacy.sampler import TAU_PER_COORDINATE
 from tests.graph_helpers import graph_from_edges
 
 
@@ -38,12 +37,13 @@ def test_the_release_key_names_k_and_sigma_exactly() -> None:
     assert not is_embedding_release("noisy_diffusion")
 
 
-def test_the_statement_gives_the_sampler_delta_per_coordinate() -> None:
+def test_the_statement_gives_delta_zero_for_the_exact_sampler() -> None:
     plan = plan_dp_instant_embedding(0.5, 1e-3, 1000)
     block = mechanism_block(plan, Mode.EDGE, 1e-3, 64, 0.9, 100, "ab" * 16)
     assert block["name"] == DP_IE and block["mode"] == "edge" and block["dimension"] == 64
     assert block["noise_scale"] == plan.scale and block["score_grid"] == score_grid(plan.scale)
-    assert block["delta"] == (1 + math.exp(plan.epsilon)) * 64 * TAU_PER_COORDINATE
+    assert block["delta"] == 0.0  # exact noise on the snapped vector: pure eps-DP
+    assert block["sensitivity"] == plan.sensitivity > 1e-3 * 1000
     assert math.isclose(block["alpha"], 0.1)
 
 

@@ -246,3 +246,64 @@ def test_dp_ie_sensitivity_sigma_n_end_to_end(mode: Mode) -> None:
                     assert moved <= sigma * n + 1e-9
                     largest = max(largest, moved)
     assert largest > 1e-3  # the embeddings did move (the bound sigma n = 1 is far from tight)
+
+
+def snapped(w: np.ndarray, h: float) -> np.ndarray:
+    out: np.ndarray = np.round(w / h) * h
+    return out
+
+
+def test_snapping_adds_at_most_k_h_and_that_much_is_reached() -> None:
+    """||round_h(w) - round_h(w')||_1 <= ||w - w'||_1 + k h (each coordinate of either rounding
+    moves by at most h / 2), and an adversarial pair comes within any margin of it: so DP-IE
+    calibrates on sigma n + MAX_K h (``dp_ie_sensitivity``), not on sigma n alone."""
+    from service.embeddings.dp import MAX_K, dp_ie_sensitivity, snap_grid
+
+    rng = np.random.default_rng(8)
+    k, h = 16, 2.0**-6
+    for _ in range(2000):
+        w = rng.normal(0, 1, k)
+        w2 = w + rng.laplace(0, 0.05, k)
+        assert np.abs(snapped(w, h) - snapped(w2, h)).sum() <= np.abs(w - w2).sum() + k * h
+    # adversarial: every coordinate a hair either side of a rounding boundary
+    tiny = 2.0**-30
+    w = np.full(k, h / 2 - tiny)
+    w2 = np.full(k, h / 2 + tiny)
+    moved = np.abs(snapped(w, h) - snapped(w2, h)).sum()
+    assert moved == k * h > np.abs(w - w2).sum() + (k - 1) * h  # the slack is needed, all of it
+    # the service's h and the sensitivity it calibrates on
+    sigma, n = 1e-3, 1005
+    h = snap_grid(sigma, n)
+    assert h <= sigma * n / 2**22 < 2 * h
+    assert dp_ie_sensitivity(sigma, n) == sigma * n + MAX_K * h <= sigma * n * (1 + 2.0**-10)
+
+
+@pytest.mark.parametrize("mode", [P, E])
+def test_dp_ie_snapped_sensitivity_end_to_end(mode: Mode) -> None:
+    """The snapped pre-noise vector round_h(w), h = snap_grid(sigma, n), through the service's
+    own functions: within dp_ie_sensitivity(sigma, n) for every protected toggle of a few
+    5-node graphs and every k = 2 hash function."""
+    from service.embeddings.dp import dp_ie_sensitivity, snap_grid
+
+    beta, sigma, n = 0.2, 0.2, 5
+    h = snap_grid(sigma, n)
+    bound = dp_ie_sensitivity(sigma, n)
+    hashes = all_hashes(n, 2)[::7]
+    rng = np.random.default_rng(4)
+    adjacency = all_graphs(n)
+    largest = 0.0
+    for index in rng.choice(adjacency.shape[0], 4, replace=False):
+        edges = {(u, v) for u, v in itertools.combinations(range(n), 2) if adjacency[index, u, v]}
+        for seed in range(n):
+            p = pushflowcap(graph_from_edges(edges, n), seed, beta, ROUNDS, sigma, mode)
+            for pair in protected_pairs(n, seed, mode):
+                q = pushflowcap(
+                    graph_from_edges(edges ^ {pair}, n), seed, beta, ROUNDS, sigma, mode
+                )
+                for hf in hashes:
+                    a = snapped(instant_embedding(p, hf), h)
+                    b = snapped(instant_embedding(q, hf), h)
+                    moved = float(np.abs(a - b).sum())
+                    assert moved <= bound
+                    largest = max(largest, moved)
+    assert largest > 1e-3

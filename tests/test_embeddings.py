@@ -58,11 +58,15 @@ def test_instant_embedding_natural_log_and_buckets() -> None:
         instant_embedding(np.ones(4), hashes)
 
 
-def test_plan_noise_scale_is_sigma_n_over_epsilon() -> None:
+def test_plan_noise_scale_is_the_snapped_sensitivity_over_epsilon() -> None:
+    """b = (sigma n + MAX_K h) / eps: sigma n / eps and the snapping slack, at most 2^-10 of it."""
     plan = plan_dp_instant_embedding(0.5, 1e-3, 1005)
-    assert plan.scale == pytest.approx(1e-3 * 1005 / 0.5, rel=1e-6)
-    assert plan.scale >= 1e-3 * 1005 / 0.5 and plan.epsilon <= 0.5
-    assert plan.sensitivity == pytest.approx(1.005)
+    h = dp_module.snap_grid(1e-3, 1005)
+    assert h == 2.0**-22  # the largest power of two <= 1.005 / 2^22
+    assert plan.sensitivity == pytest.approx(1.005 + MAX_K * h)
+    assert plan.scale == pytest.approx(plan.sensitivity / 0.5, rel=1e-5)  # 6 digits, up
+    assert plan.scale >= plan.sensitivity / 0.5 and plan.epsilon <= 0.5
+    assert 1e-3 * 1005 / 0.5 < plan.scale <= 1e-3 * 1005 / 0.5 * (1 + 2.0**-10) * (1 + 1e-6)
     assert dp_instant_embedding_curve(0.5) == laplace_curve(0.5)
 
 
@@ -79,34 +83,36 @@ def test_dp_ie_noise_law_grid_and_mean() -> None:
     ])  # fmt: skip
     released = dp_instant_embedding(graph, 0, hashes, eps, sigma, Mode.EDGE, rng=rng)
     b = released.plan.scale
-    assert b == pytest.approx(sigma * 60 / eps, rel=1e-6)
+    assert b == pytest.approx(sigma * 60 / eps, rel=1e-3)
     assert released.grid == score_grid(b)
     np.testing.assert_array_equal(np.round(draws / released.grid) * released.grid, draws)
-    # Laplace(b): mean = the embedding, mean |x - w| = b on every coordinate
+    # Laplace(b): mean = the (snapped) embedding, mean |x - w| = b on every coordinate
     np.testing.assert_allclose(draws.mean(axis=0), exact, atol=6 * b / math.sqrt(3000))
     np.testing.assert_allclose(np.abs(draws - exact).mean(axis=0), b, rtol=0.08)
 
 
-def test_dp_ie_default_rng_is_fresh_and_uses_the_service_sampler(
+def test_dp_ie_default_rng_is_fresh_and_uses_the_exact_sampler(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     graph = graph_from_edges({(0, 1), (1, 2)}, 3)
     hashes = embedding_hashes(["0", "1", "2"], SALT, 4)
     calls: list[str] = []
-    real_fresh, real_noise = dp_module.fresh_generator, dp_module.laplace_noise
+    real_fresh, real_noise = dp_module.fresh_generator, dp_module.grid_laplace
 
     def fresh() -> np.random.Generator:
         calls.append("fresh")
         return real_fresh()
 
-    def noise(rng: np.random.Generator, scale: float, count: int) -> np.ndarray:
-        calls.append(f"laplace {count}")
-        return real_noise(rng, scale, count)
+    def noise(
+        rng: np.random.Generator, scales: float, grid: float, count: int | None = None
+    ) -> np.ndarray:
+        calls.append(f"exact {count} on {grid!r}")
+        return real_noise(rng, scales, grid, count)
 
     monkeypatch.setattr(dp_module, "fresh_generator", fresh)
-    monkeypatch.setattr(dp_module, "laplace_noise", noise)
+    monkeypatch.setattr(dp_module, "grid_laplace", noise)
     dp_instant_embedding(graph, 0, hashes, 1.0, 0.1, Mode.PERSONALIZED)
-    assert calls == ["fresh", "laplace 4"]
+    assert calls == ["fresh", f"exact 4 on {dp_module.snap_grid(0.1, 3)!r}"]
 
 
 def test_dp_ie_bad_parameters() -> None:

@@ -2,7 +2,8 @@
 
 Each test fails on the old behaviour: the version was a hash of the edges, the node set was
 the ids the edges named, delta was min(1e-6, 1/|E|), the count releases drew with
-``Generator.laplace`` and stated delta 0, and kappa used the graph's own largest degree.
+``Generator.laplace`` and stated delta 0 (then with the float64 ziggurat, stating its coupling
+delta; now exactly, stating 0), and kappa used the graph's own largest degree.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from service.graph.demo import demo_graph
 from service.graph.loader import load_edge_list, read_node_list
 from service.ledger import Ledger, upgrade
 from service.mechanisms.engine import DiffusionJob, margin_degree, run_jobs
-from service.mechanisms.randomness import laplace_noise, rounded_noise
+from service.mechanisms.randomness import laplace_noise
+from service.privacy.accountant import RdpCurve
 from service.privacy.calibration import DiffusionConfig
 from service.privacy.modes import Mode
-from service.privacy.sampler import TAU_PER_COORDINATE, count_release_delta
+from service.privacy.sampler import count_release_delta
 from service.privacy.state_grid import step_noise_plan
 from service.serving.graph_identity import as_served
 from tests.api_support import Backend, bearer, open_ledger, running_app, user_with_key
@@ -273,28 +275,95 @@ def test_the_sampler_keeps_the_exponential_tail_beyond_the_inverse_cdf_cut() -> 
     assert abs(tail.mean() - 1.0) < 0.1 and tail.max() < 53 * np.log(2) + 1e-9
 
 
-def test_count_noise_is_rounded_before_the_exact_addition() -> None:
+def test_count_noise_is_on_the_grid_and_added_exactly() -> None:
+    """Count releases add g N (exact sampler) to integer counts, g a power of two <= 1: the
+    sum is exact, so the law of what is released does not see the count's low bits."""
+    from service.mechanisms.exact_laplace import grid_laplace
+    from service.mechanisms.postprocess import count_grid
+
+    assert count_grid(20.0) == 2.0**-4 and count_grid(1e6) == 1.0  # never coarser than 1
     grid = 2.0**-6
-    noise = laplace_noise(np.random.default_rng(3), 20.0, 10_000)
-    rounded = rounded_noise(noise, grid)
-    assert np.all(np.abs(rounded - noise) <= grid / 2)
+    noise = grid_laplace(np.random.default_rng(3), 20.0, grid, count=10_000)
+    assert np.array_equal(np.round(noise / grid) * grid, noise)
     for count in (0.0, 3.0, 1_234_567.0):
-        released = count + rounded
-        assert np.array_equal(released - count, rounded)  # the law does not see the count
+        released = count + noise
+        assert np.array_equal(released - count, noise)  # the law does not see the count
 
 
-def test_count_answers_state_the_samplers_delta(app_backend: Backend) -> None:
-    _, key = user_with_key(app_backend.database_url, "1")
+COUNT_MECHANISMS = ["popular", "common_neighbours", "friends_of_friends", "blended"]
+
+
+def _draw_count_release(name: str, rng: np.random.Generator) -> None:
+    from service.mechanisms.blended import blended_ranking
+    from service.mechanisms.common_neighbours import noisy_common_neighbours
+    from service.mechanisms.friends_of_friends import friends_of_friends
+    from service.mechanisms.popular import noisy_degrees
+    from service.privacy.laplace import plan_laplace, plan_two_scale
+
+    graph = demo_graph()
+    if name == "popular":
+        noisy_degrees(graph, plan_laplace(0.1, 2.0), rng)
+    elif name == "common_neighbours":
+        noisy_common_neighbours(graph, 5, plan_laplace(0.1, 2.0), rng)
+    elif name == "friends_of_friends":
+        friends_of_friends(graph, 5, plan_two_scale(0.1), rng)
+    elif name == "blended":
+        degrees = np.asarray(graph.degrees, dtype=np.float64)  # stands in for the release
+        blended_ranking(graph, 5, plan_two_scale(0.1), degrees, 20.0, rng)
+    else:  # dp_instant_embedding
+        from service.embeddings.dp import dp_instant_embedding
+        from service.embeddings.hashing import embedding_hashes
+
+        hashes = embedding_hashes([str(v) for v in graph.external_ids(np.arange(graph.n))],
+                                  bytes(16), 16)  # fmt: skip
+        dp_instant_embedding(graph, 5, hashes, 1.0, 1e-3, Mode.EDGE, rng=rng)
+
+
+@pytest.mark.parametrize("name", [*COUNT_MECHANISMS, "dp_instant_embedding"])
+def test_count_releases_and_dp_ie_never_draw_floats(name: str) -> None:
+    """Neither the float64 ziggurat (``standard_exponential``, behind ``laplace_noise``) nor any
+    other float sampler: only raw 64-bit words (the exact sampler). Fails on the float
+    sampler the count releases and DP-IE used before."""
+
+    class WordsOnly(np.random.Generator):  # numpy's type is immutable: subclass it
+        def __getattribute__(self, attribute: str) -> Any:
+            if attribute != "bit_generator":
+                raise AssertionError(f"a float sampler was used: Generator.{attribute}")
+            return super().__getattribute__(attribute)
+
+    _draw_count_release(name, WordsOnly(np.random.PCG64DXSM()))
+
+
+def test_count_answers_state_delta_zero_and_charge_no_sampler_share(
+    app_backend: Backend,
+) -> None:
+    """Every count answer states delta 0, and every curve it charged (the account's charges,
+    the version's degree release) carries sampler_tv 0. Fails on the float sampler's
+    accounting, which stated (1 + e^eps) 2e-11 and charged 2e-11 per release."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from service.ledger.tables import Charge, GraphRelease
+
+    account, key = user_with_key(app_backend.database_url, "1")
     with _client(app_backend) as client:
-        for mechanism in ("popular", "common_neighbours", "friends_of_friends", "blended"):
-            body = client.get(
+        for mechanism in COUNT_MECHANISMS:
+            response = client.get(
                 "/v1/ppr/1", params={"k": 2, "mechanism": mechanism, "epsilon": 0.2},
                 headers=bearer(key),
-            ).json()  # fmt: skip
-            epsilon = body["mechanism"]["epsilon"]
-            assert body["mechanism"]["delta"] == count_release_delta(epsilon) > 0
-            assert body["mechanism"]["delta"] < 1e-9
-    assert TAU_PER_COORDINATE >= 5.98473e-12  # benchmarks/laplace_sampler_bound.py
+            )  # fmt: skip
+            assert response.status_code == 200, response.text
+            block = response.json()["mechanism"]
+            assert block["delta"] == count_release_delta(block["epsilon"]) == 0.0
+            if "degree_delta" in block:
+                assert block["degree_delta"] == 0.0
+    with open_ledger(app_backend.database_url) as ledger, Session(ledger.engine) as session:
+        charges = list(session.scalars(select(Charge).where(Charge.charged_account_id == account)))
+        releases = list(session.scalars(select(GraphRelease)))
+        assert len(charges) >= 3 and releases
+        for row in [*charges, *releases]:
+            assert RdpCurve.from_json(row.rdp).sampler_tv == 0.0
+        assert ledger.budget(account).spent_epsilon > 0
 
 
 # --------------------------------------------------------------------------- finding 7

@@ -24,7 +24,9 @@ from service.ledger import DegreeCharge, Ledger, upgrade
 from service.ledger.database import alembic_config
 from service.ledger.records import Admission, ReleaseKey, StoredRelease
 from service.mechanisms.postprocess import RankedNode
-from service.privacy.laplace import count_release_curve
+from service.privacy.accountant import RdpCurve
+from service.privacy.curves import laplace_curve
+from service.privacy.sampler import FLOAT_COUNT_RELEASE_TV
 from service.serving.rankings import degree_release_name
 from service.synthetic.release import Request, synthesize_release
 
@@ -41,6 +43,14 @@ OLD_REVISIONS = [
     "0008_popular_key_bindings",
     "0009_embedding_salts",
 ]
+
+
+def float_era(epsilon: float) -> RdpCurve:
+    """A count release's curve as the float sampler's code charged it (with its share): what
+    a ledger at any of OLD_REVISIONS holds. Count releases drawn now carry no share, and 0010
+    cannot tell them apart, so a roundtrip below it adds the share to them (docs/privacy.md,
+    section 5: conservative); the roundtrip is exact for the rows it was written for."""
+    return laplace_curve(epsilon).with_sampler_tv(FLOAT_COUNT_RELEASE_TV)
 
 
 @dataclass(frozen=True)
@@ -69,7 +79,7 @@ def _write(url: str, tmp_path: Path) -> Written:
         service = ledger.create_account(
             "service", cap_epsilon=5.0, delta=DELTA, modes=("edge", "personalized"), label="b"
         ).account_id
-        curve = count_release_curve(0.1)  # what the service charges a count release
+        curve = float_era(0.1)  # what the service charged a count release then
         charges = []
         for i, key in enumerate(["released", "refunded"]):
             charges.append(
@@ -84,7 +94,7 @@ def _write(url: str, tmp_path: Path) -> Written:
         stored = StoredRelease(release_key, charges[0], [RankedNode("2", 0.5)], {}, "r0")
         ledger.store_release(stored, idempotency_key="released", principal_account_id=user)
         ledger.refund(charges[1], reason="test: nothing drawn")
-        d_curve = count_release_curve(0.05)
+        d_curve = float_era(0.05)
         blended = ledger.admit(
             Admission(
                 charged_account_id=other, principal_account_id=service, seed="2",

@@ -321,13 +321,14 @@ def test_the_two_scale_bound_can_fail() -> None:
 
 def test_the_two_scale_release_uses_the_stated_scales() -> None:
     """The library's release puts Lap(b_f) on the friends, Lap(b_c) on the candidates and
-    nothing on the seed: with the same generator it equals counts + one standard Laplace draw
-    per node times those scales."""
+    nothing on the seed: with the same generator it equals counts + the exact sampler's
+    draws at those scales on the counts' grid."""
     from service.mechanisms.common_neighbours import (
         count_noise_scales,
         two_scale_common_neighbours,
     )
-    from service.mechanisms.randomness import laplace_noise
+    from service.mechanisms.exact_laplace import grid_laplace
+    from service.mechanisms.postprocess import count_grid
     from service.privacy.laplace import plan_two_scale
 
     rng = np.random.default_rng(4)
@@ -341,8 +342,8 @@ def test_the_two_scale_release_uses_the_stated_scales() -> None:
     assert np.all(scales[friends] == 4.0) and scales[seed] == 0.0
     assert np.sum(scales == 2.0) == graph.n - 1 - friends.shape[0]
     released = two_scale_common_neighbours(graph, seed, plan, np.random.default_rng(9))
-    expected = common_neighbour_counts(graph, seed) + (
-        laplace_noise(np.random.default_rng(9), 1.0, graph.n) * scales
+    expected = common_neighbour_counts(graph, seed) + grid_laplace(
+        np.random.default_rng(9), scales, count_grid(2.0)
     )
     expected[seed] = 0.0
     np.testing.assert_array_equal(released, expected)

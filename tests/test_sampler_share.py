@@ -1,12 +1,14 @@
-"""The float sampler's share of delta is taken out of every account's delta (issue 19, the
-closing note's open point 1).
+"""The float sampler's share of delta stays taken out of every account's delta (issue 19,
+the closing note's open point 1), and new count releases add none.
 
-Each count release, as drawn, differs from its exact-noise twin with probability at most
-``count_release_tv()`` on the coordinates one edge changes. Over an account's releases these
-add (a union bound); the accountant keeps the sum in the curve (``sampler_tv``) and converts
-at ``delta - (1 + e^eps) * sum``. So admission, budgets, the read figure and the graph-wide
-exposure all certify (eps, delta) for the drawn mechanisms, not only for ideal ones. The sum
-lives in the ledger's rows (charges, spend, read totals, shards), so it holds across workers.
+A count release drawn with the float64 sampler (before the exact sampler) differed from its
+exact-noise twin with probability at most ``FLOAT_COUNT_RELEASE_TV`` (2e-11) on the
+coordinates one edge changes. Over an account's releases these add (a union bound); the
+accountant keeps the sum in the curve (``sampler_tv``) and converts at
+``delta - (1 + e^eps) * sum``. Charges made then keep that share: admission, budgets, the read
+figure and the graph-wide exposure still certify (eps, delta) for what was drawn. The ledger
+tests below charge such float-era curves (:func:`float_era`). Count releases now draw exactly
+(service/mechanisms/exact_laplace.py) and carry no share.
 
 On SQLite and on PostgreSQL.
 """
@@ -26,10 +28,20 @@ from service.ledger.records import Admission
 from service.privacy.accountant import RdpCurve, rdp_to_epsilon
 from service.privacy.curves import laplace_curve
 from service.privacy.laplace import count_release_curve, plan_laplace, plan_two_scale
-from service.privacy.sampler import count_release_delta, count_release_tv
+from service.privacy.sampler import (
+    FLOAT_COUNT_RELEASE_TV,
+    count_release_delta,
+    count_release_tv,
+    vector_release_delta,
+)
 from service.serving.rankings import degree_release_name
 
 DELTA = 1e-6
+
+
+def float_era(epsilon: float) -> RdpCurve:
+    """What a count release at ``epsilon`` drawn with the float sampler was charged."""
+    return laplace_curve(epsilon).with_sampler_tv(FLOAT_COUNT_RELEASE_TV)
 
 
 def admission(account_id: int, curve: RdpCurve, *, request_id: str, principal: int | None = None,
@@ -60,17 +72,19 @@ def sound(curve: RdpCurve, delta: float) -> bool:
 # -- the conversion ------------------------------------------------------------------------
 
 
-def test_every_count_plan_carries_its_sampler_share() -> None:
-    tv = count_release_tv()
-    assert tv == 2e-11
-    assert plan_laplace(0.1, 2.0).curve.sampler_tv == tv  # degrees, common neighbours
-    assert plan_two_scale(0.1).curve.sampler_tv == tv  # friends_of_friends, blended
-    # the per-answer statement is the one-release case of the account's conversion
-    assert count_release_delta(0.1) == pytest.approx((1 + math.exp(0.1)) * tv)
+def test_count_plans_drawn_exactly_carry_no_share() -> None:
+    assert count_release_tv() == 0.0 and FLOAT_COUNT_RELEASE_TV == 2e-11
+    assert plan_laplace(0.1, 2.0).curve.sampler_tv == 0.0  # degrees, common neighbours
+    assert plan_two_scale(0.1).curve.sampler_tv == 0.0  # friends_of_friends, blended
+    assert count_release_curve(0.1) == laplace_curve(0.1)
+    assert count_release_delta(0.1) == 0.0 and vector_release_delta(0.1, 256) == 0.0
+    # so composed figures are those of the Laplace curves: finite far beyond the old limit
+    assert math.isfinite((count_release_curve(0.1) * 1000).epsilon(DELTA))
+    assert (float_era(0.1) * 1000).epsilon(DELTA) == math.inf
 
 
 def test_the_conversion_takes_the_share_out_of_delta_at_the_composed_epsilon() -> None:
-    q = count_release_curve(0.1)
+    q = float_era(0.1)
     for answers in (1, 10, 16, 100):
         total = q * answers
         ideal = laplace_curve(0.1) * answers
@@ -84,11 +98,11 @@ def test_the_conversion_takes_the_share_out_of_delta_at_the_composed_epsilon() -
     # 1,000 answers at 0.1 compose to eps 20.07 for ideal noise, and e^20 * 2e-8 > 1e-6
     assert (laplace_curve(0.1) * 1000).epsilon(DELTA) < 20.1
     assert (q * 1000).epsilon(DELTA) == math.inf
-    # summing the releases' own stated deltas would understate: each uses its own eps only
+    # summing the releases' own one-release deltas would understate: each used its own eps
     k = 100
-    stated = k * count_release_delta(0.1)
-    naive = ideal = (laplace_curve(0.1) * k).epsilon(DELTA - stated)
-    assert (count_release_curve(0.1) * k).epsilon(DELTA) > naive == ideal
+    stated = k * (1 + math.exp(0.1)) * FLOAT_COUNT_RELEASE_TV
+    naive = (laplace_curve(0.1) * k).epsilon(DELTA - stated)
+    assert (float_era(0.1) * k).epsilon(DELTA) > naive
     # no curve without a share changes
     assert laplace_curve(0.3).epsilon(DELTA) == rdp_to_epsilon(laplace_curve(0.3).rdp, 0.3, DELTA)
 
@@ -99,7 +113,7 @@ def test_a_share_that_leaves_no_delta_certifies_nothing() -> None:
 
 
 def test_the_share_round_trips_and_old_curves_read_as_none() -> None:
-    curve = count_release_curve(0.2) * 3
+    curve = float_era(0.2) * 3
     assert RdpCurve.from_json(json.loads(json.dumps(curve.to_json()))) == curve
     old = laplace_curve(0.2).to_json()
     assert "sampler_tv" not in old and RdpCurve.from_json(old).sampler_tv == 0.0
@@ -113,7 +127,7 @@ def test_admission_refuses_when_the_sampler_share_leaves_no_delta(ledger: Ledger
     """An account whose delta the shares exhaust is refused, whatever its epsilon cap: on the
     old accounting (the Laplace curve alone) every one of these answers was admitted."""
     user = ledger.create_account("user", node_id="1", cap_epsilon=50.0, delta=1e-10).account_id
-    q = count_release_curve(0.1)
+    q = float_era(0.1)
     admitted = 0
     with pytest.raises(BudgetExhausted):
         for i in range(10):
@@ -129,7 +143,7 @@ def test_admission_refuses_when_the_sampler_share_leaves_no_delta(ledger: Ledger
 def test_budgets_reads_and_exposure_convert_with_the_share(ledger: Ledger) -> None:
     user = ledger.create_account("user", node_id="1", cap_epsilon=100.0, delta=DELTA).account_id
     service = ledger.create_account("service", cap_epsilon=1.0, delta=DELTA).account_id
-    q = count_release_curve(0.2)
+    q = float_era(0.2)
     d_plan = plan_laplace(0.1, 2.0)
     degree = DegreeCharge("v1", d_plan.epsilon, d_plan.curve)
     ids = [
@@ -137,7 +151,8 @@ def test_budgets_reads_and_exposure_convert_with_the_share(ledger: Ledger) -> No
         ledger.admit(admission(user, q, request_id="b", principal=service)),
     ]
     expected = q + q + d_plan.curve
-    assert expected.sampler_tv == pytest.approx(3 * 2e-11)
+    # two float-era count charges keep their shares; the exact degree release adds none
+    assert expected.sampler_tv == pytest.approx(2 * 2e-11)
     assert ids[-1].budget.spent_epsilon == pytest.approx(expected.epsilon(DELTA), rel=1e-12)
     assert ledger.budget(user).spent_epsilon > (laplace_curve(0.2) * 2 + laplace_curve(
         d_plan.epsilon
@@ -160,7 +175,7 @@ def test_budgets_reads_and_exposure_convert_with_the_share(ledger: Ledger) -> No
 
 def test_a_refund_takes_its_share_back(ledger: Ledger) -> None:
     user = ledger.create_account("user", node_id="1", cap_epsilon=5.0, delta=DELTA).account_id
-    q = count_release_curve(0.1)
+    q = float_era(0.1)
     first = ledger.admit(admission(user, q, request_id="a"))
     ledger.admit(admission(user, q, request_id="b"))
     ledger.refund(first.charge_id, reason="test")
@@ -220,3 +235,34 @@ def test_an_old_ledgers_count_charges_get_their_share_on_upgrade(ledger_url: str
         assert report.ok, report.mismatches
     finally:
         after.dispose()
+
+
+def test_a_stored_float_era_degree_release_keeps_its_share(ledger: Ledger) -> None:
+    """A graph version whose degree release was drawn with the float sampler before keeps
+    serving those bytes: its answers state that release's delta and accounts are charged its
+    curve with the share. A release drawn now states 0 and carries none."""
+    import numpy as np
+
+    from service.graph.build import build_graph
+    from service.mechanisms.popular import degrees_to_bytes
+    from service.serving.graph_identity import as_served
+    from service.serving.rankings import DegreeReleases, degree_block
+
+    graph = as_served(build_graph([0, 1, 2], [1, 2, 3]), ledger, max_degree_bound=10)
+    releases = DegreeReleases(ledger, 0.1)
+    plan = releases.plan
+    old = np.array([1.0, 2.0, 2.0, 1.0])
+    ledger.graph_release(
+        graph.version, degree_release_name(plan.scale), epsilon=plan.epsilon,
+        curve=float_era(plan.epsilon), draw=lambda: degrees_to_bytes(old),
+    )  # fmt: skip
+    got = releases.get(graph)
+    assert np.array_equal(got.values, old)
+    assert got.curve.sampler_tv == FLOAT_COUNT_RELEASE_TV
+    assert got.delta == pytest.approx((1 + math.exp(plan.epsilon)) * 2e-11)
+    assert degree_block(got)["degree_delta"] == got.delta > 0
+    other = as_served(build_graph([0, 1], [1, 2], num_nodes=4), ledger, max_degree_bound=10)
+    fresh = DegreeReleases(ledger, 0.1).get(other)
+    assert fresh.curve == plan.curve and fresh.curve.sampler_tv == 0.0
+    assert fresh.delta == 0.0 and degree_block(fresh)["degree_delta"] == 0.0
+    assert not np.array_equal(fresh.values, np.array([1.0, 2.0, 1.0, 0.0]))  # noisy

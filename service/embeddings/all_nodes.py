@@ -6,8 +6,10 @@ dp_instant_embedding` in `edge` mode:
 1. p_s = PushFlowCap(G, s, alpha, R, sigma, edge) with the paper's thresholds
    T = sigma / (2 (2 - alpha)) for every node, the seed included (non-joint);
 2. w_s = InstantEmbedding(p_s, k) under the version's hash functions;
-3. w_s + Lap(b)^k, b = sigma n / eps rounded up (:func:`plan_dp_instant_embedding`), fresh
-   noise per seed from one OS-entropy generator, rounded to the grid ``score_grid(b)``.
+3. w_s snapped to the fine grid h, plus exact rounded Laplace noise at scale dyadic_scale(b) on
+   it, b = Delta / eps rounded up with Delta = sigma n + MAX_K h
+   (:func:`service.embeddings.dp.exact_noisy_release`, :func:`plan_dp_instant_embedding`),
+   fresh noise per seed from one OS-entropy generator, rounded to the grid ``score_grid(b)``.
 
 Steps 1-2 run in a compiled kernel that keeps, per seed, only the nodes the flow has reached:
 a node with zero residual pushes nothing (Algorithm 2), and a node whose cap d(v) T is used up
@@ -33,14 +35,13 @@ from service.embeddings.dp import (
     EMBEDDING_ROUNDS,
     _check_sigma,
     check_k,
+    exact_noisy_release,
     plan_dp_instant_embedding,
 )
 from service.embeddings.hashing import EmbeddingHashes
 from service.errors import InvalidParameter
 from service.graph.model import Graph
-from service.mechanisms.postprocess import round_to_grid, score_grid
 from service.mechanisms.pushflowcap import edge_threshold
-from service.mechanisms.randomness import laplace_noise
 from service.privacy.laplace import LaplacePlan
 
 __all__ = ["MAX_ROUNDS", "edge_embeddings", "edge_instant_embeddings"]
@@ -203,7 +204,5 @@ def edge_embeddings(
     exact = edge_instant_embeddings(
         graph, hashes, seeds, sigma, beta=beta, rounds=rounds, progress=progress
     )
-    grid = score_grid(plan.scale)
-    noise = laplace_noise(rng, plan.scale, exact.size).reshape(exact.shape)
-    released = round_to_grid(exact + noise, grid)
+    released, grid = exact_noisy_release(exact, plan, sigma, graph.n, rng)
     return released, grid, plan

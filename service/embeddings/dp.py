@@ -5,15 +5,24 @@
    for one edge (Theorem 4.3; `personalized` = joint: edges not incident to s, answer to s only).
 2. w = InstantEmbedding(p, k) with the version's hash functions: ||w - w'||_1 <= sigma n
    (Theorem 5.1, natural log).
-3. w + Y, Y_j i.i.d. Lap(b), b = sigma n / eps rounded UP to six significant digits (so the
-   achieved epsilon never exceeds the target), drawn with the service's sampler
-   (:func:`service.mechanisms.randomness.laplace_noise`) from a fresh OS-entropy generator. The
-   noise goes on the k coordinates once, never on p and never scaled by k.
-4. The released coordinates are rounded to the grid ``score_grid(b)`` (the largest power of two
-   <= b / 256), stated with the answer: post-processing (privacy-spec, Floating point).
+3. w is snapped to the fine grid h = :func:`snap_grid` (the largest power of two <=
+   sigma n / 2^22): w_h = round_h(w), a deterministic map. Each coordinate moves by at most
+   h / 2, so ||w_h - w'_h||_1 <= sigma n + k h <= sigma n + MAX_K h <= sigma n (1 + 2^-10): the
+   plan is calibrated on that enlarged sensitivity Delta = sigma n + MAX_K h
+   (:func:`dp_ie_sensitivity`), b = Delta / eps rounded UP to six significant digits.
+4. w_h + h N, N_j = round(L_j / gamma) drawn EXACTLY with gamma = h / b', b' = dyadic_scale(b)
+   >= b (:func:`service.mechanisms.exact_laplace.grid_laplace`: uniform integers and exact
+   comparisons only, from a fresh OS-entropy generator). Since w_h is a multiple of h, w_h + h N
+   has exactly the law of round_h(w_h + Lap(b')^k): post-processing of the exact Laplace
+   mechanism on w_h, pure (Delta / b')-DP with Delta / b' <= eps. The noise goes on the k
+   coordinates once, never on p and never scaled by k. (gamma is about eps 2^-22; the exact
+   sampler needs gamma >= 2^-50 and its denominator below 2^52, so eps below about 1e-8 is
+   refused with ``invalid_parameter``.)
+5. The released coordinates are rounded to the coarser grid ``score_grid(b)`` (the largest
+   power of two <= b / 256), stated with the answer: post-processing.
 
-Privacy cost of one release: pure eps-DP (joint in `personalized` mode); its RDP curve is the
-Laplace curve at eps (:func:`dp_instant_embedding_curve`), the same shape as
+Privacy cost of one release: pure eps-DP (joint in `personalized` mode), delta 0; its RDP
+curve is the Laplace curve at eps (:func:`dp_instant_embedding_curve`), the same shape as
 `common_neighbours`: a k-dimensional Laplace vector with l1 sensitivity Delta and scale b has
 the one-dimensional curve at Delta / b (spec-embeddings.md, "Cost of one release").
 """
@@ -29,9 +38,10 @@ from service.embeddings.hashing import EmbeddingHashes
 from service.embeddings.instant import instant_embedding
 from service.errors import InvalidParameter
 from service.graph.model import Graph
+from service.mechanisms.exact_laplace import grid_laplace
 from service.mechanisms.postprocess import round_to_grid, score_grid
 from service.mechanisms.pushflowcap import pushflowcap
-from service.mechanisms.randomness import fresh_generator, laplace_noise
+from service.mechanisms.randomness import fresh_generator
 from service.privacy.accountant import RdpCurve
 from service.privacy.curves import laplace_curve
 from service.privacy.laplace import LaplacePlan, plan_laplace
@@ -46,9 +56,12 @@ __all__ = [
     "MAX_SIGMA",
     "MIN_SIGMA",
     "DpEmbedding",
+    "dp_ie_sensitivity",
     "dp_instant_embedding",
     "dp_instant_embedding_curve",
+    "exact_noisy_release",
     "plan_dp_instant_embedding",
+    "snap_grid",
 ]
 
 #: The paper's dimension (Section 6).
@@ -69,6 +82,9 @@ EMBEDDING_ROUNDS = 100
 #: thousand nodes (spec-embeddings.md, finding 1); above 1 the cap never binds on PPR mass.
 MIN_SIGMA = 1e-7
 MAX_SIGMA = 1.0
+#: The snapping grid h is at most sigma n / 2^SNAP_BITS: the snapping adds at most
+#: MAX_K h <= sigma n 2^-10 to the sensitivity.
+SNAP_BITS = 22
 
 
 def _check_sigma(sigma: float) -> float:
@@ -88,12 +104,38 @@ def check_k(k: int) -> int:
     return k
 
 
+def snap_grid(sigma: float, n: int) -> float:
+    """h: the largest power of two <= sigma n / 2^SNAP_BITS, the grid w is snapped to and the
+    noise is drawn on."""
+    return float(2.0 ** math.floor(math.log2(sigma * n) - SNAP_BITS))
+
+
+def dp_ie_sensitivity(sigma: float, n: int) -> float:
+    """The l1 sensitivity of the snapped embedding round_h(w), any k <= MAX_K: sigma n
+    (Theorems 4.3, 5.1) plus the snapping's MAX_K h (each coordinate of round_h(w) -
+    round_h(w') differs from that of w - w' by less than h)."""
+    return sigma * n + MAX_K * snap_grid(sigma, n)
+
+
 def plan_dp_instant_embedding(epsilon: float, sigma: float, n: int) -> LaplacePlan:
-    """Laplace plan of sensitivity sigma n (Theorems 4.3, 5.1): b = sigma n / eps, rounded up."""
+    """Laplace plan of sensitivity :func:`dp_ie_sensitivity` (sigma n (1 + at most 2^-10)):
+    b = Delta / eps, rounded up."""
     sigma = _check_sigma(sigma)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise InvalidParameter("n", f"must be an integer >= 1, got {n!r}")
-    return plan_laplace(epsilon, sigma * n)
+    return plan_laplace(epsilon, dp_ie_sensitivity(sigma, n))
+
+
+def exact_noisy_release(
+    w: np.ndarray, plan: LaplacePlan, sigma: float, n: int, rng: np.random.Generator
+) -> tuple[np.ndarray, float]:
+    """(released, grid): round_G(round_h(w) + h N) for every coordinate of ``w`` (any shape),
+    N exact with gamma = h / dyadic_scale(plan.scale), h = :func:`snap_grid`, G =
+    ``score_grid(plan.scale)`` (module docstring, steps 3-5)."""
+    h = snap_grid(sigma, n)
+    grid = score_grid(plan.scale)
+    noise = grid_laplace(rng, plan.scale, h, count=w.size).reshape(w.shape)
+    return round_to_grid(round_to_grid(w, h) + noise, grid), grid
 
 
 def dp_instant_embedding_curve(epsilon: float) -> RdpCurve:
@@ -137,6 +179,5 @@ def dp_instant_embedding(
     p = capped if capped is not None else pushflowcap(graph, seed, beta, rounds, sigma, mode)
     w = instant_embedding(p, hashes)
     rng = rng if rng is not None else fresh_generator()
-    grid = score_grid(plan.scale)
-    released = round_to_grid(w + laplace_noise(rng, plan.scale, hashes.k), grid)
+    released, grid = exact_noisy_release(w, plan, sigma, graph.n, rng)
     return DpEmbedding(released, grid, plan, sigma, mode, hashes.salt_hex)

@@ -105,6 +105,19 @@ class GraphReleases(LedgerPart):
             )
             return state
 
+    def graph_release_curve(self, graph_version: str, mechanism: str) -> RdpCurve | None:
+        """The curve stored with the live release of ``mechanism`` about ``graph_version``
+        (what it was charged, sampler share included), or None."""
+        with self._reading() as session:
+            rdp: dict[str, Any] | None = session.scalar(
+                select(GraphRelease.rdp).where(
+                    GraphRelease.graph_version == graph_version,
+                    GraphRelease.mechanism == mechanism,
+                    GraphRelease.state != "refunded",
+                )
+            )
+        return None if rdp is None else RdpCurve.from_json(rdp)
+
     def _admit_graph_release(
         self, version: str, mechanism: str, epsilon: float, curve: RdpCurve, cap: GraphCap | None
     ) -> int | None:

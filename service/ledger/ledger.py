@@ -126,6 +126,7 @@ class Ledger(LedgerPart):
     embedding_salt = delegate("embedding_salts", EmbeddingSalts.embedding_salt)
     graph_release = delegate("graph_releases", GraphReleases.graph_release)
     graph_release_state = delegate("graph_releases", GraphReleases.graph_release_state)
+    graph_release_curve = delegate("graph_releases", GraphReleases.graph_release_curve)
     start_synthesis = delegate("synthesis", SynthesisJobs.start_synthesis)
     beat_synthesis = delegate("synthesis", SynthesisJobs.beat_synthesis)
     finish_synthesis = delegate("synthesis", SynthesisJobs.finish_synthesis)

@@ -18,8 +18,10 @@ import numpy as np
 
 from service.errors import InvalidParameter
 from service.graph.model import Graph
+from service.mechanisms.exact_laplace import grid_laplace
 from service.mechanisms.operator import walk_operator
-from service.mechanisms.randomness import fresh_generator, laplace_noise, rounded_noise
+from service.mechanisms.postprocess import checked_count_grid
+from service.mechanisms.randomness import fresh_generator
 from service.privacy.laplace import COMMON_NEIGHBOUR_SENSITIVITY, LaplacePlan, TwoScalePlan
 from service.privacy.modes import Mode
 
@@ -61,8 +63,10 @@ def noisy_common_neighbours(
     *,
     grid: float | None = None,
 ) -> np.ndarray:
-    """c + Lap(plan.scale)^n. ``rng`` defaults to a fresh OS-entropy generator; with
-    ``grid``, the noise is rounded to it before the exact addition of the counts."""
+    """c + g N, exactly round_g(c + Lap(b')^n) with b' = dyadic_scale(plan.scale) (the exact
+    sampler, :func:`service.mechanisms.exact_laplace.grid_laplace`). ``grid``: a power of two
+    at most 1 (default :func:`service.mechanisms.postprocess.count_grid` of the scale); ``rng``
+    defaults to a fresh OS-entropy generator."""
     require_personalized(mode, "common_neighbours")
     if plan.sensitivity < COMMON_NEIGHBOUR_SENSITIVITY:
         raise InvalidParameter(
@@ -71,7 +75,8 @@ def noisy_common_neighbours(
         )
     counts = common_neighbour_counts(graph, seed)
     rng = rng if rng is not None else fresh_generator()
-    released: np.ndarray = counts + rounded_noise(laplace_noise(rng, plan.scale, graph.n), grid)
+    grid = checked_count_grid(grid, plan.scale)
+    released: np.ndarray = counts + grid_laplace(rng, plan.scale, grid, count=graph.n)
     return released
 
 
@@ -95,15 +100,15 @@ def two_scale_common_neighbours(
 ) -> np.ndarray:
     """c + Lap(plan.friend_scale) on the seed's friends, c + Lap(plan.candidate_scale) on every
     other node but the seed, and 0 on the seed (not released: its count d(seed) is the seed's
-    own). One standard Laplace draw per node, scaled per node; ``rng`` defaults to a fresh
-    OS-entropy generator; with ``grid``, the scaled noise is rounded to it before the exact
-    addition of the counts."""
+    own). Each released count is c + g N with N from the exact sampler at its node's scale
+    (dyadic_scale of it; :func:`service.mechanisms.exact_laplace.grid_laplace`, the candidates
+    drawn first, then the friends); ``grid``: a power of two at most 1 (default
+    :func:`service.mechanisms.postprocess.count_grid` of the smaller scale); ``rng`` defaults to
+    a fresh OS-entropy generator."""
     require_personalized(mode, "two-scale common neighbours")
     counts = common_neighbour_counts(graph, seed)
     rng = rng if rng is not None else fresh_generator()
-    noise = laplace_noise(rng, 1.0, graph.n)
-    released: np.ndarray = counts + rounded_noise(
-        noise * count_noise_scales(graph, seed, plan), grid
-    )
+    grid = checked_count_grid(grid, min(plan.friend_scale, plan.candidate_scale))
+    released: np.ndarray = counts + grid_laplace(rng, count_noise_scales(graph, seed, plan), grid)
     released[seed] = 0.0
     return released

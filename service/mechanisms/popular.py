@@ -17,7 +17,9 @@ import numpy as np
 
 from service.errors import InvalidParameter
 from service.graph.model import Graph
-from service.mechanisms.randomness import fresh_generator, laplace_noise, rounded_noise
+from service.mechanisms.exact_laplace import grid_laplace
+from service.mechanisms.postprocess import checked_count_grid
+from service.mechanisms.randomness import fresh_generator
 from service.privacy.laplace import DEGREE_SENSITIVITY, LaplacePlan
 
 __all__ = ["degrees_from_bytes", "degrees_to_bytes", "noisy_degrees"]
@@ -32,16 +34,19 @@ def noisy_degrees(
     *,
     grid: float | None = None,
 ) -> np.ndarray:
-    """d + Lap(plan.scale)^n. ``rng`` defaults to a fresh OS-entropy generator. With ``grid``
-    (a power of two), the noise is rounded to it before the exact addition of the degrees
-    (docs/privacy.md, "The Laplace sampler and its stated delta")."""
+    """d + g N: exactly round_g(d + Lap(b')^n) with b' = dyadic_scale(plan.scale) >=
+    plan.scale, N drawn by the exact sampler (:func:`service.mechanisms.exact_laplace.
+    grid_laplace`; docs/privacy.md, "The Laplace sampler and its stated delta"). ``grid`` is a
+    power of two at most 1 (default :func:`count_grid` of the scale); ``rng`` defaults to a
+    fresh OS-entropy generator."""
     if plan.sensitivity < DEGREE_SENSITIVITY:
         raise InvalidParameter(
             "sensitivity", f"the degree vector has sensitivity {DEGREE_SENSITIVITY}"
         )
     rng = rng if rng is not None else fresh_generator()
-    released: np.ndarray = graph.degrees.astype(np.float64) + rounded_noise(
-        laplace_noise(rng, plan.scale, graph.n), grid
+    grid = checked_count_grid(grid, plan.scale)
+    released: np.ndarray = graph.degrees.astype(np.float64) + grid_laplace(
+        rng, plan.scale, grid, count=graph.n
     )
     released.setflags(write=False)
     return released

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from service.errors import InvalidParameter
 from service.graph.model import Graph
 
 
@@ -55,6 +56,22 @@ def score_grid(noise_scale: float) -> float:
     if not noise_scale > 0 or not math.isfinite(noise_scale):
         return NOISELESS_GRID
     return float(2.0 ** math.floor(math.log2(noise_scale / GRID_STEPS_PER_SCALE)))
+
+
+def count_grid(noise_scale: float) -> float:
+    """The grid a count release's noise is drawn on: :func:`score_grid` of its scale, but at
+    most 1, so that every integer count is a multiple of it and ``c + g N`` is exactly
+    ``round_g(c + noise)`` (docs/privacy.md, "The Laplace sampler and its stated delta")."""
+    return min(1.0, score_grid(noise_scale))
+
+
+def checked_count_grid(grid: float | None, scale: float) -> float:
+    """``grid``, or :func:`count_grid` of ``scale`` for None; refused above 1 (an integer
+    count would not be a multiple of it)."""
+    grid = count_grid(scale) if grid is None else float(grid)
+    if not 0.0 < grid <= 1.0:
+        raise InvalidParameter("grid", f"a count release's grid must be in (0, 1], got {grid!r}")
+    return grid
 
 
 def round_to_grid(scores: np.ndarray, grid: float) -> np.ndarray:

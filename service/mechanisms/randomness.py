@@ -5,8 +5,9 @@ source (:func:`fresh_generator`). Nothing in the serving path accepts a seed; te
 their own generator to the mechanism functions directly.
 
 The served noise is drawn EXACTLY, from the generator's raw 64-bit words, by
-:mod:`service.mechanisms.exact_laplace` (the noisy diffusion through
-:mod:`service.mechanisms.grid_noise`). :func:`laplace_noise` is the float64 sampler the
+:mod:`service.mechanisms.exact_laplace`: the count releases and DP-IE on their grids
+(:func:`~service.mechanisms.exact_laplace.grid_laplace`), the noisy diffusion on its state grid
+(:mod:`service.mechanisms.grid_noise`). :func:`laplace_noise` is the float64 sampler the
 evaluation's baselines use (DP-PushFlowCap as the papers run it): ``b * S * E`` with ``S`` a
 uniform random sign (bits of raw 64-bit words, 64 signs per word) and ``E`` numpy's float64
 ``standard_exponential`` (the ziggurat, whose tail beyond the last layer is sampled as
@@ -51,13 +52,3 @@ def laplace_noise(rng: np.random.Generator, scale: float, count: int) -> np.ndar
     signed_scale = np.array([scale, -scale], dtype=np.float64)
     draws *= signed_scale.take(random_signs(rng, count).view(np.uint8))
     return draws
-
-
-def rounded_noise(noise: np.ndarray, grid: float | None) -> np.ndarray:
-    """``noise`` rounded to the nearest multiple of ``grid`` (a power of two: exact), or as it
-    is for None. A count release adds it to the integer counts afterwards, an exact addition,
-    so the law of what is released does not depend on the counts' low bits."""
-    if grid is None:
-        return noise
-    out: np.ndarray = np.round(noise / grid) * grid
-    return out

@@ -9,8 +9,9 @@ bounds the computed distortion by rho (1 + kappa) with
     kappa = (2 D + 2) D gamma_{D+5} + gamma_{D+5} / eta + u / (beta eta) + 2 (D + 1) u
 
 where D is the largest degree of the graph plus one (a neighbouring graph has one edge more)
-and gamma_k = k u / (1 - k u). The serving path draws its noise at scale b (1 + kappa), so the
-ratio distortion / scale, which is all the privacy analysis uses, stays at rho / b.
+and gamma_k = k u / (1 - k u). The serving path draws its noise at a scale raised by kappa and
+by the state grid's slack (:mod:`service.privacy.state_grid`), so the ratio distortion / scale,
+which is all the privacy analysis uses, stays at rho / b.
 """
 
 from __future__ import annotations
@@ -36,9 +37,3 @@ def float64_distortion_margin(max_degree: int, eta: float, beta: float) -> float
     g = gamma(big_d + 5)
     u = UNIT_ROUNDOFF
     return (2 * big_d + 2) * big_d * g + g / eta + u / (beta * eta) + 2 * (big_d + 1) * u
-
-
-def float_safe_scale(noise_scale: float, max_degree: int, eta: float, beta: float) -> float:
-    """The scale actually drawn: b (1 + kappa), rounded up."""
-    kappa = float64_distortion_margin(max_degree, eta, beta)
-    return math.nextafter(noise_scale * (1.0 + kappa), math.inf)

@@ -9,7 +9,11 @@ epsilon = Delta / b, on the ledger's grid, and it composes through the accountan
 other curve.
 
 Calibration for a target epsilon: b = Delta / epsilon, rounded UP (never down) to six
-significant digits, so the achieved epsilon Delta / b never exceeds the target.
+significant digits, so the achieved epsilon Delta / b never exceeds the target. The count
+releases and DP-IE draw their noise exactly, on their grid, at the scale
+``dyadic_scale(b) >= b`` (b rounded up to a 20-bit mantissa, at most 2^-19 relative above;
+:mod:`service.mechanisms.exact_laplace`): a slightly larger scale, so the plan's epsilon, which
+is what is charged and stated, is an upper bound on the loss.
 
 The sensitivities the service relies on (privacy-spec.md, "Baselines beyond the neighbours";
 proofs in docs/ranking.md, brute-force tests in tests/test_ranking_sensitivity.py):
@@ -81,9 +85,11 @@ def round_up(value: float, digits: int = SIGNIFICANT_DIGITS) -> float:
 
 
 def count_release_curve(epsilon: float) -> RdpCurve:
-    """What a count release at ``epsilon`` is charged: the Laplace curve, plus the float
-    sampler's coupling failure on the changed coordinates (:func:`count_release_tv`), which the
-    accountant takes out of the account's delta."""
+    """What a count release at ``epsilon`` is charged: the Laplace curve. Its noise is drawn
+    by the exact rounded-Laplace sampler at a scale at least the plan's
+    (:mod:`service.privacy.sampler`), so the curve carries no sampler share
+    (:func:`count_release_tv` is 0; releases drawn with the float sampler before keep the
+    share stored with their charges)."""
     return laplace_curve(epsilon).with_sampler_tv(count_release_tv())
 
 

@@ -37,7 +37,7 @@ from service.mechanisms.common_neighbours import (
 )
 from service.mechanisms.friends_of_friends import friends_first
 from service.mechanisms.popular import degrees_from_bytes, degrees_to_bytes, noisy_degrees
-from service.mechanisms.postprocess import round_to_grid, score_grid
+from service.mechanisms.postprocess import count_grid, round_to_grid, score_grid
 from service.mechanisms.randomness import fresh_generator
 from service.mechanisms.registry import TWO_SCALE, RankingMechanism
 from service.privacy.accountant import RdpCurve
@@ -52,7 +52,7 @@ from service.privacy.laplace import (
     plan_two_scale,
 )
 from service.privacy.modes import Mode
-from service.privacy.sampler import count_release_delta
+from service.privacy.sampler import count_release_delta, stored_release_delta
 
 __all__ = [
     "DegreeReleases",
@@ -89,15 +89,27 @@ def degree_release_name(scale: float) -> str:
 
 @dataclass(frozen=True)
 class ReleasedDegrees:
-    """One graph version's released noisy degrees (already on their grid) and their plan."""
+    """One graph version's released noisy degrees (already on their grid), their plan, and the
+    curve the ledger stored with the release: the plan's (drawn exactly, no sampler share), or
+    for a release drawn with the float sampler before, the plan's with its share. Accounts
+    are charged ``curve`` for it and answers state ``delta`` from it."""
 
     graph_version: str
     values: np.ndarray
     plan: LaplacePlan
+    stored_curve: RdpCurve | None = None
 
     @property
     def grid(self) -> float:
-        return score_grid(self.plan.scale)
+        return count_grid(self.plan.scale)
+
+    @property
+    def curve(self) -> RdpCurve:
+        return self.stored_curve if self.stored_curve is not None else self.plan.curve
+
+    @property
+    def delta(self) -> float:
+        return stored_release_delta(self.plan.epsilon, self.curve.sampler_tv)
 
 
 class DegreeReleases:
@@ -128,7 +140,11 @@ class DegreeReleases:
         with self._lock:  # one ledger round trip per process and version
             hit = self._local.get(graph.version)
             if hit is None:
-                hit = ReleasedDegrees(graph.version, self._fetch(graph, cap), self.plan)
+                values = self._fetch(graph, cap)
+                stored = self.ledger.graph_release_curve(
+                    graph.version, degree_release_name(self.plan.scale)
+                )
+                hit = ReleasedDegrees(graph.version, values, self.plan, stored)
                 self._local = {graph.version: hit}  # the current version only
             return hit
 
@@ -138,7 +154,7 @@ class DegreeReleases:
             cached = self.cache.get(graph.version, scale, graph.n)
             if cached is not None:
                 return cached
-        grid = score_grid(scale)
+        grid = count_grid(scale)
 
         def draw() -> bytes:
             released = round_to_grid(
@@ -210,17 +226,18 @@ class RankingPlan:
 
 
 def counts_grid(release: LaplacePlan | TwoScalePlan) -> float:
-    """The grid released counts are rounded to: that of their smallest noise scale."""
+    """The grid released counts are drawn on: :func:`count_grid` of their smallest noise
+    scale (at most 1, so that the integer counts are multiples of it)."""
     if isinstance(release, TwoScalePlan):
-        return score_grid(min(release.candidate_scale, release.friend_scale))
-    return score_grid(release.scale)
+        return count_grid(min(release.candidate_scale, release.friend_scale))
+    return count_grid(release.scale)
 
 
 def degree_block(degrees: ReleasedDegrees) -> dict[str, Any]:
     """The degree release's part of a ``mechanism`` block."""
     return {
         "degree_epsilon": degrees.plan.epsilon,
-        "degree_delta": count_release_delta(degrees.plan.epsilon),
+        "degree_delta": degrees.delta,
         "degree_noise_scale": degrees.plan.scale,
         "degree_release": (
             "one per graph version: counted once in the graph-wide exposure, and charged to "

@@ -201,4 +201,4 @@ def _degree_charge(plan: DiffusionPlan | RankingPlan) -> DegreeCharge | None:
     degrees = plan.degrees if isinstance(plan, RankingPlan) else None
     if degrees is None:
         return None
-    return DegreeCharge(degrees.graph_version, degrees.plan.epsilon, degrees.plan.curve)
+    return DegreeCharge(degrees.graph_version, degrees.plan.epsilon, degrees.curve)

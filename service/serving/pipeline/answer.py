@@ -14,7 +14,6 @@ from service.ledger.ledger import Ledger
 from service.ledger.records import ChargeReceipt, DegreeCharge, StoredRelease
 from service.mechanisms.postprocess import RankedNode, ranked_results
 from service.mechanisms.registry import RankingMechanism
-from service.privacy.sampler import count_release_delta
 from service.serving.pipeline.admit import Admitter
 from service.serving.pipeline.errors import IdempotencyKeyReused
 from service.serving.pipeline.items import Pending
@@ -87,7 +86,7 @@ class PopularAnswers:
             principal_account_id=req.principal.account_id,
             seed=req.node,
             mode=req.mode.value,
-            degree=DegreeCharge(graph.version, degrees.plan.epsilon, degrees.plan.curve),
+            degree=DegreeCharge(graph.version, degrees.plan.epsilon, degrees.curve),
             request_id=req.request_id,
             quota_epsilon=self.admitter.quota_for(req.principal, account_id),
             idempotency_key=req.idempotency_key,
@@ -101,7 +100,7 @@ class PopularAnswers:
             "name": RankingMechanism.POPULAR.value,
             "mode": req.mode.value,
             "epsilon": degrees.plan.epsilon,
-            "delta": count_release_delta(degrees.plan.epsilon),
+            "delta": degrees.delta,
             "sensitivity": degrees.plan.sensitivity,
             "noise_scale": degrees.plan.scale,
             "score_grid": degrees.grid,
