@@ -158,6 +158,18 @@ def _requests() -> list[tuple[str, str, str, dict[str, Any] | None, bool]]:
         ("service", "GET", "/v1/embeddings/3", {"k": 8}, True),  # charged to user 3
         ("service", "GET", "/v1/embeddings/free/3", {"k": 8}, True),  # its /v1/ppr/3 release
         ("service", "GET", "/v1/embeddings/no-such-node", {"mode": "edge"}, False),
+        # the embedding batch: each item through the single embedding's path
+        ("8", "POST", "/v1/embeddings/batch", {"nodes": ["8"], "k": 8}, True),
+        ("8", "POST", "/v1/embeddings/batch", {"nodes": ["8"], "k": 8}, True),  # replay
+        ("8", "POST", "/v1/embeddings/batch", {"nodes": ["3"], "k": 8}, False),  # not its node
+        (
+            "service",
+            "POST",
+            "/v1/embeddings/batch",
+            {"nodes": [PENDANT, "3", "no-such-node"], "mode": "edge", "k": 8},
+            True,
+        ),
+        ("service", "POST", "/v1/embeddings/batch", {"nodes": []}, False),
         ("service", "GET", "/v1/me/budget", None, False),
         ("service", "GET", "/v1/embeddings/similar/3", {"k": 5}, True),  # the all-node release
         ("service", "GET", f"/v1/embeddings/similar/{PENDANT}", {"k": 5}, True),
@@ -328,8 +340,8 @@ def test_toggling_one_edge_changes_nothing_outside_the_noise(
         _compare(transcripts["g0"], transcripts[name], f"g0 vs {name}")
     embeddings = [
         (entry["status"], noisy)
-        for entry, (_, _, path, _, noisy) in zip(transcripts["g0"], _requests(), strict=True)
-        if path.startswith("/v1/embeddings/")
+        for entry, (_, method, path, _, noisy) in zip(transcripts["g0"], _requests(), strict=True)
+        if path.startswith("/v1/embeddings/") and method == "GET"  # a batch answers 200 per item
     ]
     assert embeddings and all((status == 200) == noisy for status, noisy in embeddings)
     listed = read_node_list(nodes)

@@ -15,7 +15,7 @@ _MECHANISM_EXAMPLE: JsonDict = {
     "name": "dp_instant_embedding",
     "mode": "edge",
     "epsilon": 0.5,
-    "delta": 4.2e-11,
+    "delta": 0.0,
     "dimension": 4,
     "hash_salt": "5b25e67f942dbca616fadeca088af6af",
     "sigma": 0.001,
