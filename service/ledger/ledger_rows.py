@@ -194,15 +194,22 @@ def _set_spend(
 
 
 def _subtract_up(total: RdpCurve, part: RdpCurve) -> RdpCurve:
-    """``total - part`` rounded up (never below the exact difference, never below 0). An
+    """``total - part`` rounded up (never below the exact difference, never below 0; the
+    rounding of ``total`` itself, an ulp of the larger sum, is covered by two of its ulps). An
     infinite pure part (a Gaussian release, e.g. a PrivDPR synthetic graph) stays infinite: a
     shard that held a curve without a pure-DP bound keeps none (an upper bound, never NaN)."""
-    rdp = np.maximum(np.nextafter(total.rdp - part.rdp, np.inf), 0.0)
+    # the total was rounded to its own ulp, which may be far larger than the difference's:
+    # add two of its ulps so that the difference stays an upper bound
+    rdp = np.maximum(
+        np.nextafter(total.rdp - part.rdp + 2.0 * np.spacing(np.abs(total.rdp)), np.inf), 0.0
+    )
     if np.isinf(total.pure):
         pure = float(total.pure)
     else:
-        pure = max(float(np.nextafter(total.pure - part.pure, np.inf)), 0.0)
-    tv = max(float(np.nextafter(total.sampler_tv - part.sampler_tv, np.inf)), 0.0)
+        margin = 2.0 * float(np.spacing(abs(total.pure)))
+        pure = max(float(np.nextafter(total.pure - part.pure + margin, np.inf)), 0.0)
+    margin = 2.0 * float(np.spacing(abs(total.sampler_tv)))
+    tv = max(float(np.nextafter(total.sampler_tv - part.sampler_tv + margin, np.inf)), 0.0)
     return RdpCurve(rdp, pure, tv)
 
 
