@@ -69,6 +69,7 @@ from numba import njit
 
 from service.errors import InvalidParameter
 from service.mechanisms.exact_bernoulli import (
+    _mul_high_low,
     bernoulli_exp,
     bernoulli_ratio,
     bernoulli_scaled,
@@ -137,23 +138,6 @@ def _jit_inline(function: _Function) -> _Function:
         nogil=True, cache=True, _nrt=False, error_model="numpy", inline="always"
     )(function)
     return compiled
-
-
-@_jit_inline
-def _mul_high_low(a: np.uint64, b: np.uint64) -> tuple[np.uint64, np.uint64]:  # pragma: no cover
-    """The 128-bit product a * b as (high, low) 64-bit halves."""
-    mask = np.uint64(0xFFFFFFFF)
-    shift = np.uint64(32)
-    a_lo, a_hi = a & mask, a >> shift
-    b_lo, b_hi = b & mask, b >> shift
-    p0 = a_lo * b_lo
-    p1 = a_lo * b_hi
-    p2 = a_hi * b_lo
-    p3 = a_hi * b_hi
-    mid = (p0 >> shift) + (p1 & mask) + (p2 & mask)
-    high = p3 + (p1 >> shift) + (p2 >> shift) + (mid >> shift)
-    low = (mid << shift) | (p0 & mask)
-    return high, low
 
 
 @_jit
