@@ -143,6 +143,23 @@ def test_structure_of_a_known_graph() -> None:
     assert s.cpl == pytest.approx((1 + 1 + 2 + 1 + 2 + 1) / 6)
 
 
+def test_path_lengths_are_exact_up_to_the_limit_and_sampled_beyond(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import service.evaluation.synthetic as evaluation
+
+    n = 1200  # a path: CPL (n + 1) / 3, diameter n - 1, more nodes than BFS chunks
+    a = sp.csr_matrix(
+        (np.ones(2 * (n - 1)), (np.r_[0 : n - 1, 1:n], np.r_[1:n, 0 : n - 1])), shape=(n, n)
+    )
+    exact = structure(a, np.random.default_rng(1), bfs_sources=2)
+    assert exact.cpl == pytest.approx((n + 1) / 3) and exact.diameter == n - 1
+    monkeypatch.setattr(evaluation, "EXACT_PATH_NODES", n - 1)
+    sampled = structure(a, np.random.default_rng(1), bfs_sources=2)
+    assert sampled.cpl != pytest.approx((n + 1) / 3)  # two sources only: an estimate
+    assert sampled.diameter == n - 1  # the double sweep still finds the ends
+
+
 def test_evaluation_on_a_tiny_graph() -> None:
     rng = np.random.default_rng(5)
     n = 120

@@ -11,9 +11,10 @@ Metrics (spec-synthetic-graph.md, "How the paper evaluates it"):
 - relative error |x_syn - x_real| / x_real of the triangle, wedge and claw counts, the relative
   edge-distribution entropy REDE = sum_i -(d_i / 2|E|) ln(d_i / 2|E|) / ln N, the characteristic
   path length (CPL) and the diameter of the largest connected component, and its size (LCC);
-  CPL and diameter are estimated from BFS trees of ``bfs_sources`` random sources of the LCC
-  (the same estimator on the real and the synthetic graph; the diameter is the largest
-  eccentricity found, after a double sweep from the farthest node);
+  CPL and diameter are exact (a BFS from every node of the LCC) when the LCC has at most
+  ``EXACT_PATH_NODES`` nodes, and otherwise estimated from BFS trees of ``bfs_sources`` random
+  sources (the same estimator on the real and the synthetic graph; the estimated diameter is
+  the largest eccentricity found, after a double sweep from the farthest node);
 - KS: the two-sample Kolmogorov-Smirnov distance between the degree sequences;
 - link-prediction AUC: the held-out 20% of the real edges against as many sampled real
   non-edges, scored by the number of common neighbours IN THE SYNTHETIC GRAPH, ties broken by
@@ -65,6 +66,28 @@ class Structure:
     degrees: np.ndarray = field(repr=False)
 
 
+#: Largest LCC whose path lengths are computed exactly (every node a BFS source, in chunks).
+EXACT_PATH_NODES = 10_000
+_BFS_CHUNK = 512
+
+
+def _path_lengths(sub: sp.csr_matrix, sources: np.ndarray) -> tuple[float, int, float, int]:
+    """Sum and count of the finite positive distances from ``sources``, the largest of them
+    and a node that far from a source (BFS in chunks: memory stays at a chunk of rows)."""
+    total, count, farthest, far = 0.0, 0, -1.0, 0
+    for start in range(0, sources.size, _BFS_CHUNK):
+        dist = shortest_path(
+            sub, directed=False, unweighted=True, indices=sources[start : start + _BFS_CHUNK]
+        )
+        finite = dist[np.isfinite(dist) & (dist > 0)]
+        total += float(finite.sum())
+        count += int(finite.size)
+        if dist.size and dist.max() > farthest:
+            farthest = float(dist.max())
+            far = int(np.unravel_index(np.argmax(dist), dist.shape)[1])
+    return total, count, max(farthest, 0.0), far
+
+
 def structure(a: sp.csr_matrix, rng: np.random.Generator, bfs_sources: int = 200) -> Structure:
     n = a.shape[0]
     d = np.asarray(a.sum(axis=1)).ravel()
@@ -77,13 +100,14 @@ def structure(a: sp.csr_matrix, rng: np.random.Generator, bfs_sources: int = 200
     _, labels = connected_components(a, directed=False)
     largest = np.flatnonzero(labels == np.argmax(np.bincount(labels)))
     sub = a[largest][:, largest]
-    sources = rng.choice(largest.size, min(bfs_sources, largest.size), replace=False)
-    dist = shortest_path(sub, directed=False, unweighted=True, indices=sources)
-    finite = dist[np.isfinite(dist) & (dist > 0)]
-    cpl = float(finite.mean()) if finite.size else 0.0
-    far = int(np.unravel_index(np.argmax(dist), dist.shape)[1]) if dist.size else 0
+    if largest.size <= EXACT_PATH_NODES:
+        sources = np.arange(largest.size)
+    else:
+        sources = rng.choice(largest.size, min(bfs_sources, largest.size), replace=False)
+    path_sum, count, farthest, far = _path_lengths(sub, sources)
+    cpl = path_sum / count if count else 0.0
     sweep = shortest_path(sub, directed=False, unweighted=True, indices=[far])
-    diameter = float(max(dist.max(initial=0.0), sweep.max(initial=0.0)))
+    diameter = max(farthest, float(sweep.max(initial=0.0)))
     return Structure(triangles, wedges, claws, rede, cpl, diameter, float(largest.size), d)
 
 

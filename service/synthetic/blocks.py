@@ -11,10 +11,15 @@ of the degree left over. Pure post-processing of released numbers.
   (after rho_band) so that the synthetic graph's truncated triangle count matches the released
   one.
 - **The rest**: each node's released degree minus its layer edges goes to ``rest`` (the block
-  configuration model); loops and repeated pairs are dropped.
+  configuration model); loops and repeated pairs are dropped. On sparse graphs it goes instead
+  to the anchored configuration model (service.synthetic.anchors), whose closure p of the hubs'
+  neighbourhoods carries the triangles before the affinity blocks do: p is fitted to the
+  released triangle count when p = 1 reaches it; otherwise p = 1 and rho_bter is fitted to
+  carry the rest.
 
 Each fit is a bisection over [0, 1] with common random numbers (the same uniform draws and the
-same seed for the rest at every step), so the statistic moves nearly monotonically with rho.
+same seed for the rest at every step), so the statistic moves nearly monotonically with rho
+(and p).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from service.synthetic.anchors import anchored_configuration
 from service.synthetic.sampling import simple_edges
 from service.synthetic.triangles import edges_to_csr, in_block_edges, truncated_triangles
 
@@ -99,6 +105,9 @@ class Targets:
     priority: np.ndarray
     in_block: float | None
     block_size: int
+    #: Smallest released degree of an anchor (None: no anchored layer, the affinity blocks
+    #: carry the triangles).
+    anchor_min: int | None = None
 
 
 def _bisect(statistic: Callable[[float], tuple[float, Edges]], target: float, steps: int) -> float:
@@ -126,8 +135,14 @@ def layered_graph(
     groups: np.ndarray | None = None,
     steps: int = 12,
 ) -> tuple[Edges, dict[str, float]]:
-    """The synthetic graph and the fitted (rho_band, rho_bter). Affinity blocks stay inside
-    ``groups`` (the partition of the group-count rounds) when given."""
+    """The synthetic graph and the fitted (rho_band, rho_bter, p_anchor). Affinity blocks stay
+    inside ``groups`` (the partition of the group-count rounds) when given.
+
+    With ``targets.anchor_min`` set, the degree left after the band goes to the anchored
+    configuration model (:mod:`service.synthetic.anchors`) instead of ``rest``, and the
+    triangles are carried first by its closure p: fitted to the released count when p = 1
+    reaches it, else p = 1 and the affinity blocks fitted to carry the rest. Every choice is
+    made on released numbers only."""
     n = degrees.size
     d = degrees.astype(np.float64)
     seed = int(rng.integers(2**63))
@@ -141,14 +156,22 @@ def layered_graph(
     blocks = affinity_blocks(degrees, block_cap, order, groups)
     bter = _layer(block_pairs(blocks), np.ones(1), rng)
 
-    def graph(rho_band: float, rho_bter: float) -> Edges:
+    def graph(rho_band: float, rho_bter: float, p_anchor: float | None = None) -> Edges:
         parts = [bter.kept(rho_bter)] + ([band.kept(rho_band)] if band is not None else [])
         lu = np.concatenate([p[0] for p in parts])
         lv = np.concatenate([p[1] for p in parts])
         lu, lv = simple_edges(lu, lv, n)
         used = np.bincount(np.concatenate([lu, lv]), minlength=n)
-        cu, cv = rest(np.maximum(degrees - used, 0), np.random.default_rng(seed))
+        left = np.maximum(degrees - used, 0)
+        if p_anchor is None or targets.anchor_min is None:
+            cu, cv = rest(left, np.random.default_rng(seed))
+        else:
+            cu, cv = anchored_configuration(left, targets.anchor_min, p_anchor, seed)
         return simple_edges(np.concatenate([lu, cu]), np.concatenate([lv, cv]), n)
+
+    def truncated(edges: Edges) -> float:
+        h = edges_to_csr(edges[0], edges[1], n)
+        return truncated_triangles(h.indptr, h.indices, targets.priority, targets.triangle_bound)
 
     def in_block(rho: float) -> tuple[float, Edges]:
         edges = graph(rho, 0.0)
@@ -159,14 +182,25 @@ def layered_graph(
     if band is not None and targets.in_block is not None:
         rho_band = _bisect(in_block, targets.in_block, steps)
 
-    def triangles(rho: float) -> tuple[float, Edges]:
-        edges = graph(rho_band, rho)
-        h = edges_to_csr(edges[0], edges[1], n)
-        return truncated_triangles(
-            h.indptr, h.indices, targets.priority, targets.triangle_bound
-        ), edges
+    def anchored(p: float) -> tuple[float, Edges]:
+        edges = graph(rho_band, 0.0, p)
+        return truncated(edges), edges
 
-    rho_bter = 0.0
-    if targets.triangles is not None and bter.u.size:
-        rho_bter = _bisect(triangles, targets.triangles, steps)
-    return graph(rho_band, rho_bter), {"band": rho_band, "affinity": rho_bter}
+    def triangles(rho: float) -> tuple[float, Edges]:
+        edges = graph(rho_band, rho, p_anchor)
+        return truncated(edges), edges
+
+    fitted = {"band": rho_band, "affinity": 0.0, "anchored": -1.0}
+    if targets.triangles is None:
+        return graph(rho_band, 0.0), fitted
+    p_anchor: float | None = None
+    if targets.anchor_min is not None:
+        if anchored(1.0)[0] >= targets.triangles:
+            p_anchor = _bisect(anchored, targets.triangles, steps)
+            fitted["anchored"] = p_anchor
+            return graph(rho_band, 0.0, p_anchor), fitted
+        p_anchor = 1.0
+        fitted["anchored"] = 1.0
+    if bter.u.size:
+        fitted["affinity"] = _bisect(triangles, targets.triangles, steps)
+    return graph(rho_band, fitted["affinity"], p_anchor), fitted
