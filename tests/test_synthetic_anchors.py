@@ -97,40 +97,42 @@ def _rest(n: int):  # type: ignore[no-untyped-def]
     return rest
 
 
+N = 3000
+
+
+def _fit(degree_seed: int, p: float, scale: float) -> tuple[dict[str, float], float, float]:
+    """Fit the layers to ``scale`` x the truncated triangle count of an anchored graph made at
+    ``p``; the fitted values, the target and the synthetic graph's own count."""
+    degrees = _heavy_tailed_degrees(N, degree_seed)
+    threshold = anchor_threshold(degrees, 4.0)
+    a = edges_to_csr(*anchored_configuration(degrees, threshold, p, 9), N)
+    rng = np.random.default_rng(degree_seed + 2)
+    priority = rng.permutation(N)
+    target = scale * truncated_triangles(a.indptr, a.indices, priority, 10)
+    realised = np.asarray(a.sum(axis=1)).ravel().astype(np.int64)
+    targets = Targets(target, 10, priority, None, 4, anchor_min=threshold)
+    (u, v), fitted = layered_graph(realised, targets, 64, _rest(N), rng)
+    s = edges_to_csr(u, v, N)
+    return fitted, target, truncated_triangles(s.indptr, s.indices, priority, 10)
+
+
 def test_layers_fit_the_anchored_closure_when_it_reaches_the_released_count() -> None:
     """A graph the anchored model made at p = 0.5: the fit finds a p that gives back its
     truncated triangle count, with no affinity blocks."""
-    n = 3000
-    degrees = _heavy_tailed_degrees(n, 4)
-    threshold = anchor_threshold(degrees, 4.0)
-    a = edges_to_csr(*anchored_configuration(degrees, threshold, 0.5, 9), n)
-    rng = np.random.default_rng(6)
-    priority = rng.permutation(n)
-    target = truncated_triangles(a.indptr, a.indices, priority, 10)
-    realised = np.asarray(a.sum(axis=1)).ravel().astype(np.int64)
-    targets = Targets(target, 10, priority, None, 4, anchor_min=threshold)
-    (u, v), fitted = layered_graph(realised, targets, 64, _rest(n), rng)
-    s = edges_to_csr(u, v, n)
+    fitted, target, found = _fit(4, 0.5, 1.0)
     assert 0.0 < fitted["anchored"] < 1.0 and fitted["affinity"] == 0.0
-    assert truncated_triangles(s.indptr, s.indices, priority, 10) == pytest.approx(target, rel=0.25)
+    assert found == pytest.approx(target, rel=0.25)
 
 
 def test_layers_add_affinity_blocks_when_the_closure_cannot_reach_the_count() -> None:
     """Many more triangles than closing the anchors' neighbourhoods gives: p = 1 and the
     affinity blocks carry the rest; without anchors, the blocks alone."""
-    n = 3000
-    degrees = _heavy_tailed_degrees(n, 5)
-    threshold = anchor_threshold(degrees, 4.0)
-    a = edges_to_csr(*anchored_configuration(degrees, threshold, 1.0, 9), n)
-    rng = np.random.default_rng(8)
-    priority = rng.permutation(n)
-    target = 3.0 * truncated_triangles(a.indptr, a.indices, priority, 10)
-    realised = np.asarray(a.sum(axis=1)).ravel().astype(np.int64)
-    with_anchors = Targets(target, 10, priority, None, 4, anchor_min=threshold)
-    (u, v), fitted = layered_graph(realised, with_anchors, 64, _rest(n), rng)
+    fitted, target, found = _fit(5, 1.0, 3.0)
     assert fitted["anchored"] == 1.0 and fitted["affinity"] > 0.0
-    s = edges_to_csr(u, v, n)
-    assert truncated_triangles(s.indptr, s.indices, priority, 10) == pytest.approx(target, rel=0.25)
+    assert found == pytest.approx(target, rel=0.25)
+    degrees = _heavy_tailed_degrees(N, 5)
+    rng = np.random.default_rng(8)
+    priority = rng.permutation(N)
     without = Targets(target, 10, priority, None, 4)
-    _, plain = layered_graph(realised, without, 64, _rest(n), rng)
+    _, plain = layered_graph(degrees, without, 64, _rest(N), rng)
     assert plain["anchored"] == -1.0 and plain["affinity"] > 0.0
