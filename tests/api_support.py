@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 from fastapi.testclient import TestClient
+from sqlalchemy import Engine, text
 
 from service.api.app import create_app
 from service.config import Settings
@@ -85,6 +86,27 @@ def user_with_key(database_url: str, node: str, *, cap_epsilon: float = 1.0) -> 
         user = ledger.create_account("user", node_id=node, cap_epsilon=cap_epsilon, delta=1e-6)
         key, _ = ledger.create_api_key(user.account_id)
     return user.account_id, key
+
+
+def database_goes_away_then(admin: Engine, name: str | None, real: Callable[..., Any]) -> Any:
+    """``real``, called only once PostgreSQL database ``name`` refuses new connections and its
+    open ones are terminated (through ``admin``, an AUTOCOMMIT engine on another database): the
+    database goes away just before ``real`` runs. Connections are allowed again by
+    ``ALTER DATABASE ... ALLOW_CONNECTIONS true``."""
+
+    def after_the_database_went_away(*args: Any, **kwargs: Any) -> Any:
+        with admin.connect() as conn:
+            conn.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false'))
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = :name AND pid <> pg_backend_pid()"
+                ),
+                {"name": name},
+            )
+        return real(*args, **kwargs)
+
+    return after_the_database_went_away
 
 
 def bearer(key: str) -> dict[str, str]:

@@ -25,6 +25,7 @@ from service.privacy.orders import ORDERS
 from tests.api_support import (
     Backend,
     bearer,
+    database_goes_away_then,
     ledger_of,
     open_ledger,
     running_app,
@@ -187,25 +188,9 @@ def test_a_release_that_cannot_be_stored_is_never_sent(postgres_url: str, tmp_pa
     try:
         with running_app(pg, reconcile_interval_seconds=0) as client:
             ledger = ledger_of(client)
-
-            def database_goes_away_then(real: Any) -> Any:
-                def store(*args: Any, **kwargs: Any) -> Any:
-                    with admin.connect() as conn:
-                        conn.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false'))
-                        conn.execute(
-                            text(
-                                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                                "WHERE datname = :name AND pid <> pg_backend_pid()"
-                            ),
-                            {"name": name},
-                        )
-                    return real(*args, **kwargs)
-
-                return store
-
             # A query is stored alone or with the queries of its group: both paths lose it.
-            ledger.store_release = database_goes_away_then(ledger.store_release)  # type: ignore[method-assign]
-            ledger.store_releases = database_goes_away_then(ledger.store_releases)  # type: ignore[method-assign]
+            ledger.store_release = database_goes_away_then(admin, name, ledger.store_release)
+            ledger.store_releases = database_goes_away_then(admin, name, ledger.store_releases)
             response = query(client, key, "30", epsilon=0.1)
             assert response.status_code == 503, response.text
             assert response.json()["error"]["code"] == "ledger_unavailable"

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import ConfigDict, Field, StrictBool, StrictInt
 from pydantic.config import JsonDict
 
-from service.api.models import ErrorBody, Result
-from service.api.params import QueryNodeIdField
+from service.api.batch_base import BatchAnswerBase, BatchItemBase, BatchQueryBase
+from service.api.models import Result
 from service.mechanisms.registry import RankingMechanism
 from service.privacy.modes import Mode
 
@@ -53,22 +53,11 @@ _ANSWER_EXAMPLE: JsonDict = {
 }
 
 
-class BatchQuery(BaseModel):
+class BatchQuery(BatchQueryBase):
     """Seeds answered in one call; every other field applies to each of them."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [_QUERY_EXAMPLE]})
+    model_config = ConfigDict(json_schema_extra={"examples": [_QUERY_EXAMPLE]})
 
-    nodes: list[QueryNodeIdField] = Field(
-        min_length=1,
-        description='External node ids as JSON strings (`"42"`, never the number `42`), '
-        "answered in this order (at most PPR_BATCH_MAX_ITEMS).",
-    )
-    epsilon: float | None = Field(
-        None,
-        strict=True,
-        description="Per-item epsilon, a JSON number (configured range; default "
-        "PPR_DEFAULT_EPSILON).",
-    )
     k: StrictInt | None = Field(
         None, description="Results per item, a JSON integer (1..PPR_MAX_K, default PPR_DEFAULT_K)."
     )
@@ -88,22 +77,15 @@ class BatchQuery(BaseModel):
     )
 
 
-class BatchItem(BaseModel):
+class BatchItem(BatchItemBase):
     """One seed's answer (`results`) or the error it alone failed with (`error`)."""
 
-    node: str
     results: list[Result] | None = None
-    replayed: bool | None = Field(None, description="True: a stored release, nothing charged.")
-    epsilon_charged: float | None = Field(None, description="Epsilon charged for this item.")
-    error: ErrorBody | None = None
 
 
-class BatchAnswer(BaseModel):
+class BatchAnswer(BatchAnswerBase[BatchItem]):
     model_config = ConfigDict(json_schema_extra={"examples": [_ANSWER_EXAMPLE]})
 
-    items: list[BatchItem] = Field(description="One per requested node, in the given order.")
-    request_id: str
-    epsilon_charged: float = Field(description="Sum of the items' per-query epsilons charged.")
     synthetic: bool | None = Field(
         None, description="Present (true) only in a sandbox (docs/synthetic.md)."
     )

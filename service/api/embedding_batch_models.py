@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import ConfigDict, Field, StrictBool, StrictInt
 from pydantic.config import JsonDict
 
-from service.api.models import EmbeddingMechanism, ErrorBody
-from service.api.params import QueryNodeIdField
+from service.api.batch_base import BatchAnswerBase, BatchItemBase, BatchQueryBase
+from service.api.models import EmbeddingMechanism
 from service.privacy.modes import Mode
 
 _QUERY_EXAMPLE: JsonDict = {"nodes": ["42", "107"], "epsilon": 0.5, "k": 4, "mode": "edge"}
@@ -50,16 +50,11 @@ _ANSWER_EXAMPLE: JsonDict = {
 }
 
 
-class EmbeddingBatchQuery(BaseModel):
+class EmbeddingBatchQuery(BatchQueryBase):
     """Seeds embedded in one call; every other field applies to each of them."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [_QUERY_EXAMPLE]})
+    model_config = ConfigDict(json_schema_extra={"examples": [_QUERY_EXAMPLE]})
 
-    nodes: list[QueryNodeIdField] = Field(
-        min_length=1,
-        description='External node ids as JSON strings (`"42"`, never the number `42`), '
-        "answered in this order (at most PPR_BATCH_MAX_ITEMS).",
-    )
     k: StrictInt | None = Field(
         None,
         description="Dimension, a JSON integer (1..PPR_MAX_K and at most 4096, default "
@@ -71,12 +66,6 @@ class EmbeddingBatchQuery(BaseModel):
         description="PushFlowCap's sensitivity sigma (PPR_EMBEDDING_MIN_SIGMA.."
         "PPR_EMBEDDING_MAX_SIGMA, default PPR_EMBEDDING_DEFAULT_SIGMA).",
     )
-    epsilon: float | None = Field(
-        None,
-        strict=True,
-        description="Per-item epsilon, a JSON number (configured range; default "
-        "PPR_DEFAULT_EPSILON).",
-    )
     mode: Mode = Field(
         Mode.PERSONALIZED,
         description="`personalized`: each seed user's account is charged (within the caller's "
@@ -86,10 +75,9 @@ class EmbeddingBatchQuery(BaseModel):
     fresh: StrictBool = Field(False, description="Draw new noise even where a release exists.")
 
 
-class EmbeddingBatchItem(BaseModel):
+class EmbeddingBatchItem(BatchItemBase):
     """One seed's embedding or the error it alone failed with (`error`)."""
 
-    node: str
     graph_version: str | None = None
     embedding: list[float] | None = Field(None, description="The k coordinates.")
     mechanism: EmbeddingMechanism | None = Field(
@@ -97,14 +85,7 @@ class EmbeddingBatchItem(BaseModel):
         description="As in GET /v1/embeddings/{node}: epsilon, delta, dimension, hash_salt, "
         "sigma, noise_scale, score_grid, ...",
     )
-    replayed: bool | None = Field(None, description="True: a stored release, nothing charged.")
-    epsilon_charged: float | None = Field(None, description="Epsilon charged for this item.")
-    error: ErrorBody | None = None
 
 
-class EmbeddingBatchAnswer(BaseModel):
+class EmbeddingBatchAnswer(BatchAnswerBase[EmbeddingBatchItem]):
     model_config = ConfigDict(json_schema_extra={"examples": [_ANSWER_EXAMPLE]})
-
-    items: list[EmbeddingBatchItem] = Field(description="One per requested node, in order.")
-    request_id: str
-    epsilon_charged: float = Field(description="Sum of the items' epsilons charged.")

@@ -29,8 +29,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Engine
 
@@ -50,12 +51,16 @@ from service.graph.model import Graph
 from service.ledger.ledger import AccountExists, Ledger
 from service.ledger.records import ChargeSettled, StoredRelease, UnknownAccount
 from service.mechanisms.operator import walk_operator
-from service.serving.embedding_query import EmbeddingQueryService, EmbeddingRequest
+from service.serving.embedding_query import (
+    EmbeddingAnswer,
+    EmbeddingQueryService,
+    EmbeddingRequest,
+)
 from service.serving.graph_holder import GraphHolder
 from service.serving.graph_identity import as_served
 from service.serving.planner import DiffusionPlanner
 from service.serving.ppr_query import AdmissionPolicy, PprQueryService, PrefixProvider
-from service.serving.schemas import Principal, QueryRequest
+from service.serving.schemas import Answer, Principal, QueryRequest
 
 log = logging.getLogger(__name__)
 
@@ -250,29 +255,11 @@ class BlockAnswerer:
             idempotency_key=spec.idempotency_key(seed.node),
             request_id=spec.request_id(seed.node),
         )
-        try:
-            answer = self.embeddings.answer(request)
-        except InjectedFailure:
-            raise  # test only: fails the whole attempt
-        except ServiceError as exc:
-            return _not_answered(seed.node, exc)
-        except Exception as exc:
-            log.exception("batch seed failed", extra={"request_id": request.request_id})
-            return SeedOutcome(
-                seed.node, "failed", code="internal_error", message=f"{type(exc).__name__}: {exc}"
-            )
-        status, charged = _status(answer.replayed, answer.extra, answer.mechanism, request)
-        grid = answer.mechanism.get("score_grid")
-        return SeedOutcome(
-            seed.node,
-            status,
-            epsilon_charged=answer.epsilon_charged if charged is None else charged,
-            embedding=tuple(answer.embedding),
-            hash_salt=str(answer.mechanism["hash_salt"]),
-            score_grid=None if grid is None else float(grid),
-        )
+        return _seed_outcome(seed.node, request, self.embeddings.answer, _embedding_outcome)
 
     def _answer(self, spec: BatchSpec, seed: _Seed) -> SeedOutcome:
+        """The seed's ranking, exactly as ``GET /v1/ppr/{node}`` answers it (or its embedding
+        with ``--output embeddings``)."""
         if spec.output == "embeddings":
             return self._embed(spec, seed)
         assert seed.principal is not None
@@ -288,39 +275,76 @@ class BlockAnswerer:
             request_id=spec.request_id(seed.node),
             mechanism=spec.mechanism,
         )
-        try:
-            answer = self.queries.answer(request)
-        except InjectedFailure:
-            raise  # test only: fails the whole attempt
-        except ServiceError as exc:
-            return _not_answered(seed.node, exc)
-        except Exception as exc:
-            log.exception("batch seed failed", extra={"request_id": request.request_id})
-            return SeedOutcome(
-                seed.node, "failed", code="internal_error", message=f"{type(exc).__name__}: {exc}"
-            )
-        status, charged = _status(answer.replayed, answer.extra, answer.mechanism, request)
+        return _seed_outcome(seed.node, request, self.queries.answer, _ranking_outcome)
+
+
+class _SeedAnswer(Protocol):
+    """What every answer the batch takes states (a ranking's or an embedding's)."""
+
+    @property
+    def replayed(self) -> bool: ...
+    @property
+    def extra(self) -> dict[str, Any]: ...
+    @property
+    def mechanism(self) -> dict[str, Any]: ...
+    @property
+    def epsilon_charged(self) -> float: ...
+
+
+_Request = TypeVar("_Request", QueryRequest, EmbeddingRequest)
+_Answer = TypeVar("_Answer", bound=_SeedAnswer)
+
+
+def _seed_outcome(
+    node: str,
+    request: _Request,
+    ask: Callable[[_Request], _Answer],
+    outcome: Callable[[str, _Answer, Status, float], SeedOutcome],
+) -> SeedOutcome:
+    """``ask(request)`` as the seed's outcome (``outcome`` makes an answer's): a refusal is the
+    seed's, skipped or failed; an unexpected error fails the seed alone (logged); an injected
+    failure (test only) fails the whole attempt."""
+    try:
+        answer = ask(request)
+    except InjectedFailure:
+        raise  # test only: fails the whole attempt
+    except ServiceError as exc:
+        return _not_answered(node, exc)
+    except Exception as exc:
+        log.exception("batch seed failed", extra={"request_id": request.request_id})
         return SeedOutcome(
-            seed.node,
-            status,
-            results=tuple((r.node, r.score) for r in answer.results),
-            epsilon_charged=answer.epsilon_charged if charged is None else charged,
+            node, "failed", code="internal_error", message=f"{type(exc).__name__}: {exc}"
         )
+    return outcome(node, answer, *_status(answer, request.request_id))
 
 
-def _status(
-    replayed: bool,
-    extra: dict[str, Any],
-    mechanism: dict[str, Any],
-    request: QueryRequest | EmbeddingRequest,
-) -> tuple[Status, float | None]:
-    """A seed's status, and what it was charged when that is not what the answer says."""
-    if not replayed:
-        return "answered", None
-    if extra.get("original_request_id") == request.request_id:
+def _ranking_outcome(node: str, answer: Answer, status: Status, charged: float) -> SeedOutcome:
+    results = tuple((r.node, r.score) for r in answer.results)
+    return SeedOutcome(node, status, results=results, epsilon_charged=charged)
+
+
+def _embedding_outcome(
+    node: str, answer: EmbeddingAnswer, status: Status, charged: float
+) -> SeedOutcome:
+    grid = answer.mechanism.get("score_grid")
+    return SeedOutcome(
+        node,
+        status,
+        epsilon_charged=charged,
+        embedding=tuple(answer.embedding),
+        hash_salt=str(answer.mechanism["hash_salt"]),
+        score_grid=None if grid is None else float(grid),
+    )
+
+
+def _status(answer: _SeedAnswer, request_id: str) -> tuple[Status, float]:
+    """A seed's status, and what this run was charged for it."""
+    if not answer.replayed:
+        return "answered", answer.epsilon_charged
+    if answer.extra.get("original_request_id") == request_id:
         # Stored by a lost attempt of this same invocation: charged by this run.
-        return "answered", float(mechanism.get("epsilon", 0.0))
-    return "replayed", None
+        return "answered", float(answer.mechanism.get("epsilon", 0.0))
+    return "replayed", answer.epsilon_charged
 
 
 def refund_admitted(ledger: Ledger, pairs: list[tuple[int, str]], reason: str) -> int:

@@ -150,16 +150,28 @@ class QueryOptions(TypedDict, total=False):
     idempotency_key: str
 
 
-def _query(options: QueryOptions) -> tuple[dict[str, Any], str]:
-    """The options to send (only those given) and the call's Idempotency-Key."""
+def charged_options(options: Mapping[str, object]) -> tuple[dict[str, Any], str]:
+    """A charged call's options to send (only those given) and its Idempotency-Key: the
+    caller's, or a fresh UUID, reused by every attempt."""
     sent = {name: value for name, value in options.items() if name != "idempotency_key"}
-    return _given(**sent), options.get("idempotency_key") or uuid.uuid4().hex
+    key = options.get("idempotency_key")
+    return _given(**sent), key if isinstance(key, str) and key else uuid.uuid4().hex
+
+
+def batch_call(
+    path: str, nodes: Sequence[NodeId], options: Mapping[str, object], parse: Callable[[bytes], T]
+) -> Call[T]:
+    """A batch of seeds at ``path``: one body, one Idempotency-Key for every attempt (the
+    service derives each item's key from it, so a retry charges no item twice)."""
+    fields, key = charged_options(options)
+    body = {"nodes": [str(node) for node in nodes], **fields}
+    return Call("POST", path, parse, body=body, idempotency_key=key)
 
 
 def ppr(node: NodeId, **options: Unpack[QueryOptions]) -> Call[PprAnswer]:
     """``GET /v1/ppr/{node}``: a private PPR answer for ``node``, charged at most once however
     many attempts it takes (see :class:`QueryOptions`)."""
-    params, key = _query(options)
+    params, key = charged_options(options)
     path = f"/v1/ppr/{quote(str(node), safe='')}"
     return Call("GET", path, PprAnswer.model_validate_json, params=params, idempotency_key=key)
 
@@ -168,11 +180,7 @@ def batch(nodes: Sequence[NodeId], **options: Unpack[QueryOptions]) -> Call[Batc
     """``POST /v1/ppr/batch``: one item per node, in order, each an answer or its own error
     (``BatchItem.raise_for_error()``); a retry charges no item twice (see
     :class:`QueryOptions`)."""
-    fields, key = _query(options)
-    body = {"nodes": [str(node) for node in nodes], **fields}
-    return Call(
-        "POST", "/v1/ppr/batch", BatchAnswer.model_validate_json, body=body, idempotency_key=key
-    )
+    return batch_call("/v1/ppr/batch", nodes, options, BatchAnswer.model_validate_json)
 
 
 def budget() -> Call[Budget]:

@@ -8,12 +8,11 @@ embedding and similar nodes charge nothing and are safe to send again.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from typing import Literal, TypedDict, Unpack
 from urllib.parse import quote
 
-from service.client.calls import Call, Mode, NodeId
+from service.client.calls import Call, Mode, NodeId, batch_call, charged_options
 from service.client.embedding_models import EmbeddingAnswer, EmbeddingBatchAnswer, SimilarAnswer
 
 FreeMechanism = Literal["noisy_diffusion", "common_neighbours", "friends_of_friends", "blended"]
@@ -39,15 +38,6 @@ class EmbeddingOptions(TypedDict, total=False):
     idempotency_key: str
 
 
-def _options(options: EmbeddingOptions) -> tuple[dict[str, object], str]:
-    sent = {
-        name: value
-        for name, value in options.items()
-        if name != "idempotency_key" and value is not None and value is not False
-    }
-    return sent, options.get("idempotency_key") or uuid.uuid4().hex
-
-
 def _node(node: NodeId) -> str:
     return quote(str(node), safe="")
 
@@ -55,7 +45,7 @@ def _node(node: NodeId) -> str:
 def embedding(node: NodeId, **options: Unpack[EmbeddingOptions]) -> Call[EmbeddingAnswer]:
     """``GET /v1/embeddings/{node}``: a DP-IE embedding of ``node``, charged at most once
     however many attempts it takes (see :class:`EmbeddingOptions`)."""
-    params, key = _options(options)
+    params, key = charged_options(options)
     return Call(
         "GET",
         f"/v1/embeddings/{_node(node)}",
@@ -70,14 +60,8 @@ def embedding_batch(
 ) -> Call[EmbeddingBatchAnswer]:
     """``POST /v1/embeddings/batch``: one item per node, in order, each an embedding or its own
     error (``EmbeddingBatchItem.raise_for_error()``); a retry charges no item twice."""
-    fields, key = _options(options)
-    body = {"nodes": [str(node) for node in nodes], **fields}
-    return Call(
-        "POST",
-        "/v1/embeddings/batch",
-        EmbeddingBatchAnswer.model_validate_json,
-        body=body,
-        idempotency_key=key,
+    return batch_call(
+        "/v1/embeddings/batch", nodes, options, EmbeddingBatchAnswer.model_validate_json
     )
 
 

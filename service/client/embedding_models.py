@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from service.client.errors import PprError, error_class
-from service.client.models import Budget, ErrorInfo, Mechanism
+from service.client.models import BatchAnswerBase, BatchItemBase, Budget, Mechanism
 
 __all__ = [
     "EmbeddingAnswer",
@@ -70,39 +69,16 @@ class EmbeddingAnswer(_Model):
     source: EmbeddingSource | None = None
 
 
-class EmbeddingBatchItem(_Model):
+class EmbeddingBatchItem(BatchItemBase):
     """One seed's embedding (``embedding``) or the error it alone failed with (``error``)."""
 
-    node: str
     graph_version: str | None = None
     embedding: list[float] | None = None
     mechanism: EmbeddingMechanism | None = None
-    replayed: bool | None = None
-    epsilon_charged: float | None = None
-    error: ErrorInfo | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    def exception(self) -> PprError | None:
-        """The item's error as the typed exception a single query would have raised."""
-        if self.error is None:
-            return None
-        return error_class(self.error.code)(
-            self.error.message, code=self.error.code, details=self.error.details
-        )
-
-    def raise_for_error(self) -> None:
-        error = self.exception()
-        if error is not None:
-            raise error
 
 
-class EmbeddingBatchAnswer(_Model):
-    items: list[EmbeddingBatchItem]
-    request_id: str
-    epsilon_charged: float
+class EmbeddingBatchAnswer(BatchAnswerBase[EmbeddingBatchItem]):
+    """``POST /v1/embeddings/batch``."""
 
 
 class SimilarNode(_Model):

@@ -8,7 +8,7 @@ mechanism states (name, mode, epsilon, delta).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -20,7 +20,9 @@ __all__ = [
     "ApiKey",
     "AuditEntry",
     "BatchAnswer",
+    "BatchAnswerBase",
     "BatchItem",
+    "BatchItemBase",
     "Budget",
     "Charge",
     "CreatedAccount",
@@ -86,11 +88,11 @@ class ErrorInfo(_Model):
     details: dict[str, Any] | None = None
 
 
-class BatchItem(_Model):
-    """One seed's answer (``results``) or the error it alone failed with (``error``)."""
+class BatchItemBase(_Model):
+    """What every batch item states (``POST /v1/ppr/batch``, ``POST /v1/embeddings/batch``):
+    its node and either its own answer fields or the error it alone failed with (``error``)."""
 
     node: str
-    results: list[Result] | None = None
     replayed: bool | None = None
     epsilon_charged: float | None = None
     error: ErrorInfo | None = None
@@ -113,10 +115,25 @@ class BatchItem(_Model):
             raise error
 
 
-class BatchAnswer(_Model):
-    items: list[BatchItem]
+ItemT = TypeVar("ItemT", bound=BatchItemBase)
+
+
+class BatchAnswerBase(_Model, Generic[ItemT]):
+    """A batch's items, one per node in the order sent, and the epsilon charged in total."""
+
+    items: list[ItemT]
     request_id: str
     epsilon_charged: float
+
+
+class BatchItem(BatchItemBase):
+    """One seed's answer (``results``) or the error it alone failed with (``error``)."""
+
+    results: list[Result] | None = None
+
+
+class BatchAnswer(BatchAnswerBase[BatchItem]):
+    """``POST /v1/ppr/batch``."""
 
 
 class Account(_Model):

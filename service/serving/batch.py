@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from service.errors import Forbidden, ServiceError
 from service.privacy.modes import Mode
@@ -64,18 +64,45 @@ class BatchRequest:
         )
 
 
+A = TypeVar("A")
+
+
 @dataclass(frozen=True)
-class BatchItem:
-    """One item's outcome: an answer, or the error it alone failed with."""
+class BatchItem(Generic[A]):
+    """One item's outcome: an answer (a ranking's, an embedding's), or the error it alone
+    failed with."""
 
     node: str
-    answer: Answer | None = None
+    answer: A | None = None
     error: ServiceError | None = None
 
 
 class InternalItemError(ServiceError):
     code = "internal_error"
     status = 500
+
+
+def batch_items(
+    nodes: Sequence[str], request_id: str, outcomes: Sequence[A | BaseException]
+) -> list[BatchItem[A]]:
+    """The items of a batch from its queries' outcomes, in order: an unexpected failure is
+    logged and becomes that item's ``internal_error``, naming the item's request id."""
+    items: list[BatchItem[A]] = []
+    for index, (node, outcome) in enumerate(zip(nodes, outcomes, strict=True)):
+        if isinstance(outcome, ServiceError):
+            items.append(BatchItem(node, error=outcome))
+        elif isinstance(outcome, BaseException):
+            log.error(
+                "batch item failed", exc_info=outcome, extra={"request_id": f"{request_id}.{index}"}
+            )
+            error = InternalItemError(
+                "this item failed unexpectedly and returned no answer. Quote request id "
+                f"{request_id}.{index} to the operator"
+            )
+            items.append(BatchItem(node, error=error))
+        else:
+            items.append(BatchItem(node, answer=outcome))
+    return items
 
 
 class BatchQueryService:
@@ -87,27 +114,6 @@ class BatchQueryService:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-    def _item(
-        self, request: BatchRequest, index: int, outcome: Answer | BaseException
-    ) -> BatchItem:
-        node = request.nodes[index]
-        if isinstance(outcome, Answer):
-            return BatchItem(node, answer=outcome)
-        if isinstance(outcome, ServiceError):
-            return BatchItem(node, error=outcome)
-        log.error(
-            "batch item failed",
-            exc_info=outcome,
-            extra={"request_id": f"{request.request_id}.{index}"},
-        )
-        return BatchItem(
-            node,
-            error=InternalItemError(
-                "this item failed unexpectedly and returned no answer. Quote request id "
-                f"{request.request_id}.{index} to the operator"
-            ),
-        )
 
     def run_all(self, thunks: list[Callable[[], Any]]) -> list[Any]:
         """Each thunk's result or exception, in order, run on the shared pool (so the engine
@@ -122,7 +128,7 @@ class BatchQueryService:
         futures = [self._pool.submit(guarded, thunk) for thunk in thunks]
         return [future.result() for future in futures]
 
-    def answer(self, request: BatchRequest) -> list[BatchItem]:
+    def answer(self, request: BatchRequest) -> list[BatchItem[Answer]]:
         """Every item's outcome, in the order of ``request.nodes``.
 
         All items are admitted and charged in one ledger transaction and their releases are
@@ -137,4 +143,4 @@ class BatchQueryService:
         self.queries.validate(request.item(0))
         items = [request.item(i) for i in range(len(request.nodes))]
         outcomes = self.queries.answer_many(items, self.run_all)
-        return [self._item(request, i, outcome) for i, outcome in enumerate(outcomes)]
+        return batch_items(request.nodes, request.request_id, outcomes)

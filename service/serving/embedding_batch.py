@@ -1,11 +1,14 @@
 """DP-IE embeddings for many seeds in one call (``POST /v1/embeddings/batch``).
 
-Each item is exactly a ``GET /v1/embeddings/{node}``: it goes through
-:meth:`EmbeddingQueryService.answer` (authorized, admitted and charged in its own ledger
-transaction, refused past a cap before anything is drawn, stored before it is answered,
-replayed free, listed with mechanism ``dp_instant_embedding``); there is no second charging
-path. The items run concurrently on the ranking batch's shared pool. A failing item becomes
-that item's error, never the call's, and charges nothing.
+Each item is answered with the checks and in the order of a ``GET /v1/embeddings/{node}``
+(authorized, refused past a cap before anything is drawn, stored before it is answered,
+replayed free, listed with mechanism ``dp_instant_embedding``), and the items go through the
+ranking batch's group path (:meth:`EmbeddingQueryService.answer_many`): keyed replays bind
+their keys in one ledger transaction, the items are admitted and charged in one (each
+all-or-nothing, in order, so a budget that runs out mid-batch refuses exactly the items it
+cannot pay for), drawn concurrently on the ranking batch's shared pool, stored in one, and no
+item is answered before every release is stored. A failing item becomes that item's error,
+never the call's, and charges nothing.
 
 One Idempotency-Key for the batch gives every item its own key, derived exactly as the ranking
 batch derives its items' keys (:func:`service.serving.batch.item_idempotency_key`), so a
@@ -14,29 +17,22 @@ retried batch charges each item at most once and answers it with the release it 
 
 from __future__ import annotations
 
-import functools
-import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeAlias
 
-from service.errors import Forbidden, ServiceError
+from service.errors import Forbidden
 from service.privacy.modes import Mode
-from service.serving.batch import InternalItemError, item_idempotency_key
+from service.serving.batch import BatchItem, batch_items, item_idempotency_key
 from service.serving.embedding_query import (
     EmbeddingAnswer,
     EmbeddingQueryService,
     EmbeddingRequest,
 )
+from service.serving.pipeline.group import Run
 from service.serving.schemas import Principal
 
 __all__ = ["EmbeddingBatchItem", "EmbeddingBatchRequest", "answer_embedding_batch"]
-
-log = logging.getLogger(__name__)
-
-#: Runs thunks concurrently and returns each one's result or exception, in order
-#: (:meth:`service.serving.batch.BatchQueryService.run_all`).
-RunAll = Callable[[list[Callable[[], Any]]], list[Any]]
 
 
 @dataclass(frozen=True)
@@ -68,50 +64,25 @@ class EmbeddingBatchRequest:
         )
 
 
-@dataclass(frozen=True)
-class EmbeddingBatchItem:
-    """One item's outcome: an embedding, or the error it alone failed with."""
-
-    node: str
-    answer: EmbeddingAnswer | None = None
-    error: ServiceError | None = None
+#: One item's outcome: an embedding, or the error it alone failed with.
+EmbeddingBatchItem: TypeAlias = BatchItem[EmbeddingAnswer]
 
 
 def answer_embedding_batch(
-    embeddings: EmbeddingQueryService, run_all: RunAll, request: EmbeddingBatchRequest
+    embeddings: EmbeddingQueryService, run_all: Run, request: EmbeddingBatchRequest
 ) -> list[EmbeddingBatchItem]:
     """Every item's outcome, in the order of ``request.nodes``.
 
     The parameters every item shares (k, sigma, epsilon) are checked once: a bad one is one
-    error for the whole call, before any item is admitted.
+    error for the whole call, before any item is admitted. The items are admitted and
+    charged in one ledger transaction and their releases stored in one
+    (:meth:`EmbeddingQueryService.answer_many`); the draws run concurrently on ``run_all``.
     """
     if not request.nodes:
         return []
     if request.principal.type == "admin":
         raise Forbidden("admin accounts manage budgets and cannot query")
     embeddings.parameters(request.k, request.sigma, request.epsilon)
-    thunks: list[Callable[[], Any]] = [
-        functools.partial(embeddings.answer, request.item(i)) for i in range(len(request.nodes))
-    ]
-    outcomes = run_all(thunks)
-    return [_item(request, i, outcome) for i, outcome in enumerate(outcomes)]
-
-
-def _item(request: EmbeddingBatchRequest, index: int, outcome: Any) -> EmbeddingBatchItem:
-    node = request.nodes[index]
-    if isinstance(outcome, EmbeddingAnswer):
-        return EmbeddingBatchItem(node, answer=outcome)
-    if isinstance(outcome, ServiceError):
-        return EmbeddingBatchItem(node, error=outcome)
-    log.error(
-        "embedding batch item failed",
-        exc_info=outcome if isinstance(outcome, BaseException) else None,
-        extra={"request_id": f"{request.request_id}.{index}"},
-    )
-    return EmbeddingBatchItem(
-        node,
-        error=InternalItemError(
-            "this item failed unexpectedly and returned no answer. Quote request id "
-            f"{request.request_id}.{index} to the operator"
-        ),
-    )
+    items = [request.item(i) for i in range(len(request.nodes))]
+    outcomes = embeddings.answer_many(items, run_all)
+    return batch_items(request.nodes, request.request_id, outcomes)

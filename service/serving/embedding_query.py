@@ -1,11 +1,8 @@
 """Serving node embeddings: DP-IE answers and the free embedding of a stored release.
 
-A DP-IE answer follows the same path as a ranking, through the same ledger calls:
-validation -> authorization (the charged account, as for rankings) -> a stored release or an
-Idempotency-Key binding answers it as a replay -> admission (one transaction: charged, refused
-past the cap before anything is drawn, twins joined) -> the service account's read figure ->
-PushFlowCap, InstantEmbedding, fresh OS-entropy Laplace noise -> the release stored (its
-charge marked released) -> the answer. A failure before the noise draw refunds the charge.
+A DP-IE answer follows the same path as a ranking, through the same ledger calls and stages
+(:mod:`service.serving.dp_embeddings`): one request admitted in its own transaction, or a
+group (the embedding batch) admitted in one and stored in one, as a ranking batch.
 
 The free embedding of a stored release is post-processing: the caller names a query whose
 release it may replay (node, mode, epsilon, ranking mechanism); the answer is the
@@ -14,54 +11,30 @@ and names the release it came from. A caller who could not replay it gets the re
 replay would.
 
 This module uses the ranking pipeline's stages (:mod:`service.serving.pipeline`: the charged
-account from ``prepare``, quotas and the graph-wide cap from ``admit``, stored releases, twins
-and read figures from ``replay``, storing from ``store``), so both kinds answer alike.
+account from ``prepare``, stored releases and read figures from ``replay``), so both kinds
+answer alike.
 """
 
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
 
 from service.config import MechanismSettings
-from service.embeddings.dp import (
-    EMBEDDING_BETA,
-    EMBEDDING_ROUNDS,
-    dp_instant_embedding,
-    dp_instant_embedding_curve,
-    plan_dp_instant_embedding,
-)
 from service.embeddings.dp import MAX_K as DP_IE_MAX_K
-from service.embeddings.hashing import EmbeddingHashes, embedding_hashes, new_salt
-from service.embeddings.release import (
-    DP_IE,
-    FREE_EMBEDDING,
-    embedding_key_mechanism,
-    free_embedding_of,
-    mechanism_block,
-    stored_embedding,
-    stored_values,
-)
+from service.embeddings.release import FREE_EMBEDDING, free_embedding_of
 from service.errors import Forbidden, InvalidParameter, NotFound
 from service.graph.model import Graph
-from service.ledger.ledger import Ledger
-from service.ledger.records import (
-    Admission,
-    BudgetView,
-    ReadCapExhausted,
-    ReleaseKey,
-    StoredRelease,
-)
-from service.mechanisms.pushflowcap import pushflowcap
-from service.mechanisms.randomness import fresh_generator
+from service.ledger.records import ReleaseKey, StoredRelease
 from service.mechanisms.registry import RankingMechanism, resolve_mechanism
 from service.privacy.modes import Mode
-from service.serving.pipeline.errors import IdempotencyKeyReused, RequestInProgress
+from service.serving.dp_embeddings import DpEmbeddings
+from service.serving.embedding_schemas import (
+    EmbeddingAnswer,
+    EmbeddingRequest,
+    FreeEmbeddingRequest,
+)
+from service.serving.embedding_spaces import EmbeddingSpaces
+from service.serving.pipeline.group import Run
 from service.serving.ppr_query import PprQueryService
 from service.serving.rankings import degree_release_name
 from service.serving.schemas import Principal, QueryRequest
@@ -75,96 +48,11 @@ __all__ = [
     "NoRelease",
 ]
 
-#: How often admission is retried after the twin it joined was refunded.
-_MAX_ADMISSIONS = 3
-
 
 class NoRelease(NotFound):
     """No stored release of the named query that the caller may replay."""
 
     code = "no_release"
-
-
-@dataclass(frozen=True)
-class EmbeddingRequest:
-    principal: Principal
-    node: str
-    k: int | None = None  # None: PPR_EMBEDDING_DEFAULT_K
-    sigma: float | None = None  # None: PPR_EMBEDDING_DEFAULT_SIGMA
-    epsilon: float | None = None  # None: PPR_DEFAULT_EPSILON
-    mode: Mode = Mode.PERSONALIZED
-    fresh: bool = False
-    idempotency_key: str | None = None
-    request_id: str = ""
-
-
-@dataclass(frozen=True)
-class FreeEmbeddingRequest:
-    """The free embedding of the stored release of the ranking query (node, mode, epsilon,
-    mechanism) the caller may replay."""
-
-    principal: Principal
-    node: str
-    k: int | None = None
-    epsilon: float | None = None
-    mode: Mode = Mode.PERSONALIZED
-    mechanism: str | None = None  # None: the ranking default for the mode
-    request_id: str = ""
-
-
-@dataclass(frozen=True)
-class EmbeddingAnswer:
-    node: str
-    graph_version: str
-    embedding: list[float]
-    mechanism: dict[str, Any]
-    budget: BudgetView
-    replayed: bool
-    request_id: str
-    charged_account_id: int
-    epsilon_charged: float = 0.0
-    #: The free embedding: the stored release it was computed from.
-    source: dict[str, Any] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-class EmbeddingSpaces:
-    """The hash functions h_k, h_sgn of each (graph version, k), keyed by the version's salt
-    as the ledger records it (drawn once per version, the same on every worker), kept for the
-    last ``capacity`` pairs in this process."""
-
-    def __init__(self, ledger: Ledger, capacity: int = 8) -> None:
-        self._ledger = ledger
-        self._capacity = capacity
-        self._lock = threading.Lock()
-        self._salts: dict[str, bytes] = {}
-        self._spaces: OrderedDict[tuple[str, int], EmbeddingHashes] = OrderedDict()
-
-    def salt(self, graph_version: str) -> bytes:
-        """The version's salt (recorded once, never changed: safe to keep)."""
-        hit = self._salts.get(graph_version)
-        if hit is None:
-            hit = self._ledger.embedding_salt(graph_version, new_salt)
-            with self._lock:
-                if len(self._salts) > 64:
-                    self._salts.clear()
-                self._salts[graph_version] = hit
-        return hit
-
-    def hashes(self, graph: Graph, k: int) -> EmbeddingHashes:
-        key = (graph.version, k)
-        with self._lock:
-            hit = self._spaces.get(key)
-            if hit is not None:
-                self._spaces.move_to_end(key)
-                return hit
-        ids = graph.external_ids(np.arange(graph.n, dtype=np.int64))
-        made = embedding_hashes(ids, self.salt(graph.version), k)
-        with self._lock:
-            self._spaces[key] = made
-            while len(self._spaces) > self._capacity:
-                self._spaces.popitem(last=False)
-        return made
 
 
 class EmbeddingQueryService:
@@ -181,10 +69,9 @@ class EmbeddingQueryService:
         # the ranking pipeline's stages this path shares
         self._preparing = queries.preparing
         self._replaying = queries.replaying
-        self._admitting = queries.admitting
-        self._storing = queries.storing
         self.settings = settings
         self.spaces = spaces if spaces is not None else EmbeddingSpaces(queries.ledger)
+        self.dp = DpEmbeddings(queries, self.spaces, self.validate)
 
     # -- validation -----------------------------------------------------------------------
 
@@ -234,135 +121,18 @@ class EmbeddingQueryService:
         self._own_node_only(req.principal, req.node)
         return self.parameters(req.k, req.sigma, req.epsilon)
 
-    # -- DP-IE ------------------------------------------------------------------------------
+    # -- DP-IE (DpEmbeddings) ------------------------------------------------------------------
 
     def answer(self, req: EmbeddingRequest) -> EmbeddingAnswer:
-        k, sigma, epsilon = self.validate(req)
-        graph = self.queries.graphs.current  # one version for the whole request
-        seed = graph.index_of(req.node)
-        account_id = self._preparing.charged_account(req.principal, req.node, req.mode, graph)
-        key = ReleaseKey(
-            account_id, req.node, graph.version, req.mode.value, epsilon,
-            embedding_key_mechanism(k, sigma),
-        )  # fmt: skip
-        query = _as_query(req, epsilon)
-        if req.idempotency_key is not None:
-            stored = self._replaying.release_for_idempotency_key(query)
-            if stored is not None:
-                if stored.key != key:
-                    raise IdempotencyKeyReused()
-                return self._replay(stored, query, graph, account_id)
-        if not req.fresh:
-            stored = self._replaying.find_release(key)
-            if stored is not None and self._bound_to(stored, query):
-                return self._replay(stored, query, graph, account_id)
-        hashes = self.spaces.hashes(graph, k)  # the salt is not noise: before admission
-        plan = plan_dp_instant_embedding(epsilon, sigma, graph.n)
-        block = mechanism_block(
-            plan, req.mode, sigma, k, EMBEDDING_BETA, EMBEDDING_ROUNDS, hashes.salt_hex
-        )
-        admission = Admission(
-            charged_account_id=account_id,
-            principal_account_id=req.principal.account_id,
-            seed=req.node,
-            mechanism=DP_IE,
-            mode=req.mode.value,
-            params=block,
-            query_curve=dp_instant_embedding_curve(plan.epsilon),
-            query_epsilon=plan.epsilon,
-            graph_version=graph.version,
-            request_id=req.request_id,
-            idempotency_key=req.idempotency_key,
-            release_key=None if req.fresh else key,
-            quota_epsilon=self._admitting.quota_for(req.principal, account_id),
-        )
-        for _ in range(_MAX_ADMISSIONS):
-            receipt = self.ledger.admit(
-                admission,
-                graph_cap=self._admitting.graph_cap(graph),
-                stale_after_seconds=self.queries.policy.stale_after_seconds,
-            )
-            if not (receipt.reused or receipt.joined):
-                break
-            # an identical request (or a retry under the same key) was admitted first: its
-            # release is the answer once stored; if it was refunded, admission runs again
-            twin = self._replaying.wait_for_release(receipt.charge_id)
-            if twin is not None:
-                if twin.key != key:
-                    raise IdempotencyKeyReused()
-                self._replaying.cache_bound([(twin, req.principal.account_id, req.idempotency_key)])
-                return self._replay(twin, query, graph, account_id)
-        else:
-            raise RequestInProgress(
-                "an identical request is still being answered; retry shortly", retry_after=1
-            )
-        charge_id = receipt.charge_id
-        # the ranking path's replays on this worker show the budget after this charge
-        self._replaying.note_budget(account_id, receipt.budget)
-        if req.principal.type == "service":
-            try:  # before any noise is drawn: a refused read refunds the fresh charge
-                self._replaying.reads.record(query, graph.version, charge_id, None)
-            except ReadCapExhausted:
-                reason = "refused by the service account's read cap before any noise was drawn"
-                self.ledger.refund(charge_id, reason=reason)
-                raise
-        try:
-            capped = pushflowcap(graph, seed, EMBEDDING_BETA, EMBEDDING_ROUNDS, sigma, req.mode)
-            rng = fresh_generator()
-        except BaseException:
-            self.ledger.refund(charge_id, reason="failed before any noise was drawn")
-            raise
-        drawn = dp_instant_embedding(
-            graph, seed, hashes, epsilon, sigma, req.mode, EMBEDDING_BETA, EMBEDDING_ROUNDS,
-            rng=rng, capped=capped,
-        )  # fmt: skip
-        stored = StoredRelease(
-            key, charge_id, stored_embedding(drawn.values), block, req.request_id
-        )
-        self._storing.store(stored, query)  # before the answer leaves the process, or none
-        return EmbeddingAnswer(
-            node=req.node,
-            graph_version=graph.version,
-            embedding=[float(x) for x in drawn.values],
-            mechanism=block,
-            budget=receipt.budget,
-            replayed=False,
-            request_id=req.request_id,
-            charged_account_id=account_id,
-            epsilon_charged=plan.epsilon,
-        )
+        """A DP-IE answer, admitted in its own transaction."""
+        return self.dp.answer(req)
 
-    def _bound_to(self, stored: StoredRelease, query: QueryRequest) -> bool:
-        """A stored release answers a keyed request only once the key is bound to it (a key
-        bound to another charge goes on to admission, which answers with that charge's)."""
-        if query.idempotency_key is None:
-            return True
-        principal = query.principal.account_id
-        bound = self.ledger.bind_idempotency_keys(
-            [(principal, query.idempotency_key, stored.charge_id)]
-        )
-        if bound[0] != stored.charge_id:
-            return False
-        self._replaying.cache_bound([(stored, principal, query.idempotency_key)])
-        return True
-
-    def _replay(
-        self, stored: StoredRelease, query: QueryRequest, graph: Graph, account_id: int
-    ) -> EmbeddingAnswer:
-        if query.principal.type == "service":  # counted before the replay is sent
-            self._replaying.reads.record(query, stored.key.graph_version, stored.charge_id, None)
-        return EmbeddingAnswer(
-            node=query.node,
-            graph_version=graph.version,
-            embedding=stored_values(stored.results),
-            mechanism=stored.mechanism,
-            budget=self.ledger.budget(account_id),  # read now: the same on every worker
-            replayed=True,
-            request_id=query.request_id,
-            charged_account_id=account_id,
-            epsilon_charged=0.0,
-            extra={"original_request_id": stored.request_id},
-        )
+    def answer_many(
+        self, reqs: list[EmbeddingRequest], run: Run
+    ) -> list[EmbeddingAnswer | BaseException]:
+        """DP-IE answers to ``reqs`` (or each one's error), admitted in one ledger transaction
+        and stored in one, as a ranking batch's (:meth:`GroupAnswers.answer_many`)."""
+        return self.dp.answer_many(reqs, run)
 
     # -- the free embedding of a stored release ----------------------------------------------
 
@@ -454,18 +224,3 @@ class EmbeddingQueryService:
                 )
             return account.account_id
         return self._preparing.charged_account(principal, node, mode, graph)
-
-
-def _as_query(req: EmbeddingRequest, epsilon: float) -> QueryRequest:
-    """The request as the ranking path's helpers read it (principal, node, mode, keys)."""
-    return QueryRequest(
-        principal=req.principal,
-        node=req.node,
-        k=1,
-        epsilon=epsilon,
-        mode=req.mode,
-        fresh=req.fresh,
-        idempotency_key=req.idempotency_key,
-        request_id=req.request_id,
-        mechanism=DP_IE,
-    )

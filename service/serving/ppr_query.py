@@ -6,18 +6,17 @@ Nothing noisy is drawn before the charge is committed. A failure before the firs
 is refunded with a compensating ledger row; after it, the charge stays.
 
 :class:`PprQueryService` is the coordinator; each stage is a module of
-:mod:`service.serving.pipeline` (prepare, admit, draw, store, answer, replay).
+:mod:`service.serving.pipeline` (prepare, admit, draw, store, answer, replay). A group of
+queries (a batch, or the single queries the coalescer gathers) is answered by
+:meth:`GroupAnswers.answer_many` (``pipeline/group.py``), which DP-IE embeddings share.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from service.cache.caches import ReplayCache
 from service.config import MechanismSettings
 from service.ledger.ledger import Ledger
-from service.ledger.records import ChargeReceipt, StoredRelease
+from service.ledger.records import Admission, ChargeReceipt, StoredRelease
 from service.mechanisms.engine import DiffusionEngine
 from service.serving.graph_holder import GraphHolder
 from service.serving.pipeline.admit import Admitter
@@ -25,13 +24,14 @@ from service.serving.pipeline.answer import PopularAnswers, fresh_answer
 from service.serving.pipeline.draw import Drawer
 from service.serving.pipeline.errors import IdempotencyKeyReused as IdempotencyKeyReused
 from service.serving.pipeline.errors import RequestInProgress as RequestInProgress
-from service.serving.pipeline.items import Outcomes, Pending
+from service.serving.pipeline.group import GroupAnswers, Run
+from service.serving.pipeline.items import Admitted, Pending, ToBind
 from service.serving.pipeline.policy import AdmissionPolicy
 from service.serving.pipeline.prefixes import PrefixProvider
 from service.serving.pipeline.prepare import MECHANISM_NAME as MECHANISM_NAME
 from service.serving.pipeline.prepare import Preparer
 from service.serving.pipeline.reads import ReadFigure
-from service.serving.pipeline.replay import Replayer, split_twins
+from service.serving.pipeline.replay import Replayer
 from service.serving.pipeline.store import Storer
 from service.serving.planner import DiffusionPlanner
 from service.serving.rankings import DegreeReleases
@@ -40,7 +40,14 @@ from service.serving.schemas import Answer, QueryRequest
 __all__ = ["AdmissionPolicy", "PprQueryService", "PrefixProvider"]
 
 
-class PprQueryService:
+class PprQueryService(GroupAnswers[QueryRequest, Pending, ToBind, Answer]):
+    """Private rankings: one query (:meth:`answer`) or a group (:meth:`answer_many`, one
+    admission and one storing transaction for the group)."""
+
+    answer_type = Answer
+    pending_type = Pending
+    to_bind_type = ToBind
+
     def __init__(
         self,
         *,
@@ -94,7 +101,7 @@ class PprQueryService:
         return self.preparing.validate(req)
 
     def answer(self, req: QueryRequest) -> Answer:
-        prepared = self.preparing.prepare_one(req)
+        prepared = self.prepare_one(req)
         if isinstance(prepared, Answer):
             return prepared
         return self._after_admission(prepared, self.admitting.admit(prepared))
@@ -108,37 +115,27 @@ class PprQueryService:
         self.storing.store(stored, p.req)  # before the answer leaves the process, or no answer
         return fresh_answer(p, joined, stored)
 
-    def answer_many(
-        self,
-        reqs: list[QueryRequest],
-        run: Callable[[list[Callable[[], Any]]], list[Any]],
-        on_ready: Callable[[int, Answer | BaseException], None] | None = None,
-    ) -> list[Answer | BaseException]:
-        """Answers to ``reqs`` (or each one's error), admitted in one ledger transaction and
-        stored in one: per query the same checks and the same order as :meth:`answer` (admit,
-        draw, store, answer), and no answer is returned before every release of the group is
-        stored.
+    # -- a group (GroupAnswers.answer_many): the ranking's steps ------------------------------
 
-        The diffusions are handed to the engine together, so it computes them in one block.
-        ``run`` runs the other draws (thunks: other rankings, and queries that wait for an
-        identical query's release) concurrently and returns their results or exceptions in
-        order. ``on_ready(i, outcome)``, if given, hears an outcome as soon as it is final
-        (a replay, or an error before admission) rather than with the whole group."""
-        out = Outcomes(len(reqs), on_ready)
-        pending = self.preparing.prepare_many(reqs, out.settle)
-        now, later = split_twins(self.admitting.admit_many(pending, out.settle))
-        drawn = self.drawing.draw_group(now, run, join=self._after_admission)
-        to_store = []
-        for (i, p, receipt), outcome in zip(now, drawn, strict=True):
-            if isinstance(outcome, (BaseException, Answer)):
-                out.settle(i, outcome)
-            else:
-                to_store.append((i, p, receipt, outcome))
-        errors = self.storing.store_many([(p.req, stored) for _, p, _, stored in to_store])
-        twins: dict[int, StoredRelease | BaseException] = {}
-        for (i, p, receipt, stored), error in zip(to_store, errors, strict=True):
-            out.put(i, error if error is not None else fresh_answer(p, receipt, stored))
-            twins[stored.charge_id] = error if error is not None else stored
-        for i, p, receipt in later:
-            out.put(i, self.replaying.from_twin_in_group(p, twins.get(receipt.charge_id)))
-        return out.all()
+    def prepare(self, req: QueryRequest) -> Answer | Pending | ToBind:
+        return self.preparing.prepare(req)
+
+    def bind(self, items: list[ToBind]) -> list[Answer | Pending | BaseException]:
+        return self.preparing.bind(items)
+
+    def admission(self, p: Pending) -> Admission:
+        return self.admitting.admission(p)
+
+    def draw_group(
+        self, admitted: list[Admitted], run: Run
+    ) -> list[Answer | StoredRelease | BaseException]:
+        # the diffusions go to the engine together, so it computes them in one block
+        return self.drawing.draw_group(admitted, run, join=self._after_admission)
+
+    def fresh_answer(self, p: Pending, receipt: ChargeReceipt, stored: StoredRelease) -> Answer:
+        return fresh_answer(p, receipt, stored)
+
+    def from_twin_in_group(
+        self, p: Pending, twin: StoredRelease | BaseException | None
+    ) -> Answer | BaseException:
+        return self.replaying.from_twin_in_group(p, twin)

@@ -117,10 +117,10 @@ class SandboxQueries:
             epsilon_charged=0.0,
         )
 
-    def answer_batch(self, request: BatchRequest) -> list[BatchItem]:
+    def answer_batch(self, request: BatchRequest) -> list[BatchItem[Answer]]:
         if request.principal.type == "admin":
             raise Forbidden("admin accounts cannot query; use a user or service key")
-        items: list[BatchItem] = []
+        items: list[BatchItem[Answer]] = []
         for node in request.nodes:
             req = QueryRequest(
                 principal=request.principal, node=node, k=request.k, epsilon=request.epsilon,

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -15,7 +16,8 @@ from service.api.params import IdempotencyKeyHeader
 from service.api.routes.ppr import one_header
 from service.api.strict import StrictRoute
 from service.errors import InvalidParameter
-from service.serving.batch import BatchRequest
+from service.privacy.modes import Mode
+from service.serving.batch import BatchItem, BatchRequest
 
 router = APIRouter(prefix="/v1", tags=["queries"], route_class=StrictRoute)
 
@@ -52,10 +54,7 @@ def ppr_batch(
     """
     one_header(request, "Idempotency-Key")
     settings = runtime.settings
-    if len(body.nodes) > settings.batch_max_items:
-        raise InvalidParameter(
-            "nodes", f"at most {settings.batch_max_items} per call (PPR_BATCH_MAX_ITEMS)"
-        )
+    check_batch_size(body.nodes, settings.batch_max_items)
     answer_batch = runtime.batch.answer if runtime.sandbox is None else runtime.sandbox.answer_batch
     items = answer_batch(
         BatchRequest(
@@ -71,30 +70,12 @@ def ppr_batch(
             request_id=request.state.request_id,
         )
     )
-    out: list[dict[str, Any]] = []
-    charged = 0.0
-    for item in items:
-        if item.answer is not None:
-            answer = item.answer
-            out.append(
-                {
-                    "node": item.node,
-                    "results": [{"node": r.node, "score": r.score} for r in answer.results],
-                    "replayed": answer.replayed,
-                    "epsilon_charged": answer.epsilon_charged,
-                }
-            )
-            if answer.replayed:
-                REPLAYS.labels("batch").inc()
-            elif runtime.sandbox is None:
-                charged += answer.epsilon_charged
-                CHARGES.labels(body.mode.value).inc()
-                EPSILON_CHARGED.labels(body.mode.value).inc(answer.epsilon_charged)
-        else:
-            assert item.error is not None
-            if item.error.code == "budget_exhausted":
-                REFUSALS.labels(item.error.code).inc()
-            out.append({"node": item.node, "error": item.error.to_dict()})
+    out, charged = item_bodies(
+        items,
+        lambda answer: {"results": [{"node": r.node, "score": r.score} for r in answer.results]},
+        body.mode,
+        charging=runtime.sandbox is None,
+    )
     request.state.epsilon_charged = charged
     request.state.outcome = "batch"
     # Built directly (the schema above documents it): thousands of results per call are not
@@ -107,3 +88,56 @@ def ppr_batch(
     if runtime.sandbox is not None:
         answered["synthetic"] = True
     return JSONResponse(answered)
+
+
+def check_batch_size(nodes: Sequence[str], most: int) -> None:
+    """A batch carries at most ``most`` (PPR_BATCH_MAX_ITEMS) nodes: else 422 for the call."""
+    if len(nodes) > most:
+        raise InvalidParameter("nodes", f"at most {most} per call (PPR_BATCH_MAX_ITEMS)")
+
+
+class _ItemAnswer(Protocol):
+    @property
+    def replayed(self) -> bool: ...
+    @property
+    def epsilon_charged(self) -> float: ...
+
+
+_A = TypeVar("_A", bound=_ItemAnswer)
+
+
+def item_bodies(
+    items: list[BatchItem[_A]],
+    fields: Callable[[_A], dict[str, Any]],
+    mode: Mode,
+    *,
+    charging: bool = True,
+) -> tuple[list[dict[str, Any]], float]:
+    """A batch's items as answered (``node``, the answer's ``fields``, ``replayed`` and
+    ``epsilon_charged``; or ``node`` and ``error``) and the epsilon they were charged in total,
+    counted in the metrics (``charging`` false: a sandbox, where nothing is charged)."""
+    out: list[dict[str, Any]] = []
+    charged = 0.0
+    for item in items:
+        answer = item.answer
+        if answer is None:
+            assert item.error is not None
+            if item.error.code == "budget_exhausted":
+                REFUSALS.labels(item.error.code).inc()
+            out.append({"node": item.node, "error": item.error.to_dict()})
+            continue
+        out.append(
+            {
+                "node": item.node,
+                **fields(answer),
+                "replayed": answer.replayed,
+                "epsilon_charged": answer.epsilon_charged,
+            }
+        )
+        if answer.replayed:
+            REPLAYS.labels("batch").inc()
+        elif charging:
+            charged += answer.epsilon_charged
+            CHARGES.labels(mode.value).inc()
+            EPSILON_CHARGED.labels(mode.value).inc(answer.epsilon_charged)
+    return out, charged

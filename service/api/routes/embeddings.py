@@ -13,16 +13,21 @@ from fastapi.concurrency import run_in_threadpool
 from service.api.deps import EngineTurn, PrincipalDep, RuntimeDep
 from service.api.embedding_batch_models import EmbeddingBatchAnswer, EmbeddingBatchQuery
 from service.api.models import EmbeddingAnswerModel, EmbeddingMechanism, ErrorResponse
-from service.api.observability import CHARGES, EPSILON_CHARGED, REFUSALS, REPLAYS
+from service.api.observability import CHARGES, EPSILON_CHARGED, REPLAYS
 from service.api.params import K_LIMIT, IdempotencyKeyHeader, NodeIdPath, QueryBool
+from service.api.routes.batch import check_batch_size, item_bodies
 from service.api.routes.ppr import one_header
 from service.api.runtime import Runtime
 from service.api.strict import StrictRoute
-from service.errors import Forbidden, InvalidParameter
+from service.errors import Forbidden
 from service.mechanisms.registry import RankingMechanism
 from service.privacy.modes import Mode
 from service.serving.embedding_batch import EmbeddingBatchRequest, answer_embedding_batch
-from service.serving.embedding_query import EmbeddingRequest, FreeEmbeddingRequest
+from service.serving.embedding_query import (
+    EmbeddingAnswer,
+    EmbeddingRequest,
+    FreeEmbeddingRequest,
+)
 
 router = APIRouter(prefix="/v1/embeddings", tags=["embeddings"], route_class=StrictRoute)
 
@@ -201,11 +206,7 @@ def dp_embedding_batch(
     """
     one_header(request, "Idempotency-Key")
     _not_in_sandbox(runtime)
-    settings = runtime.settings
-    if len(body.nodes) > settings.batch_max_items:
-        raise InvalidParameter(
-            "nodes", f"at most {settings.batch_max_items} per call (PPR_BATCH_MAX_ITEMS)"
-        )
+    check_batch_size(body.nodes, runtime.settings.batch_max_items)
     items = answer_embedding_batch(
         runtime.embeddings,
         runtime.batch.run_all,
@@ -221,35 +222,18 @@ def dp_embedding_batch(
             request_id=request.state.request_id,
         ),
     )
-    out: list[dict[str, Any]] = []
-    charged = 0.0
-    for item in items:
-        if item.answer is None:
-            assert item.error is not None
-            if item.error.code == "budget_exhausted":
-                REFUSALS.labels(item.error.code).inc()
-            out.append({"node": item.node, "error": item.error.to_dict()})
-            continue
-        answer = item.answer
-        mechanism = EmbeddingMechanism(**answer.mechanism).model_dump(exclude_none=True)
-        out.append(
-            {
-                "node": item.node,
-                "graph_version": answer.graph_version,
-                "embedding": answer.embedding,
-                "mechanism": mechanism,
-                "replayed": answer.replayed,
-                "epsilon_charged": answer.epsilon_charged,
-            }
-        )
-        if answer.replayed:
-            REPLAYS.labels("batch").inc()
-        else:
-            charged += answer.epsilon_charged
-            CHARGES.labels(body.mode.value).inc()
-            EPSILON_CHARGED.labels(body.mode.value).inc(answer.epsilon_charged)
+    out, charged = item_bodies(items, _embedding_fields, body.mode)
     request.state.epsilon_charged = charged
     request.state.outcome = "batch"
     answered = {"items": out, "request_id": request.state.request_id, "epsilon_charged": charged}
     content = json.dumps(answered, separators=(",", ":"), allow_nan=False)
     return Response(content=content, media_type="application/json")
+
+
+def _embedding_fields(answer: EmbeddingAnswer) -> dict[str, Any]:
+    mechanism = EmbeddingMechanism(**answer.mechanism).model_dump(exclude_none=True)
+    return {
+        "graph_version": answer.graph_version,
+        "embedding": answer.embedding,
+        "mechanism": mechanism,
+    }

@@ -2,16 +2,17 @@
 
 A query is admitted alone (one transaction), group-committed with the queries that reach the
 worker while the previous admission transaction runs (``ledger_group_max`` > 1), or with the
-whole group of :meth:`~service.serving.ppr_query.PprQueryService.answer_many` in one
-transaction per graph-wide cap in force. The checks are the ledger's; here the query becomes
-its :class:`Admission` (quota, graph-wide cap, twin key, degree release).
+whole group of :meth:`~service.serving.pipeline.group.GroupAnswers.answer_many` (rankings,
+DP-IE embeddings) in one transaction per graph-wide cap in force. The checks are the
+ledger's; here a ranking becomes its :class:`Admission` (quota, graph-wide cap, twin key,
+degree release); another kind states its own.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -25,11 +26,14 @@ from service.privacy.calibration import DiffusionPlan
 from service.privacy.laplace import count_release_curve
 from service.privacy.modes import Mode
 from service.serving.group_commit import GroupCommitter
-from service.serving.pipeline.items import Admitted, Pending
+from service.serving.pipeline.items import Pending, Prepared
 from service.serving.pipeline.policy import AdmissionPolicy
 from service.serving.planner import DiffusionPlanner
 from service.serving.rankings import RankingPlan
-from service.serving.schemas import Answer, Principal
+from service.serving.schemas import Principal
+
+#: A query of any kind prepared for admission (a ranking's :class:`Pending`, an embedding's).
+P = TypeVar("P", bound=Prepared)
 
 
 class Admitter:
@@ -131,20 +135,22 @@ class Admitter:
 
     def admit_many(
         self,
-        pending: list[tuple[int, Pending]],
-        settle: Callable[[int, Answer | BaseException], None],
-    ) -> list[Admitted]:
-        """Admit a group in one transaction per graph version served (normally one); a
-        refused query (or a failed transaction) is settled with its error."""
+        pending: list[tuple[int, P]],
+        settle: Callable[[int, BaseException], None],
+        admission: Callable[[P], Admission],
+    ) -> list[tuple[int, P, ChargeReceipt]]:
+        """Admit a group of prepared queries (of any kind: ``admission`` states each one's
+        charge, :meth:`admission` a ranking's) in one transaction per graph version served
+        (normally one); a refused query (or a failed transaction) is settled with its error."""
         graph_caps = {id(p.graph): self.graph_cap(p.graph) for _, p in pending}
-        by_cap: dict[int, list[tuple[int, Pending]]] = {}
+        by_cap: dict[int, list[tuple[int, P]]] = {}
         for i, p in pending:
             by_cap.setdefault(id(p.graph), []).append((i, p))
-        admitted: list[Admitted] = []
+        admitted: list[tuple[int, P, ChargeReceipt]] = []
         for graph_id, group in by_cap.items():
             try:
                 receipts = self.ledger.admit_and_charge_many(
-                    [self.admission(p) for _, p in group],
+                    [admission(p) for _, p in group],
                     graph_cap=graph_caps[graph_id],
                     stale_after_seconds=self.policy.stale_after_seconds,
                 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from service.graph.model import Graph
 from service.ledger.records import ChargeReceipt, ReleaseKey, StoredRelease
@@ -14,7 +14,20 @@ from service.mechanisms.registry import RankingMechanism
 from service.privacy.calibration import DiffusionPlan
 from service.privacy.modes import Mode
 from service.serving.rankings import RankingPlan
-from service.serving.schemas import Answer, QueryRequest
+from service.serving.schemas import QueryRequest
+
+
+class Prepared(Protocol):
+    """What the stages shared by every kind of charged query (admission, twins, storing) read
+    of a query prepared for admission: the request (as storing and the read figure read it),
+    the graph it is answered on and its release key."""
+
+    @property
+    def req(self) -> QueryRequest: ...
+    @property
+    def graph(self) -> Graph: ...
+    @property
+    def key(self) -> ReleaseKey: ...
 
 
 @dataclass(frozen=True)
@@ -60,23 +73,26 @@ class Started:
 #: An admitted query of a group: its position in the group, the query and its receipt.
 Admitted = tuple[int, Pending, ChargeReceipt]
 
+#: A group's answers: a ranking's :class:`Answer`, or another kind's (an embedding).
+A = TypeVar("A")
 
-class Outcomes:
+
+class Outcomes(Generic[A]):
     """A group's outcomes by position. ``settle`` also tells ``on_ready`` at once (a replay,
     an error before storing); ``put`` is heard with the whole group."""
 
-    def __init__(self, n: int, on_ready: Callable[[int, Answer | BaseException], None] | None):
-        self._out: list[Answer | BaseException | None] = [None] * n
+    def __init__(self, n: int, on_ready: Callable[[int, A | BaseException], None] | None):
+        self._out: list[A | BaseException | None] = [None] * n
         self._on_ready = on_ready
 
-    def settle(self, i: int, outcome: Answer | BaseException) -> None:
+    def settle(self, i: int, outcome: A | BaseException) -> None:
         self._out[i] = outcome
         if self._on_ready is not None:
             self._on_ready(i, outcome)
 
-    def put(self, i: int, outcome: Answer | BaseException) -> None:
+    def put(self, i: int, outcome: A | BaseException) -> None:
         self._out[i] = outcome
 
-    def all(self) -> list[Answer | BaseException]:
+    def all(self) -> list[A | BaseException]:
         assert all(item is not None for item in self._out)
         return [item for item in self._out if item is not None]

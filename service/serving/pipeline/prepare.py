@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from typing import Any
 
 from service.config import MechanismSettings
@@ -138,49 +137,7 @@ class Preparer:
             )
         raise Forbidden(f"account type {principal.type!r} cannot query")
 
-    # -- one query, a group ---------------------------------------------------------------
-
-    def prepare_one(self, req: QueryRequest) -> Answer | Pending:
-        """:meth:`prepare`, a keyed replay's key bound to its release (or the query planned,
-        when the key is bound already)."""
-        prepared = self.prepare(req)
-        if isinstance(prepared, ToBind):
-            bound = self.replayer.bind([prepared], self.plan_bound)[0]
-            if isinstance(bound, BaseException):
-                raise bound
-            return bound
-        return prepared
-
-    def prepare_many(
-        self,
-        reqs: list[QueryRequest],
-        settle: Callable[[int, Answer | BaseException], None],
-    ) -> list[tuple[int, Pending]]:
-        """Each request prepared, in order: replays and errors are settled at once, the
-        group's keyed replays bind their keys in one transaction; the rest go to admission."""
-        pending: list[tuple[int, Pending]] = []
-        to_bind: list[tuple[int, ToBind]] = []
-        for i, req in enumerate(reqs):
-            try:
-                prepared = self.prepare(req)
-            except Exception as exc:
-                settle(i, exc)
-                continue
-            if isinstance(prepared, Answer):
-                settle(i, prepared)
-            elif isinstance(prepared, ToBind):
-                to_bind.append((i, prepared))
-            else:
-                pending.append((i, prepared))
-        if to_bind:  # the group's keyed replays bind their keys in one transaction
-            bound = self.replayer.bind([b for _, b in to_bind], self.plan_bound)
-            for (i, _), resolved in zip(to_bind, bound, strict=True):
-                if isinstance(resolved, Pending):
-                    pending.append((i, resolved))
-                else:
-                    settle(i, resolved)
-            pending.sort(key=lambda item: item[0])
-        return pending
+    # -- before admission -----------------------------------------------------------------
 
     def prepare(self, req: QueryRequest) -> Answer | Pending | ToBind:
         """Everything before admission: validation, the charged account, replays from stored
@@ -215,7 +172,18 @@ class Preparer:
 
     # -- the plan -------------------------------------------------------------------------
 
-    def plan_bound(self, b: ToBind) -> Pending:
+    def bind(self, items: list[ToBind]) -> list[Answer | Pending | BaseException]:
+        """Bind the keyed queries' keys to their stored releases in one transaction
+        (:meth:`Replayer.bind`): each one's replay, or, its key bound to another charge, the
+        query planned to be admitted as that charge's twin."""
+        return self.replayer.bind(
+            items,
+            keyed=lambda b: (b.req, b.stored),
+            replay=lambda b: self.replayer.replay(b.stored, b.req, b.graph, b.seed, b.account_id),
+            plan=self._plan_bound,
+        )
+
+    def _plan_bound(self, b: ToBind) -> Pending:
         """A keyed query whose key was bound already: planned, to be admitted as a twin."""
         return self._plan(b.req, b.graph, b.seed, b.account_id, b.key, b.name, b.epsilon, True)
 

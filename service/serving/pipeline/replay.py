@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 from service.cache.caches import ReplayCache
 from service.graph.model import Graph
@@ -22,13 +23,19 @@ from service.ledger.ledger import Ledger
 from service.ledger.records import BudgetView, ChargeReceipt, ReleaseKey, StoredRelease
 from service.serving.pipeline.answer import post_process
 from service.serving.pipeline.errors import IdempotencyKeyReused, RequestInProgress
-from service.serving.pipeline.items import Admitted, Pending, ToBind
+from service.serving.pipeline.items import A, Pending, Prepared
 from service.serving.pipeline.policy import AdmissionPolicy
 from service.serving.pipeline.reads import ReadFigure
 from service.serving.rankings import degree_release_name
 from service.serving.schemas import Answer, QueryRequest
 
 log = logging.getLogger(__name__)
+
+#: A query of any kind prepared for admission, one of a group admitted with its receipt, and a
+#: keyed query a stored release answers once its key is bound to it.
+P = TypeVar("P", bound=Prepared)
+G = TypeVar("G", bound=tuple[int, Prepared, ChargeReceipt])
+K = TypeVar("K")
 
 #: How long a replay's budget view is reused.
 _REPLAY_BUDGET_TTL_SECONDS = 1.0
@@ -118,34 +125,38 @@ class Replayer:
     # -- Idempotency-Key binding ----------------------------------------------------------
 
     def bind(
-        self, items: list[ToBind], plan: Callable[[ToBind], Pending]
-    ) -> list[Answer | Pending | BaseException]:
-        """Bind each keyed query's Idempotency-Key to the stored release found for it, in one
-        ledger transaction, and answer with that release. A key bound already (by an earlier
-        or a concurrent request) keeps its charge: that query is planned (``plan``) and goes
-        on to admission, which finds the binding and answers with its release (or 422 for a
-        different query)."""
+        self,
+        items: Sequence[K],
+        keyed: Callable[[K], tuple[QueryRequest, StoredRelease]],
+        replay: Callable[[K], A],
+        plan: Callable[[K], P],
+    ) -> list[A | P | BaseException]:
+        """Bind each keyed query's Idempotency-Key to the stored release found for it
+        (``keyed``: the query and that release), all in one ledger transaction, and answer
+        with that release (``replay``). A key bound already (by an earlier or a concurrent
+        request) keeps its charge: that query is planned (``plan``) and goes on to admission,
+        which finds the binding and answers with its release (or 422 for a different query)."""
+        pairs = [keyed(item) for item in items]
         try:
-            bound = self.ledger.bind_idempotency_keys(
-                [
-                    (b.req.principal.account_id, b.req.idempotency_key or "", b.stored.charge_id)
-                    for b in items
-                ]
+            charges = self.ledger.bind_idempotency_keys(
+                [(q.principal.account_id, q.idempotency_key or "", s.charge_id) for q, s in pairs]
             )
         except Exception as exc:
             return [exc] * len(items)
-        out: list[Answer | Pending | BaseException] = []
-        cache: list[tuple[StoredRelease, int, str | None]] = []
-        for b, charge_id in zip(items, bound, strict=True):
-            if charge_id == b.stored.charge_id:
-                cache.append((b.stored, b.req.principal.account_id, b.req.idempotency_key))
-                out.append(self.replay(b.stored, b.req, b.graph, b.seed, b.account_id))
-                continue
-            try:
-                out.append(plan(b))
+        bound = [charge == s.charge_id for (_, s), charge in zip(pairs, charges, strict=True)]
+        self._cache_bound(
+            [
+                (stored, query.principal.account_id, query.idempotency_key)
+                for (query, stored), is_bound in zip(pairs, bound, strict=True)
+                if is_bound
+            ]
+        )
+        out: list[A | P | BaseException] = []
+        for item, is_bound in zip(items, bound, strict=True):
+            try:  # a service account's replay may be refused by its read cap
+                out.append(replay(item) if is_bound else plan(item))
             except Exception as exc:
                 out.append(exc)
-        self._cache_bound(cache)
         return out
 
     def _cache_bound(self, entries: list[tuple[StoredRelease, int, str | None]]) -> None:
@@ -164,6 +175,16 @@ class Replayer:
         self, p: Pending, receipt: ChargeReceipt, admit: Callable[[Pending], ChargeReceipt]
     ) -> Answer | ChargeReceipt:
         """A twin's release (waiting for it), or the receipt of this query's own charge."""
+        return self.join_twin_of(p, receipt, admit, self._replay_pending)
+
+    def join_twin_of(
+        self,
+        p: P,
+        receipt: ChargeReceipt,
+        admit: Callable[[P], ChargeReceipt],
+        replay: Callable[[StoredRelease, P], A],
+    ) -> A | ChargeReceipt:
+        """:meth:`join_twin` for a query of any kind, answered from a release by ``replay``."""
         for _ in range(_MAX_ADMISSIONS):
             if not (receipt.reused or receipt.joined):
                 return receipt
@@ -175,19 +196,14 @@ class Replayer:
                 if stored.key != p.key:
                     raise IdempotencyKeyReused()
                 self._cache_bound([(stored, p.req.principal.account_id, p.req.idempotency_key)])
-                return self.replay(stored, p.req, p.graph, p.seed, p.account_id)
+                return replay(stored, p)
             receipt = admit(p)
         raise RequestInProgress(
             "an identical request is still being answered; retry shortly", retry_after=1
         )
 
-    def wait_for_release(self, charge_id: int) -> StoredRelease | None:
-        """:meth:`_wait_for_release`, for answers of other kinds (embeddings) joining a twin."""
-        return self._wait_for_release(charge_id)
-
-    def cache_bound(self, entries: list[tuple[StoredRelease, int, str | None]]) -> None:
-        """:meth:`_cache_bound`, for answers of other kinds (embeddings)."""
-        self._cache_bound(entries)
+    def _replay_pending(self, stored: StoredRelease, p: Pending) -> Answer:
+        return self.replay(stored, p.req, p.graph, p.seed, p.account_id)
 
     def _wait_for_release(self, charge_id: int) -> StoredRelease | None:
         """The release of ``charge_id`` once stored; None once it is refunded. A charge still
@@ -213,6 +229,15 @@ class Replayer:
     ) -> Answer | BaseException:
         """A group's query that joined a twin of the same group: the twin's release as
         stored (or the error that discarded it)."""
+        return self.from_twin_in_group_of(p, twin, self._replay_pending)
+
+    def from_twin_in_group_of(
+        self,
+        p: P,
+        twin: StoredRelease | BaseException | None,
+        replay: Callable[[StoredRelease, P], A],
+    ) -> A | BaseException:
+        """:meth:`from_twin_in_group` for a query of any kind, answered by ``replay``."""
         if twin is None or isinstance(twin, BaseException):
             return twin or RequestInProgress(
                 "an identical request failed before its answer was stored; retry",
@@ -221,7 +246,7 @@ class Replayer:
         if twin.key != p.key:
             return IdempotencyKeyReused()
         try:  # a service account's replay may be refused by its read cap
-            return self.replay(twin, p.req, p.graph, p.seed, p.account_id)
+            return replay(twin, p)
         except Exception as exc:
             return exc
 
@@ -237,13 +262,13 @@ def covers(stored: StoredRelease, req: QueryRequest, graph: Graph, seed: int) ->
     )
 
 
-def split_twins(admitted: list[Admitted]) -> tuple[list[Admitted], list[Admitted]]:
-    """A group's admitted queries: those to draw (or to wait for a twin admitted earlier),
-    and those that joined a twin admitted in this same group, answered from its release once
-    it is stored (waiting for it in the pool would wait for ourselves)."""
+def split_twins(admitted: list[G]) -> tuple[list[G], list[G]]:
+    """A group's admitted queries (position, query, receipt): those to draw (or to wait for a
+    twin admitted earlier), and those that joined a twin admitted in this same group, answered
+    from its release once it is stored (waiting for it in the pool would wait for ourselves)."""
     own = {r.charge_id for _, _, r in admitted if not (r.reused or r.joined)}
-    later: list[Admitted] = []
-    now: list[Admitted] = []
+    later: list[G] = []
+    now: list[G] = []
     for item in admitted:
         r = item[2]
         (later if (r.reused or r.joined) and r.charge_id in own else now).append(item)

@@ -1,0 +1,318 @@
+"""DP-IE embeddings on the ranking path's stages: one request, or a group together.
+
+A DP-IE answer follows the same path as a ranking, through the same ledger calls:
+validation -> authorization (the charged account, as for rankings) -> a stored release or an
+Idempotency-Key binding answers it as a replay -> admission (charged, refused past the cap
+before anything is drawn, twins joined) -> the service account's read figure ->
+PushFlowCap, InstantEmbedding, fresh OS-entropy Laplace noise -> the release stored (its
+charge marked released) -> the answer. A failure before the noise draw refunds the charge.
+
+One request is admitted in its own transaction (:meth:`DpEmbeddings.answer`). A group (the
+embedding batch) is answered by the rankings' group path (:class:`GroupAnswers`): its keyed
+replays bind their keys in one transaction, its items are admitted in one
+(``admit_and_charge_many``, each item all-or-nothing, in order, against what the earlier
+items left), drawn concurrently, stored in one, and none is answered before all are stored.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from service.embeddings.dp import (
+    EMBEDDING_BETA,
+    EMBEDDING_ROUNDS,
+    dp_instant_embedding,
+    dp_instant_embedding_curve,
+    plan_dp_instant_embedding,
+)
+from service.embeddings.hashing import EmbeddingHashes
+from service.embeddings.release import (
+    DP_IE,
+    embedding_key_mechanism,
+    mechanism_block,
+    stored_embedding,
+    stored_values,
+)
+from service.graph.model import Graph
+from service.ledger.records import (
+    Admission,
+    ChargeReceipt,
+    ReadCapExhausted,
+    ReleaseKey,
+    StoredRelease,
+)
+from service.mechanisms.pushflowcap import pushflowcap
+from service.mechanisms.randomness import fresh_generator
+from service.privacy.laplace import LaplacePlan
+from service.serving.embedding_schemas import EmbeddingAnswer, EmbeddingRequest
+from service.serving.embedding_spaces import EmbeddingSpaces
+from service.serving.pipeline.errors import IdempotencyKeyReused
+from service.serving.pipeline.group import GroupAnswers, Run
+from service.serving.ppr_query import PprQueryService
+from service.serving.schemas import QueryRequest
+
+__all__ = ["DpEmbeddings", "EmbeddingPending"]
+
+
+@dataclass(frozen=True)
+class _Authorized:
+    """A DP-IE request validated and authorized: what its release is keyed by."""
+
+    req: QueryRequest  # as the ranking path's helpers read it (principal, node, mode, keys)
+    graph: Graph  # one version for the whole request
+    seed: int
+    account_id: int  # the charged account
+    key: ReleaseKey
+    k: int
+    sigma: float
+    epsilon: float
+
+
+@dataclass(frozen=True)
+class _ToBind:
+    """A keyed request a stored release answers once its Idempotency-Key is bound to it."""
+
+    asked: _Authorized
+    stored: StoredRelease
+
+
+@dataclass(frozen=True)
+class EmbeddingPending:
+    """A DP-IE request prepared for admission: everything decided before the ledger."""
+
+    req: QueryRequest
+    graph: Graph
+    seed: int
+    account_id: int
+    key: ReleaseKey
+    sigma: float
+    epsilon: float
+    hashes: EmbeddingHashes  # the version's hash functions at dimension k
+    plan: LaplacePlan
+    mechanism: dict[str, Any]  # what the answer states and the charge records
+
+
+class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, EmbeddingAnswer]):
+    """DP-IE answers on the stages of ``queries`` (the ranking path's)."""
+
+    answer_type = EmbeddingAnswer
+    pending_type = EmbeddingPending
+    to_bind_type = _ToBind
+
+    def __init__(
+        self,
+        queries: PprQueryService,
+        spaces: EmbeddingSpaces,
+        validate: Callable[[EmbeddingRequest], tuple[int, float, float]],
+    ) -> None:
+        self.queries = queries
+        self.ledger = queries.ledger
+        self.spaces = spaces
+        self._validate = validate  # (k, sigma, epsilon), or the 4xx for a bad one
+        # the ranking pipeline's stages this path shares
+        self._preparing = queries.preparing
+        self._replaying = queries.replaying
+        self.admitting = queries.admitting
+        self.storing = queries.storing
+
+    # -- one request --------------------------------------------------------------------------
+
+    def answer(self, req: EmbeddingRequest) -> EmbeddingAnswer:
+        prepared = self.prepare_one(req)
+        if isinstance(prepared, EmbeddingAnswer):
+            return prepared
+        return self._after_admission(prepared, self._admit(prepared))
+
+    def _admit(self, p: EmbeddingPending) -> ChargeReceipt:
+        return self.ledger.admit(
+            self.admission(p),
+            graph_cap=self.admitting.graph_cap(p.graph),
+            stale_after_seconds=self.queries.policy.stale_after_seconds,
+        )
+
+    def _after_admission(self, p: EmbeddingPending, receipt: ChargeReceipt) -> EmbeddingAnswer:
+        """A twin's release (waiting for it), or this request's own release once stored."""
+        joined = self._replaying.join_twin_of(p, receipt, self._admit, self._replay_pending)
+        if isinstance(joined, EmbeddingAnswer):
+            return joined
+        stored = self._draw(p, joined)
+        self.storing.store(stored, p.req)  # before the answer leaves the process, or none
+        return self.fresh_answer(p, joined, stored)
+
+    # -- before admission ---------------------------------------------------------------------
+
+    def prepare(self, req: EmbeddingRequest) -> EmbeddingAnswer | EmbeddingPending | _ToBind:
+        """Everything before admission: validation, the charged account, replays of stored
+        releases (a keyed request's only once its key is bound to the release), the plan."""
+        k, sigma, epsilon = self._validate(req)
+        graph = self.queries.graphs.current
+        seed = graph.index_of(req.node)
+        account_id = self._preparing.charged_account(req.principal, req.node, req.mode, graph)
+        key = ReleaseKey(
+            account_id, req.node, graph.version, req.mode.value, epsilon,
+            embedding_key_mechanism(k, sigma),
+        )  # fmt: skip
+        asked = _Authorized(
+            _as_query(req, epsilon), graph, seed, account_id, key, k, sigma, epsilon
+        )
+        if req.idempotency_key is not None:
+            stored = self._replaying.release_for_idempotency_key(asked.req)
+            if stored is not None:
+                if stored.key != key:
+                    raise IdempotencyKeyReused()
+                return self._replay(stored, asked)
+        if not req.fresh:
+            stored = self._replaying.find_release(key)
+            if stored is not None:
+                if req.idempotency_key is not None:
+                    return _ToBind(asked, stored)
+                return self._replay(stored, asked)
+        return self._plan(asked)
+
+    def _plan(self, asked: _Authorized) -> EmbeddingPending:
+        """The request prepared for admission: the hash functions (not noise: before
+        admission), the Laplace plan and the mechanism description."""
+        hashes = self.spaces.hashes(asked.graph, asked.k)
+        plan = plan_dp_instant_embedding(asked.epsilon, asked.sigma, asked.graph.n)
+        block = mechanism_block(
+            plan, asked.req.mode, asked.sigma, asked.k, EMBEDDING_BETA, EMBEDDING_ROUNDS,
+            hashes.salt_hex,
+        )  # fmt: skip
+        return EmbeddingPending(
+            asked.req, asked.graph, asked.seed, asked.account_id, asked.key, asked.sigma,
+            asked.epsilon, hashes, plan, block,
+        )  # fmt: skip
+
+    def admission(self, p: EmbeddingPending) -> Admission:
+        principal = p.req.principal
+        return Admission(
+            charged_account_id=p.account_id,
+            principal_account_id=principal.account_id,
+            seed=p.req.node,
+            mechanism=DP_IE,
+            mode=p.req.mode.value,
+            params=p.mechanism,
+            query_curve=dp_instant_embedding_curve(p.plan.epsilon),
+            query_epsilon=p.plan.epsilon,
+            graph_version=p.graph.version,
+            request_id=p.req.request_id,
+            idempotency_key=p.req.idempotency_key,
+            release_key=None if p.req.fresh else p.key,
+            quota_epsilon=self.admitting.quota_for(principal, p.account_id),
+        )
+
+    # -- after admission ----------------------------------------------------------------------
+
+    def _draw(self, p: EmbeddingPending, receipt: ChargeReceipt) -> StoredRelease:
+        """The admitted request's release, not yet stored (it must be, before answering)."""
+        charge_id = receipt.charge_id
+        # the ranking path's replays on this worker show the budget after this charge
+        self._replaying.note_budget(p.account_id, receipt.budget)
+        if p.req.principal.type == "service":
+            try:  # before any noise is drawn: a refused read refunds the fresh charge
+                self._replaying.reads.record(p.req, p.graph.version, charge_id, None)
+            except ReadCapExhausted:
+                reason = "refused by the service account's read cap before any noise was drawn"
+                self.ledger.refund(charge_id, reason=reason)
+                raise
+        try:
+            capped = pushflowcap(
+                p.graph, p.seed, EMBEDDING_BETA, EMBEDDING_ROUNDS, p.sigma, p.req.mode
+            )
+            rng = fresh_generator()
+        except BaseException:
+            self.ledger.refund(charge_id, reason="failed before any noise was drawn")
+            raise
+        drawn = dp_instant_embedding(
+            p.graph, p.seed, p.hashes, p.epsilon, p.sigma, p.req.mode, EMBEDDING_BETA,
+            EMBEDDING_ROUNDS, rng=rng, capped=capped,
+        )  # fmt: skip
+        return StoredRelease(
+            p.key, charge_id, stored_embedding(drawn.values), p.mechanism, p.req.request_id
+        )
+
+    def fresh_answer(
+        self, p: EmbeddingPending, receipt: ChargeReceipt, stored: StoredRelease
+    ) -> EmbeddingAnswer:
+        return EmbeddingAnswer(
+            node=p.req.node,
+            graph_version=p.graph.version,
+            embedding=stored_values(stored.results),
+            mechanism=stored.mechanism,
+            budget=receipt.budget,
+            replayed=False,
+            request_id=p.req.request_id,
+            charged_account_id=p.account_id,
+            epsilon_charged=p.plan.epsilon,
+        )
+
+    def _replay(
+        self, stored: StoredRelease, asked: _Authorized | EmbeddingPending
+    ) -> EmbeddingAnswer:
+        query = asked.req
+        if query.principal.type == "service":  # counted before the replay is sent
+            self._replaying.reads.record(query, stored.key.graph_version, stored.charge_id, None)
+        return EmbeddingAnswer(
+            node=query.node,
+            graph_version=asked.graph.version,
+            embedding=stored_values(stored.results),
+            mechanism=stored.mechanism,
+            budget=self.ledger.budget(asked.account_id),  # read now: the same on every worker
+            replayed=True,
+            request_id=query.request_id,
+            charged_account_id=asked.account_id,
+            epsilon_charged=0.0,
+            extra={"original_request_id": stored.request_id},
+        )
+
+    def _replay_pending(self, stored: StoredRelease, p: EmbeddingPending) -> EmbeddingAnswer:
+        return self._replay(stored, p)
+
+    # -- a group (GroupAnswers.answer_many): DP-IE's steps ------------------------------------
+
+    def bind(
+        self, items: list[_ToBind]
+    ) -> list[EmbeddingAnswer | EmbeddingPending | BaseException]:
+        return self._replaying.bind(
+            items,
+            keyed=lambda b: (b.asked.req, b.stored),
+            replay=lambda b: self._replay(b.stored, b.asked),
+            plan=lambda b: self._plan(b.asked),
+        )
+
+    def draw_group(
+        self, admitted: list[tuple[int, EmbeddingPending, ChargeReceipt]], run: Run
+    ) -> list[EmbeddingAnswer | StoredRelease | BaseException]:
+        """Every release drawn concurrently on ``run``; a request that joined a twin admitted
+        earlier waits for its release (or, refunded, is admitted again and answered alone)."""
+        return run([functools.partial(self._draw_or_join, p, r) for _, p, r in admitted])
+
+    def _draw_or_join(
+        self, p: EmbeddingPending, receipt: ChargeReceipt
+    ) -> EmbeddingAnswer | StoredRelease:
+        if receipt.reused or receipt.joined:
+            return self._after_admission(p, receipt)
+        return self._draw(p, receipt)
+
+    def from_twin_in_group(
+        self, p: EmbeddingPending, twin: StoredRelease | BaseException | None
+    ) -> EmbeddingAnswer | BaseException:
+        return self._replaying.from_twin_in_group_of(p, twin, self._replay_pending)
+
+
+def _as_query(req: EmbeddingRequest, epsilon: float) -> QueryRequest:
+    """The request as the ranking path's helpers read it (principal, node, mode, keys)."""
+    return QueryRequest(
+        principal=req.principal,
+        node=req.node,
+        k=1,
+        epsilon=epsilon,
+        mode=req.mode,
+        fresh=req.fresh,
+        idempotency_key=req.idempotency_key,
+        request_id=req.request_id,
+        mechanism=DP_IE,
+    )
