@@ -1,7 +1,8 @@
 """Shared fixtures.
 
 Ledger databases: ``sqlite_url`` (a file in tmp_path), ``postgres_url`` (a fresh, uniquely
-named database on the server at PPR_TEST_POSTGRES_URL, dropped afterwards; the test is skipped
+named, empty database on the server at PPR_TEST_POSTGRES_URL, given back afterwards: emptied
+and renamed for a later test, tests/postgres_pool.py; the test is skipped
 only if the server does not answer), ``ledger_url`` (both, ids "sqlite" and "postgres") and
 ``ledger`` (migrated and opened).
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +21,7 @@ from sqlalchemy import create_engine, make_url
 from sqlalchemy.exc import OperationalError
 
 from service.ledger import Ledger, upgrade
+from tests import postgres_pool
 
 POSTGRES_BASE_URL = os.environ.get(
     "PPR_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -36,25 +37,23 @@ def sqlite_url(tmp_path: Path) -> str:
 
 @contextmanager
 def postgres_database() -> Iterator[str]:
-    """A fresh, uniquely named database (safe under pytest-xdist), dropped afterwards; skips
-    the test if the server does not answer."""
+    """A fresh, uniquely named, empty database (safe under pytest-xdist), given back afterwards
+    (recycled for a later test under a new name, see tests/postgres_pool.py); skips the test if
+    the server does not answer."""
     global _postgres_unreachable
     base = make_url(POSTGRES_BASE_URL)
     shown = base.render_as_string(hide_password=True)
     if _postgres_unreachable is not None:
         pytest.skip(_postgres_unreachable)
     admin = create_engine(base, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5})
-    name = f"ppr_test_{uuid.uuid4().hex}"
     try:
         try:
-            with admin.connect() as conn:
-                conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+            name = postgres_pool.take(admin)
         except OperationalError as exc:
             _postgres_unreachable = f"PostgreSQL at {shown} does not answer: {exc.orig}"
             pytest.skip(_postgres_unreachable)
         yield base.set(database=name).render_as_string(hide_password=False)
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        postgres_pool.give_back(admin, base, name)
     finally:
         admin.dispose()
 
@@ -93,6 +92,22 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 def pytest_configure(config: pytest.Config) -> None:
     config._ppr_started = time.time()  # type: ignore[attr-defined]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Drop the databases this process kept for reuse (tests/postgres_pool.py)."""
+    if _postgres_unreachable is not None:
+        return
+    admin = create_engine(
+        make_url(POSTGRES_BASE_URL), isolation_level="AUTOCOMMIT",
+        connect_args={"connect_timeout": 5},
+    )  # fmt: skip
+    try:
+        postgres_pool.drop_recycled(admin)
+    except OperationalError:
+        pass
+    finally:
+        admin.dispose()
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -46,7 +46,7 @@ from service.embeddings.dp import (
     DEFAULT_EMBEDDING_SIGMA,
     EMBEDDING_BETA,
     EMBEDDING_ROUNDS,
-    dp_instant_embedding,
+    exact_noisy_release,
     plan_dp_instant_embedding,
 )
 from service.embeddings.hashing import EmbeddingHashes, embedding_hashes
@@ -633,23 +633,26 @@ def embedding_sampler(
     edges: tuple[Edge, ...], mode: Mode, k: int, sigma: float, epsilon: float,
     capped: np.ndarray | None,
 ) -> Sampler:  # fmt: skip
-    """DP-IE draws for SEED on G by the served ``dp_instant_embedding`` (one call per draw,
-    each with the audit's generator). PushFlowCap is computed once by the service's own
-    ``pushflowcap`` (the ``capped`` the served function would compute) unless given."""
+    """DP-IE draws for SEED on G: ``count`` draws at once by the served release step,
+    ``exact_noisy_release`` (the step ``dp_instant_embedding`` ends with, and the one the
+    all-node release calls on a matrix of embeddings), on ``count`` copies of SEED's
+    instant embedding. Every coordinate gets its own exact draw from the generator, so the
+    rows are independent draws of the served release on G; with one row and the same
+    generator a draw is the served ``dp_instant_embedding`` bit for bit
+    (tests/test_privacy_regression.py checks it). PushFlowCap is computed once by the
+    service's own ``pushflowcap`` (the ``capped`` the served function would compute) unless
+    given; the plan and the embedding are those the served function computes."""
     graph = audit_graph(edges)
     hashes = _audit_hashes(k)
     if capped is None:
         capped = pushflowcap(graph, SEED, EMBEDDING_BETA, EMBEDDING_ROUNDS, sigma, mode)
+    plan = plan_dp_instant_embedding(epsilon, sigma, graph.n)
+    embedded = instant_embedding(capped, hashes)
 
     def sample(rng: np.random.Generator, count: int) -> np.ndarray:
-        return np.stack(
-            [
-                dp_instant_embedding(
-                    graph, SEED, hashes, epsilon, sigma, mode, rng=rng, capped=capped
-                ).values
-                for _ in range(count)
-            ]
-        )
+        copies = np.broadcast_to(embedded, (count, embedded.shape[0]))
+        released, _ = exact_noisy_release(copies, plan, sigma, graph.n, rng)
+        return released
 
     return sample
 

@@ -93,13 +93,17 @@ def test_query_answers_differ_between_runs(
         (["bench", "--generate", "10", "--json"], "--generate"),
     ],
 )
-def test_bad_input_is_a_clear_error(argv: list[str], needle: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "service", *argv], capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 2
-    assert needle in proc.stderr
-    assert "Traceback" not in proc.stderr
+def test_bad_input_is_a_clear_error(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In-process, as tests/test_cli_errors.py runs its cases (``python -m service`` is
+    ``SystemExit(main())``; the subprocess test below runs that entry point itself)."""
+    with pytest.raises(SystemExit) as raised:
+        raise SystemExit(main(argv))
+    assert raised.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert "Traceback" not in err
 
 
 def test_broken_graph_file_names_the_line(tmp_path: Path) -> None:

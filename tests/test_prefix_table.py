@@ -66,12 +66,14 @@ def spec_of(graph: Graph, mode: Mode = Mode.EDGE, m: int = 94) -> TableSpec:
     return TableSpec(graph.version, graph_fingerprint(graph), graph.n, mode.value, 0.8, 1e-7, m)
 
 
-def wait_for(check: Callable[[], bool], what: str, seconds: float = 120.0) -> None:
+def wait_for(
+    check: Callable[[], bool], what: str, seconds: float = 120.0, every: float = 0.1
+) -> None:
     deadline = time.monotonic() + seconds
     while not check():
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {seconds} s: {what}")
-        time.sleep(0.1)
+        time.sleep(every)
 
 
 # --------------------------------------------------------------------------- the rows
@@ -334,6 +336,10 @@ def test_a_served_query_starts_from_the_table_and_releases_the_same_vector(
     assert releases["table"] == releases["no table"]
 
 
+#: Seconds between two looks at what the server's workers map.
+LOOK_SECONDS = 1.0
+
+
 def _worker_pids(lines: list[dict[str, Any]]) -> set[int]:
     return {int(str(line["pid"])) for line in lines if line.get("route") == "/readyz"}
 
@@ -380,7 +386,9 @@ def test_two_workers_map_one_table_file_built_by_one_process(
                 _mapping(pid, path) for pid in workers for path in paths
             )
 
-        wait_for(both_map_both, "both workers map both tables")
+        # each look is a dozen requests and reads of both workers' smaps: look less often, so
+        # that the looking does not slow the build it waits for
+        wait_for(both_map_both, "both workers map both tables", every=LOOK_SECONDS)
         for pid in _worker_pids(server.log_lines()):
             for path in paths:
                 mapping = _mapping(pid, path)
@@ -409,5 +417,8 @@ def test_two_workers_map_one_table_file_built_by_one_process(
             workers = _worker_pids(server.log_lines())
             return not any(_mapping(pid, path) for pid in workers for path in old_paths)
 
-        wait_for(both_switched, "both workers map the new tables and not the old ones")
+        wait_for(
+            both_switched, "both workers map the new tables and not the old ones",
+            every=LOOK_SECONDS,
+        )  # fmt: skip
         assert ask(0)["checks"]["prefix_table"]["graph_version"] == graph.version

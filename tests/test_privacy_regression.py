@@ -76,7 +76,9 @@ about 0.1-0.2, would be as large as the claim itself; around 1 it is a small par
 20,000 evaluation and 10,000 selection draws per graph for the Laplace releases, 6,000 and
 3,000 for the diffusion. Draws are vectorised through the mechanisms' public entry points:
 2,048 copies of the graph per call for the counts and degrees (privacy_audit.py says why the
-copies are independent draws on G), 4,096 queries per batch of the diffusion engine.
+copies are independent draws on G), 4,096 queries per batch of the diffusion engine, and all of
+a batch's DP-IE draws in one call of the served release step (``exact_noisy_release`` on copies
+of the seed's embedding; one row is the served ``dp_instant_embedding`` draw bit for bit).
 
 The pairs touching the seed are not audited in personalized mode: its model leaves the seed's
 own edges unprotected (their loss is above the claim by design).
@@ -230,12 +232,22 @@ def test_dp_ie_graph_pairs_are_far_below_the_bound() -> None:
 
 def test_a_dp_ie_draw_with_the_capped_vector_given_is_the_served_draw() -> None:
     """The embedding sampler passes PushFlowCap's vector in (computed once); with the same
-    generator that is exactly the served call, which computes it itself."""
+    generator that is exactly the served call, which computes it itself. The sampler draws
+    many rows at once through the served release step; one row of it is the served draw
+    bit for bit, for the graph pairs' sampler and for the ``bound`` pair's (whose capped
+    vector is given)."""
     from service.embeddings.dp import EMBEDDING_BETA, EMBEDDING_ROUNDS, dp_instant_embedding
     from service.mechanisms.pushflowcap import pushflowcap
-    from tests.privacy_audit import _audit_hashes
+    from tests.privacy_audit import (
+        EMBEDDING_BOUND_K,
+        EMBEDDING_GRAPH_K,
+        _audit_hashes,
+        embedding_bound_vectors,
+        embedding_sampler,
+    )
 
-    graph = audit_graph(pair_edges("seed-max-degree")[1])
+    edges = pair_edges("seed-max-degree")[1]
+    graph = audit_graph(edges)
     hashes = _audit_hashes(4)
     for mode in Mode:
         capped = pushflowcap(graph, SEED, EMBEDDING_BETA, EMBEDDING_ROUNDS, 1.0, mode)
@@ -247,6 +259,27 @@ def test_a_dp_ie_draw_with_the_capped_vector_given_is_the_served_draw() -> None:
             graph, SEED, hashes, 1.0, 1.0, mode, rng=np.random.Generator(np.random.PCG64DXSM(5))
         )
         np.testing.assert_array_equal(given.values, served.values)
+
+    bound, _, sigma = embedding_bound_vectors()
+    for mode in Mode:
+        for k, sigma_of, capped_of in (
+            (EMBEDDING_GRAPH_K, 1.0, None),
+            (EMBEDDING_BOUND_K, sigma, bound),
+            (4, 1.0, None),
+        ):
+            sample = embedding_sampler(edges, mode, k, sigma_of, 1.0, capped_of)
+            for entropy in (3, 5, 11):
+                (row,) = sample(np.random.Generator(np.random.PCG64DXSM(entropy)), 1)
+                served = dp_instant_embedding(
+                    graph, SEED, _audit_hashes(k), 1.0, sigma_of, mode,
+                    rng=np.random.Generator(np.random.PCG64DXSM(entropy)), capped=capped_of,
+                )  # fmt: skip
+                np.testing.assert_array_equal(row, served.values)
+        rows = embedding_sampler(edges, mode, 4, 1.0, 1.0, None)(
+            np.random.Generator(np.random.PCG64DXSM(7)), 512
+        )
+        assert rows.shape == (512, 4)
+        assert len({row.tobytes() for row in rows}) > 256, "every row draws its own noise"
 
 
 def test_the_two_step_edge_pair_moves_both_steps() -> None:
