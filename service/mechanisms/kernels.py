@@ -151,13 +151,20 @@ def warm_up(indptr: np.ndarray, indices: np.ndarray) -> None:
 
 StepKernels = tuple[Callable[..., None], Callable[..., None]]
 
+#: The walk kernel's prefetch hint, read by the kernel as a global. Not a closure cell: numba
+#: keys a closure's on-disk cache entry on its pickled cells, and the hint (an intrinsic)
+#: pickles differently in every process, so every process missed the cache, compiled the
+#: kernel again and added one more entry to the cache index.
+_PREFETCH: Callable[..., None] | None = None
+
 
 def _compile_step() -> StepKernels | None:
+    global _PREFETCH
     try:
         from numba import njit
     except ImportError:  # pragma: no cover
         return None
-    prefetch = _prefetch_row() or _no_prefetch()
+    _PREFETCH = _prefetch_row() or _no_prefetch()
     ahead = PREFETCH_DISTANCE
     input_clamp = INPUT_CLAMP
 
@@ -229,10 +236,10 @@ def _compile_step() -> StepKernels | None:
                 jj = start
                 while jj + 3 < end:
                     if jj + ahead + 3 < last:
-                        prefetch(z, indices[jj + ahead])
-                        prefetch(z, indices[jj + ahead + 1])
-                        prefetch(z, indices[jj + ahead + 2])
-                        prefetch(z, indices[jj + ahead + 3])
+                        _PREFETCH(z, indices[jj + ahead])
+                        _PREFETCH(z, indices[jj + ahead + 1])
+                        _PREFETCH(z, indices[jj + ahead + 2])
+                        _PREFETCH(z, indices[jj + ahead + 3])
                     ra = z[indices[jj]]
                     rb = z[indices[jj + 1]]
                     rc = z[indices[jj + 2]]
@@ -242,7 +249,7 @@ def _compile_step() -> StepKernels | None:
                     jj += 4
                 while jj < end:
                     if jj + ahead < last:
-                        prefetch(z, indices[jj + ahead])
+                        _PREFETCH(z, indices[jj + ahead])
                     ra = z[indices[jj]]
                     for k in range(width):
                         acc[k] += ra[k]
@@ -336,3 +343,8 @@ _GATHER: Callable[..., None] | None = _compile_gather()
 def gather_kernel() -> Callable[..., None] | None:
     """``gather_columns(block, columns, dest, lo, hi)`` compiled, or None."""
     return _GATHER
+
+
+def cached_kernels() -> list[Any]:
+    """The compiled kernels that numba caches on disk (none without numba)."""
+    return [k for k in (_KERNEL, *(_STEP or ()), _GATHER) if k is not None]
