@@ -27,6 +27,7 @@ def denoise_degrees(
     rng: np.random.Generator,
     floor: int = 0,
     noise_scale: float | None = None,
+    rank_by: np.ndarray | None = None,
 ) -> np.ndarray:
     """Integer degrees from a noisy degree vector (post-processing only).
 
@@ -41,6 +42,11 @@ def denoise_degrees(
     instead by the quantiles of the deconvolved degree distribution at the nodes' ranks
     (:func:`service.synthetic.deconvolve.deconvolved_degrees`): the isotonic fit of values
     sorted by themselves is the identity, so it leaves the noise's spread in the distribution.
+
+    With ``rank_by`` (one score per node, a function of released values and public data, e.g.
+    :func:`service.synthetic.order_shrinkage.order_shrunk_degrees`) the same values are handed
+    out in the order of ``rank_by`` instead of the noisy values': the largest value to the node
+    with the largest score. The multiset of degrees (before the random rounding) is unchanged.
     """
     if noise_scale is not None:
         out = deconvolved_degrees(noisy, noise_scale, floor)
@@ -49,6 +55,10 @@ def denoise_degrees(
         fitted = np.maximum(isotonic_regression(noisy[order]).x, float(floor))
         out = np.empty_like(fitted)
         out[order] = fitted
+    if rank_by is not None:
+        values = np.sort(out)
+        out = np.empty_like(values)
+        out[np.argsort(np.asarray(rank_by), kind="stable")] = values
     if total is not None and out.sum() > 0:
         out = np.maximum(out * max(total, 0.0) / out.sum(), float(floor))
     low = np.floor(out)
