@@ -7,9 +7,6 @@ the ``PPR_*`` variable.
 
 from __future__ import annotations
 
-from sqlalchemy import make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
-
 #: Database backends the ledger runs on (its migrations and locking are written for these).
 DATABASE_BACKENDS = ("sqlite", "postgresql")
 DATABASE_EXAMPLES = "sqlite:///./ppr-ledger.db or postgresql+psycopg://USER@HOST:5432/DB"
@@ -18,6 +15,11 @@ REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 def check_database_url(url: str) -> str:
     """``url`` if it names a SQLite or PostgreSQL database whose driver is installed."""
+    # SQLAlchemy when a URL is checked, not when the module is imported: the command line's
+    # argument types come from here, and most commands never open a database.
+    from sqlalchemy import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
     try:
         parsed = make_url(url)
     except (ArgumentError, ValueError):

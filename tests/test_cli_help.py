@@ -1,6 +1,7 @@
 """What a person sees of the command line: help texts in plain words (no reStructuredText markup,
 no example paths outside the project), the installed command naming itself ``dp-ppr``,
-``--version``, and a SQLite ledger in a directory that does not exist yet."""
+``--version``, a SQLite ledger in a directory that does not exist yet, and a start-up that
+imports no numerical, database or web library before a command runs."""
 
 from __future__ import annotations
 
@@ -72,3 +73,29 @@ def test_a_sqlite_ledger_in_a_missing_directory(
     assert f"created the directory {folder} for the ledger database" in captured.err
     assert folder.is_dir() and (folder / "ledger.db").is_file()
     assert main(["accounts", "list", "--database-url", url]) == 0
+
+
+#: What no command's parser may import: each takes tenths of a second to seconds to load, and
+#: every ``python -m service ...`` (``--help`` included) builds every command's parser.
+HEAVY = ("numpy", "scipy", "numba", "sklearn", "sqlalchemy", "alembic", "pydantic", "fastapi")
+
+
+def test_building_every_parser_imports_no_heavy_library() -> None:
+    code = (
+        "import sys\n"
+        "from service.cli import build_parser\n"
+        "from tests.test_cli_help import HEAVY, _every_parser\n"
+        "for _, parser in _every_parser(build_parser()):\n"
+        "    parser.format_help()\n"
+        "print(' '.join(m for m in HEAVY if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert done.stdout.split() == []
+
+
+def test_the_synthetic_methods_offered_are_the_evaluation_s() -> None:
+    from service.evaluation.options import SYNTHETIC_METHODS
+    from service.evaluation.synthetic import METHODS
+
+    assert SYNTHETIC_METHODS == METHODS

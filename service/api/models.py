@@ -24,7 +24,7 @@ from service.ledger.records import (
     ReadView,
 )
 from service.serving.embedding_query import EmbeddingAnswer
-from service.serving.schemas import Answer
+from service.serving.schemas import Answer, ChargedAnswer
 
 
 class Result(BaseModel):
@@ -184,15 +184,22 @@ class PprAnswer(BaseModel):
     @classmethod
     def of(cls, answer: Answer) -> PprAnswer:
         return cls(
-            node=answer.node,
-            graph_version=answer.graph_version,
+            **_charged_fields(answer),
             results=[Result(node=r.node, score=r.score) for r in answer.results],
             mechanism=Mechanism(**answer.mechanism),
-            budget=Budget.of(answer.budget),
-            replayed=answer.replayed,
-            request_id=answer.request_id,
-            epsilon_charged=answer.epsilon_charged,
         )
+
+
+def _charged_fields(answer: ChargedAnswer) -> dict[str, Any]:
+    """The fields every answer charged to an account shows (a ranking, an embedding)."""
+    return {
+        "node": answer.node,
+        "graph_version": answer.graph_version,
+        "budget": Budget.of(answer.budget),
+        "replayed": answer.replayed,
+        "request_id": answer.request_id,
+        "epsilon_charged": answer.epsilon_charged,
+    }
 
 
 class ErrorBody(BaseModel):
@@ -492,13 +499,8 @@ class EmbeddingAnswerModel(BaseModel):
                 **{**answer.source, "mechanism": Mechanism(**answer.source["mechanism"])}
             )
         return cls(
-            node=answer.node,
-            graph_version=answer.graph_version,
+            **_charged_fields(answer),
             embedding=answer.embedding,
             mechanism=EmbeddingMechanism(**answer.mechanism),
-            budget=Budget.of(answer.budget),
-            replayed=answer.replayed,
-            request_id=answer.request_id,
-            epsilon_charged=answer.epsilon_charged,
             source=source,
         )

@@ -14,7 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -26,6 +26,10 @@ from prometheus_client import (
 )
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+
+if TYPE_CHECKING:
+    from service.privacy.modes import Mode
+    from service.serving.schemas import ChargedAnswer
 
 REQUESTS = Counter(
     "ppr_http_requests_total", "HTTP requests by route, method and status",
@@ -49,6 +53,24 @@ CACHE_EVENTS = Counter("ppr_cache_events_total", "Cache lookups", ["cache", "res
 _SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 access_log = logging.getLogger("service.access")
+
+
+def count_answer(
+    request: Request, answer: ChargedAnswer, mode: Mode, idempotency_key: str | None
+) -> None:
+    """One answer's outcome and charge, in the request's log line and the metrics: a replay
+    (of the release its Idempotency-Key is bound to, or of an identical query's), an answer
+    that charged nothing now (``popular``: the graph version's degree release), or a charge."""
+    request.state.epsilon_charged = answer.epsilon_charged
+    if answer.replayed:
+        request.state.outcome = "replayed"
+        REPLAYS.labels("idempotency" if idempotency_key else "release").inc()
+    elif answer.epsilon_charged == 0.0:
+        request.state.outcome = "graph_release"  # popular: post-processing, nothing charged
+    else:
+        request.state.outcome = "charged"
+        CHARGES.labels(mode.value).inc()
+        EPSILON_CHARGED.labels(mode.value).inc(answer.epsilon_charged)
 
 
 def metrics_response() -> Response:

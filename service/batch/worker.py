@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TypeVar
 
 from sqlalchemy import Engine
 
@@ -60,7 +60,7 @@ from service.serving.graph_holder import GraphHolder
 from service.serving.graph_identity import as_served
 from service.serving.planner import DiffusionPlanner
 from service.serving.ppr_query import AdmissionPolicy, PprQueryService, PrefixProvider
-from service.serving.schemas import Answer, Principal, QueryRequest
+from service.serving.schemas import Answer, ChargedAnswer, Principal, QueryRequest
 
 log = logging.getLogger(__name__)
 
@@ -278,21 +278,8 @@ class BlockAnswerer:
         return _seed_outcome(seed.node, request, self.queries.answer, _ranking_outcome)
 
 
-class _SeedAnswer(Protocol):
-    """What every answer the batch takes states (a ranking's or an embedding's)."""
-
-    @property
-    def replayed(self) -> bool: ...
-    @property
-    def extra(self) -> dict[str, Any]: ...
-    @property
-    def mechanism(self) -> dict[str, Any]: ...
-    @property
-    def epsilon_charged(self) -> float: ...
-
-
 _Request = TypeVar("_Request", QueryRequest, EmbeddingRequest)
-_Answer = TypeVar("_Answer", bound=_SeedAnswer)
+_Answer = TypeVar("_Answer", bound=ChargedAnswer)
 
 
 def _seed_outcome(
@@ -337,7 +324,7 @@ def _embedding_outcome(
     )
 
 
-def _status(answer: _SeedAnswer, request_id: str) -> tuple[Status, float]:
+def _status(answer: ChargedAnswer, request_id: str) -> tuple[Status, float]:
     """A seed's status, and what this run was charged for it."""
     if not answer.replayed:
         return "answered", answer.epsilon_charged

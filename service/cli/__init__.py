@@ -14,8 +14,12 @@ import os
 import re
 import sys
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from service.errors import ServiceError
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 #: Command modules, in the order ``--help`` lists them.
 COMMAND_MODULES = (
@@ -56,6 +60,20 @@ def _version() -> str:
         return __version__
 
 
+class _VersionWhenAsked(argparse._VersionAction):
+    """``--version``: the installed version, looked up (importlib.metadata) only when asked."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        self.version = f"%(prog)s {_version()}"
+        super().__call__(parser, namespace, values, option_string)
+
+
 def plain_text(text: str, prog: str) -> str:
     """A docstring as a terminal shows it: no reStructuredText markup (``x`` -> x, a literal
     block's ``::`` -> ``:``), and commands named the way the user runs them."""
@@ -79,7 +97,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         prog=prog,
         description="Differentially private personalized PageRank: engine, service and tools.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action=_VersionWhenAsked)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         try:
@@ -100,23 +118,29 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _validation_error() -> type[ValidationError]:
+    """pydantic's ValidationError, imported once a handler has raised something (an except
+    clause is evaluated only then): ``--help`` and the parser never import pydantic."""
+    from pydantic import ValidationError
+
+    return ValidationError
+
+
 def _fail(exc: ServiceError) -> int:
     print(f"error [{exc.code}]: {exc.message}", file=sys.stderr)
     return exc.cli_exit_code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from pydantic import ValidationError
-
-    from service.config import settings_error
-
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))
     except ServiceError as exc:
         return _fail(exc)
-    except ValidationError as exc:  # a PPR_* environment variable out of range
+    except _validation_error() as exc:  # a PPR_* environment variable out of range
+        from service.config import settings_error
+
         return _fail(settings_error(exc))
     except BrokenPipeError:
         # The reader went away (``... | head``): stop writing, without a traceback.

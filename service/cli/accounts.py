@@ -11,20 +11,24 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from service.bounds import ACCOUNT_TYPES
 from service.cli import options
 from service.cli.common import print_json, print_table
 from service.cli.db import Handler, add_database_argument, database_url
 from service.cli.options import budget_delta, cap_epsilon, positive_float
-from service.config import Settings
 from service.errors import InvalidParameter
-from service.ledger.ledger import Ledger
-from service.ledger.records import ACCOUNT_TYPES, AccountRecord, BudgetView
+
+if TYPE_CHECKING:
+    from service.ledger.ledger import Ledger
+    from service.ledger.records import AccountRecord, BudgetView
 
 
 @contextmanager
 def _ledger(args: argparse.Namespace) -> Iterator[Ledger]:
+    from service.ledger.ledger import Ledger
+
     ledger = Ledger.from_url(database_url(args), auto_migrate=False)
     try:
         yield ledger
@@ -194,6 +198,8 @@ def _create(args: argparse.Namespace) -> int:
             "--modes/--quota-epsilon/--may-create-seed-accounts",
             "only service accounts have scopes",
         )
+    from service.config import Settings
+
     settings = Settings()
     with _ledger(args) as ledger:
         delta: float = settings.account_delta if args.delta is None else args.delta
@@ -303,6 +309,8 @@ def _set_scopes(args: argparse.Namespace) -> int:
 
 
 def _reads(args: argparse.Namespace) -> int:
+    from service.config import Settings
+
     default_cap = Settings().service_read_cap_epsilon
     with _ledger(args) as ledger:
         if ledger.get_account(args.account_id).type != "service":

@@ -20,33 +20,18 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from service.cli.common import add_mechanism_arguments, load_graph, print_json, print_table
 from service.cli.options import positive_float, positive_int
 from service.errors import InvalidParameter
-from service.graph.model import Graph
-from service.mechanisms.blended import blended_ranking
-from service.mechanisms.common_neighbours import noisy_common_neighbours
-from service.mechanisms.diffusion import noise_free_prefix, noisy_diffusion
-from service.mechanisms.engine import DiffusionJob, run_jobs
-from service.mechanisms.exact import exact_ppr
-from service.mechanisms.friends_of_friends import friends_of_friends
-from service.mechanisms.operator import walk_operator
-from service.mechanisms.popular import noisy_degrees
-from service.mechanisms.pushflowcap import dp_pushflowcap
-from service.mechanisms.randomness import fresh_generator
-from service.mechanisms.reference import naive_noisy_diffusion
-from service.privacy.calibration import DiffusionConfig, plan_diffusion
-from service.privacy.laplace import (
-    COMMON_NEIGHBOUR_SENSITIVITY,
-    DEGREE_SENSITIVITY,
-    plan_laplace,
-    plan_two_scale,
-)
 from service.privacy.modes import Mode
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from service.graph.model import Graph
+    from service.privacy.calibration import DiffusionConfig
 
 
 def _generate_spec(text: str) -> tuple[int, int]:
@@ -92,6 +77,8 @@ def _rss_bytes() -> int:
 
 
 def _percentiles(samples: list[float]) -> tuple[float, float]:
+    import numpy as np
+
     arr = np.asarray(samples) * 1000.0
     return float(np.percentile(arr, 50)), float(np.percentile(arr, 90))
 
@@ -105,6 +92,20 @@ def _query(
     degrees: np.ndarray | None = None,
 ) -> Callable[[], object]:
     """One query of mechanism ``name`` for ``seed``, ready to time (warm: prefix precomputed)."""
+    from service.mechanisms.blended import blended_ranking
+    from service.mechanisms.common_neighbours import noisy_common_neighbours
+    from service.mechanisms.diffusion import noise_free_prefix, noisy_diffusion
+    from service.mechanisms.exact import exact_ppr
+    from service.mechanisms.friends_of_friends import friends_of_friends
+    from service.mechanisms.pushflowcap import dp_pushflowcap
+    from service.mechanisms.reference import naive_noisy_diffusion
+    from service.privacy.laplace import (
+        COMMON_NEIGHBOUR_SENSITIVITY,
+        DEGREE_SENSITIVITY,
+        plan_laplace,
+        plan_two_scale,
+    )
+
     if name == "common_neighbours":
         plan = plan_laplace(epsilon, COMMON_NEIGHBOUR_SENSITIVITY)
         return partial(noisy_common_neighbours, graph, seed, plan)
@@ -139,6 +140,10 @@ def _batched(
 ) -> Callable[[], object]:
     """One block of len(seeds) queries on the batched engine's kernel (in this thread, both
     cores for the sparse products), each with its own fresh generator; warm: prefixes cached."""
+    from service.mechanisms.engine import DiffusionJob, run_jobs
+    from service.mechanisms.randomness import fresh_generator
+    from service.privacy.calibration import DiffusionConfig
+
     prefixes: list[np.ndarray | None] = [None] * len(seeds)
     if warm:  # the prefixes, computed together (noise-free, untimed)
         m = config.noise_free_steps
@@ -180,6 +185,13 @@ DEGREE_EPSILON = 0.1
 
 
 def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from service.mechanisms.operator import walk_operator
+    from service.mechanisms.popular import noisy_degrees
+    from service.privacy.calibration import plan_diffusion
+    from service.privacy.laplace import DEGREE_SENSITIVITY, plan_laplace
+
     if args.mechanisms is None:
         args.mechanisms = [
             m for m in MECHANISMS if args.mode is Mode.PERSONALIZED or m not in PERSONALIZED_ONLY

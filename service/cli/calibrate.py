@@ -8,7 +8,6 @@ from typing import Any
 
 from service.cli.common import add_mechanism_arguments, print_json, print_table
 from service.cli.options import open_unit_float, positive_float
-from service.privacy.calibration import calibrate, plan_diffusion
 
 
 def register(subparsers: Any) -> None:
@@ -26,6 +25,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from service.privacy.calibration import calibrate, plan_diffusion
+
     plan = plan_diffusion(args.epsilon, args.delta, args.steps, args.beta, args.eta, args.mode)
     c = calibrate(args.epsilon, args.delta, args.steps, args.beta, args.mode).c
     config = plan.config

@@ -1,4 +1,9 @@
-"""Pieces shared by the engine commands: graph argument, mechanism arguments, JSON output."""
+"""Pieces shared by the engine commands: graph argument, mechanism arguments, JSON output.
+
+Every command module is imported to build the parser (``python -m service --help`` included),
+so the modules import only argparse and light modules at the top; what a command needs to run
+(numpy, the engine, the ledger, the settings) is imported by its handler.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,13 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.cli.options import open_unit_float, positive_float, positive_int
-from service.graph.model import Graph
 from service.privacy.modes import Mode
-from service.serving.graph_holder import load_configured_graph
+
+if TYPE_CHECKING:
+    from service.graph.model import Graph
 
 
 def add_graph_argument(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
@@ -36,6 +42,8 @@ def add_mechanism_arguments(parser: argparse.ArgumentParser, *, eta: float = 1e-
 
 def load_graph(path: Path | None) -> Graph:
     """The graph at ``path``, or the built-in demo graph."""
+    from service.serving.graph_holder import load_configured_graph
+
     return load_configured_graph(path)
 
 
@@ -45,6 +53,7 @@ def served_graph_and_cap(path: Path, settings: Any, ledger: Any) -> tuple[Graph,
     records, so the release composes with that version's other releases in the exposure; and
     the graph-wide cap it is admitted against (None when no cap is set)."""
     from service.ledger import GraphCap
+    from service.serving.graph_holder import load_configured_graph
     from service.serving.graph_identity import as_served
 
     graph = as_served(

@@ -11,15 +11,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
-
-from sqlalchemy import Engine
-from sqlalchemy.exc import OperationalError
+from typing import TYPE_CHECKING, Any
 
 from service.cli import options
 from service.cli.common import print_json
-from service.ledger.database import check_migrated, describe_status, make_engine, upgrade_engine
-from service.ledger.ledger import LedgerUnavailable
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -49,6 +47,11 @@ def database_url(args: argparse.Namespace) -> str:
 
 @contextmanager
 def _engine(args: argparse.Namespace) -> Iterator[Engine]:
+    from sqlalchemy.exc import OperationalError
+
+    from service.ledger.database import make_engine
+    from service.ledger.ledger import LedgerUnavailable
+
     engine = make_engine(database_url(args))
     try:
         yield engine
@@ -102,6 +105,8 @@ def _create_sqlite_directory(url: str) -> None:
 
     from sqlalchemy import make_url
 
+    from service.ledger.ledger import LedgerUnavailable
+
     parsed = make_url(url)
     database = parsed.database or ""
     if parsed.get_backend_name() != "sqlite" or database in ("", ":memory:"):
@@ -123,6 +128,9 @@ def _create_sqlite_directory(url: str) -> None:
 
 
 def _upgrade(args: argparse.Namespace) -> int:
+    from service.ledger.database import check_migrated, describe_status, upgrade_engine
+    from service.ledger.ledger import LedgerUnavailable
+
     _create_sqlite_directory(database_url(args))
     deadline = time.monotonic() + args.wait
     while True:
@@ -142,6 +150,8 @@ def _upgrade(args: argparse.Namespace) -> int:
 
 
 def _current(args: argparse.Namespace) -> int:
+    from service.ledger.database import describe_status
+
     with _engine(args) as engine:
         status = describe_status(engine)
     if args.json:
@@ -154,6 +164,8 @@ def _current(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from service.ledger.database import check_migrated, describe_status
+
     with _engine(args) as engine:
         check_migrated(engine)
         status = describe_status(engine)

@@ -18,7 +18,7 @@ from typing import Any
 
 from service.cli.db import add_database_argument, database_url
 from service.cli.options import positive_float, positive_int
-from service.embeddings.dp import DEFAULT_EMBEDDING_SIGMA, DEFAULT_K, EMBEDDING_ROUNDS
+from service.embeddings.parameters import DEFAULT_EMBEDDING_SIGMA, DEFAULT_K, EMBEDDING_ROUNDS
 
 
 def register(subparsers: Any) -> None:

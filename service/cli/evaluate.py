@@ -10,25 +10,26 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from service.cli.common import add_mechanism_arguments, print_json, print_table
 from service.cli.evaluate_synthetic import add_arguments as add_synthetic_arguments
 from service.cli.evaluate_synthetic import run_synthetic
 from service.cli.options import open_unit_float, positive_float, positive_int
+from service.embeddings.parameters import DEFAULT_EMBEDDING_SIGMA, DEFAULT_K
 from service.errors import InvalidParameter
-from service.evaluation.runner import (
+from service.evaluation.options import (
     DEFAULT_ETA,
+    DEFAULT_FRACTIONS,
     DEFAULT_POPULAR_EPSILON,
+    DEFAULT_SPLITS,
     MECHANISMS,
-    EvaluationRow,
-    evaluate,
-    validate_parameters,
+    ROWS,
 )
-from service.mechanisms.edge_flipping import DEFAULT_MAX_NODES
-from service.mechanisms.pushflowcap import DEFAULT_SIGMA
+from service.mechanisms.parameters import EDGE_FLIPPING_MAX_NODES, PUSHFLOWCAP_SIGMA
+
+if TYPE_CHECKING:
+    from service.evaluation.runner import EvaluationRow
 
 
 def register(subparsers: Any) -> None:
@@ -58,12 +59,12 @@ def register(subparsers: Any) -> None:
     add_mechanism_arguments(parser, eta=DEFAULT_ETA)
     parser.add_argument("--mechanisms", nargs="+", choices=MECHANISMS, default=list(MECHANISMS),
                         metavar="M", help=f"any of: {', '.join(MECHANISMS)}")  # fmt: skip
-    parser.add_argument("--sigma", type=positive_float, default=DEFAULT_SIGMA,
+    parser.add_argument("--sigma", type=positive_float, default=PUSHFLOWCAP_SIGMA,
                         help="PushFlowCap's sensitivity parameter")  # fmt: skip
     parser.add_argument("--popular-epsilon", type=positive_float, default=DEFAULT_POPULAR_EPSILON,
                         metavar="EPS_D", help="epsilon of the one graph-wide DP degree release "
                         "behind 'popular' (not a per-query cost)")  # fmt: skip
-    parser.add_argument("--max-flip-nodes", type=positive_int, default=DEFAULT_MAX_NODES,
+    parser.add_argument("--max-flip-nodes", type=positive_int, default=EDGE_FLIPPING_MAX_NODES,
                         help="largest graph edge flipping runs on")  # fmt: skip
     parser.add_argument("--sample-seed", type=int, default=None,
                         help="seed of the seed sample (never of any noise)")  # fmt: skip
@@ -73,10 +74,6 @@ def register(subparsers: Any) -> None:
 
 
 def add_classification_arguments(parser: argparse.ArgumentParser) -> None:
-    from service.embeddings.dp import DEFAULT_EMBEDDING_SIGMA, DEFAULT_K
-    from service.evaluation.classification import DEFAULT_FRACTIONS, DEFAULT_SPLITS
-    from service.evaluation.embeddings import ROWS
-
     group = parser.add_argument_group("--task classification")
     group.add_argument("--labels", metavar="FILE",
                        help="'node label' per line (multi-label ok; also the synthetic task's "
@@ -144,6 +141,10 @@ def run(args: argparse.Namespace) -> int:
         from service.cli.classification import run_classification
 
         return run_classification(args)
+    import numpy as np
+
+    from service.evaluation.runner import evaluate, validate_parameters
+
     validate_parameters(
         args.epsilon, args.seeds, args.k, args.eta, args.delta, args.beta, args.steps,
         args.mechanisms, args.sigma, args.popular_epsilon,

@@ -12,19 +12,16 @@ import math
 import sys
 from dataclasses import replace
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from service.cli.common import print_json, print_table
 from service.errors import InvalidParameter
-from service.evaluation.synthetic import (
-    METHODS,
-    METRICS,
-    Cell,
-    SyntheticSettings,
-    evaluate_synthetic,
-)
-from service.graph.model import Graph
+from service.evaluation.options import SYNTHETIC_METHODS
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from service.graph.model import Graph
 
 _HEADERS = {
     "triangles_mre": "TC MRE",
@@ -43,15 +40,17 @@ _HEADERS = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("--task synthetic")
     group.add_argument("--runs", type=int, default=5, help="runs per cell (synthetic task)")
-    group.add_argument("--methods", dest="synthetic_methods", nargs="+", choices=METHODS,
-                       default=list(METHODS), metavar="M",
-                       help=f"synthetic task: any of {', '.join(METHODS)}")  # fmt: skip
+    group.add_argument("--methods", dest="synthetic_methods", nargs="+",
+                       choices=SYNTHETIC_METHODS, default=list(SYNTHETIC_METHODS), metavar="M",
+                       help=f"synthetic task: any of {', '.join(SYNTHETIC_METHODS)}")  # fmt: skip
     group.add_argument("--privdpr-epochs", type=int, default=None,
                        help="PrivDPR's epochs (default: the paper's 5)")  # fmt: skip
 
 
 def read_labels(path: Path, graph: Graph) -> np.ndarray:
     """Integer class per node (-1 where the file has none)."""
+    import numpy as np
+
     labels = np.full(graph.n, -1, dtype=np.int64)
     classes: dict[str, int] = {}
     try:
@@ -80,6 +79,10 @@ def _cell(mean: float | None, half: float | None) -> str:
 
 
 def run_synthetic(args: argparse.Namespace, graph: Graph) -> int:
+    import numpy as np
+
+    from service.evaluation.synthetic import METRICS, SyntheticSettings, evaluate_synthetic
+
     if args.runs < 1:
         raise InvalidParameter("runs", "--runs must be >= 1")
     settings = SyntheticSettings()
@@ -89,7 +92,7 @@ def run_synthetic(args: argparse.Namespace, graph: Graph) -> int:
         settings = replace(settings, privdpr=replace(settings.privdpr, epochs=args.privdpr_epochs))
     labels = read_labels(Path(args.labels), graph) if args.labels is not None else None
     u, v = graph.edge_arrays()
-    cells: list[Cell] = evaluate_synthetic(
+    cells = evaluate_synthetic(
         (u.astype(np.int64), v.astype(np.int64)),
         graph.n,
         args.epsilon,

@@ -14,18 +14,21 @@ import argparse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.cli.common import print_json, print_table
 from service.cli.db import Handler, add_database_argument, database_url
 from service.cli.options import open_unit_float, positive_int
-from service.config import Settings
 from service.errors import InvalidParameter
-from service.ledger.ledger import Ledger
+
+if TYPE_CHECKING:
+    from service.ledger.ledger import Ledger
 
 
 @contextmanager
 def _ledger(args: argparse.Namespace) -> Iterator[Ledger]:
+    from service.ledger.ledger import Ledger
+
     ledger = Ledger.from_url(database_url(args), auto_migrate=False)
     try:
         yield ledger
@@ -125,6 +128,8 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _reconcile(args: argparse.Namespace) -> int:
+    from service.config import Settings
+
     older_than = args.older_than
     if older_than is None:
         older_than = Settings().reconcile_after_seconds
@@ -138,6 +143,8 @@ def _reconcile(args: argparse.Namespace) -> int:
 
 
 def _exposure(args: argparse.Namespace) -> int:
+    from service.config import Settings
+
     settings = Settings()
     delta = args.delta if args.delta is not None else settings.exposure_delta
     if delta is not None and not 0 < delta < 1:

@@ -13,11 +13,7 @@ from service.cli.common import (
     print_table,
 )
 from service.cli.options import open_unit_float, positive_float, positive_int
-from service.config import MechanismSettings
 from service.errors import InvalidParameter
-from service.mechanisms.diffusion import noisy_diffusion
-from service.mechanisms.postprocess import ranked_results, score_grid
-from service.privacy.calibration import plan_diffusion
 from service.privacy.modes import Mode
 
 
@@ -42,6 +38,11 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from service.config import MechanismSettings
+    from service.mechanisms.diffusion import noisy_diffusion
+    from service.mechanisms.postprocess import ranked_results, score_grid
+    from service.privacy.calibration import plan_diffusion
+
     if args.exclude_neighbors and args.mode is not Mode.PERSONALIZED:
         raise InvalidParameter(
             "exclude-neighbors", "uses the seed's own edges, which edge mode protects"

@@ -1,6 +1,4 @@
-"""Evaluation of private rankings against exact PPR: metrics and the mechanism comparison."""
-
-from service.evaluation.metrics import mean_ci, ndcg_at_k, recall_at_k
-from service.evaluation.runner import MECHANISMS, EvaluationRow, evaluate
-
-__all__ = ["MECHANISMS", "EvaluationRow", "evaluate", "mean_ci", "ndcg_at_k", "recall_at_k"]
+"""Evaluation of private rankings against exact PPR (:mod:`service.evaluation.runner`), of
+embeddings on node classification (:mod:`service.evaluation.embeddings`) and of synthetic graphs
+(:mod:`service.evaluation.synthetic`). The package imports nothing itself, so that
+:mod:`service.evaluation.options` stays light for the command line."""

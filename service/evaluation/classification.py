@@ -20,6 +20,7 @@ import numpy as np
 
 from service.errors import ServiceError
 from service.evaluation.metrics import mean_ci
+from service.evaluation.options import DEFAULT_FRACTIONS, DEFAULT_SPLITS
 from service.graph.model import Graph
 
 __all__ = [
@@ -32,10 +33,6 @@ __all__ = [
     "parse_labels",
 ]
 
-#: Training fractions of the protocol: 10% to 90%.
-DEFAULT_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-#: Random train/test splits per fraction.
-DEFAULT_SPLITS = 10
 _SHOWN_UNKNOWN = 5
 
 

@@ -33,6 +33,7 @@ from service.embeddings.free import free_embedding, stored_top
 from service.embeddings.hashing import EmbeddingHashes, embedding_hashes, new_salt
 from service.embeddings.instant import instant_embedding
 from service.evaluation.classification import FractionScore, Labels, classify
+from service.evaluation.options import ROWS
 from service.graph.model import Graph
 from service.mechanisms.blended import blended_ranking
 from service.mechanisms.diffusion import noise_free_prefix, noisy_diffusion
@@ -46,14 +47,6 @@ from service.privacy.modes import Mode
 
 __all__ = ["ROWS", "EmbeddingRow", "capped_support", "evaluate_embeddings"]
 
-ROWS = (
-    "random",
-    "instant_embedding",
-    "dp_ie_edge",
-    "dp_ie_personalized",
-    "free_noisy_diffusion",
-    "free_blended",
-)
 #: Thresholds that never bind: PushFlowCap is then the paper's plain PushFlow.
 UNCAPPED_SIGMA = 1e12
 

@@ -40,6 +40,7 @@ import numpy as np
 
 from service.errors import InvalidParameter
 from service.evaluation.metrics import mean_ci, ndcg_at_k, private_ranking, recall_at_k
+from service.evaluation.options import DEFAULT_ETA, DEFAULT_POPULAR_EPSILON, MECHANISMS
 from service.graph.model import Graph
 from service.mechanisms.blended import blended_ranking
 from service.mechanisms.common_neighbours import noisy_common_neighbours
@@ -73,18 +74,6 @@ __all__ = [
     "validate_parameters",
 ]
 
-MECHANISMS = (
-    "blended",
-    "noisy_diffusion",
-    "popular",
-    "common_neighbours",
-    "friends_of_friends",
-    "pushflowcap",
-    "neighbours_only",
-    "random",
-    "edge_flipping",
-    "default",
-)
 DEFAULT_MECHANISMS = MECHANISMS
 #: The extra row that shows the service's default ranking (PPR_DEFAULT_MECHANISM, resolved for
 #: the mode as the service resolves it: a personalized-only default is noisy_diffusion in edge
@@ -92,10 +81,6 @@ DEFAULT_MECHANISMS = MECHANISMS
 DEFAULT_ROW = "default"
 #: Mechanisms that exist in personalized mode only (unbounded sensitivity in edge mode).
 PERSONALIZED_ONLY = frozenset({"common_neighbours", "friends_of_friends", "blended"})
-#: The spec's evaluation setting: eta = 1e-7 with beta = 0.8, K = 100.
-DEFAULT_ETA = 1e-7
-#: Epsilon of the one graph-wide degree release behind ``popular``.
-DEFAULT_POPULAR_EPSILON = 0.1
 
 CI = tuple[float, float]
 

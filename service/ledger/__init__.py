@@ -5,6 +5,7 @@ come from :mod:`service.ledger.records` and :mod:`service.ledger.ledger`. No SQL
 leaves this package.
 """
 
+from service.bounds import ACCOUNT_TYPES, AccountType
 from service.ledger.database import UPGRADE_COMMAND, LedgerGridMismatch, upgrade
 from service.ledger.ledger import (
     ADMISSION_RTOL,
@@ -15,9 +16,7 @@ from service.ledger.ledger import (
     UnknownCharge,
 )
 from service.ledger.records import (
-    ACCOUNT_TYPES,
     AccountRecord,
-    AccountType,
     ApiKeyRecord,
     BudgetExhausted,
     BudgetView,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
+from service.bounds import ACCOUNT_TYPES, AccountType
 from service.errors import InvalidParameter
 from service.ledger.ledger_rows import (
     _account_record,
@@ -13,12 +14,7 @@ from service.ledger.ledger_rows import (
     _check_modes,
     _check_quota,
 )
-from service.ledger.records import (
-    ACCOUNT_TYPES,
-    AccountRecord,
-    AccountType,
-    UnknownAccount,
-)
+from service.ledger.records import AccountRecord, UnknownAccount
 from service.ledger.tables import (
     Account,
     Budget,

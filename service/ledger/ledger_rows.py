@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from service.bounds import AccountType
 from service.errors import InvalidParameter
 from service.ledger.locked_rows import (
     LockedAccount,
@@ -19,7 +20,6 @@ from service.ledger.locked_rows import (
 )
 from service.ledger.records import (
     AccountRecord,
-    AccountType,
     ApiKeyRecord,
     BudgetView,
     ChargeRecord,

@@ -5,13 +5,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
+from service.bounds import AccountType
 from service.errors import InvalidParameter, ServiceError
 from service.mechanisms.postprocess import RankedNode
-
-AccountType = Literal["user", "service", "admin"]
-ACCOUNT_TYPES: tuple[AccountType, ...] = ("user", "service", "admin")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import scipy.sparse as sp
 from service.errors import GraphTooLarge, InvalidParameter
 from service.graph.model import Graph
 from service.mechanisms.exact import ppr_from_adjacency
+from service.mechanisms.parameters import EDGE_FLIPPING_MAX_NODES
 from service.mechanisms.randomness import fresh_generator
 from service.privacy.modes import Mode
 
@@ -31,8 +32,8 @@ __all__ = [
     "flip_probability",
 ]
 
-#: Largest graph (nodes) the O(n^2) baseline accepts by default.
-DEFAULT_MAX_NODES = 5000
+#: Largest graph (nodes) the O(n^2) baseline accepts by default (5000).
+DEFAULT_MAX_NODES = EDGE_FLIPPING_MAX_NODES
 #: Pairs randomized per block (bounds the block's float64 draws to ~32 MB).
 BLOCK_PAIRS = 1 << 22
 

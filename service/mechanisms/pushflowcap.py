@@ -28,6 +28,7 @@ import numpy as np
 
 from service.errors import InvalidParameter
 from service.graph.model import Graph
+from service.mechanisms.parameters import PUSHFLOWCAP_SIGMA
 from service.mechanisms.randomness import fresh_generator, laplace_noise
 from service.privacy.accountant import RdpCurve
 from service.privacy.curves import laplace_curve
@@ -42,8 +43,8 @@ __all__ = [
     "pushflowcap_curve",
 ]
 
-#: The paper's experimental setting (Section 6): sigma = 1e-6.
-DEFAULT_SIGMA = 1e-6
+#: The paper's experimental setting (Section 6): sigma = 1e-6 (service.mechanisms.parameters).
+DEFAULT_SIGMA = PUSHFLOWCAP_SIGMA
 
 
 def _finite_positive(name: str, value: float) -> None:

@@ -3,12 +3,11 @@ free-embedding request, and an embedding answer (DP-IE or free)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from service.ledger.records import BudgetView
 from service.privacy.modes import Mode
-from service.serving.schemas import Principal
+from service.serving.schemas import ChargedAnswer, Principal
 
 __all__ = ["EmbeddingAnswer", "EmbeddingRequest", "FreeEmbeddingRequest"]
 
@@ -40,17 +39,11 @@ class FreeEmbeddingRequest:
     request_id: str = ""
 
 
-@dataclass(frozen=True)
-class EmbeddingAnswer:
-    node: str
-    graph_version: str
+@dataclass(frozen=True, kw_only=True)
+class EmbeddingAnswer(ChargedAnswer):
+    """An embedding: DP-IE's (charged, or replayed), or the free embedding of a stored ranking
+    release (replayed: charged nothing)."""
+
     embedding: list[float]
-    mechanism: dict[str, Any]
-    budget: BudgetView
-    replayed: bool
-    request_id: str
-    charged_account_id: int
-    epsilon_charged: float = 0.0
     #: The free embedding: the stored release it was computed from.
     source: dict[str, Any] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)

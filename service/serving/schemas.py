@@ -36,15 +36,26 @@ class QueryRequest:
     mechanism: str | None = None  # None: the configured default for the mode
 
 
-@dataclass(frozen=True)
-class Answer:
+@dataclass(frozen=True, kw_only=True)
+class ChargedAnswer:
+    """What every answer charged to an account states, whatever it releases (a ranking, an
+    embedding): the seed, the graph version, the mechanism block, the account charged and its
+    budget after the charge, and whether it replays a stored release (charged nothing now)."""
+
     node: str
     graph_version: str
-    results: list[RankedNode]
     mechanism: dict[str, Any]
     budget: BudgetView
     replayed: bool
     request_id: str
     charged_account_id: int
     epsilon_charged: float = 0.0
+    #: A replay's ``original_request_id``: the request its stored release was drawn for.
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Answer(ChargedAnswer):
+    """A ranking."""
+
+    results: list[RankedNode]

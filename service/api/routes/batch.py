@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -18,6 +18,7 @@ from service.api.strict import StrictRoute
 from service.errors import InvalidParameter
 from service.privacy.modes import Mode
 from service.serving.batch import BatchItem, BatchRequest
+from service.serving.schemas import ChargedAnswer
 
 router = APIRouter(prefix="/v1", tags=["queries"], route_class=StrictRoute)
 
@@ -96,14 +97,7 @@ def check_batch_size(nodes: Sequence[str], most: int) -> None:
         raise InvalidParameter("nodes", f"at most {most} per call (PPR_BATCH_MAX_ITEMS)")
 
 
-class _ItemAnswer(Protocol):
-    @property
-    def replayed(self) -> bool: ...
-    @property
-    def epsilon_charged(self) -> float: ...
-
-
-_A = TypeVar("_A", bound=_ItemAnswer)
+_A = TypeVar("_A", bound=ChargedAnswer)
 
 
 def item_bodies(

@@ -13,7 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 from service.api.deps import EngineTurn, PrincipalDep, RuntimeDep
 from service.api.embedding_batch_models import EmbeddingBatchAnswer, EmbeddingBatchQuery
 from service.api.models import EmbeddingAnswerModel, EmbeddingMechanism, ErrorResponse
-from service.api.observability import CHARGES, EPSILON_CHARGED, REPLAYS
+from service.api.observability import count_answer
 from service.api.params import K_LIMIT, IdempotencyKeyHeader, NodeIdPath, QueryBool
 from service.api.routes.batch import check_batch_size, item_bodies
 from service.api.routes.ppr import one_header
@@ -160,14 +160,7 @@ async def dp_embedding(
         fresh=fresh, idempotency_key=idempotency_key, request_id=request.state.request_id,
     )  # fmt: skip
     answer = await run_in_threadpool(runtime.embeddings.answer, query)
-    request.state.epsilon_charged = answer.epsilon_charged
-    if answer.replayed:
-        request.state.outcome = "replayed"
-        REPLAYS.labels("idempotency" if idempotency_key else "release").inc()
-    else:
-        request.state.outcome = "charged"
-        CHARGES.labels(mode.value).inc()
-        EPSILON_CHARGED.labels(mode.value).inc(answer.epsilon_charged)
+    count_answer(request, answer, mode, idempotency_key)
     return _body(EmbeddingAnswerModel.of(answer))
 
 

@@ -10,7 +10,7 @@ from fastapi.concurrency import run_in_threadpool
 from service.api.deps import EngineTurn, PrincipalDep, RuntimeDep
 from service.api.errors import DuplicateHeader
 from service.api.models import Budget, ErrorResponse, PprAnswer, Reads
-from service.api.observability import CHARGES, EPSILON_CHARGED, REPLAYS
+from service.api.observability import count_answer
 from service.api.params import K_LIMIT, IdempotencyKeyHeader, NodeIdPath, QueryBool
 from service.api.strict import StrictRoute
 from service.errors import Forbidden
@@ -117,18 +117,11 @@ async def ppr(
         answer = await runtime.coalescer.answer(query)
     else:
         answer = await run_in_threadpool(runtime.queries.answer, query)
-    request.state.epsilon_charged = answer.epsilon_charged
     if runtime.sandbox is not None:
+        request.state.epsilon_charged = answer.epsilon_charged
         request.state.outcome = "synthetic"
-    elif answer.replayed:
-        request.state.outcome = "replayed"
-        REPLAYS.labels("idempotency" if idempotency_key else "release").inc()
-    elif answer.epsilon_charged == 0.0:
-        request.state.outcome = "graph_release"  # popular: post-processing, nothing charged
     else:
-        request.state.outcome = "charged"
-        CHARGES.labels(mode.value).inc()
-        EPSILON_CHARGED.labels(mode.value).inc(answer.epsilon_charged)
+        count_answer(request, answer, mode, idempotency_key)
     # Serialized here, once: the model is already validated (FastAPI would dump it, validate
     # the dump again and dump that; the schema still comes from response_model).
     shown = PprAnswer.of(answer)
