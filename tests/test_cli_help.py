@@ -93,9 +93,3 @@ def test_building_every_parser_imports_no_heavy_library() -> None:
                           check=True, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
     assert done.stdout.split() == []
 
-
-def test_the_synthetic_methods_offered_are_the_evaluation_s() -> None:
-    from service.evaluation.options import SYNTHETIC_METHODS
-    from service.evaluation.synthetic import METHODS
-
-    assert SYNTHETIC_METHODS == METHODS

@@ -37,6 +37,6 @@ DEFAULT_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 #: Random train/test splits per fraction.
 DEFAULT_SPLITS = 10
 
-#: The synthetic-graph generators compared by ``evaluate --task synthetic``: the same names,
-#: in the same order, as ``service.evaluation.synthetic.METHODS`` (a test keeps them equal).
+#: The synthetic-graph generators compared by ``evaluate --task synthetic``
+#: (``service.evaluation.synthetic.METHODS`` is this tuple).
 SYNTHETIC_METHODS = ("privdpr", "communities", "chung_lu", "erdos_renyi")

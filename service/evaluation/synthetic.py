@@ -35,11 +35,12 @@ import scipy.sparse as sp
 from scipy import stats
 from scipy.sparse.csgraph import connected_components, shortest_path
 
+from service.evaluation.options import SYNTHETIC_METHODS
 from service.synthetic.baselines import chung_lu_synthesize, erdos_renyi_synthesize
 from service.synthetic.communities import CommunityParams, community_synthesize
 from service.synthetic.privdpr import PrivdprParams, privdpr_synthesize
 
-METHODS = ("privdpr", "communities", "chung_lu", "erdos_renyi")
+METHODS = SYNTHETIC_METHODS
 REAL = "real"
 STRUCTURAL = ("triangles", "wedges", "claws", "rede", "cpl", "diameter", "lcc")
 METRICS = (*(f"{m}_mre" for m in STRUCTURAL), "ks", "auc", "micro_f1")
