@@ -92,4 +92,3 @@ def test_building_every_parser_imports_no_heavy_library() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
     assert done.stdout.split() == []
-
