@@ -28,6 +28,7 @@ from service.evaluation.synthetic import adjacency, split_edges
 from service.graph.loader import load_edge_list
 from service.synthetic.deconvolve import deconvolved_degrees
 from service.synthetic.order_shrinkage import DEFAULT_HALF_WINDOW, order_shrunk_degrees
+from service.synthetic.sampling import handed_out_by_rank
 
 
 def posterior(noisy: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
@@ -66,8 +67,7 @@ def main() -> None:
         mean, median = posterior(noisy, scale)
         shrunk, _ = order_shrunk_degrees(noisy, scale, args.half_window)
         floored = np.maximum(noisy, 1.0)
-        by_order = np.empty(n)
-        by_order[np.argsort(shrunk, kind="stable")] = np.sort(floored)
+        by_order = handed_out_by_rank(floored, shrunk)
         p, q = split.pairs
         near = np.abs(p - q) < 5
         scores = {

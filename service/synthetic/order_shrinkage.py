@@ -6,8 +6,8 @@ Cora, whose degrees are mostly 1-5) the noise is as large as the signal, so rank
 their noisy values puts many a leaf above a node of degree 8. But the public node order is often
 not random with respect to degree: the loader numbers the nodes in the sorted order of their
 ids, and ids are commonly given in order of arrival (a paper id, an account number), and older
-nodes have collected more edges. On Cora the rank correlation of log-degree with the position is
--0.42; on ego-Facebook -0.28. Then a node's neighbours in the order say something about its own
+nodes have collected more edges. On Cora the correlation of log-degree with the position is -0.42;
+on ego-Facebook -0.28. Then a node's neighbours in the order say something about its own
 degree, which the noisy values of those neighbours (also released) estimate.
 
 :func:`order_shrunk_degrees` is the linear empirical-Bayes estimate with a position-dependent
@@ -26,10 +26,10 @@ handed out by their own rank, then by this ranking): Cora 0.652 and 0.669 (the T
 degrees: 0.670); with Cora's nodes numbered at random 0.647 both; email-Eu-core 0.836 both;
 ego-Facebook 0.788 both.
 
-The generator keeps the degree VALUES it had (clipped, rescaled, rounded: the same multiset) and
-only hands them out in the order of these estimates: the degree distribution, and what follows
-from it, is not changed. Nothing here reads the graph: a function of the released vector, the
-public scale b and the public node order.
+The generator keeps the degree VALUES it had (clipped and rescaled: the same multiset before
+the random rounding) and only hands them out in the order of these estimates: the degree
+distribution, and what follows from it, is not changed. Nothing here reads the graph: a
+function of the released vector, the public scale b and the public node order.
 """
 
 from __future__ import annotations

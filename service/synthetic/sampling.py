@@ -21,6 +21,14 @@ def simple_edges(u: np.ndarray, v: np.ndarray, n: int) -> tuple[np.ndarray, np.n
     return keys // n, keys % n
 
 
+def handed_out_by_rank(values: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """``values`` handed out to the nodes in the order of ``key``: the k-th smallest value to
+    the node with the k-th smallest key (ties in ``key`` in node order)."""
+    out: np.ndarray = np.empty(np.shape(values), dtype=np.float64)
+    out[np.argsort(np.asarray(key), kind="stable")] = np.sort(values)
+    return out
+
+
 def denoise_degrees(
     noisy: np.ndarray,
     total: float | None,
@@ -51,14 +59,10 @@ def denoise_degrees(
     if noise_scale is not None:
         out = deconvolved_degrees(noisy, noise_scale, floor)
     else:
-        order = np.argsort(noisy, kind="stable")
-        fitted = np.maximum(isotonic_regression(noisy[order]).x, float(floor))
-        out = np.empty_like(fitted)
-        out[order] = fitted
+        fitted = isotonic_regression(np.sort(noisy, kind="stable")).x
+        out = handed_out_by_rank(np.maximum(fitted, float(floor)), noisy)
     if rank_by is not None:
-        values = np.sort(out)
-        out = np.empty_like(values)
-        out[np.argsort(np.asarray(rank_by), kind="stable")] = values
+        out = handed_out_by_rank(out, rank_by)
     if total is not None and out.sum() > 0:
         out = np.maximum(out * max(total, 0.0) / out.sum(), float(floor))
     low = np.floor(out)
