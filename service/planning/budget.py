@@ -86,12 +86,11 @@ class BudgetPlan:
     degree_releases: int
     #: eps_d of each degree release (None when the ranking is not built on it).
     degree_epsilon: float | None
-    #: The largest per-answer epsilon that fits (None for ``popular``: nothing per answer).
+    #: The largest per-answer epsilon that fits, at most ``PPR_EPSILON_MAX`` (None for
+    #: ``popular``: nothing is charged per answer).
     epsilon: float | None
     #: What one answer at ``epsilon`` is charged, as the service states it (<= ``epsilon``).
     answer_epsilon: float | None
-    #: The largest epsilon that fits, before the service's per-query range clamped it.
-    unclamped_epsilon: float | None
     composed: RdpCurve
     #: The composed curve converted at ``delta``: what the account will have spent.
     spent_epsilon: float
@@ -132,7 +131,6 @@ class BudgetPlan:
             "degree_epsilon": self.degree_epsilon,
             "epsilon": self.epsilon,
             "answer_epsilon": self.answer_epsilon,
-            "unclamped_epsilon": self.unclamped_epsilon,
             "within_query_range": self.within_query_range,
             "epsilon_min": self.epsilon_min,
             "epsilon_max": self.epsilon_max,
@@ -226,7 +224,6 @@ def plan_budget(
         return answer_curve(name, eps, delta=delta, steps=d.steps, beta=d.beta, mode=mode)
 
     epsilon: float | None = None
-    unclamped: float | None = None
     answer_epsilon: float | None = None
     if name is RankingMechanism.POPULAR:
         composed = degrees
@@ -235,22 +232,25 @@ def plan_budget(
             "degree release, paid once per version"
         )
     else:
-        unclamped = largest_fitting(
-            lambda eps: per_answer(eps) * answers + degrees, cap, delta, low=SMALLEST_EPSILON
-        )
-        if unclamped is None:
-            raise InvalidParameter(
-                "answers_per_day",
-                f"{answers} answers do not fit the cap {cap:g} even at epsilon "
-                f"{SMALLEST_EPSILON:g} each: plan fewer answers or a larger cap",
-            )
-        epsilon = min(unclamped, d.epsilon_max)
-        if epsilon < unclamped:
+
+        def total(eps: float) -> RdpCurve:
+            return per_answer(eps) * answers + degrees
+
+        if fits(total(d.epsilon_max), cap, delta):
+            epsilon = d.epsilon_max
             notes.append(
-                f"the largest epsilon that fits is {unclamped:.6g}, above PPR_EPSILON_MAX "
-                f"({d.epsilon_max:g}): the plan uses {d.epsilon_max:g} per answer and leaves "
-                "budget unspent"
+                f"even PPR_EPSILON_MAX ({d.epsilon_max:g}), the largest epsilon a query may ask "
+                "for, fits: the plan uses it per answer and leaves budget unspent"
             )
+        else:
+            found = largest_fitting(total, cap, delta, low=SMALLEST_EPSILON)
+            if found is None:
+                raise InvalidParameter(
+                    "answers_per_day",
+                    f"{answers} answers do not fit the cap {cap:g} even at epsilon "
+                    f"{SMALLEST_EPSILON:g} each: plan fewer answers or a larger cap",
+                )
+            epsilon = found
         composed = per_answer(epsilon) * answers + degrees
         answer_epsilon = _stated_epsilon(name, per_answer(epsilon), epsilon, delta)
         if epsilon < d.epsilon_min:
@@ -278,7 +278,6 @@ def plan_budget(
         degree_epsilon=d.popular_epsilon if built_on_degrees else None,
         epsilon=epsilon,
         answer_epsilon=answer_epsilon,
-        unclamped_epsilon=unclamped,
         composed=composed,
         spent_epsilon=composed.epsilon(delta),
         degrees_spent_epsilon=degrees_spent,

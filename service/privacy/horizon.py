@@ -66,7 +66,7 @@ def largest_fitting(
         if hi > _LARGEST_EPSILON:
             return floor_significant(lo)
     for _ in range(200):  # bisection in log space: lo fits, hi does not
-        if hi / lo - 1.0 < 1e-12:
+        if hi / lo - 1.0 < 1e-9:  # well below the rounding's 1e-(PLAN_DIGITS - 1)
             break
         mid = math.sqrt(lo * hi)
         if fits(total_at(mid), cap, delta):
@@ -76,6 +76,11 @@ def largest_fitting(
     best = floor_significant(lo)
     while not fits(total_at(best), cap, delta):  # pragma: no cover - lo fits and best <= lo
         best = floor_significant(math.nextafter(best, 0.0))
+    # lo is within 1e-9 of the boundary: the next value up may still fit
+    step = 10.0 ** (math.floor(math.log10(best)) - (PLAN_DIGITS - 1))
+    above = float(f"{round(best / step) + 1}e{math.floor(math.log10(step))}")
+    if above < hi and fits(total_at(above), cap, delta):
+        best = above
     return best
 
 
