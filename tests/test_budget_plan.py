@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import dp_accounting
 import numpy as np
@@ -15,10 +16,13 @@ from dp_accounting import rdp as dp_rdp
 
 from service.cli import main
 from service.errors import InvalidParameter
+from service.evaluation.runner import EvaluationRow
+from service.graph.generate import write_generated_edge_list
 from service.ledger.ledger_rows import ADMISSION_RTOL
 from service.mechanisms.charges import answer_curve, count_release, degree_release, version_curve
 from service.mechanisms.registry import RankingMechanism
 from service.planning.budget import Deployment, plan_budget
+from service.planning.quality import PlanComparison, recommended
 from service.privacy.accountant import RdpCurve
 from service.privacy.calibration import calibrate
 from service.privacy.curves import laplace_curve
@@ -291,3 +295,46 @@ def test_plan_command_prints_the_plan(capsys: pytest.CaptureFixture[str]) -> Non
     assert data["epsilon"] == pytest.approx(0.00829366) and data["mechanism"] == "blended"
     assert data["curve"][-1]["order"] is None and data["quality"] is None
     assert sum(1 for row in data["curve"] if row["best"]) == 1
+
+
+def _row(mechanism: str, mean: float, half: float) -> EvaluationRow:
+    ci = (mean - half, mean + half)
+    return EvaluationRow(mechanism, 0.01, 0.5, ci, 0.5, ci, mean, ci, mean, ci, 200)
+
+
+def test_the_recommendation_prefers_the_cheaper_of_level_rankings() -> None:
+    def compared(mechanism: str, mean: float, half: float) -> PlanComparison:
+        plan = plan_budget(1.0, 365, 1, mechanism=mechanism, graph_versions=4)
+        return PlanComparison(mechanism, plan, _row(mechanism, mean, half))
+
+    level = [compared("noisy_diffusion", 0.060, 0.01), compared("popular", 0.058, 0.01),
+             compared("common_neighbours", 0.02, 0.005)]  # fmt: skip
+    best = recommended(level)
+    assert best is not None and best.mechanism == "popular"  # level, and spends 0.4 not 1.0
+    apart = [compared("noisy_diffusion", 0.30, 0.01), compared("popular", 0.058, 0.01)]
+    best = recommended(apart)
+    assert best is not None and best.mechanism == "noisy_diffusion"
+    # blended's planned epsilon is below PPR_EPSILON_MIN: never recommended
+    assert recommended([compared("blended", 0.9, 0.01)]) is None
+    assert recommended([PlanComparison("blended", None, refused="does not fit")]) is None
+
+
+def test_plan_compare_measures_every_ranking(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "g.txt"
+    write_generated_edge_list(path, 200, 1600, seed=4)
+    argv = ["plan", "--cap", "1", "--days", "365", "--answers-per-day", "1",
+            "--graph-versions", "4", "--compare", "--graph", str(path), "--seeds", "8",
+            "--sample-seed", "1", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    names = [p["mechanism"] for p in data["plans"]]
+    assert names == [m.value for m in RankingMechanism]
+    for entry in data["plans"]:
+        assert entry["quality"]["seeds"] == 8 and entry["quality"]["k"] == 20
+    assert data["recommended"] in names and data["recommended"] != "blended"
+    single = [a for a in argv if a not in ("--compare", "--json")]
+    assert main([*single, "--mechanism", "popular"]) == 0  # one plan, with its quality
+    out = capsys.readouterr().out
+    assert "NDCG@20 beyond the seed's neighbours" in out

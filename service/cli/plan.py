@@ -193,7 +193,8 @@ def _print_comparison(rows: list[PlanComparison], k: int, best: PlanComparison |
             print(f"note: {r.mechanism}: {r.refused}")
     if best is not None:
         print(f"recommended: {best.mechanism} (the best NDCG@{k} beyond the neighbours among the "
-              "rankings whose planned epsilon the service accepts)")  # fmt: skip
+              "rankings whose planned epsilon the service accepts or, among those level with it "
+              "(95% intervals overlapping), the one that spends the least)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

@@ -106,8 +106,10 @@ def compare_plans(
 
 
 def recommended(rows: list[PlanComparison]) -> PlanComparison | None:
-    """The measured plan with the best NDCG@k beyond the neighbours among those the service
-    accepts (per-answer epsilon within its range); None when nothing was measured."""
+    """The ranking to use on this schedule, among the measured plans the service accepts
+    (per-answer epsilon within its range): the best NDCG@k beyond the neighbours, or, among
+    those level with it (95% intervals overlapping the best's), the one that spends the least of
+    the cap. None when nothing was measured."""
     usable = [
         r for r in rows
         if r.plan is not None and r.plan.within_query_range and r.quality is not None
@@ -115,4 +117,19 @@ def recommended(rows: list[PlanComparison]) -> PlanComparison | None:
     ]  # fmt: skip
     if not usable:
         return None
-    return max(usable, key=lambda r: r.quality.ndcg_beyond if r.quality else -math.inf)
+
+    def mean(r: PlanComparison) -> float:
+        assert r.quality is not None
+        return r.quality.ndcg_beyond
+
+    def upper(r: PlanComparison) -> float:
+        assert r.quality is not None
+        high = r.quality.ndcg_beyond_ci[1]
+        return mean(r) if math.isnan(high) else high
+
+    best = max(usable, key=mean)
+    assert best.quality is not None
+    low = best.quality.ndcg_beyond_ci[0]
+    floor = mean(best) if math.isnan(low) else low
+    level = [r for r in usable if upper(r) >= floor]
+    return min(level, key=lambda r: (r.plan.spent_epsilon if r.plan else math.inf, -mean(r)))
