@@ -338,3 +338,20 @@ def test_plan_compare_measures_every_ranking(
     assert main([*single, "--mechanism", "popular"]) == 0  # one plan, with its quality
     out = capsys.readouterr().out
     assert "NDCG@20 beyond the seed's neighbours" in out
+
+
+def test_plan_compare_by_hidden_edges(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "g.txt"
+    write_generated_edge_list(path, 200, 1600, seed=4)
+    argv = ["plan", "--cap", "1", "--days", "365", "--answers-per-day", "1",
+            "--graph-versions", "4", "--graph", str(path), "--seeds", "8", "--sample-seed", "1",
+            "--quality", "links"]  # fmt: skip
+    assert main([*argv, "--compare", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    for entry in data["plans"]:
+        assert entry["quality"] is None and entry["links"]["seeds"] == 8
+        assert 0.0 <= entry["links"]["recall"] <= 1.0
+    assert data["recommended"] in {"noisy_diffusion", "popular", "common_neighbours",
+                                   "friends_of_friends"}  # fmt: skip
+    assert main(argv) == 0
+    assert "Recall@20 of hidden edges" in capsys.readouterr().out

@@ -24,6 +24,7 @@ from service.mechanisms.registry import RankingMechanism
 from service.privacy.modes import Mode
 
 if TYPE_CHECKING:
+    from service.evaluation.links import LinkRow
     from service.evaluation.runner import EvaluationRow
     from service.planning.budget import BudgetPlan
     from service.planning.quality import PlanComparison
@@ -90,6 +91,13 @@ def register(subparsers: Any) -> None:
     quality.add_argument("--seeds", type=positive_int, default=200, help="seeds to sample")
     quality.add_argument("--sample-seed", type=int, default=None,
                          help="seed of the seed sample (never of any noise)")  # fmt: skip
+    quality.add_argument(
+        "--quality", choices=["ranking", "links"], default="ranking",
+        help="ranking: NDCG@k against exact PPR, overall and beyond the neighbours (default); "
+        "links: recall@k and NDCG@k of a hidden random 10%% of the edges (evaluate --task links)",
+    )  # fmt: skip
+    quality.add_argument("--split-seed", type=int, default=0,
+                         help="--quality links: seed of the hidden edges (default 0)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print a JSON object")
     parser.set_defaults(handler=run)
 
@@ -117,6 +125,12 @@ def _quality_dict(row: EvaluationRow, k: int) -> dict[str, Any]:
         "ndcg_beyond": data["ndcg_beyond"],
         "ndcg_beyond_ci": data["ndcg_beyond_ci"],
     }
+
+
+def _links_dict(row: LinkRow, k: int) -> dict[str, Any]:
+    data = row.to_dict()
+    return {"k": k, "seeds": row.seeds, "recall": data["recall"], "recall_ci": data["recall_ci"],
+            "ndcg": data["ndcg"], "ndcg_ci": data["ndcg_ci"]}  # fmt: skip
 
 
 def _print_plan(plan: BudgetPlan) -> None:
@@ -154,6 +168,15 @@ def _print_plan(plan: BudgetPlan) -> None:
         print(f"note: {note}")
 
 
+def _print_links(row: LinkRow, k: int, graph_label: str) -> None:
+    print()
+    print(f"expected link prediction on {graph_label}, {row.seeds} seeds, k {k}: a hidden random "
+          "10% of the edges, ranked among each seed's non-friends (mean ± 95% t-interval "
+          "half-width over seeds):")  # fmt: skip
+    print(f"  Recall@{k} of hidden edges: {_cell(row.recall, row.recall_ci)}")
+    print(f"  NDCG@{k} of hidden edges:   {_cell(row.ndcg, row.ndcg_ci)}")
+
+
 def _print_quality(row: EvaluationRow, k: int, graph_label: str) -> None:
     print()
     print(f"expected quality on {graph_label}, {row.seeds} seeds, k {k} (mean ± 95% t-interval "
@@ -165,13 +188,17 @@ def _print_quality(row: EvaluationRow, k: int, graph_label: str) -> None:
 
 def _print_comparison(rows: list[PlanComparison], k: int, best: PlanComparison | None) -> None:
     headers = ["mechanism", "per-answer eps", "composed", "in query range"]
-    measured = any(r.quality is not None for r in rows)
-    if measured:
+    ranking = any(r.quality is not None for r in rows)
+    links = any(r.links is not None for r in rows)
+    if ranking:
         headers += [f"NDCG@{k}", f"NDCG@{k} beyond"]
+    if links:
+        headers += [f"Recall@{k} hidden", f"NDCG@{k} hidden"]
+    extra = 2 if ranking or links else 0
     body = []
     for r in rows:
         if r.plan is None:
-            body.append([r.mechanism, "does not fit", "-", "-"] + (["-", "-"] if measured else []))
+            body.append([r.mechanism, "does not fit", "-", "-"] + ["-"] * extra)
             continue
         p = r.plan
         line = [
@@ -180,21 +207,29 @@ def _print_comparison(rows: list[PlanComparison], k: int, best: PlanComparison |
             f"{p.spent_epsilon:.6g}",
             "yes" if p.within_query_range else "no",
         ]
-        if measured:
+        if ranking:
             q = r.quality
             if q is None:
                 line += ["-", "-"]
             else:
                 line += [_cell(q.ndcg, q.ndcg_ci), _cell(q.ndcg_beyond, q.ndcg_beyond_ci)]
+        if links:
+            h = r.links
+            line += (
+                ["-", "-"]
+                if h is None
+                else [_cell(h.recall, h.recall_ci), _cell(h.ndcg, h.ndcg_ci)]
+            )
         body.append(line)
     print_table(headers, body)
     for r in rows:
         if r.refused:
             print(f"note: {r.mechanism}: {r.refused}")
     if best is not None:
-        print(f"recommended: {best.mechanism} (the best NDCG@{k} beyond the neighbours among the "
-              "rankings whose planned epsilon the service accepts or, among those level with it "
-              "(95% intervals overlapping), the one that spends the least)")  # fmt: skip
+        measure = f"recall@{k} of hidden edges" if links else f"NDCG@{k} beyond the neighbours"
+        print(f"recommended: {best.mechanism} (the best {measure} among the rankings whose "
+              "planned epsilon the service accepts or, among those level with it (95% "
+              "intervals overlapping), the one that spends the least)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -223,8 +258,9 @@ def run(args: argparse.Namespace) -> int:
         from service.planning.quality import compare_plans, recommended
 
         rows = compare_plans(
-            args.cap, args.days, args.answers_per_day, graph=graph, k=args.k, seeds=args.seeds,
-            sample_seed=args.sample_seed, **schedule,
+            args.cap, args.days, args.answers_per_day, graph=graph, quality=args.quality,
+            k=args.k, seeds=args.seeds, sample_seed=args.sample_seed, split_seed=args.split_seed,
+            **schedule,
         )  # fmt: skip
         best = recommended(rows)
         if args.json:
@@ -233,6 +269,7 @@ def run(args: argparse.Namespace) -> int:
                     {"mechanism": r.mechanism,
                      "plan": None if r.plan is None else r.plan.to_dict(),
                      "quality": None if r.quality is None else _quality_dict(r.quality, args.k),
+                     "links": None if r.links is None else _links_dict(r.links, args.k),
                      "refused": r.refused}
                     for r in rows
                 ],
@@ -241,8 +278,13 @@ def run(args: argparse.Namespace) -> int:
         else:
             _print_comparison(rows, args.k, best)
         return 0
-    quality = None
-    if graph is not None:
+    quality = links = None
+    if graph is not None and args.quality == "links":
+        from service.planning.quality import plan_links
+
+        links = plan_links(graph, plan, k=args.k, seeds=args.seeds, sample_seed=args.sample_seed,
+                           split_seed=args.split_seed, progress=_progress)  # fmt: skip
+    elif graph is not None:
         from service.planning.quality import plan_quality
 
         quality = plan_quality(graph, plan, k=args.k, seeds=args.seeds,
@@ -250,9 +292,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         payload = plan.to_dict()
         payload["quality"] = None if quality is None else _quality_dict(quality, args.k)
+        payload["links"] = None if links is None else _links_dict(links, args.k)
         print_json(payload)
         return 0
     _print_plan(plan)
+    label = f"{args.graph} ({graph.n if graph else 0} nodes)"
     if quality is not None:
-        _print_quality(quality, args.k, f"{args.graph} ({graph.n if graph else 0} nodes)")
+        _print_quality(quality, args.k, label)
+    if links is not None:
+        _print_links(links, args.k, label)
     return 0
