@@ -15,3 +15,9 @@ CAP_EPSILON_MAX = 1e3
 DELTA_MIN = 1e-15
 #: Delta must stay below this (exclusive).
 DELTA_MAX = 1e-3
+
+#: The budget planner's bounds (``python -m service plan``, ``POST /v1/admin/plan``): up to a
+#: century of days, a million answers a day and 100,000 graph versions.
+PLAN_DAYS_MAX = 36_500
+PLAN_ANSWERS_PER_DAY_MAX = 1_000_000
+PLAN_GRAPH_VERSIONS_MAX = 100_000

@@ -8,6 +8,7 @@ run; .gitignore excludes the directory).
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -63,6 +64,12 @@ class Seeded:
                 )
                 key, _ = ledger.create_api_key(user.account_id)
                 self.users[node] = (user.account_id, key)
+            for node, cap in (("23", 0.5), ("24", 0.6)):  # near their caps, at two rates
+                user = ledger.create_account(
+                    "user", node_id=node, cap_epsilon=cap, delta=1e-6, label=f"member {node}"
+                )
+                key, _ = ledger.create_api_key(user.account_id)
+                self.users[node] = (user.account_id, key)
             service = ledger.create_account(
                 "service", cap_epsilon=5.0, delta=1e-6, label="recommender",
                 modes=("edge", "personalized"),
@@ -84,7 +91,8 @@ def served(tmp_path: Path) -> Iterator[tuple[str, Seeded]]:
         base = server.base_url
         with httpx.Client(base_url=base, timeout=30) as http:
             for node, epsilons in (("19", [0.2, 0.2, 0.3, 0.1, 0.25] + [0.05] * 12), ("20", [0.5]),
-                                   ("21", [0.9, 0.9])):  # fmt: skip
+                                   ("21", [0.9, 0.9]), ("23", [0.45]),
+                                   ("24", [0.1] * 5)):  # fmt: skip
                 for eps in epsilons:
                     response = http.get(
                         f"/v1/ppr/{node}", params={"epsilon": eps, "fresh": "true"},
@@ -163,6 +171,20 @@ def test_admin_dashboard_in_chromium(served: tuple[str, Seeded]) -> None:
             assert "budget_exhausted" in page.locator("#refusals").inner_text()
             assert "admin #" in page.locator("#who").inner_text()
             assert page.locator("#cache-rates tbody tr").count() == 4
+            # accounts near their cap, sorted by when they run out at their last 7 days' rate
+            soon = page.locator("#run-out tbody tr[data-account]")
+            assert soon.count() >= 2
+            dates = [
+                soon.nth(i).locator("[data-testid=runs-out-on]").inner_text()
+                for i in range(soon.count())
+            ]
+            assert all(re.match(r"\d{4}-\d{2}-\d{2} \(in ", d) for d in dates), dates
+            assert [d[:10] for d in dates] == sorted(d[:10] for d in dates)
+            shown = {
+                int(soon.nth(i).get_attribute("data-account") or 0) for i in range(soon.count())
+            }
+            assert {seeded.users["23"][0], seeded.users["24"][0]} <= shown
+            assert "composed by the RDP accountant" in page.locator("#run-out-note").inner_text()
             _shot(page, "02-overview")
 
             # find an account by filtering, then open it
@@ -183,6 +205,9 @@ def test_admin_dashboard_in_chromium(served: tuple[str, Seeded]) -> None:
                 page.wait_for_selector(
                     f"#chart-curve path[data-series='{series}']", state="attached"
                 )
+            runs_out = page.locator("#account-run-out")
+            expect(runs_out).to_contain_text("Runs out on: ")
+            expect(runs_out).to_contain_text("17 charges")
             note = page.locator("#curve-note").inner_text()
             assert "17 live charges" in note and "composition saves" in note
             with httpx.Client(base_url=base) as http:

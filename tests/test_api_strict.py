@@ -380,6 +380,7 @@ def test_every_declared_limit_is_enforced_at_the_limit_and_one_past(backend: Bac
             "/v1/embeddings/batch": {"nodes": ["7"], "mode": "edge", "k": 2},
             "/v1/admin/accounts": {"type": "service"},
             "/v1/admin/graph/reload": {},
+            "/v1/admin/plan": {"cap_epsilon": 1.0, "days": 30, "answers_per_day": 1},
         }
         checked = 0
         for entry in _declared(schema):

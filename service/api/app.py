@@ -17,7 +17,16 @@ from service.api.limits import RequestLimits
 from service.api.observability import CACHE_EVENTS, configure_logging, observe_request
 from service.api.openapi import install_openapi
 from service.api.pages import install_pages
-from service.api.routes import admin, batch, embeddings, operations, ppr, similar, synthetic
+from service.api.routes import (
+    admin,
+    batch,
+    embeddings,
+    operations,
+    planning,
+    ppr,
+    similar,
+    synthetic,
+)
 from service.api.runtime import Runtime, RuntimeStarter, stop_this_process
 from service.config import Settings, get_settings
 
@@ -82,6 +91,7 @@ def create_app(settings: Settings | None = None, *, configure_logs: bool = True)
     app.include_router(ppr.router)
     app.include_router(embeddings.router)
     app.include_router(admin.router)
+    app.include_router(planning.router)
     app.include_router(synthetic.router)
     app.include_router(operations.router)
     install_pages(app)  # the admin dashboard (its API and /admin) and offline /docs, /redoc

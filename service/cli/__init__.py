@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "calibrate",
     "query",
     "evaluate",
+    "plan",
     "bench",
     "serve",
     "loadtest",

@@ -13,6 +13,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from service.cli.common import add_mechanism_arguments, print_json, print_table
+from service.cli.evaluate_links import LINK_K, LINK_SEEDS
+from service.cli.evaluate_links import add_arguments as add_link_arguments
 from service.cli.evaluate_synthetic import add_arguments as add_synthetic_arguments
 from service.cli.evaluate_synthetic import run_synthetic
 from service.cli.options import open_unit_float, positive_float, positive_int
@@ -46,14 +48,17 @@ def register(subparsers: Any) -> None:
                         help="the built-in 10,000-node demo graph (no file needed)")  # fmt: skip
     parser.add_argument("--epsilon", type=positive_float, nargs="+", default=None,
                         metavar="E", help="per-query epsilon(s) (required)")  # fmt: skip
-    parser.add_argument("--task", choices=["ranking", "classification", "synthetic"],
+    parser.add_argument("--task", choices=["ranking", "links", "classification", "synthetic"],
                         default="ranking",
-                        help="ranking quality (default), node classification on embeddings "
+                        help="ranking quality (default), link prediction of hidden edges "
+                        "(docs/ranking.md), node classification on embeddings "
                         "(docs/embeddings.md), or synthetic graphs "
                         "(docs/synthetic.md)")  # fmt: skip
     add_classification_arguments(parser)
-    parser.add_argument("--seeds", type=positive_int, default=20, help="seeds to sample")
-    parser.add_argument("--k", type=positive_int, default=100, help="ranking depth")
+    parser.add_argument("--seeds", type=positive_int, default=None,
+                        help=f"seeds to sample (default 20; links {LINK_SEEDS})")  # fmt: skip
+    parser.add_argument("--k", type=positive_int, default=None,
+                        help=f"ranking depth (default 100; links {LINK_K})")  # fmt: skip
     parser.add_argument("--delta", type=open_unit_float, default=None,
                         help="default: 1/|E|")  # fmt: skip
     add_mechanism_arguments(parser, eta=DEFAULT_ETA)
@@ -69,6 +74,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--sample-seed", type=int, default=None,
                         help="seed of the seed sample (never of any noise)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="JSON rows on stdout")
+    add_link_arguments(parser)
     add_synthetic_arguments(parser)
     parser.set_defaults(handler=run)
 
@@ -129,6 +135,15 @@ def _table(rows: list[EvaluationRow], k: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    links = args.task == "links"
+    if args.seeds is None:
+        args.seeds = LINK_SEEDS if links else 20
+    if args.k is None:
+        args.k = LINK_K if links else 100
+    if links:
+        from service.cli.evaluate_links import run_links
+
+        return run_links(args)
     if args.epsilon is None:
         raise InvalidParameter("epsilon", "give at least one --epsilon value")
     if args.task == "synthetic":

@@ -17,6 +17,20 @@ MECHANISMS = (
     "edge_flipping",
     "default",
 )
+#: The link-prediction rows (:mod:`service.evaluation.links`): the private rankings, the
+#: degree release, the non-private references and the floor.
+LINK_ROWS = (
+    "blended",
+    "noisy_diffusion",
+    "friends_of_friends",
+    "common_neighbours",
+    "pushflowcap",
+    "popular",
+    "exact_ppr",
+    "common_neighbours_exact",
+    "random",
+    "default",
+)
 #: The spec's evaluation setting: eta = 1e-7 with beta = 0.8, K = 100.
 DEFAULT_ETA = 1e-7
 #: Epsilon of the one graph-wide degree release behind ``popular``.

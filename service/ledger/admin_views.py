@@ -8,8 +8,9 @@ by the same RDP accountant that admission uses.
 :class:`AdminViews` is a facade over parts that each own one view and its SQL, on the
 ledger's unit of work (one read transaction per call), in the style of the ledger's own
 facade: the accounts table (``account_listing``), the activity overview and the charges in
-flight (``admin_activity``), one account's page (``account_views``) and the audit log
-(``audit_view``). The records they return are in ``admin_records``.
+flight (``admin_activity``), one account's page (``account_views``), the audit log
+(``audit_view``) and when accounts run out at their recent rate (``run_out``). The records
+they return are in ``admin_records`` (the run-out's in ``run_out``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from service.ledger.admin_records import ServiceUsage as ServiceUsage
 from service.ledger.audit_view import AuditView
 from service.ledger.delegate import delegate
 from service.ledger.ledger import Ledger
+from service.ledger.run_out import RunOutView
 
 
 class AdminViews:
@@ -45,6 +47,7 @@ class AdminViews:
         self.activity = Activity(uow)
         self.account = AccountViews(uow)
         self.audit = AuditView(uow)
+        self.run_outs = RunOutView(uow)
 
     # the accounts table
     accounts_page = delegate("listing", AccountListing.accounts_page)
@@ -59,3 +62,6 @@ class AdminViews:
     service_usage = delegate("account", AccountViews.service_usage)
     # the audit log
     audit_page = delegate("audit", AuditView.audit_page)
+    # when accounts run out at their recent rate
+    run_out_of = delegate("run_outs", RunOutView.run_out_of)
+    near_cap_run_out = delegate("run_outs", RunOutView.near_cap)

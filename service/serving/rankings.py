@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -31,6 +30,7 @@ from service.graph.model import Graph
 from service.ledger.ledger import Ledger
 from service.ledger.records import GraphCap
 from service.mechanisms.blended import blend
+from service.mechanisms.charges import count_release, degree_release
 from service.mechanisms.common_neighbours import (
     noisy_common_neighbours,
     two_scale_common_neighbours,
@@ -39,17 +39,13 @@ from service.mechanisms.friends_of_friends import friends_first
 from service.mechanisms.popular import degrees_from_bytes, degrees_to_bytes, noisy_degrees
 from service.mechanisms.postprocess import count_grid, round_to_grid, score_grid
 from service.mechanisms.randomness import fresh_generator
-from service.mechanisms.registry import TWO_SCALE, RankingMechanism
+from service.mechanisms.registry import RankingMechanism
 from service.privacy.accountant import RdpCurve
 from service.privacy.laplace import (
     CANDIDATE_COUNT_SENSITIVITY,
-    COMMON_NEIGHBOUR_SENSITIVITY,
-    DEGREE_SENSITIVITY,
     FRIEND_COUNT_SENSITIVITY,
     LaplacePlan,
     TwoScalePlan,
-    plan_laplace,
-    plan_two_scale,
 )
 from service.privacy.modes import Mode
 from service.privacy.sampler import count_release_delta, stored_release_delta
@@ -62,23 +58,8 @@ __all__ = [
     "counts_grid",
     "degree_release_name",
     "draw_ranking",
-    "laplace_plan",
     "plan_ranking",
-    "two_scale_plan",
 ]
-
-
-@lru_cache(maxsize=1024)
-def two_scale_plan(epsilon: float) -> TwoScalePlan:
-    """The accountant's calibration of the two-scale counts (friends' scale 2/eps rounded up,
-    the candidates' half of it; the curve of a one-scale release at the same eps)."""
-    return plan_two_scale(epsilon)
-
-
-@lru_cache(maxsize=1024)
-def laplace_plan(epsilon: float, sensitivity: float) -> LaplacePlan:
-    """The accountant's calibration of a pure eps-DP Laplace release (scale rounded up)."""
-    return plan_laplace(epsilon, sensitivity)
 
 
 def degree_release_name(scale: float) -> str:
@@ -125,7 +106,7 @@ class DegreeReleases:
         wait_seconds: float = 30.0,
     ) -> None:
         self.ledger = ledger
-        self.plan = laplace_plan(float(epsilon), DEGREE_SENSITIVITY)
+        self.plan = degree_release(float(epsilon))
         self.cache = cache
         self.wait_seconds = wait_seconds
         self._local: dict[str, ReleasedDegrees] = {}
@@ -251,11 +232,7 @@ def plan_ranking(
 ) -> RankingPlan:
     if name is RankingMechanism.BLENDED and degrees is None:
         raise ValueError("blended needs the version's degree release")
-    release: LaplacePlan | TwoScalePlan
-    if name in TWO_SCALE:
-        release = two_scale_plan(float(epsilon))
-    else:
-        release = laplace_plan(float(epsilon), COMMON_NEIGHBOUR_SENSITIVITY)
+    release = count_release(name, float(epsilon))  # what admission charges (mechanisms.charges)
     kept = degrees if name is RankingMechanism.BLENDED else None
     return RankingPlan(name, Mode(mode), release, kept)
 

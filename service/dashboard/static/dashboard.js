@@ -112,6 +112,32 @@
       h("tbody", {}, body.length ? body : h("tr", {}, h("td", { colspan: head.length, class: "muted" }, "No accounts"))));
   }
 
+  /* when an account runs out at its recent rate (GET /v1/admin/run-out, .../accounts/{id}/run-out) */
+  function runOutText(r) {
+    if (r.days_left === null) return r.window_charges ? "not within a century at this rate" : "no charges in the window";
+    if (r.days_left === 0) return "now (at its cap)";
+    const days = r.days_left < 1 ? `${(24 * r.days_left).toFixed(1)} h` : `${r.days_left.toFixed(1)} days`;
+    return `${r.runs_out_at.slice(0, 10)} (in ${days})`;
+  }
+
+  function projectionNote(page) {
+    return `Runs out on: the live charges of the last ${fmt(page.window_days)} days, composed by the RDP accountant, ` +
+      "repeated at the same rate and added to the spend so far; the date is when that reaches the cap at the account's δ. " +
+      `${page.near_cap_total} near their cap` + (page.scanned < page.near_cap_total ? `, the ${page.scanned} most used projected.` : ".");
+  }
+
+  function runOutTable(page) {
+    const head = ["Account", "Node", "Spent ε", "Cap ε", "Used", "Charges, 7 days", "Runs out on"];
+    const body = page.items.map(({ account: r, run_out: o }) => h("tr", { "data-account": r.account_id },
+      [accountLink(r.account_id, r.label ? `#${r.account_id} ${r.label}` : `#${r.account_id}`), r.node_id || "—",
+        eps(r.spent_epsilon), eps(r.cap_epsilon), usageBar(r.used_fraction), String(o.window_charges),
+        h("span", { class: o.days_left !== null && o.days_left < 7 ? "warn-text" : "", "data-testid": "runs-out-on" }, runOutText(o))]
+        .map((c) => h("td", {}, c))));
+    return h("table", { class: "table compact", id: "run-out" },
+      h("thead", {}, h("tr", {}, head.map((t) => h("th", { scope: "col" }, t)))),
+      h("tbody", {}, body.length ? body : h("tr", {}, h("td", { colspan: head.length, class: "muted" }, "No accounts near their cap"))));
+  }
+
   function pager(page, onGo) {
     const from = page.total ? page.offset + 1 : 0;
     const to = Math.min(page.offset + page.items.length, page.total);
@@ -209,9 +235,10 @@
   /* --- overview ----------------------------------------------------------------------------- */
 
   async function overviewView() {
-    const [usage, refusals, spenders, exposure, graph, health] = await Promise.all([
+    const [usage, refusals, spenders, exposure, graph, health, runOut] = await Promise.all([
       api("/v1/admin/usage?hours=48"), api("/v1/admin/refusals?hours=168"), api("/v1/admin/spenders?limit=8"),
-      api("/v1/admin/exposure"), api("/v1/admin/graph/degrees"), api("/v1/admin/health")]);
+      api("/v1/admin/exposure"), api("/v1/admin/graph/degrees"), api("/v1/admin/health"),
+      api("/v1/admin/run-out?limit=8&window_days=7")]);
     const root = h("div", { class: "grid", id: "overview" });
     root.appendChild(h("div", { class: "stats span-2" },
       stat("Queries, last 48 h", usage.queries.toLocaleString("en-US")),
@@ -242,8 +269,8 @@
       h("p", {}, h("a", { href: "#/exposure" }, "Open the exposure view ›"))));
 
     root.appendChild(card("Top spenders (composed ε)", accountRowsTable(spenders.top, { compact: true })));
-    root.appendChild(card(`Near their cap (≥ ${Math.round(spenders.near_cap_fraction * 100)}%)`,
-      accountRowsTable(spenders.near_cap, { compact: true })));
+    root.appendChild(card(`Near their cap (≥ ${Math.round(runOut.near_cap_fraction * 100)}%), by when they run out`,
+      runOutTable(runOut), h("p", { class: "muted", id: "run-out-note" }, projectionNote(runOut))));
 
     const histo = h("div", { class: "chart-box", id: "chart-degrees" });
     root.appendChild(card("Loaded graph",
@@ -343,7 +370,8 @@
 
   async function accountView(id) {
     const account = await api(`/v1/admin/accounts/${id}`);
-    const [curve, keys] = await Promise.all([api(`/v1/admin/accounts/${id}/curve`), api(`/v1/admin/accounts/${id}/keys`)]);
+    const [curve, keys, runOut] = await Promise.all([api(`/v1/admin/accounts/${id}/curve`), api(`/v1/admin/accounts/${id}/keys`),
+      api(`/v1/admin/accounts/${id}/run-out`)]);
     const service = account.type === "service" ? await api(`/v1/admin/accounts/${id}/service-usage`) : null;
     const b = account.budget;
     const root = h("div", { class: "grid", id: "account" });
@@ -375,11 +403,18 @@
         lines: [{ y: c.cap_epsilon, label: `cap ε ${fmt(c.cap_epsilon)}`, cls: "cap" }],
         yLabel: "cumulative ε", title: "cumulative epsilon" });
     };
+    const runsOut = h("p", { id: "account-run-out" });
+    const showRunOut = (o) => runsOut.replaceChildren(h("strong", {}, "Runs out on: "),
+      h("span", { "data-testid": "runs-out-on" }, runOutText(o)),
+      h("span", { class: "muted" }, ` · at the rate of its last ${fmt(o.window_days)} days (${plural(o.window_charges, "charge")}, ` +
+        `ε ${eps(o.window_epsilon)} composed), composed forward with its spend by the RDP accountant`));
     const onSaved = async (bv, flag) => {
       renderBudget(bv, flag);
-      drawCurve(await api(`/v1/admin/accounts/${id}/curve`));
+      const [c, o] = await Promise.all([api(`/v1/admin/accounts/${id}/curve`), api(`/v1/admin/accounts/${id}/run-out`)]);
+      drawCurve(c);
+      showRunOut(o);
     };
-    root.appendChild(card("Budget", budgetStats, budgetForm(account, onSaved)));
+    root.appendChild(card("Budget", budgetStats, runsOut, budgetForm(account, onSaved)));
     root.appendChild(card("Cumulative ε over time", chart, note));
 
     if (service) root.appendChild(card("Service account", serviceSection(service)));
@@ -394,6 +429,7 @@
     view().replaceChildren(root);
 
     drawCurve(curve);
+    showRunOut(runOut);
     chargesTable(charges, id, "charged");
   }
 
