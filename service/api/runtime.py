@@ -270,9 +270,10 @@ def build_runtime(
         )
         graphs.start()  # records its version (or follows the recorded one): workers agree
         if node_set_origin(settings, graphs.source) == "derived_from_edges":
-            log.warning(
-                "no node list (PPR_NODES_PATH): the node set is derived from the edges, so "
-                "which nodes exist is treated as public (docs/privacy.md, 'The node set')"
+            # serve warns once, naming where the node count shows; each worker says it at info
+            log.info(
+                "the node set is derived from the edges (no PPR_NODES_PATH): it is public "
+                "(docs/privacy.md, 'The node set')"
             )
         tables = SharedPrefixTables(
             snapshot_dir, settings.prefix_table_bytes, settings, lambda: graphs.served,
