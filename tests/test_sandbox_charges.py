@@ -406,3 +406,49 @@ def test_the_who_learns_what_tables_agree_row_by_row() -> None:
         line for line in synthetic.splitlines() if line.startswith("| users and service accounts")
     )
     assert "pays for the release once" in users and "read figure" in users
+
+
+# -- the ledger ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ledger_url", ["sqlite", "postgres"], indirect=True)
+def test_the_database_keeps_one_charge_per_account_and_release(ledger: Ledger) -> None:
+    """Admitted twice: one charge; a second live row for the same account and release is
+    refused by the unique index; ``ledger verify`` checks that each names its live release."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import IntegrityError
+
+    from service.ledger import SyntheticCharge
+    from service.privacy.curves import laplace_curve
+
+    user = ledger.create_account("user", node_id="1", cap_epsilon=1.0, delta=DELTA).account_id
+    name = "synthetic:communities:test"
+    ledger.graph_release("v1", name, epsilon=0.5, curve=laplace_curve(0.5), draw=lambda: b"x")
+    release = SyntheticCharge("v1", name)
+    for charged in (True, False):
+        receipt = ledger.admit_synthetic_release(
+            charged_account_id=user, principal_account_id=user, seed="1", mode="edge",
+            release=release, request_id="r",
+        )  # fmt: skip
+        assert receipt.charged is charged and receipt.epsilon == 0.5
+    (paid,) = charges_of(ledger, user, SYNTHETIC_RELEASE_CHARGE)
+    assert ledger.verify().ok
+    with ledger.engine.begin() as conn:
+        row = conn.execute(text("SELECT * FROM charges WHERE id = :i"), {"i": paid.charge_id})
+        values = dict(row.mappings().one())
+        values.pop("id")
+        # nested: only this insert is rolled back
+        with pytest.raises(IntegrityError), conn.begin_nested():
+            conn.execute(
+                text(f"INSERT INTO charges ({', '.join(values)}) "
+                     f"VALUES ({', '.join(':' + k for k in values)})"),
+                values,
+            )  # fmt: skip
+        conn.execute(
+            text("UPDATE charges SET graph_release_id = NULL WHERE id = :i"), {"i": paid.charge_id}
+        )
+    report = ledger.verify()
+    details = [m.get("detail") for m in report.mismatches]
+    assert (
+        not report.ok and "synthetic-release charge that names no released graph release" in details
+    )
