@@ -1,7 +1,7 @@
-"""The sandbox (SQLite; PostgreSQL + Redis): a synthetic release served with charging off,
-every answer marked ``synthetic: true`` and nothing charged; ``serve`` refuses a file the
-ledger does not know as a synthetic release; answers of a normal service never carry the
-field."""
+"""The sandbox (SQLite; PostgreSQL + Redis): a synthetic release served as exact answers, every
+answer marked ``synthetic: true``, the release charged once to each account that receives one
+(tests/test_sandbox_charges.py: the charge itself); ``serve`` refuses a file the ledger does
+not know as a synthetic release; answers of a normal service never carry the field."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ from tests.test_api import Accounts, backend  # fixtures by name
 def _publish(backend: Backend, out: Path) -> None:
     with open_ledger(backend.database_url) as ledger:
         graph = load_edge_list(backend.graph_path)
-        synthesize_release(ledger, graph, Request("communities", 1.0), out, cap=None,
+        synthesize_release(ledger, graph, Request("communities", 0.5), out, cap=None,
                            rng_factory=np.random.default_rng)  # fmt: skip
 
 
-def test_a_synthetic_release_is_served_with_charging_off(backend: Backend, tmp_path: Path) -> None:
+def test_a_synthetic_release_is_served_as_a_sandbox(backend: Backend, tmp_path: Path) -> None:
     out = tmp_path / "synthetic.txt"
     _publish(backend, out)
     node = out.read_text().split()[0]
@@ -45,12 +45,12 @@ def test_a_synthetic_release_is_served_with_charging_off(backend: Backend, tmp_p
                             headers=bearer(service_key))  # fmt: skip
         assert answer.status_code == 200, answer.text
         body = answer.json()
-        assert body["synthetic"] is True and body["epsilon_charged"] == 0.0
+        assert body["synthetic"] is True and body["epsilon_charged"] == body["mechanism"]["epsilon"]
         assert body["mechanism"]["name"] == "synthetic_exact" and len(body["results"]) == 5
         batch = client.post("/v1/ppr/batch", json={"nodes": [node, "nope"], "mode": "edge"},
                             headers=bearer(service_key))  # fmt: skip
         got = batch.json()
-        assert got["synthetic"] is True and got["epsilon_charged"] == 0.0
+        assert got["synthetic"] is True and got["epsilon_charged"] == 0.0  # paid already
         assert got["items"][0]["results"] and got["items"][1]["error"]["code"] == "unknown_node"
         admin = bearer(accounts.admin_key)
         assert client.get(f"/v1/ppr/{node}", headers=admin).status_code == 403
@@ -58,8 +58,8 @@ def test_a_synthetic_release_is_served_with_charging_off(backend: Backend, tmp_p
         assert reload.status_code == 409, reload.text
         again = client.post("/v1/admin/synthetic", json={"epsilon": 1.0}, headers=admin)
         assert again.status_code == 409, again.text
-        assert len(ledger.list_charges(None, limit=1000)) == charges
-        after = ledger.exposure(delta=1e-5)
+        assert len(ledger.list_charges(None, limit=1000)) == charges + 1  # the release, once
+        after = ledger.exposure(delta=1e-5)  # counted there once already, at synthesis
         assert (after.epsilon, after.charges) == (before.epsilon, before.charges)
         assert ledger.verify().ok
 

@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, text
 from service.graph.build import build_graph
 from service.ledger import DegreeCharge, Ledger, upgrade
 from service.ledger.database import alembic_config
-from service.ledger.records import Admission, ReleaseKey, StoredRelease
+from service.ledger.records import Admission, ReleaseKey, StoredRelease, SyntheticCharge
 from service.mechanisms.postprocess import RankedNode
 from service.privacy.accountant import RdpCurve
 from service.privacy.curves import laplace_curve
@@ -42,6 +42,7 @@ OLD_REVISIONS = [
     "0007_synthesis_jobs",
     "0008_popular_key_bindings",
     "0009_embedding_salts",
+    "0010_sampler_share",
 ]
 
 
@@ -111,6 +112,13 @@ def _write(url: str, tmp_path: Path) -> Written:
             ledger, graph, Request("communities", 1.0), tmp_path / "synthetic.txt", cap=None,
             rng_factory=np.random.default_rng,
         )  # fmt: skip
+        recorded = ledger.synthetic_release_by_sha256(job.sha256)
+        assert recorded is not None
+        paid = ledger.admit_synthetic_release(  # a sandbox answer's charge for that release
+            charged_account_id=other, principal_account_id=other, seed="2", mode="edge",
+            release=SyntheticCharge(recorded.graph_version, job.release_name), request_id="s0",
+        )  # fmt: skip
+        assert paid.charged
         report = ledger.verify()
         assert report.ok, report.mismatches
         spent = {a: ledger.budget(a).spent_epsilon for a in (user, other, service)}

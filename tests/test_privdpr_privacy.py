@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any
+from fractions import Fraction
 
 import dp_accounting
 import numpy as np
 import pytest
 
+import service.synthetic.privdpr as privdpr
 from service.privacy.synthetic import (
+    PrivdprPlan,
     calibrate_gaussian_multiplier,
     gaussian_epsilon,
     privdpr_min_depth,
     privdpr_pair_bound,
     privdpr_plan,
+    privdpr_quantization,
     privdpr_sensitivity,
 )
 from service.synthetic.privdpr import (
@@ -28,6 +31,7 @@ from service.synthetic.privdpr import (
     normalise,
     pair_loss_grad,
     privdpr_synthesize,
+    quantized_sum,
     walk_pairs,
 )
 
@@ -164,9 +168,12 @@ def test_batch_gradient_matches_finite_differences() -> None:
     assert np.allclose(grad, numeric, atol=1e-7)
 
 
-def _sensitivity_ratio(n: int, seed: int) -> tuple[float, float]:
+def _sensitivity_ratio(
+    n: int, seed: int, quantized: list[np.ndarray] | None = None
+) -> tuple[float, float]:
     """Largest per-pair gradient norm over M prod||Wt||, and largest batch-sum difference
-    between any two graphs on n nodes over 2 B_max M prod||Wt||."""
+    between any two graphs on n nodes over 2 B_max M prod||Wt|| (with ``quantized``: each
+    batch sum as the release quantizes it, appended)."""
     rng = np.random.default_rng(seed)
     mlp, emb = _model(n, 4, 2, rng)
     norm_product = math.prod(float(np.linalg.norm(w[0], 2)) for w in mlp.normalised())
@@ -185,17 +192,75 @@ def _sensitivity_ratio(n: int, seed: int) -> tuple[float, float]:
             worst_pair = max(worst_pair, float(np.linalg.norm(single)) / g_pair)
         sums.append(batch_gradient(mlp, emb, pairs, degrees, GAMMA)[0].ravel())
     stacked = np.array(sums)
+    if quantized is not None:  # each batch sum as the release quantizes it (z = 1)
+        quantum, radius_squared = privdpr_quantization(delta2 / 2.0, stacked.shape[1], 1.0)
+        plan = _plan_with(quantum, radius_squared)
+        quantized.extend(quantized_sum(row, plan) for row in stacked)
     worst_diff = (
         max(float(np.max(np.linalg.norm(stacked - row, axis=1))) for row in stacked) / delta2
     )
     return worst_pair, worst_diff
 
 
+def _plan_with(quantum: float, radius_squared: int) -> PrivdprPlan:
+    return PrivdprPlan(
+        nodes=1, steps=1, depth=0, max_pairs=1, sensitivity=1.0, multiplier=1.0, noise_std=1.0,
+        epsilon=1.0, delta=1e-5, coordinates=1, quantum=quantum,
+        radius_squared=radius_squared, noise_m=1, noise_tau=0,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_sensitivity_bound_by_brute_force_over_all_graphs_on_four_nodes(seed: int) -> None:
-    worst_pair, worst_diff = _sensitivity_ratio(4, seed)
+    quantized: list[np.ndarray] = []
+    worst_pair, worst_diff = _sensitivity_ratio(4, seed, quantized)
     assert 0.0 < worst_pair <= 1.0
     assert 0.0 < worst_diff <= 1.0
+    # the release's integer sums: within the ball by the rounding bound (never projected:
+    # a projected sum would be 0), so within Delta_int = 2 sqrt(R2) of each other
+    d = quantized[0].size
+    _, radius_squared = privdpr_quantization(1.0, d, 1.0)
+    ceil_root = math.isqrt(d - 1) + 1
+    assert radius_squared == math.floor((Fraction(2**51) + Fraction(ceil_root, 2)) ** 2)
+    stacked = np.array(quantized)
+    nonzero = np.any(stacked != 0, axis=1)
+    assert nonzero.sum() > len(quantized) // 2  # the rounding keeps the sums' signal
+    assert all(int(np.dot(q, q)) <= radius_squared for q in stacked.astype(object))
+    widest = max(float(np.max(np.linalg.norm(stacked - row, axis=1))) for row in stacked)
+    assert 0.0 < widest <= 2.0 * math.sqrt(radius_squared)
+
+
+def test_a_quantized_sum_outside_its_ball_is_never_released() -> None:
+    """The ball is the proof's, not the bound's: a sum past it (which the bound excludes) is
+    replaced by 0, so every released integer sum is within sqrt(R2)."""
+    plan = _plan_with(1.0, 100)  # radius 10
+    inside = np.array([6.2, -7.9, 0.4])  # rounds to (6, -8, 0): norm 10
+    assert quantized_sum(inside, plan).tolist() == [6, -8, 0]
+    for outside in ([6.2, -8.2, 0.6], [11.0, 0.0, 0.0], [np.nan, 0.0, 0.0], [np.inf, 0, 0]):
+        assert quantized_sum(np.array(outside), plan).tolist() == [0, 0, 0]
+
+
+def test_the_discrete_gaussian_is_calibrated_to_the_quantized_sensitivity() -> None:
+    """sigma^2 = m 2^tau >= (z Delta_int)^2 exactly, so each step is alpha / (2 z^2)-RDP and the
+    run's curve is the continuous calibration's; the noise in the gradient's units is that of
+    the continuous Gaussian within 0.1%."""
+    plan = privdpr_plan(nodes=2708, epsilon=1.0, delta=1e-5, gamma=GAMMA, s=8.0, s_grad=5.0,
+                        start_nodes=16, walks=2, walk_length=16, epochs=5,
+                        embedding_dim=128)  # fmt: skip
+    variance = Fraction(plan.noise_m) * 2**plan.noise_tau
+    assert variance >= Fraction(plan.multiplier) ** 2 * 4 * plan.radius_squared
+    assert plan.coordinates == 2708 * 128
+    assert plan.quantum * plan.integer_sensitivity == pytest.approx(plan.sensitivity, rel=1e-8)
+    ratio = plan.noise_std / (plan.multiplier * plan.sensitivity)
+    assert 1.0 <= ratio < 1.0 + 1e-8  # the continuous calibration's noise, to 1e-8
+    assert 2**51 < plan.noise_std / plan.quantum < 2**53  # the noise resolved to 52 bits
+    assert plan.curve == gaussian_curve_of(plan)
+
+
+def gaussian_curve_of(plan: PrivdprPlan) -> object:
+    from service.privacy.synthetic import gaussian_curve
+
+    return gaussian_curve(plan.multiplier, plan.steps)
 
 
 def test_uncorrected_sensitivity_is_caught_by_the_worst_case() -> None:
@@ -232,7 +297,8 @@ def test_uncorrected_calibration_is_caught() -> None:
     """Noise calibrated to the paper's Delta (no factor 2) certifies far more than the target
     when the real Delta_2 is used; the corrected std certifies the target."""
     plan = privdpr_plan(nodes=2708, epsilon=1.0, delta=1e-5, gamma=GAMMA, s=8.0, s_grad=5.0,
-                        start_nodes=16, walks=2, walk_length=16, epochs=5)  # fmt: skip
+                        start_nodes=16, walks=2, walk_length=16, epochs=5,
+                        embedding_dim=128)  # fmt: skip
     assert _independent_epsilon(plan.noise_std / plan.sensitivity, plan.steps, 1e-5) <= 1.01
     uncorrected_std = plan.multiplier * plan.sensitivity / 2.0
     achieved = _independent_epsilon(uncorrected_std / plan.sensitivity, plan.steps, 1e-5)
@@ -251,24 +317,9 @@ def test_paper_calibration_differs_from_the_code_by_t() -> None:
 # --- the run -------------------------------------------------------------------------------
 
 
-class _Recording:
-    """Wraps a generator and records every Gaussian draw's scale and shape."""
-
-    def __init__(self, rng: np.random.Generator) -> None:
-        self._rng = rng
-        self.normals: list[tuple[float, tuple[int, ...]]] = []
-
-    def normal(self, loc: float = 0.0, scale: float = 1.0, size: Any = None) -> Any:
-        shape = tuple(np.atleast_1d(size)) if size is not None else ()
-        self.normals.append((float(scale), shape))
-        return self._rng.normal(loc, scale, size)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._rng, name)
-
-
-def test_noise_on_every_row_and_output_is_a_simple_graph() -> None:
-    indptr, indices = _all_graphs(5)[1000]
+def test_noise_on_every_row_and_output_is_a_simple_graph(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     n = 20
     # a 20-node ring
     nbrs = [[(i - 1) % n, (i + 1) % n] for i in range(n)]
@@ -276,11 +327,16 @@ def test_noise_on_every_row_and_output_is_a_simple_graph() -> None:
     indices = np.array([j for x in nbrs for j in sorted(x)])
     params = PrivdprParams(embedding_dim=8, hidden_dim=4, start_nodes=4, walks=1,
                            walk_length=3, epochs=2, score_rounds=2)  # fmt: skip
-    recorder = _Recording(np.random.default_rng(5))
-    u, v, plan = privdpr_synthesize(indptr, indices, 1.0, params, recorder)  # type: ignore[arg-type]
-    noise = [(scale, shape) for scale, shape in recorder.normals if scale == plan.noise_std]
-    assert len(noise) == plan.steps
-    assert all(shape == (n, params.embedding_dim) for _, shape in noise)
+    drawn: list[tuple[int, int, int]] = []
+    real = privdpr.discrete_gaussian
+
+    def recording(rng: np.random.Generator, m: int, tau: int, count: int) -> np.ndarray:
+        drawn.append((m, tau, count))
+        return real(rng, m, tau, count)
+
+    monkeypatch.setattr(privdpr, "discrete_gaussian", recording)
+    u, v, plan = privdpr_synthesize(indptr, indices, 1.0, params, np.random.default_rng(5))
+    assert drawn == [(plan.noise_m, plan.noise_tau, n * params.embedding_dim)] * plan.steps
     assert np.all(u < v) and np.all(v < n)
     assert len(set(zip(u.tolist(), v.tolist(), strict=True))) == u.size
 

@@ -21,9 +21,11 @@ import re
 from pathlib import Path
 
 import pytest
+from alembic import command
 from sqlalchemy import create_engine, text
 
 from service.ledger import BudgetExhausted, DegreeCharge, Ledger, upgrade
+from service.ledger.database import alembic_config
 from service.ledger.records import Admission
 from service.privacy.accountant import RdpCurve, rdp_to_epsilon
 from service.privacy.curves import laplace_curve
@@ -186,7 +188,7 @@ def test_a_refund_takes_its_share_back(ledger: Ledger) -> None:
 
 def _revision_before_share() -> str:
     """The revision the sampler-share migration follows (it changes data only, so a ledger at
-    head with the old rows is a ledger at that revision)."""
+    0010's schema with the old rows is a ledger at that revision)."""
     path = Path(__file__).resolve().parents[1] / "migrations" / "versions" / "0010_sampler_share.py"
     match = re.search(r'^down_revision: str \| None = "([^"]+)"', path.read_text(), re.M)
     assert match is not None
@@ -214,6 +216,8 @@ def test_an_old_ledgers_count_charges_get_their_share_on_upgrade(ledger_url: str
         assert before == pytest.approx((bare + d_bare).epsilon(DELTA), rel=1e-12)
     finally:
         old.dispose()
+    # the schema of 0010 (the revisions after it change the schema, not these rows)
+    command.downgrade(alembic_config(ledger_url), "0010_sampler_share")
     engine = create_engine(ledger_url)
     with engine.begin() as conn:  # as a ledger of the revision before this one
         conn.execute(

@@ -59,7 +59,9 @@ class Mechanism(BaseModel):
     mode: Literal["personalized", "edge"]
     epsilon: float = Field(
         description="The guarantee this answer's noise gives at `delta` (for `popular`: the "
-        "degree release's, paid once per graph version by the graph-wide exposure)."
+        "degree release's, paid once per graph version by the graph-wide exposure; for "
+        "`synthetic_exact`: the synthetic release's, paid once by each account that receives "
+        "an answer computed from it)."
     )
     delta: float = Field(
         description="The delta of this answer's guarantee; for the Laplace count releases, "
@@ -109,6 +111,15 @@ class Mechanism(BaseModel):
     )
     degree_release: str | None = Field(
         None, description="popular, blended: how the degree release is charged."
+    )
+    release: str | None = Field(
+        None, description="synthetic_exact: the synthetic release the answer is computed from."
+    )
+    privacy_unit: str | None = Field(
+        None, description="synthetic_exact: what the release protects (`edge` or `node`)."
+    )
+    release_charge: str | None = Field(
+        None, description="synthetic_exact: how the release is charged to the accounts."
     )
     weight: float | None = Field(
         None, description="blended: weight of the common-neighbour signal the hold-out chose."
@@ -177,8 +188,8 @@ class PprAnswer(BaseModel):
     epsilon_charged: float = Field(description="Per-query epsilon charged now (0 on replays).")
     synthetic: bool | None = Field(
         None,
-        description="Present (true) only in a sandbox: the answer is about a synthetic "
-        "release, computed with charging off (docs/synthetic.md).",
+        description="Present (true) only in a sandbox: the answer is exact PPR on a synthetic "
+        "release, which each account receiving one pays for once (docs/synthetic.md).",
     )
 
     @classmethod

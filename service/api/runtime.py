@@ -34,7 +34,7 @@ from service.serving.prefix_tables import SharedPrefixTables
 from service.serving.rankings import DegreeReleases
 from service.serving.reconciler import Reconciler
 from service.synthetic.jobs import SynthesisRunner
-from service.synthetic.sandbox import SandboxQueries, synthetic_release_of
+from service.synthetic.sandbox import SandboxQueries, SandboxRules, synthetic_release_of
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,8 @@ class Runtime:
     similar: SimilarIndexHolder | None = None  # the all-node embedding release's index
     synthesis: SynthesisRunner = field(init=False)
     embeddings: EmbeddingQueryService = field(init=False)
-    #: Set when this worker serves a synthetic release as a sandbox (charging off).
+    #: Set when this worker serves a synthetic release as a sandbox (its answers exact, the
+    #: release charged once to each account that receives one).
     sandbox: SandboxQueries | None = None
 
     def __post_init__(self) -> None:
@@ -112,10 +113,11 @@ def sandbox_for(settings: Settings, ledger: Ledger) -> SandboxQueries | None:
     job = synthetic_release_of(settings.graph_path, ledger, required=True)
     assert job is not None
     log.warning(
-        "serving the synthetic release %s as a sandbox: charging is off, every answer is "
-        "marked synthetic", job.release_name,
+        "serving the synthetic release %s as a sandbox: every answer is marked synthetic, and "
+        "each account that receives one pays for the release once", job.release_name,
     )  # fmt: skip
-    return SandboxQueries(ledger, job, beta=settings.beta)
+    rules = SandboxRules.from_settings(settings)
+    return SandboxQueries(ledger, job, beta=settings.beta, rules=rules)
 
 
 def synthesis_runner(
@@ -268,9 +270,10 @@ def build_runtime(
         )
         graphs.start()  # records its version (or follows the recorded one): workers agree
         if node_set_origin(settings, graphs.source) == "derived_from_edges":
-            log.warning(
-                "no node list (PPR_NODES_PATH): the node set is derived from the edges, so "
-                "which nodes exist is treated as public (docs/privacy.md, 'The node set')"
+            # serve warns once, naming where the node count shows; each worker says it at info
+            log.info(
+                "the node set is derived from the edges (no PPR_NODES_PATH): it is public "
+                "(docs/privacy.md, 'The node set')"
             )
         tables = SharedPrefixTables(
             snapshot_dir, settings.prefix_table_bytes, settings, lambda: graphs.served,

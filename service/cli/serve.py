@@ -141,6 +141,12 @@ def run(args: argparse.Namespace) -> int:
         os.environ["PPR_GRAPH_IS_SYNTHETIC"] = "true"  # a known synthetic release: a sandbox
         settings = Settings()
     _configure_logs(settings)
+    # a sandbox's node set is its release's: public with it
+    derived = settings.nodes_path is None and settings.graph_path is not None
+    if derived and not settings.graph_is_synthetic:
+        from service.graph.node_set import node_count_warning
+
+        log.warning(node_count_warning())  # once, before any worker starts
     # Fail fast, with the command to run, before any worker starts; a database that does not
     # answer is an outage, not a mistake: the workers start and answer 503 until it returns.
     empty = False

@@ -188,19 +188,25 @@ def synthesize(
     epsilon: float,
     settings: SyntheticSettings,
     rng: np.random.Generator,
+    *,
+    noise: np.random.Generator | None = None,
 ) -> Edges:
+    """One synthetic graph: ``noise`` draws the method's releases (exact samplers only;
+    default ``rng``), ``rng`` everything else."""
     if method == "privdpr":
-        u, v, _ = privdpr_synthesize(csr.indptr, csr.indices, epsilon, settings.privdpr, rng)
+        u, v, _ = privdpr_synthesize(
+            csr.indptr, csr.indices, epsilon, settings.privdpr, rng, noise=noise
+        )
         return u, v
     if method == "communities":
         u, v, _, _ = community_synthesize(
-            csr.indptr, csr.indices, epsilon, settings.communities, rng
+            csr.indptr, csr.indices, epsilon, settings.communities, rng, noise=noise
         )
         return u, v
     if method == "chung_lu":
-        return chung_lu_synthesize(csr.indptr, epsilon, rng)
+        return chung_lu_synthesize(csr.indptr, epsilon, rng, noise=noise)
     if method == "erdos_renyi":
-        return erdos_renyi_synthesize(csr.indptr, epsilon, rng)
+        return erdos_renyi_synthesize(csr.indptr, epsilon, rng, noise=noise)
     raise ValueError(f"unknown method {method}")
 
 

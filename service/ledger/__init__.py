@@ -34,6 +34,7 @@ from service.ledger.records import (
     ReleaseKey,
     ServiceQuotaExhausted,
     StoredRelease,
+    SyntheticCharge,
     UnknownAccount,
 )
 
@@ -64,6 +65,7 @@ __all__ = [
     "ReleaseKey",
     "ServiceQuotaExhausted",
     "StoredRelease",
+    "SyntheticCharge",
     "UnknownAccount",
     "UnknownApiKey",
     "UnknownCharge",

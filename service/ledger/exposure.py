@@ -18,7 +18,7 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 from service.ledger.tables import (
-    DEGREE_RELEASE_CHARGE,
+    GRAPH_RELEASE_CHARGES,
     Budget,
     Charge,
     ExposureShard,
@@ -89,8 +89,9 @@ def exposure_report(
     with Session(engine) as session:
         groups: Any = session.execute(
             select(hour, Charge.mode, Charge.rdp, func.count(Charge.id))
-            # an account's degree-release charge is the graph release, counted below once
-            .where(Charge.state != "refunded", Charge.mechanism != DEGREE_RELEASE_CHARGE)
+            # an account's degree- or synthetic-release charge is the graph release, counted
+            # below once
+            .where(Charge.state != "refunded", Charge.mechanism.not_in(GRAPH_RELEASE_CHARGES))
             .group_by(hour, Charge.mode, Charge.rdp)
         ).all()
         graph_groups: Any = session.execute(

@@ -118,6 +118,21 @@ class GraphReleases(LedgerPart):
             )
         return None if rdp is None else RdpCurve.from_json(rdp)
 
+    def graph_release_cost(
+        self, graph_version: str, mechanism: str
+    ) -> tuple[float, RdpCurve] | None:
+        """The epsilon and curve stored with the live release of ``mechanism`` about
+        ``graph_version`` (what an account receiving it is charged), or None."""
+        with self._reading() as session:
+            row = session.execute(
+                select(GraphRelease.epsilon, GraphRelease.rdp).where(
+                    GraphRelease.graph_version == graph_version,
+                    GraphRelease.mechanism == mechanism,
+                    GraphRelease.state != "refunded",
+                )
+            ).one_or_none()
+        return None if row is None else (float(row.epsilon), RdpCurve.from_json(row.rdp))
+
     def _admit_graph_release(
         self, version: str, mechanism: str, epsilon: float, curve: RdpCurve, cap: GraphCap | None
     ) -> int | None:

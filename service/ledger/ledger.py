@@ -127,6 +127,7 @@ class Ledger(LedgerPart):
     graph_release = delegate("graph_releases", GraphReleases.graph_release)
     graph_release_state = delegate("graph_releases", GraphReleases.graph_release_state)
     graph_release_curve = delegate("graph_releases", GraphReleases.graph_release_curve)
+    graph_release_cost = delegate("graph_releases", GraphReleases.graph_release_cost)
     start_synthesis = delegate("synthesis", SynthesisJobs.start_synthesis)
     beat_synthesis = delegate("synthesis", SynthesisJobs.beat_synthesis)
     finish_synthesis = delegate("synthesis", SynthesisJobs.finish_synthesis)
@@ -151,6 +152,7 @@ class Ledger(LedgerPart):
         "stored_releases", StoredReleases.admitted_charges_for_keys
     )
     admit_degree_release = delegate("quota_and_degree", QuotaAndDegree.admit_degree_release)
+    admit_synthetic_release = delegate("quota_and_degree", QuotaAndDegree.admit_synthetic_release)
     admit_and_charge = delegate("admission", Admissions.admit_and_charge)
     admit = delegate("admission", Admissions.admit)
     admit_and_charge_many = delegate("admission", Admissions.admit_and_charge_many)

@@ -1,4 +1,6 @@
-"""A service account's 24-hour quota, and the charge for a graph version's degree release."""
+"""A service account's 24-hour quota, and the charges for the graph-wide releases an account
+receives: a graph version's degree release (``popular``, ``blended``) and a synthetic release
+(a sandbox's answers), each once per account."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from service.errors import ServiceError
 from service.ledger.idempotency import PopularQuery, bound_query
 from service.ledger.ledger_rows import (
     ADMISSION_RTOL,
@@ -26,11 +29,13 @@ from service.ledger.records import (
     DegreeReceipt,
     IdempotencyKeyReused,
     ServiceQuotaExhausted,
+    SyntheticCharge,
 )
 from service.ledger.reports import Reports
 from service.ledger.tables import (
     DEGREE_RELEASE_CHARGE,
     POPULAR_BINDING,
+    SYNTHETIC_RELEASE_CHARGE,
     Charge,
     utcnow,
 )
@@ -43,6 +48,13 @@ from service.privacy.orders import GRID_VERSION
 
 #: The rolling window of a service account's spending quota.
 QUOTA_WINDOW = timedelta(hours=24)
+
+
+class UnknownSyntheticRelease(ServiceError):
+    """The synthetic release a sandbox serves is not a live release of this ledger."""
+
+    code = "not_a_synthetic_release"
+    status = 422
 
 
 @dataclass(frozen=True)
@@ -226,14 +238,19 @@ class QuotaAndDegree(LedgerPart):
                 if held is not None:
                     if held != query:
                         raise IdempotencyKeyReused()
-                    return DegreeReceipt(_view(account, account), charged=False, replayed=True)
+                    return DegreeReceipt(
+                        _view(account, account), charged=False, replayed=True,
+                        epsilon=float(degree.epsilon),
+                    )  # fmt: skip
             writes = AdmissionWrites()
             now = utcnow()
             paid = self._degree_charge_id(session, a.charged_account_id, degree)
             if paid is not None:
                 self._bind_popular(writes, a.principal_account_id, a.idempotency_key, paid, query)
                 writes.finish(session)
-                return DegreeReceipt(_view(account, account), charged=False)
+                return DegreeReceipt(
+                    _view(account, account), charged=False, epsilon=float(degree.epsilon)
+                )
             spent = _spent_curve(account)
             composed = spent + degree.curve
             if composed.epsilon(account.delta) > account.cap_epsilon * (1.0 - ADMISSION_RTOL):
@@ -251,7 +268,9 @@ class QuotaAndDegree(LedgerPart):
             account.last_charge_at = now
             writes.changed_account(account)
             writes.finish(session)
-            return DegreeReceipt(_view(account, account, composed), charged=True)
+            return DegreeReceipt(
+                _view(account, account, composed), charged=True, epsilon=float(degree.epsilon)
+            )
 
     @staticmethod
     def _bind_popular(
@@ -281,3 +300,112 @@ class QuotaAndDegree(LedgerPart):
             .order_by(Charge.id)
             .limit(1)
         )
+
+    # -- a synthetic release ------------------------------------------------------------------
+
+    def admit_synthetic_release(
+        self,
+        *,
+        charged_account_id: int,
+        principal_account_id: int,
+        seed: str,
+        mode: str,
+        release: SyntheticCharge,
+        request_id: str,
+        quota_epsilon: float | None = None,
+    ) -> DegreeReceipt:
+        """Admit a sandbox answer computed from a synthetic release: free when the account has
+        paid for this release, else the release's charge (its recorded curve) is admitted like
+        any (the cap at the account's delta, the principal's quota) and committed, released
+        at once, or refused with :class:`BudgetExhausted` writing nothing.
+
+        The lookup runs under the account's spend-row lock and a partial unique index
+        (``uq_charges_synthetic_release_live``) backs it, so concurrent requests on any number
+        of workers charge the release once. Like a degree-release charge it is never refunded
+        and not added to an exposure shard (the release is counted there once already)."""
+        attempts = 3
+        while True:
+            attempts -= 1
+            try:
+                return self._admit_synthetic_release(
+                    charged_account_id, principal_account_id, seed, mode, release, request_id,
+                    quota_epsilon,
+                )  # fmt: skip
+            except IntegrityError:  # a concurrent transaction charged it first: read it
+                if attempts == 0:
+                    raise
+            except (BudgetExhausted, ServiceQuotaExhausted) as refusal:
+                self._reports.record_refusal(
+                    refusal.code,
+                    charged_account_id=charged_account_id,
+                    principal_account_id=principal_account_id,
+                    mode=mode,
+                    epsilon=float(refusal.details.get("query_epsilon", 0.0)),
+                )
+                raise
+
+    def _admit_synthetic_release(
+        self,
+        charged_account_id: int,
+        principal_account_id: int,
+        seed: str,
+        mode: str,
+        release: SyntheticCharge,
+        request_id: str,
+        quota_epsilon: float | None,
+    ) -> DegreeReceipt:
+        with self._writing() as session:
+            account = self._lock_account(session, charged_account_id)
+            row = self._live_graph_release(session, release.graph_version, release.release_name)
+            if row is None or row.state != "released":
+                raise UnknownSyntheticRelease(
+                    f"the synthetic release {release.release_name} is not a released graph "
+                    "release of this ledger"
+                )
+            epsilon = float(row.epsilon)
+            paid = session.scalar(
+                select(Charge.id)
+                .where(
+                    Charge.charged_account_id == charged_account_id,
+                    Charge.mechanism == SYNTHETIC_RELEASE_CHARGE,
+                    Charge.graph_release_id == row.id,
+                    Charge.state != "refunded",
+                )
+                .limit(1)
+            )
+            if paid is not None:
+                return DegreeReceipt(_view(account, account), charged=False, epsilon=epsilon)
+            curve = RdpCurve.from_json(row.rdp)
+            spent = _spent_curve(account)
+            composed = spent + curve
+            if composed.epsilon(account.delta) > account.cap_epsilon * (1.0 - ADMISSION_RTOL):
+                raise BudgetExhausted(_view(account, account, spent), epsilon)
+            now = utcnow()
+            if quota_epsilon is not None and principal_account_id != charged_account_id:
+                self._check_quota(session, principal_account_id, quota_epsilon, epsilon, now)
+            writes = AdmissionWrites()
+            writes.add_charge(
+                created_at=now,
+                charged_account_id=charged_account_id,
+                principal_account_id=principal_account_id,
+                seed=seed,
+                mechanism=SYNTHETIC_RELEASE_CHARGE,
+                mode=mode,
+                params={"release": release.release_name, "epsilon": epsilon},
+                epsilon=epsilon,
+                rdp=curve.to_json(),
+                pure_epsilon=curve.pure,
+                grid_version=GRID_VERSION,
+                graph_version=release.graph_version,
+                request_id=request_id,
+                idempotency_key=None,
+                state="released",
+                release_key=None,
+                exposure_shard=0,
+                graph_release_id=row.id,
+            )
+            _set_spend(account, account, composed, account.charges + 1)
+            account.last_charge_at = now
+            writes.changed_account(account)
+            writes.finish(session)
+            return DegreeReceipt(_view(account, account, composed), charged=True, epsilon=epsilon)

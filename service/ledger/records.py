@@ -70,13 +70,25 @@ class DegreeCharge:
 
 
 @dataclass(frozen=True)
+class SyntheticCharge:
+    """A synthetic release (a finished synthesis run: the graph release ``release_name`` about
+    ``graph_version``), as an account pays for it: once, the first time it receives a sandbox
+    answer computed from it. The curve charged is the one the release was recorded with."""
+
+    graph_version: str
+    release_name: str
+
+
+@dataclass(frozen=True)
 class DegreeReceipt:
-    """The outcome of :meth:`Ledger.admit_degree_release`: the budget after it, and whether
-    this call charged the release (False: the account had paid for this version already)."""
+    """The outcome of :meth:`Ledger.admit_degree_release` (or ``admit_synthetic_release``):
+    the budget after it, the epsilon of the release, and whether this call charged it (False:
+    the account had paid for this release already)."""
 
     budget: BudgetView
     charged: bool
     replayed: bool = False  # the Idempotency-Key was bound to this same popular query already
+    epsilon: float = 0.0  # the release's epsilon (charged or not)
 
 
 @dataclass(frozen=True)

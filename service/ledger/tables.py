@@ -181,6 +181,14 @@ _LIVE = "state <> 'refunded'"
 #: graph-wide exposure (``graph_releases``), so these charges are not added to its shards.
 DEGREE_RELEASE_CHARGE = "degree_release"
 _DEGREE_LIVE = f"mechanism = '{DEGREE_RELEASE_CHARGE}' AND state <> 'refunded'"
+#: The ``mechanism`` of the charge an account pays, once per synthetic release, for receiving
+#: sandbox answers computed from it (``graph_release_id`` names the release). Like the degree
+#: release's, its curve is the graph release's, counted once in the graph-wide exposure.
+SYNTHETIC_RELEASE_CHARGE = "synthetic_release"
+_SYNTHETIC_LIVE = f"mechanism = '{SYNTHETIC_RELEASE_CHARGE}' AND state <> 'refunded'"
+#: The charges that pay for a graph-wide release an account received (no ``releases`` row of
+#: their own; not added to the exposure shards: the graph release is there once already).
+GRAPH_RELEASE_CHARGES = (DEGREE_RELEASE_CHARGE, SYNTHETIC_RELEASE_CHARGE)
 
 
 class Charge(Base):
@@ -212,6 +220,15 @@ class Charge(Base):
             sqlite_where=text(_DEGREE_LIVE),
             postgresql_where=text(_DEGREE_LIVE),
         ),
+        # An account pays for a synthetic release at most once.
+        Index(
+            "uq_charges_synthetic_release_live",
+            "charged_account_id",
+            "graph_release_id",
+            unique=True,
+            sqlite_where=text(_SYNTHETIC_LIVE),
+            postgresql_where=text(_SYNTHETIC_LIVE),
+        ),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -238,6 +255,10 @@ class Charge(Base):
     #: Which graph-wide exposure shard row this charge was added to.
     exposure_shard: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
     settled_at: Mapped[datetime | None] = mapped_column(Timestamp, nullable=True)
+    #: ``synthetic_release`` charges: the graph release (the synthetic release) paid for.
+    graph_release_id: Mapped[int | None] = mapped_column(
+        ForeignKey("graph_releases.id"), nullable=True
+    )
 
 
 class Refund(Base):

@@ -22,7 +22,9 @@ from sqlalchemy.orm import Session
 from service.ledger.tables import (
     DEGREE_RELEASE_CHARGE,
     EXPOSURE_SHARDS,
+    GRAPH_RELEASE_CHARGES,
     POPULAR_BINDING,
+    SYNTHETIC_RELEASE_CHARGE,
     Account,
     Budget,
     Charge,
@@ -147,8 +149,18 @@ def _check_states(session: Session, report: VerifyReport) -> None:
             "released charge without a stored release",
             select(Charge.id).where(
                 Charge.state == "released",
-                Charge.mechanism != DEGREE_RELEASE_CHARGE,  # its release is a graph release
+                Charge.mechanism.not_in(GRAPH_RELEASE_CHARGES),  # its release is a graph release
                 ~select(Release.charge_id).where(Release.charge_id == Charge.id).exists(),
+            ),
+        ),
+        (
+            "synthetic-release charge that names no released graph release",
+            select(Charge.id).where(
+                Charge.mechanism == SYNTHETIC_RELEASE_CHARGE,
+                Charge.state != "refunded",
+                ~select(GraphRelease.id)
+                .where(GraphRelease.id == Charge.graph_release_id, GraphRelease.state == "released")
+                .exists(),
             ),
         ),
         (
@@ -269,9 +281,10 @@ def _check_exposure(session: Session, report: VerifyReport) -> None:
     # from the stored total, so the total's rounding is that of the larger sum it came from
     gross = [RdpCurve.zero() for _ in range(EXPOSURE_SHARDS)]
     counts = [0] * EXPOSURE_SHARDS
-    # an account's degree-release charge is the graph release's curve, counted there once
+    # an account's degree- or synthetic-release charge is the graph release's curve, counted
+    # there once
     charges = select(Charge.exposure_shard, Charge.rdp, Charge.state).where(
-        Charge.mechanism != DEGREE_RELEASE_CHARGE
+        Charge.mechanism.not_in(GRAPH_RELEASE_CHARGES)
     )
     graph = select(GraphRelease.exposure_shard, GraphRelease.rdp, GraphRelease.state)
     for stmt in (charges, graph):

@@ -4,9 +4,9 @@ Two generators, two DIFFERENT promises (docs/synthetic.md says which is which, s
 
 - ``privdpr`` (Zhang et al., KDD 2025, with spec-synthetic-graph.md's corrections) is (eps, delta)
   NODE-level DP, bounded relation (N public): a neighbouring graph replaces all of one node's
-  edges. Every step adds Gaussian noise to the batch sum of per-pair gradients of the embedding
-  matrix V; the sum's norm is bounded uniformly over ALL graphs on N nodes, so the guarantee even
-  holds between any two graphs with N nodes.
+  edges. Every step adds (discrete) Gaussian noise to the batch sum of per-pair gradients of the
+  embedding matrix V; the sum's norm is bounded uniformly over ALL graphs on N nodes, so the
+  guarantee even holds between any two graphs with N nodes.
 - ``communities`` (ours) is pure eps EDGE-level DP: neighbouring graphs differ in one edge. It is
   the composition of Laplace releases of counts whose l1 sensitivity to one edge is 2.
 
@@ -18,6 +18,17 @@ PrivDPR's calibration (spec, "Corrections [ours]" and step 5 "[ours, recommended
     std     = z * Delta_2,  z the smallest multiplier whose T-fold Gaussian RDP, T alpha/(2 z^2),
               converts to <= eps at delta with the ledger's conversion (rounded up).
 
+The noise is an EXACT discrete Gaussian on an integer quantization of the sum [ours]
+(:func:`privdpr_quantization`): each step releases q + Z, q = round(S / quantum) for the batch
+sum S (every coordinate to the nearest integer), kept in the l2 ball of radius sqrt(R2) (set to
+0 outside it), Z ~ N_Z(0, sigma^2)^d with sigma^2 = m 2^tau >= z^2 (2 sqrt(R2))^2. Two graphs'
+q are within 2 sqrt(R2) =: Delta_int in l2, so each step is alpha / (2 z^2)-RDP (the discrete
+Gaussian's curve is at most the continuous one's, service.privacy.discrete_gaussian) and the
+run's curve is the same T alpha / (2 z^2). With S_max = B_max G_pair the largest norm of S and
+quantum = S_max z / 2^51 (so the noise's scale is 2^52 quanta), ||q|| <= ||S|| / quantum +
+sqrt(d) / 2 <= sqrt(R2): the ball is never reached, and the noise in S's units is quantum sigma
+= z Delta_2 (1 + z sqrt(d) 2^-52) (1 + 2^-52): the continuous calibration's to ~1e-9.
+
 The depth L is the paper's MINIMUM depth (Eq. 13): the smallest integer with
 B_max M s^-(L+1) <= S_grad / T. With the noise calibrated to the actual Delta_2, L affects only
 the numerics (and the signal-to-noise ratio, which is at most B_max G_pair / std), not privacy.
@@ -27,10 +38,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from fractions import Fraction
 
 from service.errors import InvalidParameter
 from service.privacy.accountant import RdpCurve, rdp_to_epsilon
 from service.privacy.curves import laplace_curve
+from service.privacy.discrete_gaussian import discrete_gaussian_parameters
 from service.privacy.orders import ORDERS
 
 #: Noise multipliers are rounded up to this many significant digits.
@@ -132,9 +145,38 @@ def paper_noise_std(epsilon: float, delta: float, steps: int, s_grad: float) -> 
     return s_grad * math.sqrt(2.0 * math.log(1.25 * steps / delta)) / (epsilon / steps)
 
 
+#: The discrete Gaussian's scale in units of the quantum is about 2^NOISE_BITS: the released
+#: integers resolve the noise to 52 bits, as finely as float64 resolves it.
+NOISE_BITS = 52
+#: The largest sum / quantum (so that the integer sum plus the noise fits in 63 bits).
+_MAX_SIGNAL = 2**60
+
+
+def privdpr_quantization(
+    sum_bound: float, coordinates: int, multiplier: float
+) -> tuple[float, int]:
+    """(quantum, R2) for a sum of l2 norm at most ``sum_bound`` over ``coordinates`` = d
+    coordinates, noised at ``multiplier`` = z times its sensitivity: quantum = sum_bound /
+    min(2^51 / z, 2^60), so the noise's scale z 2 sum_bound is about 2^52 quanta; R2 =
+    floor((sum_bound / quantum + ceil(sqrt(d)) / 2)^2), exactly, the square of the largest norm
+    round(S / quantum) can have (||round(x) - x||_2 <= sqrt(d) / 2)."""
+    if not (math.isfinite(sum_bound) and sum_bound > 0) or coordinates < 1:
+        raise InvalidParameter("coordinates", "a positive sum bound and >= 1 coordinate")
+    z = Fraction(_positive("noise multiplier", multiplier))
+    signal = min(Fraction(2 ** (NOISE_BITS - 1)) / z, Fraction(_MAX_SIGNAL))
+    quantum = sum_bound / float(signal)
+    radius = Fraction(sum_bound) / Fraction(quantum) + Fraction(math.isqrt(coordinates - 1) + 1, 2)
+    return quantum, math.floor(radius * radius)
+
+
 @dataclass(frozen=True)
 class PrivdprPlan:
-    """Everything PrivDPR's noise and the ledger need, fixed before any data is touched."""
+    """Everything PrivDPR's noise and the ledger need, fixed before any data is touched.
+
+    ``sensitivity`` is Delta_2 in the gradient's units; the release is in units of
+    ``quantum``: the quantized sum, kept within norm sqrt(``radius_squared``), plus the
+    discrete Gaussian of variance ``noise_m`` 2^``noise_tau`` >= (multiplier Delta_int)^2,
+    Delta_int = 2 sqrt(radius_squared) (``integer_sensitivity``)."""
 
     nodes: int
     steps: int
@@ -142,9 +184,18 @@ class PrivdprPlan:
     max_pairs: int
     sensitivity: float
     multiplier: float
-    noise_std: float
+    noise_std: float  # in the gradient's units: quantum sqrt(noise_m 2^noise_tau)
     epsilon: float
     delta: float
+    coordinates: int
+    quantum: float
+    radius_squared: int
+    noise_m: int
+    noise_tau: int
+
+    @property
+    def integer_sensitivity(self) -> float:
+        return 2.0 * math.sqrt(self.radius_squared)
 
     @property
     def curve(self) -> RdpCurve:
@@ -168,9 +219,11 @@ def privdpr_plan(
     walks: int,
     walk_length: int,
     epochs: int,
+    embedding_dim: int,
 ) -> PrivdprPlan:
     """The corrected calibration: T = epochs * floor(N / b) fixed in advance, L from Eq. 13
-    with B = B_max, Delta_2 with the factor 2 and exact norms, z by the accountant."""
+    with B = B_max, Delta_2 with the factor 2 and exact norms, z by the accountant; the
+    quantization of the N x ``embedding_dim`` sum and the discrete Gaussian's variance."""
     if start_nodes < 1 or start_nodes > nodes:
         raise InvalidParameter("batch", f"start nodes per batch must be in [1, {nodes}]")
     if walks < 1 or walk_length < 1 or epochs < 1:
@@ -180,6 +233,12 @@ def privdpr_plan(
     depth = privdpr_min_depth(nodes, gamma, s, s_grad, max_pairs, steps)
     sensitivity = privdpr_sensitivity(nodes, gamma, s ** (-(depth + 1)), max_pairs)
     z = calibrate_gaussian_multiplier(epsilon, delta, steps)
+    if embedding_dim < 1:
+        raise InvalidParameter("embedding_dim", "the embedding has at least one dimension")
+    coordinates = nodes * embedding_dim
+    quantum, radius_squared = privdpr_quantization(sensitivity / 2.0, coordinates, z)
+    # sigma^2 >= z^2 Delta_int^2 = z^2 4 R2, exactly (z is a binary fraction)
+    m, tau = discrete_gaussian_parameters(Fraction(z) ** 2 * 4 * radius_squared)
     return PrivdprPlan(
         nodes=nodes,
         steps=steps,
@@ -187,9 +246,14 @@ def privdpr_plan(
         max_pairs=max_pairs,
         sensitivity=sensitivity,
         multiplier=z,
-        noise_std=z * sensitivity,
+        noise_std=quantum * math.sqrt(m * 2.0**tau),
         epsilon=float(epsilon),
         delta=float(delta),
+        coordinates=coordinates,
+        quantum=quantum,
+        radius_squared=radius_squared,
+        noise_m=m,
+        noise_tau=tau,
     )
 
 

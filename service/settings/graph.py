@@ -24,8 +24,9 @@ class GraphSettings(BaseSettings):
     )
     graph_is_synthetic: bool = Field(
         False,
-        description="Serve a synthetic release as a sandbox: no charges, every answer marked "
-        "synthetic; the graph file must be a synthetic release the ledger recorded.",
+        description="Serve a synthetic release as a sandbox: exact answers marked synthetic, "
+        "the release charged once to each account that receives one; the graph file must be a "
+        "synthetic release the ledger recorded.",
     )
     graph_dir: Path | None = Field(
         None,

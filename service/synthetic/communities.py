@@ -3,7 +3,9 @@
 Privacy unit: ONE EDGE (pure eps edge-level DP). PrivDPR's is one NODE with all its edges
 ((eps, delta) node-level DP): not the same promise; docs/synthetic.md puts them side by side.
 
-Releases (all Laplace, split by :func:`service.privacy.synthetic.community_plan`):
+Releases (all Laplace, split by :func:`service.privacy.synthetic.community_plan`; drawn by
+the project's exact sampler on a grid, :mod:`service.synthetic.noise`: pure DP as planned,
+delta 0; :func:`community_release` makes them, :func:`community_graph` is the rest):
 
 1. probe: |E| + Lap(1 / eps_probe). The rounds run only where they can pay off: when a group
    cell's expected count, (released mean degree) / groups, is at least ``min_signal`` times
@@ -47,6 +49,7 @@ from service.privacy.synthetic import (
 )
 from service.synthetic.anchors import anchor_threshold
 from service.synthetic.blocks import Targets, layered_graph
+from service.synthetic.noise import noisy_count, noisy_counts
 from service.synthetic.order_shrinkage import DEFAULT_HALF_WINDOW, order_shrunk_degrees
 from service.synthetic.sampling import block_configuration, denoise_degrees
 from service.synthetic.triangles import in_block_edges, public_block_size, truncated_triangles
@@ -134,106 +137,170 @@ def _indicator(groups: np.ndarray, k: int) -> sp.csr_matrix:
     return sp.csr_matrix((np.ones(n), (np.arange(n), groups)), shape=(n, k))
 
 
-def community_synthesize(
+@dataclass(frozen=True)
+class CommunityRelease:
+    """What ``communities`` releases about the graph (every number drawn by the exact sampler,
+    :mod:`service.synthetic.noise`), and the public choices it was drawn with. Everything the
+    generator does after :func:`community_release` reads this and public data only."""
+
+    plan: CommunityPlan  # the plan used (the rounds' budget moved to the degrees if skipped)
+    nodes: int
+    edges: float  # |E| + Lap(1 / eps_probe)
+    triangles: float | None  # truncated triangle count + Lap(2 (D - 1) / eps_t), or None
+    in_block: float | None  # in-block edge count + Lap(1 / eps_l), or None
+    block_size: int  # the in-block count's block length (from the released edge count)
+    degrees: np.ndarray  # d + Lap(2 / eps_d)
+    degree_scale: float
+    groups: np.ndarray  # the partition of the last round (all zeros without rounds)
+    counts: np.ndarray | None  # the last round's node-by-group counts + Lap(2 / eps_r)
+    priority: np.ndarray  # the projection's public random node order
+
+    @property
+    def mean_degree(self) -> float:
+        return 2.0 * max(self.edges, 0.0) / max(self.nodes, 1)
+
+
+def community_release(
     indptr: np.ndarray,
     indices: np.ndarray,
     epsilon: float,
     params: CommunityParams,
-    rng: np.random.Generator,
-) -> tuple[np.ndarray, np.ndarray, CommunityPlan, dict[str, Any]]:
-    """Synthetic edges (internal indices, ``u < v``), the plan actually used and a summary of
-    what was released-derived (safe to show: functions of the releases only)."""
+    noise: np.random.Generator,
+    public: np.random.Generator,
+) -> CommunityRelease:
+    """The releases (the graph -> noisy numbers), in order, each with its share of eps.
+
+    ``noise`` draws the Laplace noise, by the exact sampler only (raw words); ``public`` draws
+    what is chosen without the data: the projection's node order and the first partition. The
+    decisions between releases (skipping the rounds, the block size, each round's partition)
+    read earlier releases only."""
     n = int(indptr.size - 1)
     plan = params.plan(epsilon)
     degrees = np.diff(indptr).astype(np.float64)
-    adjacency = sp.csr_matrix((np.ones(indices.size), indices, indptr), shape=(n, n))
-
-    edges_released = degrees.sum() / 2.0 + rng.laplace(
-        0.0, EDGE_COUNT_SENSITIVITY / plan.probe_epsilon
+    edges = noisy_count(
+        float(degrees.sum() / 2.0), EDGE_COUNT_SENSITIVITY / plan.probe_epsilon, noise
     )
-    mean_degree = 2.0 * max(edges_released, 0.0) / max(n, 1)
+    mean_degree = 2.0 * max(edges, 0.0) / max(n, 1)
     signal = mean_degree / params.groups * plan.round_epsilon / GROUP_COUNT_SENSITIVITY
     if signal < params.min_signal:
         plan = plan.without_rounds()
 
-    triangles_released = None
-    priority = rng.permutation(n)  # drawn without the data: the projection's neighbour order
+    priority = public.permutation(n)  # drawn without the data: the projection's neighbour order
+    triangles = None
     if plan.triangle_epsilon > 0.0:
-        triangles_released = truncated_triangles(
-            indptr, indices, priority, plan.triangle_bound
-        ) + rng.laplace(0.0, plan.triangle_sensitivity / plan.triangle_epsilon)
-
-    size = public_block_size(mean_degree, params.block_cap)  # from the probe: post-processing
-    in_block_released = None
-    if plan.locality_epsilon > 0.0:
-        in_block_released = in_block_edges(indptr, indices, size) + rng.laplace(
-            0.0, LOCALITY_SENSITIVITY / plan.locality_epsilon
+        truncated = truncated_triangles(indptr, indices, priority, plan.triangle_bound)
+        triangles = noisy_count(
+            float(truncated), plan.triangle_sensitivity / plan.triangle_epsilon, noise
         )
-    use_triangles = triangles_released is not None and triangles_released >= (
-        params.count_min_signal * plan.triangle_sensitivity / max(plan.triangle_epsilon, 1e-300)
-    )
-    use_in_block = in_block_released is not None and in_block_released >= (
-        params.count_min_signal * LOCALITY_SENSITIVITY / max(plan.locality_epsilon, 1e-300)
-    )
-
+    size = public_block_size(mean_degree, params.block_cap)  # from the probe: post-processing
+    in_block = None
+    if plan.locality_epsilon > 0.0:
+        in_block = noisy_count(
+            float(in_block_edges(indptr, indices, size)),
+            LOCALITY_SENSITIVITY / plan.locality_epsilon,
+            noise,
+        )
     degree_scale = DEGREE_SENSITIVITY / plan.degree_epsilon
-    noisy = degrees + rng.laplace(0.0, degree_scale, n)
-    rank_by, order_weight = None, -1.0
-    if params.order_window > 0:
-        rank_by, order_weight = order_shrunk_degrees(noisy, degree_scale, params.order_window)
-    target = denoise_degrees(
-        noisy,
-        2.0 * max(edges_released, 0.0),
-        rng,
-        params.min_degree,
-        degree_scale if params.deconvolve else None,
-        rank_by,
-    )
+    noisy = noisy_counts(degrees, degree_scale, noise)
 
     k = params.groups if plan.rounds else 1
-    groups = rng.integers(0, k, n)
+    groups = public.integers(0, k, n)  # the first partition: drawn without the data
+    counts = None
+    if plan.rounds:
+        adjacency = sp.csr_matrix((np.ones(indices.size), indices, indptr), shape=(n, n))
+        for r in range(plan.rounds):
+            exact = (adjacency @ _indicator(groups, k)).toarray()
+            counts = noisy_counts(exact, GROUP_COUNT_SENSITIVITY / plan.round_epsilon, noise)
+            if r < plan.rounds - 1:  # the next partition, from this round's release
+                volume = np.maximum(counts.sum(axis=0), 1.0)
+                groups = np.argmax(counts / volume, axis=1)
+    return CommunityRelease(
+        plan=plan, nodes=n, edges=edges, triangles=triangles, in_block=in_block,
+        block_size=size, degrees=noisy, degree_scale=degree_scale, groups=groups,
+        counts=counts, priority=priority,
+    )  # fmt: skip
+
+
+def community_graph(
+    release: CommunityRelease, params: CommunityParams, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """The synthetic graph from the releases (post-processing: ``rng`` draws the random
+    rounding of the degrees and the graph's layers) and a summary of what was derived from
+    them (safe to show: functions of the releases only)."""
+    plan = release.plan
+    rank_by, order_weight = None, -1.0
+    if params.order_window > 0:
+        rank_by, order_weight = order_shrunk_degrees(
+            release.degrees, release.degree_scale, params.order_window
+        )
+    target = denoise_degrees(
+        release.degrees,
+        2.0 * max(release.edges, 0.0),
+        rng,
+        params.min_degree,
+        release.degree_scale if params.deconvolve else None,
+        rank_by,
+    )
+    k = params.groups if plan.rounds else 1
+    groups = release.groups
     mixing = np.ones((1, 1))
-    for r in range(plan.rounds):
-        counts = (adjacency @ _indicator(groups, k)).toarray()
-        counts += rng.laplace(0.0, GROUP_COUNT_SENSITIVITY / plan.round_epsilon, counts.shape)
-        if r < plan.rounds - 1:
-            volume = np.maximum(counts.sum(axis=0), 1.0)
-            groups = np.argmax(counts / volume, axis=1)
-        else:
-            positive = np.maximum(counts, 0.0)
-            block = _indicator(groups, k).T @ positive  # k x k, row g: stubs of g towards h
-            block = (block + block.T) / 2.0
-            mixing = block / np.maximum(block.sum(axis=1, keepdims=True), 1e-12)
-            mixing[block.sum(axis=1) <= 0] = 1.0 / k
+    if release.counts is not None:
+        positive = np.maximum(release.counts, 0.0)
+        block = _indicator(groups, k).T @ positive  # k x k, row g: stubs of g towards h
+        block = (block + block.T) / 2.0
+        mixing = block / np.maximum(block.sum(axis=1, keepdims=True), 1e-12)
+        mixing[block.sum(axis=1) <= 0] = 1.0 / k
 
     def rest(d: np.ndarray, r: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         return block_configuration(d, groups, mixing, r)
 
+    triangles, in_block = release.triangles, release.in_block
+    use_triangles = triangles is not None and triangles >= (
+        params.count_min_signal * plan.triangle_sensitivity / max(plan.triangle_epsilon, 1e-300)
+    )
+    use_in_block = in_block is not None and in_block >= (
+        params.count_min_signal * LOCALITY_SENSITIVITY / max(plan.locality_epsilon, 1e-300)
+    )
     targets = Targets(  # a count below the signal rule leaves its layer out: post-processing
-        triangles=triangles_released if use_triangles else None,
+        triangles=triangles if use_triangles else None,
         triangle_bound=plan.triangle_bound,
-        priority=priority,
-        in_block=in_block_released if use_in_block else None,
-        block_size=size,
+        priority=release.priority,
+        in_block=in_block if use_in_block else None,
+        block_size=release.block_size,
         anchor_min=anchor_threshold(target, params.anchor_factor)
-        if params.anchors and k == 1 and mean_degree <= params.anchor_max_mean_degree
+        if params.anchors and k == 1 and release.mean_degree <= params.anchor_max_mean_degree
         else None,
     )
     (u, v), fitted = layered_graph(target, targets, params.block_cap, rest, rng, groups)
     summary = {
         "groups": int(k),
         "rounds": int(plan.rounds),
-        "released_edges": float(round(edges_released, 3)),
-        "released_triangles": None
-        if triangles_released is None
-        else float(round(triangles_released, 3)),
-        "released_in_block": None
-        if in_block_released is None
-        else float(round(in_block_released, 3)),
-        "block_size": int(size),
+        "released_edges": float(round(release.edges, 3)),
+        "released_triangles": None if triangles is None else float(round(triangles, 3)),
+        "released_in_block": None if in_block is None else float(round(in_block, 3)),
+        "block_size": int(release.block_size),
         "band": float(round(fitted["band"], 6)),
         "affinity": float(round(fitted["affinity"], 6)),
         "anchored": None if fitted["anchored"] < 0 else float(round(fitted["anchored"], 6)),
         "order_weight": None if order_weight < 0 else float(round(order_weight, 6)),
     }
-    return u, v, plan, summary
+    return u, v, summary
+
+
+def community_synthesize(
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    epsilon: float,
+    params: CommunityParams,
+    rng: np.random.Generator,
+    *,
+    noise: np.random.Generator | None = None,
+) -> tuple[np.ndarray, np.ndarray, CommunityPlan, dict[str, Any]]:
+    """Synthetic edges (internal indices, ``u < v``), the plan actually used and a summary of
+    what was released-derived. ``noise`` draws the releases (exact sampler; default ``rng``),
+    ``rng`` the public choices and the post-processing."""
+    release = community_release(
+        indptr, indices, epsilon, params, rng if noise is None else noise, rng
+    )
+    u, v, summary = community_graph(release, params, rng)
+    return u, v, release.plan, summary

@@ -8,9 +8,11 @@ NODE-level (eps, delta)-DP, bounded relation (N public). The accounting is in
 2. Per-pair loss (Eq. 5) on (start node, visited node) pairs of R_wn walks of length R_wl from
    b start nodes per batch (the spec's [code] reading): at most B_max = b R_wn R_wl pairs.
 3. T = epochs * floor(N / b) steps, fixed in advance (no early stopping). Each step: W takes a
-   noise-free Adam step; the batch sum of the V-gradients gets Normal(0, std^2) on EVERY row
-   of the N x r matrix (zero rows included), std = z * Delta_2; V takes an Adam step on
-   the noised sum / B_max.
+   noise-free Adam step; the batch sum of the V-gradients is released (:func:`noisy_sum`):
+   quantized to integers in units of the plan's quantum, kept in its l2 ball, plus EXACT
+   discrete Gaussian noise (:mod:`service.mechanisms.discrete_gaussian`, raw random words
+   only) on EVERY coordinate of the N x r matrix (zero rows included), of std z * Delta_2 (1 +
+   2^-10) in the gradient's units; V takes an Adam step on the released sum / B_max.
 4. Scores: at ``score_rounds`` evenly spaced steps (the spec allows sampling S every k steps:
    post-processing, free) every node i draws j ~ softmax_j(v_i . v_j) by Gumbel-max over row
    blocks of V V^T, and S[i, j] += 1.
@@ -19,12 +21,17 @@ NODE-level (eps, delta)-DP, bounded relation (N public). The accounting is in
    S_sym until E* = |{i < j : S_sym[i, j] > 0}| edges (a function of S only; never the true |E|).
 
 Nothing computed from the noise-free W (loss values, W itself) leaves this module: the only
-outputs are the synthetic edges, a function of the noised V and fresh randomness.
+outputs are the synthetic edges, a function of the noised V and fresh randomness. The release
+draws (the discrete Gaussian) come from the ``noise`` generator alone; the rest of the run's
+randomness (initialisation, batch order, walks, score sampling, the graph) from ``rng``: it is
+chosen without the data or is post-processing, and the bound on the released sums holds for
+every value of it.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,6 +39,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from service.errors import InvalidParameter
+from service.mechanisms.discrete_gaussian import discrete_gaussian
 from service.privacy.synthetic import PrivdprPlan, privdpr_plan
 
 Progress = Callable[[int, int], None]
@@ -95,6 +103,7 @@ class PrivdprParams:
             walks=self.walks,
             walk_length=self.walk_length,
             epochs=self.epochs,
+            embedding_dim=self.embedding_dim,
         )
 
 
@@ -309,6 +318,53 @@ def graph_from_scores(
     return edges[:, 0], edges[:, 1]
 
 
+# --- the release of one step --------------------------------------------------------------
+
+
+def _within(q: np.ndarray, radius_squared: int) -> bool:
+    """sum(q^2) <= radius_squared, decided exactly: by the float64 sum when its error bound
+    decides (entries below 2^53 convert exactly; the sum of d nonnegative terms is within a
+    relative (d + 1) 2^-53 / (1 - (d + 1) 2^-53) of the exact one), else in integers."""
+    flat = q.ravel()
+    values = flat.astype(np.float64)
+    approx = float(np.dot(values, values))
+    slack = 4.0 * (flat.size + 2) * 2.0**-53
+    if approx * (1.0 + slack) < float(radius_squared) * (1.0 - 2.0**-50):
+        return True
+    return sum(int(x) * int(x) for x in flat.tolist()) <= radius_squared
+
+
+def quantized_sum(total: np.ndarray, plan: PrivdprPlan) -> np.ndarray:
+    """q = round(total / quantum), nearest integer per coordinate, as int64; replaced by 0 if
+    its exact norm passes sqrt(radius_squared) (never: the bound on the sum keeps it inside,
+    but the privacy proof does not rely on that: every q released is in the ball)."""
+    scaled = np.asarray(total, dtype=np.float64) / plan.quantum
+    limit = math.isqrt(plan.radius_squared)
+    if np.all(np.isfinite(scaled)) and np.all(np.abs(scaled) < limit + 0.5):
+        rounded = np.rint(scaled).astype(np.int64)
+        if _within(rounded, plan.radius_squared):
+            return rounded
+    return np.zeros(scaled.shape, dtype=np.int64)
+
+
+#: |noise| at or above this would let q + noise leave int64 (|q| < 2^61 by the plan).
+_NOISE_LIMIT = 2**62
+
+
+def noisy_sum(total: np.ndarray, plan: PrivdprPlan, noise: np.random.Generator) -> np.ndarray:
+    """One step's release, in ``total``'s units: :func:`quantized_sum` q plus the exact discrete
+    Gaussian Z ~ N_Z(0, noise_m 2^noise_tau) on every coordinate, the integer q + Z (exact in
+    int64), then times quantum (post-processing of q + Z). ``noise`` is read through its raw
+    words only. A draw |Z| >= 2^62 (probability below e^-500000 at the plan's scale of about
+    2^52) raises OverflowError rather than release a value off the law."""
+    q = quantized_sum(total, plan)
+    drawn = discrete_gaussian(noise, plan.noise_m, plan.noise_tau, int(q.size)).reshape(q.shape)
+    if drawn.size and int(np.max(np.abs(drawn))) >= _NOISE_LIMIT:
+        raise OverflowError("a discrete Gaussian draw left the range of the released sum")
+    released: np.ndarray = (q + drawn).astype(np.float64) * plan.quantum
+    return released
+
+
 # --- the whole run -------------------------------------------------------------------------
 
 
@@ -319,8 +375,13 @@ def privdpr_synthesize(
     params: PrivdprParams,
     rng: np.random.Generator,
     progress: Progress | None = None,
+    *,
+    noise: np.random.Generator | None = None,
 ) -> tuple[np.ndarray, np.ndarray, PrivdprPlan]:
-    """A synthetic graph on the same N nodes (internal indices ``u < v``) and the plan used."""
+    """A synthetic graph on the same N nodes (internal indices ``u < v``) and the plan used.
+    ``noise`` draws the releases (the exact discrete Gaussian; default ``rng``), ``rng`` the
+    rest."""
+    noise = rng if noise is None else noise
     n = int(indptr.size - 1)
     plan = params.plan(n, epsilon)
     degrees = np.diff(indptr)
@@ -351,8 +412,8 @@ def privdpr_synthesize(
             for k in range(len(mlp.weights)):  # noise-free W: never leaves this function
                 adam_w[k].step(mlp.weights[k], grad_w[k] / plan.max_pairs)
                 adam_c[k].step(mlp.biases[k], grad_c[k] / plan.max_pairs)
-            grad_v += rng.normal(0.0, plan.noise_std, grad_v.shape)  # every row
-            adam_v.step(embeddings, grad_v / plan.max_pairs)
+            released = noisy_sum(grad_v, plan, noise)  # every row
+            adam_v.step(embeddings, released / plan.max_pairs)
             if step in score_at:
                 sampled.append(sample_scores(embeddings, rng))
             if progress is not None:

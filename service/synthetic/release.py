@@ -13,8 +13,10 @@ The file is written to a 0600 temporary file in the target directory and renamed
 
 Methods:
 
-- ``privdpr``: node-level (eps, delta)-DP, charged its Gaussian RDP curve;
-- ``communities``: edge-level pure eps-DP, charged the sum of its Laplace curves;
+- ``privdpr``: node-level (eps, delta)-DP, charged its Gaussian RDP curve (its noise an exact
+  discrete Gaussian);
+- ``communities``: edge-level pure eps-DP, charged the sum of its Laplace curves (drawn by the
+  exact rounded-Laplace sampler);
 - ``chung_lu``: post-processing of the service's degree release (``PPR_POPULAR_EPSILON``):
   charged nothing itself; recorded with epsilon 0 and the name of the release it reuses (making
   that degree release, if it does not exist yet, is charged as the degree release).
@@ -203,10 +205,14 @@ def run_job(
     progress: Progress | None = None,
     rng_factory: Callable[[], np.random.Generator],
     heartbeat_seconds: float = 5.0,
+    noise_factory: Callable[[], np.random.Generator] | None = None,
 ) -> tuple[SyntheticRelease, bytes]:
     """Draw a started job while beating its heartbeat (with its progress), then store its
     payload and mark it done. Any failure (an interrupt included) refunds it and marks it
-    failed; a run whose release was settled under it stops with :class:`JobAbandoned`."""
+    failed; a run whose release was settled under it stops with :class:`JobAbandoned`.
+
+    The generator's releases draw from ``noise_factory()`` (default ``rng_factory``), through
+    the exact samplers only; its public choices and post-processing from ``rng_factory()``."""
     params = dict(plan.parameters)
     fraction: list[float] = [0.0]
 
@@ -226,15 +232,18 @@ def run_job(
                     progress(done, total)
 
             rng = rng_factory()
+            noise = rng_factory if noise_factory is None else noise_factory
             note = ""
             if request.method == "privdpr":
                 u, v, _ = privdpr_synthesize(
-                    graph.indptr, graph.indices, request.epsilon, request.privdpr, rng, step
-                )
+                    graph.indptr, graph.indices, request.epsilon, request.privdpr, rng, step,
+                    noise=noise(),
+                )  # fmt: skip
             elif request.method == "communities":
                 u, v, _, summary = community_synthesize(
-                    graph.indptr, graph.indices, request.epsilon, request.communities, rng
-                )
+                    graph.indptr, graph.indices, request.epsilon, request.communities, rng,
+                    noise=noise(),
+                )  # fmt: skip
                 params.update(summary)
             else:
                 if degrees is None:
@@ -293,9 +302,11 @@ def synthesize_release(
     progress: Progress | None = None,
     rng_factory: Callable[[], np.random.Generator],
     heartbeat_seconds: float = 5.0,
+    noise_factory: Callable[[], np.random.Generator] | None = None,
 ) -> SyntheticRelease:
     """Admit, charge, draw, store, then write ``out`` (the command line's run). ``degrees``
-    returns the service's degree release and its ledger name (``chung_lu`` only)."""
+    returns the service's degree release and its ledger name (``chung_lu`` only);
+    ``noise_factory`` as :func:`run_job`."""
     plan = plan_request(request, graph)
     check_output_path(out)
     if request.method == "chung_lu" and degrees is None:
@@ -304,6 +315,7 @@ def synthesize_release(
     release, text = run_job(
         ledger, job, graph, request, plan, degrees=degrees, progress=progress,
         rng_factory=rng_factory, heartbeat_seconds=heartbeat_seconds,
+        noise_factory=noise_factory,
     )  # fmt: skip
     write_atomically(out, text)
     return release

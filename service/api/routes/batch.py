@@ -75,7 +75,6 @@ def ppr_batch(
         items,
         lambda answer: {"results": [{"node": r.node, "score": r.score} for r in answer.results]},
         body.mode,
-        charging=runtime.sandbox is None,
     )
     request.state.epsilon_charged = charged
     request.state.outcome = "batch"
@@ -104,12 +103,10 @@ def item_bodies(
     items: list[BatchItem[_A]],
     fields: Callable[[_A], dict[str, Any]],
     mode: Mode,
-    *,
-    charging: bool = True,
 ) -> tuple[list[dict[str, Any]], float]:
     """A batch's items as answered (``node``, the answer's ``fields``, ``replayed`` and
     ``epsilon_charged``; or ``node`` and ``error``) and the epsilon they were charged in total,
-    counted in the metrics (``charging`` false: a sandbox, where nothing is charged)."""
+    counted in the metrics."""
     out: list[dict[str, Any]] = []
     charged = 0.0
     for item in items:
@@ -130,7 +127,7 @@ def item_bodies(
         )
         if answer.replayed:
             REPLAYS.labels("batch").inc()
-        elif charging:
+        else:
             charged += answer.epsilon_charged
             CHARGES.labels(mode.value).inc()
             EPSILON_CHARGED.labels(mode.value).inc(answer.epsilon_charged)

@@ -63,7 +63,7 @@ ModeQuery = Annotated[Mode, Query(description="`personalized` or `edge`")]
 def _not_in_sandbox(runtime: Runtime) -> None:
     if runtime.sandbox is not None:
         raise Forbidden(
-            "this server answers on a synthetic release (sandbox, charging off); embeddings "
+            "this server answers on a synthetic release (a sandbox); embeddings "
             "are served by the service on its graph only"
         )
 

@@ -111,17 +111,15 @@ async def ppr(
         request_id=request.state.request_id,
         mechanism=mechanism,
     )
-    if runtime.sandbox is not None:  # a synthetic release, charging off
+    if runtime.sandbox is not None:  # a synthetic release, paid for once per account
         answer = await run_in_threadpool(runtime.sandbox.answer, query)
     elif runtime.coalescer is not None:  # with the queries around it, on the event loop
         answer = await runtime.coalescer.answer(query)
     else:
         answer = await run_in_threadpool(runtime.queries.answer, query)
+    count_answer(request, answer, mode, idempotency_key)
     if runtime.sandbox is not None:
-        request.state.epsilon_charged = answer.epsilon_charged
         request.state.outcome = "synthetic"
-    else:
-        count_answer(request, answer, mode, idempotency_key)
     # Serialized here, once: the model is already validated (FastAPI would dump it, validate
     # the dump again and dump that; the schema still comes from response_model).
     shown = PprAnswer.of(answer)

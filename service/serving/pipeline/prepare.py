@@ -110,32 +110,13 @@ class Preparer:
         return self._charged_account(principal, node, mode, graph)
 
     def _charged_account(self, principal: Principal, node: str, mode: Mode, graph: Graph) -> int:
-        if principal.type == "admin":
-            raise Forbidden("admin accounts manage budgets and cannot query")
-        if principal.type == "user":
-            if principal.node_id != node:
-                raise Forbidden("a user account may query only its own node")
-            return principal.account_id
-        if principal.type == "service":
-            if mode.value not in principal.modes:
-                self.ledger.record_refusal(
-                    ModeNotAllowed.code, principal_account_id=principal.account_id, mode=mode.value
-                )
-                raise ModeNotAllowed(
-                    f"this service account may query in {', '.join(principal.modes)} mode only; "
-                    f"an admin must grant {mode.value!r} (accounts set-scopes --modes)",
-                    details={"mode": mode.value, "modes": list(principal.modes)},
-                )
-            if mode is Mode.EDGE:
-                return principal.account_id  # shared answers: every edge protected, paid by caller
-            allow_create = self.create_seed_accounts and principal.may_create_seed_accounts
-            return self.ledger.user_account_for_node(
-                node,
-                create=allow_create,
-                cap_epsilon=self.mechanism.default_cap_epsilon,
-                delta=self.mechanism.account_delta,
-            )
-        raise Forbidden(f"account type {principal.type!r} cannot query")
+        if principal.type == "user" and principal.node_id != node:
+            raise Forbidden("a user account may query only its own node")
+        m = self.mechanism
+        return charged_account(
+            self.ledger, principal, node, mode, create_seed_accounts=self.create_seed_accounts,
+            cap_epsilon=m.default_cap_epsilon, delta=m.account_delta,
+        )  # fmt: skip
 
     # -- before admission -----------------------------------------------------------------
 
@@ -227,6 +208,46 @@ class Preparer:
                 self._deltas.clear()
             self._deltas[account_id] = hit
         return hit[0]
+
+
+def charged_account(
+    ledger: Ledger,
+    principal: Principal,
+    node: str,
+    mode: Mode,
+    *,
+    create_seed_accounts: bool,
+    cap_epsilon: float,
+    delta: float,
+) -> int:
+    """The account an answer about ``node`` to ``principal`` in ``mode`` is charged to, or its
+    refusal: a user pays for itself; a service account for itself in ``edge`` mode and, when
+    granted ``personalized``, charges the seed user's account (created on first charge only if
+    both the account and ``create_seed_accounts`` allow it, with ``cap_epsilon`` and
+    ``delta``); an admin cannot query. (Which nodes a user may ask about is the caller's rule.)"""
+    if principal.type == "admin":
+        raise Forbidden("admin accounts manage budgets and cannot query")
+    if principal.type == "user":
+        return principal.account_id
+    if principal.type == "service":
+        if mode.value not in principal.modes:
+            ledger.record_refusal(
+                ModeNotAllowed.code, principal_account_id=principal.account_id, mode=mode.value
+            )
+            raise ModeNotAllowed(
+                f"this service account may query in {', '.join(principal.modes)} mode only; "
+                f"an admin must grant {mode.value!r} (accounts set-scopes --modes)",
+                details={"mode": mode.value, "modes": list(principal.modes)},
+            )
+        if mode is Mode.EDGE:
+            return principal.account_id  # shared answers: every edge protected, paid by caller
+        return ledger.user_account_for_node(
+            node,
+            create=create_seed_accounts and principal.may_create_seed_accounts,
+            cap_epsilon=cap_epsilon,
+            delta=delta,
+        )
+    raise Forbidden(f"account type {principal.type!r} cannot query")
 
 
 def mechanism_dict(plan: DiffusionPlan) -> dict[str, Any]:
