@@ -42,6 +42,7 @@ OLD_REVISIONS = [
     "0007_synthesis_jobs",
     "0008_popular_key_bindings",
     "0009_embedding_salts",
+    "0010_sampler_share",
 ]
 
 

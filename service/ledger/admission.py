@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from contextlib import suppress
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
@@ -30,7 +30,6 @@ from service.ledger.records import (
     BudgetExhausted,
     BudgetView,
     ChargeReceipt,
-    ChargeSettled,
     GraphBudgetExhausted,
     GraphCap,
     IdempotencyKeyReused,
@@ -39,7 +38,7 @@ from service.ledger.records import (
 )
 from service.ledger.reports import Reports
 from service.ledger.settlement import Settlement
-from service.ledger.tables import EXPOSURE_SHARDS
+from service.ledger.tables import EXPOSURE_SHARDS, utcnow
 from service.ledger.unit_of_work import (
     LedgerPart,
     UnitOfWork,
@@ -321,10 +320,12 @@ class Admissions(LedgerPart):
         return outcomes
 
     def _reconcile_stale_twin(self, stale: _StaleTwin) -> None:
-        """Refund an in-flight twin that outlived ``stale_after_seconds`` without a release
-        (its worker died between charge and answer), in its own transaction. If it was
-        released meanwhile, the admission that starts again joins its release."""
-        with suppress(ChargeSettled):
-            self._settlement.refund(
-                stale.charge_id, reason=f"reconciled: no release {stale.age:.0f} s after admission"
-            )
+        """Refund an in-flight twin whose last sign of life is older than
+        ``stale_after_seconds`` without a release (its worker died between charge and answer),
+        in its own transaction. If it was released (or beat) meanwhile, the admission that
+        starts again joins it."""
+        self._settlement.refund_if_stale(
+            stale.charge_id,
+            utcnow() - timedelta(seconds=stale.stale_after_seconds),
+            reason=f"reconciled: no release {stale.age:.0f} s after admission",
+        )

@@ -24,7 +24,7 @@ from sqlalchemy import Table, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from service.ledger.idempotency import EarlierCharge, bound_charges
-from service.ledger.locked_rows import NewCharge
+from service.ledger.locked_rows import NewCharge, charge_last_sign
 from service.ledger.records import Admission, BudgetView, ChargeReceipt, ReleaseKey
 from service.ledger.tables import Charge, Release
 
@@ -32,7 +32,10 @@ CHARGES = cast(Table, Charge.__table__)
 RELEASES = cast(Table, Release.__table__)
 
 _TWINS = select(
-    CHARGES.c.id, CHARGES.c.charged_account_id, CHARGES.c.release_key, CHARGES.c.created_at
+    CHARGES.c.id,
+    CHARGES.c.charged_account_id,
+    CHARGES.c.release_key,
+    charge_last_sign.label("last_sign"),
 ).where(
     CHARGES.c.charged_account_id.in_(bindparam("accounts", expanding=True)),
     CHARGES.c.release_key.in_(bindparam("digests", expanding=True)),
@@ -156,7 +159,7 @@ def _read_twins(
     for row in session.execute(_TWINS, params):
         pair = (int(row.charged_account_id), str(row.release_key))
         if pair in wanted and (pair not in newest or newest[pair].id < int(row.id)):
-            newest[pair] = EarlierCharge(int(row.id), pair[0], row.created_at)
+            newest[pair] = EarlierCharge(int(row.id), pair[0], row.last_sign)
     return newest
 
 

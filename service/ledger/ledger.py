@@ -141,6 +141,7 @@ class Ledger(LedgerPart):
     store_releases = delegate("settlement", Settlement.store_releases)
     charge_state = delegate("settlement", Settlement.charge_state)
     reconcile = delegate("settlement", Settlement.reconcile)
+    beat_charges = delegate("settlement", Settlement.beat_charges)
     find_release = delegate("stored_releases", StoredReleases.find_release)
     release_for_charge = delegate("stored_releases", StoredReleases.release_for_charge)
     release_for_idempotency_key = delegate(

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Table, bindparam, insert, select, update
+from sqlalchemy import CursorResult, Table, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from service.ledger.tables import (
@@ -85,11 +85,31 @@ _SETTLE = (
 )
 
 
-def settle(session: Session, charge_id: int, state: str, now: datetime) -> int:
+#: A charge's last sign of life: its heartbeat, or its admission if it never beat.
+charge_last_sign = func.coalesce(CHARGES.c.heartbeat_at, CHARGES.c.created_at)
+_SETTLE_STALE = _SETTLE.where(
+    charge_last_sign < bindparam("stale_before", type_=CHARGES.c.created_at.type)
+)
+
+
+def settle(
+    session: Session,
+    charge_id: int,
+    state: str,
+    now: datetime,
+    *,
+    stale_before: datetime | None = None,
+) -> int:
     """Move a charge from ``admitted`` to ``state``; 1 if it moved, 0 if it was settled
     already. The conditional UPDATE is what makes a release and a refund of one charge
-    exclusive."""
-    result = session.execute(_SETTLE, {"charge_id": charge_id, "new_state": state, "now": now})
+    exclusive. With ``stale_before`` (a refund by a reconciler), it moves only if its last
+    sign of life (heartbeat, else admission) is older than that, in the same statement: a
+    heartbeat committed first keeps it admitted."""
+    values = {"charge_id": charge_id, "new_state": state, "now": now}
+    if stale_before is None:
+        result = session.execute(_SETTLE, values)
+    else:
+        result = session.execute(_SETTLE_STALE, {**values, "stale_before": stale_before})
     return int(cast(CursorResult[Any], result).rowcount)
 
 

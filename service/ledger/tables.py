@@ -238,6 +238,11 @@ class Charge(Base):
     #: Which graph-wide exposure shard row this charge was added to.
     exposure_shard: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
     settled_at: Mapped[datetime | None] = mapped_column(Timestamp, nullable=True)
+    #: The answering process's last sign of life while the charge is ``admitted`` (a long
+    #: batch refreshes it while its items are drawn); the reconciler, and an identical query
+    #: finding it in flight, refund an admitted charge only once this (or ``created_at``, if
+    #: it never beat) is older than their limit.
+    heartbeat_at: Mapped[datetime | None] = mapped_column(Timestamp, nullable=True)
 
 
 class Refund(Base):

@@ -50,7 +50,7 @@ from service.privacy.laplace import LaplacePlan
 from service.serving.embedding_schemas import EmbeddingAnswer, EmbeddingRequest
 from service.serving.embedding_spaces import EmbeddingSpaces
 from service.serving.pipeline.errors import IdempotencyKeyReused
-from service.serving.pipeline.group import GroupAnswers, Run
+from service.serving.pipeline.group import GroupAnswers, Run, own_charges
 from service.serving.ppr_query import PprQueryService
 from service.serving.schemas import QueryRequest
 
@@ -117,6 +117,7 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
         self._replaying = queries.replaying
         self.admitting = queries.admitting
         self.storing = queries.storing
+        self.live = queries.live
 
     # -- one request --------------------------------------------------------------------------
 
@@ -138,8 +139,9 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
         joined = self._replaying.join_twin_of(p, receipt, self._admit, self._replay_pending)
         if isinstance(joined, EmbeddingAnswer):
             return joined
-        stored = self._draw(p, joined)
-        self.storing.store(stored, p.req)  # before the answer leaves the process, or none
+        with self.live.holding(own_charges([joined])):
+            stored = self._draw(p, joined)
+            self.storing.store(stored, p.req)  # before the answer leaves the process, or none
         return self.fresh_answer(p, joined, stored)
 
     # -- before admission ---------------------------------------------------------------------

@@ -19,12 +19,13 @@ from service.ledger.ledger import Ledger
 from service.ledger.records import Admission, ChargeReceipt, StoredRelease
 from service.mechanisms.engine import DiffusionEngine
 from service.serving.graph_holder import GraphHolder
+from service.serving.live_charges import LiveCharges
 from service.serving.pipeline.admit import Admitter
 from service.serving.pipeline.answer import PopularAnswers, fresh_answer
 from service.serving.pipeline.draw import Drawer
 from service.serving.pipeline.errors import IdempotencyKeyReused as IdempotencyKeyReused
 from service.serving.pipeline.errors import RequestInProgress as RequestInProgress
-from service.serving.pipeline.group import GroupAnswers, Run
+from service.serving.pipeline.group import GroupAnswers, Run, own_charges
 from service.serving.pipeline.items import Admitted, Pending, ToBind
 from service.serving.pipeline.policy import AdmissionPolicy
 from service.serving.pipeline.prefixes import PrefixProvider
@@ -94,6 +95,9 @@ class PprQueryService(GroupAnswers[QueryRequest, Pending, ToBind, Answer]):
             note_budget=self.replaying.note_budget, replay_store_top=replay_store_top,
         )  # fmt: skip
         self.storing = Storer(ledger, replays, ledger_group_max)
+        self.live = LiveCharges(
+            ledger.beat_charges, heartbeat_seconds=self.policy.heartbeat_seconds
+        )
 
     def validate(self, req: QueryRequest) -> float:
         """Check k, epsilon, the mechanism and the mode's options without answering; the
@@ -111,8 +115,9 @@ class PprQueryService(GroupAnswers[QueryRequest, Pending, ToBind, Answer]):
         joined = self.replaying.join_twin(p, receipt, self.admitting.admit)
         if isinstance(joined, Answer):
             return joined
-        stored = self.drawing.draw(p, joined)
-        self.storing.store(stored, p.req)  # before the answer leaves the process, or no answer
+        with self.live.holding(own_charges([joined])):
+            stored = self.drawing.draw(p, joined)
+            self.storing.store(stored, p.req)  # before the answer leaves, or no answer
         return fresh_answer(p, joined, stored)
 
     # -- a group (GroupAnswers.answer_many): the ranking's steps ------------------------------

@@ -16,10 +16,11 @@ and how an answer is made of a stored release; the order of the stages is this m
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
 from service.ledger.records import Admission, ChargeReceipt, StoredRelease
+from service.serving.live_charges import LiveCharges
 from service.serving.pipeline.admit import Admitter
 from service.serving.pipeline.items import A, Outcomes, Prepared
 from service.serving.pipeline.replay import split_twins
@@ -40,6 +41,8 @@ class GroupAnswers(ABC, Generic[R, P, B, A]):
 
     admitting: Admitter
     storing: Storer
+    #: The admitted charges still being answered, beating so that no reconciler refunds them.
+    live: LiveCharges
     #: The kind's classes of an answer, a query prepared for admission, a keyed replay to bind.
     answer_type: type[A]
     pending_type: type[P]
@@ -113,14 +116,15 @@ class GroupAnswers(ABC, Generic[R, P, B, A]):
         out: Outcomes[A] = Outcomes(len(reqs), on_ready)
         pending = self.prepare_many(reqs, out.settle)
         now, later = split_twins(self.admitting.admit_many(pending, out.settle, self.admission))
-        drawn = self.draw_group(now, run)
-        to_store = []
-        for (i, p, receipt), outcome in zip(now, drawn, strict=True):
-            if isinstance(outcome, StoredRelease):
-                to_store.append((i, p, receipt, outcome))
-            else:
-                out.settle(i, outcome)
-        errors = self.storing.store_many([(p.req, stored) for _, p, _, stored in to_store])
+        with self.live.holding(own_charges(receipt for _, _, receipt in now)):
+            drawn = self.draw_group(now, run)
+            to_store = []
+            for (i, p, receipt), outcome in zip(now, drawn, strict=True):
+                if isinstance(outcome, StoredRelease):
+                    to_store.append((i, p, receipt, outcome))
+                else:
+                    out.settle(i, outcome)
+            errors = self.storing.store_many([(p.req, stored) for _, p, _, stored in to_store])
         twins: dict[int, StoredRelease | BaseException] = {}
         for (i, p, receipt, stored), error in zip(to_store, errors, strict=True):
             out.put(i, error if error is not None else self.fresh_answer(p, receipt, stored))
@@ -161,3 +165,9 @@ class GroupAnswers(ABC, Generic[R, P, B, A]):
     ) -> A | BaseException:
         """The answer of a query that joined a twin of its own group, from the twin's
         release as stored (or the error that discarded it)."""
+
+
+def own_charges(receipts: Iterable[ChargeReceipt]) -> list[int]:
+    """The charges these admissions made (not a twin's or a key's earlier charge, which its
+    own process keeps alive): the ones this process must keep beating until stored."""
+    return [r.charge_id for r in receipts if not (r.reused or r.joined)]
