@@ -6,7 +6,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from service.bounds import ACCOUNT_TYPES, AccountType
-from service.errors import InvalidParameter
+from service.errors import InvalidParameter, shown
 from service.ledger.ledger_rows import (
     _account_record,
     _check_cap,
@@ -114,7 +114,7 @@ class Accounts(LedgerPart):
             existing = self.account_for_node(node_id) if node_id is not None else None
             if existing is not None:
                 raise AccountExists(
-                    f"node {node_id!r} already has a user account ({existing.account_id})",
+                    f"node {shown(node_id)} already has a user account ({existing.account_id})",
                     details={"node_id": node_id, "account_id": existing.account_id},
                 ) from exc
             raise
@@ -154,7 +154,7 @@ class Accounts(LedgerPart):
             return existing.account_id
         if not create:
             raise UnknownAccount(
-                f"no account for node {node!r}; an admin must create one "
+                f"no account for node {shown(node)}; an admin must create one "
                 f"(python -m service accounts create --type user --node {node})",
                 details={"node": node},
             )
