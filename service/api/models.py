@@ -289,7 +289,9 @@ class SetScopes(BaseModel):
     )
 
 
-class ExposureByMode(BaseModel):
+class ModeExposure(BaseModel):
+    """One mode's share of the graph-wide exposure."""
+
     epsilon: ComposedFigure
     charges: int
 
@@ -309,7 +311,7 @@ class Exposure(BaseModel):
     charges: int
     graph_releases: int
     cap_epsilon: float | None
-    by_mode: dict[str, ExposureByMode]
+    by_mode: dict[str, ModeExposure]
     series: list[ExposurePoint]
     shards_epsilon: ComposedFigure
 
