@@ -36,7 +36,7 @@ from service.ledger.records import (
     ReleaseKey,
     ServiceQuotaExhausted,
 )
-from service.ledger.reports import Reports
+from service.ledger.reports import RefusalRow, Reports, insert_refusals
 from service.ledger.settlement import Settlement
 from service.ledger.tables import EXPOSURE_SHARDS, utcnow
 from service.ledger.unit_of_work import (
@@ -210,20 +210,11 @@ class Admissions(LedgerPart):
                 self._reconcile_stale_twin(stale)  # rolled back: refund it, then start again
                 continue
             break
-        for a, result in zip(admissions, results, strict=True):
-            if isinstance(result, (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted)):
-                self._record_refused(a, result)
         return results
 
     def _record_refused(self, a: Admission, refusal: ServiceError) -> None:
         """The refusal of admission ``a`` in the refusals table (its own transaction)."""
-        self._reports.record_refusal(
-            refusal.code,
-            charged_account_id=a.charged_account_id,
-            principal_account_id=a.principal_account_id,
-            mode=a.mode,
-            epsilon=a.query_epsilon,
-        )
+        self._reports.record_refusals([_refusal_row(a, refusal)])
 
     def _admit_group_once(
         self, admissions: list[Admission], graph_cap: GraphCap | None, stale_after_seconds: float
@@ -234,6 +225,13 @@ class Admissions(LedgerPart):
                 session, admissions, graph_cap, stale_after_seconds, writes
             )
             writes.finish(session)  # the charges' ids, the spend and the shards
+            refused = [
+                _refusal_row(a, outcome)
+                for a, outcome in zip(admissions, outcomes, strict=True)
+                if isinstance(outcome, _REFUSALS)
+            ]
+            if refused:  # in this transaction: a refused group costs one write, not one each
+                insert_refusals(session, refused)
             results: list[ChargeReceipt | ServiceError] = []
             for outcome in outcomes:
                 if isinstance(outcome, tuple):
@@ -329,3 +327,13 @@ class Admissions(LedgerPart):
             utcnow() - timedelta(seconds=stale.stale_after_seconds),
             reason=f"reconciled: no release {stale.age:.0f} s after admission",
         )
+
+
+#: The refusals an admission keeps a row of (a reused key is bad input, not a refusal).
+_REFUSALS = (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted)
+
+
+def _refusal_row(a: Admission, refusal: ServiceError) -> RefusalRow:
+    return RefusalRow(
+        refusal.code, a.charged_account_id, a.principal_account_id, a.mode, a.query_epsilon
+    )

@@ -17,7 +17,8 @@ items left), drawn concurrently, stored in one, and none is answered before all 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,6 +119,7 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
         self.admitting = queries.admitting
         self.storing = queries.storing
         self.live = queries.live
+        self.refusals = queries.refusals
 
     # -- one request --------------------------------------------------------------------------
 
@@ -274,6 +276,9 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
         return self._replay(stored, p)
 
     # -- a group (GroupAnswers.answer_many): DP-IE's steps ------------------------------------
+
+    def group_reads(self, reqs: Sequence[EmbeddingRequest]) -> AbstractContextManager[None]:
+        return self._preparing.seed_accounts([(r.principal, r.node, r.mode) for r in reqs])
 
     def bind(
         self, items: list[_ToBind]

@@ -13,6 +13,9 @@ queries (a batch, or the single queries the coalescer gathers) is answered by
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+
 from service.cache.caches import ReplayCache
 from service.config import MechanismSettings
 from service.ledger.ledger import Ledger
@@ -32,6 +35,7 @@ from service.serving.pipeline.prefixes import PrefixProvider
 from service.serving.pipeline.prepare import MECHANISM_NAME as MECHANISM_NAME
 from service.serving.pipeline.prepare import Preparer
 from service.serving.pipeline.reads import ReadFigure
+from service.serving.pipeline.refusals import RefusalLog
 from service.serving.pipeline.replay import Replayer
 from service.serving.pipeline.store import Storer
 from service.serving.planner import DiffusionPlanner
@@ -78,7 +82,8 @@ class PprQueryService(GroupAnswers[QueryRequest, Pending, ToBind, Answer]):
         self.degree_releases = degree_releases or DegreeReleases(ledger, mechanism.popular_epsilon)
         # the stages, each after those it uses; ledger_group_max > 1: concurrent admissions
         # share one transaction, and so do concurrent release stores
-        reads = ReadFigure(ledger, self.policy)
+        self.refusals = RefusalLog(ledger)
+        reads = ReadFigure(ledger, self.policy, self.refusals)
         self.admitting = Admitter(ledger, self.policy, mechanism, self.planner, ledger_group_max)
         self.replaying = Replayer(ledger=ledger, replays=replays, reads=reads, policy=self.policy)
         popular = PopularAnswers(
@@ -89,6 +94,7 @@ class PprQueryService(GroupAnswers[QueryRequest, Pending, ToBind, Answer]):
             graphs=graphs, ledger=ledger, mechanism=mechanism, planner=self.planner,
             degree_releases=self.degree_releases, create_seed_accounts=create_seed_accounts,
             admitter=self.admitting, replayer=self.replaying, popular=popular,
+            refusals=self.refusals,
         )  # fmt: skip
         self.drawing = Drawer(
             engine=self.engine, prefixes=prefixes, ledger=ledger, reads=reads,
@@ -124,6 +130,9 @@ class PprQueryService(GroupAnswers[QueryRequest, Pending, ToBind, Answer]):
 
     def prepare(self, req: QueryRequest) -> Answer | Pending | ToBind:
         return self.preparing.prepare(req)
+
+    def group_reads(self, reqs: Sequence[QueryRequest]) -> AbstractContextManager[None]:
+        return self.preparing.seed_accounts([(r.principal, r.node, r.mode) for r in reqs])
 
     def bind(self, items: list[ToBind]) -> list[Answer | Pending | BaseException]:
         return self.preparing.bind(items)

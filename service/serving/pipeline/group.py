@@ -17,12 +17,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Generic, TypeVar
 
 from service.ledger.records import Admission, ChargeReceipt, StoredRelease
 from service.serving.live_charges import LiveCharges
 from service.serving.pipeline.admit import Admitter
 from service.serving.pipeline.items import A, Outcomes, Prepared
+from service.serving.pipeline.refusals import RefusalLog
 from service.serving.pipeline.replay import split_twins
 from service.serving.pipeline.store import Storer
 
@@ -43,6 +45,8 @@ class GroupAnswers(ABC, Generic[R, P, B, A]):
     storing: Storer
     #: The admitted charges still being answered, beating so that no reconciler refunds them.
     live: LiveCharges
+    #: Where refusals met while preparing are kept (a group's in one transaction).
+    refusals: RefusalLog
     #: The kind's classes of an answer, a query prepared for admission, a keyed replay to bind.
     answer_type: type[A]
     pending_type: type[P]
@@ -66,21 +70,23 @@ class GroupAnswers(ABC, Generic[R, P, B, A]):
         group's keyed replays bind their keys in one transaction; the rest go to admission."""
         pending: list[tuple[int, P]] = []
         to_bind: list[tuple[int, B]] = []
-        for i, req in enumerate(reqs):
-            try:
-                prepared = self.prepare(req)
-            except Exception as exc:
-                settle(i, exc)
-                continue
-            if isinstance(prepared, self.to_bind_type):
-                to_bind.append((i, prepared))
-            else:
-                self._sort_out(i, prepared, pending, settle)
-        if to_bind:
-            bound = self.bind([b for _, b in to_bind])
-            for (i, _), resolved in zip(to_bind, bound, strict=True):
-                self._sort_out(i, resolved, pending, settle)
-            pending.sort(key=lambda item: item[0])
+        # the group's refusals: one write at the end; its seed accounts: one read up front
+        with self.refusals.gathered(), self.group_reads(reqs):
+            for i, req in enumerate(reqs):
+                try:
+                    prepared = self.prepare(req)
+                except Exception as exc:
+                    settle(i, exc)
+                    continue
+                if isinstance(prepared, self.to_bind_type):
+                    to_bind.append((i, prepared))
+                else:
+                    self._sort_out(i, prepared, pending, settle)
+            if to_bind:
+                bound = self.bind([b for _, b in to_bind])
+                for (i, _), resolved in zip(to_bind, bound, strict=True):
+                    self._sort_out(i, resolved, pending, settle)
+                pending.sort(key=lambda item: item[0])
         return pending
 
     def _sort_out(
@@ -132,6 +138,10 @@ class GroupAnswers(ABC, Generic[R, P, B, A]):
         for i, p, receipt in later:
             out.put(i, self.from_twin_in_group(p, twins.get(receipt.charge_id)))
         return out.all()
+
+    def group_reads(self, reqs: Sequence[R]) -> AbstractContextManager[None]:
+        """What the kind reads once for a whole group while it is prepared (none here)."""
+        return nullcontext()
 
     @abstractmethod
     def prepare(self, req: R) -> A | P | B:
