@@ -97,3 +97,20 @@ def test_an_all_refused_batch_costs_the_same_few_transactions_at_any_size(
     assert costs[60] == costs[10] <= 4, costs  # before: one transaction per refused item
     assert _refusals(client, accounts.admin_key) == {way: 75}
     assert not ledger.list_charges(None, limit=10)
+
+
+def test_seed_accounts_are_read_together_only_for_nodes_of_the_graph(client: TestClient) -> None:
+    """A personalized batch's seed accounts are read in one query, but only for nodes of the
+    graph: an id PostgreSQL cannot hold (a NUL) is refused as an unknown node, never a 500."""
+    accounts = Accounts(client)
+    ledger = ledger_of(client)
+    for node in ("1", "2"):
+        ledger.create_account("user", node_id=node, cap_epsilon=10.0, delta=1e-6)
+    _, key = accounts.service(modes=["edge", "personalized"])
+    body = {"nodes": ["1", "a\x00b", "2", "no-such-node"], "mode": "personalized"}
+    response = client.post("/v1/ppr/batch", json=body, headers=bearer(key))
+    assert response.status_code == 200, response.text
+    items = response.json()["items"]
+    assert [item.get("error", {}).get("code") for item in items] == [
+        None, "unknown_node", None, "unknown_node",
+    ]  # fmt: skip

@@ -115,12 +115,14 @@ class Preparer:
     def seed_accounts(self, asked: Sequence[tuple[Principal, str, Mode]]) -> Iterator[None]:
         """While a group is prepared: the seed users' accounts that a service account's
         personalized queries charge, read in one query for the whole group instead of one
-        each (principal, node, mode per query; the others need none)."""
+        each (principal, node, mode per query; the others need none). Only nodes of the
+        graph are looked up: any other is refused before its account is asked for."""
+        graph = self.graphs.current
         nodes = [
             node
             for principal, node, mode in asked
             if principal.type == "service" and mode is Mode.PERSONALIZED
-            and mode.value in principal.modes
+            and mode.value in principal.modes and graph.has_node(node)
         ]  # fmt: skip
         if len(nodes) < 2:
             yield
