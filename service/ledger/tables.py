@@ -474,8 +474,9 @@ class ReadTotal(Base):
 
 class Refusal(Base):
     """A query the ledger refused (budget, quota, graph-wide cap or mode): kept so admins see
-    refusals by reason across every worker and restart. Written in its own transaction after
-    the refusal; nothing was charged."""
+    refusals by reason across every worker and restart. Nothing was charged. A group's
+    refusals at admission are written in the admission's own transaction, those met while a
+    group is prepared in one transaction at its end, a lone query's in one of its own."""
 
     __tablename__ = "refusals"
     __table_args__ = (Index("ix_refusals_created_at", "created_at"),)
