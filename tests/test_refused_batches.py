@@ -114,3 +114,24 @@ def test_seed_accounts_are_read_together_only_for_nodes_of_the_graph(client: Tes
     assert [item.get("error", {}).get("code") for item in items] == [
         None, "unknown_node", None, "unknown_node",
     ]  # fmt: skip
+
+
+def test_a_group_counts_its_own_charges_against_the_service_quota(client: TestClient) -> None:
+    """The quota window is read once per group and the group adds what it charges: a quota of
+    0.45 with 0.2 already charged admits exactly two more items of 0.1 in the next batch and
+    refuses the rest, as one transaction per item would."""
+    accounts = Accounts(client)
+    ledger = ledger_of(client)
+    for node in range(8):
+        ledger.create_account("user", node_id=str(node), cap_epsilon=10.0, delta=1e-6)
+    _, key = accounts.service(modes=["edge", "personalized"], quota_epsilon=0.45)
+    body: dict[str, Any] = {"mode": "personalized", "epsilon": 0.1, "fresh": True,
+                            "mechanism": "noisy_diffusion"}  # fmt: skip
+    first = client.post("/v1/ppr/batch", json={**body, "nodes": ["0", "1"]}, headers=bearer(key))
+    assert [i.get("error") for i in first.json()["items"]] == [None, None], first.text
+    second = client.post(
+        "/v1/ppr/batch", json={**body, "nodes": ["2", "3", "4", "5", "6"]}, headers=bearer(key)
+    )
+    codes = [i.get("error", {}).get("code") for i in second.json()["items"]]
+    assert codes == [None, None] + ["service_quota_exhausted"] * 3, second.text
+    assert len(ledger.list_charges(None, limit=100)) == 4

@@ -263,7 +263,7 @@ class Admissions(LedgerPart):
         writes: AdmissionWrites,
     ) -> list[ChargeReceipt | ServiceError | ReceiptOfNewCharge | tuple[NewCharge, BudgetView]]:
         charged = sorted({a.charged_account_id for a in admissions})
-        accounts = {account: self._lock_account(session, account) for account in charged}
+        accounts = self._lock_accounts(session, charged)  # ascending, a few statements
         principals = sorted(
             {
                 a.principal_account_id

@@ -134,6 +134,7 @@ class AdmissionRules(LedgerPart):
             self._quota_and_degree._check_quota(
                 session, a.principal_account_id, a.quota_epsilon, epsilon, now,
                 lock=not principal_locked,
+                windows=None if reads is None else reads.quota_windows,
             )  # fmt: skip
         shard = add_exposure(query_curve)
         charge = writes.add_charge(
@@ -163,6 +164,12 @@ class AdmissionRules(LedgerPart):
                 a.request_id, now,
             )  # fmt: skip
             charges += 1
+        if quota and reads is not None:  # what the group charged counts in its window
+            window = reads.quota_windows.get(a.principal_account_id)
+            if window is not None:  # as the rows would read: the query's, its degree charge
+                window.append((now, float(a.query_epsilon)))
+                if degree is not None:
+                    window.append((now, float(degree.epsilon)))
         if a.idempotency_key is not None:
             writes.bind(a.principal_account_id, a.idempotency_key, charge, "charged", now)
             if reads is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import cast
 
 from sqlalchemy import Table, bindparam, func, select
@@ -99,6 +100,9 @@ class GroupReads:
         self._by_key = by_key
         self._new_twins: dict[tuple[int, str], NewCharge] = {}
         self._new_by_key: dict[tuple[int, str], NewCharge | EarlierCharge] = {}
+        #: Each quota-checked principal's 24-hour window (charge time, epsilon), read at its
+        #: first check in the group and added to as the group charges under its lock.
+        self.quota_windows: dict[int, list[tuple[datetime, float]]] = {}
 
     @classmethod
     def read(cls, session: Session, admissions: Iterable[Admission]) -> GroupReads:

@@ -154,6 +154,28 @@ def lock_account(session: Session, account_id: int) -> LockedAccount | None:
     return None if row is None else LockedAccount(row)
 
 
+_LOCK_ACCOUNTS = (
+    select(SPEND, BUDGETS.c.cap_epsilon, BUDGETS.c.delta)
+    .join_from(SPEND, BUDGETS, BUDGETS.c.account_id == SPEND.c.account_id)
+    .where(SPEND.c.account_id.in_(bindparam("account_ids", expanding=True)))
+    .order_by(SPEND.c.account_id)
+    .with_for_update(of=SPEND)
+)
+
+
+def lock_accounts(session: Session, account_ids: list[int]) -> dict[int, LockedAccount]:
+    """As :func:`lock_account` for many accounts, a few hundred per statement, every spend
+    row locked in ascending account id (the order every admission locks in, so groups and
+    single admissions never deadlock); an unknown account is missing from the answer."""
+    ordered = sorted(set(account_ids))
+    locked: dict[int, LockedAccount] = {}
+    for start in range(0, len(ordered), 500):
+        rows = session.execute(_LOCK_ACCOUNTS, {"account_ids": ordered[start : start + 500]})
+        for row in rows:
+            locked[int(row.account_id)] = LockedAccount(row)
+    return locked
+
+
 def lock_spend_row(session: Session, account_id: int) -> bool:
     """Lock the account's spend row only (a principal whose quota is checked)."""
     return session.execute(_LOCK_SPEND_ONLY, {"account_id": account_id}).first() is not None
