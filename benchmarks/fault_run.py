@@ -12,6 +12,10 @@ and runs ``ledger reconcile`` and ``ledger verify`` and prints what happened to 
     .venv/bin/python benchmarks/fault_run.py --own-postgres --restart-postgres-every 15
     .venv/bin/python benchmarks/fault_run.py --driver client --kill-every 3
 
+With ``--own-redis --restart-redis-every S`` the server also uses a Redis started by this
+script (its replay, degree and prefix caches), stopped for ``--redis-down-seconds`` (default
+3) and restarted every S seconds; the shared Redis is never touched.
+
 ``--driver client`` sends the queries with ``service.client.AsyncPprClient`` (its own retries,
 the same key on each) instead of the hand-written retry loop, and counts every HTTP attempt
 at its transport.
@@ -29,6 +33,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -92,6 +97,40 @@ class OwnPostgres:
     @property
     def url(self) -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+
+class OwnRedis:
+    """A throw-away Redis (own port, no persistence) this script may stop at will."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=1),
+            ):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+            self.proc = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
 
 
 def fresh_database(base_url: str, name: str) -> str:
@@ -223,6 +262,12 @@ def main() -> int:
     parser.add_argument("--restart-postgres-every", type=float, default=0.0)
     parser.add_argument("--postgres-down-seconds", type=float, default=3.0,
                         help="how long each PostgreSQL stop lasts")  # fmt: skip
+    parser.add_argument("--own-redis", action="store_true",
+                        help="the server uses a private Redis (never the shared one)")  # fmt: skip
+    parser.add_argument("--redis-port", type=int, default=56379)
+    parser.add_argument("--restart-redis-every", type=float, default=0.0)
+    parser.add_argument("--redis-down-seconds", type=float, default=3.0,
+                        help="how long each Redis stop lasts")  # fmt: skip
     parser.add_argument("--generate", default="100000,1000000", help="NODES,EDGES")
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--concurrency", type=int, default=16)
@@ -239,10 +284,13 @@ def main() -> int:
     args = parser.parse_args()
 
     pg = OwnPostgres(args.pg_port) if args.own_postgres else None
+    redis = OwnRedis(args.redis_port) if args.own_redis else None
     workdir = Path(tempfile.mkdtemp(prefix="ppr-fault-"))
     try:
         if pg is not None:
             pg.init()
+        if redis is not None:
+            redis.start()
         url = fresh_database(pg.url if pg else args.base_url, f"ppr_fault_{args.run_id}")
         n, m = (int(x) for x in args.generate.split(","))
         graph = workdir / "graph.txt"
@@ -255,6 +303,8 @@ def main() -> int:
                "PPR_RECONCILE_AFTER_SECONDS": str(args.reconcile_after),
                "PPR_RECONCILE_INTERVAL_SECONDS": str(max(1.0, args.reconcile_after / 3)),
                "PPR_LOG_LEVEL": "warning"}  # fmt: skip
+        if redis is not None:
+            env["PPR_REDIS_URL"] = redis.url
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         cli("db", "upgrade", env=env)
         created = json.loads(
@@ -284,6 +334,7 @@ def main() -> int:
 
         kills: list[int] = []
         restarts = [0]
+        redis_restarts = [0]
         stop = threading.Event()
 
         def killer() -> None:
@@ -305,7 +356,17 @@ def main() -> int:
                 pg.start()
                 restarts[0] += 1
 
+        def redis_restarter() -> None:
+            assert redis is not None
+            while not stop.wait(args.restart_redis_every):
+                redis.stop()
+                stop.wait(args.redis_down_seconds)
+                redis.start()
+                redis_restarts[0] += 1
+
         threads = []
+        if redis is not None and args.restart_redis_every > 0:
+            threads.append(threading.Thread(target=redis_restarter, daemon=True))
         if args.kill_every > 0:
             threads.append(threading.Thread(target=killer, daemon=True))
         if pg is not None and args.restart_postgres_every > 0:
@@ -343,7 +404,8 @@ def main() -> int:
         answered = [k for k, v in outcomes.items() if v is not None and "#" not in k]
         conflicts = [k for k in outcomes if k.endswith("#conflict")]
         print(f"\n{args.requests} keys in {elapsed:.1f} s; workers SIGKILLed: {len(kills)}; "
-              f"PostgreSQL restarts: {restarts[0]}")  # fmt: skip
+              f"PostgreSQL restarts: {restarts[0]}; "
+              f"Redis restarts: {redis_restarts[0]}")  # fmt: skip
         unanswered = args.requests - len(answered)
         print(f"answered keys: {len(answered)} / {args.requests}; unanswered: {unanswered}; "
               f"keys answered differently: {len(conflicts)}")  # fmt: skip
@@ -374,6 +436,8 @@ def main() -> int:
         print("RESULT:", "OK" if ok else "FAILED")
         return 0 if ok else 1
     finally:
+        if redis is not None:
+            redis.stop()
         if pg is not None:
             pg.destroy()
         shutil.rmtree(workdir, ignore_errors=True)

@@ -1,16 +1,19 @@
 """Half-sent requests: does a concurrent client still get answers?
 
-Starts ``python -m service serve --workers 2`` from ``--checkout`` (a worktree; its own
-``service`` package is imported) on a SQLite ledger and the built-in demo graph, with the
-server's soft open-file limit at ``--server-nofile`` (the common 1024 by default; the hard
-limit is left as it is). Then, for ``--seconds``, it keeps ``--half-sent`` connections open,
-each having sent a request line and one header but never the blank line that ends the head,
-and opens a new one whenever the server closes one (a persistent slow-header client), while a
-probe client asks ``/healthz`` and a replayed query alternately, each on a new connection
-with a ``--probe-timeout`` s timeout. It prints the probe's successes, errors by kind and
-latency percentiles, and how many half-sent connections the server closed.
+Starts ``python -m service serve --workers N`` (``--workers``, default 2) from ``--checkout``
+(a worktree; its own ``service`` package is imported) on a SQLite ledger and the built-in demo
+graph, at default settings, with the server's soft open-file limit at ``--server-nofile`` (the
+common 1024 by default; the hard limit is left as it is, and ``serve`` may raise the soft one
+up to it). Then, for ``--seconds``, it keeps ``--half-sent`` connections open, each having
+sent a request line and one header but never the blank line that ends the head, and opens a
+new one whenever the server closes one (a persistent slow-header client), while a probe
+client asks ``/healthz`` and a replayed query alternately, each on a new connection with a
+``--probe-timeout`` s timeout. It prints the probe's answers by status, the probe requests
+that got no HTTP answer at all (a reset, a close without a response, a timeout) by kind,
+latency percentiles of the 200s, how the server answered the half-sent connections it
+closed, and the machine's load average before and after.
 
-    .venv/bin/python benchmarks/half_sent.py --checkout /work/wt/server-outlives
+    .venv/bin/python benchmarks/half_sent.py --checkout . --half-sent 10000
     .venv/bin/python benchmarks/half_sent.py --checkout /work/wt/main-ab
 
 Sends traffic only to 127.0.0.1; everything it starts it stops. Not part of the test suite.
@@ -51,7 +54,7 @@ def cli(checkout: Path, *args: str, env: dict[str, str]) -> str:
 
 
 def start_server(
-    checkout: Path, work: Path, nofile: int
+    checkout: Path, work: Path, nofile: int, workers: int = 2
 ) -> tuple[subprocess.Popen[bytes], str, str]:
     url = f"sqlite:///{work / 'ledger.db'}"
     env = {**os.environ, "PPR_DATABASE_URL": url, "PPR_LOG_LEVEL": "warning",
@@ -69,7 +72,7 @@ def start_server(
 
     log = open(work / "server.log", "wb")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service", "serve", "--workers", "2", "--port", str(port)],
+        [sys.executable, "-m", "service", "serve", "--workers", str(workers), "--port", str(port)],
         cwd=checkout, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=limit,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
@@ -136,6 +139,8 @@ class Slow:
 async def probe(base: str, key: str, stop: asyncio.Event, timeout: float) -> dict[str, object]:
     latencies: dict[str, list[float]] = {"healthz": [], "query": []}
     errors: Counter[str] = Counter()
+    statuses: Counter[str] = Counter()
+    unanswered: Counter[str] = Counter()
     paths = [("healthz", "/healthz", {}), ("query", "/v1/ppr/1?k=5",
              {"Authorization": f"Bearer {key}"})]  # fmt: skip
     i = 0
@@ -146,14 +151,21 @@ async def probe(base: str, key: str, stop: asyncio.Event, timeout: float) -> dic
         try:
             async with httpx.AsyncClient(base_url=base, timeout=timeout) as http:  # new connection
                 response = await http.get(path, headers=headers)
+            statuses[f"{name}: {response.status_code}"] += 1
             if response.status_code == 200:
                 latencies[name].append(time.perf_counter() - started)
             else:
                 errors[f"{name}: HTTP {response.status_code}"] += 1
-        except httpx.HTTPError as exc:
+        except httpx.HTTPError as exc:  # no HTTP answer at all
             errors[f"{name}: {type(exc).__name__}"] += 1
+            unanswered[f"{name}: {type(exc).__name__}"] += 1
         await asyncio.sleep(0.05)
-    out: dict[str, object] = {"errors": dict(errors)}
+    out: dict[str, object] = {
+        "statuses": dict(statuses),
+        "without_an_http_answer": sum(unanswered.values()),
+        "without_an_http_answer_by_kind": dict(unanswered),
+        "errors": dict(errors),
+    }
     for name, values in latencies.items():
         ms = np.array(values) * 1000
         out[name] = {
@@ -207,6 +219,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkout", type=Path, required=True, help="worktree to serve from")
     parser.add_argument("--half-sent", type=int, default=3000)
+    parser.add_argument("--workers", type=int, default=2, help="serve --workers (default 2)")
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--probe-timeout", type=float, default=5.0)
     parser.add_argument("--server-nofile", type=int, default=1024,
@@ -216,8 +229,11 @@ def main() -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < need:  # this client's own descriptors
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard), hard))
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="ppr-half-sent-") as tmp:
-        proc, base, key = start_server(args.checkout.resolve(), Path(tmp), args.server_nofile)
+        proc, base, key = start_server(
+            args.checkout.resolve(), Path(tmp), args.server_nofile, args.workers
+        )
         try:
             httpx.get(f"{base}/v1/ppr/1?k=5", headers={"Authorization": f"Bearer {key}"},
                       timeout=60).raise_for_status()  # the first answer; then replays  # fmt: skip
@@ -225,6 +241,13 @@ def main() -> int:
                 measure(base, key, args.half_sent, args.seconds, args.probe_timeout)
             )
             result["server_alive"] = proc.poll() is None
+            with contextlib.suppress(httpx.HTTPError):
+                metrics = httpx.get(f"{base}/metrics", timeout=10).text
+                result["server_connections_shed"] = {
+                    line.split("{", 1)[1].split("}", 1)[0]: float(line.rsplit(" ", 1)[1])
+                    for line in metrics.splitlines()
+                    if line.startswith("ppr_http_connections_shed_total{")
+                }
         finally:
             proc.terminate()
             try:
@@ -234,8 +257,12 @@ def main() -> int:
                 proc.wait()
         log = (Path(tmp) / "server.log").read_text(errors="replace")
         result["server_log_too_many_open_files"] = log.count("Too many open files")
+        result["server_log_connection_bound_lines"] = log.count("at its connection bound")
     result["checkout"] = str(args.checkout)
-    result["server_nofile_soft"] = args.server_nofile
+    result["workers"] = args.workers
+    result["server_nofile_soft_at_start"] = args.server_nofile
+    result["load_average_before"] = [round(x, 2) for x in load_before]
+    result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(result, indent=2))
     return 0
 

@@ -8,6 +8,47 @@ from __future__ import annotations
 
 from typing import Any
 
+#: Most characters of a caller's value (a node id, a path, a parameter) an error quotes; a
+#: longer value is cut to this many, followed by its length.
+ECHO_MAX = 64
+#: Most characters of an error's message, and of any text in its details, whatever built it
+#: (a safety net behind :data:`ECHO_MAX`: no error body grows with what the caller sent).
+ERROR_TEXT_MAX = 1024
+
+
+def echoed(value: str) -> str:
+    """A caller's value as an error's details carry it: itself if at most :data:`ECHO_MAX`
+    characters, else its first :data:`ECHO_MAX` characters, ``...`` and its length."""
+    if len(value) <= ECHO_MAX:
+        return value
+    return f"{value[:ECHO_MAX]}... ({len(value)} characters)"
+
+
+def shown(value: object) -> str:
+    """A caller's value as an error message quotes it (``repr``), cut as :func:`echoed`
+    cuts it: ``'abc'``, or ``'first 64 characters'... (900000 characters)``."""
+    if isinstance(value, str) and len(value) > ECHO_MAX:
+        return f"{value[:ECHO_MAX]!r}... ({len(value)} characters)"
+    text = repr(value)
+    if len(text) > ECHO_MAX:
+        return f"{text[:ECHO_MAX]}... ({len(text)} characters)"
+    return text
+
+
+def bounded(value: Any, most: int = ERROR_TEXT_MAX) -> Any:
+    """``value`` (an error body or a part of it) with every text longer than ``most``
+    characters cut as :func:`echoed` cuts a value, and long lists shortened likewise."""
+    if isinstance(value, str):
+        return value if len(value) <= most else f"{value[:most]}... ({len(value)} characters)"
+    if isinstance(value, dict):
+        return {bounded(k, ECHO_MAX): bounded(v, most) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        items = [bounded(v, most) for v in value[:ECHO_MAX]]
+        if len(value) > ECHO_MAX:
+            items.append(f"... ({len(value)} items)")
+        return items
+    return value
+
 
 class ServiceError(Exception):
     """An error with a stable machine-readable code and an HTTP status."""
@@ -32,10 +73,11 @@ class ServiceError(Exception):
         self.details: dict[str, Any] = details or {}
 
     def to_dict(self) -> dict[str, Any]:
+        """The error's JSON body, its texts bounded (:func:`bounded`)."""
         body: dict[str, Any] = {"code": self.code, "message": self.message}
         if self.details:
             body["details"] = self.details
-        return body
+        return dict(bounded(body))
 
 
 class InvalidParameter(ServiceError):
@@ -45,7 +87,7 @@ class InvalidParameter(ServiceError):
     status = 422
 
     def __init__(self, name: str, message: str) -> None:
-        super().__init__(f"{name}: {message}", details={"parameter": name})
+        super().__init__(f"{echoed(name)}: {message}", details={"parameter": echoed(name)})
         self.parameter = name
 
 
@@ -56,7 +98,9 @@ class UnknownNode(ServiceError):
     status = 404
 
     def __init__(self, node: str) -> None:
-        super().__init__(f"node {node!r} is not in the loaded graph", details={"node": node})
+        super().__init__(
+            f"node {shown(node)} is not in the loaded graph", details={"node": echoed(node)}
+        )
         self.node = node
 
 

@@ -4,12 +4,15 @@ connection bound, and one JSON envelope for what the HTTP parser refuses
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import select
 import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -310,9 +313,9 @@ def _limit_check(soft: int, hard: int, max_connections: int) -> tuple[str, str]:
     return out[0], out[1]
 
 
-def test_the_open_file_limit_is_raised_when_the_hard_limit_allows() -> None:
+def test_the_open_file_limit_is_raised_to_the_hard_limit() -> None:
     warning, soft = _limit_check(512, 4096, 1000)
-    assert warning == "None" and soft == str(1000 + 256)
+    assert warning == "None" and soft == "4096"
 
 
 def test_an_open_file_limit_below_the_bound_is_warned_about() -> None:
@@ -345,3 +348,72 @@ def test_serve_warns_at_start_up_when_the_open_file_limit_is_too_low(served: Ser
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_a_flood_of_idle_connections_beyond_the_file_limit_leaves_every_new_client_answered(
+    served: Served, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Issue 31's minimal case: one worker, PPR_HTTP_MAX_CONNECTIONS=20, an open-file limit of
+    100 (soft and hard) and 400 connections that send nothing. Before, the worker ran out of
+    descriptors and new clients were closed without an answer (0 of 50); now the oldest idle
+    connections are shed with a 503 and every new request gets an HTTP answer."""
+    import resource
+
+    import httpx
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (100, 100))
+
+    graph = served.server.log_path.parent / "graph.txt"
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("flood") / "server.log"
+    env = {**os.environ, "PPR_HTTP_MAX_CONNECTIONS": "20", "PPR_LOG_LEVEL": "info",
+           "PPR_GRAPH_SNAPSHOT_DIR": str(graph.parent / "graph-snapshots"),
+           "PPR_PREFIX_TABLE_BYTES": "0"}  # fmt: skip
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service", "serve", "--graph", str(graph),
+             "--port", str(port), "--database-url", served.database_url],
+            stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=low_limit, env=env,
+        )  # fmt: skip
+    idle: list[socket.socket] = []
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, log_path.read_text()
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "server not ready in 120 s"
+            time.sleep(0.2)
+        for _ in range(400):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=WAIT_SECONDS))
+        outcomes: Counter[str] = Counter()
+        for _ in range(50):
+            try:
+                response = httpx.get(f"{base}/healthz", timeout=WAIT_SECONDS)
+            except httpx.HTTPError as exc:
+                outcomes[type(exc).__name__] += 1
+                continue
+            if response.status_code == 503:
+                assert response.json()["error"]["code"] == "overloaded"
+                assert response.headers["retry-after"] == "1"
+            outcomes[str(response.status_code)] += 1
+        assert set(outcomes) <= {"200", "503"} and sum(outcomes.values()) == 50, outcomes
+        shed = [
+            line for line in log_path.read_text().splitlines() if "at its connection bound" in line
+        ]
+        assert shed, "shedding is logged"
+        metrics = httpx.get(f"{base}/metrics", timeout=WAIT_SECONDS).text
+        assert 'ppr_http_connections_shed_total{action="shed"}' in metrics
+    finally:
+        for sock in idle:
+            sock.close()
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

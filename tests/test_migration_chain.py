@@ -43,6 +43,7 @@ OLD_REVISIONS = [
     "0008_popular_key_bindings",
     "0009_embedding_salts",
     "0010_sampler_share",
+    "0011_synthetic_release_charges",
 ]
 
 

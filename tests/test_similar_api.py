@@ -97,7 +97,7 @@ def test_refusals_have_stable_codes_and_charge_nothing(
         (key, "/v1/embeddings/similar/3", {"k": "0"}, 422, "invalid_parameter"),
         (key, "/v1/embeddings/similar/3", {"k": "10001"}, 422, "invalid_parameter"),
         (key, "/v1/embeddings/similar/3", {"k": "301"}, 422, "invalid_parameter"),  # > PPR_MAX_K
-        (key, "/v1/embeddings/similar/3", {"k": "1.0"}, 422, "invalid_parameter"),
+        (key, "/v1/embeddings/similar/3", {"k": "1.5"}, 422, "invalid_parameter"),
         (key, "/v1/embeddings/similar/3", {"k": " 5"}, 422, "invalid_parameter"),
         (key, "/v1/embeddings/similar/a%20b", {}, 422, "invalid_parameter"),
         ("", "/v1/embeddings/similar/3", {}, 401, "unauthorized"),

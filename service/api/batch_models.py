@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, Field, StrictBool, StrictInt
+from pydantic import ConfigDict, Field, StrictBool
 from pydantic.config import JsonDict
 
 from service.api.batch_base import BatchAnswerBase, BatchItemBase, BatchQueryBase
 from service.api.models import Result
+from service.api.params import IntField
 from service.mechanisms.registry import RankingMechanism
 from service.privacy.modes import Mode
 
@@ -58,8 +59,10 @@ class BatchQuery(BatchQueryBase):
 
     model_config = ConfigDict(json_schema_extra={"examples": [_QUERY_EXAMPLE]})
 
-    k: StrictInt | None = Field(
-        None, description="Results per item, a JSON integer (1..PPR_MAX_K, default PPR_DEFAULT_K)."
+    k: IntField | None = Field(
+        None,
+        description="Results per item, a JSON integer or a number with a zero fraction (5.0) "
+        "(1..PPR_MAX_K, default PPR_DEFAULT_K).",
     )
     mode: Mode = Field(
         Mode.PERSONALIZED,

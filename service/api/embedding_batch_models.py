@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, Field, StrictBool, StrictInt
+from pydantic import ConfigDict, Field, StrictBool
 from pydantic.config import JsonDict
 
 from service.api.batch_base import BatchAnswerBase, BatchItemBase, BatchQueryBase
 from service.api.models import EmbeddingMechanism
+from service.api.params import IntField
 from service.privacy.modes import Mode
 
 _QUERY_EXAMPLE: JsonDict = {"nodes": ["42", "107"], "epsilon": 0.5, "k": 4, "mode": "edge"}
@@ -55,10 +56,10 @@ class EmbeddingBatchQuery(BatchQueryBase):
 
     model_config = ConfigDict(json_schema_extra={"examples": [_QUERY_EXAMPLE]})
 
-    k: StrictInt | None = Field(
+    k: IntField | None = Field(
         None,
-        description="Dimension, a JSON integer (1..PPR_MAX_K and at most 4096, default "
-        "PPR_EMBEDDING_DEFAULT_K).",
+        description="Dimension, a JSON integer or a number with a zero fraction (1..PPR_MAX_K "
+        "and at most 4096, default PPR_EMBEDDING_DEFAULT_K).",
     )
     sigma: float | None = Field(
         None,

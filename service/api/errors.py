@@ -20,7 +20,7 @@ from starlette.routing import Match
 from service.api.observability import REFUSALS, internal_error_response
 from service.api.params import ACCOUNT_NODE_ID_PATTERN, NODE_ID_PATTERN
 from service.bounds import PRINTABLE
-from service.errors import ServiceError
+from service.errors import ServiceError, bounded, echoed, shown
 
 #: Retry-After of a 503 that names no wait of its own (the ledger database is unreachable).
 LEDGER_RETRY_AFTER_SECONDS = 5
@@ -78,7 +78,8 @@ _LOCATIONS = ("query", "path", "body", "header", "cookie")
 def error_response(
     status: int, body: dict[str, Any], headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
-    return JSONResponse({"error": body}, status_code=status, headers=headers)
+    """The error envelope; its texts bounded, however it was built (:func:`bounded`)."""
+    return JSONResponse({"error": bounded(body)}, status_code=status, headers=headers)
 
 
 async def handle_service_error(request: Request, exc: Exception) -> JSONResponse:
@@ -110,9 +111,9 @@ async def handle_validation_error(request: Request, exc: Exception) -> JSONRespo
         )
     where_from, *inside = first.get("loc", ("",)) or ("",)
     loc = (
-        [str(part) for part in inside]
+        [echoed(str(part)) for part in inside]
         if where_from in _LOCATIONS
-        else [str(where_from), *map(str, inside)]
+        else [echoed(str(where_from)), *(echoed(str(part)) for part in inside)]
     )
     name = ".".join(part for part in loc if part) or "request"
     if where_from == "header":  # as it is written in requests: Idempotency-Key
@@ -122,7 +123,7 @@ async def handle_validation_error(request: Request, exc: Exception) -> JSONRespo
         reason = _PATTERNS.get(first.get("ctx", {}).get("pattern", ""), reason)
     given = first.get("input")
     message = f"{name}: {reason}" + (
-        f", got {given!r}" if isinstance(given, str | int | float) else ""
+        f", got {shown(given)}" if isinstance(given, str | int | float) else ""
     )
     request.state.outcome = "invalid_parameter"
     return error_response(
@@ -136,7 +137,7 @@ async def handle_http_error(request: Request, exc: Exception) -> JSONResponse:
     request.state.outcome = code
     message = str(exc.detail) if exc.detail else code.replace("_", " ")
     if exc.status_code == 404 and message == "Not Found":
-        message = f"no route {request.method} {request.url.path}; see /docs"
+        message = f"no route {request.method} {shown(request.url.path)}; see /docs"
     headers = dict(exc.headers or {})
     if exc.status_code == 405:
         allowed = allowed_methods(request)

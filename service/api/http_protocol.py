@@ -17,9 +17,18 @@ subclass adds, per connection:
   water mark (flow control: ``pause_writing``) and goes on when the client has read enough
   (``resume_writing``); a connection paused for longer than this is aborted (its buffered
   answer dropped, its file descriptor freed), and the application sees the client gone.
-* ``PPR_HTTP_MAX_CONNECTIONS``: a request that arrives while its worker holds more open
-  connections than this gets ``503 overloaded`` (with ``Retry-After``) and its connection is
-  closed, instead of the worker running out of file descriptors and failing to accept.
+* the connection bound: ``PPR_HTTP_MAX_CONNECTIONS``, or fewer when the worker's open-file
+  limit leaves room for fewer (:func:`connection_bound`). Connections are counted from the
+  moment they are accepted, whether or not their request head has arrived. A connection
+  accepted beyond the bound sheds the oldest connection of the worker that is still waiting
+  for its request head (a client that opened it and sent nothing, or part of a head): that
+  one is answered ``503 overloaded`` (with ``Retry-After``) and closed. When none is waiting
+  (every connection is in a request, or idle between kept-alive requests), the new connection
+  itself is answered ``503 overloaded`` as soon as its head arrives. So the worker never
+  holds more descriptors than its file limit allows, and a new client always gets an HTTP
+  answer: a worker out of descriptors cannot accept, and uvloop (libuv) then accepts and
+  closes the waiting connections without a word. Both are logged (at most one line per
+  ``LOG_EVERY_SECONDS``) and counted in ``ppr_http_connections_shed_total``.
 * ``PPR_HTTP_MAX_URL_BYTES``: a longer request target gets ``414 uri_too_long``;
   ``PPR_MAX_HEADER_BYTES``: larger headers get ``431 headers_too_large`` while they arrive
   (the application checks the same bound on what reaches it).
@@ -37,12 +46,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import resource
+import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from service.api.observability import CONNECTIONS_SHED
 from service.config import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -56,6 +69,7 @@ class ConnectionLimits:
     max_connections: int
     max_url_bytes: int
     max_header_bytes: int
+    reserved_files: int = 256
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ConnectionLimits:
@@ -66,6 +80,7 @@ class ConnectionLimits:
             max_connections=settings.http_max_connections,
             max_url_bytes=settings.http_max_url_bytes,
             max_header_bytes=settings.max_header_bytes,
+            reserved_files=settings.http_reserved_files,
         )
 
 
@@ -74,6 +89,7 @@ class Refusal:
     status: int
     code: str
     message: str
+    retry_after: int | None = None
 
     def body(self) -> bytes:
         error = {"code": self.code, "message": self.message}
@@ -86,6 +102,76 @@ class _Refused(Exception):
 
 #: Seconds a client refused for the connection bound is told to wait.
 BUSY_RETRY_AFTER_SECONDS = 1
+#: Shortest time between two log lines about shed or refused connections (a flood would
+#: otherwise write one line per connection).
+LOG_EVERY_SECONDS = 10.0
+
+
+def open_files_now() -> int | None:
+    """How many file descriptors this process holds (None where the system does not say)."""
+    for directory in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return max(0, len(os.listdir(directory)) - 1)  # less the listing's own
+        except OSError:
+            continue
+    return None
+
+
+def connection_bound(limits: ConnectionLimits) -> tuple[int, str]:
+    """The most connections one worker holds, and why: ``PPR_HTTP_MAX_CONNECTIONS``, or what
+    its soft open-file limit leaves after the descriptors it holds now and
+    ``PPR_HTTP_RESERVED_FILES`` for the ones it opens later (ledger and Redis pools, graph
+    files, logs, metrics); a limit that leaves less than that reserve gives half of what it
+    leaves. Never below 1."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return limits.max_connections, "PPR_HTTP_MAX_CONNECTIONS"
+    held = open_files_now() or 0
+    free = soft - held
+    by_files = free - limits.reserved_files
+    if by_files < 1:
+        by_files = free // 2
+    by_files = max(1, by_files)
+    if by_files < limits.max_connections:
+        why = (
+            f"the open-file limit ({soft}, {held} held, "
+            f"PPR_HTTP_RESERVED_FILES={limits.reserved_files})"
+        )
+        return by_files, why
+    return limits.max_connections, "PPR_HTTP_MAX_CONNECTIONS"
+
+
+class _Bound:
+    """One worker's connection bound and its connections waiting for a request head, oldest
+    first (a dict keeps insertion order: adding and removing one is O(1))."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.pid = os.getpid()
+        self.most, self.why = connection_bound(limits)
+        self.waiting: dict[GuardedHttpProtocol, None] = {}
+        self._unlogged = {"shed": 0, "refused": 0}
+        self._logged_at = -LOG_EVERY_SECONDS
+        if self.most < limits.max_connections:
+            log.warning(
+                "this worker holds at most %d connections, fewer than PPR_HTTP_MAX_CONNECTIONS "
+                "(%d), because of %s; raise the open-file limit to hold more",
+                self.most, limits.max_connections, self.why,
+            )  # fmt: skip
+
+    def note(self, action: str) -> None:
+        """Count one shed (an older half-sent connection closed) or refused (a new one
+        answered 503) connection; log the counts at most once per LOG_EVERY_SECONDS."""
+        CONNECTIONS_SHED.labels(action).inc()
+        self._unlogged[action] += 1
+        now = time.monotonic()
+        if now - self._logged_at >= LOG_EVERY_SECONDS:
+            log.warning(
+                "at its connection bound (%d, %s): %d connections waiting for a request head "
+                "shed, %d new connections refused with 503 overloaded since the last such line",
+                self.most, self.why, self._unlogged["shed"], self._unlogged["refused"],
+            )  # fmt: skip
+            self._unlogged = {"shed": 0, "refused": 0}
+            self._logged_at = now
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
@@ -93,6 +179,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     #: Set by :func:`configure` before the server starts; else read from the environment.
     limits: ClassVar[ConnectionLimits | None] = None
+    #: This worker's bound and waiting connections (made at its first connection, after fork).
+    _bound: ClassVar[_Bound | None] = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -105,16 +193,69 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._write_timer: asyncio.TimerHandle | None = None
         self._refusal: Refusal | None = None
         self._header_bytes = 0
+        self._over_bound = False  # accepted beyond the bound with nothing to shed: 503
 
     # --- connection ---------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm_head_timer()  # a connection that never sends a byte is closed too
+        bound = self._worker_bound()
+        bound.waiting[self] = None
+        if len(self.connections) > bound.most and not self._shed_oldest(bound):
+            self._over_bound = True  # answered 503 when its head arrives (or shed before)
+            bound.note("refused")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
+        self._stop_waiting()
         super().connection_lost(exc)
+
+    @classmethod
+    def _worker_bound(cls) -> _Bound:
+        bound = cls._bound
+        if bound is None or bound.pid != os.getpid():  # first connection of this worker
+            assert cls.limits is not None
+            bound = cls._bound = _Bound(cls.limits)
+        return bound
+
+    def _stop_waiting(self) -> None:
+        bound = GuardedHttpProtocol._bound
+        if bound is not None:
+            bound.waiting.pop(self, None)
+
+    def _shed_oldest(self, bound: _Bound) -> bool:
+        """Close the oldest other connection still waiting for its request head, with
+        ``503 overloaded``; False if there is none."""
+        while bound.waiting:
+            oldest = next(iter(bound.waiting))
+            if oldest is self:
+                if len(bound.waiting) == 1:
+                    return False
+                # self is the newest; move it behind the others and look again
+                del bound.waiting[self]
+                bound.waiting[self] = None
+                continue
+            del bound.waiting[oldest]
+            if oldest.transport.is_closing() or oldest._busy():
+                continue
+            oldest._send_and_close(
+                Refusal(
+                    503,
+                    "overloaded",
+                    f"this server process is at its connection bound ({bound.most}, "
+                    f"{bound.why}) and this connection had not sent a complete request head "
+                    "while newer ones arrived; retry in a moment",
+                    retry_after=BUSY_RETRY_AFTER_SECONDS,
+                )
+            )
+            bound.note("shed")
+            return True
+        return False
+
+    def _busy(self) -> bool:
+        """A request of this connection is being answered (a head behind it is pipelined)."""
+        return self.cycle is not None and not self.cycle.response_complete
 
     def data_received(self, data: bytes) -> None:
         self._unset_keepalive_if_required()
@@ -151,6 +292,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._header_bytes = 0
         self._arm_head_timer()
+        bound = GuardedHttpProtocol._bound
+        if bound is not None and self not in bound.waiting and not self._busy():
+            bound.waiting[self] = None  # a kept-alive connection's next head: waiting again
 
     def on_url(self, url: bytes) -> None:
         super().on_url(url)
@@ -180,14 +324,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._cancel(self._head_timer)
         self._head_timer = None
+        self._stop_waiting()
         if _has_body(self.headers):
             self._body_timer = self.loop.call_later(
                 self.bounds.body_timeout_seconds, self._body_timed_out
             )
-        if len(self.connections) <= self.bounds.max_connections:
+        if not self._over_bound:
             super().on_headers_complete()
             return
-        app, self.app = self.app, _busy_app(len(self.connections), self.bounds.max_connections)
+        bound = self._worker_bound()
+        app, self.app = self.app, _busy_app(len(self.connections), bound.most, bound.why)
         try:
             super().on_headers_complete()
         finally:
@@ -282,6 +428,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         content = [STATUS_LINE[refusal.status]]
         for name, value in self.server_state.default_headers:
             content.extend([name, b": ", value, b"\r\n"])
+        if refusal.retry_after is not None:
+            content.append(b"retry-after: " + str(refusal.retry_after).encode("ascii") + b"\r\n")
         content.extend(
             [
                 b"content-type: application/json\r\n",
@@ -299,8 +447,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
 
 def configure(settings: Settings) -> None:
-    """Take this process's connection limits from ``settings`` (before the server starts)."""
+    """Take this process's connection limits from ``settings`` (before the server starts);
+    each worker computes its bound at its first connection."""
     GuardedHttpProtocol.limits = ConnectionLimits.from_settings(settings)
+    GuardedHttpProtocol._bound = None
 
 
 def _reason(exc: Exception) -> str:
@@ -319,13 +469,14 @@ def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
     return False
 
 
-def _busy_app(open_connections: int, limit: int) -> Any:
+def _busy_app(open_connections: int, limit: int, why: str) -> Any:
     """An ASGI app answering ``503 overloaded`` and closing the connection."""
     refusal = Refusal(
         503,
         "overloaded",
-        f"this server process holds {open_connections} open connections, more than "
-        f"PPR_HTTP_MAX_CONNECTIONS ({limit}); retry in a moment",
+        f"this server process holds {open_connections} open connections, more than its bound "
+        f"of {limit} (set by {why}), and none of them is waiting for a request head; retry "
+        "in a moment",
     )
     body = refusal.body()
     headers = [

@@ -300,7 +300,9 @@ class SetScopes(BaseModel):
     )
 
 
-class ExposureByMode(BaseModel):
+class ModeExposure(BaseModel):
+    """One mode's share of the graph-wide exposure."""
+
     epsilon: ComposedFigure
     charges: int
 
@@ -320,7 +322,7 @@ class Exposure(BaseModel):
     charges: int
     graph_releases: int
     cap_epsilon: float | None
-    by_mode: dict[str, ExposureByMode]
+    by_mode: dict[str, ModeExposure]
     series: list[ExposurePoint]
     shards_epsilon: ComposedFigure
 

@@ -49,6 +49,12 @@ REFUSALS = Counter("ppr_refusals_total", "Queries refused by admission", ["reaso
 REPLAYS = Counter("ppr_replays_total", "Queries answered from a stored release", ["source"])
 REFUNDS = Counter("ppr_refunds_total", "Charges refunded because no noise was drawn")
 CACHE_EVENTS = Counter("ppr_cache_events_total", "Cache lookups", ["cache", "result"])
+CONNECTIONS_SHED = Counter(
+    "ppr_http_connections_shed_total",
+    "Connections at a worker's connection bound: 'shed' (an older one still waiting for its "
+    "request head answered 503 and closed), 'refused' (a new one answered 503)",
+    ["action"],
+)
 
 _SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 

@@ -26,7 +26,7 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from service.api.routes import dashboard
-from service.errors import NotFound
+from service.errors import NotFound, shown
 
 DASHBOARD_CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -69,7 +69,7 @@ def _headers(csp: str, *, cache: str) -> dict[str, str]:
 def _asset_response(files: dict[str, bytes], name: str, csp: str) -> Response:
     body = files.get(name)
     if body is None:
-        raise NotFound(f"no asset {name!r}")
+        raise NotFound(f"no asset {shown(name)}")
     suffix = "." + name.rsplit(".", 1)[-1] if "." in name else ""
     media = _MEDIA_TYPES.get(suffix) or mimetypes.guess_type(name)[0] or "application/octet-stream"
     return Response(body, media_type=media, headers=_headers(csp, cache="no-cache"))

@@ -167,4 +167,16 @@ QuotaEpsilonField = Annotated[
     ),
 ]
 BoolField = StrictBool
-IntField = StrictInt
+
+
+def _integral_number(value: Any) -> Any:
+    """A JSON number whose fraction is zero (``215.0``) is the integer it equals: JSON Schema,
+    which the OpenAPI document's ``integer`` follows, counts it as one."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: An integer in a JSON body: a JSON integer, or a number with a zero fraction (``215.0``);
+#: never a string, a boolean or ``215.5``.
+IntField = Annotated[StrictInt, BeforeValidator(_integral_number)]

@@ -76,6 +76,7 @@ class Runtime:
         self.synthesis.close()
         self.limiter.close()
         self.batch.close()
+        self.queries.live.close()
         self.queries.engine.close()
         if self.queries.prefixes.tables is not None:
             self.queries.prefixes.tables.close()

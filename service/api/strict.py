@@ -5,11 +5,15 @@ integers, and a body sent without ``Content-Type: application/json`` is validate
 confusing ``invalid_parameter``). Here, for every route:
 
 * a number in the query string or the path is written plainly: an integer is ASCII digits
-  without sign, spaces or leading zeros (``0``, ``12``); a real number is a decimal with an
-  optional exponent (``0.1``, ``1e-6``), no surrounding spaces (``422 invalid_parameter``);
+  without sign, spaces or leading zeros (``0``, ``12``), optionally followed by a fraction of
+  zeros (``12.0``: JSON Schema, which the OpenAPI document's ``integer`` follows, counts it an
+  integer, so a client that follows the schema may send it); a real number is a decimal with
+  an optional exponent (``0.1``, ``1e-6``), no surrounding spaces (``422 invalid_parameter``);
 * a route that takes a JSON body answers a body sent without a JSON media type (missing or
   another ``Content-Type``) with ``415 unsupported_media_type`` naming the header to send; a
-  route whose body is optional accepts an empty request without one.
+  route whose body is optional accepts an empty request without one;
+* a body labelled JSON that cannot be parsed, for whatever reason (a syntax error, nesting
+  deeper than the parser goes, bytes that are not UTF-8), is ``400 malformed_json``.
 
 Nothing is charged: the check runs before authentication and admission.
 """
@@ -24,13 +28,15 @@ from typing import Any, Union, get_args, get_origin
 from fastapi import params
 from fastapi.dependencies.utils import get_flat_params
 from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from service.errors import InvalidParameter, ServiceError
+from service.errors import InvalidParameter, ServiceError, shown
 
-#: A plain decimal integer: digits only, no sign, no leading zeros.
-_PLAIN_INT = re.compile(r"(?:0|[1-9][0-9]*)")
+#: A plain decimal integer: digits only, no sign, no leading zeros; a fraction of zeros may
+#: follow (``12.0`` is an integer in JSON Schema).
+_PLAIN_INT = re.compile(r"(?:0|[1-9][0-9]*)(?:\.0+)?")
 #: A plain decimal real number (optionally negative, with an exponent), no spaces.
 _PLAIN_REAL = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 _JSON_MEDIA_TYPE = re.compile(r"application/(?:[\w.+-]+\+)?json", re.IGNORECASE)
@@ -39,12 +45,29 @@ _JSON_MEDIA_TYPE = re.compile(r"application/(?:[\w.+-]+\+)?json", re.IGNORECASE)
 JSON_CONTENT_TYPE = "Content-Type: application/json"
 
 
+class MalformedJson(ServiceError):
+    code = "malformed_json"
+    status = 400
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the body is not valid JSON: {reason}")
+
+
+def _parse_failure(exc: BaseException) -> str:
+    """Why a body labelled JSON could not be parsed, in words (never the body's bytes)."""
+    if isinstance(exc, RecursionError):
+        return "it is nested too deeply"
+    if isinstance(exc, UnicodeDecodeError):
+        return "it is not UTF-8 text"
+    return "it cannot be parsed"
+
+
 class UnsupportedMediaType(ServiceError):
     code = "unsupported_media_type"
     status = 415
 
     def __init__(self, given: str | None) -> None:
-        got = "no Content-Type" if not given else f"Content-Type {given!r}"
+        got = "no Content-Type" if not given else f"Content-Type {shown(given)}"
         super().__init__(
             f"this endpoint takes a JSON body: send the header '{JSON_CONTENT_TYPE}' (got {got})",
             details={"header": "Content-Type", "expected": "application/json"},
@@ -91,9 +114,17 @@ class StrictRoute(APIRoute):
                 source = request.query_params if where == "query" else request.path_params
                 for raw in _values(source, name):
                     _check_number(name, raw, kind)
-            if body_required is not None:
-                await _check_json_body(request, required=body_required)
-            return await handler(request)
+            if body_required is None:
+                return await handler(request)
+            await _check_json_body(request, required=body_required)
+            try:
+                return await handler(request)
+            except HTTPException as exc:
+                # FastAPI answers a body its JSON parser raised on (other than a syntax error)
+                # with a bare 400 "There was an error parsing the body"
+                if exc.status_code == 400 and exc.__cause__ is not None:
+                    raise MalformedJson(_parse_failure(exc.__cause__)) from exc
+                raise
 
         return strict_handler
 
@@ -108,11 +139,12 @@ def _values(source: Any, name: str) -> list[str]:
 def _check_number(name: str, raw: str, kind: str) -> None:
     if kind == "int" and _PLAIN_INT.fullmatch(raw) is None:
         raise InvalidParameter(
-            name, f"must be a plain decimal integer (digits only, e.g. 12), got {raw!r}"
+            name,
+            f"must be a plain decimal integer (digits only, e.g. 12 or 12.0), got {shown(raw)}",
         )
     if kind == "real" and _PLAIN_REAL.fullmatch(raw) is None:
         raise InvalidParameter(
-            name, f"must be a plain decimal number without spaces (e.g. 0.1), got {raw!r}"
+            name, f"must be a plain decimal number without spaces (e.g. 0.1), got {shown(raw)}"
         )
 
 

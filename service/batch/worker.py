@@ -156,6 +156,7 @@ class BlockAnswerer:
         self.embeddings = EmbeddingQueryService(self.queries, settings)
 
     def close(self) -> None:
+        self.queries.live.close()
         self.ledger.dispose()
 
     # -- principals ---------------------------------------------------------------------------

@@ -121,7 +121,6 @@ def run(args: argparse.Namespace) -> int:
 
     from service.config import Settings, settings_error
     from service.errors import InvalidParameter
-    from service.ledger.ledger import Ledger, LedgerUnavailable
 
     _export(args)
     try:
@@ -140,6 +139,24 @@ def run(args: argparse.Namespace) -> int:
     if check_synthetic_release(settings) and not settings.graph_is_synthetic:
         os.environ["PPR_GRAPH_IS_SYNTHETIC"] = "true"  # a known synthetic release: a sandbox
         settings = Settings()
+    # Before anything imports prometheus_client (the logs' module does): it decides at import
+    # whether its counters live in this process or in files every worker writes.
+    metrics_dir: str | None = None
+    if settings.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        metrics_dir = tempfile.mkdtemp(prefix="ppr-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    try:
+        return _run_configured(settings)
+    finally:
+        if metrics_dir is not None:  # the workers' metric files die with this run
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+            del os.environ["PROMETHEUS_MULTIPROC_DIR"]
+
+
+def _run_configured(settings: Any) -> int:
+    """``run`` once the settings are read and the metrics' home is set."""
+    from service.ledger.ledger import Ledger, LedgerUnavailable
+
     _configure_logs(settings)
     # a sandbox's node set is its release's: public with it
     derived = settings.nodes_path is None and settings.graph_path is not None
@@ -164,10 +181,6 @@ def run(args: argparse.Namespace) -> int:
     from service.api.open_files import ensure_open_file_limit
 
     ensure_open_file_limit(settings)
-    metrics_dir: str | None = None
-    if settings.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
-        metrics_dir = tempfile.mkdtemp(prefix="ppr-metrics-")
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     # One path for every worker count: the graph is loaded (its snapshot written) and the
     # kernels compiled here, once, before uvicorn starts; so a file that is not a graph ends
     # the command with one line and exit 2, never a worker's traceback. With several workers
@@ -180,12 +193,7 @@ def run(args: argparse.Namespace) -> int:
     app = "service.api.forked_workers:preloaded_app"
     if settings.workers > 1:
         fork_workers()  # else spawned: preloaded_app builds each worker's app itself
-    try:
-        return _serve(app, settings)
-    finally:
-        if metrics_dir is not None:  # the workers' metric files die with this run
-            shutil.rmtree(metrics_dir, ignore_errors=True)
-            del os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    return _serve(app, settings)
 
 
 def _configure_logs(settings: Any) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import case, func, literal, or_, select
 
-from service.errors import InvalidParameter
+from service.errors import InvalidParameter, shown
 from service.ledger.admin_records import (
     ACCOUNT_SORTS,
     AccountFilter,
@@ -59,7 +59,7 @@ def _sort_columns(sort: str) -> tuple[Any, Any]:
     if sort == "last_charge":
         # never-charged accounts sort as the oldest
         return func.coalesce(Spend.last_charge_at, Account.created_at), Spend.account_id
-    raise InvalidParameter("sort", f"must be one of {', '.join(ACCOUNT_SORTS)}, got {sort!r}")
+    raise InvalidParameter("sort", f"must be one of {', '.join(ACCOUNT_SORTS)}, got {shown(sort)}")
 
 
 def _filtered(stmt: Any, flt: AccountFilter, key: Any = None) -> Any:

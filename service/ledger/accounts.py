@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from service.bounds import ACCOUNT_TYPES, AccountType
-from service.errors import InvalidParameter
+from service.errors import ECHO_MAX, InvalidParameter, echoed, shown
 from service.ledger.ledger_rows import (
     _account_record,
     _check_cap,
@@ -114,7 +116,7 @@ class Accounts(LedgerPart):
             existing = self.account_for_node(node_id) if node_id is not None else None
             if existing is not None:
                 raise AccountExists(
-                    f"node {node_id!r} already has a user account ({existing.account_id})",
+                    f"node {shown(node_id)} already has a user account ({existing.account_id})",
                     details={"node_id": node_id, "account_id": existing.account_id},
                 ) from exc
             raise
@@ -141,6 +143,21 @@ class Accounts(LedgerPart):
             ).one_or_none()
             return None if row is None else _account_record(row)
 
+    def user_accounts_for_nodes(self, nodes: Iterable[str]) -> dict[str, tuple[int, float]]:
+        """The user account bound to each of ``nodes`` that has one, with its delta, in one
+        read (a batch's seeds are looked up together, not one transaction each)."""
+        wanted = sorted(set(nodes))
+        found: dict[str, tuple[int, float]] = {}
+        with self._reading() as session:
+            for start in range(0, len(wanted), 500):
+                rows = session.execute(
+                    select(Account.user_node_id, Account.id, Budget.delta)
+                    .join(Budget, Budget.account_id == Account.id)
+                    .where(Account.user_node_id.in_(wanted[start : start + 500]))
+                )
+                found.update({str(node): (int(acc), float(delta)) for node, acc, delta in rows})
+        return found
+
     def user_account_for_node(
         self, node: str, *, create: bool, cap_epsilon: float, delta: float
     ) -> int:
@@ -153,10 +170,11 @@ class Accounts(LedgerPart):
         if existing is not None:
             return existing.account_id
         if not create:
+            named = node if len(node) <= ECHO_MAX else "NODE"
             raise UnknownAccount(
-                f"no account for node {node!r}; an admin must create one "
-                f"(python -m service accounts create --type user --node {node})",
-                details={"node": node},
+                f"no account for node {shown(node)}; an admin must create one "
+                f"(python -m service accounts create --type user --node {named})",
+                details={"node": echoed(node)},
             )
         try:
             return self.create_account(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from contextlib import suppress
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
@@ -30,16 +30,15 @@ from service.ledger.records import (
     BudgetExhausted,
     BudgetView,
     ChargeReceipt,
-    ChargeSettled,
     GraphBudgetExhausted,
     GraphCap,
     IdempotencyKeyReused,
     ReleaseKey,
     ServiceQuotaExhausted,
 )
-from service.ledger.reports import Reports
+from service.ledger.reports import RefusalRow, Reports, insert_refusals
 from service.ledger.settlement import Settlement
-from service.ledger.tables import EXPOSURE_SHARDS
+from service.ledger.tables import EXPOSURE_SHARDS, utcnow
 from service.ledger.unit_of_work import (
     LedgerPart,
     UnitOfWork,
@@ -211,20 +210,11 @@ class Admissions(LedgerPart):
                 self._reconcile_stale_twin(stale)  # rolled back: refund it, then start again
                 continue
             break
-        for a, result in zip(admissions, results, strict=True):
-            if isinstance(result, (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted)):
-                self._record_refused(a, result)
         return results
 
     def _record_refused(self, a: Admission, refusal: ServiceError) -> None:
         """The refusal of admission ``a`` in the refusals table (its own transaction)."""
-        self._reports.record_refusal(
-            refusal.code,
-            charged_account_id=a.charged_account_id,
-            principal_account_id=a.principal_account_id,
-            mode=a.mode,
-            epsilon=a.query_epsilon,
-        )
+        self._reports.record_refusals([_refusal_row(a, refusal)])
 
     def _admit_group_once(
         self, admissions: list[Admission], graph_cap: GraphCap | None, stale_after_seconds: float
@@ -235,6 +225,13 @@ class Admissions(LedgerPart):
                 session, admissions, graph_cap, stale_after_seconds, writes
             )
             writes.finish(session)  # the charges' ids, the spend and the shards
+            refused = [
+                _refusal_row(a, outcome)
+                for a, outcome in zip(admissions, outcomes, strict=True)
+                if isinstance(outcome, _REFUSALS)
+            ]
+            if refused:  # in this transaction: a refused group costs one write, not one each
+                insert_refusals(session, refused)
             results: list[ChargeReceipt | ServiceError] = []
             for outcome in outcomes:
                 if isinstance(outcome, tuple):
@@ -266,7 +263,7 @@ class Admissions(LedgerPart):
         writes: AdmissionWrites,
     ) -> list[ChargeReceipt | ServiceError | ReceiptOfNewCharge | tuple[NewCharge, BudgetView]]:
         charged = sorted({a.charged_account_id for a in admissions})
-        accounts = {account: self._lock_account(session, account) for account in charged}
+        accounts = self._lock_accounts(session, charged)  # ascending, a few statements
         principals = sorted(
             {
                 a.principal_account_id
@@ -321,10 +318,22 @@ class Admissions(LedgerPart):
         return outcomes
 
     def _reconcile_stale_twin(self, stale: _StaleTwin) -> None:
-        """Refund an in-flight twin that outlived ``stale_after_seconds`` without a release
-        (its worker died between charge and answer), in its own transaction. If it was
-        released meanwhile, the admission that starts again joins its release."""
-        with suppress(ChargeSettled):
-            self._settlement.refund(
-                stale.charge_id, reason=f"reconciled: no release {stale.age:.0f} s after admission"
-            )
+        """Refund an in-flight twin whose last sign of life is older than
+        ``stale_after_seconds`` without a release (its worker died between charge and answer),
+        in its own transaction. If it was released (or beat) meanwhile, the admission that
+        starts again joins it."""
+        self._settlement.refund_if_stale(
+            stale.charge_id,
+            utcnow() - timedelta(seconds=stale.stale_after_seconds),
+            reason=f"reconciled: no release {stale.age:.0f} s after admission",
+        )
+
+
+#: The refusals an admission keeps a row of (a reused key is bad input, not a refusal).
+_REFUSALS = (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted)
+
+
+def _refusal_row(a: Admission, refusal: ServiceError) -> RefusalRow:
+    return RefusalRow(
+        refusal.code, a.charged_account_id, a.principal_account_id, a.mode, a.query_epsilon
+    )

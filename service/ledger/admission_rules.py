@@ -50,21 +50,23 @@ class _StaleTwin(Exception):
     """Internal: an identical query's charge is still ``admitted`` past the stale bound;
     roll back, refund it on its own, and admit again."""
 
-    def __init__(self, charge_id: int, age: float) -> None:
+    def __init__(self, charge_id: int, age: float, stale_after_seconds: float) -> None:
         super().__init__(charge_id, age)
         self.charge_id = charge_id
         self.age = age
+        self.stale_after_seconds = stale_after_seconds
 
 
-def _refuse_stale_twin(charge_id: int, created_at: Any, stale_after_seconds: float) -> None:
-    """Raise :class:`_StaleTwin` for an in-flight twin admitted longer ago than the bound.
+def _refuse_stale_twin(charge_id: int, last_sign: Any, stale_after_seconds: float) -> None:
+    """Raise :class:`_StaleTwin` for an in-flight twin whose last sign of life (heartbeat,
+    else admission) is older than the bound.
 
     It is refunded in a transaction of its own (:meth:`Admissions._reconcile_stale_twin`), then
     the admission starts again: refunding here would lock the twin's exposure shard after
     this admission's own, out of ascending order."""
-    age = (utcnow() - _aware(created_at)).total_seconds()
+    age = (utcnow() - _aware(last_sign)).total_seconds()
     if age > stale_after_seconds:
-        raise _StaleTwin(charge_id, age)
+        raise _StaleTwin(charge_id, age, stale_after_seconds)
 
 
 class AdmissionRules(LedgerPart):
@@ -132,6 +134,7 @@ class AdmissionRules(LedgerPart):
             self._quota_and_degree._check_quota(
                 session, a.principal_account_id, a.quota_epsilon, epsilon, now,
                 lock=not principal_locked,
+                windows=None if reads is None else reads.quota_windows,
             )  # fmt: skip
         shard = add_exposure(query_curve)
         charge = writes.add_charge(
@@ -161,6 +164,12 @@ class AdmissionRules(LedgerPart):
                 a.request_id, now,
             )  # fmt: skip
             charges += 1
+        if quota and reads is not None:  # what the group charged counts in its window
+            window = reads.quota_windows.get(a.principal_account_id)
+            if window is not None:  # as the rows would read: the query's, its degree charge
+                window.append((now, float(a.query_epsilon)))
+                if degree is not None:
+                    window.append((now, float(degree.epsilon)))
         if a.idempotency_key is not None:
             writes.bind(a.principal_account_id, a.idempotency_key, charge, "charged", now)
             if reads is not None:
@@ -223,7 +232,7 @@ class AdmissionRules(LedgerPart):
                 return ReceiptOfNewCharge(new_twin, _view(account, account), joined=True)
             twin = reads.twin(a.charged_account_id, digest)
             if twin is not None:
-                _refuse_stale_twin(twin.id, twin.created_at, stale_after_seconds)
+                _refuse_stale_twin(twin.id, twin.last_sign, stale_after_seconds)
                 self._bind_joined(a, twin.id, a.charged_account_id, writes, reads)
                 return ChargeReceipt(charge_id=twin.id, budget=_view(account, account), joined=True)
             released = reads.released(a.release_key)
@@ -268,7 +277,8 @@ class AdmissionRules(LedgerPart):
         ).one_or_none()
         if row is None:
             return None
-        _refuse_stale_twin(row.id, row.created_at, stale_after_seconds)
+        last_sign = row.heartbeat_at if row.heartbeat_at is not None else row.created_at
+        _refuse_stale_twin(row.id, last_sign, stale_after_seconds)
         return row.id
 
     def _reused(

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import cast
 
 from sqlalchemy import Table, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from service.ledger.idempotency import EarlierCharge, bound_charges
-from service.ledger.locked_rows import NewCharge
+from service.ledger.locked_rows import NewCharge, charge_last_sign
 from service.ledger.records import Admission, BudgetView, ChargeReceipt, ReleaseKey
 from service.ledger.tables import Charge, Release
 
@@ -32,7 +33,10 @@ CHARGES = cast(Table, Charge.__table__)
 RELEASES = cast(Table, Release.__table__)
 
 _TWINS = select(
-    CHARGES.c.id, CHARGES.c.charged_account_id, CHARGES.c.release_key, CHARGES.c.created_at
+    CHARGES.c.id,
+    CHARGES.c.charged_account_id,
+    CHARGES.c.release_key,
+    charge_last_sign.label("last_sign"),
 ).where(
     CHARGES.c.charged_account_id.in_(bindparam("accounts", expanding=True)),
     CHARGES.c.release_key.in_(bindparam("digests", expanding=True)),
@@ -96,6 +100,9 @@ class GroupReads:
         self._by_key = by_key
         self._new_twins: dict[tuple[int, str], NewCharge] = {}
         self._new_by_key: dict[tuple[int, str], NewCharge | EarlierCharge] = {}
+        #: Each quota-checked principal's 24-hour window (charge time, epsilon), read at its
+        #: first check in the group and added to as the group charges under its lock.
+        self.quota_windows: dict[int, list[tuple[datetime, float]]] = {}
 
     @classmethod
     def read(cls, session: Session, admissions: Iterable[Admission]) -> GroupReads:
@@ -156,7 +163,7 @@ def _read_twins(
     for row in session.execute(_TWINS, params):
         pair = (int(row.charged_account_id), str(row.release_key))
         if pair in wanted and (pair not in newest or newest[pair].id < int(row.id)):
-            newest[pair] = EarlierCharge(int(row.id), pair[0], row.created_at)
+            newest[pair] = EarlierCharge(int(row.id), pair[0], row.last_sign)
     return newest
 
 

@@ -40,7 +40,8 @@ class EarlierCharge:
 
     id: int
     charged_account_id: int
-    created_at: datetime | None = None
+    #: an in-flight twin's last sign of life (heartbeat, else admission), when read for one
+    last_sign: datetime | None = None
     popular: bool = False  # a ``popular`` answer's binding: no other query may take the key
 
 

@@ -111,6 +111,7 @@ class Ledger(LedgerPart):
     list_accounts = delegate("accounts", Accounts.list_accounts)
     account_for_node = delegate("accounts", Accounts.account_for_node)
     user_account_for_node = delegate("accounts", Accounts.user_account_for_node)
+    user_accounts_for_nodes = delegate("accounts", Accounts.user_accounts_for_nodes)
     budget = delegate("budgets", Budgets.budget)
     account_delta = delegate("budgets", Budgets.account_delta)
     set_budget = delegate("budgets", Budgets.set_budget)
@@ -142,6 +143,7 @@ class Ledger(LedgerPart):
     store_releases = delegate("settlement", Settlement.store_releases)
     charge_state = delegate("settlement", Settlement.charge_state)
     reconcile = delegate("settlement", Settlement.reconcile)
+    beat_charges = delegate("settlement", Settlement.beat_charges)
     find_release = delegate("stored_releases", StoredReleases.find_release)
     release_for_charge = delegate("stored_releases", StoredReleases.release_for_charge)
     release_for_idempotency_key = delegate(
@@ -163,6 +165,7 @@ class Ledger(LedgerPart):
     count_charges = delegate("reports", Reports.count_charges)
     record_audit = delegate("reports", Reports.record_audit)
     record_refusal = delegate("reports", Reports.record_refusal)
+    record_refusals = delegate("reports", Reports.record_refusals)
     list_audit = delegate("reports", Reports.list_audit)
     record_reads = delegate("read_figures", ReadFigures.record_reads)
     read_view = delegate("read_figures", ReadFigures.read_view)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Table, bindparam, insert, select, update
+from sqlalchemy import CursorResult, Table, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from service.ledger.tables import (
@@ -85,11 +85,31 @@ _SETTLE = (
 )
 
 
-def settle(session: Session, charge_id: int, state: str, now: datetime) -> int:
+#: A charge's last sign of life: its heartbeat, or its admission if it never beat.
+charge_last_sign = func.coalesce(CHARGES.c.heartbeat_at, CHARGES.c.created_at)
+_SETTLE_STALE = _SETTLE.where(
+    charge_last_sign < bindparam("stale_before", type_=CHARGES.c.created_at.type)
+)
+
+
+def settle(
+    session: Session,
+    charge_id: int,
+    state: str,
+    now: datetime,
+    *,
+    stale_before: datetime | None = None,
+) -> int:
     """Move a charge from ``admitted`` to ``state``; 1 if it moved, 0 if it was settled
     already. The conditional UPDATE is what makes a release and a refund of one charge
-    exclusive."""
-    result = session.execute(_SETTLE, {"charge_id": charge_id, "new_state": state, "now": now})
+    exclusive. With ``stale_before`` (a refund by a reconciler), it moves only if its last
+    sign of life (heartbeat, else admission) is older than that, in the same statement: a
+    heartbeat committed first keeps it admitted."""
+    values = {"charge_id": charge_id, "new_state": state, "now": now}
+    if stale_before is None:
+        result = session.execute(_SETTLE, values)
+    else:
+        result = session.execute(_SETTLE_STALE, {**values, "stale_before": stale_before})
     return int(cast(CursorResult[Any], result).rowcount)
 
 
@@ -132,6 +152,28 @@ def lock_account(session: Session, account_id: int) -> LockedAccount | None:
     """The account's spend and budget, its spend row locked until the transaction ends."""
     row = session.execute(_LOCK_ACCOUNT, {"account_id": account_id}).one_or_none()
     return None if row is None else LockedAccount(row)
+
+
+_LOCK_ACCOUNTS = (
+    select(SPEND, BUDGETS.c.cap_epsilon, BUDGETS.c.delta)
+    .join_from(SPEND, BUDGETS, BUDGETS.c.account_id == SPEND.c.account_id)
+    .where(SPEND.c.account_id.in_(bindparam("account_ids", expanding=True)))
+    .order_by(SPEND.c.account_id)
+    .with_for_update(of=SPEND)
+)
+
+
+def lock_accounts(session: Session, account_ids: list[int]) -> dict[int, LockedAccount]:
+    """As :func:`lock_account` for many accounts, a few hundred per statement, every spend
+    row locked in ascending account id (the order every admission locks in, so groups and
+    single admissions never deadlock); an unknown account is missing from the answer."""
+    ordered = sorted(set(account_ids))
+    locked: dict[int, LockedAccount] = {}
+    for start in range(0, len(ordered), 500):
+        rows = session.execute(_LOCK_ACCOUNTS, {"account_ids": ordered[start : start + 500]})
+        for row in rows:
+            locked[int(row.account_id)] = LockedAccount(row)
+    return locked
 
 
 def lock_spend_row(session: Session, account_id: int) -> bool:

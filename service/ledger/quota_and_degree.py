@@ -97,23 +97,36 @@ class QuotaAndDegree(LedgerPart):
         now: Any,
         *,
         lock: bool = True,
+        windows: dict[int, list[tuple[Any, float]]] | None = None,
     ) -> None:
         """Refuse when the principal's eps charged to others in the last 24 h would pass its
         quota. Locks the principal's spend row (unless the caller holds it), so the check and
-        the charge are atomic."""
+        the charge are atomic.
+
+        ``windows`` (a group's admission, which holds the principal's lock throughout): each
+        principal's window as read at its first check in the group, to which the group adds
+        what it charges (:meth:`AdmissionRules._admit_locked`), so a group of many queries
+        reads it once, not once per query."""
         if lock:
             self._lock_principal(session, principal)
         since = now - QUOTA_WINDOW
-        rows = session.execute(
-            select(Charge.created_at, Charge.epsilon)
-            .where(
-                Charge.principal_account_id == principal,
-                Charge.charged_account_id != principal,
-                Charge.state != "refunded",
-                Charge.created_at > since,
-            )
-            .order_by(Charge.created_at)
-        ).all()
+        known = None if windows is None else windows.get(principal)
+        if known is not None:
+            rows = [(at, eps) for at, eps in known if at > since]
+        else:
+            read = session.execute(
+                select(Charge.created_at, Charge.epsilon)
+                .where(
+                    Charge.principal_account_id == principal,
+                    Charge.charged_account_id != principal,
+                    Charge.state != "refunded",
+                    Charge.created_at > since,
+                )
+                .order_by(Charge.created_at)
+            ).all()
+            rows = [(_aware(at), float(eps)) for at, eps in read]
+            if windows is not None:
+                windows[principal] = list(rows)
         used = math.fsum(float(e) for _, e in rows)
         if used + epsilon <= quota * (1.0 + ADMISSION_RTOL):
             return

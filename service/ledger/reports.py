@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple, cast
 
-from sqlalchemy import func, select
+from sqlalchemy import Table, func, insert, select
 from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.orm import Session
 
 from service.ledger.exposure import ExposureReport, default_delta, exposure_report
 from service.ledger.ledger_rows import (
@@ -28,6 +30,27 @@ from service.ledger.unit_of_work import (
 from service.ledger.verification import VerifyReport, verify_ledger
 
 log = logging.getLogger("service.ledger.ledger")
+
+REFUSALS = cast(Table, Refusal.__table__)
+
+
+class RefusalRow(NamedTuple):
+    """One refused query, as the refusals table keeps it (nothing was charged)."""
+
+    reason: str
+    charged_account_id: int | None = None
+    principal_account_id: int | None = None
+    mode: str | None = None
+    epsilon: float | None = None
+
+
+def insert_refusals(session: Session, refusals: Sequence[RefusalRow]) -> None:
+    """The refusals, in the caller's transaction, in one multi-row INSERT."""
+    now = utcnow()
+    session.execute(
+        insert(REFUSALS),
+        [{**refusal._asdict(), "created_at": now} for refusal in refusals],
+    )
 
 
 class Reports(LedgerPart):
@@ -103,20 +126,21 @@ class Reports(LedgerPart):
     ) -> None:
         """Keep a refused query (its own transaction; nothing was charged). Best effort: a
         refusal is answered even when this write fails."""
+        self.record_refusals(
+            [RefusalRow(reason, charged_account_id, principal_account_id, mode, epsilon)]
+        )
+
+    def record_refusals(self, refusals: Sequence[RefusalRow]) -> None:
+        """Keep many refused queries in one transaction, one multi-row INSERT (a batch whose
+        items are refused costs one write, not one per item). Best effort, as
+        :meth:`record_refusal`."""
+        if not refusals:
+            return
         try:
             with self._writing() as session:
-                session.add(
-                    Refusal(
-                        created_at=utcnow(),
-                        reason=reason,
-                        charged_account_id=charged_account_id,
-                        principal_account_id=principal_account_id,
-                        mode=mode,
-                        epsilon=epsilon,
-                    )
-                )
+                insert_refusals(session, refusals)
         except Exception:
-            log.warning("could not record a %s refusal", reason, exc_info=True)
+            log.warning("could not record %d refusals", len(refusals), exc_info=True)
 
     def list_audit(self, limit: int = 100) -> list[dict[str, Any]]:
         """Audit rows, newest first."""

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from datetime import timedelta
+from collections.abc import Collection, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import insert, select, update
@@ -22,6 +22,7 @@ from service.ledger.ledger_rows import (
 from service.ledger.locked_rows import (
     CHARGES,
     RELEASES,
+    charge_last_sign,
     settle,
 )
 from service.ledger.records import (
@@ -78,20 +79,30 @@ class Settlement(LedgerPart):
                     f"charge {charge_id} was released: it cannot be refunded",
                     details={"charge_id": charge_id},
                 )
-            return self._refund_in(session, charge, reason=reason, actor=actor_account_id)
+            view = self._refund_in(session, charge, reason=reason, actor=actor_account_id)
+            assert view is not None  # no stale_before: an admitted charge always moves
+            return view
 
     def _refund_in(
-        self, session: Session, charge: Charge, *, reason: str, actor: int | None
-    ) -> BudgetView:
+        self,
+        session: Session,
+        charge: Charge,
+        *,
+        reason: str,
+        actor: int | None,
+        stale_before: datetime | None = None,
+    ) -> BudgetView | None:
         """Refund an admitted charge inside a transaction that holds its account's spend lock.
 
         The state moves ``admitted -> refunded`` only if still admitted (so a concurrent
         release and a refund can never both win); the spend is recomputed as the left fold of
-        the live charges, and the charge's curve leaves its exposure shard (rounded up).
+        the live charges, and the charge's curve leaves its exposure shard (rounded up). With
+        ``stale_before`` (a reconciler), only if the charge's last sign of life is older than
+        that; None if it is not (its process is still working on it: nothing changes).
         """
         account_id = charge.charged_account_id
         now = utcnow()
-        moved = settle(session, charge.id, "refunded", now)
+        moved = settle(session, charge.id, "refunded", now, stale_before=stale_before)
         spend = self._lock_spend(session, account_id)
         budget = self._budget_row(session, account_id)
         if moved != 1:
@@ -101,6 +112,8 @@ class Settlement(LedgerPart):
                     f"charge {charge.id} was released: it cannot be refunded",
                     details={"charge_id": charge.id},
                 )
+            if charge.state == "admitted":  # it beat since stale_before: alive
+                return None
             return _view(budget, spend)
         session.add(Refund(charge_id=charge.id, created_at=now, reason=reason))
         free_bindings(session, charge.id, now)  # nothing was released under those keys
@@ -218,43 +231,89 @@ class Settlement(LedgerPart):
             )
         return str(state)
 
+    def beat_charges(self, charge_ids: Collection[int]) -> set[int]:
+        """Refresh the heartbeat of those of ``charge_ids`` that are still ``admitted`` (the
+        process answering them is alive and working on them); the ids still admitted. A charge
+        missing from the answer was settled: released, or refunded by a reconciler after its
+        heartbeat lapsed (its answer must then be discarded, which storing it does)."""
+        ids = sorted(set(charge_ids))
+        alive: set[int] = set()
+        if not ids:
+            return alive
+        with self._writing() as session:
+            now = utcnow()
+            for start in range(0, len(ids), 500):
+                alive.update(
+                    session.scalars(
+                        update(CHARGES)
+                        .where(
+                            CHARGES.c.id.in_(ids[start : start + 500]),
+                            CHARGES.c.state == "admitted",
+                        )
+                        .values(heartbeat_at=now)
+                        .returning(CHARGES.c.id)
+                    )
+                )
+        return alive
+
     def reconcile(
         self, *, older_than_seconds: float, actor_account_id: int | None = None
     ) -> list[int]:
-        """Refund every charge still ``admitted`` (no release stored) that is older than the
-        limit, with an audit row each, and settle graph-wide releases left without a payload.
+        """Refund every charge still ``admitted`` (no release stored) whose last sign of life
+        (its heartbeat, else its admission) is older than the limit, with an audit row each,
+        and settle graph-wide releases left without a payload.
 
         Sound because an answer leaves the process only after its release is stored, and a
-        release can no longer be stored once its charge is refunded. Returns the refunded ids.
+        release can no longer be stored once its charge is refunded. A process still working
+        on a charge refreshes its heartbeat (:meth:`beat_charges`), so the database, not any
+        process's memory, tells a live charge from one whose process died: each refund is a
+        conditional UPDATE that loses to a heartbeat or a release committed before it. Returns
+        the refunded ids.
         """
         if not (math.isfinite(older_than_seconds) and older_than_seconds >= 0):
             raise InvalidParameter("older_than", f"must be >= 0 seconds, got {older_than_seconds}")
         cutoff = utcnow() - timedelta(seconds=older_than_seconds)
         with self._reading() as session:
-            ids = list(
+            ids: list[int] = list(
                 session.scalars(
-                    select(Charge.id)
-                    .where(Charge.state == "admitted", Charge.created_at < cutoff)
-                    .order_by(Charge.id)
+                    select(CHARGES.c.id)
+                    .where(
+                        CHARGES.c.state == "admitted",
+                        CHARGES.c.created_at < cutoff,
+                        charge_last_sign < cutoff,
+                    )
+                    .order_by(CHARGES.c.id)
                 )
             )
-        refunded: list[int] = []
-        for charge_id in ids:
-            with self._writing() as session:
-                charge = session.get(Charge, charge_id)
-                assert charge is not None
-                self._lock_spend(session, charge.charged_account_id)
-                session.refresh(charge)
-                if charge.state != "admitted":
-                    continue
-                self._refund_in(
-                    session,
-                    charge,
-                    reason=f"reconciled: no release stored within {older_than_seconds:g} s",
-                    actor=actor_account_id,
-                )
-                refunded.append(charge_id)
+        reason = f"reconciled: no release stored within {older_than_seconds:g} s"
+        refunded = [
+            charge_id
+            for charge_id in ids
+            if self.refund_if_stale(charge_id, cutoff, reason=reason, actor=actor_account_id)
+        ]
         # synthesis jobs first: a dead job's release is refunded with the job marked failed
         self._synthesis.reconcile_synthesis(cutoff)
         self._graph_releases._reconcile_graph_releases(cutoff)
         return refunded
+
+    def refund_if_stale(
+        self, charge_id: int, stale_before: datetime, *, reason: str, actor: int | None = None
+    ) -> bool:
+        """Refund charge ``charge_id`` in a transaction of its own if it is still ``admitted``
+        and its last sign of life is older than ``stale_before``; whether it was refunded.
+        A charge released, refunded or beating meanwhile is left as it is (never an error)."""
+        try:
+            with self._writing() as session:
+                charge = session.get(Charge, charge_id)
+                if charge is None:
+                    return False
+                self._lock_spend(session, charge.charged_account_id)
+                session.refresh(charge)
+                if charge.state != "admitted":
+                    return False
+                view = self._refund_in(
+                    session, charge, reason=reason, actor=actor, stale_before=stale_before
+                )
+                return view is not None
+        except ChargeSettled:  # released between the read and the refund: its answer won
+            return False

@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from service.errors import ServiceError
+from service.errors import ServiceError, shown
 from service.ledger.graph_releases import GraphReleases
 from service.ledger.records import ChargeSettled, GraphCap
 from service.ledger.tables import GraphRelease, SynthesisJob, iso, utcnow
@@ -292,7 +292,7 @@ class SynthesisJobs(LedgerPart):
 
 def _unknown(job_id: str) -> UnknownSynthesisJob:
     return UnknownSynthesisJob(
-        f"no synthesis job {job_id!r}: list them at GET /v1/admin/synthetic",
+        f"no synthesis job {shown(job_id)}: list them at GET /v1/admin/synthetic",
         details={"job_id": job_id},
     )
 

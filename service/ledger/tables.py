@@ -259,6 +259,11 @@ class Charge(Base):
     graph_release_id: Mapped[int | None] = mapped_column(
         ForeignKey("graph_releases.id"), nullable=True
     )
+    #: The answering process's last sign of life while the charge is ``admitted`` (a long
+    #: batch refreshes it while its items are drawn); the reconciler, and an identical query
+    #: finding it in flight, refund an admitted charge only once this (or ``created_at``, if
+    #: it never beat) is older than their limit.
+    heartbeat_at: Mapped[datetime | None] = mapped_column(Timestamp, nullable=True)
 
 
 class Refund(Base):
@@ -490,8 +495,9 @@ class ReadTotal(Base):
 
 class Refusal(Base):
     """A query the ledger refused (budget, quota, graph-wide cap or mode): kept so admins see
-    refusals by reason across every worker and restart. Written in its own transaction after
-    the refusal; nothing was charged."""
+    refusals by reason across every worker and restart. Nothing was charged. A group's
+    refusals at admission are written in the admission's own transaction, those met while a
+    group is prepared in one transaction at its end, a lone query's in one of its own."""
 
     __tablename__ = "refusals"
     __table_args__ = (Index("ix_refusals_created_at", "created_at"),)

@@ -27,6 +27,7 @@ from service.ledger.locked_rows import (
     LockedAccount,
     LockedShard,
     lock_account,
+    lock_accounts,
     lock_shard,
     lock_spend_row,
 )
@@ -175,6 +176,14 @@ class LedgerPart:
     def _lock_account(session: Session, account_id: int) -> LockedAccount:
         """The account's spend and budget, its spend row locked (admission's Core path)."""
         return _known(lock_account(session, account_id), account_id)
+
+    @staticmethod
+    def _lock_accounts(session: Session, account_ids: list[int]) -> dict[int, LockedAccount]:
+        """:meth:`_lock_account` for many accounts, in ascending id, a few statements."""
+        locked = lock_accounts(session, account_ids)
+        for account_id in account_ids:
+            _known(locked.get(account_id), account_id)
+        return locked
 
     @staticmethod
     def _lock_principal(session: Session, account_id: int) -> None:

@@ -17,7 +17,8 @@ items left), drawn concurrently, stored in one, and none is answered before all 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +51,7 @@ from service.privacy.laplace import LaplacePlan
 from service.serving.embedding_schemas import EmbeddingAnswer, EmbeddingRequest
 from service.serving.embedding_spaces import EmbeddingSpaces
 from service.serving.pipeline.errors import IdempotencyKeyReused
-from service.serving.pipeline.group import GroupAnswers, Run
+from service.serving.pipeline.group import GroupAnswers, Run, own_charges
 from service.serving.ppr_query import PprQueryService
 from service.serving.schemas import QueryRequest
 
@@ -117,6 +118,8 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
         self._replaying = queries.replaying
         self.admitting = queries.admitting
         self.storing = queries.storing
+        self.live = queries.live
+        self.refusals = queries.refusals
 
     # -- one request --------------------------------------------------------------------------
 
@@ -138,8 +141,9 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
         joined = self._replaying.join_twin_of(p, receipt, self._admit, self._replay_pending)
         if isinstance(joined, EmbeddingAnswer):
             return joined
-        stored = self._draw(p, joined)
-        self.storing.store(stored, p.req)  # before the answer leaves the process, or none
+        with self.live.holding(own_charges([joined])):
+            stored = self._draw(p, joined)
+            self.storing.store(stored, p.req)  # before the answer leaves the process, or none
         return self.fresh_answer(p, joined, stored)
 
     # -- before admission ---------------------------------------------------------------------
@@ -272,6 +276,9 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
         return self._replay(stored, p)
 
     # -- a group (GroupAnswers.answer_many): DP-IE's steps ------------------------------------
+
+    def group_reads(self, reqs: Sequence[EmbeddingRequest]) -> AbstractContextManager[None]:
+        return self._preparing.seed_accounts([(r.principal, r.node, r.mode) for r in reqs])
 
     def bind(
         self, items: list[_ToBind]

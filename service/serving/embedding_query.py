@@ -22,7 +22,7 @@ import math
 from service.config import MechanismSettings
 from service.embeddings.dp import MAX_K as DP_IE_MAX_K
 from service.embeddings.release import FREE_EMBEDDING, free_embedding_of
-from service.errors import Forbidden, InvalidParameter, NotFound
+from service.errors import Forbidden, InvalidParameter, NotFound, shown
 from service.graph.model import Graph
 from service.ledger.records import ReleaseKey, StoredRelease
 from service.mechanisms.registry import RankingMechanism, resolve_mechanism
@@ -154,8 +154,8 @@ class EmbeddingQueryService:
         stored = self._replaying.find_release(key)
         if stored is None:
             raise NoRelease(
-                f"no stored {name.value} release of node {req.node!r} in {req.mode.value} mode at "
-                f"epsilon {epsilon:g} on the current graph version for this account; ask "
+                f"no stored {name.value} release of node {shown(req.node)} in {req.mode.value} "
+                f"mode at epsilon {epsilon:g} on the current graph version for this account; ask "
                 "GET /v1/ppr/{node} with these parameters first (charged), then ask again",
                 details={"node": req.node, "mode": req.mode.value, "epsilon": epsilon,
                          "mechanism": name.value},
@@ -219,7 +219,7 @@ class EmbeddingQueryService:
             account = self.ledger.account_for_node(node)
             if account is None:
                 raise NoRelease(
-                    f"no stored release of node {node!r}: it has no account",
+                    f"no stored release of node {shown(node)}: it has no account",
                     details={"node": node},
                 )
             return account.account_id

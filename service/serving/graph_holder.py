@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from service.errors import InvalidParameter
+from service.errors import InvalidParameter, shown
 from service.graph.model import Graph
 from service.mechanisms.engine import warm_engine
 from service.mechanisms.operator import walk_operator
@@ -86,7 +86,7 @@ def graph_file_in(directory: Path | None, name: str) -> Path:
         if not candidate.is_relative_to(root) or candidate == root:
             raise InvalidParameter("path", "must name a file inside PPR_GRAPH_DIR")
         if not candidate.is_file():
-            raise InvalidParameter("path", f"no such file in PPR_GRAPH_DIR: {name!r}")
+            raise InvalidParameter("path", f"no such file in PPR_GRAPH_DIR: {shown(name)}")
     except OSError as exc:  # a name too long for the file system, a loop of links, ...
         raise InvalidParameter(
             "path", f"cannot be opened in PPR_GRAPH_DIR: {exc.strerror}"

@@ -13,24 +13,29 @@ queries (a batch, or the single queries the coalescer gathers) is answered by
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+
 from service.cache.caches import ReplayCache
 from service.config import MechanismSettings
 from service.ledger.ledger import Ledger
 from service.ledger.records import Admission, ChargeReceipt, StoredRelease
 from service.mechanisms.engine import DiffusionEngine
 from service.serving.graph_holder import GraphHolder
+from service.serving.live_charges import LiveCharges
 from service.serving.pipeline.admit import Admitter
 from service.serving.pipeline.answer import PopularAnswers, fresh_answer
 from service.serving.pipeline.draw import Drawer
 from service.serving.pipeline.errors import IdempotencyKeyReused as IdempotencyKeyReused
 from service.serving.pipeline.errors import RequestInProgress as RequestInProgress
-from service.serving.pipeline.group import GroupAnswers, Run
+from service.serving.pipeline.group import GroupAnswers, Run, own_charges
 from service.serving.pipeline.items import Admitted, Pending, ToBind
 from service.serving.pipeline.policy import AdmissionPolicy
 from service.serving.pipeline.prefixes import PrefixProvider
 from service.serving.pipeline.prepare import MECHANISM_NAME as MECHANISM_NAME
 from service.serving.pipeline.prepare import Preparer
 from service.serving.pipeline.reads import ReadFigure
+from service.serving.pipeline.refusals import RefusalLog
 from service.serving.pipeline.replay import Replayer
 from service.serving.pipeline.store import Storer
 from service.serving.planner import DiffusionPlanner
@@ -77,7 +82,8 @@ class PprQueryService(GroupAnswers[QueryRequest, Pending, ToBind, Answer]):
         self.degree_releases = degree_releases or DegreeReleases(ledger, mechanism.popular_epsilon)
         # the stages, each after those it uses; ledger_group_max > 1: concurrent admissions
         # share one transaction, and so do concurrent release stores
-        reads = ReadFigure(ledger, self.policy)
+        self.refusals = RefusalLog(ledger)
+        reads = ReadFigure(ledger, self.policy, self.refusals)
         self.admitting = Admitter(ledger, self.policy, mechanism, self.planner, ledger_group_max)
         self.replaying = Replayer(ledger=ledger, replays=replays, reads=reads, policy=self.policy)
         popular = PopularAnswers(
@@ -88,12 +94,16 @@ class PprQueryService(GroupAnswers[QueryRequest, Pending, ToBind, Answer]):
             graphs=graphs, ledger=ledger, mechanism=mechanism, planner=self.planner,
             degree_releases=self.degree_releases, create_seed_accounts=create_seed_accounts,
             admitter=self.admitting, replayer=self.replaying, popular=popular,
+            refusals=self.refusals,
         )  # fmt: skip
         self.drawing = Drawer(
             engine=self.engine, prefixes=prefixes, ledger=ledger, reads=reads,
             note_budget=self.replaying.note_budget, replay_store_top=replay_store_top,
         )  # fmt: skip
         self.storing = Storer(ledger, replays, ledger_group_max)
+        self.live = LiveCharges(
+            ledger.beat_charges, heartbeat_seconds=self.policy.heartbeat_seconds
+        )
 
     def validate(self, req: QueryRequest) -> float:
         """Check k, epsilon, the mechanism and the mode's options without answering; the
@@ -111,14 +121,18 @@ class PprQueryService(GroupAnswers[QueryRequest, Pending, ToBind, Answer]):
         joined = self.replaying.join_twin(p, receipt, self.admitting.admit)
         if isinstance(joined, Answer):
             return joined
-        stored = self.drawing.draw(p, joined)
-        self.storing.store(stored, p.req)  # before the answer leaves the process, or no answer
+        with self.live.holding(own_charges([joined])):
+            stored = self.drawing.draw(p, joined)
+            self.storing.store(stored, p.req)  # before the answer leaves, or no answer
         return fresh_answer(p, joined, stored)
 
     # -- a group (GroupAnswers.answer_many): the ranking's steps ------------------------------
 
     def prepare(self, req: QueryRequest) -> Answer | Pending | ToBind:
         return self.preparing.prepare(req)
+
+    def group_reads(self, reqs: Sequence[QueryRequest]) -> AbstractContextManager[None]:
+        return self.preparing.seed_accounts([(r.principal, r.node, r.mode) for r in reqs])
 
     def bind(self, items: list[ToBind]) -> list[Answer | Pending | BaseException]:
         return self.preparing.bind(items)

@@ -47,8 +47,16 @@ class HttpSettings(BaseSettings):
     )
     http_max_connections: int = Field(
         2048, ge=1, le=1_000_000,
-        description="Open connections per worker process; a request on a connection beyond "
-        "it gets 503 overloaded (and the connection is closed) instead of being served.",
+        description="Open connections per worker process, counted from accept: beyond it the "
+        "oldest connection still waiting for its request head is answered 503 overloaded "
+        "and closed, or, if none is, the new one is.",
+    )  # fmt: skip
+    http_reserved_files: int = Field(
+        256, ge=0, le=1_000_000,
+        description="File descriptors a worker keeps free for what it opens besides its "
+        "connections (ledger and Redis pools, graph files, logs, metrics): a worker holds at "
+        "most its open-file limit, less what it holds at start, less this, in connections "
+        "(or PPR_HTTP_MAX_CONNECTIONS if fewer).",
     )  # fmt: skip
     http_max_url_bytes: int = Field(
         16_384, ge=1024, le=1_048_576,

@@ -38,7 +38,8 @@ class LedgerSettings(BaseSettings):
     )  # fmt: skip
     reconcile_after_seconds: float = Field(
         60.0, ge=1.0,
-        description="An admitted charge with no stored release after this long is refunded.",
+        description="An admitted charge with no stored release and no sign of life (its "
+        "heartbeat, else its admission) for this long is refunded.",
     )  # fmt: skip
     reconcile_interval_seconds: float = Field(
         30.0, ge=0.0, description="How often each worker reconciles; 0 turns it off."
@@ -50,7 +51,8 @@ class LedgerSettings(BaseSettings):
             "PPR_RELEASE_HEARTBEAT_SECONDS", "PPR_SYNTHESIS_HEARTBEAT_SECONDS"
         ),
         description="How often a running graph-wide release (a synthesis job or command, an "
-        "all-node embedding release) refreshes its heartbeat; at most half of "
+        "all-node embedding release) refreshes its heartbeat, and how often a worker "
+        "refreshes the heartbeat of the admitted charges it is still answering; at most half of "
         "PPR_RECONCILE_AFTER_SECONDS (unset: 5, or a quarter of that limit if smaller).",
     )  # fmt: skip
     auth_cache_seconds: float = Field(

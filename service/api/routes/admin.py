@@ -51,7 +51,12 @@ def _with_budget(runtime: Runtime, record: AccountRecord) -> AccountWithBudget:
     return AccountWithBudget(**Account.of(record).model_dump(), budget=budget)
 
 
-@router.get("/accounts", response_model=list[AccountWithBudget], responses=_ERRORS)
+@router.get(
+    "/accounts",
+    operation_id="listAccounts",
+    response_model=list[AccountWithBudget],
+    responses=_ERRORS,
+)
 def list_accounts(
     runtime: RuntimeDep,
     admin: AdminDep,
@@ -65,6 +70,7 @@ def list_accounts(
 
 @router.post(
     "/accounts",
+    operation_id="createAccount",
     response_model=CreatedAccount,
     status_code=status.HTTP_201_CREATED,
     responses=_ERRORS,
@@ -93,14 +99,24 @@ def create_account(body: CreateAccount, runtime: RuntimeDep, admin: AdminDep) ->
     return CreatedAccount(**account.model_dump(), key=NewApiKey(**key_record.__dict__, api_key=key))
 
 
-@router.get("/accounts/{account_id}", response_model=AccountWithBudget, responses=_ERRORS)
+@router.get(
+    "/accounts/{account_id}",
+    operation_id="getAccount",
+    response_model=AccountWithBudget,
+    responses=_ERRORS,
+)
 def get_account(
     account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDep
 ) -> AccountWithBudget:
     return _with_budget(runtime, runtime.ledger.get_account(account_id))
 
 
-@router.put("/accounts/{account_id}/budget", response_model=BudgetChange, responses=_ERRORS)
+@router.put(
+    "/accounts/{account_id}/budget",
+    operation_id="setAccountBudget",
+    response_model=BudgetChange,
+    responses=_ERRORS,
+)
 def set_budget(
     account_id: AccountIdPath, body: SetBudget, runtime: RuntimeDep, admin: AdminDep
 ) -> BudgetChange:
@@ -116,7 +132,12 @@ def set_budget(
     return BudgetChange(**view.to_dict(), cap_below_spent=view.cap_epsilon < view.spent_epsilon)
 
 
-@router.put("/accounts/{account_id}/scopes", response_model=Account, responses=_ERRORS)
+@router.put(
+    "/accounts/{account_id}/scopes",
+    operation_id="setAccountScopes",
+    response_model=Account,
+    responses=_ERRORS,
+)
 def set_scopes(
     account_id: AccountIdPath, body: SetScopes, runtime: RuntimeDep, admin: AdminDep
 ) -> Account:
@@ -140,7 +161,12 @@ def set_scopes(
     return Account.of(record)
 
 
-@router.get("/accounts/{account_id}/reads", response_model=Reads, responses=_ERRORS)
+@router.get(
+    "/accounts/{account_id}/reads",
+    operation_id="getAccountReads",
+    response_model=Reads,
+    responses=_ERRORS,
+)
 def account_reads(account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDep) -> Reads:
     """A service account's read figure (what its answers reveal, composed) and its cap."""
     record = runtime.ledger.get_account(account_id)
@@ -153,7 +179,7 @@ def account_reads(account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDe
     )
 
 
-@router.get("/exposure", response_model=Exposure, responses=_ERRORS)
+@router.get("/exposure", operation_id="getExposure", response_model=Exposure, responses=_ERRORS)
 def exposure(
     runtime: RuntimeDep,
     admin: AdminDep,
@@ -171,7 +197,12 @@ def exposure(
     return Exposure.model_validate(report.to_dict())
 
 
-@router.get("/accounts/{account_id}/keys", response_model=list[ApiKey], responses=_ERRORS)
+@router.get(
+    "/accounts/{account_id}/keys",
+    operation_id="listAccountKeys",
+    response_model=list[ApiKey],
+    responses=_ERRORS,
+)
 def list_keys(account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDep) -> list[ApiKey]:
     runtime.ledger.get_account(account_id)
     return [ApiKey.of(k) for k in runtime.ledger.list_api_keys(account_id)]
@@ -179,6 +210,7 @@ def list_keys(account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDep) -
 
 @router.post(
     "/accounts/{account_id}/keys",
+    operation_id="createAccountKey",
     response_model=NewApiKey,
     status_code=status.HTTP_201_CREATED,
     responses=_ERRORS,
@@ -189,13 +221,15 @@ def create_key(account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDep) 
     return NewApiKey(**record.__dict__, api_key=key)
 
 
-@router.post("/keys/{key_id}/revoke", response_model=ApiKey, responses=_ERRORS)
+@router.post(
+    "/keys/{key_id}/revoke", operation_id="revokeKey", response_model=ApiKey, responses=_ERRORS
+)
 def revoke_key(key_id: KeyIdPath, runtime: RuntimeDep, admin: AdminDep) -> ApiKey:
     """Revoke a key (idempotent). The key's row stays; it no longer authenticates."""
     return ApiKey.of(runtime.ledger.revoke_api_key(key_id, actor_account_id=admin.account_id))
 
 
-@router.get("/charges", response_model=list[Charge], responses=_ERRORS)
+@router.get("/charges", operation_id="listCharges", response_model=list[Charge], responses=_ERRORS)
 def list_charges(
     runtime: RuntimeDep,
     admin: AdminDep,
@@ -208,7 +242,7 @@ def list_charges(
     return [Charge.of(r) for r in records]
 
 
-@router.get("/audit", responses=_ERRORS)
+@router.get("/audit", operation_id="listAudit", responses=_ERRORS)
 def audit_log(runtime: RuntimeDep, admin: AdminDep, limit: Limit = 100) -> list[dict[str, Any]]:
     return runtime.ledger.list_audit(limit=limit)
 
@@ -237,12 +271,14 @@ def _graph_info(runtime: Runtime) -> GraphInfo:
     )
 
 
-@router.get("/graph", response_model=GraphInfo, responses=_ERRORS)
+@router.get("/graph", operation_id="getGraph", response_model=GraphInfo, responses=_ERRORS)
 def graph_info(runtime: RuntimeDep, admin: AdminDep) -> GraphInfo:
     return _graph_info(runtime)
 
 
-@router.post("/graph/reload", response_model=GraphInfo, responses=_ERRORS)
+@router.post(
+    "/graph/reload", operation_id="reloadGraph", response_model=GraphInfo, responses=_ERRORS
+)
 def reload_graph(
     runtime: RuntimeDep, admin: AdminDep, body: ReloadGraph | None = None
 ) -> GraphInfo:

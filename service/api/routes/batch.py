@@ -36,7 +36,9 @@ _ERRORS: dict[int | str, dict[str, object]] = {
 }
 
 
-@router.post("/ppr/batch", response_model=BatchAnswer, responses=_ERRORS)
+@router.post(
+    "/ppr/batch", operation_id="postPprBatch", response_model=BatchAnswer, responses=_ERRORS
+)
 def ppr_batch(
     request: Request,
     runtime: RuntimeDep,

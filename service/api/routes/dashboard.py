@@ -65,14 +65,16 @@ def _views(runtime: Runtime) -> AdminViews:
     return AdminViews(runtime.ledger)
 
 
-@router.get("/me", response_model=AdminMe, responses=_ERRORS)
+@router.get("/me", operation_id="getAdminMe", response_model=AdminMe, responses=_ERRORS)
 def me(runtime: RuntimeDep, admin: AdminDep) -> AdminMe:
     """The admin account the key belongs to (the page's sign-in check)."""
     record = runtime.ledger.get_account(admin.account_id)
     return AdminMe(account_id=record.account_id, label=record.label, type="admin")
 
 
-@router.get("/account-table", response_model=AccountTable, responses=_ERRORS)
+@router.get(
+    "/account-table", operation_id="getAccountTable", response_model=AccountTable, responses=_ERRORS
+)
 def account_table(
     runtime: RuntimeDep,
     admin: AdminDep,
@@ -125,7 +127,7 @@ def account_table(
     )
 
 
-@router.get("/usage", response_model=Usage, responses=_ERRORS)
+@router.get("/usage", operation_id="getUsage", response_model=Usage, responses=_ERRORS)
 def usage(runtime: RuntimeDep, admin: AdminDep, hours: Hours = 24) -> Usage:
     """Queries charged and their per-query eps per hour, with refunds and refusals, over the
     last `hours` hours (every hour present)."""
@@ -141,7 +143,7 @@ def usage(runtime: RuntimeDep, admin: AdminDep, hours: Hours = 24) -> Usage:
     )
 
 
-@router.get("/refusals", response_model=Refusals, responses=_ERRORS)
+@router.get("/refusals", operation_id="getRefusals", response_model=Refusals, responses=_ERRORS)
 def refusals(
     runtime: RuntimeDep,
     admin: AdminDep,
@@ -153,7 +155,7 @@ def refusals(
     return Refusals(hours=hours, total=sum(by_reason.values()), by_reason=by_reason)
 
 
-@router.get("/spenders", response_model=Spenders, responses=_ERRORS)
+@router.get("/spenders", operation_id="getSpenders", response_model=Spenders, responses=_ERRORS)
 def spenders(
     runtime: RuntimeDep,
     admin: AdminDep,
@@ -195,7 +197,9 @@ def degree_histogram(degrees: np.ndarray) -> list[DegreeBucket]:
     return buckets
 
 
-@router.get("/graph/degrees", response_model=GraphDegrees, responses=_ERRORS)
+@router.get(
+    "/graph/degrees", operation_id="getGraphDegrees", response_model=GraphDegrees, responses=_ERRORS
+)
 def graph_degrees(runtime: RuntimeDep, admin: AdminDep) -> GraphDegrees:
     """The loaded graph and its degree histogram, read from the degree cache. Exact degrees
     are shown to admins only, in buckets."""
@@ -276,7 +280,7 @@ def _live_worker_pids() -> list[int]:
     return sorted(pids | {os.getpid()})
 
 
-@router.get("/health", response_model=Health, responses=_ERRORS)
+@router.get("/health", operation_id="getAdminHealth", response_model=Health, responses=_ERRORS)
 def health(runtime: RuntimeDep, admin: AdminDep) -> Health:
     """Database (latency, charges in flight), workers, and cache hit rates."""
     started = time.perf_counter()
@@ -314,7 +318,12 @@ def health(runtime: RuntimeDep, admin: AdminDep) -> Health:
     )
 
 
-@router.get("/accounts/{account_id}/curve", response_model=AccountCurve, responses=_ACCOUNT_ERRORS)
+@router.get(
+    "/accounts/{account_id}/curve",
+    operation_id="getAccountCurve",
+    response_model=AccountCurve,
+    responses=_ACCOUNT_ERRORS,
+)
 def account_curve(account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDep) -> AccountCurve:
     """The account's spend after each live charge, composed in admission order by the RDP
     accountant at the account's delta, beside the naive sum of per-query epsilons."""
@@ -322,7 +331,12 @@ def account_curve(account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDe
     return AccountCurve.model_validate(asdict(curve))
 
 
-@router.get("/accounts/{account_id}/charges", response_model=ChargePage, responses=_ACCOUNT_ERRORS)
+@router.get(
+    "/accounts/{account_id}/charges",
+    operation_id="listAccountCharges",
+    response_model=ChargePage,
+    responses=_ACCOUNT_ERRORS,
+)
 def account_charges(
     account_id: AccountIdPath,
     runtime: RuntimeDep,
@@ -344,6 +358,7 @@ def account_charges(
 
 @router.get(
     "/accounts/{account_id}/service-usage",
+    operation_id="getServiceUsage",
     response_model=ServiceUsage,
     responses=_ACCOUNT_ERRORS,
 )
@@ -368,6 +383,7 @@ def service_usage(account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDe
 
 @router.post(
     "/accounts/{account_id}/budget/preview",
+    operation_id="previewAccountBudget",
     response_model=BudgetPreview,
     responses=_ACCOUNT_ERRORS,
 )
@@ -381,7 +397,7 @@ def preview_budget(
     return BudgetPreview.model_validate(asdict(preview))
 
 
-@router.get("/audit-log", response_model=AuditPage, responses=_ERRORS)
+@router.get("/audit-log", operation_id="getAuditLog", response_model=AuditPage, responses=_ERRORS)
 def audit_log(
     runtime: RuntimeDep,
     admin: AdminDep,

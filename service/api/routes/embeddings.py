@@ -76,6 +76,7 @@ def _body(answer: EmbeddingAnswerModel) -> Response:
 
 @router.get(
     "/free/{node_id:node}",
+    operation_id="getFreeEmbedding",
     response_model=EmbeddingAnswerModel,
     response_model_exclude_none=True,
     responses={
@@ -121,6 +122,7 @@ async def free_embedding(
 
 @router.get(
     "/{node_id:embedding_node}",
+    operation_id="getEmbedding",
     response_model=EmbeddingAnswerModel,
     response_model_exclude_none=True,
     responses=_ERRORS,
@@ -179,7 +181,12 @@ _BATCH_ERRORS: dict[int | str, dict[str, object]] = {
 }
 
 
-@router.post("/batch", response_model=EmbeddingBatchAnswer, responses=_BATCH_ERRORS)
+@router.post(
+    "/batch",
+    operation_id="postEmbeddingsBatch",
+    response_model=EmbeddingBatchAnswer,
+    responses=_BATCH_ERRORS,
+)
 def dp_embedding_batch(
     request: Request,
     runtime: RuntimeDep,

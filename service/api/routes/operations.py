@@ -20,7 +20,7 @@ from service.errors import Unauthorized
 router = APIRouter(tags=["operations"], route_class=StrictRoute)
 
 
-@router.get("/healthz")
+@router.get("/healthz", operation_id="getHealthz")
 def healthz() -> dict[str, str]:
     """The process is up and serving HTTP."""
     return {"status": "ok"}
@@ -28,6 +28,7 @@ def healthz() -> dict[str, str]:
 
 @router.get(
     "/readyz",
+    operation_id="getReadyz",
     responses={503: {"description": "not ready: graph or database"}},
 )
 def readyz(request: Request) -> JSONResponse:
@@ -50,6 +51,7 @@ def readyz(request: Request) -> JSONResponse:
 
 @router.get(
     "/metrics",
+    operation_id="getMetrics",
     response_class=Response,
     responses={401: {"description": "PPR_METRICS_TOKEN is set and the request lacks it"}},
 )

@@ -40,7 +40,7 @@ WindowDays = Annotated[
 NearCapFraction = Annotated[float, Query(gt=0, le=1)]
 
 
-@router.post("/plan", response_model=Plan, responses=_ERRORS)
+@router.post("/plan", response_model=Plan, responses=_ERRORS, operation_id="planBudget")
 def plan(body: PlanRequest, runtime: RuntimeDep, admin: AdminDep) -> Plan:
     """The largest per-answer epsilon for `days` x `answers_per_day` fresh answers of a
     ranking to fit `cap_epsilon`: the curve the service charges per answer composed that many
@@ -61,7 +61,7 @@ def plan(body: PlanRequest, runtime: RuntimeDep, admin: AdminDep) -> Plan:
     return Plan.model_validate(made.to_dict())
 
 
-@router.get("/run-out", response_model=NearCapRunOut, responses=_ERRORS)
+@router.get("/run-out", response_model=NearCapRunOut, responses=_ERRORS, operation_id="listRunOut")
 def run_out(
     runtime: RuntimeDep,
     admin: AdminDep,
@@ -88,7 +88,12 @@ def run_out(
     )
 
 
-@router.get("/accounts/{account_id}/run-out", response_model=RunOut, responses=_ACCOUNT_ERRORS)
+@router.get(
+    "/accounts/{account_id}/run-out",
+    response_model=RunOut,
+    responses=_ACCOUNT_ERRORS,
+    operation_id="getAccountRunOut",
+)
 def account_run_out(
     account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDep, window_days: WindowDays = 7.0
 ) -> RunOut:

@@ -40,6 +40,7 @@ def one_header(request: Request, name: str) -> None:
 
 @router.get(
     "/ppr/{node_id:node}",
+    operation_id="getPpr",
     response_model=PprAnswer,
     response_model_exclude_none=True,  # mechanism fields that do not apply are absent
     responses={
@@ -129,13 +130,13 @@ async def ppr(
     return Response(content=body, media_type="application/json")
 
 
-@router.get("/me/budget", response_model=Budget, responses=_ERRORS)
+@router.get("/me/budget", operation_id="getMyBudget", response_model=Budget, responses=_ERRORS)
 def my_budget(runtime: RuntimeDep, principal: PrincipalDep) -> Budget:
     """The caller's own budget: spend composed by the RDP accountant at the account's delta."""
     return Budget.of(runtime.ledger.budget(principal.account_id))
 
 
-@router.get("/me/reads", response_model=Reads, responses=_ERRORS)
+@router.get("/me/reads", operation_id="getMyReads", response_model=Reads, responses=_ERRORS)
 def my_reads(runtime: RuntimeDep, principal: PrincipalDep) -> Reads:
     """A service account's read figure: what all the answers it received reveal about any one
     edge, composed over every distinct release (fresh or replayed; the degree release once

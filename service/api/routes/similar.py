@@ -98,7 +98,12 @@ def _answer(
     )
 
 
-@router.get("/embeddings/similar/{node_id:node}", response_model=SimilarAnswer, responses=_ERRORS)
+@router.get(
+    "/embeddings/similar/{node_id:node}",
+    operation_id="getSimilarNodes",
+    response_model=SimilarAnswer,
+    responses=_ERRORS,
+)
 async def similar_nodes(
     request: Request,
     runtime: RuntimeDep,

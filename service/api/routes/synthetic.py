@@ -67,7 +67,11 @@ def _request(body: StartSynthesis, popular_epsilon: float) -> Request:
 
 
 @router.post(
-    "", response_model=SynthesisJob, status_code=status.HTTP_202_ACCEPTED, responses=_ERRORS
+    "",
+    operation_id="startSynthesis",
+    response_model=SynthesisJob,
+    status_code=status.HTTP_202_ACCEPTED,
+    responses=_ERRORS,
 )
 def start_synthesis(body: StartSynthesis, runtime: RuntimeDep, admin: AdminDep) -> SynthesisJob:
     """Start a synthesis run of the served graph: one graph-wide release, charged now (before
@@ -84,7 +88,7 @@ def start_synthesis(body: StartSynthesis, runtime: RuntimeDep, admin: AdminDep) 
     return SynthesisJob.of(job)
 
 
-@router.get("", response_model=SynthesisJobs, responses=_ERRORS)
+@router.get("", operation_id="listSynthesisJobs", response_model=SynthesisJobs, responses=_ERRORS)
 def list_synthesis(
     runtime: RuntimeDep, admin: AdminDep, limit: Limit = 100, offset: Offset = 0
 ) -> SynthesisJobs:
@@ -93,7 +97,9 @@ def list_synthesis(
     return SynthesisJobs(jobs=[SynthesisJob.of(j) for j in jobs], total=total)
 
 
-@router.get("/{job_id}", response_model=SynthesisJob, responses=_ERRORS)
+@router.get(
+    "/{job_id}", operation_id="getSynthesisJob", response_model=SynthesisJob, responses=_ERRORS
+)
 def get_synthesis(job_id: JobIdPath, runtime: RuntimeDep, admin: AdminDep) -> SynthesisJob:
     """A run's state, progress, charge and error."""
     return SynthesisJob.of(runtime.ledger.synthesis_job(job_id))
@@ -101,6 +107,7 @@ def get_synthesis(job_id: JobIdPath, runtime: RuntimeDep, admin: AdminDep) -> Sy
 
 @router.get(
     "/{job_id}/file",
+    operation_id="getSynthesisFile",
     response_class=Response,
     responses={**_ERRORS, 200: {"content": {"text/plain": {}}, "description": "the edge list"}},
 )

@@ -16,12 +16,15 @@ and how an answer is made of a stored release; the order of the stages is this m
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Generic, TypeVar
 
 from service.ledger.records import Admission, ChargeReceipt, StoredRelease
+from service.serving.live_charges import LiveCharges
 from service.serving.pipeline.admit import Admitter
 from service.serving.pipeline.items import A, Outcomes, Prepared
+from service.serving.pipeline.refusals import RefusalLog
 from service.serving.pipeline.replay import split_twins
 from service.serving.pipeline.store import Storer
 
@@ -40,6 +43,10 @@ class GroupAnswers(ABC, Generic[R, P, B, A]):
 
     admitting: Admitter
     storing: Storer
+    #: The admitted charges still being answered, beating so that no reconciler refunds them.
+    live: LiveCharges
+    #: Where refusals met while preparing are kept (a group's in one transaction).
+    refusals: RefusalLog
     #: The kind's classes of an answer, a query prepared for admission, a keyed replay to bind.
     answer_type: type[A]
     pending_type: type[P]
@@ -63,21 +70,23 @@ class GroupAnswers(ABC, Generic[R, P, B, A]):
         group's keyed replays bind their keys in one transaction; the rest go to admission."""
         pending: list[tuple[int, P]] = []
         to_bind: list[tuple[int, B]] = []
-        for i, req in enumerate(reqs):
-            try:
-                prepared = self.prepare(req)
-            except Exception as exc:
-                settle(i, exc)
-                continue
-            if isinstance(prepared, self.to_bind_type):
-                to_bind.append((i, prepared))
-            else:
-                self._sort_out(i, prepared, pending, settle)
-        if to_bind:
-            bound = self.bind([b for _, b in to_bind])
-            for (i, _), resolved in zip(to_bind, bound, strict=True):
-                self._sort_out(i, resolved, pending, settle)
-            pending.sort(key=lambda item: item[0])
+        # the group's refusals: one write at the end; its seed accounts: one read up front
+        with self.refusals.gathered(), self.group_reads(reqs):
+            for i, req in enumerate(reqs):
+                try:
+                    prepared = self.prepare(req)
+                except Exception as exc:
+                    settle(i, exc)
+                    continue
+                if isinstance(prepared, self.to_bind_type):
+                    to_bind.append((i, prepared))
+                else:
+                    self._sort_out(i, prepared, pending, settle)
+            if to_bind:
+                bound = self.bind([b for _, b in to_bind])
+                for (i, _), resolved in zip(to_bind, bound, strict=True):
+                    self._sort_out(i, resolved, pending, settle)
+                pending.sort(key=lambda item: item[0])
         return pending
 
     def _sort_out(
@@ -113,14 +122,15 @@ class GroupAnswers(ABC, Generic[R, P, B, A]):
         out: Outcomes[A] = Outcomes(len(reqs), on_ready)
         pending = self.prepare_many(reqs, out.settle)
         now, later = split_twins(self.admitting.admit_many(pending, out.settle, self.admission))
-        drawn = self.draw_group(now, run)
-        to_store = []
-        for (i, p, receipt), outcome in zip(now, drawn, strict=True):
-            if isinstance(outcome, StoredRelease):
-                to_store.append((i, p, receipt, outcome))
-            else:
-                out.settle(i, outcome)
-        errors = self.storing.store_many([(p.req, stored) for _, p, _, stored in to_store])
+        with self.live.holding(own_charges(receipt for _, _, receipt in now)):
+            drawn = self.draw_group(now, run)
+            to_store = []
+            for (i, p, receipt), outcome in zip(now, drawn, strict=True):
+                if isinstance(outcome, StoredRelease):
+                    to_store.append((i, p, receipt, outcome))
+                else:
+                    out.settle(i, outcome)
+            errors = self.storing.store_many([(p.req, stored) for _, p, _, stored in to_store])
         twins: dict[int, StoredRelease | BaseException] = {}
         for (i, p, receipt, stored), error in zip(to_store, errors, strict=True):
             out.put(i, error if error is not None else self.fresh_answer(p, receipt, stored))
@@ -128,6 +138,10 @@ class GroupAnswers(ABC, Generic[R, P, B, A]):
         for i, p, receipt in later:
             out.put(i, self.from_twin_in_group(p, twins.get(receipt.charge_id)))
         return out.all()
+
+    def group_reads(self, reqs: Sequence[R]) -> AbstractContextManager[None]:
+        """What the kind reads once for a whole group while it is prepared (none here)."""
+        return nullcontext()
 
     @abstractmethod
     def prepare(self, req: R) -> A | P | B:
@@ -161,3 +175,9 @@ class GroupAnswers(ABC, Generic[R, P, B, A]):
     ) -> A | BaseException:
         """The answer of a query that joined a twin of its own group, from the twin's
         release as stored (or the error that discarded it)."""
+
+
+def own_charges(receipts: Iterable[ChargeReceipt]) -> list[int]:
+    """The charges these admissions made (not a twin's or a key's earlier charge, which its
+    own process keeps alive): the ones this process must keep beating until stored."""
+    return [r.charge_id for r in receipts if not (r.reused or r.joined)]

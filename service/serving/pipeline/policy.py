@@ -16,6 +16,7 @@ class AdmissionPolicy:
     exposure_delta: float | None = None  # None: the smallest account delta
     stale_after_seconds: float = 60.0  # an in-flight twin older than this is reconciled
     twin_wait_seconds: float = 10.0  # how long to wait for an in-flight twin's release
+    heartbeat_seconds: float = 5.0  # how often charges still being answered beat
 
     @classmethod
     def from_settings(cls, settings: Any) -> AdmissionPolicy:
@@ -26,4 +27,5 @@ class AdmissionPolicy:
             exposure_delta=settings.exposure_delta,
             stale_after_seconds=settings.reconcile_after_seconds,
             twin_wait_seconds=settings.twin_wait_seconds,
+            heartbeat_seconds=settings.release_heartbeat_seconds,
         )

@@ -9,7 +9,10 @@ and the mechanism description its answer carries (:class:`Pending`).
 from __future__ import annotations
 
 import math
+import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from service.config import MechanismSettings
@@ -26,6 +29,7 @@ from service.serving.pipeline.admit import Admitter
 from service.serving.pipeline.answer import PopularAnswers
 from service.serving.pipeline.errors import IdempotencyKeyReused
 from service.serving.pipeline.items import Pending, ToBind
+from service.serving.pipeline.refusals import RefusalLog
 from service.serving.pipeline.replay import Replayer, covers
 from service.serving.planner import DiffusionPlanner
 from service.serving.rankings import DegreeReleases, RankingPlan, plan_ranking
@@ -52,8 +56,11 @@ class Preparer:
         admitter: Admitter,
         replayer: Replayer,
         popular: PopularAnswers,
+        refusals: RefusalLog,
     ) -> None:
         self.graphs = graphs
+        self.refusals = refusals
+        self._group = threading.local()  # a group's seed accounts, read together
         self.ledger = ledger
         self.mechanism = mechanism
         self.planner = planner
@@ -104,6 +111,32 @@ class Preparer:
     def _mechanism_for(self, req: QueryRequest) -> RankingMechanism:
         return resolve_mechanism(req.mechanism, req.mode, self.mechanism.default_mechanism)
 
+    @contextmanager
+    def seed_accounts(self, asked: Sequence[tuple[Principal, str, Mode]]) -> Iterator[None]:
+        """While a group is prepared: the seed users' accounts that a service account's
+        personalized queries charge, read in one query for the whole group instead of one
+        each (principal, node, mode per query; the others need none). Only nodes of the
+        graph are looked up: any other is refused before its account is asked for."""
+        graph = self.graphs.current
+        nodes = [
+            node
+            for principal, node, mode in asked
+            if principal.type == "service" and mode is Mode.PERSONALIZED
+            and mode.value in principal.modes and graph.has_node(node)
+        ]  # fmt: skip
+        if len(nodes) < 2:
+            yield
+            return
+        found = self.ledger.user_accounts_for_nodes(nodes)
+        now = time.monotonic()
+        for account_id, delta in found.values():  # the calibration's delta, read with them
+            self._deltas[account_id] = (delta, now)
+        self._group.accounts = found
+        try:
+            yield
+        finally:
+            self._group.accounts = None
+
     def charged_account(self, principal: Principal, node: str, mode: Mode, graph: Graph) -> int:
         """The account a query by ``principal`` is charged to (or its refusal), for answers
         of other kinds (embeddings) authorized as rankings are."""
@@ -113,9 +146,11 @@ class Preparer:
         if principal.type == "user" and principal.node_id != node:
             raise Forbidden("a user account may query only its own node")
         m = self.mechanism
+        known: dict[str, tuple[int, float]] | None = getattr(self._group, "accounts", None)
         return charged_account(
             self.ledger, principal, node, mode, create_seed_accounts=self.create_seed_accounts,
             cap_epsilon=m.default_cap_epsilon, delta=m.account_delta,
+            record_refusal=self.refusals.record, known_accounts=known,
         )  # fmt: skip
 
     # -- before admission -----------------------------------------------------------------
@@ -219,19 +254,23 @@ def charged_account(
     create_seed_accounts: bool,
     cap_epsilon: float,
     delta: float,
+    record_refusal: Callable[..., None] | None = None,
+    known_accounts: dict[str, tuple[int, float]] | None = None,
 ) -> int:
     """The account an answer about ``node`` to ``principal`` in ``mode`` is charged to, or its
     refusal: a user pays for itself; a service account for itself in ``edge`` mode and, when
     granted ``personalized``, charges the seed user's account (created on first charge only if
     both the account and ``create_seed_accounts`` allow it, with ``cap_epsilon`` and
-    ``delta``); an admin cannot query. (Which nodes a user may ask about is the caller's rule.)"""
+    ``delta``); an admin cannot query. (Which nodes a user may ask about is the caller's rule.)
+    ``record_refusal`` writes a refusal (default: at once, in the ledger); ``known_accounts``
+    holds seed accounts a group read together (node -> (account, delta))."""
     if principal.type == "admin":
         raise Forbidden("admin accounts manage budgets and cannot query")
     if principal.type == "user":
         return principal.account_id
     if principal.type == "service":
         if mode.value not in principal.modes:
-            ledger.record_refusal(
+            (record_refusal or ledger.record_refusal)(
                 ModeNotAllowed.code, principal_account_id=principal.account_id, mode=mode.value
             )
             raise ModeNotAllowed(
@@ -241,6 +280,8 @@ def charged_account(
             )
         if mode is Mode.EDGE:
             return principal.account_id  # shared answers: every edge protected, paid by caller
+        if known_accounts is not None and node in known_accounts:
+            return known_accounts[node][0]
         return ledger.user_account_for_node(
             node,
             create=create_seed_accounts and principal.may_create_seed_accounts,

@@ -5,15 +5,17 @@ from __future__ import annotations
 from service.ledger.ledger import Ledger
 from service.ledger.records import ReadCapExhausted
 from service.serving.pipeline.policy import AdmissionPolicy
+from service.serving.pipeline.refusals import RefusalLog
 from service.serving.schemas import QueryRequest
 
 
 class ReadFigure:
     """Counts releases into a service account's read figure (refused past its read cap)."""
 
-    def __init__(self, ledger: Ledger, policy: AdmissionPolicy) -> None:
+    def __init__(self, ledger: Ledger, policy: AdmissionPolicy, refusals: RefusalLog) -> None:
         self.ledger = ledger
         self.policy = policy
+        self.refusals = refusals
         #: Reads a service account already has in its read figure (the database only ever adds
         #: them, and a counted release is never refused), so a replay of one needs no write.
         self._known_reads: set[tuple[int, str, int | None, str | None]] = set()
@@ -35,7 +37,7 @@ class ReadFigure:
                 default_cap_epsilon=self.policy.service_read_cap_epsilon,
             )
         except ReadCapExhausted as refusal:
-            self.ledger.record_refusal(
+            self.refusals.record(
                 refusal.code, principal_account_id=req.principal.account_id, mode=req.mode.value
             )
             raise

@@ -1,0 +1,137 @@
+"""Refusals cost less than answers (issue 31, item 7): a batch whose every item is refused is
+refused in one transaction whatever its size - the refusal rows in one multi-row INSERT, inside
+the admission's own transaction when admission refused them - and the admin's refusal
+statistics count every item, as before. On SQLite and on PostgreSQL + Redis.
+
+``benchmarks/refused_batch.py`` prints the time, statements and transactions of 1,000-item
+batches refused each way."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import event
+
+from tests import test_api
+from tests.api_support import bearer, ledger_of
+from tests.test_api import Accounts
+
+backend = test_api.backend
+client = test_api.client
+
+
+@dataclass
+class Counted:
+    statements: list[str] = field(default_factory=list)
+    commits: int = 0
+
+
+@pytest.fixture
+def counted(client: TestClient) -> Iterator[Counted]:
+    # the write engine (SQLite: BEGIN IMMEDIATE) is an option view of this one: its events
+    # are this engine's
+    engines = [ledger_of(client).engine]
+    seen = Counted()
+
+    def statement(conn: Any, cursor: Any, text: str, *args: Any) -> None:
+        seen.statements.append(text)
+
+    def commit(conn: Any) -> None:
+        seen.commits += 1
+
+    for engine in engines:
+        event.listen(engine, "before_cursor_execute", statement)
+        event.listen(engine, "commit", commit)
+    try:
+        yield seen
+    finally:
+        for engine in engines:
+            event.remove(engine, "before_cursor_execute", statement)
+            event.remove(engine, "commit", commit)
+
+
+def _refused_batch(client: TestClient, key: str, nodes: list[str], mode: str) -> list[str]:
+    body = {"nodes": nodes, "mode": mode, "epsilon": 0.1, "fresh": True}
+    response = client.post("/v1/ppr/batch", json=body, headers=bearer(key))
+    assert response.status_code == 200, response.text
+    return [item["error"]["code"] for item in response.json()["items"]]
+
+
+def _refusals(client: TestClient, admin_key: str) -> dict[str, int]:
+    answer = client.get("/v1/admin/refusals", headers=bearer(admin_key))
+    assert answer.status_code == 200, answer.text
+    by_reason: dict[str, int] = answer.json()["by_reason"]
+    return by_reason
+
+
+@pytest.mark.parametrize(
+    ("way", "fields", "mode"),
+    [
+        ("budget_exhausted", {"cap_epsilon": 0.01, "modes": ["edge"]}, "edge"),
+        ("mode_not_allowed", {"modes": ["edge"]}, "personalized"),
+        ("service_quota_exhausted",
+         {"modes": ["edge", "personalized"], "quota_epsilon": 0.01}, "personalized"),
+    ],
+)  # fmt: skip
+def test_an_all_refused_batch_costs_the_same_few_transactions_at_any_size(
+    client: TestClient, counted: Counted, way: str, fields: dict[str, Any], mode: str
+) -> None:
+    accounts = Accounts(client)
+    ledger = ledger_of(client)
+    for node in range(60):  # the seed users a personalized batch charges
+        ledger.create_account("user", node_id=str(node), cap_epsilon=10.0, delta=1e-6)
+    _, key = accounts.service(**fields)
+    costs = {}
+    for size in (5, 10, 60):  # the first also reads what is cached afterwards (the key, ...)
+        counted.statements.clear()
+        counted.commits = 0
+        codes = _refused_batch(client, key, [str(n) for n in range(size)], mode)
+        assert codes == [way] * size
+        inserts = [s for s in counted.statements if s.lstrip().upper().startswith("INSERT")]
+        assert len(inserts) == 1 and "refusals" in inserts[0], inserts
+        costs[size] = counted.commits
+    assert costs[60] == costs[10] <= 4, costs  # before: one transaction per refused item
+    assert _refusals(client, accounts.admin_key) == {way: 75}
+    assert not ledger.list_charges(None, limit=10)
+
+
+def test_seed_accounts_are_read_together_only_for_nodes_of_the_graph(client: TestClient) -> None:
+    """A personalized batch's seed accounts are read in one query, but only for nodes of the
+    graph: an id PostgreSQL cannot hold (a NUL) is refused as an unknown node, never a 500."""
+    accounts = Accounts(client)
+    ledger = ledger_of(client)
+    for node in ("1", "2"):
+        ledger.create_account("user", node_id=node, cap_epsilon=10.0, delta=1e-6)
+    _, key = accounts.service(modes=["edge", "personalized"])
+    body = {"nodes": ["1", "a\x00b", "2", "no-such-node"], "mode": "personalized"}
+    response = client.post("/v1/ppr/batch", json=body, headers=bearer(key))
+    assert response.status_code == 200, response.text
+    items = response.json()["items"]
+    assert [item.get("error", {}).get("code") for item in items] == [
+        None, "unknown_node", None, "unknown_node",
+    ]  # fmt: skip
+
+
+def test_a_group_counts_its_own_charges_against_the_service_quota(client: TestClient) -> None:
+    """The quota window is read once per group and the group adds what it charges: a quota of
+    0.45 with 0.2 already charged admits exactly two more items of 0.1 in the next batch and
+    refuses the rest, as one transaction per item would."""
+    accounts = Accounts(client)
+    ledger = ledger_of(client)
+    for node in range(8):
+        ledger.create_account("user", node_id=str(node), cap_epsilon=10.0, delta=1e-6)
+    _, key = accounts.service(modes=["edge", "personalized"], quota_epsilon=0.45)
+    body: dict[str, Any] = {"mode": "personalized", "epsilon": 0.1, "fresh": True,
+                            "mechanism": "noisy_diffusion"}  # fmt: skip
+    first = client.post("/v1/ppr/batch", json={**body, "nodes": ["0", "1"]}, headers=bearer(key))
+    assert [i.get("error") for i in first.json()["items"]] == [None, None], first.text
+    second = client.post(
+        "/v1/ppr/batch", json={**body, "nodes": ["2", "3", "4", "5", "6"]}, headers=bearer(key)
+    )
+    codes = [i.get("error", {}).get("code") for i in second.json()["items"]]
+    assert codes == [None, None] + ["service_quota_exhausted"] * 3, second.text
+    assert len(ledger.list_charges(None, limit=100)) == 4
