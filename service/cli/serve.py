@@ -101,7 +101,7 @@ def check_synthetic_release(settings: Any) -> bool:
     An unreachable or un-migrated ledger is left to the workers (which then refuse)."""
     from service.ledger.ledger import Ledger, LedgerUnavailable
     from service.ledger.records import LedgerNotMigrated
-    from service.synthetic.sandbox import synthetic_release_of
+    from service.serving.sandbox import synthetic_release_of
 
     try:
         ledger = Ledger.from_url(settings.database_url, auto_migrate=False)
