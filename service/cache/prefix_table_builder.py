@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     from service.api.observability import configure_logging
 
     configure_logging(os.environ.get("PPR_LOG_LEVEL", "info"))
-    from service.serving.graph_holder import load_configured_graph
+    from service.graph.configured import load_configured_graph
 
     source = None if args.graph == DEMO_SOURCE else Path(args.graph)
     graph = load_configured_graph(source, args.snapshot_dir, args.nodes)

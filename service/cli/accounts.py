@@ -204,7 +204,7 @@ def _create(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
         delta: float = settings.account_delta if args.delta is None else args.delta
         if args.node is not None:
-            from service.serving.graph_holder import load_configured_graph
+            from service.graph.configured import load_configured_graph
 
             graph = load_configured_graph(
                 args.graph or settings.graph_path, nodes_path=settings.nodes_path

@@ -83,7 +83,7 @@ def check_graph_inputs(settings: Any) -> None:
     GraphLoadError) rather than a worker's failure. With snapshots on, the workers then map
     the snapshot this load wrote."""
     from service.graph.bounds import check_public_bounds
-    from service.serving.graph_holder import load_configured_graph
+    from service.graph.configured import load_configured_graph
 
     graph = load_configured_graph(
         settings.graph_path, settings.snapshot_directory, settings.nodes_path

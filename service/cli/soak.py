@@ -68,13 +68,13 @@ def run(args: argparse.Namespace) -> int:
 
     from service.config import MechanismSettings, Settings
     from service.errors import InvalidParameter
+    from service.graph.configured import load_configured_graph
     from service.ledger.ledger import Ledger
     from service.loadtest.httpx_driver import run_httpx
     from service.loadtest.report import status_breakdown
     from service.loadtest.run import RunPlan, sample_seeds, store_replay_releases, workloads
     from service.loadtest.server import served_process, service_account_key
     from service.loadtest.soak import INTERVAL_HEADER, interval_line, run_soak, summary
-    from service.serving.graph_holder import load_configured_graph
 
     settings = Settings()
     graph_path = args.graph if args.graph is not None else settings.graph_path

@@ -50,7 +50,7 @@ def serving_loader(
 ) -> Callable[[Path | None], Graph]:
     """The loader of a serving process: the configured graph (or ``path``) with its node list,
     snapshot and public identity."""
-    from service.serving.graph_holder import load_configured_graph
+    from service.graph.configured import load_configured_graph
 
     snapshot_dir = settings.snapshot_directory
 
