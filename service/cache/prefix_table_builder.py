@@ -66,9 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.nice(19)  # only this process: the workers keep their priority
     signal.signal(signal.SIGTERM, _stop)
-    from service.api.observability import configure_logging
+    from service.logs import configure_logging
 
-    configure_logging(os.environ.get("PPR_LOG_LEVEL", "info"))
+    configure_logging()  # the settings of the worker that started it (its environment)
     from service.graph.configured import load_configured_graph
 
     source = None if args.graph == DEMO_SOURCE else Path(args.graph)

@@ -197,9 +197,9 @@ def _run_configured(settings: Any) -> int:
 
 
 def _configure_logs(settings: Any) -> None:
-    from service.api.observability import configure_logging
+    from service.logs import configure_logging
 
-    configure_logging(settings.log_level)
+    configure_logging(settings)
 
 
 def _serve(app: str, settings: Any) -> int:
