@@ -49,7 +49,7 @@ from service.ledger.tables import GraphRelease
 from service.mechanisms.pushflowcap import pushflowcap
 from service.privacy.modes import Mode
 from service.serving.reconciler import Reconciler
-from service.synthetic.release import decode_payload
+from service.release_payload import decode_payload
 
 SALT = b"0123456789abcdef"
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from service.atomic_files import replace_durably
 from service.batch.spec import SeedOutcome
 from service.errors import InvalidParameter, ServiceError
 
@@ -189,9 +190,8 @@ class ParquetSink:
     def close(self) -> None:
         try:
             self._writer.close()
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            os.replace(self._tmp, self.path)  # still locked: no other run removes it meanwhile
+            # fsync, rename, fsync of the directory; still locked: no other run removes it
+            replace_durably(self._tmp, self.path, file=self._file)
         except BaseException:
             self._discard()
             raise

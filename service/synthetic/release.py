@@ -9,7 +9,8 @@ parameters, privacy unit, epsilon and the file's SHA-256) before the file is wri
 interrupted or failed draw refunds the charge (nothing was released) and leaves no file; a run
 whose process dies is failed and refunded by the reconciler once its heartbeat lapses.
 
-The file is written to a 0600 temporary file in the target directory and renamed into place.
+The file is written atomically (:mod:`service.atomic_files`: a 0600 temporary file in the
+target directory, fsynced and renamed into place).
 
 Methods:
 
@@ -24,11 +25,7 @@ Methods:
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import json
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from service.atomic_files import check_output_path, write_atomically
 from service.errors import InvalidParameter, ServiceError
 from service.graph.model import Graph
 from service.ledger import GraphCap, Ledger
@@ -44,6 +42,7 @@ from service.ledger.synthesis_jobs import RELEASE_PREFIX as RELEASE_PREFIX
 from service.ledger.synthesis_jobs import JobRecord
 from service.privacy.accountant import RdpCurve
 from service.privacy.synthetic import EDGE_LEVEL, NODE_LEVEL
+from service.release_payload import encode_payload
 from service.synthetic.communities import CommunityParams, community_synthesize
 from service.synthetic.privdpr import PrivdprParams, privdpr_synthesize
 from service.synthetic.sampling import chung_lu
@@ -51,6 +50,9 @@ from service.synthetic.sampling import chung_lu
 METHODS = ("privdpr", "communities", "chung_lu")
 
 Progress = Callable[[int, int], None]
+
+#: How the temporary file beside ``--out`` is named while it is written.
+_TEMPORARY = ".synthetic-"
 
 
 @dataclass(frozen=True)
@@ -75,46 +77,6 @@ def edge_list_text(graph: Graph, u: np.ndarray, v: np.ndarray) -> bytes:
     left = graph.external_ids(u)
     right = graph.external_ids(v)
     return "".join(f"{a} {b}\n" for a, b in zip(left, right, strict=True)).encode()
-
-
-def encode_payload(header: dict[str, Any], text: bytes) -> bytes:
-    return gzip.compress(json.dumps(header, sort_keys=True).encode() + b"\n" + text, mtime=0)
-
-
-def decode_payload(payload: bytes) -> tuple[dict[str, Any], bytes]:
-    raw = gzip.decompress(payload)
-    head, _, text = raw.partition(b"\n")
-    return json.loads(head), text
-
-
-def check_output_path(out: Path) -> None:
-    """Refuse an output path that cannot be written, before anything is charged."""
-    directory = out.parent if str(out.parent) else Path(".")
-    if out.is_dir():
-        raise InvalidParameter("out", f"{out} is a directory")
-    if not directory.is_dir():
-        raise InvalidParameter("out", f"the directory {directory} does not exist")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".synthetic-", dir=directory)
-    except OSError as exc:
-        raise InvalidParameter("out", f"cannot write in {directory}: {exc.strerror}") from None
-    os.close(fd)
-    os.unlink(probe)
-
-
-def write_atomically(out: Path, text: bytes) -> None:
-    """0600 temporary file beside ``out``, fsync, rename; no partial file on any failure."""
-    directory = out.parent if str(out.parent) else Path(".")
-    fd, temp = tempfile.mkstemp(prefix=".synthetic-", dir=directory)  # mode 0600
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, out)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
 
 
 @dataclass(frozen=True)
@@ -308,7 +270,7 @@ def synthesize_release(
     returns the service's degree release and its ledger name (``chung_lu`` only);
     ``noise_factory`` as :func:`run_job`."""
     plan = plan_request(request, graph)
-    check_output_path(out)
+    check_output_path(out, prefix=_TEMPORARY)
     if request.method == "chung_lu" and degrees is None:
         raise InvalidParameter("method", "chung_lu needs the service's degree release")
     job = start_job(ledger, graph, request, plan, cap=cap, source="cli")
@@ -317,5 +279,5 @@ def synthesize_release(
         rng_factory=rng_factory, heartbeat_seconds=heartbeat_seconds,
         noise_factory=noise_factory,
     )  # fmt: skip
-    write_atomically(out, text)
+    write_atomically(out, text, prefix=_TEMPORARY)
     return release

@@ -21,9 +21,10 @@ from service.api.params import Limit, Offset
 from service.api.strict import StrictRoute
 from service.api.synthetic_models import StartSynthesis, SynthesisJob, SynthesisJobs
 from service.errors import Conflict, InvalidParameter
+from service.release_payload import decode_payload
 from service.synthetic.communities import CommunityParams
 from service.synthetic.privdpr import PrivdprParams
-from service.synthetic.release import Request, decode_payload
+from service.synthetic.release import Request
 
 router = APIRouter(prefix="/v1/admin/synthetic", tags=["admin"], route_class=StrictRoute)
 
