@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from service.cache.prefix_table import (
+from service.cache.prefix_table_file import (
     TableInvalid,
     TableSpec,
     build_tables,

@@ -12,8 +12,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service import __version__
-from service.api.errors import install_error_handlers
-from service.api.limits import RequestLimits
+from service.api.error_responses import install_error_handlers
 from service.api.observability import CACHE_EVENTS, observe_request
 from service.api.openapi import install_openapi
 from service.api.pages import install_pages
@@ -28,6 +27,7 @@ from service.api.routes import (
     synthetic,
 )
 from service.api.runtime import Runtime, RuntimeStarter, stop_this_process
+from service.api.size_limits import RequestLimits
 from service.config import Settings, get_settings
 from service.logs import configure_logging
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from service.cache.prefix_table import TableSpec, build_tables, graph_fingerprint
+from service.cache.prefix_table_file import TableSpec, build_tables, graph_fingerprint
 from service.graph.demo import DEMO_SOURCE
 
 log = logging.getLogger("service.cache.prefix_table_builder")

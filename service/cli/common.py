@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from service.cli.options import open_unit_float, positive_float, positive_int
+from service.cli.arg_types import open_unit_float, positive_float, positive_int
 from service.privacy.modes import Mode
 
 if TYPE_CHECKING:

@@ -35,7 +35,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from service.cli.options import open_unit_float, positive_float, positive_int
+from service.cli.arg_types import open_unit_float, positive_float, positive_int
 
 
 def _phases(text: str) -> tuple[str, ...]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from service.cli.arg_types import open_unit_float, positive_float, positive_int
 from service.cli.common import (
     add_graph_argument,
     add_mechanism_arguments,
@@ -12,7 +13,6 @@ from service.cli.common import (
     print_json,
     print_table,
 )
-from service.cli.options import open_unit_float, positive_float, positive_int
 from service.errors import InvalidParameter
 from service.privacy.modes import Mode
 

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from service.cli.options import database_url, port, positive_int, redis_url
+from service.cli.arg_types import database_url, port, positive_int, redis_url
 from service.cli.quickstart import quick_start
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,8 @@ def check_graph_inputs(settings: Any) -> None:
     not cover the edges, or a graph over a public bound, is one line and exit 2 here (a
     GraphLoadError) rather than a worker's failure. With snapshots on, the workers then map
     the snapshot this load wrote."""
-    from service.graph.bounds import check_public_bounds
     from service.graph.configured import load_configured_graph
+    from service.graph.public_bounds import check_public_bounds
 
     graph = load_configured_graph(
         settings.graph_path, settings.snapshot_directory, settings.nodes_path

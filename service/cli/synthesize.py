@@ -15,8 +15,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from service.cli.arg_types import open_unit_float, positive_float, positive_int
 from service.cli.db import add_database_argument, database_url
-from service.cli.options import open_unit_float, positive_float, positive_int
 
 
 def register(subparsers: Any) -> None:
