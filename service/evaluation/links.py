@@ -51,7 +51,12 @@ from service.mechanisms.friends_of_friends import friends_of_friends
 from service.mechanisms.popular import noisy_degrees
 from service.mechanisms.pushflowcap import DEFAULT_SIGMA, add_laplace_noise, pushflowcap
 from service.mechanisms.randomness import fresh_generator
-from service.mechanisms.registry import DEFAULT_MECHANISM, PERSONALIZED_ONLY, resolve_mechanism
+from service.mechanisms.registry import (
+    DEFAULT_MECHANISM,
+    PERSONALIZED_ONLY,
+    RankingMechanism,
+    resolve_mechanism,
+)
 from service.privacy.calibration import (
     DiffusionPlan,
     plan_diffusion,
@@ -226,7 +231,7 @@ class _SeedReleases:
 
     def release(self, name: str, eps: float) -> np.ndarray:
         g, s, mode = self.graph, self.seed, self.mode
-        if name == "noisy_diffusion":
+        if name == RankingMechanism.NOISY_DIFFUSION:
             config = self.diffusion_plans[eps].config
             m = config.noise_free_steps
             if m not in self._prefixes:
@@ -321,7 +326,7 @@ def evaluate_links(
     diffusion_plans = {
         e: plan_diffusion(e, delta, steps, beta, eta, mode)
         for m, e in pairs
-        if m == "noisy_diffusion" and e is not None
+        if m == RankingMechanism.NOISY_DIFFUSION and e is not None
     }
     degree_plan = plan_laplace(popular_epsilon, DEGREE_SENSITIVITY)
     degrees = None
