@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,43 @@ class Request:
     epsilon: float
     privdpr: PrivdprParams = field(default_factory=PrivdprParams)
     communities: CommunityParams = field(default_factory=CommunityParams)
+
+
+def synthesis_request(
+    method: str,
+    epsilon: float | None,
+    *,
+    popular_epsilon: float,
+    delta: float,
+    epochs: int,
+    score_rounds: int,
+    groups: int,
+    rounds: int,
+    flags: bool = False,
+) -> Request:
+    """A run's request, from ``POST /v1/admin/synthetic``'s body or ``synthesize``'s flags
+    (``flags``: the errors name the flags). ``chung_lu`` takes no epsilon of its own: it reuses
+    the degree release, at ``popular_epsilon`` (PPR_POPULAR_EPSILON); the other methods need
+    one. InvalidParameter otherwise, before anything is charged."""
+    if method == "chung_lu":
+        if epsilon is not None:
+            raise InvalidParameter(
+                "epsilon",
+                "chung_lu reuses the degree release (PPR_POPULAR_EPSILON): "
+                + ("no --epsilon" if flags else "no epsilon"),
+            )
+        epsilon = popular_epsilon
+    elif epsilon is None:
+        raise InvalidParameter(
+            "epsilon",
+            f"--method {method} needs --epsilon" if flags else f"method {method} needs an epsilon",
+        )
+    return Request(
+        method=method,
+        epsilon=epsilon,
+        privdpr=replace(PrivdprParams(), delta=delta, epochs=epochs, score_rounds=score_rounds),
+        communities=replace(CommunityParams(), groups=groups, rounds=rounds),
+    )
 
 
 def _validate(request: Request, graph: Graph) -> tuple[RdpCurve, float, float, str, dict[str, Any]]:
