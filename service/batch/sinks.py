@@ -130,7 +130,7 @@ class ParquetSink:
         self.info = info
         if not path.parent.is_dir():
             raise SinkUnavailable(f"--out: the directory {str(path.parent)!r} does not exist")
-        self.removed_stale = remove_stale_outputs(path, info.run_id)
+        remove_stale_outputs(path, info.run_id)
         self._tmp = path.with_name(f"{_tmp_prefix(path, info.run_id)}{os.getpid()}.tmp")
         self._pa = pa
         if info.embeddings:

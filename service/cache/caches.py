@@ -32,9 +32,7 @@ from service.cache.byte_stores import (
 )
 from service.cache.codec import CorruptValue as CorruptValue
 from service.cache.codec import decode_array as decode_array
-from service.cache.codec import decode_release as decode_release
 from service.cache.codec import encode_array as encode_array
-from service.cache.codec import encode_release as encode_release
 from service.cache.counted import CountedCache
 from service.cache.replay_cache import RecentReleases as RecentReleases
 from service.cache.replay_cache import ReplayCache as ReplayCache

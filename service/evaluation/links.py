@@ -83,8 +83,6 @@ __all__ = [
 HIDDEN_FRACTION = 0.1
 #: Rows that do not depend on the per-answer epsilon (reported once).
 EPSILON_FREE = frozenset({"popular", "exact_ppr", "common_neighbours_exact", "random"})
-#: Rows that read no private data at all (the references and the floor).
-NON_PRIVATE = frozenset({"exact_ppr", "common_neighbours_exact", "random"})
 
 CI = tuple[float, float]
 

@@ -38,7 +38,6 @@ from service.errors import InvalidParameter, ServiceError
 from service.graph.model import Graph
 from service.ledger import GraphCap, Ledger
 from service.ledger.graph_releases import Heartbeat
-from service.ledger.synthesis_jobs import RELEASE_PREFIX as RELEASE_PREFIX
 from service.ledger.synthesis_jobs import JobRecord
 from service.privacy.accountant import RdpCurve
 from service.privacy.synthetic import EDGE_LEVEL, NODE_LEVEL
