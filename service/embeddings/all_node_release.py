@@ -1,14 +1,14 @@
 """An all-node edge-mode embedding release: ONE graph-wide release, its files and its index.
 
 ``python -m service embeddings release`` computes edge-mode DP-IE
-(:mod:`service.embeddings.all_nodes`) for every node of the served graph version, or for a
-given node list, and records it the way a synthesis run is recorded
-(:mod:`service.synthetic.release`): admitted against the graph-wide
-cap and charged to the graph-wide exposure in one transaction BEFORE anything is computed
+(:mod:`service.embeddings.all_nodes`) for every node of the served graph version, or for a given
+node list, and records it the way a synthesis run is recorded (:mod:`service.synthetic.release`;
+the payload in the form of :mod:`service.release_payload`): admitted against the graph-wide cap
+and charged to the graph-wide exposure in one transaction BEFORE anything is computed
 (:meth:`Ledger.graph_release`); the vectors are computed inside ``draw()`` and stored in the
 ledger as the release's payload, with the method, parameters and privacy unit, before any file
-is written; a failed or interrupted computation refunds the charge and leaves no file. While
-it computes, the release beats its heartbeat (``graph_releases.heartbeat_at``, the mechanism a
+is written; a failed or interrupted computation refunds the charge and leaves no file. While it
+computes, the release beats its heartbeat (``graph_releases.heartbeat_at``, the mechanism a
 synthesis run uses), so a server's reconciler refunds it only once its process stopped beating.
 
 **What it costs.** Each node's embedding is pure eps-DP for one edge, ANY edge (`edge` mode:
