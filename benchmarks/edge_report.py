@@ -28,12 +28,13 @@ from pathlib import Path
 import numpy as np
 from sqlalchemy.orm import Session
 
-from service.edge_report.report import NOISY_DIFFUSION, edge_report
+from service.edge_report.report import edge_report
 from service.edge_report.shifts import prefix_shifts, toggled_graph
 from service.graph.loader import load_edge_list
 from service.graph.model import Graph
 from service.ledger import Ledger, upgrade
 from service.ledger.tables import Charge
+from service.mechanisms.registry import RankingMechanism
 from service.privacy.calibration import DiffusionPlan, plan_diffusion
 from service.privacy.modes import Mode
 from service.privacy.per_edge import ReleaseParameters, per_instance_curve, worst_case_curve
@@ -60,10 +61,10 @@ def _seed_ledger(url: str, graph: Graph, plans: list[DiffusionPlan], releases: i
                     charged_account_id=account.account_id,
                     principal_account_id=account.account_id,
                     seed=graph.external_ids(np.array([seed]))[0],
-                    mechanism=NOISY_DIFFUSION,
+                    mechanism=RankingMechanism.NOISY_DIFFUSION.value,
                     mode=c.mode.value,
                     params={
-                        "name": NOISY_DIFFUSION,
+                        "name": RankingMechanism.NOISY_DIFFUSION.value,
                         "mode": c.mode.value,
                         "epsilon": plan.epsilon,
                         "delta": plan.delta,

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 import service
-from service.api.errors import _HTTP_CODES
+from service.api.error_responses import _HTTP_CODES
 from service.client import (
     ERROR_CLASSES,
     AccountExists,

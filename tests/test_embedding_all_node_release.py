@@ -48,8 +48,8 @@ from service.ledger.records import ChargeSettled, GraphBudgetExhausted
 from service.ledger.tables import GraphRelease
 from service.mechanisms.pushflowcap import pushflowcap
 from service.privacy.modes import Mode
+from service.release_payload import decode_payload
 from service.serving.reconciler import Reconciler
-from service.synthetic.release import decode_payload
 
 SALT = b"0123456789abcdef"
 

@@ -15,6 +15,7 @@ import pytest
 
 from service.cache.caches import build_caches
 from service.config import Settings
+from service.graph.configured import load_configured_graph
 from service.graph.generate import write_generated_edge_list
 from service.graph.loader import load_edge_list
 from service.graph.model import Graph
@@ -31,7 +32,7 @@ from service.graph.snapshot import (
 from service.ledger import upgrade
 from service.mechanisms.common_neighbours import common_neighbour_counts
 from service.mechanisms.operator import WalkOperator
-from service.serving.graph_holder import GraphHolder, load_configured_graph
+from service.serving.graph_holder import GraphHolder
 from tests.api_support import GRAPH_EDGES, GRAPH_NODES, Backend, bearer, open_ledger, uvicorn_server
 
 

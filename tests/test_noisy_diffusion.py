@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from service.errors import InvalidParameter
-from service.graph.bounds import DEFAULT_MAX_DEGREE_BOUND
+from service.graph.public_bounds import DEFAULT_MAX_DEGREE_BOUND
 from service.mechanisms.diffusion import DiffusionConfig, noise_free_prefix, noisy_diffusion
 from service.mechanisms.exact_laplace import rounded_laplace
 from service.mechanisms.randomness import fresh_generator

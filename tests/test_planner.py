@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from service.cache.byte_stores import MemoryStore
 from service.cache.caches import CalibrationCache, CalibrationKey
-from service.cache.store import MemoryStore
 from service.privacy.calibration import calibrate, calibration_at, plan_diffusion
 from service.privacy.modes import Mode
 from service.serving.planner import DiffusionPlanner

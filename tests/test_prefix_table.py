@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from service.cache.prefix_table import (
+from service.cache.prefix_table_file import (
     TableInvalid,
     TableSpec,
     build_tables,
@@ -25,6 +25,7 @@ from service.cache.prefix_table import (
     write_table,
 )
 from service.config import MechanismSettings, Settings
+from service.graph.configured import load_configured_graph
 from service.graph.demo import demo_graph
 from service.graph.generate import write_generated_edge_list
 from service.graph.model import Graph
@@ -33,7 +34,6 @@ from service.mechanisms.diffusion import noise_free_prefix
 from service.mechanisms.prefix_table import prefix_table
 from service.privacy.modes import Mode
 from service.serving import prefix_tables
-from service.serving.graph_holder import load_configured_graph
 from service.serving.graph_identity import as_served
 from service.serving.prefix_tables import SharedPrefixTables, planned_specs
 from tests.api_support import (

@@ -305,11 +305,16 @@ def test_uncorrected_calibration_is_caught() -> None:
     assert achieved > 1.5
 
 
-def test_paper_calibration_differs_from_the_code_by_t() -> None:
-    from service.privacy.synthetic import paper_noise_std
+def _paper_noise_std(epsilon: float, delta: float, steps: int, s_grad: float) -> float:
+    """The paper's own per-step std (Eq. 7, 13, Sec. 4.3.2): S_grad sqrt(2 ln(1.25 T/delta)) /
+    (eps/T), each step at (eps/T, delta/T). A reference for comparison, never used to
+    calibrate."""
+    return s_grad * math.sqrt(2.0 * math.log(1.25 * steps / delta)) / (epsilon / steps)
 
+
+def test_paper_calibration_differs_from_the_code_by_t() -> None:
     steps = 845
-    paper = paper_noise_std(1.0, 1e-5, steps, 5.0)
+    paper = _paper_noise_std(1.0, 1e-5, steps, 5.0)
     code = 5.0 * math.sqrt(2.0 * math.log(1.25 * steps / 1e-5)) / 1.0
     assert paper / code == pytest.approx(steps)
 

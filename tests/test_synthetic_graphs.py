@@ -23,9 +23,10 @@ from service.privacy.synthetic import (
     GROUP_COUNT_SENSITIVITY,
     community_plan,
 )
+from service.release_payload import decode_payload
 from service.synthetic.communities import CommunityParams, community_synthesize
 from service.synthetic.privdpr import PrivdprParams
-from service.synthetic.release import Request, decode_payload, synthesize_release
+from service.synthetic.release import Request, synthesize_release
 from service.synthetic.sampling import block_configuration, denoise_degrees, erdos_renyi
 
 

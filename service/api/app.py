@@ -12,9 +12,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service import __version__
-from service.api.errors import install_error_handlers
-from service.api.limits import RequestLimits
-from service.api.observability import CACHE_EVENTS, configure_logging, observe_request
+from service.api.error_responses import install_error_handlers
+from service.api.observability import CACHE_EVENTS, observe_request
 from service.api.openapi import install_openapi
 from service.api.pages import install_pages
 from service.api.routes import (
@@ -28,7 +27,9 @@ from service.api.routes import (
     synthetic,
 )
 from service.api.runtime import Runtime, RuntimeStarter, stop_this_process
+from service.api.size_limits import RequestLimits
 from service.config import Settings, get_settings
+from service.logs import configure_logging
 
 DESCRIPTION = """
 Differentially private personalized PageRank. Every answer comes from a noisy graph diffusion
@@ -47,7 +48,7 @@ def create_app(settings: Settings | None = None, *, configure_logs: bool = True)
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if configure_logs:
-            configure_logging(settings.log_level)
+            configure_logging(settings)
 
         def serve_with(runtime: Runtime) -> None:
             app.state.runtime = runtime

@@ -10,7 +10,7 @@ from fastapi import Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from service.api.errors import DuplicateHeader
+from service.api.error_responses import DuplicateHeader
 from service.api.runtime import Runtime
 from service.errors import Forbidden, Unauthorized
 from service.ledger.ledger import LedgerUnavailable

@@ -61,7 +61,7 @@ def prepare_supervisor(settings: Settings) -> None:
     """Load, once and before forking, what every worker would otherwise load for itself."""
     global _app
     from service.api.app import create_app
-    from service.serving.graph_holder import load_configured_graph
+    from service.graph.configured import load_configured_graph
 
     _app = create_app(settings)
     graph = load_configured_graph(

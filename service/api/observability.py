@@ -6,15 +6,13 @@ the request id, route, status, latency, account id, epsilon charged and outcome.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
-import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -89,27 +87,6 @@ def metrics_response() -> Response:
     return Response(data, media_type=CONTENT_TYPE_LATEST)
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line; ``extra`` fields are included, exceptions as text."""
-
-    _skip = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message"}
-
-    def format(self, record: logging.LogRecord) -> str:
-        payload: dict[str, Any] = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "pid": record.process,
-            "message": record.getMessage(),
-        }
-        for key, value in record.__dict__.items():
-            if key not in self._skip and not key.startswith("_"):
-                payload[key] = value
-        if record.exc_info:
-            payload["exception"] = self.formatException(record.exc_info)
-        return json.dumps(payload, default=str)
-
-
 def internal_error_response(request: Request, exc: BaseException) -> Response:
     """500 ``internal_error`` for an unexpected failure: logged with its request id, which the
     body quotes; never a trace to the client."""
@@ -126,16 +103,6 @@ def internal_error_response(request: Request, exc: BaseException) -> Response:
         }
     }
     return JSONResponse(body, status_code=500)
-
-
-def configure_logging(level: str = "info") -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    for name in ("uvicorn.access",):
-        logging.getLogger(name).disabled = True  # replaced by our one line per request
 
 
 def request_id_from(request: Request) -> str:

@@ -15,8 +15,17 @@ from fastapi import Header, Path, Query
 from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, StrictInt
 from starlette.convertors import Convertor, register_url_convertor
 
-from service.bounds import ID_MAX, LABEL_MAX, LIMIT_MAX, OFFSET_MAX, PRINTABLE
-from service.budgets import CAP_EPSILON_MAX, CAP_EPSILON_MIN, DELTA_MAX, DELTA_MIN
+from service.bounds import (
+    CAP_EPSILON_MAX,
+    CAP_EPSILON_MIN,
+    DELTA_MAX,
+    DELTA_MIN,
+    ID_MAX,
+    LABEL_MAX,
+    LIMIT_MAX,
+    OFFSET_MAX,
+    PRINTABLE,
+)
 from service.graph.loader import MAX_ID_BYTES
 
 #: Longest node id: the loader accepts ids of at most this many bytes of UTF-8. The schema

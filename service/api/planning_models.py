@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from service.api.dashboard_models import AccountRow
 from service.api.figures import ComposedFigure
 from service.api.params import CapEpsilonField, DeltaField
-from service.budgets import PLAN_ANSWERS_PER_DAY_MAX, PLAN_DAYS_MAX, PLAN_GRAPH_VERSIONS_MAX
+from service.bounds import PLAN_ANSWERS_PER_DAY_MAX, PLAN_DAYS_MAX, PLAN_GRAPH_VERSIONS_MAX
 
 MechanismName = Literal[
     "noisy_diffusion", "popular", "common_neighbours", "friends_of_friends", "blended"

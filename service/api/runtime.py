@@ -33,8 +33,8 @@ from service.serving.ppr_query import AdmissionPolicy, PprQueryService, PrefixPr
 from service.serving.prefix_tables import SharedPrefixTables
 from service.serving.rankings import DegreeReleases
 from service.serving.reconciler import Reconciler
+from service.serving.sandbox import SandboxQueries, SandboxRules, synthetic_release_of
 from service.synthetic.jobs import SynthesisRunner
-from service.synthetic.sandbox import SandboxQueries, SandboxRules, synthetic_release_of
 
 log = logging.getLogger(__name__)
 

@@ -65,7 +65,7 @@ def _local_block(spec: BatchSpec, index: int, nodes: list[str]) -> BlockResult:
     key = (spec.graph_path, spec.graph_version)
     graph = _local_graphs.get(key)
     if graph is None:
-        from service.serving.graph_holder import load_configured_graph
+        from service.graph.configured import load_configured_graph
 
         graph = load_configured_graph(
             Path(spec.graph_path) if spec.graph_path else None,

@@ -39,11 +39,11 @@ from service.batch.worker import refund_dead_charges
 from service.config import Settings
 from service.embeddings.release import DP_IE
 from service.errors import Forbidden, InvalidParameter
+from service.graph.configured import load_configured_graph
 from service.graph.model import Graph
 from service.ledger.ledger import Ledger
 from service.ledger.records import ModeNotAllowed, UnknownAccount
 from service.privacy.modes import Mode
-from service.serving.graph_holder import load_configured_graph
 from service.serving.graph_identity import as_served
 from service.serving.schemas import Principal
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from service.atomic_files import replace_durably
 from service.batch.spec import SeedOutcome
 from service.errors import InvalidParameter, ServiceError
 
@@ -129,7 +130,7 @@ class ParquetSink:
         self.info = info
         if not path.parent.is_dir():
             raise SinkUnavailable(f"--out: the directory {str(path.parent)!r} does not exist")
-        self.removed_stale = remove_stale_outputs(path, info.run_id)
+        remove_stale_outputs(path, info.run_id)
         self._tmp = path.with_name(f"{_tmp_prefix(path, info.run_id)}{os.getpid()}.tmp")
         self._pa = pa
         if info.embeddings:
@@ -189,9 +190,8 @@ class ParquetSink:
     def close(self) -> None:
         try:
             self._writer.close()
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            os.replace(self._tmp, self.path)  # still locked: no other run removes it meanwhile
+            # fsync, rename, fsync of the directory; still locked: no other run removes it
+            replace_durably(self._tmp, self.path, file=self._file)
         except BaseException:
             self._discard()
             raise

@@ -17,6 +17,7 @@ from typing import Literal
 
 from service.config import Settings
 from service.errors import InvalidParameter
+from service.mechanisms.registry import RankingMechanism
 from service.privacy.modes import Mode
 from service.serving.schemas import Principal
 
@@ -108,7 +109,7 @@ class BatchSpec:
     #: Random per invocation of the command (reruns of a run id get new ones).
     invocation: str = "0"
     #: The ranking every seed gets (resolved: never None in a run).
-    mechanism: str = "noisy_diffusion"
+    mechanism: str = RankingMechanism.NOISY_DIFFUSION.value
     #: Whether ``mechanism`` was named by the operator (else: the served default).
     mechanism_chosen: bool = False
     #: ``embeddings``: every seed gets a DP-IE embedding of dimension ``k`` at ``sigma``

@@ -4,6 +4,14 @@ In process by default; with ``PPR_REDIS_URL`` shared through Redis with an in-pr
 fallback that keeps serving (``degraded``) while Redis is down.
 """
 
+from service.cache.byte_stores import (
+    ByteStore,
+    EventHook,
+    MemoryStore,
+    RedisStore,
+    ResilientStore,
+    store_state,
+)
 from service.cache.caches import (
     Caches,
     CalibrationCache,
@@ -16,14 +24,6 @@ from service.cache.caches import (
     build_caches,
     decode_array,
     encode_array,
-)
-from service.cache.store import (
-    ByteStore,
-    EventHook,
-    MemoryStore,
-    RedisStore,
-    ResilientStore,
-    store_state,
 )
 
 __all__ = [

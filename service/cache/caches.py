@@ -1,4 +1,5 @@
-"""Typed caches over a :class:`~service.cache.store.ByteStore`, and how the service builds them.
+"""Typed caches over a :class:`~service.cache.byte_stores.ByteStore`, and how the service
+builds them.
 
 No pickle anywhere: arrays are raw little-endian bytes behind a small JSON header (dtype and
 shape, checked on every read), records are JSON, calibration constants are float reprs
@@ -8,7 +9,7 @@ count as ``error`` and a miss (:mod:`service.cache.counted`).
 
 Here: the degree vectors, the degree releases, the calibrations, the noise-free prefixes,
 the bundle of the service's caches and :func:`build_caches`. The replay cache is
-:mod:`service.cache.replay`.
+:mod:`service.cache.replay_cache`.
 """
 
 from __future__ import annotations
@@ -21,15 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from service.cache.codec import CorruptValue as CorruptValue
-from service.cache.codec import decode_array as decode_array
-from service.cache.codec import decode_release as decode_release
-from service.cache.codec import encode_array as encode_array
-from service.cache.codec import encode_release as encode_release
-from service.cache.counted import CountedCache
-from service.cache.replay import RecentReleases as RecentReleases
-from service.cache.replay import ReplayCache as ReplayCache
-from service.cache.store import (
+from service.cache.byte_stores import (
     ByteStore,
     EventHook,
     MemoryStore,
@@ -37,6 +30,12 @@ from service.cache.store import (
     ResilientStore,
     store_state,
 )
+from service.cache.codec import CorruptValue as CorruptValue
+from service.cache.codec import decode_array as decode_array
+from service.cache.codec import encode_array as encode_array
+from service.cache.counted import CountedCache
+from service.cache.replay_cache import RecentReleases as RecentReleases
+from service.cache.replay_cache import ReplayCache as ReplayCache
 from service.config import Settings
 from service.privacy.orders import GRID_VERSION
 

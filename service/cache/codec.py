@@ -16,6 +16,7 @@ import numpy as np
 
 from service.ledger.records import ReleaseKey, StoredRelease
 from service.ledger.release_format import decode_results, results_json
+from service.mechanisms.registry import RankingMechanism
 
 # -- arrays --------------------------------------------------------------------------------
 
@@ -74,7 +75,9 @@ def release_key_parts(key: ReleaseKey) -> list[Any]:
     parts: list[Any] = [
         key.account_id, key.node, key.graph_version, key.mode, repr(float(key.epsilon))
     ]  # fmt: skip
-    if key.mechanism != "noisy_diffusion":  # the diffusion's keys are as before mechanisms
+    if (
+        key.mechanism != RankingMechanism.NOISY_DIFFUSION
+    ):  # the diffusion's keys are as before mechanisms
         parts.append(key.mechanism)
     return parts
 
@@ -101,7 +104,9 @@ def decode_release(raw: bytes) -> StoredRelease:
         if len(parts) not in (5, 6):
             raise CorruptValue("a release key has 5 or 6 parts")
         account_id, node, graph_version, mode, epsilon = parts[:5]
-        mechanism_name = str(parts[5]) if len(parts) == 6 else "noisy_diffusion"
+        mechanism_name = (
+            str(parts[5]) if len(parts) == 6 else RankingMechanism.NOISY_DIFFUSION.value
+        )
         key = ReleaseKey(
             int(account_id), str(node), str(graph_version), str(mode), float(epsilon),
             mechanism_name,

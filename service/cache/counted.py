@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from service.cache.store import ByteStore, EventHook, emit
+from service.cache.byte_stores import ByteStore, EventHook, emit
 
 # the caches' log lines keep the name they have always had
 log = logging.getLogger("service.cache.caches")

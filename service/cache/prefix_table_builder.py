@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from service.cache.prefix_table import TableSpec, build_tables, graph_fingerprint
+from service.cache.prefix_table_file import TableSpec, build_tables, graph_fingerprint
 from service.graph.demo import DEMO_SOURCE
 
 log = logging.getLogger("service.cache.prefix_table_builder")
@@ -66,10 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.nice(19)  # only this process: the workers keep their priority
     signal.signal(signal.SIGTERM, _stop)
-    from service.api.observability import configure_logging
+    from service.logs import configure_logging
 
-    configure_logging(os.environ.get("PPR_LOG_LEVEL", "info"))
-    from service.serving.graph_holder import load_configured_graph
+    configure_logging()  # the settings of the worker that started it (its environment)
+    from service.graph.configured import load_configured_graph
 
     source = None if args.graph == DEMO_SOURCE else Path(args.graph)
     graph = load_configured_graph(source, args.snapshot_dir, args.nodes)

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from service.bounds import ACCOUNT_TYPES
-from service.cli import options
+from service.cli import arg_types
+from service.cli.arg_types import budget_delta, cap_epsilon, positive_float
 from service.cli.common import print_json, print_table
 from service.cli.db import Handler, add_database_argument, database_url
-from service.cli.options import budget_delta, cap_epsilon, positive_float
 from service.errors import InvalidParameter
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ def register(subparsers: Any) -> None:
         type=budget_delta,
         help="budget delta; default PPR_DEFAULT_DELTA (1e-6), or 1/PPR_EDGE_COUNT_BOUND if lower",
     )
-    create.add_argument("--label", type=options.label, help="a free-text label (printable)")
+    create.add_argument("--label", type=arg_types.label, help="a free-text label (printable)")
     create.add_argument(
         "--may-create-seed-accounts",
         action="store_true",
@@ -78,18 +78,18 @@ def register(subparsers: Any) -> None:
 
     listing = action("list", "list accounts with their budgets", _list)
     listing.add_argument("--type", choices=ACCOUNT_TYPES, help="only accounts of this type")
-    listing.add_argument("--limit", type=options.limit, default=100, help="1..1000")
-    listing.add_argument("--offset", type=options.offset, default=0)
+    listing.add_argument("--limit", type=arg_types.limit, default=100, help="1..1000")
+    listing.add_argument("--offset", type=arg_types.offset, default=0)
 
     set_budget = action("set-budget", "change an account's cap and/or delta", _set_budget)
-    set_budget.add_argument("account_id", type=options.account_id, metavar="ACCOUNT_ID")
+    set_budget.add_argument("account_id", type=arg_types.account_id, metavar="ACCOUNT_ID")
     set_budget.add_argument("--cap", type=cap_epsilon, help="new cap epsilon")
     set_budget.add_argument("--delta", type=budget_delta, help="new delta")
 
     scopes = action(
         "set-scopes", "change a service account's modes, seed-account right and quota", _set_scopes
     )
-    scopes.add_argument("account_id", type=options.account_id, metavar="ACCOUNT_ID")
+    scopes.add_argument("account_id", type=arg_types.account_id, metavar="ACCOUNT_ID")
     add_scope_arguments(scopes)
     scopes.add_argument(
         "--may-create-seed-accounts",
@@ -123,19 +123,19 @@ def register(subparsers: Any) -> None:
         "distinct release it received, and the cap on it",
         _reads,
     )
-    reads.add_argument("account_id", type=options.account_id, metavar="ACCOUNT_ID")
+    reads.add_argument("account_id", type=arg_types.account_id, metavar="ACCOUNT_ID")
 
     revoke = action("revoke-key", "revoke an API key (idempotent)", _revoke_key)
-    revoke.add_argument("key_id", type=options.key_id, metavar="KEY_ID")
+    revoke.add_argument("key_id", type=arg_types.key_id, metavar="KEY_ID")
 
     new_key = action("new-key", "create another API key for an account", _new_key)
-    new_key.add_argument("account_id", type=options.account_id, metavar="ACCOUNT_ID")
+    new_key.add_argument("account_id", type=arg_types.account_id, metavar="ACCOUNT_ID")
 
     keys = action("keys", "list an account's API keys (prefixes only)", _keys)
-    keys.add_argument("account_id", type=options.account_id, metavar="ACCOUNT_ID")
+    keys.add_argument("account_id", type=arg_types.account_id, metavar="ACCOUNT_ID")
 
     budget = action("budget", "show an account's spend and remaining budget", _budget)
-    budget.add_argument("account_id", type=options.account_id, metavar="ACCOUNT_ID")
+    budget.add_argument("account_id", type=arg_types.account_id, metavar="ACCOUNT_ID")
 
 
 def _modes(text: str) -> list[str]:
@@ -204,7 +204,7 @@ def _create(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
         delta: float = settings.account_delta if args.delta is None else args.delta
         if args.node is not None:
-            from service.serving.graph_holder import load_configured_graph
+            from service.graph.configured import load_configured_graph
 
             graph = load_configured_graph(
                 args.graph or settings.graph_path, nodes_path=settings.nodes_path

@@ -28,8 +28,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from service.cli.arg_types import database_url, positive_float, positive_int, redis_url
 from service.cli.common import print_json
-from service.cli.options import database_url, positive_float, positive_int, redis_url
 from service.mechanisms.registry import RankingMechanism
 from service.privacy.modes import Mode
 

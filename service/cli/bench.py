@@ -22,8 +22,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from service.cli.arg_types import positive_float, positive_int
 from service.cli.common import add_mechanism_arguments, load_graph, print_json, print_table
-from service.cli.options import positive_float, positive_int
 from service.errors import InvalidParameter
 from service.privacy.modes import Mode
 

@@ -6,8 +6,8 @@ import argparse
 import math
 from typing import Any
 
+from service.cli.arg_types import open_unit_float, positive_float
 from service.cli.common import add_mechanism_arguments, print_json, print_table
-from service.cli.options import open_unit_float, positive_float
 
 
 def register(subparsers: Any) -> None:

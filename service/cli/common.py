@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from service.cli.options import open_unit_float, positive_float, positive_int
+from service.cli.arg_types import open_unit_float, positive_float, positive_int
 from service.privacy.modes import Mode
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ def add_mechanism_arguments(parser: argparse.ArgumentParser, *, eta: float = 1e-
 
 def load_graph(path: Path | None) -> Graph:
     """The graph at ``path``, or the built-in demo graph."""
-    from service.serving.graph_holder import load_configured_graph
+    from service.graph.configured import load_configured_graph
 
     return load_configured_graph(path)
 
@@ -52,8 +52,8 @@ def served_graph_and_cap(path: Path, settings: Any, ledger: Any) -> tuple[Graph,
     the service serves it: its node list, its public bounds and the public version id the ledger
     records, so the release composes with that version's other releases in the exposure; and
     the graph-wide cap it is admitted against (None when no cap is set)."""
+    from service.graph.configured import load_configured_graph
     from service.ledger import GraphCap
-    from service.serving.graph_holder import load_configured_graph
     from service.serving.graph_identity import as_served
 
     graph = as_served(

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from service.cli import options
+from service.cli import arg_types
 from service.cli.common import print_json
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ def add_database_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--database-url",
         metavar="URL",
-        type=options.database_url,
+        type=arg_types.database_url,
         default=None,
         help="SQLAlchemy URL of the ledger; default: PPR_DATABASE_URL (sqlite:///./ppr-ledger.db)",
     )
@@ -86,7 +86,7 @@ def register(subparsers: Any) -> None:
             sub.add_argument(
                 "--wait",
                 metavar="SECONDS",
-                type=options.seconds,
+                type=arg_types.seconds,
                 default=0.0,
                 help="retry for up to SECONDS while the database does not answer (a container "
                 "starting beside it); default 0: fail at once",

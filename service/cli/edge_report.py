@@ -16,8 +16,8 @@ from service.cli.db import database_url
 from service.config import Settings
 from service.edge_report.report import edge_report
 from service.errors import InvalidParameter
+from service.graph.configured import load_configured_graph
 from service.ledger.ledger import Ledger
-from service.serving.graph_holder import load_configured_graph
 
 
 def run(args: argparse.Namespace) -> int:

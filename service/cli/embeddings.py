@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from service.cli.arg_types import positive_float, positive_int
 from service.cli.db import add_database_argument, database_url
-from service.cli.options import positive_float, positive_int
 from service.embeddings.parameters import DEFAULT_EMBEDDING_SIGMA, DEFAULT_K, EMBEDDING_ROUNDS
 
 

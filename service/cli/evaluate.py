@@ -12,12 +12,12 @@ import math
 import sys
 from typing import TYPE_CHECKING, Any
 
+from service.cli.arg_types import open_unit_float, positive_float, positive_int
 from service.cli.common import add_mechanism_arguments, print_json, print_table
 from service.cli.evaluate_links import LINK_K, LINK_SEEDS
 from service.cli.evaluate_links import add_arguments as add_link_arguments
 from service.cli.evaluate_synthetic import add_arguments as add_synthetic_arguments
 from service.cli.evaluate_synthetic import run_synthetic
-from service.cli.options import open_unit_float, positive_float, positive_int
 from service.embeddings.parameters import DEFAULT_EMBEDDING_SIGMA, DEFAULT_K
 from service.errors import InvalidParameter
 from service.evaluation.options import (

@@ -14,8 +14,8 @@ import math
 import sys
 from typing import TYPE_CHECKING, Any
 
+from service.cli.arg_types import positive_float
 from service.cli.common import print_json, print_table
-from service.cli.options import positive_float
 from service.errors import InvalidParameter
 from service.evaluation.options import LINK_ROWS
 

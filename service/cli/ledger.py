@@ -16,9 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from service.cli.arg_types import open_unit_float, positive_int
 from service.cli.common import print_json, print_table
 from service.cli.db import Handler, add_database_argument, database_url
-from service.cli.options import open_unit_float, positive_int
 from service.errors import InvalidParameter
 
 if TYPE_CHECKING:

@@ -35,7 +35,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from service.cli.options import open_unit_float, positive_float, positive_int
+from service.cli.arg_types import open_unit_float, positive_float, positive_int
 
 
 def _phases(text: str) -> tuple[str, ...]:
@@ -114,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
     from service.config import MechanismSettings, Settings
     from service.errors import InvalidParameter
+    from service.graph.configured import load_configured_graph
     from service.loadtest.report import (
         has_errors,
         reference_rps,
@@ -130,7 +131,6 @@ def run(args: argparse.Namespace) -> int:
         wait_for_prefix_table,
     )
     from service.loadtest.wrk_driver import wrk_available
-    from service.serving.graph_holder import load_configured_graph
 
     if args.url is None and not args.start:
         raise InvalidParameter("url", "give --url of a running service, or --start")

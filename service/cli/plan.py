@@ -17,9 +17,9 @@ import math
 import sys
 from typing import TYPE_CHECKING, Any
 
-from service.budgets import PLAN_ANSWERS_PER_DAY_MAX, PLAN_DAYS_MAX, PLAN_GRAPH_VERSIONS_MAX
+from service.bounds import PLAN_ANSWERS_PER_DAY_MAX, PLAN_DAYS_MAX, PLAN_GRAPH_VERSIONS_MAX
+from service.cli.arg_types import budget_delta, cap_epsilon, positive_float, positive_int
 from service.cli.common import print_json, print_table
-from service.cli.options import budget_delta, cap_epsilon, positive_float, positive_int
 from service.mechanisms.registry import RankingMechanism
 from service.privacy.modes import Mode
 

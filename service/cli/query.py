@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from service.cli.arg_types import open_unit_float, positive_float, positive_int
 from service.cli.common import (
     add_graph_argument,
     add_mechanism_arguments,
@@ -12,7 +13,6 @@ from service.cli.common import (
     print_json,
     print_table,
 )
-from service.cli.options import open_unit_float, positive_float, positive_int
 from service.errors import InvalidParameter
 from service.privacy.modes import Mode
 
@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from service.config import MechanismSettings
     from service.mechanisms.diffusion import noisy_diffusion
     from service.mechanisms.postprocess import ranked_results, score_grid
+    from service.mechanisms.registry import RankingMechanism
     from service.privacy.calibration import plan_diffusion
 
     if args.exclude_neighbors and args.mode is not Mode.PERSONALIZED:
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         "graph_version": graph.version,
         "results": [{"node": r.node, "score": r.score} for r in results],
         "mechanism": {
-            "name": "noisy_diffusion",
+            "name": RankingMechanism.NOISY_DIFFUSION.value,
             "mode": config.mode.value,
             "epsilon": plan.epsilon,
             "delta": plan.delta,

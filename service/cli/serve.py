@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from service.cli.options import database_url, port, positive_int, redis_url
+from service.cli.arg_types import database_url, port, positive_int, redis_url
 from service.cli.quickstart import quick_start
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,8 @@ def check_graph_inputs(settings: Any) -> None:
     not cover the edges, or a graph over a public bound, is one line and exit 2 here (a
     GraphLoadError) rather than a worker's failure. With snapshots on, the workers then map
     the snapshot this load wrote."""
-    from service.graph.bounds import check_public_bounds
-    from service.serving.graph_holder import load_configured_graph
+    from service.graph.configured import load_configured_graph
+    from service.graph.public_bounds import check_public_bounds
 
     graph = load_configured_graph(
         settings.graph_path, settings.snapshot_directory, settings.nodes_path
@@ -101,7 +101,7 @@ def check_synthetic_release(settings: Any) -> bool:
     An unreachable or un-migrated ledger is left to the workers (which then refuse)."""
     from service.ledger.ledger import Ledger, LedgerUnavailable
     from service.ledger.records import LedgerNotMigrated
-    from service.synthetic.sandbox import synthetic_release_of
+    from service.serving.sandbox import synthetic_release_of
 
     try:
         ledger = Ledger.from_url(settings.database_url, auto_migrate=False)
@@ -197,9 +197,9 @@ def _run_configured(settings: Any) -> int:
 
 
 def _configure_logs(settings: Any) -> None:
-    from service.api.observability import configure_logging
+    from service.logs import configure_logging
 
-    configure_logging(settings.log_level)
+    configure_logging(settings)
 
 
 def _serve(app: str, settings: Any) -> int:

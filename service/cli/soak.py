@@ -26,8 +26,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from service.cli import options
-from service.cli.options import open_unit_float, positive_float, positive_int
+from service.cli import arg_types
+from service.cli.arg_types import open_unit_float, positive_float, positive_int
 
 
 def register(subparsers: Any) -> None:
@@ -48,13 +48,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--interval", type=positive_float, default=60.0,
                         help="seconds between report lines (default 60)")  # fmt: skip
     parser.add_argument("--workers", type=positive_int, default=2, help="serve --workers")
-    parser.add_argument("--port", type=options.port, default=8602, help="port on 127.0.0.1")
+    parser.add_argument("--port", type=arg_types.port, default=8602, help="port on 127.0.0.1")
     parser.add_argument("--graph", type=Path, metavar="FILE",
                         help="edge list (default: PPR_GRAPH_PATH, else demo graph)")  # fmt: skip
-    parser.add_argument("--database-url", type=options.database_url,
+    parser.add_argument("--database-url", type=arg_types.database_url,
                         help="ledger (default: PPR_DATABASE_URL); the soak is meant for "
                         "PostgreSQL")  # fmt: skip
-    parser.add_argument("--redis-url", type=options.redis_url,
+    parser.add_argument("--redis-url", type=arg_types.redis_url,
                         help="Redis (default: PPR_REDIS_URL)")  # fmt: skip
     parser.add_argument("--replay-fraction", type=open_unit_float, default=0.5,
                         help="share of replays among the queries (default 0.5)")  # fmt: skip
@@ -68,13 +68,13 @@ def run(args: argparse.Namespace) -> int:
 
     from service.config import MechanismSettings, Settings
     from service.errors import InvalidParameter
+    from service.graph.configured import load_configured_graph
     from service.ledger.ledger import Ledger
     from service.loadtest.httpx_driver import run_httpx
     from service.loadtest.report import status_breakdown
     from service.loadtest.run import RunPlan, sample_seeds, store_replay_releases, workloads
     from service.loadtest.server import served_process, service_account_key
     from service.loadtest.soak import INTERVAL_HEADER, interval_line, run_soak, summary
-    from service.serving.graph_holder import load_configured_graph
 
     settings = Settings()
     graph_path = args.graph if args.graph is not None else settings.graph_path

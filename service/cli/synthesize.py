@@ -15,8 +15,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from service.cli.arg_types import open_unit_float, positive_float, positive_int
 from service.cli.db import add_database_argument, database_url
-from service.cli.options import open_unit_float, positive_float, positive_int
 
 
 def register(subparsers: Any) -> None:
@@ -51,8 +51,6 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from tqdm import tqdm
 
     from service.cli.common import served_graph_and_cap
@@ -60,29 +58,14 @@ def run(args: argparse.Namespace) -> int:
     from service.errors import InvalidParameter
     from service.ledger import Ledger
     from service.mechanisms.randomness import fresh_generator
-    from service.synthetic.communities import CommunityParams
-    from service.synthetic.privdpr import PrivdprParams
-    from service.synthetic.release import Request, synthesize_release
+    from service.synthetic.release import synthesis_request, synthesize_release
 
     settings = Settings()
-    if args.method == "chung_lu":
-        if args.epsilon is not None:
-            raise InvalidParameter(
-                "epsilon", "chung_lu reuses the degree release (PPR_POPULAR_EPSILON): no --epsilon"
-            )
-        epsilon = settings.popular_epsilon
-    elif args.epsilon is None:
-        raise InvalidParameter("epsilon", f"--method {args.method} needs --epsilon")
-    else:
-        epsilon = args.epsilon
-    request = Request(
-        method=args.method,
-        epsilon=epsilon,
-        privdpr=replace(
-            PrivdprParams(), delta=args.delta, epochs=args.epochs, score_rounds=args.score_rounds
-        ),
-        communities=replace(CommunityParams(), groups=args.groups, rounds=args.rounds),
-    )
+    request = synthesis_request(
+        args.method, args.epsilon, popular_epsilon=settings.popular_epsilon, delta=args.delta,
+        epochs=args.epochs, score_rounds=args.score_rounds, groups=args.groups,
+        rounds=args.rounds, flags=True,
+    )  # fmt: skip
     path = args.graph if args.graph is not None else settings.graph_path
     if path is None:
         raise InvalidParameter("graph", "give --graph FILE or set PPR_GRAPH_PATH")

@@ -24,12 +24,10 @@ from service.errors import InvalidParameter, NotFound
 from service.graph.model import Graph
 from service.ledger.ledger import Ledger
 from service.ledger.tables import Budget, Charge, GraphVersion
+from service.mechanisms.registry import RankingMechanism
 from service.privacy.accountant import RdpCurve
 from service.privacy.modes import Mode
 from service.privacy.per_edge import PrefixShifts, ReleaseParameters, per_instance_curve
-
-#: The mechanism name the serving path records on a noisy-diffusion charge.
-NOISY_DIFFUSION = "noisy_diffusion"
 
 
 @dataclass
@@ -102,7 +100,7 @@ def edge_report(
             account_delta = budget.delta
         for charge in session.scalars(stmt):
             counts["charges"] += 1
-            if charge.mechanism != NOISY_DIFFUSION:
+            if charge.mechanism != RankingMechanism.NOISY_DIFFUSION:
                 counts["other_mechanisms"] += 1
                 continue
             if versions.get(charge.graph_version, charge.graph_version) != graph.fingerprint:

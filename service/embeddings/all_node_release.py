@@ -1,14 +1,14 @@
 """An all-node edge-mode embedding release: ONE graph-wide release, its files and its index.
 
 ``python -m service embeddings release`` computes edge-mode DP-IE
-(:mod:`service.embeddings.all_nodes`) for every node of the served graph version, or for a
-given node list, and records it the way a synthesis run is recorded
-(:mod:`service.synthetic.release`, whose helpers it reuses): admitted against the graph-wide
-cap and charged to the graph-wide exposure in one transaction BEFORE anything is computed
+(:mod:`service.embeddings.all_nodes`) for every node of the served graph version, or for a given
+node list, and records it the way a synthesis run is recorded (:mod:`service.synthetic.release`;
+the payload in the form of :mod:`service.release_payload`): admitted against the graph-wide cap
+and charged to the graph-wide exposure in one transaction BEFORE anything is computed
 (:meth:`Ledger.graph_release`); the vectors are computed inside ``draw()`` and stored in the
 ledger as the release's payload, with the method, parameters and privacy unit, before any file
-is written; a failed or interrupted computation refunds the charge and leaves no file. While
-it computes, the release beats its heartbeat (``graph_releases.heartbeat_at``, the mechanism a
+is written; a failed or interrupted computation refunds the charge and leaves no file. While it
+computes, the release beats its heartbeat (``graph_releases.heartbeat_at``, the mechanism a
 synthesis run uses), so a server's reconciler refunds it only once its process stopped beating.
 
 **What it costs.** Each node's embedding is pure eps-DP for one edge, ANY edge (`edge` mode:
@@ -19,7 +19,8 @@ N eps and, converted at the exposure's delta, much less for small eps. No parall
 applies. `personalized` (joint-DP) embeddings are never pooled like this (spec-embeddings.md,
 "All-node releases").
 
-Files, in the ``--out`` directory (each a 0600 temporary file renamed into place):
+Files, in the ``--out`` directory (each written atomically, :mod:`service.atomic_files`: a 0600
+temporary file, fsynced and renamed into place):
 
 - ``<tag>.npz``: the released vectors (float32, exact: they are multiples of a power-of-two
   grid) and the node ids, row by row - the same bytes as the ledger's payload body;
@@ -33,8 +34,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
-import tempfile
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -43,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from service.atomic_files import atomic_file, check_output_path, write_atomically
 from service.embeddings.all_nodes import _check_rounds, edge_embeddings
 from service.embeddings.dp import (
     EMBEDDING_BETA,
@@ -57,12 +57,7 @@ from service.errors import InvalidParameter
 from service.graph.model import Graph
 from service.ledger import GraphCap, Ledger
 from service.privacy.synthetic import EDGE_LEVEL
-from service.synthetic.release import (
-    check_output_path,
-    decode_payload,
-    encode_payload,
-    write_atomically,
-)
+from service.release_payload import decode_payload, encode_payload
 
 __all__ = [
     "METHOD",
@@ -78,6 +73,8 @@ __all__ = [
 #: Prefix of the ledger's mechanism name of every all-node embedding release.
 RELEASE_PREFIX = "embeddings:edge:"
 METHOD = "dp_instant_embedding"
+#: How a file's temporary name beside its final one begins while it is written.
+_TEMPORARY = ".embeddings-"
 #: A float32 holds a multiple of the grid exactly below this many grid steps.
 _FLOAT32_EXACT_STEPS = 2.0**24
 
@@ -168,17 +165,11 @@ def _write_index(out_dir: Path, tag: str, vectors: np.ndarray, ef: int) -> dict[
     """Build the index into a 0600 temporary file beside its final name, measure its recall@10
     at depth ``ef`` against exact search, then rename it."""
     name = f"{tag}{INDEX_SUFFIX}"
-    fd, temp = tempfile.mkstemp(prefix=".embeddings-", dir=out_dir)
-    os.close(fd)
-    try:
-        build_index(vectors, Path(temp))
-        os.chmod(temp, 0o600)
-        digest = hashlib.sha256(Path(temp).read_bytes()).hexdigest()
-        recall = measure_recall(Path(temp), ef)
-        os.replace(temp, out_dir / name)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    with atomic_file(out_dir / name, prefix=_TEMPORARY, suffix="") as staged:
+        staged.file.close()  # the index library writes the file by its name
+        build_index(vectors, staged.path)
+        digest = hashlib.sha256(staged.path.read_bytes()).hexdigest()
+        recall = measure_recall(staged.path, ef)
     return {"name": name, "sha256": digest, "recall_at_10": recall, "ef": ef}
 
 
@@ -204,7 +195,7 @@ def release_embeddings(
     seeds = _seeds(graph, request.nodes)
     if not out_dir.is_dir():
         raise InvalidParameter("out", f"{out_dir} is not an existing directory")
-    check_output_path(out_dir / POINTER)
+    check_output_path(out_dir / POINTER, prefix=_TEMPORARY)
     plan = plan_dp_instant_embedding(request.epsilon, request.sigma, graph.n)
     count = int(seeds.size)
     curve = dp_instant_embedding_curve(plan.epsilon) * count
@@ -260,7 +251,7 @@ def release_embeddings(
         kept["vectors"] = read_vectors(body)[0]
     release: EmbeddingRelease = kept["release"]
     vectors_name = f"{tag}.npz"
-    write_atomically(out_dir / vectors_name, kept["body"])
+    write_atomically(out_dir / vectors_name, kept["body"], prefix=_TEMPORARY)
     pointer = {
         **release.header(),
         "files": {
@@ -268,5 +259,6 @@ def release_embeddings(
             "index": _write_index(out_dir, tag, kept["vectors"], search_ef),
         },
     }
-    write_atomically(out_dir / POINTER, json.dumps(pointer, indent=1, sort_keys=True).encode())
+    pointer_text = json.dumps(pointer, indent=1, sort_keys=True).encode()
+    write_atomically(out_dir / POINTER, pointer_text, prefix=_TEMPORARY)
     return release

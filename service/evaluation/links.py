@@ -51,7 +51,12 @@ from service.mechanisms.friends_of_friends import friends_of_friends
 from service.mechanisms.popular import noisy_degrees
 from service.mechanisms.pushflowcap import DEFAULT_SIGMA, add_laplace_noise, pushflowcap
 from service.mechanisms.randomness import fresh_generator
-from service.mechanisms.registry import DEFAULT_MECHANISM, PERSONALIZED_ONLY, resolve_mechanism
+from service.mechanisms.registry import (
+    DEFAULT_MECHANISM,
+    PERSONALIZED_ONLY,
+    RankingMechanism,
+    resolve_mechanism,
+)
 from service.privacy.calibration import (
     DiffusionPlan,
     plan_diffusion,
@@ -78,8 +83,6 @@ __all__ = [
 HIDDEN_FRACTION = 0.1
 #: Rows that do not depend on the per-answer epsilon (reported once).
 EPSILON_FREE = frozenset({"popular", "exact_ppr", "common_neighbours_exact", "random"})
-#: Rows that read no private data at all (the references and the floor).
-NON_PRIVATE = frozenset({"exact_ppr", "common_neighbours_exact", "random"})
 
 CI = tuple[float, float]
 
@@ -226,7 +229,7 @@ class _SeedReleases:
 
     def release(self, name: str, eps: float) -> np.ndarray:
         g, s, mode = self.graph, self.seed, self.mode
-        if name == "noisy_diffusion":
+        if name == RankingMechanism.NOISY_DIFFUSION:
             config = self.diffusion_plans[eps].config
             m = config.noise_free_steps
             if m not in self._prefixes:
@@ -321,7 +324,7 @@ def evaluate_links(
     diffusion_plans = {
         e: plan_diffusion(e, delta, steps, beta, eta, mode)
         for m, e in pairs
-        if m == "noisy_diffusion" and e is not None
+        if m == RankingMechanism.NOISY_DIFFUSION and e is not None
     }
     degree_plan = plan_laplace(popular_epsilon, DEGREE_SENSITIVITY)
     degrees = None

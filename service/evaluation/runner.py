@@ -51,7 +51,7 @@ from service.mechanisms.friends_of_friends import friends_of_friends
 from service.mechanisms.popular import noisy_degrees
 from service.mechanisms.pushflowcap import DEFAULT_SIGMA, add_laplace_noise, pushflowcap
 from service.mechanisms.randomness import fresh_generator
-from service.mechanisms.registry import DEFAULT_MECHANISM, resolve_mechanism
+from service.mechanisms.registry import DEFAULT_MECHANISM, RankingMechanism, resolve_mechanism
 from service.privacy.calibration import DiffusionPlan, plan_diffusion, validate_diffusion_parameters
 from service.privacy.laplace import (
     COMMON_NEIGHBOUR_SENSITIVITY,
@@ -264,7 +264,7 @@ def evaluate(
             mechanisms.append(resolved)
 
     plans: dict[float, DiffusionPlan] = {}
-    if "noisy_diffusion" in mechanisms:
+    if RankingMechanism.NOISY_DIFFUSION in mechanisms:
         plans = {eps: plan_diffusion(eps, delta, steps, beta, eta, mode) for eps in epsilons}
 
     degrees_released: np.ndarray | None = None
@@ -307,7 +307,7 @@ def evaluate(
             for mechanism in mechanisms:
                 if mechanism in free:
                     values = free[mechanism]
-                elif mechanism == "noisy_diffusion":
+                elif mechanism == RankingMechanism.NOISY_DIFFUSION:
                     config = plans[eps].config
                     m = config.noise_free_steps
                     if m not in prefixes:

@@ -43,7 +43,6 @@ from service.errors import GraphLoadError
 from service.graph.build import assemble_graph, canonical_edge_keys, canonical_order
 from service.graph.edge_file import line_at, read_text_bytes
 from service.graph.edge_tokens import MAX_ID_BYTES as MAX_ID_BYTES
-from service.graph.edge_tokens import MAX_INT_DIGITS as MAX_INT_DIGITS
 from service.graph.edge_tokens import Parsed, parse_integer_ids, parse_string_ids, shorten
 from service.graph.model import Graph
 

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from service.atomic_files import atomic_file
 from service.errors import GraphLoadError
 from service.graph.model import Graph, GraphStats
 from service.graph.node_ids import PackedIds
@@ -97,7 +98,8 @@ def snapshot_path(directory: Path, source_fingerprint: str) -> Path:
 
 
 def write_snapshot(graph: Graph, path: Path, source_fingerprint: str) -> None:
-    """Write ``graph`` to ``path`` atomically (temporary file, fsync, rename)."""
+    """Write ``graph`` to ``path`` atomically (:mod:`service.atomic_files`: a 0600 temporary
+    file, fsync, rename, fsync of the directory)."""
     packed = (
         graph.ids if isinstance(graph.ids, PackedIds) else PackedIds.pack(graph.node_ids.tolist())
     )
@@ -126,18 +128,10 @@ def write_snapshot(graph: Graph, path: Path, source_fingerprint: str) -> None:
     start = aligned_offset(len(MAGIC) + 8 + len(text))
     head = MAGIC + len(text).to_bytes(8, "little") + text
     head += b"\x00" * (start - len(head))
-    fd, temporary = tempfile.mkstemp(prefix=".graph-", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(head)
-            for name, array in arrays.items():
-                out.write(_padded(array, layout, name, payload_bytes))
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    with atomic_file(path, prefix=".graph-", suffix=".tmp") as staged:
+        staged.file.write(head)
+        for name, array in arrays.items():
+            staged.file.write(_padded(array, layout, name, payload_bytes))
 
 
 def open_snapshot(path: Path, source_fingerprint: str | None = None) -> Graph:

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.graph.bounds import DEFAULT_MAX_DEGREE_BOUND
 from service.graph.model import Graph
+from service.graph.public_bounds import DEFAULT_MAX_DEGREE_BOUND
 from service.mechanisms.grid_noise import draw_pair_noise, grid_step
 from service.mechanisms.operator import StepWorkspace, WalkOperator, aligned_block, walk_operator
 from service.privacy.calibration import DiffusionConfig

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.budgets import (
+from service.bounds import (
     CAP_EPSILON_MAX,
     CAP_EPSILON_MIN,
     DELTA_MAX,

@@ -139,12 +139,6 @@ def calibrate_gaussian_multiplier(epsilon: float, delta: float, steps: int) -> f
     return z
 
 
-def paper_noise_std(epsilon: float, delta: float, steps: int, s_grad: float) -> float:
-    """The paper's own per-step std (Eq. 7, 13, Sec. 4.3.2): S_grad sqrt(2 ln(1.25 T/delta)) /
-    (eps/T), each step at (eps/T, delta/T). Reported for comparison only, never used."""
-    return s_grad * math.sqrt(2.0 * math.log(1.25 * steps / delta)) / (epsilon / steps)
-
-
 #: The discrete Gaussian's scale in units of the quantum is about 2^NOISE_BITS: the released
 #: integers resolve the noise to 52 bits, as finely as float64 resolves it.
 NOISE_BITS = 52
@@ -200,11 +194,6 @@ class PrivdprPlan:
     @property
     def curve(self) -> RdpCurve:
         return gaussian_curve(self.multiplier, self.steps)
-
-    @property
-    def snr_bound(self) -> float:
-        """Largest batch-sum norm over the per-coordinate noise std: 1 / (2 z)."""
-        return 0.5 * self.sensitivity / self.noise_std
 
 
 def privdpr_plan(

@@ -6,7 +6,7 @@ an edge with certainty, and tell them whether a reload changed anything. So the 
 swaps it for a public id that the ledger records against the fingerprint: random when the
 fingerprint is new, the recorded one otherwise (insert-if-absent, then read back: every worker,
 restart and replica agrees because the database decides). Before that, the graph is checked
-against the configured public bounds (:mod:`service.graph.bounds`), and the degree bound is
+against the configured public bounds (:mod:`service.graph.public_bounds`), and the degree bound is
 attached: the diffusion's float64 margin is computed from it, not from the graph.
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from service.graph.bounds import check_public_bounds
 from service.graph.model import Graph
+from service.graph.public_bounds import check_public_bounds
 
 if TYPE_CHECKING:
     from service.config import Settings
@@ -50,7 +50,7 @@ def serving_loader(
 ) -> Callable[[Path | None], Graph]:
     """The loader of a serving process: the configured graph (or ``path``) with its node list,
     snapshot and public identity."""
-    from service.serving.graph_holder import load_configured_graph
+    from service.graph.configured import load_configured_graph
 
     snapshot_dir = settings.snapshot_directory
 

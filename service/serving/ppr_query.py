@@ -26,13 +26,10 @@ from service.serving.live_charges import LiveCharges
 from service.serving.pipeline.admit import Admitter
 from service.serving.pipeline.answer import PopularAnswers, fresh_answer
 from service.serving.pipeline.draw import Drawer
-from service.serving.pipeline.errors import IdempotencyKeyReused as IdempotencyKeyReused
-from service.serving.pipeline.errors import RequestInProgress as RequestInProgress
 from service.serving.pipeline.group import GroupAnswers, Run, own_charges
 from service.serving.pipeline.items import Admitted, Pending, ToBind
 from service.serving.pipeline.policy import AdmissionPolicy
 from service.serving.pipeline.prefixes import PrefixProvider
-from service.serving.pipeline.prepare import MECHANISM_NAME as MECHANISM_NAME
 from service.serving.pipeline.prepare import Preparer
 from service.serving.pipeline.reads import ReadFigure
 from service.serving.pipeline.refusals import RefusalLog

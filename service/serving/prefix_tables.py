@@ -28,13 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from service.cache.prefix_table import (
+from service.cache.prefix_table_builder import command
+from service.cache.prefix_table_file import (
     BUILD_LOCK_SUFFIX,
     TableSpec,
     graph_fingerprint,
     try_open_table,
 )
-from service.cache.prefix_table_builder import command
 from service.config import MechanismSettings
 from service.graph.model import Graph
 from service.graph.snapshot import private_directory

@@ -10,13 +10,13 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from service.budgets import CAP_EPSILON_MAX, CAP_EPSILON_MIN, DELTA_MAX, DELTA_MIN
+from service.bounds import CAP_EPSILON_MAX, CAP_EPSILON_MIN, DELTA_MAX, DELTA_MIN
 from service.embeddings.parameters import DEFAULT_EMBEDDING_SIGMA
 from service.embeddings.parameters import DEFAULT_K as DP_IE_DEFAULT_K
 from service.embeddings.parameters import MAX_K as DP_IE_MAX_K
 from service.embeddings.parameters import MAX_SIGMA as DP_IE_MAX_SIGMA
 from service.embeddings.parameters import MIN_SIGMA as DP_IE_MIN_SIGMA
-from service.graph.bounds import DEFAULT_MAX_DEGREE_BOUND, MAX_DEGREE_BOUND_LIMIT
+from service.graph.public_bounds import DEFAULT_MAX_DEGREE_BOUND, MAX_DEGREE_BOUND_LIMIT
 from service.mechanisms.registry import DEFAULT_MECHANISM, RankingMechanism
 
 

@@ -9,7 +9,8 @@ parameters, privacy unit, epsilon and the file's SHA-256) before the file is wri
 interrupted or failed draw refunds the charge (nothing was released) and leaves no file; a run
 whose process dies is failed and refunded by the reconciler once its heartbeat lapses.
 
-The file is written to a 0600 temporary file in the target directory and renamed into place.
+The file is written atomically (:mod:`service.atomic_files`: a 0600 temporary file in the
+target directory, fsynced and renamed into place).
 
 Methods:
 
@@ -24,26 +25,23 @@ Methods:
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import json
-import os
-import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from service.atomic_files import check_output_path, write_atomically
 from service.errors import InvalidParameter, ServiceError
 from service.graph.model import Graph
 from service.ledger import GraphCap, Ledger
 from service.ledger.graph_releases import Heartbeat
-from service.ledger.synthesis_jobs import RELEASE_PREFIX as RELEASE_PREFIX
 from service.ledger.synthesis_jobs import JobRecord
 from service.privacy.accountant import RdpCurve
 from service.privacy.synthetic import EDGE_LEVEL, NODE_LEVEL
+from service.release_payload import encode_payload
 from service.synthetic.communities import CommunityParams, community_synthesize
 from service.synthetic.privdpr import PrivdprParams, privdpr_synthesize
 from service.synthetic.sampling import chung_lu
@@ -51,6 +49,9 @@ from service.synthetic.sampling import chung_lu
 METHODS = ("privdpr", "communities", "chung_lu")
 
 Progress = Callable[[int, int], None]
+
+#: How the temporary file beside ``--out`` is named while it is written.
+_TEMPORARY = ".synthetic-"
 
 
 @dataclass(frozen=True)
@@ -77,52 +78,49 @@ def edge_list_text(graph: Graph, u: np.ndarray, v: np.ndarray) -> bytes:
     return "".join(f"{a} {b}\n" for a, b in zip(left, right, strict=True)).encode()
 
 
-def encode_payload(header: dict[str, Any], text: bytes) -> bytes:
-    return gzip.compress(json.dumps(header, sort_keys=True).encode() + b"\n" + text, mtime=0)
-
-
-def decode_payload(payload: bytes) -> tuple[dict[str, Any], bytes]:
-    raw = gzip.decompress(payload)
-    head, _, text = raw.partition(b"\n")
-    return json.loads(head), text
-
-
-def check_output_path(out: Path) -> None:
-    """Refuse an output path that cannot be written, before anything is charged."""
-    directory = out.parent if str(out.parent) else Path(".")
-    if out.is_dir():
-        raise InvalidParameter("out", f"{out} is a directory")
-    if not directory.is_dir():
-        raise InvalidParameter("out", f"the directory {directory} does not exist")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".synthetic-", dir=directory)
-    except OSError as exc:
-        raise InvalidParameter("out", f"cannot write in {directory}: {exc.strerror}") from None
-    os.close(fd)
-    os.unlink(probe)
-
-
-def write_atomically(out: Path, text: bytes) -> None:
-    """0600 temporary file beside ``out``, fsync, rename; no partial file on any failure."""
-    directory = out.parent if str(out.parent) else Path(".")
-    fd, temp = tempfile.mkstemp(prefix=".synthetic-", dir=directory)  # mode 0600
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, out)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
 @dataclass(frozen=True)
 class Request:
     method: str
     epsilon: float
     privdpr: PrivdprParams = field(default_factory=PrivdprParams)
     communities: CommunityParams = field(default_factory=CommunityParams)
+
+
+def synthesis_request(
+    method: str,
+    epsilon: float | None,
+    *,
+    popular_epsilon: float,
+    delta: float,
+    epochs: int,
+    score_rounds: int,
+    groups: int,
+    rounds: int,
+    flags: bool = False,
+) -> Request:
+    """A run's request, from ``POST /v1/admin/synthetic``'s body or ``synthesize``'s flags
+    (``flags``: the errors name the flags). ``chung_lu`` takes no epsilon of its own: it reuses
+    the degree release, at ``popular_epsilon`` (PPR_POPULAR_EPSILON); the other methods need
+    one. InvalidParameter otherwise, before anything is charged."""
+    if method == "chung_lu":
+        if epsilon is not None:
+            raise InvalidParameter(
+                "epsilon",
+                "chung_lu reuses the degree release (PPR_POPULAR_EPSILON): "
+                + ("no --epsilon" if flags else "no epsilon"),
+            )
+        epsilon = popular_epsilon
+    elif epsilon is None:
+        raise InvalidParameter(
+            "epsilon",
+            f"--method {method} needs --epsilon" if flags else f"method {method} needs an epsilon",
+        )
+    return Request(
+        method=method,
+        epsilon=epsilon,
+        privdpr=replace(PrivdprParams(), delta=delta, epochs=epochs, score_rounds=score_rounds),
+        communities=replace(CommunityParams(), groups=groups, rounds=rounds),
+    )
 
 
 def _validate(request: Request, graph: Graph) -> tuple[RdpCurve, float, float, str, dict[str, Any]]:
@@ -308,7 +306,7 @@ def synthesize_release(
     returns the service's degree release and its ledger name (``chung_lu`` only);
     ``noise_factory`` as :func:`run_job`."""
     plan = plan_request(request, graph)
-    check_output_path(out)
+    check_output_path(out, prefix=_TEMPORARY)
     if request.method == "chung_lu" and degrees is None:
         raise InvalidParameter("method", "chung_lu needs the service's degree release")
     job = start_job(ledger, graph, request, plan, cap=cap, source="cli")
@@ -317,5 +315,5 @@ def synthesize_release(
         rng_factory=rng_factory, heartbeat_seconds=heartbeat_seconds,
         noise_factory=noise_factory,
     )  # fmt: skip
-    write_atomically(out, text)
+    write_atomically(out, text, prefix=_TEMPORARY)
     return release

@@ -32,8 +32,8 @@ from service.api.params import AccountIdPath, AccountIdQuery, KeyIdPath, Limit, 
 from service.api.runtime import Runtime, node_set_origin
 from service.api.strict import StrictRoute
 from service.errors import Conflict, InvalidParameter
+from service.graph.configured import graph_file_in
 from service.ledger.records import AccountRecord
-from service.serving.graph_holder import graph_file_in
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], route_class=StrictRoute)
 

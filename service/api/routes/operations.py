@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from service.api.deps import RuntimeDep, is_admin_request
-from service.api.errors import DuplicateHeader
+from service.api.error_responses import DuplicateHeader
 from service.api.observability import metrics_response
 from service.api.runtime import Runtime
 from service.api.strict import StrictRoute

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from service.api.deps import EngineTurn, PrincipalDep, RuntimeDep
-from service.api.errors import DuplicateHeader
+from service.api.error_responses import DuplicateHeader
 from service.api.models import Budget, ErrorResponse, PprAnswer, Reads
 from service.api.observability import count_answer
 from service.api.params import K_LIMIT, IdempotencyKeyHeader, NodeIdPath, QueryBool

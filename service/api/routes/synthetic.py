@@ -20,10 +20,9 @@ from service.api.models import ErrorResponse
 from service.api.params import Limit, Offset
 from service.api.strict import StrictRoute
 from service.api.synthetic_models import StartSynthesis, SynthesisJob, SynthesisJobs
-from service.errors import Conflict, InvalidParameter
-from service.synthetic.communities import CommunityParams
-from service.synthetic.privdpr import PrivdprParams
-from service.synthetic.release import Request, decode_payload
+from service.errors import Conflict
+from service.release_payload import decode_payload
+from service.synthetic.release import synthesis_request
 
 router = APIRouter(prefix="/v1/admin/synthetic", tags=["admin"], route_class=StrictRoute)
 
@@ -43,29 +42,6 @@ class SynthesisNotDone(Conflict):
     code = "synthesis_not_done"
 
 
-def _request(body: StartSynthesis, popular_epsilon: float) -> Request:
-    from dataclasses import replace
-
-    if body.method == "chung_lu":
-        if body.epsilon is not None:
-            raise InvalidParameter(
-                "epsilon", "chung_lu reuses the degree release (PPR_POPULAR_EPSILON): no epsilon"
-            )
-        epsilon = popular_epsilon
-    elif body.epsilon is None:
-        raise InvalidParameter("epsilon", f"method {body.method} needs an epsilon")
-    else:
-        epsilon = body.epsilon
-    return Request(
-        method=body.method,
-        epsilon=epsilon,
-        privdpr=replace(
-            PrivdprParams(), delta=body.delta, epochs=body.epochs, score_rounds=body.score_rounds
-        ),
-        communities=replace(CommunityParams(), groups=body.groups, rounds=body.rounds),
-    )
-
-
 @router.post(
     "",
     operation_id="startSynthesis",
@@ -81,7 +57,11 @@ def start_synthesis(body: StartSynthesis, runtime: RuntimeDep, admin: AdminDep) 
             "this service is a sandbox serving a synthetic release: synthesize on the service "
             "that serves the real graph"
         )
-    request = _request(body, runtime.settings.popular_epsilon)
+    request = synthesis_request(
+        body.method, body.epsilon, popular_epsilon=runtime.settings.popular_epsilon,
+        delta=body.delta, epochs=body.epochs, score_rounds=body.score_rounds,
+        groups=body.groups, rounds=body.rounds,
+    )  # fmt: skip
     job = runtime.synthesis.start(
         runtime.graphs.current, request, actor_account_id=admin.account_id
     )

@@ -6,32 +6,23 @@ graph version's stored degree release): the top k, without the seed's neighbours
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from service.graph.model import Graph
 from service.ledger.ledger import Ledger
 from service.ledger.records import ChargeReceipt, DegreeCharge, StoredRelease
-from service.mechanisms.postprocess import RankedNode, ranked_results
+from service.mechanisms.postprocess import ranked_results
 from service.mechanisms.registry import RankingMechanism
 from service.serving.pipeline.admit import Admitter
 from service.serving.pipeline.errors import IdempotencyKeyReused
 from service.serving.pipeline.items import Pending
 from service.serving.pipeline.reads import ReadFigure
+from service.serving.pipeline.results import post_process
 from service.serving.rankings import DegreeReleases, degree_block, degree_release_name
 from service.serving.schemas import Answer, QueryRequest
 
 if TYPE_CHECKING:
     from service.serving.pipeline.replay import Replayer
-
-
-def post_process(
-    results: Sequence[RankedNode], req: QueryRequest, graph: Graph, seed: int
-) -> list[RankedNode]:
-    if req.exclude_neighbors:
-        neighbours = set(graph.external_ids(graph.neighbors(seed)))
-        results = [r for r in results if r.node not in neighbours]
-    return list(results[: req.k])
 
 
 def fresh_answer(p: Pending, receipt: ChargeReceipt, stored: StoredRelease) -> Answer:

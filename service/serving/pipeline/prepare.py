@@ -35,8 +35,6 @@ from service.serving.planner import DiffusionPlanner
 from service.serving.rankings import DegreeReleases, RankingPlan, plan_ranking
 from service.serving.schemas import Answer, Principal, QueryRequest
 
-MECHANISM_NAME = "noisy_diffusion"
-
 #: How long an account's delta (calibration only) is reused.
 _DELTA_TTL_SECONDS = 5.0
 
@@ -295,7 +293,7 @@ def mechanism_dict(plan: DiffusionPlan) -> dict[str, Any]:
     """The mechanism description a noisy-diffusion answer carries."""
     c = plan.config
     return {
-        "name": MECHANISM_NAME,
+        "name": RankingMechanism.NOISY_DIFFUSION.value,
         "mode": c.mode.value,
         "epsilon": plan.epsilon,
         "delta": plan.delta,

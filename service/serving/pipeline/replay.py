@@ -21,11 +21,11 @@ from service.cache.caches import ReplayCache
 from service.graph.model import Graph
 from service.ledger.ledger import Ledger
 from service.ledger.records import BudgetView, ChargeReceipt, ReleaseKey, StoredRelease
-from service.serving.pipeline.answer import post_process
 from service.serving.pipeline.errors import IdempotencyKeyReused, RequestInProgress
 from service.serving.pipeline.items import A, Pending, Prepared
 from service.serving.pipeline.policy import AdmissionPolicy
 from service.serving.pipeline.reads import ReadFigure
+from service.serving.pipeline.results import post_process
 from service.serving.rankings import degree_release_name
 from service.serving.schemas import Answer, QueryRequest
 

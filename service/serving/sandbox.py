@@ -43,6 +43,7 @@ from service.ledger.synthesis_jobs import JobRecord
 from service.mechanisms.exact import exact_ppr
 from service.mechanisms.postprocess import RankedNode
 from service.privacy.sampler import stored_release_delta
+from service.release_payload import decode_payload
 from service.serving.batch import BatchItem, BatchRequest
 from service.serving.pipeline.prepare import charged_account
 from service.serving.schemas import Answer, QueryRequest
@@ -125,8 +126,6 @@ class SandboxQueries:
     def __init__(
         self, ledger: Ledger, job: JobRecord, *, beta: float, rules: SandboxRules | None = None
     ) -> None:
-        from service.synthetic.release import decode_payload
-
         payload = ledger.synthesis_payload(job.job_id)
         if payload is None:  # pragma: no cover - a done job always has its payload
             raise NotASyntheticRelease(f"synthetic release {job.job_id} has no stored payload")

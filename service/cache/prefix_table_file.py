@@ -30,7 +30,6 @@ import json
 import logging
 import mmap
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from service.atomic_files import atomic_file
 from service.graph.model import Graph
 from service.graph.snapshot import (
     STALE_SECONDS,
@@ -122,8 +122,8 @@ def write_table(
         "checksum": "0" * _CHECKSUM_HEX,
     }
     start = aligned_offset(len(_head(header)))
-    fd, temporary = tempfile.mkstemp(prefix=f".{NAME_PREFIX}", suffix=".tmp", dir=path.parent)
-    try:
+    with atomic_file(path, prefix=f".{NAME_PREFIX}", suffix=".tmp") as staged:
+        fd = staged.file.fileno()  # read-write: filled through a shared mapping
         os.ftruncate(fd, start + spec.nbytes)
         with mmap.mmap(fd, start + spec.nbytes) as mapping:
             rows = np.ndarray((spec.n, spec.n), dtype="<f8", buffer=mapping, offset=start)
@@ -135,15 +135,6 @@ def write_table(
             head = _head(header)
             mapping[: len(head)] = head
             mapping.flush()
-        os.fsync(fd)
-        os.close(fd)
-        fd = -1
-        os.replace(temporary, path)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def open_table(path: Path, spec: TableSpec) -> np.ndarray:

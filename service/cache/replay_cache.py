@@ -12,9 +12,9 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+from service.cache.byte_stores import ByteStore, EventHook
 from service.cache.codec import CorruptValue, decode_release, encode_release, release_key_parts
 from service.cache.counted import CountedCache
-from service.cache.store import ByteStore, EventHook
 from service.ledger.records import ReleaseKey, StoredRelease
 
 # the replay cache's log lines keep the name they have always had

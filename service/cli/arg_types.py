@@ -7,8 +7,17 @@ import math
 import re
 from collections.abc import Callable
 
-from service.bounds import ID_MAX, LABEL_MAX, LIMIT_MAX, OFFSET_MAX, PRINTABLE
-from service.budgets import CAP_EPSILON_MAX, CAP_EPSILON_MIN, DELTA_MAX, DELTA_MIN
+from service.bounds import (
+    CAP_EPSILON_MAX,
+    CAP_EPSILON_MIN,
+    DELTA_MAX,
+    DELTA_MIN,
+    ID_MAX,
+    LABEL_MAX,
+    LIMIT_MAX,
+    OFFSET_MAX,
+    PRINTABLE,
+)
 from service.urls import check_database_url, check_redis_url
 
 
