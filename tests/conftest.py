@@ -92,6 +92,19 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 def pytest_configure(config: pytest.Config) -> None:
     config._ppr_started = time.time()  # type: ignore[attr-defined]
+    # With pytest-xdist (make test: -n 2), hand tests to the workers one at a time in the
+    # order below rather than in long runs of consecutive tests: each worker takes the next
+    # test when it is free, so the slow tests, first, spread over both and the run ends on
+    # short ones (an explicit --maxschedchunk is kept).
+    if getattr(config.option, "maxschedchunk", 0) is None:
+        config.option.maxschedchunk = 1
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The modules with a test marked ``slow`` first, then the others, each module's tests
+    together and in their order (a module's shared fixtures are set up once per worker)."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

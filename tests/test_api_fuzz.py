@@ -18,6 +18,7 @@ from tests.test_api import Accounts, backend  # fixtures by name
 EXAMPLES = int(os.environ.get("PPR_FUZZ_EXAMPLES", "4"))
 
 
+@pytest.mark.slow
 # Schemathesis's own strategies use the random module; not this project's code.
 @pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")
 def test_no_5xx_and_every_response_matches_the_schema(
