@@ -21,7 +21,10 @@ from sqlalchemy import create_engine, make_url
 from sqlalchemy.exc import OperationalError
 
 from service.ledger import Ledger, upgrade
-from tests import postgres_pool
+from tests import migration_replay, postgres_pool
+
+# Empty ledgers migrate to head by replaying this process's first migration (see the module).
+migration_replay.install()
 
 POSTGRES_BASE_URL = os.environ.get(
     "PPR_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
