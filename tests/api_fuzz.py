@@ -1,6 +1,6 @@
 """Schemathesis over every operation of the served OpenAPI schema, with each kind of key.
 
-Used by the suite (``tests/test_api_fuzz.py``, a few examples per operation and key) and by the
+Used by the suite (``tests/test_api_fuzz.py``, one example per operation, mode and key) and by the
 longer run (``make fuzz``: ``PPR_FUZZ_EXAMPLES`` examples). Requests go through the real app
 (its lifespan open: ledger, graph, caches) by Schemathesis's ASGI transport. Each case is
 generated from the schema, valid (``positive``) or not (``negative``), sent with one account's
