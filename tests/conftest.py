@@ -98,9 +98,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # With pytest-xdist (make test: -n 2), hand tests to the workers one at a time in the
     # order below rather than in long runs of consecutive tests: each worker takes the next
     # test when it is free, so the slow tests, first, spread over both and the run ends on
-    # short ones (an explicit --maxschedchunk is kept).
-    if getattr(config.option, "maxschedchunk", 0) is None:
-        config.option.maxschedchunk = 1
+    # short ones. The tests of a module that shares one expensive fixture (a server, a Ray
+    # instance) carry xdist_group("<module>") and go to one worker together (loadgroup:
+    # each other test is a unit of its own).
+    if getattr(config.option, "dist", "no") == "load":
+        config.option.dist = "loadgroup"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
