@@ -1,6 +1,6 @@
 """Schemathesis over every operation of the served OpenAPI schema, with each kind of key.
 
-Used by the suite (``tests/test_api_fuzz.py``, a few examples per operation and key) and by the
+Used by the suite (``tests/test_api_fuzz.py``, one example per operation, mode and key) and by the
 longer run (``make fuzz``: ``PPR_FUZZ_EXAMPLES`` examples). Requests go through the real app
 (its lifespan open: ledger, graph, caches) by Schemathesis's ASGI transport. Each case is
 generated from the schema, valid (``positive``) or not (``negative``), sent with one account's
@@ -12,11 +12,13 @@ every kind of failure at once.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx2
 import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, Phase, given, settings
@@ -140,6 +142,23 @@ def fuzz_app(
     schema = schemathesis.openapi.from_dict(app.openapi())  # type: ignore[attr-defined]
     report = FuzzReport()
     modes = [GenerationMode.POSITIVE, GenerationMode.NEGATIVE]
+    transport = _InLoop(client)
+    try:
+        _fuzz_operations(schema, modes, transport, keys, report, examples, own_nodes)
+    finally:
+        transport.close()
+    return report
+
+
+def _fuzz_operations(
+    schema: Any,
+    modes: list[GenerationMode],
+    transport: _InLoop,
+    keys: Mapping[str, str],
+    report: FuzzReport,
+    examples: int,
+    own_nodes: Mapping[str, str] | None,
+) -> None:
     for result in schema.get_all_operations():
         operation = result.ok()
         coverage = list(
@@ -150,7 +169,7 @@ def fuzz_app(
             )
         )
         for role, key in keys.items():
-            sender = _Sender(client, key, report, role)
+            sender = _Sender(transport, key, report, role)
             for case in coverage[:COVERAGE_CASES_MAX]:
                 sender.send(case)
             strategies = [operation.as_strategy(generation_mode=mode) for mode in modes]
@@ -158,7 +177,36 @@ def fuzz_app(
             if node is not None and "{node_id}" in operation.path:
                 strategies.append(operation.as_strategy(path_parameters={"node_id": node}))
             _generate(st.one_of(strategies), examples * len(strategies), sender)
-    return report
+
+
+class _InLoop:
+    """Requests to the app of an open ``TestClient`` sent from inside the client's event loop
+    (the one the app's lifespan runs in) by an ASGI transport: one hop into that loop per
+    request, where the test client makes one per ASGI message. The app, its lifespan and what
+    it answers are the same; like the test client, an exception in the app is a 500."""
+
+    def __init__(self, client: TestClient) -> None:
+        self.base_url = str(client.base_url)
+        portal = client.portal
+        assert portal is not None, "the TestClient's context must be open"
+        self.portal = portal
+        transport = httpx2.ASGITransport(
+            app=client.app, raise_app_exceptions=False, client=("testclient", 50000)
+        )
+
+        async def opened() -> httpx2.AsyncClient:
+            return httpx2.AsyncClient(
+                transport=transport, base_url=self.base_url,
+                headers={"user-agent": "testclient"},
+            )  # fmt: skip
+
+        self.client = self.portal.call(opened)
+
+    def request(self, method: str, url: str, **kwargs: Any) -> httpx2.Response:
+        return self.portal.call(functools.partial(self.client.request, method, url, **kwargs))
+
+    def close(self) -> None:
+        self.portal.call(self.client.aclose)
 
 
 #: Most coverage cases sent per operation and key (they are deterministic boundary values).
@@ -167,7 +215,7 @@ COVERAGE_CASES_MAX = 200
 
 @dataclass
 class _Sender:
-    client: TestClient
+    client: _InLoop
     key: str
     report: FuzzReport
     role: str

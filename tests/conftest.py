@@ -21,7 +21,10 @@ from sqlalchemy import create_engine, make_url
 from sqlalchemy.exc import OperationalError
 
 from service.ledger import Ledger, upgrade
-from tests import postgres_pool
+from tests import migration_replay, postgres_pool
+
+# Empty ledgers migrate to head by replaying this process's first migration (see the module).
+migration_replay.install()
 
 POSTGRES_BASE_URL = os.environ.get(
     "PPR_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -92,6 +95,21 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 def pytest_configure(config: pytest.Config) -> None:
     config._ppr_started = time.time()  # type: ignore[attr-defined]
+    # With pytest-xdist (make test: -n 2), hand tests to the workers one at a time in the
+    # order below rather than in long runs of consecutive tests: each worker takes the next
+    # test when it is free, so the slow tests, first, spread over both and the run ends on
+    # short ones. The tests of a module that shares one expensive fixture (a server, a Ray
+    # instance) carry xdist_group("<module>") and go to one worker together (loadgroup:
+    # each other test is a unit of its own).
+    if getattr(config.option, "dist", "no") == "load":
+        config.option.dist = "loadgroup"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The modules with a test marked ``slow`` first, then the others, each module's tests
+    together and in their order (a module's shared fixtures are set up once per worker)."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

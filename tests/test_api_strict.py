@@ -436,6 +436,7 @@ def _named(answer: Any, name: str) -> bool:
     )
 
 
+@pytest.mark.slow
 @sqlite_only
 def test_every_declared_limit_is_enforced_at_the_limit_and_one_past(backend: Backend) -> None:
     with running_app(backend, graph_dir=backend.graph_path.parent) as client:

@@ -5,6 +5,7 @@ sinks; the principal's scopes and quota; bad input as one-line errors with exit 
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -78,6 +79,7 @@ def test_a_worker_killed_mid_run_then_a_rerun_charges_every_user_exactly_once(
     assert set(table.column("run_id").to_pylist()) == {"nightly"}
 
 
+@pytest.mark.slow
 def test_a_retried_block_replays_its_stored_seeds_and_refunds_the_dead_charge(
     sqlite_url: str, tmp_path: Path
 ) -> None:
@@ -167,6 +169,7 @@ def test_users_without_budget_or_account_are_skipped_and_counted(
     assert [c[0] for c in run_charges(url, "budget")] == ["1"]
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_a_service_account_is_the_principal_within_its_modes_and_quota(
     postgres_url: str, tmp_path: Path
@@ -212,6 +215,7 @@ def test_a_service_account_is_the_principal_within_its_modes_and_quota(
     ledger.dispose()
 
 
+@pytest.mark.slow
 @pytest.mark.redis
 def test_the_redis_sink_holds_a_hash_per_user(sqlite_url: str, tmp_path: Path) -> None:
     client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=0.5)
@@ -219,7 +223,7 @@ def test_the_redis_sink_holds_a_hash_per_user(sqlite_url: str, tmp_path: Path) -
         client.ping()
     except redis.RedisError as exc:
         pytest.skip(f"Redis at {REDIS_URL} does not answer: {exc}")
-    prefix = f"test:recs:{tmp_path.name}:"
+    prefix = f"test:recs:{uuid.uuid4().hex}:"  # unique: other runs share the server
     url = migrated(sqlite_url)
     seeds = seeds_file(tmp_path, 3)
     summary = run_batch(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ def released_vectors(url: str, run_id: str) -> dict[str, list[float]]:
         ledger.dispose()
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.redis
 def test_embeddings_are_charged_once_and_every_sink_holds_the_released_vectors(
@@ -106,7 +108,7 @@ def test_embeddings_are_charged_once_and_every_sink_holds_the_released_vectors(
         assert all(x / row["score_grid"] == round(x / row["score_grid"]) for x in row["embedding"])
 
     # The same run id into Redis and PostgreSQL: every seed's stored release is replayed, free.
-    prefix = f"test:emb:{tmp_path.name}:"
+    prefix = f"test:emb:{uuid.uuid4().hex}:"  # unique: other runs share the server
     to_redis = run_batch(embedding_options(url, seeds, f"{REDIS_URL}?prefix={prefix}"))
     to_table = run_batch(embedding_options(url, seeds, f"{url}?table=emb_vectors"))
     for summary in (to_redis, to_table):
@@ -148,6 +150,7 @@ def test_embeddings_are_charged_once_and_every_sink_holds_the_released_vectors(
     }
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_a_refused_seed_is_charged_nothing(postgres_url: str, tmp_path: Path) -> None:
     url = migrated(postgres_url)
@@ -228,6 +231,7 @@ def test_bad_input_is_one_line_and_nothing_charged(
     assert not (tmp_path / "r.parquet").exists()
 
 
+@pytest.mark.slow
 def test_edge_mode_runs_charge_the_service_account(sqlite_url: str, tmp_path: Path) -> None:
     url = migrated(sqlite_url)
     ledger = Ledger.from_url(url)

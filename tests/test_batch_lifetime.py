@@ -181,3 +181,75 @@ def test_only_dead_writers_temporary_files_are_removed(tmp_path: Path) -> None:
         os.close(fd)
     assert removed == [dead]
     assert live.exists() and other_run.exists() and other_file.exists()
+
+
+_REAPED_DRIVER = """
+import importlib.util, subprocess, sys, time
+# the module alone (the reaper imports nothing of the service): no numba start-up here
+spec = importlib.util.spec_from_file_location("ray_reaper", "service/batch/ray_reaper.py")
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+Reaper = module.Reaper
+before = subprocess.Popen(["sleep", "600"])  # not the instance's: started before the reaper
+reaper = Reaper()
+instance = subprocess.Popen(["sh", "-c", "sleep 600 & sleep 600"])  # a process with a child
+time.sleep(0.2)
+reaper.watch_started_processes()
+print(before.pid, instance.pid, reaper.process.pid, flush=True)
+if sys.stdin.readline().strip() == "close":  # as after ray.shutdown
+    reaper.close()
+    print("closed", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("ending", ["sigkill", "close"])
+def test_the_ray_reaper_ends_the_instances_processes_and_no_other(
+    tmp_path: Path, ending: str, driver_cleanup: list[int]
+) -> None:
+    """The processes a local Ray instance started (stand-ins here: a shell and its child) end
+    at once when the driver dies or closes the reaper; a process the driver had before stays."""
+    driver = subprocess.Popen(
+        [sys.executable, "-c", _REAPED_DRIVER],
+        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    driver_cleanup.append(driver.pid)
+    assert driver.stdout is not None
+    before, instance, reaper = map(int, driver.stdout.readline().split())
+    grandchildren = _children_of(instance)
+    driver_cleanup.extend([before, instance, reaper, *grandchildren])
+    assert grandchildren, "the instance's process has its child"
+    if ending == "sigkill":
+        driver.kill()
+        driver.wait()
+    else:
+        assert driver.stdin is not None
+        driver.stdin.write(b"close\n")
+        driver.stdin.flush()
+        assert driver.stdout.readline().strip() == b"closed"
+    _wait_for(lambda: not any(_alive(pid) for pid in [instance, *grandchildren]), 30,
+              "the instance's processes to end")  # fmt: skip
+    _wait_for(lambda: not _alive(reaper), 30, "the reaper to exit")
+    assert _alive(before)
+    os.kill(before, signal.SIGKILL)
+
+
+def _children_of(pid: int) -> list[int]:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        found = [
+            int(entry.name)
+            for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and _ppid(entry) == pid
+        ]
+        if found:
+            return found
+        time.sleep(0.05)
+    return []
+
+
+def _ppid(entry: Path) -> int:
+    try:
+        return int(entry.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1

@@ -29,6 +29,9 @@ from tests.batch_support import (
 
 ray = pytest.importorskip("ray")
 
+# one local Ray instance for the module (local_ray): its tests run on one xdist worker
+pytestmark = pytest.mark.xdist_group("test_batch_ray")
+
 SEEDS = 500
 
 

@@ -50,6 +50,10 @@ from tests.tcp_proxy import FlakyProxy
 from tests.test_api import REDIS_URL, forget_cached_keys, redis_answers
 
 #: Retries without the production waits, so that tests stay fast.
+# one server per backend for the module (service, tight_service): its tests run on one xdist
+# worker
+pytestmark = pytest.mark.xdist_group("test_client")
+
 FAST = RetryPolicy(attempts=4, backoff=0.05, max_backoff=0.2)
 
 

@@ -32,7 +32,12 @@ from tests.api_support import open_ledger
 from tests.tcp_proxy import FlakyProxy
 from tests.test_client import FAST, Service, running_service
 
-pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+# one server for the module (service): its tests run on one xdist worker
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.redis,
+    pytest.mark.xdist_group("test_client_embeddings"),
+]
 
 
 @pytest.fixture(scope="module")

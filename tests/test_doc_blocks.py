@@ -1,10 +1,14 @@
 """Every shell block in README.md, docs/*.md and CONTRIBUTING.md runs as written.
 
 The blocks are run in the order the files are read (README first, then docs/ alphabetically,
-then CONTRIBUTING.md), line by line with bash, against one live server started the way the
+then CONTRIBUTING.md), line by line with bash, against a live server started the way the
 README says (``make serve``) on the embedded default: a fresh SQLite ledger, in-process caches,
-the demo graph. What a reader fills in is filled from earlier output: ``NAME=ppr_...`` takes the
-key of the last account created of the kind the name says (``ADMIN_KEY`` an admin,
+the demo graph. They run in parts, one test each, so that the suite's workers share them: a
+block on a ledger or database of its own (``fresh-ledger``, ``postgres`` below) is a part of its
+own, and so is a document whose blocks make every key they use (``ON_THEIR_OWN``), with a
+server and ledger of its own; every other block runs, in order, in the first part. What a
+reader fills in is filled from earlier output of its part: ``NAME=ppr_...`` takes the key of
+the last account created of the kind the name says (``ADMIN_KEY`` an admin,
 ``SERVICE_KEY`` and ``LOAD_KEY`` a service account, anything else a user), and
 ``http://127.0.0.1:8000`` becomes the live server (an HTTP error status fails ``curl``, as
 ``--fail-with-body`` makes it). A line that starts a server (``make serve``,
@@ -50,6 +54,10 @@ BLOCK = re.compile(
     re.S | re.M,
 )
 MARKERS = {"not-run", "postgres", "fresh-ledger"}
+#: Markers of a block that runs on a ledger or database of its own (no live server needed).
+OWN_LEDGER = {"postgres", "fresh-ledger"}
+#: Documents whose blocks make every key they use: each runs on a server of its own.
+ON_THEIR_OWN = ("docs/embeddings.md",)
 SERVER = re.compile(r"(^|\s)(make serve|\S*python -m service serve|\S*dp-ppr serve)(\s|$)")
 LIVE = "http://127.0.0.1:8000"
 PG = "postgresql+psycopg://postgres@127.0.0.1:5432/"
@@ -87,6 +95,44 @@ def blocks() -> list[Block]:
                 )
             )
     return found
+
+
+@dataclass
+class Part:
+    """Blocks that run in order in one test; ``live``: against a live server of their own."""
+
+    name: str
+    blocks: list[Block]
+    live: bool
+
+
+def parts() -> list[Part]:
+    """Every block that runs, in parts (see the module's docstring)."""
+    first = Part("documents", [], live=True)
+    found = [first]
+    for block in blocks():
+        relative = str(block.path.relative_to(REPO))
+        if block.marker == "not-run":
+            continue
+        if block.marker in OWN_LEDGER:
+            found.append(Part(block.name, [block], live=False))
+        elif relative in ON_THEIR_OWN:
+            if found[-1].name != relative:
+                found.append(Part(relative, [], live=True))
+            found[-1].blocks.append(block)
+        else:
+            first.blocks.append(block)
+    return found
+
+
+def test_every_block_that_runs_is_in_exactly_one_part() -> None:
+    runnable = [b.name for b in blocks() if b.marker != "not-run"]
+    in_parts = [b.name for part in parts() for b in part.blocks]
+    assert sorted(in_parts) == sorted(runnable)
+    assert len(in_parts) == len(set(in_parts))
+    assert len(in_parts) >= 8
+    for name in ON_THEIR_OWN:
+        assert any(part.name == name for part in parts()), f"{name} has no block that runs"
 
 
 def test_every_shell_block_is_found_and_every_marker_is_known() -> None:
@@ -174,18 +220,7 @@ def run(tmp_path: Path) -> Iterator[Run]:
         (workdir / name).symlink_to(REPO / name)
     url = f"sqlite:///{tmp_path / 'ppr-ledger.db'}"
     state = Run(workdir=workdir, port=free_port(), env=_environment(tmp_path, url))
-    log = tmp_path / "make-serve.log"
-    env = dict(state.env, PPR_PORT=str(state.port))
-    with open(log, "wb") as sink:
-        server = subprocess.Popen(
-            ["make", "serve"], cwd=workdir, env=env, stdout=sink, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-    state.servers.append(server)
     try:
-        _wait_ready(server, state.port, log)
-        # make serve on an empty ledger prints the quick start, pointed at where it listens
-        assert f"http://127.0.0.1:{state.port}/v1/me/budget" in log.read_text()
         yield state
     finally:
         for started in state.servers:
@@ -195,6 +230,21 @@ def run(tmp_path: Path) -> Iterator[Run]:
                 ["dropdb", "-h", "127.0.0.1", "-U", "postgres", "--if-exists", "--force", name],
                 capture_output=True,
             )  # fmt: skip
+
+
+def _serve(state: Run, tmp_path: Path) -> None:
+    """``make serve`` on the run's ledger, as the README starts it; back once it is ready."""
+    log = tmp_path / "make-serve.log"
+    env = dict(state.env, PPR_PORT=str(state.port))
+    with open(log, "wb") as sink:
+        server = subprocess.Popen(
+            ["make", "serve"], cwd=state.workdir, env=env, stdout=sink,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    state.servers.append(server)
+    _wait_ready(server, state.port, log)
+    # make serve on an empty ledger prints the quick start, pointed at where it listens
+    assert f"http://127.0.0.1:{state.port}/v1/me/budget" in log.read_text()
 
 
 def _lines(body: str) -> list[str]:
@@ -321,12 +371,13 @@ def _check_shape(block: Block, out: str) -> None:
 
 
 @pytest.mark.slow
-def test_every_shell_block_runs_as_written(run: Run, tmp_path: Path) -> None:
+@pytest.mark.parametrize("part", parts(), ids=lambda part: part.name)
+def test_every_shell_block_runs_as_written(run: Run, tmp_path: Path, part: Part) -> None:
     executed: list[str] = []
     env = dict(run.env)
-    for block in blocks():
-        if block.marker == "not-run":
-            continue
+    if part.live:
+        _serve(run, tmp_path)
+    for block in part.blocks:
         if block.marker == "fresh-ledger":
             own = f"sqlite:///{tmp_path / f'fresh-{len(executed)}.db'}"
             subprocess.run(
@@ -345,7 +396,7 @@ def test_every_shell_block_runs_as_written(run: Run, tmp_path: Path) -> None:
                 _check_shape(block, out)
         executed.append(block.name)
     print(f"\nran {len(executed)} shell blocks: {', '.join(executed)}")
-    assert len(executed) >= 8
+    assert executed == [block.name for block in part.blocks]
 
 
 def test_a_drifted_answer_or_an_http_error_fails() -> None:

@@ -189,6 +189,7 @@ def test_no_route_or_schema_serves_a_per_edge_figure(world: dict[str, Any]) -> N
         assert word not in schema
 
 
+@pytest.mark.slow
 def test_serving_never_imports_the_per_edge_code() -> None:
     program = (
         "import sys\n"

@@ -275,6 +275,7 @@ def load_snap(path: Path) -> Graph:
     return graph_from_edges(map(tuple, pairs.tolist()))
 
 
+@pytest.mark.slow
 @needs_shared_file("email-Eu-core.txt")
 def test_integration_email_eu_core() -> None:
     graph = load_snap(shared_file("email-Eu-core.txt"))

@@ -130,6 +130,7 @@ def test_only_raw_words_are_drawn() -> None:
     assert grid_laplace(rng, np.array([3.0, 0.0, 1.5]), 2.0**-8).shape == (3,)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("a", "b"), [(0, 1), (1, 3), (1, 1), (5, 2), (7, 3), (2**52, 2**52 + 1)])
 def test_bernoulli_exp_has_the_exact_expectation(a: int, b: int) -> None:
     rng = np.random.default_rng(a * 31 + b)
@@ -150,6 +151,7 @@ def test_bernoulli_ratio_has_the_exact_expectation(a: int, m: int) -> None:
     assert abs(hits - count * p) <= 6 * math.sqrt(count * p * (1 - p)) + 1e-9, (hits, p)
 
 
+@pytest.mark.slow
 def test_bernoulli_scaled_when_b_k_overflows_64_bits() -> None:
     """b k >= 2^64: drawn as Bernoulli(a / b) * Bernoulli(1 / k), still of mean a / (b k)."""
     a, b, k = 3 * 2**60, 2**62, 5
@@ -394,6 +396,7 @@ def test_a_wrong_tiny_gamma_is_rejected_by_the_same_test() -> None:
     assert stats.chisquare(cells, p * draws.shape[0]).pvalue > 1e-4
 
 
+@pytest.mark.slow
 def test_no_float_in_the_compiled_integer_path() -> None:
     """numba types a uint64/int64 mix as float64: no value in the kernels is a float (each
     compiled afresh here, since a copy loaded from numba's cache carries no type listing)."""

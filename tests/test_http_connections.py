@@ -31,7 +31,8 @@ from tests.api_support import (
     uvicorn_server,
 )
 
-pytestmark = pytest.mark.slow
+# one server for the module (served): its tests run on one xdist worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_http_connections")]
 
 HEAD_TIMEOUT = 2
 BODY_TIMEOUT = 2

@@ -172,3 +172,94 @@ def test_a_ledger_at_an_old_revision_verifies_after_upgrade(
             assert ledger.embedding_salt(written.version, lambda: b"\0" * 16) == written.salt
     finally:
         ledger.dispose()
+
+
+def _plain(value: object) -> object:
+    """``value`` (reflected) in comparable form: SQL expressions as their text, in order."""
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _plain(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return tuple(_plain(v) for v in value)
+    text_of = getattr(value, "text", None)
+    return text_of if isinstance(text_of, str) else value
+
+
+def _ledger_contents(url: str) -> tuple[dict[str, object], dict[str, list[tuple[object, ...]]]]:
+    """The schema (every table's columns, keys, indexes and constraints, each kind in sorted
+    order) and every row, with the ledger's id and the times the migrations wrote left out."""
+    from sqlalchemy import DateTime, inspect
+
+    engine = create_engine(url)
+    try:
+        inspector = inspect(engine)
+        schema: dict[str, object] = {}
+        rows: dict[str, list[tuple[object, ...]]] = {}
+        with engine.connect() as conn:
+            for table in sorted(inspector.get_table_names()):
+                columns = inspector.get_columns(table)
+                schema[table] = (
+                    [(c["name"], str(c["type"]), c["nullable"], str(c.get("default")))
+                     for c in columns],
+                    _plain(inspector.get_pk_constraint(table)),
+                    sorted(map(repr, map(_plain, inspector.get_foreign_keys(table)))),
+                    sorted(map(repr, map(_plain, inspector.get_indexes(table)))),
+                    sorted(map(repr, map(_plain, inspector.get_unique_constraints(table)))),
+                    sorted(map(repr, map(_plain, inspector.get_check_constraints(table)))),
+                )  # fmt: skip
+                times = [isinstance(c["type"], DateTime) for c in columns]
+                found = conn.execute(text(f'SELECT * FROM "{table}"')).all()
+                rows[table] = sorted(
+                    (
+                        tuple("<time>" if t else v for v, t in zip(row, times, strict=True))
+                        for row in found
+                        if not (table == "ledger_meta" and row[0] == "ledger_id")
+                    ),
+                    key=repr,
+                )
+    finally:
+        engine.dispose()
+    return schema, rows
+
+
+def _ledger_id(url: str) -> str:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            found = conn.execute(text("SELECT value FROM ledger_meta WHERE key = 'ledger_id'"))
+            return str(found.scalar_one())
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_replayed_migration_matches_a_real_one(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The suite migrates most empty ledgers by replaying its first migration's statements
+    (tests/migration_replay.py): a replayed ledger is the one Alembic makes, with an id of
+    its own."""
+    from contextlib import ExitStack
+
+    from tests import migration_replay
+    from tests.conftest import postgres_database
+
+    with ExitStack() as stack:
+        if kind == "sqlite":
+            urls = [f"sqlite:///{tmp_path / f'{name}.db'}" for name in ("a", "b", "real")]
+        else:
+            urls = [stack.enter_context(postgres_database()) for _ in range(3)]
+        first, replayed, real = urls
+        upgrade(first)  # recorded, unless this process recorded one already
+        upgrade(replayed)  # replayed: a recording exists now
+        assert kind.replace("postgres", "postgresql") in migration_replay._recordings
+        with monkeypatch.context() as patched:
+            patched.setattr(command, "upgrade", migration_replay._real_upgrade)
+            upgrade(real)
+        assert _ledger_contents(replayed) == _ledger_contents(real)
+        assert len({_ledger_id(url) for url in urls}) == 3
+        for url in urls:  # each verifies and opens as a ledger at head
+            ledger = Ledger.from_url(url)
+            try:
+                assert ledger.verify().ok
+            finally:
+                ledger.dispose()

@@ -69,6 +69,7 @@ def _assert_one_charge(responses: list[httpx.Response], database_url: str, accou
     assert report["ok"] and report["admitted_without_release"]["count"] == 0
 
 
+@pytest.mark.slow
 def test_sixteen_identical_requests_charge_once_on_the_embedded_default(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     upgrade(url)
@@ -82,6 +83,7 @@ def test_sixteen_identical_requests_charge_once_on_the_embedded_default(tmp_path
     _assert_one_charge(responses, url, account)
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_sixteen_identical_requests_charge_once_on_two_workers(
     postgres_url: str, tmp_path: Path

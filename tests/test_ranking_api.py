@@ -330,6 +330,7 @@ def test_the_degree_release_is_charged_once_per_graph_version(
     assert ledger.exposure(delta=1e-6).graph_releases == 2
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.redis
 def test_two_workers_make_one_degree_release(postgres_url: str, tmp_path: Path) -> None:

@@ -274,6 +274,7 @@ def test_the_readme_is_for_users() -> None:
         assert not re.search(r"\bcommit [0-9a-f]{7,}\b", text), f"{path.name}: a commit hash"
 
 
+@pytest.mark.slow
 def test_serve_prints_the_readme_quick_start_on_an_empty_ledger(tmp_path: Path) -> None:
     """The quick start ``make serve`` prints (``serve`` on a ledger with no accounts) is the
     README's, command for command; with an account in the ledger it is not printed."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from service.batch.lifetime import die_with_parent
+from service.batch.ray_reaper import Reaper
 from service.batch.shared_graph import SharedGraph, graph_from_shared
 from service.batch.spec import BatchSpec, BlockFailure, BlockResult
 from service.batch.worker import answerer_for
@@ -187,6 +188,7 @@ class RayEngine:
         self.address = address
         self.workers = workers
         self.retries = retries
+        self._reaper: Reaper | None = None
 
     def _connect(self) -> bool:
         """Connect (or start a local instance); True if this call started Ray here."""
@@ -200,13 +202,23 @@ class RayEngine:
         if ray.is_initialized():
             return False
         if self.address is None:
-            ray.init(
-                address="local",  # a fresh instance, never someone else's
-                num_cpus=self.workers or os.cpu_count() or 1,
-                include_dashboard=False,
-                logging_level=logging.WARNING,
-                configure_logging=False,
-            )
+            # the instance's processes end within a second of this driver, however it ends
+            # (service/batch/ray_reaper.py)
+            if Reaper.supported():
+                self._reaper = Reaper()
+            try:
+                ray.init(
+                    address="local",  # a fresh instance, never someone else's
+                    num_cpus=self.workers or os.cpu_count() or 1,
+                    include_dashboard=False,
+                    logging_level=logging.WARNING,
+                    configure_logging=False,
+                )
+                if self._reaper is not None:
+                    self._reaper.watch_started_processes()
+            except BaseException:
+                self._close_reaper()
+                raise
         else:
             try:
                 ray.init(
@@ -227,7 +239,15 @@ class RayEngine:
             yield from self._run(ray, spec, graph, blocks)
         finally:
             if started:
-                ray.shutdown()
+                try:
+                    ray.shutdown()
+                finally:
+                    self._close_reaper()
+
+    def _close_reaper(self) -> None:
+        if self._reaper is not None:
+            self._reaper.close()
+            self._reaper = None
 
     def _run(
         self, ray: Any, spec: BatchSpec, graph: Graph, blocks: list[Block]

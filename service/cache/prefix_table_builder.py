@@ -7,6 +7,13 @@ this process exits, so no other worker starts a second builder meanwhile. It map
 the same way the workers do (its snapshot), checks that it is the graph the tables are for,
 and writes the tables in the order given. It stops when its parent is gone (it checks after
 every block of seeds) or on SIGTERM; an unfinished table is never renamed into place.
+
+Once it has unwound (the temporary file removed), it exits at once, without the interpreter's
+teardown: that teardown costs about half a CPU second (numba's and llvmlite's finalizers),
+which at nice 19 on a busy machine is many seconds of waiting, so a stopped builder would
+outlast its worker's grace period and be SIGKILLed. The SIGTERM handler itself runs within
+one engine step (a Python loop around short compiled calls; a table is n x n floats, so n,
+and with it a step, stays small).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 from service.cache.prefix_table_file import TableSpec, build_tables, graph_fingerprint
 from service.graph.demo import DEMO_SOURCE
@@ -86,5 +94,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run(argv: list[str] | None = None) -> NoReturn:
+    """:func:`main`, then exit with its status without the interpreter's teardown (logs and
+    standard streams flushed first)."""
+    try:
+        status: object = main(argv)
+    except SystemExit as exc:
+        status = exc.code
+    logging.shutdown()
+    if not (status is None or isinstance(status, int)):
+        print(status, file=sys.stderr)
+        status = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status or 0)
+
+
 if __name__ == "__main__":  # pragma: no cover - run as a subprocess
-    sys.exit(main())
+    run()
