@@ -41,7 +41,7 @@ class Engine(Protocol):
 
 
 @dataclass
-class _Attempts:
+class BlockAttempts:
     retries: int
     counts: dict[int, int] = field(default_factory=dict)
 
@@ -93,7 +93,7 @@ class LocalEngine:
 
     def run(self, spec: BatchSpec, graph: Graph, blocks: list[Block]) -> Iterator[Outcome]:
         queue: deque[Block] = deque(blocks)
-        attempts = _Attempts(self.retries)
+        attempts = BlockAttempts(self.retries)
         context = multiprocessing.get_context("spawn")
         while queue:
             pool = ProcessPoolExecutor(
@@ -117,14 +117,21 @@ class LocalEngine:
         pool: ProcessPoolExecutor,
         spec: BatchSpec,
         queue: deque[Block],
-        attempts: _Attempts,
+        attempts: BlockAttempts,
     ) -> Iterator[Outcome]:
         in_flight: dict[Future[BlockResult], Block] = {}
         broken = False
         while (queue or in_flight) and not broken:
             while queue and len(in_flight) < 2 * self.workers:
                 block = queue.popleft()
-                in_flight[pool.submit(_local_block, spec, *block)] = block
+                try:
+                    in_flight[pool.submit(_local_block, spec, *block)] = block
+                except BrokenProcessPool:  # a worker died meanwhile: this block never ran
+                    queue.appendleft(block)
+                    broken = True
+                    break
+            if broken:
+                break
             done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
             for future in done:
                 block = in_flight.pop(future)
