@@ -10,6 +10,8 @@ only if the server does not answer), ``ledger_url`` (both, ids "sqlite" and "pos
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -103,6 +105,14 @@ def pytest_configure(config: pytest.Config) -> None:
     # each other test is a unit of its own).
     if getattr(config.option, "dist", "no") == "load":
         config.option.dist = "loadgroup"
+    # Before the workers start: numba's kernels compiled once into its on-disk cache. On a
+    # fresh clone every worker and every server a test starts would otherwise compile the same
+    # kernels at once (about 25 CPU seconds each).
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        subprocess.run(
+            [sys.executable, "-m", "service.mechanisms.compile_kernels"],
+            check=True, stdout=subprocess.DEVNULL,
+        )  # fmt: skip
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
