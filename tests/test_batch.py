@@ -283,6 +283,8 @@ def cli_ledger(sqlite_url: str) -> str:
         (["--epsilon", "5"], "error [invalid_parameter]: epsilon: must be in [0.01, 2.0]"),
         (["--graph", "{tmp}/nograph.txt"], "error [invalid_parameter]: --graph: "),
         (["--address", "auto"], "--address: joins a Ray cluster: use it with --engine ray"),
+        (["--refresh", "weekly"], "error [invalid_parameter]: --refresh: must be on_new_version"),
+        (["--refresh", "max_age:1d", "--output", "embeddings"], "--refresh: max_age applies"),
         (["--accounts", "{tmp}/empty.txt"], "error [invalid_parameter]: --accounts: '"),
         (
             ["--mode", "edge", "--mechanism", "blended"],

@@ -120,6 +120,8 @@ def _requests() -> list[tuple[str, str, str, dict[str, Any] | None, bool]]:
     calls += [
         ("7", "GET", "/v1/ppr/7", {"mode": "edge", "k": 5, "epsilon": 0.2}, True),
         ("7", "GET", "/v1/ppr/7", {"k": 5, "exclude_neighbors": "true", "fresh": "true"}, True),
+        ("7", "GET", "/v1/ppr/7", {"k": 5, "refresh": "max_age:7d"}, True),  # a young replay
+        ("7", "GET", "/v1/ppr/7", {"k": 5, "refresh": "max_age:soon"}, False),
         ("7", "GET", f"/v1/ppr/{PENDANT}", {"mode": "edge", "k": 5}, False),  # not its node
         ("7", "GET", "/v1/ppr/no-such-node", {"mode": "edge"}, False),
         ("7", "GET", "/v1/ppr/7", {"epsilon": 50}, False),
@@ -190,8 +192,8 @@ def _requests() -> list[tuple[str, str, str, dict[str, Any] | None, bool]]:
 
 
 _MASKED_HEADERS = {"date", "x-request-id", "server-timing", "content-length"}
-_TIMING_KEYS = {"request_id", "created_at", "released_at", "at", "timestamp", "duration_ms",
-                "release_request_id"}  # fmt: skip
+_TIMING_KEYS = {"request_id", "created_at", "released_at", "age_seconds", "at", "timestamp",
+                "duration_ms", "release_request_id"}  # fmt: skip
 #: drawn from the OS per ledger, never from the edges: the embedding hash functions' salt
 _RANDOM_PER_LEDGER = {"hash_salt"}
 

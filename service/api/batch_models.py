@@ -10,6 +10,7 @@ from service.api.models import Result
 from service.api.params import IntField
 from service.mechanisms.registry import RankingMechanism
 from service.privacy.modes import Mode
+from service.serving.refresh import REFRESH_HELP, REFRESH_PATTERN
 
 _QUERY_EXAMPLE: JsonDict = {
     "nodes": ["42", "107", "no-such-node"],
@@ -75,6 +76,7 @@ class BatchQuery(BatchQueryBase):
         "common_neighbours, friends_of_friends and blended are personalized mode only).",
     )
     fresh: StrictBool = Field(False, description="Draw new noise even where a release exists.")
+    refresh: str | None = Field(None, description=REFRESH_HELP, pattern=REFRESH_PATTERN)
     exclude_neighbors: StrictBool = Field(
         False, description="Drop each seed's own neighbours (personalized mode only)."
     )

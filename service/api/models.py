@@ -192,12 +192,21 @@ class PprAnswer(BaseModel):
         "release, which each account receiving one pays for once (docs/synthetic.md).",
     )
 
+    released_at: str | None = Field(
+        None, description="On a replay: when its stored release was made (ISO 8601, UTC)."
+    )
+    age_seconds: float | None = Field(
+        None, description="On a replay: the stored release's age in seconds."
+    )
+
     @classmethod
     def of(cls, answer: Answer) -> PprAnswer:
         return cls(
             **_charged_fields(answer),
             results=[Result(node=r.node, score=r.score) for r in answer.results],
             mechanism=Mechanism(**answer.mechanism),
+            released_at=answer.extra.get("released_at"),
+            age_seconds=answer.extra.get("age_seconds"),
         )
 
 

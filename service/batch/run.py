@@ -45,6 +45,7 @@ from service.ledger.ledger import Ledger
 from service.ledger.records import ModeNotAllowed, UnknownAccount
 from service.privacy.modes import Mode
 from service.serving.graph_identity import as_served
+from service.serving.refresh import parse_refresh
 from service.serving.schemas import Principal
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class BatchOptions:
     service_account_id: int | None = None
     create_missing_accounts: bool = False
     fresh: bool = False
+    refresh: str | None = None  # the refresh policy (service.serving.refresh); None: the default
     exclude_neighbors: bool = False
     engine: str = "local"
     address: str | None = None
@@ -281,6 +283,9 @@ def run_batch(
         )
     if (options.accounts_file is None) == (not options.all_accounts):
         raise InvalidParameter("--accounts", "give either --accounts FILE or --all")
+    policy = parse_refresh(options.refresh, fresh=options.fresh, name="--refresh")
+    if policy.max_age_seconds is not None and options.output == "embeddings":
+        raise InvalidParameter("--refresh", "max_age applies to rankings, not --output embeddings")
     mechanism = DP_IE if options.output == "embeddings" else _mechanism(options, settings)
     graph_path = options.graph_path if options.graph_path is not None else settings.graph_path
     graph = load_configured_graph(graph_path, nodes_path=settings.nodes_path)
@@ -300,7 +305,8 @@ def run_batch(
             k=k,
             settings=settings,
             service_account=service,
-            fresh=options.fresh,
+            fresh=policy.always,
+            max_age_seconds=policy.max_age_seconds,
             exclude_neighbors=options.exclude_neighbors,
             create_missing_accounts=options.create_missing_accounts,
             graph_path=str(graph_path.resolve()) if graph_path is not None else None,
@@ -493,6 +499,7 @@ def _audit_details(spec: BatchSpec, options: BatchOptions, summary: BatchSummary
         "k": spec.k,
         **({"sigma": spec.sigma} if spec.output == "embeddings" else {}),
         "fresh": spec.fresh,
+        "max_age_seconds": spec.max_age_seconds,
         "engine": summary.engine,
         "sink": summary.sink,
         "seeds": summary.seeds,

@@ -103,6 +103,8 @@ class BatchSpec:
     #: The principal asking for every seed; None: each seed's own user account (operator run).
     service_account: Principal | None = None
     fresh: bool = False
+    #: A stored release at least this old is drawn anew (the refresh policy's max_age).
+    max_age_seconds: int | None = None
     exclude_neighbors: bool = False
     create_missing_accounts: bool = False
     graph_path: str | None = None  # where a local worker loads the graph from; None: demo

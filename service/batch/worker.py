@@ -275,6 +275,7 @@ class BlockAnswerer:
             idempotency_key=spec.idempotency_key(seed.node),
             request_id=spec.request_id(seed.node),
             mechanism=spec.mechanism,
+            max_age_seconds=spec.max_age_seconds,
         )
         return _seed_outcome(seed.node, request, self.queries.answer, _ranking_outcome)
 

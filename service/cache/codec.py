@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -89,6 +90,7 @@ def encode_release(release: StoredRelease) -> bytes:
         "charge_id": release.charge_id,
         "mechanism": release.mechanism,
         "request_id": release.request_id,
+        **({} if release.released_at is None else {"at": release.released_at.timestamp()}),
     }
     head = json.dumps(doc, separators=(",", ":"))
     # the results' JSON text is the one the ledger row stores (encoded once per release)
@@ -121,6 +123,7 @@ def decode_release(raw: bytes) -> StoredRelease:
             results=results,
             mechanism=mechanism,
             request_id=str(doc["request_id"]),
+            released_at=None if "at" not in doc else datetime.fromtimestamp(float(doc["at"]), UTC),
         )
     except CorruptValue:
         raise

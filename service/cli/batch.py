@@ -152,6 +152,13 @@ def register(subparsers: Any) -> None:
         help="draw anew even where an identical release is stored (charges)",
     )
     parser.add_argument(
+        "--refresh",
+        default=None,
+        metavar="POLICY",
+        help="on_new_version (default: replay a seed's stored answer within a graph version), "
+        "max_age:<n><s|m|h|d|w> (also draw once it is that old, e.g. max_age:7d) or always",
+    )
+    parser.add_argument(
         "--exclude-neighbors",
         action="store_true",
         help="drop each seed's neighbours (personalized mode only)",
@@ -203,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
         service_account_id=args.service_account,
         create_missing_accounts=args.create_missing_accounts,
         fresh=args.fresh,
+        refresh=args.refresh,
         exclude_neighbors=args.exclude_neighbors,
         engine=args.engine,
         address=args.address,

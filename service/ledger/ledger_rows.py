@@ -38,6 +38,7 @@ from service.ledger.tables import (
     ExposureShard,
     Release,
     Spend,
+    as_utc,
     iso,
     utcnow,
 )
@@ -159,6 +160,7 @@ def _release_record(row: Release) -> StoredRelease:
         results=decode_results(row.results),
         mechanism=dict(row.mechanism),
         request_id=row.request_id,
+        released_at=as_utc(row.created_at),
     )
 
 

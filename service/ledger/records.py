@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from service.bounds import AccountType
@@ -214,6 +215,8 @@ class StoredRelease:
     results: Sequence[RankedNode]  # the top of the released ranking, seed excluded, best first
     mechanism: dict[str, Any]
     request_id: str
+    #: When the release was made (UTC); None where it was not recorded (an older cache entry).
+    released_at: datetime | None = None
 
 
 class BudgetExhausted(ServiceError):

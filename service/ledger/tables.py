@@ -81,13 +81,18 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def as_utc(moment: datetime) -> datetime:
+    """An aware UTC datetime; naive values (SQLite) are UTC by construction."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
 def iso(moment: datetime | None) -> str | None:
     """ISO 8601 in UTC; naive values (SQLite) are UTC by construction."""
     if moment is None:
         return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC).isoformat()
+    return as_utc(moment).isoformat()
 
 
 Timestamp = DateTime(timezone=True)

@@ -46,6 +46,7 @@ class BatchRequest:
     idempotency_key: str | None = None
     request_id: str = ""
     mechanism: str | None = None
+    max_age_seconds: int | None = None  # the refresh policy's (service.serving.refresh)
 
     def item(self, index: int) -> QueryRequest:
         node = self.nodes[index]
@@ -61,6 +62,7 @@ class BatchRequest:
             idempotency_key=None if key is None else item_idempotency_key(key, index, node),
             request_id=f"{self.request_id}.{index}",
             mechanism=self.mechanism,
+            max_age_seconds=self.max_age_seconds,
         )
 
 

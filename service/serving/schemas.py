@@ -34,6 +34,8 @@ class QueryRequest:
     idempotency_key: str | None = None
     request_id: str = ""
     mechanism: str | None = None  # None: the configured default for the mode
+    #: A stored release at least this old is not replayed: new noise is drawn (and charged).
+    max_age_seconds: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

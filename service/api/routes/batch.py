@@ -18,6 +18,7 @@ from service.api.strict import StrictRoute
 from service.errors import InvalidParameter
 from service.privacy.modes import Mode
 from service.serving.batch import BatchItem, BatchRequest
+from service.serving.refresh import parse_refresh
 from service.serving.schemas import ChargedAnswer
 
 router = APIRouter(prefix="/v1", tags=["queries"], route_class=StrictRoute)
@@ -58,6 +59,7 @@ def ppr_batch(
     one_header(request, "Idempotency-Key")
     settings = runtime.settings
     check_batch_size(body.nodes, settings.batch_max_items)
+    policy = parse_refresh(body.refresh, fresh=body.fresh)
     answer_batch = runtime.batch.answer if runtime.sandbox is None else runtime.sandbox.answer_batch
     items = answer_batch(
         BatchRequest(
@@ -66,9 +68,10 @@ def ppr_batch(
             k=settings.default_k if body.k is None else body.k,
             epsilon=body.epsilon,
             mode=body.mode,
-            fresh=body.fresh,
+            fresh=policy.always,
             exclude_neighbors=body.exclude_neighbors,
             mechanism=body.mechanism,
+            max_age_seconds=policy.max_age_seconds,
             idempotency_key=idempotency_key,
             request_id=request.state.request_id,
         )

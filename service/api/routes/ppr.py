@@ -16,6 +16,7 @@ from service.api.strict import StrictRoute
 from service.errors import Forbidden
 from service.mechanisms.registry import RankingMechanism
 from service.privacy.modes import Mode
+from service.serving.refresh import REFRESH_HELP, REFRESH_PATTERN, parse_refresh
 from service.serving.schemas import QueryRequest
 
 router = APIRouter(prefix="/v1", tags=["queries"], route_class=StrictRoute)
@@ -82,6 +83,7 @@ async def ppr(
     fresh: Annotated[
         QueryBool, Query(description="Draw new noise even if a release exists")
     ] = False,
+    refresh: Annotated[str | None, Query(description=REFRESH_HELP, pattern=REFRESH_PATTERN)] = None,
     exclude_neighbors: Annotated[
         QueryBool, Query(description="Drop the seed's own neighbours (personalized mode only)")
     ] = False,
@@ -91,7 +93,9 @@ async def ppr(
 
     The seed is never in the list. The answer is charged to the seed user's budget
     (`personalized`) or to the caller (`edge` by a service account); a repeated query returns
-    the stored release with `replayed: true` and costs nothing unless `fresh=true`.
+    the stored release with `replayed: true`, its `released_at` and `age_seconds`, and costs
+    nothing unless `fresh=true` or the `refresh` policy says it is due (`max_age:7d`: a
+    release at least 7 days old is drawn anew).
     `popular` ranks the graph version's one degree release: the charged account pays its
     epsilon once per version (with its first answer built on it), nothing per query. An
     `Idempotency-Key` binds to the first answer given under it, `popular` included: its
@@ -100,17 +104,19 @@ async def ppr(
     """
     one_header(request, "Idempotency-Key")
     settings = runtime.settings
+    policy = parse_refresh(refresh, fresh=fresh)
     query = QueryRequest(
         principal=principal,
         node=node_id,
         k=settings.default_k if k is None else k,
         epsilon=epsilon,
         mode=mode,
-        fresh=fresh,
+        fresh=policy.always,
         exclude_neighbors=exclude_neighbors,
         idempotency_key=idempotency_key,
         request_id=request.state.request_id,
         mechanism=mechanism,
+        max_age_seconds=policy.max_age_seconds,
     )
     if runtime.sandbox is not None:  # a synthetic release, paid for once per account
         answer = await run_in_threadpool(runtime.sandbox.answer, query)

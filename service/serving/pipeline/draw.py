@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -77,13 +78,17 @@ class Drawer:
         results, mechanism = self._draw_ranking(
             p.graph, p.seed, p.plan, receipt.charge_id, p.req, p.mechanism
         )
-        return StoredRelease(p.key, receipt.charge_id, results, mechanism, p.req.request_id)
+        return StoredRelease(
+            p.key, receipt.charge_id, results, mechanism, p.req.request_id, datetime.now(UTC)
+        )
 
     def finish(self, p: Pending, started: Started | StoredRelease) -> StoredRelease:
         if isinstance(started, StoredRelease):
             return started
         results = self._finish_diffusion(started)
-        return StoredRelease(p.key, started.charge_id, results, p.mechanism, p.req.request_id)
+        return StoredRelease(
+            p.key, started.charge_id, results, p.mechanism, p.req.request_id, datetime.now(UTC)
+        )
 
     def _start_diffusion(
         self, graph: Graph, seed: int, plan: DiffusionPlan, charge_id: int

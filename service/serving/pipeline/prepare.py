@@ -176,6 +176,8 @@ class Preparer:
         join_twins = not req.fresh
         if not req.fresh:
             stored = self.replayer.find_release(key)
+            if stored is not None and self.replayer.is_due(stored, req.max_age_seconds):
+                stored, join_twins = None, False  # too old to replay: draw anew
             if stored is not None:
                 if covers(stored, req, graph, seed):
                     if req.idempotency_key is not None:

@@ -15,7 +15,8 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TypeVar
+from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 from service.cache.caches import ReplayCache
 from service.graph.model import Graph
@@ -103,8 +104,20 @@ class Replayer:
             request_id=req.request_id,
             charged_account_id=account_id,
             epsilon_charged=0.0,
-            extra={"original_request_id": stored.request_id},
+            extra={"original_request_id": stored.request_id, **release_age(stored)},
         )
+
+    def is_due(self, stored: StoredRelease, max_age_seconds: int | None) -> bool:
+        """True when ``stored`` is at least ``max_age_seconds`` old (None: never due)."""
+        if max_age_seconds is None:
+            return False
+        released_at = stored.released_at
+        if released_at is None:  # an entry cached without its time: the ledger row has it
+            row = self.ledger.release_for_charge(stored.charge_id)
+            released_at = None if row is None else row.released_at
+        if released_at is None:
+            return True  # its release is gone: draw anew
+        return (datetime.now(UTC) - released_at).total_seconds() >= max_age_seconds
 
     def note_budget(self, account_id: int, budget: BudgetView) -> None:
         """A fresh receipt's budget, shown with this account's replays for a while."""
@@ -273,3 +286,11 @@ def split_twins(admitted: list[G]) -> tuple[list[G], list[G]]:
         r = item[2]
         (later if (r.reused or r.joined) and r.charge_id in own else now).append(item)
     return now, later
+
+
+def release_age(stored: StoredRelease) -> dict[str, Any]:
+    """A replay's ``released_at`` (ISO 8601, UTC) and ``age_seconds``, when known."""
+    if stored.released_at is None:
+        return {}
+    age = max(0.0, (datetime.now(UTC) - stored.released_at).total_seconds())
+    return {"released_at": stored.released_at.isoformat(), "age_seconds": round(age, 3)}

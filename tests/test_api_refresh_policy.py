@@ -1,0 +1,98 @@
+"""The refresh policy over HTTP: a backend asks as often as it likes and is charged only when
+the policy allows a new draw (``refresh=on_new_version|max_age:<n><unit>|always``), on SQLite
+and on PostgreSQL + Redis (where replays come from the shared cache)."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+
+from fastapi.testclient import TestClient
+
+from service.graph.generate import write_generated_edge_list
+from tests.api_support import GRAPH_EDGES, GRAPH_NODES, Backend, bearer
+from tests.test_api import Accounts, accounts, backend, charge_count, client, query
+
+
+def test_a_hundred_asks_in_one_graph_version_charge_once_and_a_reload_once_more(
+    backend: Backend, client: TestClient, accounts: Accounts
+) -> None:
+    _, key = accounts.user("9")
+    admin = bearer(accounts.admin_key)
+
+    def ask(_: int) -> dict[str, object]:
+        response = query(client, key, "9", k=10, epsilon=0.1, refresh="on_new_version")
+        assert response.status_code == 200, response.text
+        body: dict[str, object] = response.json()
+        return body
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, range(100)))
+    assert charge_count(client) == 1
+    assert sum(not a["replayed"] for a in answers) == 1
+    assert len({str(a["results"]) for a in answers}) == 1  # one release, replayed 99 times
+    replay = next(a for a in answers if a["replayed"])
+    assert replay["epsilon_charged"] == 0 and isinstance(replay["age_seconds"], float)
+    released = datetime.fromisoformat(str(replay["released_at"]))
+    assert abs((datetime.now(UTC) - released).total_seconds()) < 120
+
+    write_generated_edge_list(backend.graph_path, GRAPH_NODES, GRAPH_EDGES + 10, seed=8)
+    assert client.post("/v1/admin/graph/reload", headers=admin).status_code == 200
+    with ThreadPoolExecutor(8) as pool:
+        after = list(pool.map(ask, range(100)))
+    assert charge_count(client) == 2
+    assert sum(not a["replayed"] for a in after) == 1
+
+
+def test_max_age_replays_a_young_release_and_draws_once_it_is_due(
+    client: TestClient, accounts: Accounts
+) -> None:
+    _, key = accounts.user("12")
+    first = query(client, key, "12", k=10, epsilon=0.1, refresh="max_age:1s").json()
+    assert first["replayed"] is False and "age_seconds" not in first
+    young = query(client, key, "12", k=10, epsilon=0.1, refresh="max_age:1s").json()
+    assert young["replayed"] is True and 0 <= young["age_seconds"] < 1
+    assert young["results"] == first["results"] and charge_count(client) == 1
+    time.sleep(1.05)
+    due = query(client, key, "12", k=10, epsilon=0.1, refresh="max_age:1s").json()
+    assert due["replayed"] is False and due["epsilon_charged"] > 0
+    assert due["results"] != first["results"] and charge_count(client) == 2
+    # the default policy replays the newest release, whatever its age
+    again = query(client, key, "12", k=10, epsilon=0.1).json()
+    assert again["replayed"] is True and again["results"] == due["results"]
+    # always is fresh=true
+    drawn = query(client, key, "12", k=10, epsilon=0.1, refresh="always").json()
+    assert drawn["replayed"] is False and charge_count(client) == 3
+
+
+def test_a_batch_refreshes_only_the_seeds_whose_answers_are_due(
+    client: TestClient, accounts: Accounts
+) -> None:
+    _, service_key = accounts.service(modes=["edge"])
+    body = {"nodes": ["3", "4"], "mode": "edge", "epsilon": 0.1, "k": 5, "refresh": "max_age:1s"}
+    headers = bearer(service_key)
+    first = client.post("/v1/ppr/batch", json={**body, "nodes": ["3"]}, headers=headers)
+    assert first.status_code == 200, first.text
+    time.sleep(1.05)
+    client.post("/v1/ppr/batch", json={**body, "nodes": ["4"]}, headers=headers)  # young
+    both = client.post("/v1/ppr/batch", json=body, headers=headers).json()
+    assert [item["replayed"] for item in both["items"]] == [False, True]  # 3 was due
+    assert charge_count(client) == 3
+
+
+def test_bad_or_contradictory_policies_are_refused_with_nothing_charged(
+    client: TestClient, accounts: Accounts
+) -> None:
+    _, key = accounts.user("5")
+    for params in (
+        {"refresh": "weekly"},
+        {"refresh": "max_age:0d"},
+        {"refresh": "max_age:3651d"},
+        {"refresh": "max_age:7d", "fresh": "true"},
+        {"refresh": "on_new_version", "fresh": "true"},
+    ):
+        response = query(client, key, "5", k=10, **params)
+        assert response.status_code == 422, (params, response.text)
+        assert response.json()["error"]["code"] in {"invalid_parameter", "validation_error"}
+    assert charge_count(client) == 0
