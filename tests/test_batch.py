@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -367,3 +368,49 @@ def test_batch_charges_the_mechanism_it_names(
     # a blended answer's first charge on a graph version also pays for the degree release
     degree = ["degree_release"] if mechanism in ("blended", "popular") else []
     assert sorted(used) == sorted([mechanism, *degree])
+
+
+def test_a_nightly_run_under_max_age_charges_only_the_answers_that_are_due(
+    cli_ledger: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each night a new run id asks for every user; replays are free, and ``--refresh max_age``
+    draws anew only where the stored answer is old enough (here: seed 10's, not seed 11's)."""
+
+    def run(run_id: str, *seeds: str, refresh: str | None = None) -> dict[str, object]:
+        listed = tmp_path / f"{run_id}.txt"
+        listed.write_text("".join(f"{seed}\n" for seed in seeds))
+        argv = ["batch", "--accounts", str(listed), "--out", str(tmp_path / f"{run_id}.parquet"),
+                "--database-url", cli_ledger, "--create-missing-accounts", "--run-id", run_id,
+                "--k", "5", "--workers", "1", "--no-progress", "--json",
+                "--mechanism", "friends_of_friends"]  # fmt: skip
+        if refresh is not None:
+            argv += ["--refresh", refresh]
+        assert main(argv) == 0
+        summary: dict[str, object] = json.loads(capsys.readouterr().out)
+        return summary
+
+    def charges() -> int:
+        engine = create_engine(cli_ledger)
+        try:
+            with engine.connect() as conn:
+                return int(conn.execute(text("SELECT COUNT(*) FROM charges")).scalar_one())
+        finally:
+            engine.dispose()
+
+    run("night-1", "10", "11")
+    assert charges() == 2
+    engine = create_engine(cli_ledger)  # seed 10's answer was made eight days ago
+    try:
+        with engine.begin() as conn:
+            old = datetime.now(UTC).replace(tzinfo=None) - timedelta(days=8)
+            conn.execute(
+                text("UPDATE releases SET created_at = :old WHERE node = '10'"),
+                {"old": old.strftime("%Y-%m-%d %H:%M:%S.%f")},
+            )
+    finally:
+        engine.dispose()
+    again = run("night-2", "10", "11")  # the default policy: both replayed
+    assert charges() == 2 and again["replayed"] == 2
+    due = run("night-3", "10", "11", refresh="max_age:7d")  # 10's answer is due, 11's is young
+    assert due["refresh"] == "max_age:1w"
+    assert charges() == 3 and due["answered"] == 1 and due["replayed"] == 1

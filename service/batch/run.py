@@ -96,6 +96,7 @@ class BatchSummary:
     output: str = "rankings"
     k: int = 0  # results per seed, or the embeddings' dimension
     sigma: float = 0.0  # embeddings: PushFlowCap's sigma
+    refresh: str = "on_new_version"  # the refresh policy (service.serving.refresh)
     answered: int = 0  # a new release, charged in this run
     replayed: int = 0  # a stored release (this run's, or an identical earlier query's): free
     skipped_budget: int = 0
@@ -339,6 +340,7 @@ def run_batch(
             output=options.output,
             k=k,
             sigma=sigma,
+            refresh=str(policy),
         )
         if outside:
             summary.skipped["not_in_graph"] = outside
@@ -499,7 +501,7 @@ def _audit_details(spec: BatchSpec, options: BatchOptions, summary: BatchSummary
         "k": spec.k,
         **({"sigma": spec.sigma} if spec.output == "embeddings" else {}),
         "fresh": spec.fresh,
-        "max_age_seconds": spec.max_age_seconds,
+        "refresh": summary.refresh,
         "engine": summary.engine,
         "sink": summary.sink,
         "seeds": summary.seeds,
