@@ -27,8 +27,8 @@ from tests.api_support import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
-#: Where the user docs' shell blocks are: the README, docs/ and CONTRIBUTING.md.
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "CONTRIBUTING.md"]
+#: Where the user docs' shell blocks are: the README, docs/ (notes included) and CONTRIBUTING.md.
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), REPO / "CONTRIBUTING.md"]
 PREFIX = ".venv/bin/python -m service "
 #: Fields of a ``blended`` answer's mechanism block computed from that answer's noisy counts.
 ANSWER_DEPENDENT = frozenset(
