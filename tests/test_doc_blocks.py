@@ -1,7 +1,7 @@
 """Every shell block in README.md, docs/**/*.md and CONTRIBUTING.md runs as written.
 
-The blocks are run in the order the files are read (README first, then docs/ alphabetically by
-path, docs/notes/ included, then CONTRIBUTING.md), line by line with bash, against a live server started the way the
+The blocks are run in the order the files are read (README first, then docs/ by path,
+then CONTRIBUTING.md), line by line with bash, against a live server started the way the
 README says (``make serve``) on the embedded default: a fresh SQLite ledger, in-process caches,
 the demo graph. They run in parts, one test each, so that the suite's workers share them: a
 block on a ledger or database of its own (``fresh-ledger``, ``postgres`` below) is a part of its

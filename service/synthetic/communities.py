@@ -80,7 +80,8 @@ class CommunityParams:
     #: Give the nodes the deconvolved degree distribution at their noisy ranks
     #: (service.synthetic.deconvolve; post-processing) instead of the noisy values. Off by
     #: default: on Cora at eps 1 it halves the degree KS distance and the claw error but costs
-    #: link-prediction AUC about 0.006 (docs/synthetic.md, "What moves Cora's path length").
+    #: link-prediction AUC about 0.006 (docs/notes/synthetic-communities-rounds-2026-11-26.md,
+    #: "Second round").
     deconvolve: bool = False
     #: Hand the degrees out in the order of the noisy degrees shrunk towards the mean of the
     #: ``order_window`` nodes on each side in the public node order
