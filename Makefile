@@ -29,6 +29,15 @@ FUZZ_EXAMPLES ?= 60
 fuzz: $(STAMP)
 	PPR_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -n 2 -q tests/test_api_fuzz.py
 
+# The whole request path before and after a change, side by side in one run, on PostgreSQL +
+# Redis with two workers per side (benchmarks/ab_load.py). Run it on a quiet machine (load
+# average under 1.5): BEFORE is the older commit (default: the parent of HEAD), its checkout
+# made once in ../bench-before-<commit>.
+BEFORE ?= HEAD~1
+bench: $(STAMP)
+	$(BIN)/python benchmarks/ab_load.py --before $(BEFORE) \
+		--before-dir ../bench-before-$$(git rev-parse --short $(BEFORE)) $(BENCH_ARGS)
+
 lint: $(STAMP)
 	$(BIN)/ruff check service tests benchmarks
 	$(BIN)/ruff format --check service tests benchmarks
