@@ -11,11 +11,11 @@ from sqlalchemy.orm import Session
 
 from service.errors import ServiceError
 from service.ledger.admission_rules import AdmissionRules, _StaleTwin
+from service.ledger.budget_rule import curve_fits_under_cap
 from service.ledger.exposure_shards import ExposureShards, _NeedsExactCap
 from service.ledger.group_reads import GroupReads, ReceiptOfNewCharge
 from service.ledger.idempotency import bound_charge
 from service.ledger.ledger_rows import (
-    ADMISSION_RTOL,
     _add_to_shard,
     _graph_exhausted,
     _shard_total,
@@ -289,7 +289,7 @@ class Admissions(LedgerPart):
 
             def add_exposure(curve: RdpCurve) -> int:
                 total = _shard_total(rows) + curve
-                if total.epsilon(cap.delta) > cap.cap_epsilon * (1.0 - ADMISSION_RTOL):
+                if not curve_fits_under_cap(total, cap.delta, cap.cap_epsilon):
                     raise _graph_exhausted(cap, _shard_total(rows))
                 _add_to_shard(target, curve)
                 writes.changed_shard(target)

@@ -8,13 +8,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.ledger.budget_rule import curve_fits_under_cap
 from service.ledger.group_reads import GroupReads, ReceiptOfNewCharge
 from service.ledger.idempotency import (
     EarlierCharge,
     bound_charge,
 )
 from service.ledger.ledger_rows import (
-    ADMISSION_RTOL,
     _aware,
     _set_spend,
     _spent_curve,
@@ -127,7 +127,7 @@ class AdmissionRules(LedgerPart):
         if degree is not None:  # composed with the query's curve, admitted as one
             composed = composed + degree.curve
             epsilon += float(degree.epsilon)
-        if composed.epsilon(account.delta) > account.cap_epsilon * (1.0 - ADMISSION_RTOL):
+        if not curve_fits_under_cap(composed, account.delta, account.cap_epsilon):
             raise BudgetExhausted(_view(account, account, spent), epsilon)
         now = utcnow()
         if a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id:

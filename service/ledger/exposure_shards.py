@@ -7,8 +7,8 @@ import random
 import numpy as np
 from sqlalchemy.orm import Session
 
+from service.ledger.budget_rule import curve_fits_under_cap
 from service.ledger.ledger_rows import (
-    ADMISSION_RTOL,
     _add_to_shard,
     _graph_exhausted,
     _shard_total,
@@ -52,7 +52,7 @@ class ExposureShards(LedgerPart):
         elif exact:
             rows = lock_all_shards(session)
             total = _shard_total(rows) + curve
-            if total.epsilon(cap.delta) > cap.cap_epsilon * (1.0 - ADMISSION_RTOL):
+            if not curve_fits_under_cap(total, cap.delta, cap.cap_epsilon):
                 raise _graph_exhausted(cap, _shard_total(rows))
             row = rows[random.randrange(len(rows))]
         else:
@@ -67,7 +67,7 @@ class ExposureShards(LedgerPart):
                 raise _NeedsExactCap()
             total = _shard_total([row, *other_shards(session, shard)]) + curve
             margin = cap.max_charge * (EXPOSURE_SHARDS - 1)
-            if (total + margin).epsilon(cap.delta) > cap.cap_epsilon * (1.0 - ADMISSION_RTOL):
+            if not curve_fits_under_cap(total + margin, cap.delta, cap.cap_epsilon):
                 raise _NeedsExactCap()
         _add_to_shard(row, curve)
         writes.changed_shard(row)

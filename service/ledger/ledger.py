@@ -44,7 +44,6 @@ from service.ledger.embedding_salts import EmbeddingSalts
 from service.ledger.exposure_shards import ExposureShards
 from service.ledger.graph_releases import GraphReleases
 from service.ledger.graph_versions import GraphVersions
-from service.ledger.ledger_rows import ADMISSION_RTOL as ADMISSION_RTOL
 from service.ledger.ledger_rows import MODES as MODES
 from service.ledger.quota_and_degree import QUOTA_WINDOW as QUOTA_WINDOW
 from service.ledger.quota_and_degree import QuotaAndDegree

@@ -44,12 +44,6 @@ from service.ledger.tables import (
 from service.privacy.accountant import RdpCurve
 from service.privacy.orders import GRID_VERSION
 
-#: Admission refuses when the composed epsilon exceeds ``cap * (1 - ADMISSION_RTOL)``: the
-#: tolerance only ever makes admission stricter, so a spend that a different summation order
-#: would evaluate an ulp higher still never exceeds the cap.
-ADMISSION_RTOL = 1e-12
-
-
 #: The modes an account may be scoped to.
 MODES = ("personalized", "edge")
 

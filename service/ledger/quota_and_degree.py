@@ -14,9 +14,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.errors import ServiceError
+from service.ledger.budget_rule import curve_fits_under_cap, fits_under_cap
 from service.ledger.idempotency import PopularQuery, bound_query
 from service.ledger.ledger_rows import (
-    ADMISSION_RTOL,
     _aware,
     _set_spend,
     _spent_curve,
@@ -128,7 +128,7 @@ class QuotaAndDegree(LedgerPart):
             if windows is not None:
                 windows[principal] = list(rows)
         used = math.fsum(float(e) for _, e in rows)
-        if used + epsilon <= quota * (1.0 + ADMISSION_RTOL):
+        if fits_under_cap(used + epsilon, quota):
             return
         # When will enough of the window have expired for this query to fit?
         excess, retry_after = used + epsilon - quota, QUOTA_WINDOW.total_seconds()
@@ -266,7 +266,7 @@ class QuotaAndDegree(LedgerPart):
                 )
             spent = _spent_curve(account)
             composed = spent + degree.curve
-            if composed.epsilon(account.delta) > account.cap_epsilon * (1.0 - ADMISSION_RTOL):
+            if not curve_fits_under_cap(composed, account.delta, account.cap_epsilon):
                 raise BudgetExhausted(_view(account, account, spent), float(degree.epsilon))
             if a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id:
                 self._check_quota(
@@ -391,7 +391,7 @@ class QuotaAndDegree(LedgerPart):
             curve = RdpCurve.from_json(row.rdp)
             spent = _spent_curve(account)
             composed = spent + curve
-            if composed.epsilon(account.delta) > account.cap_epsilon * (1.0 - ADMISSION_RTOL):
+            if not curve_fits_under_cap(composed, account.delta, account.cap_epsilon):
                 raise BudgetExhausted(_view(account, account, spent), epsilon)
             now = utcnow()
             if quota_epsilon is not None and principal_account_id != charged_account_id:
