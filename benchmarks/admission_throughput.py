@@ -53,7 +53,7 @@ def _worker(url: str, accounts: list[int], mode: str, seconds: float, out: mp.Qu
         i = 0
         while time.monotonic() < stop_at:
             t0 = time.perf_counter()
-            ledger.admit_and_charge(
+            ledger.admission.admit_and_charge(
                 charged_account_id=account, principal_account_id=account, seed="s",
                 mechanism="noisy_diffusion", mode="edge", params={}, query_curve=curve,
                 query_epsilon=0.1, graph_version="g", request_id=f"{account}-{i}",
@@ -75,7 +75,7 @@ def _worker(url: str, accounts: list[int], mode: str, seconds: float, out: mp.Qu
 def measure(url: str, mode: str, args: argparse.Namespace) -> tuple[float, float, float]:
     ledger = Ledger.from_url(url)
     n = args.processes * args.threads
-    ids = [ledger.create_account("service", cap_epsilon=1000.0, delta=DELTA).account_id
+    ids = [ledger.accounts.create_account("service", cap_epsilon=1000.0, delta=DELTA).account_id
            for _ in range(n)]  # fmt: skip
     ledger.dispose()
     ctx = mp.get_context("spawn")

@@ -12,12 +12,13 @@ curves (charges are inserted under the lock, so ids follow the lock order); a re
 that fold, so it is bit-for-bit what incremental charging would have produced without the
 refunded charge.
 
-:class:`Ledger` is a facade over parts that each own one concern and its SQL, sharing one
-unit of work (``unit_of_work``: the engines, one transaction per call): accounts, API keys
-with the authentication cache, budgets and scopes, admission (``admission``,
-``admission_rules``, ``quota_and_degree``, ``exposure_shards``), settlement, stored releases
-and idempotency bindings, graph-wide releases, graph versions, reports and read figures. Its
-methods keep their names and signatures; each delegates to its part.
+:class:`Ledger` holds the parts, each owning one concern and its SQL, sharing one unit of
+work (``unit_of_work``: the engines, one transaction per call): accounts, API keys with the
+authentication cache, budgets and scopes, admission (``admission``, ``admission_rules``,
+``quota_and_degree``, ``exposure_shards``), settlement, stored releases and idempotency
+bindings, graph-wide releases, graph versions, reports and read figures. Callers use the part
+they need, by its one name: ``ledger.accounts.create_account(...)``,
+``ledger.admission.admit(...)``, ``ledger.budgets.budget(...)``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from service.ledger.database import (
     make_engine,
     upgrade_engine,
 )
-from service.ledger.delegate import delegate
 from service.ledger.embedding_salts import EmbeddingSalts
 from service.ledger.exposure_shards import ExposureShards
 from service.ledger.graph_releases import GraphReleases
@@ -96,78 +96,6 @@ class Ledger(LedgerPart):
         self.admission = Admissions(
             self._uow, self.admission_rules, self.shards, self.settlement, self.reports
         )
-
-    # --- the parts' methods, by their old names --------------------------------------------
-
-    create_api_key = delegate("api_keys", ApiKeys.create_api_key)
-    authenticate_cached = delegate("api_keys", ApiKeys.authenticate_cached)
-    recent_authentication = delegate("api_keys", ApiKeys.recent_authentication)
-    authenticate = delegate("api_keys", ApiKeys.authenticate)
-    revoke_api_key = delegate("api_keys", ApiKeys.revoke_api_key)
-    list_api_keys = delegate("api_keys", ApiKeys.list_api_keys)
-    create_account = delegate("accounts", Accounts.create_account)
-    get_account = delegate("accounts", Accounts.get_account)
-    list_accounts = delegate("accounts", Accounts.list_accounts)
-    account_for_node = delegate("accounts", Accounts.account_for_node)
-    user_account_for_node = delegate("accounts", Accounts.user_account_for_node)
-    user_accounts_for_nodes = delegate("accounts", Accounts.user_accounts_for_nodes)
-    budget = delegate("budgets", Budgets.budget)
-    account_delta = delegate("budgets", Budgets.account_delta)
-    set_budget = delegate("budgets", Budgets.set_budget)
-    set_scopes = delegate("budgets", Budgets.set_scopes)
-    current_graph_version = delegate("graph_versions", GraphVersions.current_graph_version)
-    current_graph_path = delegate("graph_versions", GraphVersions.current_graph_path)
-    current_graph_configuration = delegate(
-        "graph_versions", GraphVersions.current_graph_configuration
-    )
-    set_current_graph_version = delegate("graph_versions", GraphVersions.set_current_graph_version)
-    public_graph_version = delegate("graph_versions", GraphVersions.public_graph_version)
-    graph_fingerprint_of = delegate("graph_versions", GraphVersions.graph_fingerprint_of)
-    embedding_salt = delegate("embedding_salts", EmbeddingSalts.embedding_salt)
-    graph_release = delegate("graph_releases", GraphReleases.graph_release)
-    graph_release_state = delegate("graph_releases", GraphReleases.graph_release_state)
-    graph_release_curve = delegate("graph_releases", GraphReleases.graph_release_curve)
-    graph_release_cost = delegate("graph_releases", GraphReleases.graph_release_cost)
-    start_synthesis = delegate("synthesis", SynthesisJobs.start_synthesis)
-    beat_synthesis = delegate("synthesis", SynthesisJobs.beat_synthesis)
-    finish_synthesis = delegate("synthesis", SynthesisJobs.finish_synthesis)
-    fail_synthesis = delegate("synthesis", SynthesisJobs.fail_synthesis)
-    synthesis_job = delegate("synthesis", SynthesisJobs.synthesis_job)
-    synthesis_jobs = delegate("synthesis", SynthesisJobs.synthesis_jobs)
-    synthesis_payload = delegate("synthesis", SynthesisJobs.synthesis_payload)
-    any_synthetic_release = delegate("synthesis", SynthesisJobs.any_synthetic_release)
-    synthetic_release_by_sha256 = delegate("synthesis", SynthesisJobs.synthetic_release_by_sha256)
-    refund = delegate("settlement", Settlement.refund)
-    store_release = delegate("settlement", Settlement.store_release)
-    store_releases = delegate("settlement", Settlement.store_releases)
-    charge_state = delegate("settlement", Settlement.charge_state)
-    reconcile = delegate("settlement", Settlement.reconcile)
-    beat_charges = delegate("settlement", Settlement.beat_charges)
-    find_release = delegate("stored_releases", StoredReleases.find_release)
-    release_for_charge = delegate("stored_releases", StoredReleases.release_for_charge)
-    release_for_idempotency_key = delegate(
-        "stored_releases", StoredReleases.release_for_idempotency_key
-    )
-    bind_idempotency_keys = delegate("stored_releases", StoredReleases.bind_idempotency_keys)
-    admitted_charges_for_keys = delegate(
-        "stored_releases", StoredReleases.admitted_charges_for_keys
-    )
-    admit_degree_release = delegate("quota_and_degree", QuotaAndDegree.admit_degree_release)
-    admit_synthetic_release = delegate("quota_and_degree", QuotaAndDegree.admit_synthetic_release)
-    admit_and_charge = delegate("admission", Admissions.admit_and_charge)
-    admit = delegate("admission", Admissions.admit)
-    admit_and_charge_many = delegate("admission", Admissions.admit_and_charge_many)
-    verify = delegate("reports", Reports.verify)
-    exposure = delegate("reports", Reports.exposure)
-    smallest_delta = delegate("reports", Reports.smallest_delta)
-    list_charges = delegate("reports", Reports.list_charges)
-    count_charges = delegate("reports", Reports.count_charges)
-    record_audit = delegate("reports", Reports.record_audit)
-    record_refusal = delegate("reports", Reports.record_refusal)
-    record_refusals = delegate("reports", Reports.record_refusals)
-    list_audit = delegate("reports", Reports.list_audit)
-    record_reads = delegate("read_figures", ReadFigures.record_reads)
-    read_view = delegate("read_figures", ReadFigures.read_view)
 
     # --- lifecycle ----------------------------------------------------------------------------
 

@@ -81,7 +81,7 @@ class SyntheticCharge:
 
 @dataclass(frozen=True)
 class DegreeReceipt:
-    """The outcome of :meth:`Ledger.admit_degree_release` (or ``admit_synthetic_release``):
+    """The outcome of :meth:`QuotaAndDegree.admit_degree_release` (or ``admit_synthetic_release``):
     the budget after it, the epsilon of the release, and whether this call charged it (False:
     the account had paid for this release already)."""
 
@@ -131,7 +131,7 @@ class ReadCapExhausted(ServiceError):
 
 @dataclass(frozen=True)
 class Admission:
-    """One query to admit and charge (the arguments of ``Ledger.admit_and_charge``)."""
+    """One query to admit and charge (the arguments of ``Admissions.admit_and_charge``)."""
 
     charged_account_id: int
     principal_account_id: int

@@ -130,6 +130,11 @@ class LedgerPart:
     def __init__(self, uow: UnitOfWork) -> None:
         self._uow = uow
 
+    @property
+    def uow(self) -> UnitOfWork:
+        """The unit of work this part runs its transactions on (shared by the ledger's parts)."""
+        return self._uow
+
     def _reading(self) -> AbstractContextManager[Session]:
         return self._uow.reading()
 
