@@ -38,12 +38,12 @@ def _worker(url: str, accounts: list[int], mode: str, seconds: float, out: mp.Qu
         cap = GraphCap(cap_epsilon=1e6, delta=DELTA, max_charge=curve)  # far from the cap
     if mode == "exact":
         # every charge locks all shards: the cost of a single global lock
-        original = ExposureShards._add_exposure
+        original = ExposureShards.add_exposure
 
         def exact(self, session, c, cap_, exact_, writes):  # type: ignore[no-untyped-def]
             return original(self, session, c, cap_, True, writes)
 
-        ExposureShards._add_exposure = exact  # type: ignore[method-assign]
+        ExposureShards.add_exposure = exact  # type: ignore[method-assign]
     ledger = Ledger.from_url(url)
     latencies: list[float] = []
     lock = threading.Lock()

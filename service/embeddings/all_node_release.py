@@ -43,11 +43,11 @@ from typing import Any
 import numpy as np
 
 from service.atomic_files import atomic_file, check_output_path, write_atomically
-from service.embeddings.all_nodes import _check_rounds, edge_embeddings
+from service.embeddings.all_nodes import check_rounds, edge_embeddings
 from service.embeddings.dp import (
     EMBEDDING_BETA,
-    _check_sigma,
     check_k,
+    check_sigma,
     dp_instant_embedding_curve,
     plan_dp_instant_embedding,
 )
@@ -136,9 +136,9 @@ def _validate(request: EmbeddingRequest, graph: Graph) -> None:
     if not (isinstance(request.epsilon, int | float) and np.isfinite(request.epsilon)
             and request.epsilon > 0):  # fmt: skip
         raise InvalidParameter("epsilon", f"must be a finite number > 0, got {request.epsilon!r}")
-    _check_sigma(request.sigma)
+    check_sigma(request.sigma)
     check_k(request.k)
-    _check_rounds(request.rounds)
+    check_rounds(request.rounds)
     if graph.n < 2:
         raise InvalidParameter("graph", "the graph needs at least two nodes")
 

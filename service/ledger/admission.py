@@ -10,15 +10,15 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.errors import ServiceError
-from service.ledger.admission_rules import AdmissionRules, _StaleTwin
+from service.ledger.admission_rules import AdmissionRules, StaleTwin
 from service.ledger.budget_rule import curve_fits_under_cap
-from service.ledger.exposure_shards import ExposureShards, _NeedsExactCap
+from service.ledger.exposure_shards import ExposureShards, NeedsExactCap
 from service.ledger.group_reads import GroupReads, ReceiptOfNewCharge
 from service.ledger.idempotency import bound_charge
 from service.ledger.ledger_rows import (
-    _add_to_shard,
-    _graph_exhausted,
-    _shard_total,
+    add_to_shard,
+    graph_exhausted,
+    shard_total,
 )
 from service.ledger.locked_rows import (
     AdmissionWrites,
@@ -136,9 +136,9 @@ class Admissions(LedgerPart):
             try:
                 with self._writing() as session:
                     return self._admit(session, a, graph_cap, exact_cap, stale_after_seconds)
-            except _NeedsExactCap:
+            except NeedsExactCap:
                 exact_cap = True  # rolled back: start again, locking every shard
-            except _StaleTwin as stale:
+            except StaleTwin as stale:
                 self._reconcile_stale_twin(stale)  # rolled back: refund it, then start again
             except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
                 self._record_refused(a, refusal)
@@ -151,7 +151,7 @@ class Admissions(LedgerPart):
                     earlier = bound_charge(session, a.principal_account_id, a.idempotency_key)
                     if earlier is None:
                         raise
-                    return self._rules._reused(session, earlier)
+                    return self._rules.reused_receipt(session, earlier)
 
     def _admit(
         self,
@@ -163,11 +163,11 @@ class Admissions(LedgerPart):
     ) -> ChargeReceipt:
         account = self._lock_account(session, a.charged_account_id)
         writes = AdmissionWrites()
-        outcome = self._rules._admit_locked(
+        outcome = self._rules.admit_locked(
             session,
             a,
             account,
-            lambda curve: self._shards._add_exposure(session, curve, graph_cap, exact_cap, writes),
+            lambda curve: self._shards.add_exposure(session, curve, graph_cap, exact_cap, writes),
             stale_after_seconds,
             writes,
         )
@@ -206,7 +206,7 @@ class Admissions(LedgerPart):
                 results = self._admit_group_once(admissions, graph_cap, stale_after_seconds)
             except IntegrityError:
                 return [self._admit_alone(a, graph_cap, stale_after_seconds) for a in admissions]
-            except _StaleTwin as stale:
+            except StaleTwin as stale:
                 self._reconcile_stale_twin(stale)  # rolled back: refund it, then start again
                 continue
             break
@@ -279,7 +279,7 @@ class Admissions(LedgerPart):
             shard_row = self._locked_shard(session, random.randrange(EXPOSURE_SHARDS))
 
             def add_exposure(curve: RdpCurve) -> int:
-                _add_to_shard(shard_row, curve)
+                add_to_shard(shard_row, curve)
                 writes.changed_shard(shard_row)
                 return shard_row.shard
         else:
@@ -288,15 +288,15 @@ class Admissions(LedgerPart):
             target = rows[random.randrange(len(rows))]
 
             def add_exposure(curve: RdpCurve) -> int:
-                total = _shard_total(rows) + curve
+                total = shard_total(rows) + curve
                 if not curve_fits_under_cap(total, cap.delta, cap.cap_epsilon):
-                    raise _graph_exhausted(cap, _shard_total(rows))
-                _add_to_shard(target, curve)
+                    raise graph_exhausted(cap, shard_total(rows))
+                add_to_shard(target, curve)
                 writes.changed_shard(target)
                 return target.shard
 
         # What the queries look for (keys, twins, releases), read once for the group under
-        # its locks; one INSERT batch at the end instead of one per query (_admit_locked
+        # its locks; one INSERT batch at the end instead of one per query (admit_locked
         # writes the charges added so far only before a quota check, which must see them).
         reads = GroupReads.read(session, admissions)
         outcomes: list[
@@ -304,7 +304,7 @@ class Admissions(LedgerPart):
         ] = []
         for a in admissions:
             try:
-                outcome = self._rules._admit_locked(
+                outcome = self._rules.admit_locked(
                     session, a, accounts[a.charged_account_id], add_exposure,
                     stale_after_seconds, writes, principal_locked=True, reads=reads,
                 )  # fmt: skip
@@ -317,7 +317,7 @@ class Admissions(LedgerPart):
             outcomes.append(outcome)
         return outcomes
 
-    def _reconcile_stale_twin(self, stale: _StaleTwin) -> None:
+    def _reconcile_stale_twin(self, stale: StaleTwin) -> None:
         """Refund an in-flight twin whose last sign of life is older than
         ``stale_after_seconds`` without a release (its worker died between charge and answer),
         in its own transaction. If it was released (or beat) meanwhile, the admission that

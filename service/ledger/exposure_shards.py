@@ -9,9 +9,9 @@ from sqlalchemy.orm import Session
 
 from service.ledger.budget_rule import curve_fits_under_cap
 from service.ledger.ledger_rows import (
-    _add_to_shard,
-    _graph_exhausted,
-    _shard_total,
+    add_to_shard,
+    graph_exhausted,
+    shard_total,
 )
 from service.ledger.locked_rows import (
     AdmissionWrites,
@@ -24,14 +24,14 @@ from service.ledger.unit_of_work import LedgerPart
 from service.privacy.accountant import RdpCurve
 
 
-class _NeedsExactCap(Exception):
+class NeedsExactCap(Exception):
     """Internal: the fast graph-cap check could not admit; retry locking every shard."""
 
 
 class ExposureShards(LedgerPart):
     """Adds a curve to one exposure shard, checking the graph-wide cap (fast path or exact)."""
 
-    def _add_exposure(
+    def add_exposure(
         self,
         session: Session,
         curve: RdpCurve,
@@ -44,16 +44,16 @@ class ExposureShards(LedgerPart):
         Fast path: lock one shard, read all shards, admit if the total plus this curve plus
         ``EXPOSURE_SHARDS - 1`` copies of ``cap.max_charge`` (the most the other shards' lock
         holders can add concurrently, each having passed the same check) stays within the cap.
-        Otherwise :class:`_NeedsExactCap` rolls the transaction back and it is retried locking
+        Otherwise :class:`NeedsExactCap` rolls the transaction back and it is retried locking
         every shard in ascending order, which reads the exact total.
         """
         if cap is None:
             row = self._locked_shard(session, random.randrange(EXPOSURE_SHARDS))
         elif exact:
             rows = lock_all_shards(session)
-            total = _shard_total(rows) + curve
+            total = shard_total(rows) + curve
             if not curve_fits_under_cap(total, cap.delta, cap.cap_epsilon):
-                raise _graph_exhausted(cap, _shard_total(rows))
+                raise graph_exhausted(cap, shard_total(rows))
             row = rows[random.randrange(len(rows))]
         else:
             shard = random.randrange(EXPOSURE_SHARDS)
@@ -64,11 +64,11 @@ class ExposureShards(LedgerPart):
                 or curve.pure > cap.max_charge.pure
                 or curve.sampler_tv > cap.max_charge.sampler_tv
             ):
-                raise _NeedsExactCap()
-            total = _shard_total([row, *other_shards(session, shard)]) + curve
+                raise NeedsExactCap()
+            total = shard_total([row, *other_shards(session, shard)]) + curve
             margin = cap.max_charge * (EXPOSURE_SHARDS - 1)
             if not curve_fits_under_cap(total + margin, cap.delta, cap.cap_epsilon):
-                raise _NeedsExactCap()
-        _add_to_shard(row, curve)
+                raise NeedsExactCap()
+        add_to_shard(row, curve)
         writes.changed_shard(row)
         return row.shard

@@ -12,8 +12,8 @@ from sqlalchemy.orm import Session
 
 from service.ledger.exposure import ExposureReport, default_delta, exposure_report
 from service.ledger.ledger_rows import (
-    _charge_record,
-    _check_delta,
+    charge_record,
+    valid_delta,
 )
 from service.ledger.records import ChargeRecord
 from service.ledger.tables import (
@@ -68,7 +68,7 @@ class Reports(LedgerPart):
     ) -> ExposureReport:
         """The graph-wide exposure of every live charge and graph-wide release."""
         if delta is not None:
-            _check_delta(delta)
+            valid_delta(delta)
         try:
             return exposure_report(self._uow.engine, delta=delta, cap_epsilon=cap_epsilon)
         except (OperationalError, InterfaceError) as exc:
@@ -86,7 +86,7 @@ class Reports(LedgerPart):
             stmt = stmt.where(Charge.charged_account_id == account_id)
         with self._reading() as session:
             return [
-                _charge_record(charge, charge.state == "refunded")
+                charge_record(charge, charge.state == "refunded")
                 for charge in session.scalars(stmt)
             ]
 
