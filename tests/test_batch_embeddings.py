@@ -33,6 +33,7 @@ from tests.batch_support import (
     run_charges,
     seeds_file,
 )
+from tests.ledger_support import count_charges
 from tests.test_cache import REDIS_URL
 
 K = 16
@@ -228,7 +229,7 @@ def test_bad_input_is_one_line_and_nothing_charged(
     line = _fails([*base, "--accounts", str(bad), "--output", "embeddings"], capsys)
     assert line.startswith("error [unknown_node]: node 'no-such-node'")
     ledger = Ledger.from_url(url)
-    assert ledger.reports.count_charges() == 0
+    assert count_charges(ledger) == 0
     ledger.dispose()
     assert not (tmp_path / "r.parquet").exists()
 

@@ -33,6 +33,7 @@ from service.privacy.sampler import count_release_delta
 from service.privacy.state_grid import step_noise_plan
 from service.serving.graph_identity import as_served
 from tests.api_support import Backend, bearer, open_ledger, running_app, user_with_key
+from tests.ledger_support import graph_fingerprint_of
 
 # --------------------------------------------------------------------------- finding 1
 
@@ -47,7 +48,7 @@ def test_public_graph_id_is_random_stable_and_not_the_fingerprint(ledger: Ledger
         build_graph([0, 1], [1, 2], num_nodes=4), ledger.graph_versions, max_degree_bound=10
     )
     assert toggled.version not in (served.version, toggled.fingerprint)
-    assert ledger.graph_versions.graph_fingerprint_of(served.version) == graph.fingerprint
+    assert graph_fingerprint_of(ledger, served.version) == graph.fingerprint
 
 
 def test_two_ledgers_give_the_same_graph_unrelated_ids(tmp_path: Path) -> None:

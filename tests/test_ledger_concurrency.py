@@ -23,6 +23,7 @@ from service.ledger.records import Admission, ChargeReceipt
 from service.privacy.accountant import RdpCurve, compose
 from service.privacy.calibration import plan_diffusion
 from service.privacy.modes import Mode
+from tests.ledger_support import count_charges
 
 PROCESSES = 4
 ATTEMPTS = 12  # per process
@@ -175,12 +176,7 @@ def test_processes_never_overspend(
     assert all(o[3] <= cap for o in outcomes)
 
     budget = setup.budgets.budget(account)
-    assert (
-        budget.charges
-        == FIT
-        == setup.reports.count_charges(account)
-        == setup.reports.count_charges()
-    )
+    assert budget.charges == FIT == count_charges(setup, account) == count_charges(setup)
     assert budget.spent_epsilon == spent_after(FIT) <= cap
     with setup.engine.connect() as conn:
         shared = conn.execute(

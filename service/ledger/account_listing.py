@@ -23,10 +23,6 @@ from service.ledger.tables import Account, Budget, Spend, iso
 from service.ledger.unit_of_work import LedgerPart
 
 
-def _spent_col() -> Any:
-    return Spend.epsilon
-
-
 def _remaining_col() -> Any:
     return case(
         (Budget.cap_epsilon > Spend.epsilon, Budget.cap_epsilon - Spend.epsilon), else_=literal(0.0)

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any, NamedTuple, cast
 
-from sqlalchemy import Table, func, insert, select
+from sqlalchemy import Table, insert, select
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -89,13 +89,6 @@ class Reports(LedgerPart):
                 charge_record(charge, charge.state == "refunded")
                 for charge in session.scalars(stmt)
             ]
-
-    def count_charges(self, account_id: int | None = None) -> int:
-        stmt = select(func.count(Charge.id))
-        if account_id is not None:
-            stmt = stmt.where(Charge.charged_account_id == account_id)
-        with self._reading() as session:
-            return int(session.scalar(stmt) or 0)
 
     def record_audit(
         self,
