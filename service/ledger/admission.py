@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from datetime import timedelta
 from typing import Any
 
@@ -11,34 +10,24 @@ from sqlalchemy.orm import Session
 
 from service.errors import ServiceError
 from service.ledger.admission_rules import AdmissionRules, StaleTwin
-from service.ledger.budget_rule import curve_fits_under_cap
 from service.ledger.exposure_shards import ExposureShards, NeedsExactCap
 from service.ledger.group_reads import GroupReads, ReceiptOfNewCharge
 from service.ledger.idempotency import bound_charge
-from service.ledger.ledger_rows import (
-    add_to_shard,
-    graph_exhausted,
-    shard_total,
-)
 from service.ledger.locked_rows import (
     AdmissionWrites,
     NewCharge,
-    lock_all_shards,
 )
 from service.ledger.records import (
     Admission,
-    BudgetExhausted,
     BudgetView,
     ChargeReceipt,
-    GraphBudgetExhausted,
     GraphCap,
     IdempotencyKeyReused,
     ReleaseKey,
-    ServiceQuotaExhausted,
 )
-from service.ledger.reports import RefusalRow, Reports, insert_refusals
+from service.ledger.reports import ADMISSION_REFUSALS, RefusalRow, Reports, insert_refusals
 from service.ledger.settlement import Settlement
-from service.ledger.tables import EXPOSURE_SHARDS, utcnow
+from service.ledger.tables import utcnow
 from service.ledger.unit_of_work import (
     LedgerPart,
     UnitOfWork,
@@ -134,15 +123,17 @@ class Admissions(LedgerPart):
         exact_cap = False
         while True:
             try:
-                with self._writing() as session:
+                with (
+                    self._reports.recording_refusal(
+                        a.charged_account_id, a.principal_account_id, a.mode, a.query_epsilon
+                    ),
+                    self._writing() as session,
+                ):
                     return self._admit(session, a, graph_cap, exact_cap, stale_after_seconds)
             except NeedsExactCap:
                 exact_cap = True  # rolled back: start again, locking every shard
             except StaleTwin as stale:
                 self._reconcile_stale_twin(stale)  # rolled back: refund it, then start again
-            except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
-                self._record_refused(a, refusal)
-                raise
             except IntegrityError:
                 # A concurrent request with the same idempotency key bound it first.
                 if a.idempotency_key is None:
@@ -212,10 +203,6 @@ class Admissions(LedgerPart):
             break
         return results
 
-    def _record_refused(self, a: Admission, refusal: ServiceError) -> None:
-        """The refusal of admission ``a`` in the refusals table (its own transaction)."""
-        self._reports.record_refusals([_refusal_row(a, refusal)])
-
     def _admit_group_once(
         self, admissions: list[Admission], graph_cap: GraphCap | None, stale_after_seconds: float
     ) -> list[ChargeReceipt | ServiceError]:
@@ -228,7 +215,7 @@ class Admissions(LedgerPart):
             refused = [
                 _refusal_row(a, outcome)
                 for a, outcome in zip(admissions, outcomes, strict=True)
-                if isinstance(outcome, _REFUSALS)
+                if isinstance(outcome, ADMISSION_REFUSALS)
             ]
             if refused:  # in this transaction: a refused group costs one write, not one each
                 insert_refusals(session, refused)
@@ -249,9 +236,7 @@ class Admissions(LedgerPart):
     ) -> ChargeReceipt | ServiceError:
         try:
             return self.admit(a, graph_cap=graph_cap, stale_after_seconds=stale_after_seconds)
-        except (
-            BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted, IdempotencyKeyReused,
-        ) as refusal:  # fmt: skip
+        except (*ADMISSION_REFUSALS, IdempotencyKeyReused) as refusal:
             return refusal
 
     def _admit_group(
@@ -275,25 +260,7 @@ class Admissions(LedgerPart):
         for principal in principals:
             self._lock_principal(session, principal)
         # Every principal whose quota is checked is now locked (as a charged or a principal row).
-        if graph_cap is None:
-            shard_row = self._locked_shard(session, random.randrange(EXPOSURE_SHARDS))
-
-            def add_exposure(curve: RdpCurve) -> int:
-                add_to_shard(shard_row, curve)
-                writes.changed_shard(shard_row)
-                return shard_row.shard
-        else:
-            cap = graph_cap
-            rows = lock_all_shards(session)
-            target = rows[random.randrange(len(rows))]
-
-            def add_exposure(curve: RdpCurve) -> int:
-                total = shard_total(rows) + curve
-                if not curve_fits_under_cap(total, cap.delta, cap.cap_epsilon):
-                    raise graph_exhausted(cap, shard_total(rows))
-                add_to_shard(target, curve)
-                writes.changed_shard(target)
-                return target.shard
+        add_exposure = self._shards.group_exposure(session, graph_cap, writes)
 
         # What the queries look for (keys, twins, releases), read once for the group under
         # its locks; one INSERT batch at the end instead of one per query (admit_locked
@@ -308,7 +275,7 @@ class Admissions(LedgerPart):
                     session, a, accounts[a.charged_account_id], add_exposure,
                     stale_after_seconds, writes, principal_locked=True, reads=reads,
                 )  # fmt: skip
-            except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
+            except ADMISSION_REFUSALS as refusal:
                 outcomes.append(refusal)
                 continue
             except IdempotencyKeyReused as reused:  # bad input: no refusal row, nothing charged
@@ -329,11 +296,7 @@ class Admissions(LedgerPart):
         )
 
 
-#: The refusals an admission keeps a row of (a reused key is bad input, not a refusal).
-_REFUSALS = (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted)
-
-
 def _refusal_row(a: Admission, refusal: ServiceError) -> RefusalRow:
-    return RefusalRow(
-        refusal.code, a.charged_account_id, a.principal_account_id, a.mode, a.query_epsilon
+    return RefusalRow.of(
+        refusal, a.charged_account_id, a.principal_account_id, a.mode, a.query_epsilon
     )

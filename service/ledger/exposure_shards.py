@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import numpy as np
 from sqlalchemy.orm import Session
@@ -15,6 +16,7 @@ from service.ledger.ledger_rows import (
 )
 from service.ledger.locked_rows import (
     AdmissionWrites,
+    LockedShard,
     lock_all_shards,
     other_shards,
 )
@@ -51,10 +53,7 @@ class ExposureShards(LedgerPart):
             row = self._locked_shard(session, random.randrange(EXPOSURE_SHARDS))
         elif exact:
             rows = lock_all_shards(session)
-            total = shard_total(rows) + curve
-            if not curve_fits_under_cap(total, cap.delta, cap.cap_epsilon):
-                raise graph_exhausted(cap, shard_total(rows))
-            row = rows[random.randrange(len(rows))]
+            return add_within_graph_cap(rows, rows[random.randrange(len(rows))], curve, cap, writes)
         else:
             shard = random.randrange(EXPOSURE_SHARDS)
             row = self._locked_shard(session, shard)
@@ -72,3 +71,37 @@ class ExposureShards(LedgerPart):
         add_to_shard(row, curve)
         writes.changed_shard(row)
         return row.shard
+
+    def group_exposure(
+        self, session: Session, cap: GraphCap | None, writes: AdmissionWrites
+    ) -> Callable[[RdpCurve], int]:
+        """What a group's admissions add their curves with, in the group's transaction: one
+        shard locked now (no cap), or every shard locked now, in ascending order, each curve
+        checked against the exact graph-wide total (a cap)."""
+        if cap is None:
+            row = self._locked_shard(session, random.randrange(EXPOSURE_SHARDS))
+
+            def add_exposure(curve: RdpCurve) -> int:
+                add_to_shard(row, curve)
+                writes.changed_shard(row)
+                return row.shard
+
+            return add_exposure
+        rows = lock_all_shards(session)
+        target = rows[random.randrange(len(rows))]
+        return lambda curve: add_within_graph_cap(rows, target, curve, cap, writes)
+
+
+def add_within_graph_cap(
+    rows: list[LockedShard], target: LockedShard, curve: RdpCurve, cap: GraphCap,
+    writes: AdmissionWrites,
+) -> int:  # fmt: skip
+    """Add ``curve`` to ``target``, one of ``rows`` (every shard, locked), or raise
+    :class:`GraphBudgetExhausted` when the exact graph-wide total with it would pass the cap.
+    The one check of the graph-wide cap on the exact total."""
+    spent = shard_total(rows)
+    if not curve_fits_under_cap(spent + curve, cap.delta, cap.cap_epsilon):
+        raise graph_exhausted(cap, spent)
+    add_to_shard(target, curve)
+    writes.changed_shard(target)
+    return target.shard

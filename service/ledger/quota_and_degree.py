@@ -228,19 +228,13 @@ class QuotaAndDegree(LedgerPart):
         while True:
             attempts -= 1
             try:
-                return self._admit_degree_release(ask)
+                with self._reports.recording_refusal(
+                    charged_account_id, principal_account_id, mode, float(degree.epsilon)
+                ):
+                    return self._admit_degree_release(ask)
             except IntegrityError:  # a concurrent request bound the key first: read it
                 if idempotency_key is None or attempts == 0:
                     raise
-            except (BudgetExhausted, ServiceQuotaExhausted) as refusal:
-                self._reports.record_refusal(
-                    refusal.code,
-                    charged_account_id=charged_account_id,
-                    principal_account_id=principal_account_id,
-                    mode=mode,
-                    epsilon=float(degree.epsilon),
-                )
-                raise
 
     def _admit_degree_release(self, a: _DegreeAsk) -> DegreeReceipt:
         degree, query = a.degree, a.query
@@ -340,22 +334,17 @@ class QuotaAndDegree(LedgerPart):
         while True:
             attempts -= 1
             try:
-                return self._admit_synthetic_release(
-                    charged_account_id, principal_account_id, seed, mode, release, request_id,
-                    quota_epsilon,
-                )  # fmt: skip
+                # the refusal's epsilon is the release's, read in the transaction
+                with self._reports.recording_refusal(
+                    charged_account_id, principal_account_id, mode
+                ):
+                    return self._admit_synthetic_release(
+                        charged_account_id, principal_account_id, seed, mode, release,
+                        request_id, quota_epsilon,
+                    )  # fmt: skip
             except IntegrityError:  # a concurrent transaction charged it first: read it
                 if attempts == 0:
                     raise
-            except (BudgetExhausted, ServiceQuotaExhausted) as refusal:
-                self._reports.record_refusal(
-                    refusal.code,
-                    charged_account_id=charged_account_id,
-                    principal_account_id=principal_account_id,
-                    mode=mode,
-                    epsilon=float(refusal.details.get("query_epsilon", 0.0)),
-                )
-                raise
 
     def _admit_synthetic_release(
         self,

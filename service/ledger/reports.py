@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NamedTuple, cast
 
 from sqlalchemy import Table, insert, select
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
+from service.errors import ServiceError
 from service.ledger.exposure import ExposureReport, default_delta, exposure_report
 from service.ledger.ledger_rows import (
     charge_record,
     valid_delta,
 )
-from service.ledger.records import ChargeRecord
+from service.ledger.records import (
+    BudgetExhausted,
+    ChargeRecord,
+    GraphBudgetExhausted,
+    ServiceQuotaExhausted,
+)
 from service.ledger.tables import (
     AuditLog,
     Charge,
@@ -42,6 +49,26 @@ class RefusalRow(NamedTuple):
     principal_account_id: int | None = None
     mode: str | None = None
     epsilon: float | None = None
+
+    @classmethod
+    def of(
+        cls,
+        refusal: ServiceError,
+        charged_account_id: int,
+        principal_account_id: int,
+        mode: str,
+        epsilon: float | None = None,
+    ) -> RefusalRow:
+        """The row of an admission's ``refusal`` (``epsilon`` None: the query epsilon the
+        refusal names)."""
+        if epsilon is None:
+            epsilon = float(refusal.details.get("query_epsilon", 0.0))
+        return cls(refusal.code, charged_account_id, principal_account_id, mode, epsilon)
+
+
+#: The refusals of an admission the refusals table keeps a row of (a reused idempotency key is
+#: bad input, not a refusal).
+ADMISSION_REFUSALS = (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted)
 
 
 def insert_refusals(session: Session, refusals: Sequence[RefusalRow]) -> None:
@@ -122,6 +149,25 @@ class Reports(LedgerPart):
         self.record_refusals(
             [RefusalRow(reason, charged_account_id, principal_account_id, mode, epsilon)]
         )
+
+    @contextmanager
+    def recording_refusal(
+        self,
+        charged_account_id: int,
+        principal_account_id: int,
+        mode: str,
+        epsilon: float | None = None,
+    ) -> Iterator[None]:
+        """Around one admission: a refusal it raises (:data:`ADMISSION_REFUSALS`) is kept in
+        the refusals table (:meth:`record_refusals`, after the admission's transaction has
+        rolled back) and raised on. The one way an admission records its refusal."""
+        try:
+            yield
+        except ADMISSION_REFUSALS as refusal:
+            self.record_refusals(
+                [RefusalRow.of(refusal, charged_account_id, principal_account_id, mode, epsilon)]
+            )
+            raise
 
     def record_refusals(self, refusals: Sequence[RefusalRow]) -> None:
         """Keep many refused queries in one transaction, one multi-row INSERT (a batch whose
