@@ -202,7 +202,6 @@ def _create(args: argparse.Namespace) -> int:
 
     settings = Settings()
     with _ledger(args) as ledger:
-        delta: float = settings.account_delta if args.delta is None else args.delta
         if args.node is not None:
             from service.graph.configured import load_configured_graph
 
@@ -210,18 +209,19 @@ def _create(args: argparse.Namespace) -> int:
                 args.graph or settings.graph_path, nodes_path=settings.nodes_path
             )
             graph.index_of(args.node)  # UnknownNode if the graph does not have it
-        cap = args.cap if args.cap is not None else settings.default_cap_epsilon
-        account = ledger.accounts.create_account(
+        opened = ledger.open_account(
             args.type,
+            defaults=settings,
             node_id=args.node,
-            cap_epsilon=cap,
-            delta=delta,
+            cap_epsilon=args.cap,
+            delta=args.delta,
             label=args.label,
             may_create_seed_accounts=args.may_create_seed_accounts,
-            modes=args.modes if args.modes is not None else ("edge",),
+            modes=args.modes,
             quota_epsilon=args.quota_epsilon,
         )
-        api_key, key = ledger.api_keys.create_api_key(account.account_id)
+    account, api_key, key = opened.account, opened.api_key, opened.key
+    cap, delta = opened.cap_epsilon, opened.delta
     if args.json:
         print_json(
             {

@@ -23,10 +23,13 @@ they need, by its one name: ``ledger.accounts.create_account(...)``,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from alembic.util import CommandError
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from service.bounds import AccountType
 from service.ledger.accounts import Accounts
 from service.ledger.admission import DEFAULT_STALE_AFTER_SECONDS as DEFAULT_STALE_AFTER_SECONDS
 from service.ledger.admission import Admissions
@@ -48,7 +51,7 @@ from service.ledger.ledger_rows import MODES as MODES
 from service.ledger.quota_and_degree import QUOTA_WINDOW as QUOTA_WINDOW
 from service.ledger.quota_and_degree import QuotaAndDegree
 from service.ledger.read_figures import ReadFigures
-from service.ledger.records import LedgerNotMigrated
+from service.ledger.records import LedgerNotMigrated, OpenedAccount
 from service.ledger.reports import Reports
 from service.ledger.settlement import Settlement
 from service.ledger.stored_releases import StoredReleases
@@ -65,6 +68,7 @@ from service.ledger.unit_of_work import (
 from service.ledger.unit_of_work import LedgerUnavailable as LedgerUnavailable
 from service.ledger.unit_of_work import UnknownApiKey as UnknownApiKey
 from service.ledger.unit_of_work import UnknownCharge as UnknownCharge
+from service.settings.mechanism import MechanismSettings
 
 # --- validation and conversion ----------------------------------------------------------------
 
@@ -96,6 +100,41 @@ class Ledger(LedgerPart):
         self.admission = Admissions(
             self._uow, self.admission_rules, self.shards, self.settlement, self.reports
         )
+
+    def open_account(
+        self,
+        type: AccountType,
+        *,
+        defaults: MechanismSettings,
+        node_id: str | None = None,
+        cap_epsilon: float | None = None,
+        delta: float | None = None,
+        label: str | None = None,
+        may_create_seed_accounts: bool = False,
+        modes: Sequence[str] | None = None,
+        quota_epsilon: float | None = None,
+        actor_account_id: int | None = None,
+    ) -> OpenedAccount:
+        """Create an account and its first API key: what the admin API and ``accounts create``
+        both do. What is not given takes the deployment's defaults (``defaults``: the cap of
+        new accounts, the account delta; scopes: ``edge``)."""
+        cap_epsilon = defaults.default_cap_epsilon if cap_epsilon is None else cap_epsilon
+        delta = defaults.account_delta if delta is None else delta
+        account = self.accounts.create_account(
+            type,
+            node_id=node_id,
+            cap_epsilon=cap_epsilon,
+            delta=delta,
+            label=label,
+            may_create_seed_accounts=may_create_seed_accounts,
+            modes=tuple(modes) if modes is not None else ("edge",),
+            quota_epsilon=quota_epsilon,
+            actor_account_id=actor_account_id,
+        )
+        api_key, key = self.api_keys.create_api_key(
+            account.account_id, actor_account_id=actor_account_id
+        )
+        return OpenedAccount(account, cap_epsilon, delta, api_key, key)
 
     # --- lifecycle ----------------------------------------------------------------------------
 

@@ -29,6 +29,18 @@ class AccountRecord:
 
 
 @dataclass(frozen=True)
+class OpenedAccount:
+    """A new account, the budget it was given and its first API key (``api_key``, the
+    plaintext: shown once)."""
+
+    account: AccountRecord
+    cap_epsilon: float
+    delta: float
+    api_key: str
+    key: ApiKeyRecord
+
+
+@dataclass(frozen=True)
 class ApiKeyRecord:
     key_id: int
     account_id: int

@@ -77,26 +77,25 @@ def list_accounts(
 )
 def create_account(body: CreateAccount, runtime: RuntimeDep, admin: AdminDep) -> CreatedAccount:
     """Create an account and its first API key (shown once)."""
-    settings = runtime.settings
     graph = runtime.graphs.current
     if body.type == "user" and body.node_id is not None:
         graph.index_of(body.node_id)  # unknown_node if the graph does not have it
-    record = runtime.ledger.accounts.create_account(
+    opened = runtime.ledger.open_account(
         body.type,
+        defaults=runtime.settings,
         node_id=body.node_id,
-        cap_epsilon=settings.default_cap_epsilon if body.cap_epsilon is None else body.cap_epsilon,
-        delta=settings.account_delta if body.delta is None else body.delta,
+        cap_epsilon=body.cap_epsilon,
+        delta=body.delta,
         label=body.label,
         may_create_seed_accounts=body.may_create_seed_accounts,
-        modes=tuple(body.modes) if body.modes is not None else ("edge",),
+        modes=body.modes,
         quota_epsilon=body.quota_epsilon,
         actor_account_id=admin.account_id,
     )
-    key, key_record = runtime.ledger.api_keys.create_api_key(
-        record.account_id, actor_account_id=admin.account_id
+    account = _with_budget(runtime, opened.account)
+    return CreatedAccount(
+        **account.model_dump(), key=NewApiKey(**opened.key.__dict__, api_key=opened.api_key)
     )
-    account = _with_budget(runtime, record)
-    return CreatedAccount(**account.model_dump(), key=NewApiKey(**key_record.__dict__, api_key=key))
 
 
 @router.get(
