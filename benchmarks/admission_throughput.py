@@ -19,13 +19,15 @@ import time
 from sqlalchemy import create_engine, make_url
 
 from service.ledger import GraphCap, Ledger, upgrade
+from service.ledger.records import Admission
+from service.privacy.accountant import RdpCurve
 from service.privacy.calibration import plan_diffusion
 from service.privacy.modes import Mode
 
 DELTA = 1e-6
 
 
-def _curve() -> object:
+def _curve() -> RdpCurve:
     return plan_diffusion(0.1, DELTA, 100, 0.8, 1e-7, Mode.EDGE).curve
 
 
@@ -54,10 +56,13 @@ def _worker(url: str, accounts: list[int], mode: str, seconds: float, out: mp.Qu
         while time.monotonic() < stop_at:
             t0 = time.perf_counter()
             ledger.admission.admit_and_charge(
-                charged_account_id=account, principal_account_id=account, seed="s",
-                mechanism="noisy_diffusion", mode="edge", params={}, query_curve=curve,
-                query_epsilon=0.1, graph_version="g", request_id=f"{account}-{i}",
-                idempotency_key=None, graph_cap=cap,
+                Admission(
+                    charged_account_id=account, principal_account_id=account, seed="s",
+                    mechanism="noisy_diffusion", mode="edge", params={}, query_curve=curve,
+                    query_epsilon=0.1, graph_version="g", request_id=f"{account}-{i}",
+                    idempotency_key=None,
+                ),
+                graph_cap=cap,
             )  # fmt: skip
             with lock:
                 latencies.append(time.perf_counter() - t0)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import func, select
 
+from service.ledger.admission import DEFAULT_STALE_AFTER_SECONDS
 from service.ledger.ledger import Ledger
+from service.ledger.records import Admission, ChargeReceipt, GraphCap
 from service.ledger.tables import Charge, GraphVersion
 
 
@@ -23,3 +27,16 @@ def graph_fingerprint_of(ledger: Ledger, public_id: str) -> str | None:
         return conn.scalar(
             select(GraphVersion.fingerprint).where(GraphVersion.public_id == public_id)
         )
+
+
+def admit_and_charge(
+    ledger: Ledger,
+    *,
+    graph_cap: GraphCap | None = None,
+    stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
+    **fields: Any,
+) -> ChargeReceipt:
+    """``ledger.admission.admit_and_charge`` of the :class:`Admission` made of ``fields``."""
+    return ledger.admission.admit_and_charge(
+        Admission(**fields), graph_cap=graph_cap, stale_after_seconds=stale_after_seconds
+    )

@@ -30,7 +30,7 @@ from tests.batch_support import (
     run_charges,
     seeds_file,
 )
-from tests.ledger_support import count_charges
+from tests.ledger_support import admit_and_charge, count_charges
 from tests.test_cache import REDIS_URL
 
 SEEDS = 500
@@ -128,7 +128,8 @@ def test_a_charge_left_admitted_by_a_killed_run_is_refunded_by_the_rerun(
         graph.fingerprint
     )  # the id the run will serve under
     key = seed_idempotency_key("crashed", version, node, Mode.PERSONALIZED, 0.1)
-    dead = ledger.admission.admit_and_charge(
+    dead = admit_and_charge(
+        ledger,
         charged_account_id=account.account_id, principal_account_id=account.account_id,
         seed=node, mechanism="noisy_diffusion", mode="personalized", params={},
         query_curve=plan.curve, query_epsilon=0.1, graph_version=version,

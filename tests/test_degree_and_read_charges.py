@@ -80,10 +80,10 @@ def test_the_degree_release_is_charged_once_per_version_with_the_query(ledger: L
         "user", node_id="1", cap_epsilon=1.0, delta=DELTA
     ).account_id
     q = laplace_curve(0.1)
-    first = ledger.admission.admit(admission(user, 0.1))
+    first = ledger.admission.admit_and_charge(admission(user, 0.1))
     assert first.degree_epsilon == EPS_D
     assert first.budget.spent_epsilon == pytest.approx((q + laplace_curve(EPS_D)).epsilon(DELTA))
-    second = ledger.admission.admit(admission(user, 0.1, request_id="r2"))
+    second = ledger.admission.admit_and_charge(admission(user, 0.1, request_id="r2"))
     assert second.degree_epsilon == 0.0  # paid already for this version
     assert second.budget.spent_epsilon == pytest.approx(
         (q + q + laplace_curve(EPS_D)).epsilon(DELTA)
@@ -112,14 +112,14 @@ def test_the_degree_release_is_refused_past_the_cap_writing_nothing(ledger: Ledg
     user = ledger.accounts.create_account(
         "user", node_id="1", cap_epsilon=0.15, delta=DELTA
     ).account_id
-    ledger.admission.admit(admission(user, 0.1, with_degree=False))
+    ledger.admission.admit_and_charge(admission(user, 0.1, with_degree=False))
     with pytest.raises(BudgetExhausted):  # popular was free (and answered) before
         ledger.quota_and_degree.admit_degree_release(
             charged_account_id=user, principal_account_id=user, seed="1", mode="personalized",
             degree=degree(), request_id="p",
         )  # fmt: skip
     with pytest.raises(BudgetExhausted):  # the query alone fits; with the release it does not
-        ledger.admission.admit(admission(user, 0.01))
+        ledger.admission.admit_and_charge(admission(user, 0.01))
     assert degree_charges(ledger, user) == []
     assert ledger.budgets.budget(user).charges == 1
 
@@ -134,7 +134,7 @@ def test_a_service_accounts_personalized_query_charges_the_seed_for_the_release(
     service = ledger.accounts.create_account(
         "service", cap_epsilon=1.0, delta=DELTA, modes=("edge", "personalized")
     ).account_id
-    receipt = ledger.admission.admit(admission(user, 0.1, principal=service))
+    receipt = ledger.admission.admit_and_charge(admission(user, 0.1, principal=service))
     assert receipt.degree_epsilon == EPS_D
     assert len(degree_charges(ledger, user)) == 1
     assert degree_charges(ledger, service) == []
@@ -185,7 +185,7 @@ def test_one_account_pays_the_release_once_under_concurrent_requests(ledger_url:
                         mode="personalized", degree=degree(), request_id=f"p{n}-{i}",
                     )  # fmt: skip
                 else:
-                    ledger.admission.admit(admission(user, 0.01, request_id=f"q{n}-{i}"))
+                    ledger.admission.admit_and_charge(admission(user, 0.01, request_id=f"q{n}-{i}"))
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
         finally:
@@ -217,9 +217,15 @@ def test_the_read_figure_counts_each_distinct_release_once(ledger: Ledger) -> No
     user = ledger.accounts.create_account(
         "user", node_id="1", cap_epsilon=5.0, delta=DELTA
     ).account_id
-    c1 = ledger.admission.admit(admission(user, 0.1, with_degree=False, request_id="a")).charge_id
-    c2 = ledger.admission.admit(admission(user, 0.2, with_degree=False, request_id="b")).charge_id
-    c3 = ledger.admission.admit(admission(user, 0.3, with_degree=False, request_id="c")).charge_id
+    c1 = ledger.admission.admit_and_charge(
+        admission(user, 0.1, with_degree=False, request_id="a")
+    ).charge_id
+    c2 = ledger.admission.admit_and_charge(
+        admission(user, 0.2, with_degree=False, request_id="b")
+    ).charge_id
+    c3 = ledger.admission.admit_and_charge(
+        admission(user, 0.3, with_degree=False, request_id="c")
+    ).charge_id
     name = degree_release_name(20.0)
     ledger.graph_releases.graph_release(
         "v1", name, epsilon=EPS_D, curve=laplace_curve(EPS_D), draw=lambda: b"released"

@@ -5,10 +5,10 @@ Every scenario is played twice on a fresh ledger, each time for a fresh account 
 (keys, twins and releases are per account, so the two plays cannot see each other): once
 with each batch of queries admitted as one group
 (``ledger.admission.admit_and_charge_many``) and once with the same queries admitted one at
-a time (``ledger.admission.admit``), with the same releases, refunds and ageing of charges in
-between. The receipts (which charge, reused / joined, budgets) and the charges' final states
-must be the same, charges named by their order within the account; each scenario also checks
-the outcome it is about.
+a time (``ledger.admission.admit_and_charge``), with the same releases, refunds and ageing
+of charges in between. The receipts (which charge, reused / joined, budgets) and the
+charges' final states must be the same, charges named by their order within the account;
+each scenario also checks the outcome it is about.
 Real SQLite and PostgreSQL (no mocks).
 """
 
@@ -112,7 +112,9 @@ def play(ledger: Ledger, scenario: Scenario, *, grouped: bool) -> Played:
                 played.receipts.append(outcome)
         else:
             for a in step.admissions:
-                played.receipts.append(ledger.admission.admit(a, stale_after_seconds=stale))
+                played.receipts.append(
+                    ledger.admission.admit_and_charge(a, stale_after_seconds=stale)
+                )
     played.states = {c.charge_id: c.state for c in ledger.reports.list_charges(account)}
     assert ledger.reports.verify().ok
     return played

@@ -34,6 +34,7 @@ from tests.api_support import (
     user_with_key,
     uvicorn_server,
 )
+from tests.ledger_support import admit_and_charge
 from tests.test_api import REDIS_URL, redis_answers
 
 
@@ -164,7 +165,8 @@ def test_ledger_binds_each_key_once_and_a_refund_frees_it(ledger: Ledger) -> Non
     curve = laplace_curve(0.1)
 
     def charge(idem: str | None, request_id: str) -> int:
-        return ledger.admission.admit_and_charge(
+        return admit_and_charge(
+            ledger,
             charged_account_id=user.account_id, principal_account_id=user.account_id,
             seed="1", mechanism="common_neighbours", mode="personalized", params={},
             query_curve=curve, query_epsilon=0.1, graph_version="g1",
@@ -182,7 +184,8 @@ def test_ledger_binds_each_key_once_and_a_refund_frees_it(ledger: Ledger) -> Non
         [(user.account_id, "A", released_too), (user.account_id, "B", released_too)]
     ) == [released, released_too]
     # a charged query under a bound key is not charged: it gets the bound charge back
-    reused = ledger.admission.admit_and_charge(
+    reused = admit_and_charge(
+        ledger,
         charged_account_id=user.account_id, principal_account_id=user.account_id, seed="1",
         mechanism="common_neighbours", mode="personalized", params={}, query_curve=curve,
         query_epsilon=0.1, graph_version="g1", request_id="r4", idempotency_key="A",
@@ -307,7 +310,8 @@ def test_the_migration_binds_the_keys_of_live_charges(ledger_url: str) -> None:
         user = ledger.accounts.create_account("user", node_id="1", cap_epsilon=5.0, delta=1e-6)
         uid, curve = user.account_id, laplace_curve(0.1)
         ids = [
-            ledger.admission.admit_and_charge(
+            admit_and_charge(
+                ledger,
                 charged_account_id=uid, principal_account_id=uid, seed="1",
                 mechanism="common_neighbours", mode="personalized", params={},
                 query_curve=curve, query_epsilon=0.1, graph_version="g1",
@@ -342,7 +346,8 @@ def test_a_key_joined_to_an_in_flight_twin_is_freed_when_the_twin_is_refunded(
     key = ReleaseKey(uid, "1", "g1", "personalized", 0.1, "common_neighbours")
 
     def admit(idem: str | None, request_id: str) -> Any:
-        return ledger.admission.admit_and_charge(
+        return admit_and_charge(
+            ledger,
             charged_account_id=uid, principal_account_id=uid, seed="1",
             mechanism="common_neighbours", mode="personalized", params={}, query_curve=curve,
             query_epsilon=0.1, graph_version="g1", request_id=request_id,
@@ -553,7 +558,8 @@ def test_verify_checks_popular_bindings(ledger: Ledger) -> None:
     )  # fmt: skip
     assert again.replayed and not again.charged
     assert ledger.reports.verify().ok
-    charged = ledger.admission.admit_and_charge(
+    charged = admit_and_charge(
+        ledger,
         charged_account_id=uid, principal_account_id=uid, seed="1",
         mechanism="common_neighbours", mode="personalized", params={}, query_curve=curve,
         query_epsilon=0.1, graph_version="g1", request_id="r3", idempotency_key=None,

@@ -37,7 +37,7 @@ from service.privacy.accountant import RdpCurve, compose
 from service.privacy.calibration import plan_diffusion
 from service.privacy.modes import Mode
 from service.privacy.orders import GRID_VERSION, grid_fingerprint
-from tests.ledger_support import count_charges
+from tests.ledger_support import admit_and_charge, count_charges
 
 DELTA = 3e-6
 TABLES = {
@@ -77,7 +77,8 @@ def charge(
     principal: int | None = None,
     request_id: str = "req",
 ) -> Any:
-    return ledger.admission.admit_and_charge(
+    return admit_and_charge(
+        ledger,
         charged_account_id=account,
         principal_account_id=account if principal is None else principal,
         seed="n1",

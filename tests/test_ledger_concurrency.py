@@ -102,7 +102,9 @@ def hammer(
             outcomes = hammer_grouped(ledger, account, principal, proc)
         for i in range(ATTEMPTS if not grouped else 0):
             try:
-                receipt = ledger.admission.admit(attempt(account, principal, proc, i, curve))
+                receipt = ledger.admission.admit_and_charge(
+                    attempt(account, principal, proc, i, curve)
+                )
             except BudgetExhausted as exc:
                 outcomes.append(outcome_row(exc))
             else:

@@ -26,7 +26,7 @@ from service.privacy.accountant import RdpCurve, compose
 from service.privacy.calibration import plan_diffusion
 from service.privacy.modes import Mode
 from service.serving.group_commit import GroupCommitter
-from tests.ledger_support import count_charges
+from tests.ledger_support import admit_and_charge, count_charges
 
 DELTA = 3e-6
 
@@ -296,7 +296,8 @@ def test_a_stale_twin_is_refunded_in_a_transaction_of_its_own(
                 [admission(acct, 9, curve, release_key=key)], stale_after_seconds=0.0
             )[0]
         else:
-            outcome = ledger.admission.admit_and_charge(
+            outcome = admit_and_charge(
+                ledger,
                 charged_account_id=acct, principal_account_id=acct, seed="n9",
                 mechanism="noisy_diffusion", mode="edge", params={"i": 9}, query_curve=curve,
                 query_epsilon=0.1, graph_version="g1", request_id="r9b", release_key=key,

@@ -78,7 +78,7 @@ def test_the_thread_beats_while_held_and_stops_when_closed() -> None:
 
 def _admit(ledger: Ledger, account_id: int, seed: str) -> int:
     curve = laplace_curve(0.1)
-    receipt = ledger.admission.admit(
+    receipt = ledger.admission.admit_and_charge(
         Admission(
             charged_account_id=account_id, principal_account_id=account_id, seed=seed,
             mechanism="noisy_diffusion", mode="edge", params={}, query_curve=curve,

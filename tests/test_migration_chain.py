@@ -29,7 +29,7 @@ from service.privacy.curves import laplace_curve
 from service.privacy.sampler import FLOAT_COUNT_RELEASE_TV
 from service.serving.rankings import degree_release_name
 from service.synthetic.release import Request, synthesize_release
-from tests.ledger_support import graph_fingerprint_of
+from tests.ledger_support import admit_and_charge, graph_fingerprint_of
 
 DELTA = 1e-6
 VERSIONS = Path(__file__).resolve().parents[1] / "migrations" / "versions"
@@ -90,7 +90,8 @@ def _write(url: str, tmp_path: Path) -> Written:
         charges = []
         for i, key in enumerate(["released", "refunded"]):
             charges.append(
-                ledger.admission.admit_and_charge(
+                admit_and_charge(
+                    ledger,
                     charged_account_id=user, principal_account_id=user, seed="1",
                     mechanism="common_neighbours", mode="personalized", params={},
                     query_curve=curve, query_epsilon=0.1, graph_version=version,
@@ -104,7 +105,7 @@ def _write(url: str, tmp_path: Path) -> Written:
         )
         ledger.settlement.refund(charges[1], reason="test: nothing drawn")
         d_curve = float_era(0.05)
-        blended = ledger.admission.admit(
+        blended = ledger.admission.admit_and_charge(
             Admission(
                 charged_account_id=other, principal_account_id=service, seed="2",
                 mechanism="blended", mode="personalized", params={"name": "blended"},

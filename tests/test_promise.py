@@ -33,6 +33,7 @@ from tests.api_support import (
     uvicorn_server,
 )
 from tests.conftest import POSTGRES_BASE_URL
+from tests.ledger_support import admit_and_charge
 from tests.test_api import Accounts, backend, query  # noqa: F401  (the backend fixture)
 
 
@@ -112,7 +113,8 @@ def _orphan_charge(client: TestClient, account: int, node: str, idem: str) -> in
     graph = runtime.graphs.current
     plan = runtime.queries.planner.plan(0.1, 1e-6, 30, 0.8, 1e-7, Mode.PERSONALIZED)
     key = ReleaseKey(account, node, graph.version, "personalized", 0.1)
-    receipt = ledger_of(client).admission.admit_and_charge(
+    receipt = admit_and_charge(
+        ledger_of(client),
         charged_account_id=account,
         principal_account_id=account,
         seed=node,
@@ -226,7 +228,8 @@ def test_verify_finds_a_tampered_spend_and_exits_1(
         user = ledger.accounts.create_account("user", node_id="n", cap_epsilon=5.0, delta=1e-6)
         curve = diffusion_curve(80.0, 100, 0.8, Mode.PERSONALIZED)
         for i in range(3):
-            ledger.admission.admit_and_charge(
+            admit_and_charge(
+                ledger,
                 charged_account_id=user.account_id, principal_account_id=user.account_id,
                 seed="n", mechanism="noisy_diffusion", mode="personalized", params={},
                 query_curve=curve, query_epsilon=0.1, graph_version="g", request_id=f"r{i}",
@@ -309,7 +312,8 @@ def test_graph_cap_holds_under_concurrent_charges(ledger_url: str) -> None:
             barrier.wait()
             for i in range(6):
                 try:
-                    ledger.admission.admit_and_charge(
+                    admit_and_charge(
+                        ledger,
                         charged_account_id=account, principal_account_id=account, seed="s",
                         mechanism="noisy_diffusion", mode="edge", params={},
                         query_curve=curve, query_epsilon=1.0, graph_version="g",

@@ -135,7 +135,7 @@ def test_admission_refuses_when_the_sampler_share_leaves_no_delta(ledger: Ledger
     admitted = 0
     with pytest.raises(BudgetExhausted):
         for i in range(10):
-            ledger.admission.admit(admission(user, q, request_id=f"r{i}"))
+            ledger.admission.admit_and_charge(admission(user, q, request_id=f"r{i}"))
             admitted += 1
     # (1 + e^eps) * k * 2e-11 < 1e-10 needs k <= 2 at these epsilons
     assert admitted == 2
@@ -153,10 +153,10 @@ def test_budgets_reads_and_exposure_convert_with_the_share(ledger: Ledger) -> No
     d_plan = plan_laplace(0.1, 2.0)
     degree = DegreeCharge("v1", d_plan.epsilon, d_plan.curve)
     ids = [
-        ledger.admission.admit(
+        ledger.admission.admit_and_charge(
             admission(user, q, request_id="a", principal=service, degree=degree)
         ),
-        ledger.admission.admit(admission(user, q, request_id="b", principal=service)),
+        ledger.admission.admit_and_charge(admission(user, q, request_id="b", principal=service)),
     ]
     expected = q + q + d_plan.curve
     # two float-era count charges keep their shares; the exact degree release adds none
@@ -188,8 +188,8 @@ def test_a_refund_takes_its_share_back(ledger: Ledger) -> None:
         "user", node_id="1", cap_epsilon=5.0, delta=DELTA
     ).account_id
     q = float_era(0.1)
-    first = ledger.admission.admit(admission(user, q, request_id="a"))
-    ledger.admission.admit(admission(user, q, request_id="b"))
+    first = ledger.admission.admit_and_charge(admission(user, q, request_id="a"))
+    ledger.admission.admit_and_charge(admission(user, q, request_id="b"))
     ledger.settlement.refund(first.charge_id, reason="test")
     assert ledger.budgets.budget(user).spent_epsilon == pytest.approx(q.epsilon(DELTA), rel=1e-12)
     report = ledger.reports.verify()
@@ -217,9 +217,9 @@ def test_an_old_ledgers_count_charges_get_their_share_on_upgrade(ledger_url: str
         service = old.accounts.create_account("service", cap_epsilon=5.0, delta=DELTA).account_id
         bare = laplace_curve(0.2)  # what the code before charged
         d_bare = laplace_curve(0.1)
-        a = old.admission.admit(admission(user, bare, request_id="a", principal=service,
+        a = old.admission.admit_and_charge(admission(user, bare, request_id="a", principal=service,
                                 degree=DegreeCharge("v1", 0.1, d_bare)))  # fmt: skip
-        b = old.admission.admit(admission(user, bare, request_id="b"))
+        b = old.admission.admit_and_charge(admission(user, bare, request_id="b"))
         old.settlement.refund(b.charge_id, reason="test")
         name = degree_release_name(20.0)
         old.graph_releases.graph_release("v1", name, epsilon=0.1, curve=d_bare, draw=lambda: b"x")

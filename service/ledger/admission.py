@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -23,7 +22,6 @@ from service.ledger.records import (
     ChargeReceipt,
     GraphCap,
     IdempotencyKeyReused,
-    ReleaseKey,
 )
 from service.ledger.reports import ADMISSION_REFUSALS, RefusalRow, Reports, insert_refusals
 from service.ledger.settlement import Settlement
@@ -57,20 +55,8 @@ class Admissions(LedgerPart):
 
     def admit_and_charge(
         self,
+        a: Admission,
         *,
-        charged_account_id: int,
-        principal_account_id: int,
-        seed: str,
-        mechanism: str,
-        mode: str,
-        params: dict[str, Any],
-        query_curve: RdpCurve,
-        query_epsilon: float,
-        graph_version: str,
-        request_id: str,
-        idempotency_key: str | None,
-        release_key: ReleaseKey | None = None,
-        quota_epsilon: float | None = None,
         graph_cap: GraphCap | None = None,
         stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
     ) -> ChargeReceipt:
@@ -90,34 +76,6 @@ class Admissions(LedgerPart):
         Locks are always taken in the order: charged spend row, principal spend row, exposure
         shard rows by ascending shard, so concurrent admissions never deadlock.
         """
-        return self.admit(
-            Admission(
-                charged_account_id=charged_account_id,
-                principal_account_id=principal_account_id,
-                seed=seed,
-                mechanism=mechanism,
-                mode=mode,
-                params=params,
-                query_curve=query_curve,
-                query_epsilon=query_epsilon,
-                graph_version=graph_version,
-                request_id=request_id,
-                idempotency_key=idempotency_key,
-                release_key=release_key,
-                quota_epsilon=quota_epsilon,
-            ),
-            graph_cap=graph_cap,
-            stale_after_seconds=stale_after_seconds,
-        )
-
-    def admit(
-        self,
-        a: Admission,
-        *,
-        graph_cap: GraphCap | None = None,
-        stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
-    ) -> ChargeReceipt:
-        """:meth:`admit_and_charge` for a query given as an :class:`Admission`."""
         if not isinstance(a.query_curve, RdpCurve):
             raise TypeError("query_curve must be an RdpCurve")
         exact_cap = False
@@ -235,7 +193,9 @@ class Admissions(LedgerPart):
         self, a: Admission, graph_cap: GraphCap | None, stale_after_seconds: float
     ) -> ChargeReceipt | ServiceError:
         try:
-            return self.admit(a, graph_cap=graph_cap, stale_after_seconds=stale_after_seconds)
+            return self.admit_and_charge(
+                a, graph_cap=graph_cap, stale_after_seconds=stale_after_seconds
+            )
         except (*ADMISSION_REFUSALS, IdempotencyKeyReused) as refusal:
             return refusal
 

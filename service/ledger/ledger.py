@@ -18,7 +18,7 @@ authentication cache, budgets and scopes, admission (``admission``, ``admission_
 ``quota_and_degree``, ``exposure_shards``), settlement, stored releases and idempotency
 bindings, graph-wide releases, graph versions, reports and read figures. Callers use the part
 they need, by its one name: ``ledger.accounts.create_account(...)``,
-``ledger.admission.admit(...)``, ``ledger.budgets.budget(...)``.
+``ledger.admission.admit_and_charge(...)``, ``ledger.budgets.budget(...)``.
 """
 
 from __future__ import annotations

@@ -143,7 +143,7 @@ class ReadCapExhausted(ServiceError):
 
 @dataclass(frozen=True)
 class Admission:
-    """One query to admit and charge (the arguments of ``Admissions.admit_and_charge``)."""
+    """One query to admit and charge (what ``Admissions.admit_and_charge`` is given)."""
 
     charged_account_id: int
     principal_account_id: int

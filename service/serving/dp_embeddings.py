@@ -130,7 +130,7 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
         return self._after_admission(prepared, self._admit(prepared))
 
     def _admit(self, p: EmbeddingPending) -> ChargeReceipt:
-        return self.ledger.admission.admit(
+        return self.ledger.admission.admit_and_charge(
             self.admission(p),
             graph_cap=self.admitting.graph_cap(p.graph),
             stale_after_seconds=self.queries.policy.stale_after_seconds,

@@ -97,7 +97,7 @@ class Admitter:
         return None
 
     def _admit_alone(self, a: Admission, graph_cap: GraphCap | None) -> ChargeReceipt:
-        return self.ledger.admission.admit(
+        return self.ledger.admission.admit_and_charge(
             a, graph_cap=graph_cap, stale_after_seconds=self.policy.stale_after_seconds
         )
 
