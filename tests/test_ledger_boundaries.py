@@ -3,8 +3,9 @@
 * No module imports an underscore name from another module of ``service/`` (and nothing in
   ``tests/`` or ``benchmarks/`` imports one from ``service.ledger``): what a module shares,
   it names publicly.
-* No module reaches into the ledger's unit of work through another object (``ledger._uow``);
-  a part reads its own (``self._uow``) and others get it as ``part.uow``.
+* No module reaches into the ledger's transactions through another object
+  (``ledger._transactions``); a part uses its own (``self._transactions``) and others get
+  them as ``part.transactions``.
 * Inside ``service/ledger/``, a part never calls a private method of a collaborator it holds
   (``self._rules._admit_locked(...)``) nor a private name of a class or module it imported
   (``Settlement._refund(...)``).
@@ -61,8 +62,8 @@ def boundary_violations(module: str, text: str) -> list[str]:
         value = node.value
         on_self = isinstance(value, ast.Name) and value.id in ("self", "cls")
         where = f"{module}:{node.lineno} reads {ast.unparse(node)}"
-        if node.attr == "_uow" and not on_self:
-            found.append(f"{where} (another object's unit of work)")
+        if node.attr == "_transactions" and not on_self:
+            found.append(f"{where} (another object's transactions)")
         elif in_ledger and node.attr not in LIBRARY_API:
             held = (
                 isinstance(value, ast.Attribute)
@@ -96,8 +97,8 @@ def test_no_module_crosses_a_boundary() -> None:
         ("service.ledger.admission", "from service.ledger.ledger_rows import _view\n"),
         ("service.serving.draw", "from service.mechanisms.engine import (a, _kernel)\n"),
         ("tests.test_x", "from service.ledger.ledger_rows import _subtract_up\n"),
-        ("service.ledger.admin_views", "def f(ledger):\n    return ledger._uow\n"),
-        ("service.api.runtime", "x = runtime.ledger._uow.engine\n"),
+        ("service.ledger.admin_views", "def f(ledger):\n    return ledger._transactions\n"),
+        ("service.api.runtime", "x = runtime.ledger._transactions.engine\n"),
         (
             "service.ledger.admission",
             "class A:\n    def f(self):\n        return self._rules._admit_locked(1)\n",
@@ -118,7 +119,7 @@ def test_a_planted_violation_is_caught(module: str, text: str) -> None:
         ("service.ledger.admission", "from service.ledger.ledger_rows import budget_view\n"),
         ("service.ledger.ledger_rows", "from service.ledger.ledger_rows import _view\n"),
         ("tests.test_x", "from service.graph.generate import _format_int_pairs\n"),
-        ("service.ledger.parts", "class P:\n    def f(self):\n        return self._uow\n"),
+        ("service.ledger.parts", "class P:\n    def f(self):\n        return self._transactions\n"),
         ("service.ledger.reports", "def f(row):\n    return row._asdict(), row._secret\n"),
         (
             "service.ledger.admission",

@@ -53,7 +53,7 @@ from service.ledger.ledger import AccountExists, Ledger
 from service.ledger.records import ChargeSettled, StoredRelease, UnknownAccount
 from service.ledger.settlement import Settlement
 from service.ledger.synthesis_jobs import SynthesisJobs
-from service.ledger.unit_of_work import UnitOfWork
+from service.ledger.transactions import LedgerTransactions
 from service.mechanisms.operator import walk_operator
 from service.serving.embedding_query import (
     EmbeddingAnswer,
@@ -80,12 +80,12 @@ class _FailingSettlement(Settlement):
 
     def __init__(
         self,
-        uow: UnitOfWork,
+        transactions: LedgerTransactions,
         graph_releases: GraphReleases,
         synthesis: SynthesisJobs,
         injection: FailureInjection,
     ) -> None:
-        super().__init__(uow, graph_releases, synthesis)
+        super().__init__(transactions, graph_releases, synthesis)
         self.injection = injection
         self._stores_left: int | None = None
 
@@ -121,7 +121,9 @@ class _FailingLedger(Ledger):
 
     def __init__(self, engine: Engine, injection: FailureInjection) -> None:
         super().__init__(engine)
-        self.failing = _FailingSettlement(self.uow, self.graph_releases, self.synthesis, injection)
+        self.failing = _FailingSettlement(
+            self.transactions, self.graph_releases, self.synthesis, injection
+        )
         self.settlement = self.failing
 
     def arm(self, block: int) -> None:

@@ -20,7 +20,7 @@ from service.ledger.admin_records import (
     escape_like,
 )
 from service.ledger.tables import Account, Budget, Spend, iso
-from service.ledger.unit_of_work import LedgerPart
+from service.ledger.transactions import LedgerPart
 
 
 def _remaining_col() -> Any:

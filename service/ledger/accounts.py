@@ -23,7 +23,7 @@ from service.ledger.tables import (
     Spend,
     utcnow,
 )
-from service.ledger.unit_of_work import (
+from service.ledger.transactions import (
     AccountExists,
     LedgerPart,
 )

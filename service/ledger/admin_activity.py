@@ -15,7 +15,7 @@ from sqlalchemy import case, func, select
 from service.ledger.admin_records import HourUsage, naive_utc
 from service.ledger.exposure import as_time, hour_of
 from service.ledger.tables import Charge, Refusal, iso
-from service.ledger.unit_of_work import LedgerPart
+from service.ledger.transactions import LedgerPart
 
 
 def _hours_back(hours: int, now: datetime | None = None) -> tuple[datetime, list[datetime]]:
@@ -34,7 +34,7 @@ class Activity(LedgerPart):
         over the last ``hours`` hours, every hour present (zeros where nothing happened)."""
         start, slots = _hours_back(hours, now)
         with self._reading() as session:
-            engine = self._uow.engine  # the engine of this read transaction
+            engine = self._transactions.engine  # the engine of this read transaction
             hour = hour_of(engine, Charge.created_at)
             since = naive_utc(start, session)
             charges: Sequence[Any] = session.execute(

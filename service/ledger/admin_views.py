@@ -6,7 +6,7 @@ hour) so it stays fast with many accounts; only an account's own curve is compos
 by the same RDP accountant that admission uses.
 
 :class:`AdminViews` is a facade over parts that each own one view and its SQL, on the
-ledger's unit of work (one read transaction per call), in the style of the ledger's own
+ledger's transactions (one read transaction per call), in the style of the ledger's own
 facade: the accounts table (``account_listing``), the activity overview and the charges in
 flight (``admin_activity``), one account's page (``account_views``), the audit log
 (``audit_view``) and when accounts run out at their recent rate (``run_out``). The records
@@ -41,12 +41,12 @@ class AdminViews:
 
     def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
-        uow = ledger.uow
-        self.listing = AccountListing(uow)
-        self.activity = Activity(uow)
-        self.account = AccountViews(uow)
-        self.audit = AuditView(uow)
-        self.run_outs = RunOutView(uow)
+        transactions = ledger.transactions
+        self.listing = AccountListing(transactions)
+        self.activity = Activity(transactions)
+        self.account = AccountViews(transactions)
+        self.audit = AuditView(transactions)
+        self.run_outs = RunOutView(transactions)
 
     # the accounts table
     # overview and health

@@ -26,9 +26,9 @@ from service.ledger.records import (
 from service.ledger.reports import ADMISSION_REFUSALS, RefusalRow, Reports, insert_refusals
 from service.ledger.settlement import Settlement
 from service.ledger.tables import utcnow
-from service.ledger.unit_of_work import (
+from service.ledger.transactions import (
     LedgerPart,
-    UnitOfWork,
+    LedgerTransactions,
 )
 from service.privacy.accountant import RdpCurve
 
@@ -41,13 +41,13 @@ class Admissions(LedgerPart):
 
     def __init__(
         self,
-        uow: UnitOfWork,
+        transactions: LedgerTransactions,
         rules: AdmissionRules,
         shards: ExposureShards,
         settlement: Settlement,
         reports: Reports,
     ) -> None:
-        super().__init__(uow)
+        super().__init__(transactions)
         self._rules = rules
         self._shards = shards
         self._settlement = settlement

@@ -38,9 +38,9 @@ from service.ledger.tables import (
     Spend,
     utcnow,
 )
-from service.ledger.unit_of_work import (
+from service.ledger.transactions import (
     LedgerPart,
-    UnitOfWork,
+    LedgerTransactions,
 )
 from service.privacy.accountant import RdpCurve
 from service.privacy.orders import GRID_VERSION
@@ -72,8 +72,8 @@ def _refuse_stale_twin(charge_id: int, last_sign: Any, stale_after_seconds: floa
 class AdmissionRules(LedgerPart):
     """What admits a query, alone or in a group, under the locks the caller holds."""
 
-    def __init__(self, uow: UnitOfWork, quota_and_degree: QuotaAndDegree) -> None:
-        super().__init__(uow)
+    def __init__(self, transactions: LedgerTransactions, quota_and_degree: QuotaAndDegree) -> None:
+        super().__init__(transactions)
         self._quota_and_degree = quota_and_degree
 
     def admit_locked(

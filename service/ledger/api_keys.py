@@ -20,9 +20,9 @@ from service.ledger.tables import (
     ApiKey,
     utcnow,
 )
-from service.ledger.unit_of_work import (
+from service.ledger.transactions import (
     LedgerPart,
-    UnitOfWork,
+    LedgerTransactions,
     UnknownApiKey,
 )
 
@@ -33,8 +33,8 @@ _AUTH_CACHE_ENTRIES = 10_000
 class ApiKeys(LedgerPart):
     """An account's API keys, and the lookups that authenticate a request by its key."""
 
-    def __init__(self, uow: UnitOfWork) -> None:
-        super().__init__(uow)
+    def __init__(self, transactions: LedgerTransactions) -> None:
+        super().__init__(transactions)
         # key hash -> (account, read at monotonic, generation); see authenticate_cached
         self._auth_cache: dict[str, tuple[AccountRecord, float, int]] = {}
         self._auth_generation = 0  # bumped by this process's key/scope changes

@@ -24,17 +24,17 @@ from service.ledger.tables import (
     Spend,
     utcnow,
 )
-from service.ledger.unit_of_work import (
+from service.ledger.transactions import (
     LedgerPart,
-    UnitOfWork,
+    LedgerTransactions,
 )
 
 
 class Budgets(LedgerPart):
     """The budget of each account and the scopes of service accounts (both audited)."""
 
-    def __init__(self, uow: UnitOfWork, api_keys: ApiKeys) -> None:
-        super().__init__(uow)
+    def __init__(self, transactions: LedgerTransactions, api_keys: ApiKeys) -> None:
+        super().__init__(transactions)
         self._api_keys = api_keys  # a scope change forgets this process's cached lookups
 
     def budget(self, account_id: int) -> BudgetView:

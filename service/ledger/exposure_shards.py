@@ -22,7 +22,7 @@ from service.ledger.locked_rows import (
 )
 from service.ledger.records import GraphCap
 from service.ledger.tables import EXPOSURE_SHARDS
-from service.ledger.unit_of_work import LedgerPart
+from service.ledger.transactions import LedgerPart
 from service.privacy.accountant import RdpCurve
 
 

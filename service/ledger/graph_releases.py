@@ -25,9 +25,9 @@ from service.ledger.tables import (
     GraphRelease,
     utcnow,
 )
-from service.ledger.unit_of_work import (
+from service.ledger.transactions import (
     LedgerPart,
-    UnitOfWork,
+    LedgerTransactions,
 )
 from service.privacy.accountant import RdpCurve
 
@@ -37,8 +37,8 @@ log = logging.getLogger(__name__)
 class GraphReleases(LedgerPart):
     """The single release of a mechanism about a graph version (e.g. noisy degrees)."""
 
-    def __init__(self, uow: UnitOfWork, shards: ExposureShards) -> None:
-        super().__init__(uow)
+    def __init__(self, transactions: LedgerTransactions, shards: ExposureShards) -> None:
+        super().__init__(transactions)
         self._shards = shards
 
     def graph_release(

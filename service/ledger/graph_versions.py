@@ -14,7 +14,7 @@ from service.ledger.tables import (
     GraphVersion,
     LedgerMeta,
 )
-from service.ledger.unit_of_work import LedgerPart
+from service.ledger.transactions import LedgerPart
 
 
 def new_public_graph_id() -> str:

@@ -12,8 +12,8 @@ curves (charges are inserted under the lock, so ids follow the lock order); a re
 that fold, so it is bit-for-bit what incremental charging would have produced without the
 refunded charge.
 
-:class:`Ledger` holds the parts, each owning one concern and its SQL, sharing one unit of
-work (``unit_of_work``: the engines, one transaction per call): accounts, API keys with the
+:class:`Ledger` holds the parts, each owning one concern and its SQL, sharing the ledger's
+engines (``transactions``: one transaction per call): accounts, API keys with the
 authentication cache, budgets and scopes, admission (``admission``, ``admission_rules``,
 ``quota_and_degree``, ``exposure_shards``), settlement, stored releases and idempotency
 bindings, graph-wide releases, graph versions, reports and read figures. Callers use the part
@@ -60,14 +60,14 @@ from service.ledger.tables import (
     META_LEDGER_ID,
     LedgerMeta,
 )
-from service.ledger.unit_of_work import AccountExists as AccountExists
-from service.ledger.unit_of_work import (
+from service.ledger.transactions import AccountExists as AccountExists
+from service.ledger.transactions import (
     LedgerPart,
-    UnitOfWork,
+    LedgerTransactions,
 )
-from service.ledger.unit_of_work import LedgerUnavailable as LedgerUnavailable
-from service.ledger.unit_of_work import UnknownApiKey as UnknownApiKey
-from service.ledger.unit_of_work import UnknownCharge as UnknownCharge
+from service.ledger.transactions import LedgerUnavailable as LedgerUnavailable
+from service.ledger.transactions import UnknownApiKey as UnknownApiKey
+from service.ledger.transactions import UnknownCharge as UnknownCharge
 from service.settings.mechanism import MechanismSettings
 
 # --- validation and conversion ----------------------------------------------------------------
@@ -77,28 +77,28 @@ class Ledger(LedgerPart):
     """The ledger on one database. Thread-safe: every call uses its own session and pool slot."""
 
     def __init__(self, engine: Engine) -> None:
-        super().__init__(UnitOfWork(engine))
+        super().__init__(LedgerTransactions(engine))
         self._engine = engine
-        self._write_engine = self._uow.write_engine
-        self._sqlite = self._uow.sqlite
+        self._write_engine = self._transactions.write_engine
+        self._sqlite = self._transactions.sqlite
         self._ledger_id: str | None = None
         # the parts, each after those it uses
-        self.reports = Reports(self._uow)
-        self.read_figures = ReadFigures(self._uow)
-        self.api_keys = ApiKeys(self._uow)
-        self.accounts = Accounts(self._uow)
-        self.budgets = Budgets(self._uow, self.api_keys)
-        self.graph_versions = GraphVersions(self._uow)
-        self.embedding_salts = EmbeddingSalts(self._uow)
-        self.shards = ExposureShards(self._uow)
-        self.graph_releases = GraphReleases(self._uow, self.shards)
-        self.synthesis = SynthesisJobs(self._uow, self.graph_releases)
-        self.settlement = Settlement(self._uow, self.graph_releases, self.synthesis)
-        self.stored_releases = StoredReleases(self._uow)
-        self.quota_and_degree = QuotaAndDegree(self._uow, self.reports)
-        self.admission_rules = AdmissionRules(self._uow, self.quota_and_degree)
+        self.reports = Reports(self._transactions)
+        self.read_figures = ReadFigures(self._transactions)
+        self.api_keys = ApiKeys(self._transactions)
+        self.accounts = Accounts(self._transactions)
+        self.budgets = Budgets(self._transactions, self.api_keys)
+        self.graph_versions = GraphVersions(self._transactions)
+        self.embedding_salts = EmbeddingSalts(self._transactions)
+        self.shards = ExposureShards(self._transactions)
+        self.graph_releases = GraphReleases(self._transactions, self.shards)
+        self.synthesis = SynthesisJobs(self._transactions, self.graph_releases)
+        self.settlement = Settlement(self._transactions, self.graph_releases, self.synthesis)
+        self.stored_releases = StoredReleases(self._transactions)
+        self.quota_and_degree = QuotaAndDegree(self._transactions, self.reports)
+        self.admission_rules = AdmissionRules(self._transactions, self.quota_and_degree)
         self.admission = Admissions(
-            self._uow, self.admission_rules, self.shards, self.settlement, self.reports
+            self._transactions, self.admission_rules, self.shards, self.settlement, self.reports
         )
 
     def open_account(

@@ -39,9 +39,9 @@ from service.ledger.tables import (
     Charge,
     utcnow,
 )
-from service.ledger.unit_of_work import (
+from service.ledger.transactions import (
     LedgerPart,
-    UnitOfWork,
+    LedgerTransactions,
 )
 from service.privacy.accountant import RdpCurve
 from service.privacy.orders import GRID_VERSION
@@ -84,8 +84,8 @@ class _DegreeAsk:
 class QuotaAndDegree(LedgerPart):
     """The principal's quota check, and each account's one charge per degree release."""
 
-    def __init__(self, uow: UnitOfWork, reports: Reports) -> None:
-        super().__init__(uow)
+    def __init__(self, transactions: LedgerTransactions, reports: Reports) -> None:
+        super().__init__(transactions)
         self._reports = reports
 
     def check_quota(

@@ -18,7 +18,7 @@ from service.ledger.tables import (
     ServiceRead,
     utcnow,
 )
-from service.ledger.unit_of_work import LedgerPart
+from service.ledger.transactions import LedgerPart
 from service.privacy.accountant import RdpCurve
 
 

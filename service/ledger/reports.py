@@ -30,7 +30,7 @@ from service.ledger.tables import (
     iso,
     utcnow,
 )
-from service.ledger.unit_of_work import (
+from service.ledger.transactions import (
     LedgerPart,
     LedgerUnavailable,
 )
@@ -86,7 +86,7 @@ class Reports(LedgerPart):
     def verify(self) -> VerifyReport:
         """Recompute every derived value from the append-only rows (see ``verification``)."""
         try:
-            return verify_ledger(self._uow.engine)
+            return verify_ledger(self._transactions.engine)
         except (OperationalError, InterfaceError) as exc:
             raise LedgerUnavailable("the budget ledger database cannot be reached") from exc
 
@@ -97,12 +97,12 @@ class Reports(LedgerPart):
         if delta is not None:
             valid_delta(delta)
         try:
-            return exposure_report(self._uow.engine, delta=delta, cap_epsilon=cap_epsilon)
+            return exposure_report(self._transactions.engine, delta=delta, cap_epsilon=cap_epsilon)
         except (OperationalError, InterfaceError) as exc:
             raise LedgerUnavailable("the budget ledger database cannot be reached") from exc
 
     def smallest_delta(self) -> float:
-        return default_delta(self._uow.engine)
+        return default_delta(self._transactions.engine)
 
     def list_charges(
         self, account_id: int | None = None, *, limit: int = 100, offset: int = 0

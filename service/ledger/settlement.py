@@ -36,9 +36,9 @@ from service.ledger.tables import (
     Refund,
     utcnow,
 )
-from service.ledger.unit_of_work import (
+from service.ledger.transactions import (
     LedgerPart,
-    UnitOfWork,
+    LedgerTransactions,
     UnknownCharge,
 )
 from service.privacy.accountant import RdpCurve
@@ -48,9 +48,12 @@ class Settlement(LedgerPart):
     """Moves a charge ``admitted -> released`` (its release stored) or ``admitted -> refunded``."""
 
     def __init__(
-        self, uow: UnitOfWork, graph_releases: GraphReleases, synthesis: SynthesisJobs
+        self,
+        transactions: LedgerTransactions,
+        graph_releases: GraphReleases,
+        synthesis: SynthesisJobs,
     ) -> None:
-        super().__init__(uow)
+        super().__init__(transactions)
         self._graph_releases = graph_releases
         self._synthesis = synthesis
 

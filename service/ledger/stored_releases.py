@@ -25,7 +25,7 @@ from service.ledger.tables import (
     Release,
     utcnow,
 )
-from service.ledger.unit_of_work import LedgerPart
+from service.ledger.transactions import LedgerPart
 
 
 class StoredReleases(LedgerPart):
@@ -75,7 +75,7 @@ class StoredReleases(LedgerPart):
         with self._writing() as session:
             now = utcnow()
             session.execute(
-                insert_unless_bound(self._uow.sqlite),
+                insert_unless_bound(self._transactions.sqlite),
                 [
                     {
                         "principal_account_id": principal, "idempotency_key": key,

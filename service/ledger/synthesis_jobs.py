@@ -23,7 +23,7 @@ from service.errors import ServiceError, shown
 from service.ledger.graph_releases import GraphReleases
 from service.ledger.records import ChargeSettled, GraphCap
 from service.ledger.tables import GraphRelease, SynthesisJob, iso, utcnow
-from service.ledger.unit_of_work import LedgerPart, UnitOfWork
+from service.ledger.transactions import LedgerPart, LedgerTransactions
 from service.privacy.accountant import RdpCurve
 
 #: Prefix of the ledger's mechanism name of every synthetic release.
@@ -93,8 +93,8 @@ def _record(job: SynthesisJob, release: GraphRelease) -> JobRecord:
 
 
 class SynthesisJobs(LedgerPart):
-    def __init__(self, uow: UnitOfWork, releases: GraphReleases) -> None:
-        super().__init__(uow)
+    def __init__(self, transactions: LedgerTransactions, releases: GraphReleases) -> None:
+        super().__init__(transactions)
         self._releases = releases
 
     def start_synthesis(
