@@ -154,7 +154,7 @@ def run(backend: str, accounts: int, repeat: int, postgres: str) -> None:
             print("| --- | ---: | ---: | ---: |")
             for label, flt, sort, desc, offset in CASES:
                 times, page = timed(
-                    lambda f=flt, s=sort, d=desc, o=offset: views.accounts_page(
+                    lambda f=flt, s=sort, d=desc, o=offset: views.listing.accounts_page(
                         f, sort=s, descending=d, limit=50, offset=o
                     ),
                     repeat,

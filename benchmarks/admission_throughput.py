@@ -19,13 +19,15 @@ import time
 from sqlalchemy import create_engine, make_url
 
 from service.ledger import GraphCap, Ledger, upgrade
+from service.ledger.records import Admission
+from service.privacy.accountant import RdpCurve
 from service.privacy.calibration import plan_diffusion
 from service.privacy.modes import Mode
 
 DELTA = 1e-6
 
 
-def _curve() -> object:
+def _curve() -> RdpCurve:
     return plan_diffusion(0.1, DELTA, 100, 0.8, 1e-7, Mode.EDGE).curve
 
 
@@ -38,12 +40,12 @@ def _worker(url: str, accounts: list[int], mode: str, seconds: float, out: mp.Qu
         cap = GraphCap(cap_epsilon=1e6, delta=DELTA, max_charge=curve)  # far from the cap
     if mode == "exact":
         # every charge locks all shards: the cost of a single global lock
-        original = ExposureShards._add_exposure
+        original = ExposureShards.add_exposure
 
         def exact(self, session, c, cap_, exact_, writes):  # type: ignore[no-untyped-def]
             return original(self, session, c, cap_, True, writes)
 
-        ExposureShards._add_exposure = exact  # type: ignore[method-assign]
+        ExposureShards.add_exposure = exact  # type: ignore[method-assign]
     ledger = Ledger.from_url(url)
     latencies: list[float] = []
     lock = threading.Lock()
@@ -53,11 +55,14 @@ def _worker(url: str, accounts: list[int], mode: str, seconds: float, out: mp.Qu
         i = 0
         while time.monotonic() < stop_at:
             t0 = time.perf_counter()
-            ledger.admit_and_charge(
-                charged_account_id=account, principal_account_id=account, seed="s",
-                mechanism="noisy_diffusion", mode="edge", params={}, query_curve=curve,
-                query_epsilon=0.1, graph_version="g", request_id=f"{account}-{i}",
-                idempotency_key=None, graph_cap=cap,
+            ledger.admission.admit_and_charge(
+                Admission(
+                    charged_account_id=account, principal_account_id=account, seed="s",
+                    mechanism="noisy_diffusion", mode="edge", params={}, query_curve=curve,
+                    query_epsilon=0.1, graph_version="g", request_id=f"{account}-{i}",
+                    idempotency_key=None,
+                ),
+                graph_cap=cap,
             )  # fmt: skip
             with lock:
                 latencies.append(time.perf_counter() - t0)
@@ -75,7 +80,7 @@ def _worker(url: str, accounts: list[int], mode: str, seconds: float, out: mp.Qu
 def measure(url: str, mode: str, args: argparse.Namespace) -> tuple[float, float, float]:
     ledger = Ledger.from_url(url)
     n = args.processes * args.threads
-    ids = [ledger.create_account("service", cap_epsilon=1000.0, delta=DELTA).account_id
+    ids = [ledger.accounts.create_account("service", cap_epsilon=1000.0, delta=DELTA).account_id
            for _ in range(n)]  # fmt: skip
     ledger.dispose()
     ctx = mp.get_context("spawn")

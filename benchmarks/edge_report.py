@@ -48,8 +48,8 @@ def _params(plan: DiffusionPlan) -> ReleaseParameters:
 def _seed_ledger(url: str, graph: Graph, plans: list[DiffusionPlan], releases: int) -> Ledger:
     upgrade(url)
     ledger = Ledger.from_url(url)
-    account = ledger.create_account("service", cap_epsilon=1e6, delta=1e-6)
-    public = ledger.public_graph_version(graph.fingerprint)
+    account = ledger.accounts.create_account("service", cap_epsilon=1e6, delta=1e-6)
+    public = ledger.graph_versions.public_graph_version(graph.fingerprint)
     rng = np.random.default_rng()
     seeds = rng.choice(graph.n, size=releases, replace=releases > graph.n)
     with Session(ledger.engine) as session, session.begin():

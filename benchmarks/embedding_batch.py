@@ -76,13 +76,13 @@ def accounts(url: str, seeds: list[str]) -> str:
 
     ledger = Ledger.from_url(url)
     try:
-        service = ledger.create_account(
+        service = ledger.accounts.create_account(
             "service", cap_epsilon=1e6, delta=1e-6, label="bench", modes=("edge", "personalized"),
             quota_epsilon=1e6,
         )  # fmt: skip
-        key, _ = ledger.create_api_key(service.account_id)
+        key, _ = ledger.api_keys.create_api_key(service.account_id)
         for seed in seeds:
-            ledger.create_account("user", node_id=seed, cap_epsilon=1e6, delta=1e-6)
+            ledger.accounts.create_account("user", node_id=seed, cap_epsilon=1e6, delta=1e-6)
     finally:
         ledger.dispose()
     return key

@@ -398,7 +398,7 @@ def main() -> int:
         from service.ledger import Ledger
 
         ledger = Ledger.from_url(url)
-        charges = ledger.list_charges(None, limit=100000)
+        charges = ledger.reports.list_charges(None, limit=100000)
         ledger.dispose()
         outcomes = result["outcomes"]
         answered = [k for k, v in outcomes.items() if v is not None and "#" not in k]

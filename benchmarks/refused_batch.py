@@ -140,7 +140,7 @@ def _measure(url: str, tmp: Path, items: int, repeat: int) -> list[dict[str, Any
         ledger = app.state.runtime.ledger
         nodes = [str(n) for n in range(items)]
         for node in nodes:  # the seed users of the personalized ways
-            ledger.create_account("user", node_id=node, cap_epsilon=10.0, delta=1e-6)
+            ledger.accounts.create_account("user", node_id=node, cap_epsilon=10.0, delta=1e-6)
         ways = {
             "budget_exhausted": (
                 {"cap_epsilon": 0.01, "modes": ["edge"]}, "edge",
@@ -153,8 +153,8 @@ def _measure(url: str, tmp: Path, items: int, repeat: int) -> list[dict[str, Any
         }  # fmt: skip
         engines = [ledger.engine]  # the write engine is an option view: its events are these
         for way, (fields, mode) in ways.items():
-            account = ledger.create_account("service", delta=1e-6, **fields)
-            key, _ = ledger.create_api_key(account.account_id)
+            account = ledger.accounts.create_account("service", delta=1e-6, **fields)
+            key, _ = ledger.api_keys.create_api_key(account.account_id)
             best: dict[str, Any] | None = None
             for _ in range(repeat):
                 with ledger.engine.connect() as conn:

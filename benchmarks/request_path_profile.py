@@ -72,7 +72,7 @@ def main() -> None:
     runtime = build_runtime(settings)
     try:
         ledger = runtime.ledger
-        account = ledger.create_account(
+        account = ledger.accounts.create_account(
             "service", label=f"profile-{uuid.uuid4().hex[:8]}", cap_epsilon=1000.0,
             delta=1e-6, modes=("edge",),
         )  # fmt: skip

@@ -83,8 +83,10 @@ def open_ledger(database_url: str) -> Iterator[Ledger]:
 def user_with_key(database_url: str, node: str, *, cap_epsilon: float = 1.0) -> tuple[int, str]:
     """A user account for ``node`` (delta 1e-6) and its API key, made directly in the ledger."""
     with open_ledger(database_url) as ledger:
-        user = ledger.create_account("user", node_id=node, cap_epsilon=cap_epsilon, delta=1e-6)
-        key, _ = ledger.create_api_key(user.account_id)
+        user = ledger.accounts.create_account(
+            "user", node_id=node, cap_epsilon=cap_epsilon, delta=1e-6
+        )
+        key, _ = ledger.api_keys.create_api_key(user.account_id)
     return user.account_id, key
 
 

@@ -118,7 +118,7 @@ def assert_exactly_once(url: str, run_id: str, nodes: list[str]) -> list[tuple[s
     assert all(state in ("released", "refunded") for _, state, _, _ in charges)
     ledger = Ledger.from_url(url)
     try:
-        report = ledger.verify()
+        report = ledger.reports.verify()
     finally:
         ledger.dispose()
     assert report.ok, report.mismatches

@@ -82,9 +82,9 @@ def test_accounts_lifecycle(capsys: pytest.CaptureFixture[str], ledger_url: str)
 
     ledger = Ledger.from_url(ledger_url)
     try:
-        user = ledger.authenticate(created["api_key"])
+        user = ledger.api_keys.authenticate(created["api_key"])
         assert user is not None and user.account_id == created["account_id"]
-        service = ledger.authenticate(svc["api_key"])
+        service = ledger.api_keys.authenticate(svc["api_key"])
         assert service is not None and service.may_create_seed_accounts
         assert service.label == "backend"
     finally:
@@ -118,11 +118,11 @@ def test_accounts_lifecycle(capsys: pytest.CaptureFixture[str], ledger_url: str)
     ]
     ledger = Ledger.from_url(ledger_url)
     try:
-        assert ledger.authenticate(created["api_key"]) is None
-        assert ledger.authenticate(new["api_key"]) is not None
-        actions = [row["action"] for row in ledger.list_audit()]
+        assert ledger.api_keys.authenticate(created["api_key"]) is None
+        assert ledger.api_keys.authenticate(new["api_key"]) is not None
+        actions = [row["action"] for row in ledger.reports.list_audit()]
         assert actions.count("account.create") == 2 and actions.count("budget.set") == 2
-        assert all(row["actor_account_id"] is None for row in ledger.list_audit())
+        assert all(row["actor_account_id"] is None for row in ledger.reports.list_audit())
     finally:
         ledger.dispose()
 

@@ -55,26 +55,28 @@ def _shot(page: Any, name: str) -> Path:
 class Seeded:
     def __init__(self, database_url: str) -> None:
         with open_ledger(database_url) as ledger:
-            admin = ledger.create_account("admin", cap_epsilon=1.0, delta=1e-6, label="ops")
-            self.admin_key, _ = ledger.create_api_key(admin.account_id)
+            admin = ledger.accounts.create_account(
+                "admin", cap_epsilon=1.0, delta=1e-6, label="ops"
+            )
+            self.admin_key, _ = ledger.api_keys.create_api_key(admin.account_id)
             self.users: dict[str, tuple[int, str]] = {}
             for node in ("17", "18", "19", "20", "21", "22"):
-                user = ledger.create_account(
+                user = ledger.accounts.create_account(
                     "user", node_id=node, cap_epsilon=2.0, delta=1e-6, label=f"member {node}"
                 )
-                key, _ = ledger.create_api_key(user.account_id)
+                key, _ = ledger.api_keys.create_api_key(user.account_id)
                 self.users[node] = (user.account_id, key)
             for node, cap in (("23", 0.5), ("24", 0.6)):  # near their caps, at two rates
-                user = ledger.create_account(
+                user = ledger.accounts.create_account(
                     "user", node_id=node, cap_epsilon=cap, delta=1e-6, label=f"member {node}"
                 )
-                key, _ = ledger.create_api_key(user.account_id)
+                key, _ = ledger.api_keys.create_api_key(user.account_id)
                 self.users[node] = (user.account_id, key)
-            service = ledger.create_account(
+            service = ledger.accounts.create_account(
                 "service", cap_epsilon=5.0, delta=1e-6, label="recommender",
                 modes=("edge", "personalized"),
             )  # fmt: skip
-            self.service_key, _ = ledger.create_api_key(service.account_id)
+            self.service_key, _ = ledger.api_keys.create_api_key(service.account_id)
             self.service_id = service.account_id
         self.synthesis_job = ""
 

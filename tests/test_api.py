@@ -92,8 +92,8 @@ class Accounts:
     def __init__(self, client: TestClient) -> None:
         self.client = client
         ledger = ledger_of(client)
-        admin = ledger.create_account("admin", cap_epsilon=1.0, delta=1e-6, label="ops")
-        self.admin_key, _ = ledger.create_api_key(admin.account_id)
+        admin = ledger.accounts.create_account("admin", cap_epsilon=1.0, delta=1e-6, label="ops")
+        self.admin_key, _ = ledger.api_keys.create_api_key(admin.account_id)
 
     def create(self, type: str, **fields: Any) -> dict[str, Any]:
         response = self.client.post(
@@ -118,7 +118,7 @@ def accounts(client: TestClient) -> Accounts:
 
 
 def charge_count(client: TestClient) -> int:
-    return len(ledger_of(client).list_charges(None, limit=1000))
+    return len(ledger_of(client).reports.list_charges(None, limit=1000))
 
 
 def query(client: TestClient, key: str, node: str, **params: Any) -> Any:
@@ -204,7 +204,7 @@ def test_idempotency_key_charges_once(client: TestClient, accounts: Accounts) ->
 
 def test_refused_when_the_cap_would_be_passed(client: TestClient, accounts: Accounts) -> None:
     account_id, key = accounts.user("20", cap_epsilon=0.3)
-    delta = ledger_of(client).account_delta(account_id)
+    delta = ledger_of(client).budgets.account_delta(account_id)
     one = plan_diffusion(0.1, delta, 30, 0.8, 1e-7, Mode.PERSONALIZED).curve
     expected = max(q for q in range(1, 100) if (one * q).epsilon(delta) <= 0.3)
 
@@ -288,14 +288,14 @@ def test_service_account_charges_the_seed_user(backend: Backend) -> None:
         # a seed without an account gets one on first charge, with the default cap
         created = query(client, service_key, "51", k=5)
         assert created.status_code == 200
-        new_account = ledger_of(client).account_for_node("51")
+        new_account = ledger_of(client).accounts.account_for_node("51")
         assert new_account is not None and new_account.type == "user"
         assert created.json()["budget"]["account_id"] == new_account.account_id
         assert created.json()["budget"]["cap_epsilon"] == 1.0
         # edge mode: a shared answer, charged to the service itself
         edge = query(client, service_key, "52", k=5, mode="edge")
         assert edge.status_code == 200 and edge.json()["budget"]["account_id"] == service_id
-        assert ledger_of(client).account_for_node("52") is None
+        assert ledger_of(client).accounts.account_for_node("52") is None
 
 
 def test_service_scopes_default_to_edge_only(client: TestClient, accounts: Accounts) -> None:
@@ -320,7 +320,7 @@ def test_service_scopes_default_to_edge_only(client: TestClient, accounts: Accou
     assert no_account.status_code == 404
     assert no_account.json()["error"]["code"] == "unknown_account"
     assert charge_count(client) == 2
-    actions = [row["action"] for row in ledger_of(client).list_audit()]
+    actions = [row["action"] for row in ledger_of(client).reports.list_audit()]
     assert "scopes.set" in actions
 
 
@@ -518,7 +518,7 @@ def test_spend_survives_a_restart(backend: Backend) -> None:
         replay = query(client, key, "120", epsilon=0.2).json()
         assert replay["replayed"] is True  # the release is durable too
     with open_ledger(backend.database_url) as ledger:
-        assert ledger.budget(account_id).spent_epsilon == spent["spent_epsilon"]
+        assert ledger.budgets.budget(account_id).spent_epsilon == spent["spent_epsilon"]
 
 
 def test_composition_matches_an_independent_accountant(
@@ -557,9 +557,9 @@ def test_a_failure_before_any_noise_is_refunded(
     assert failed.json()["error"]["message"].endswith(
         failed.headers["X-Request-ID"] + " to the operator"
     )
-    charges = ledger_of(client).list_charges(account_id)
+    charges = ledger_of(client).reports.list_charges(account_id)
     assert len(charges) == 1 and charges[0].refunded
-    budget = ledger_of(client).budget(account_id)
+    budget = ledger_of(client).budgets.budget(account_id)
     assert budget.spent_epsilon == 0.0 and budget.charges == 0
 
     monkeypatch.undo()

@@ -364,7 +364,7 @@ def test_audit_log_filters_and_pages(client: TestClient, accounts: Accounts) -> 
         client.get("/v1/admin/audit-log", params={"target_account_id": ids[2]}, headers=admin)
     )
     assert target["total"] >= 2 and all(e["target_account_id"] == ids[2] for e in target["items"])
-    admin_id = ledger_of(client).authenticate(accounts.admin_key).account_id  # type: ignore[union-attr]
+    admin_id = ledger_of(client).api_keys.authenticate(accounts.admin_key).account_id  # type: ignore[union-attr]
     actor = ok(
         client.get("/v1/admin/audit-log", params={"actor_account_id": admin_id}, headers=admin)
     )

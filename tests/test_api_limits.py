@@ -80,7 +80,7 @@ def test_rate_limit_in_process_is_per_account(backend: Backend) -> None:
         assert 1 <= int(answers[-1].headers["Retry-After"]) <= 100
         assert client.get("/v1/me/budget", headers=bearer(second)).status_code == 200
         assert query(client, first, "5").status_code == 429  # nothing computed, nothing charged
-        assert ledger_of(client).list_charges(None, limit=10) == []
+        assert ledger_of(client).reports.list_charges(None, limit=10) == []
 
 
 @pytest.mark.redis
@@ -212,7 +212,7 @@ def test_overload_is_503_with_retry_after_and_nothing_charged(backend: Backend) 
     from tests.api_support import open_ledger
 
     with open_ledger(backend.database_url) as ledger:
-        charged = len(ledger.list_charges(None, limit=100))
+        charged = len(ledger.reports.list_charges(None, limit=100))
     assert charged == statuses.count(200)
 
 
@@ -226,7 +226,7 @@ def test_request_ids_are_fresh_and_keep_a_well_formed_client_prefix(
     ids = [r.json()["request_id"] for r in (first, second)]
     assert all(i.startswith("trace-42.") and len(i) == len("trace-42.") + 32 for i in ids)
     assert ids[0] != ids[1] and [r.headers["X-Request-ID"] for r in (first, second)] == ids
-    stored = {c.request_id for c in ledger_of(client).list_charges(None, limit=10)}
+    stored = {c.request_id for c in ledger_of(client).reports.list_charges(None, limit=10)}
     assert stored == set(ids)
     for bad in ("", "a" * 65, "has space", "semi;colon", ids[0]):
         answer = client.get("/v1/me/budget", headers={**bearer(key), "X-Request-ID": bad})

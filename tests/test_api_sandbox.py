@@ -37,8 +37,8 @@ def test_a_synthetic_release_is_served_as_a_sandbox(backend: Backend, tmp_path: 
         batch = client.post("/v1/ppr/batch", json={"nodes": [node], "mode": "edge"},
                             headers=bearer(service_key))  # fmt: skip
         assert batch.status_code == 200 and "synthetic" not in batch.json()
-        before = ledger_of(client).exposure(delta=1e-5)
-        charges = len(ledger_of(client).list_charges(None, limit=1000))
+        before = ledger_of(client).reports.exposure(delta=1e-5)
+        charges = len(ledger_of(client).reports.list_charges(None, limit=1000))
     with running_app(backend, graph_path=out, graph_is_synthetic=True) as client:
         ledger = ledger_of(client)
         answer = client.get(f"/v1/ppr/{node}", params={"mode": "edge", "k": 5},
@@ -58,10 +58,12 @@ def test_a_synthetic_release_is_served_as_a_sandbox(backend: Backend, tmp_path: 
         assert reload.status_code == 409, reload.text
         again = client.post("/v1/admin/synthetic", json={"epsilon": 1.0}, headers=admin)
         assert again.status_code == 409, again.text
-        assert len(ledger.list_charges(None, limit=1000)) == charges + 1  # the release, once
-        after = ledger.exposure(delta=1e-5)  # counted there once already, at synthesis
+        assert (
+            len(ledger.reports.list_charges(None, limit=1000)) == charges + 1
+        )  # the release, once
+        after = ledger.reports.exposure(delta=1e-5)  # counted there once already, at synthesis
         assert (after.epsilon, after.charges) == (before.epsilon, before.charges)
-        assert ledger.verify().ok
+        assert ledger.reports.verify().ok
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)

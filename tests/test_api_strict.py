@@ -82,13 +82,13 @@ def test_numbers_are_plain_decimals(client: TestClient) -> None:
         answer = client.get("/v1/ppr/7", params=params, headers=bearer(user_key))
         refused(answer, 422, "invalid_parameter", name)
     assert charge_count(client) == 0
-    key_ids = [k.key_id for k in ledger_of(client).list_api_keys(2)]
+    key_ids = [k.key_id for k in ledger_of(client).api_keys.list_api_keys(2)]
     for given in ["1.5", "%20 1", "%0C3", "3%20", "+1", "01", "1_0", "0x1", "%EF%BC%91", "1e0"]:
         refused(client.get(f"/v1/admin/accounts/{given}", headers=admin), 422,
                 "invalid_parameter", "account_id")  # fmt: skip
         revoke = client.post(f"/v1/admin/keys/{given}/revoke", headers=admin)
         refused(revoke, 422, "invalid_parameter", "key_id")
-    assert all(k.revoked_at is None for k in ledger_of(client).list_api_keys(2)), key_ids
+    assert all(k.revoked_at is None for k in ledger_of(client).api_keys.list_api_keys(2)), key_ids
     refused(client.get("/v1/admin/accounts", params={"limit": "10 "}, headers=admin), 422,
             "invalid_parameter", "limit")  # fmt: skip
     assert client.get("/v1/admin/accounts/2", headers=admin).status_code == 200
@@ -441,12 +441,12 @@ def _named(answer: Any, name: str) -> bool:
 def test_every_declared_limit_is_enforced_at_the_limit_and_one_past(backend: Backend) -> None:
     with running_app(backend, graph_dir=backend.graph_path.parent) as client:
         # account 1 and key 1 are the probes' to change (and revoke), not the admin's
-        spare = ledger_of(client).create_account("service", cap_epsilon=1.0, delta=1e-6)
-        ledger_of(client).create_api_key(spare.account_id)
+        spare = ledger_of(client).accounts.create_account("service", cap_epsilon=1.0, delta=1e-6)
+        ledger_of(client).api_keys.create_api_key(spare.account_id)
         accounts = Accounts(client)
         admin = bearer(accounts.admin_key)
         service_id, service_key = accounts.service(modes=["edge"], cap_epsilon=1000.0)
-        key_id = ledger_of(client).list_api_keys(service_id)[0].key_id
+        key_id = ledger_of(client).api_keys.list_api_keys(service_id)[0].key_id
         schema = client.get("/openapi.json").json()
         base_query = {
             "/v1/ppr/{node_id}": {"mode": "edge", "mechanism": "popular"},

@@ -58,7 +58,7 @@ def test_an_admin_runs_a_job_and_downloads_its_file(
     assert listed["total"] == 1 and listed["jobs"][0]["job_id"] == job["job_id"]
     exposure = client.get("/v1/admin/exposure", headers=admin).json()
     assert exposure["graph_releases"] >= 1 and exposure["epsilon"] > 0.5
-    assert ledger_of(client).verify().ok
+    assert ledger_of(client).reports.verify().ok
 
 
 def test_bad_requests_are_refused_and_charge_nothing(
@@ -81,7 +81,7 @@ def test_bad_requests_are_refused_and_charge_nothing(
     )
     assert client.get(f"{URL}/nope", headers=admin).status_code == 422
     assert client.get(URL, headers=admin).json()["total"] == 0
-    report = ledger_of(client).exposure(delta=1e-5)
+    report = ledger_of(client).reports.exposure(delta=1e-5)
     assert (report.epsilon, report.graph_releases) == (0.0, 0)
 
 
@@ -92,4 +92,4 @@ def test_a_run_the_graph_cap_does_not_allow_is_refused(backend: Backend) -> None
         assert response.status_code == 403, response.text
         assert response.json()["error"]["code"] == "graph_budget_exhausted"
         assert client.get(URL, headers=bearer(admin)).json()["total"] == 0
-        assert ledger_of(client).exposure(delta=1e-5).graph_releases == 0
+        assert ledger_of(client).reports.exposure(delta=1e-5).graph_releases == 0

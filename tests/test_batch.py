@@ -31,6 +31,7 @@ from tests.batch_support import (
     run_charges,
     seeds_file,
 )
+from tests.ledger_support import admit_and_charge, count_charges
 from tests.test_cache import REDIS_URL
 
 SEEDS = 500
@@ -122,11 +123,14 @@ def test_a_charge_left_admitted_by_a_killed_run_is_refunded_by_the_rerun(
     graph = load_edge_list(graph_path)
     ledger = Ledger.from_url(url)
     node = "7"
-    account = ledger.create_account("user", node_id=node, cap_epsilon=1.0, delta=1e-6)
+    account = ledger.accounts.create_account("user", node_id=node, cap_epsilon=1.0, delta=1e-6)
     plan = DiffusionPlanner().plan(0.1, 1e-6, STEPS, 0.8, 1e-7, Mode.PERSONALIZED)
-    version = ledger.public_graph_version(graph.fingerprint)  # the id the run will serve under
+    version = ledger.graph_versions.public_graph_version(
+        graph.fingerprint
+    )  # the id the run will serve under
     key = seed_idempotency_key("crashed", version, node, Mode.PERSONALIZED, 0.1)
-    dead = ledger.admit_and_charge(
+    dead = admit_and_charge(
+        ledger,
         charged_account_id=account.account_id, principal_account_id=account.account_id,
         seed=node, mechanism="noisy_diffusion", mode="personalized", params={},
         query_curve=plan.curve, query_epsilon=0.1, graph_version=version,
@@ -144,8 +148,8 @@ def test_a_charge_left_admitted_by_a_killed_run_is_refunded_by_the_rerun(
         (node, "refunded", account.account_id, key)
     ]
     ledger = Ledger.from_url(url)
-    assert ledger.charge_state(dead.charge_id) == "refunded"
-    audit = [row for row in ledger.list_audit(50) if row["action"] == "charge.refund"]
+    assert ledger.settlement.charge_state(dead.charge_id) == "refunded"
+    audit = [row for row in ledger.reports.list_audit(50) if row["action"] == "charge.refund"]
     assert "earlier attempt" in audit[0]["details"]["reason"]
     ledger.dispose()
 
@@ -156,8 +160,10 @@ def test_users_without_budget_or_account_are_skipped_and_counted(
     url = migrated(sqlite_url)
     graph = facebook_graph()
     ledger = Ledger.from_url(url)
-    ledger.create_account("user", node_id="1", cap_epsilon=1.0, delta=1e-6)
-    ledger.create_account("user", node_id="2", cap_epsilon=0.05, delta=1e-6)  # below one query
+    ledger.accounts.create_account("user", node_id="1", cap_epsilon=1.0, delta=1e-6)
+    ledger.accounts.create_account(
+        "user", node_id="2", cap_epsilon=0.05, delta=1e-6
+    )  # below one query
     ledger.dispose()
     seeds = tmp_path / "s.txt"
     seeds.write_text("1\n2\n3\n")
@@ -178,7 +184,7 @@ def test_a_service_account_is_the_principal_within_its_modes_and_quota(
     url = migrated(postgres_url)
     graph = facebook_graph()
     ledger = Ledger.from_url(url)
-    backend = ledger.create_account(
+    backend = ledger.accounts.create_account(
         "service", cap_epsilon=10.0, delta=1e-6, modes=("edge", "personalized"),
         may_create_seed_accounts=True, quota_epsilon=0.65,
     )  # fmt: skip
@@ -212,7 +218,7 @@ def test_a_service_account_is_the_principal_within_its_modes_and_quota(
     )  # fmt: skip
     assert (summary.answered, summary.failed) == (5, 0)
     ledger = Ledger.from_url(url)
-    assert ledger.budget(backend.account_id).charges == 5
+    assert ledger.budgets.budget(backend.account_id).charges == 5
     ledger.dispose()
 
 
@@ -260,7 +266,7 @@ def _fails(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 def cli_ledger(sqlite_url: str) -> str:
     url = migrated(sqlite_url)
     ledger = Ledger.from_url(url)
-    ledger.create_account("admin", cap_epsilon=1.0, delta=1e-6)
+    ledger.accounts.create_account("admin", cap_epsilon=1.0, delta=1e-6)
     ledger.dispose()
     return url
 
@@ -312,7 +318,7 @@ def test_bad_input_is_one_line_and_exit_2(
     line = _fails(full, capsys)
     assert line.startswith("error ") and expected in line
     ledger = Ledger.from_url(cli_ledger)
-    assert ledger.count_charges() == 0  # nothing charged
+    assert count_charges(ledger) == 0  # nothing charged
     ledger.dispose()
 
 
@@ -332,7 +338,7 @@ def test_the_command_prints_a_summary(
     assert summary["epsilon_charged"] == pytest.approx(0.6, rel=1e-4)
     assert summary["seeds_per_second"] > 0
     ledger = Ledger.from_url(cli_ledger)
-    actions = [row["action"] for row in ledger.list_audit(20)]
+    actions = [row["action"] for row in ledger.reports.list_audit(20)]
     ledger.dispose()
     assert actions[0] == "batch.finish" and "batch.start" in actions
     assert actions.count("account.create") == 3  # the admin and the two users

@@ -62,7 +62,7 @@ def test_edge_mode_items_in_order_with_their_own_errors(
     assert sorted([items[0]["replayed"], items[3]["replayed"]]) == [False, True]
     assert items[3]["results"] == items[0]["results"]
     assert body["epsilon_charged"] == pytest.approx(0.2)
-    charges = ledger_of(client).list_charges(service_id)
+    charges = ledger_of(client).reports.list_charges(service_id)
     assert len(charges) == 2 and {c.seed for c in charges} == {"3", "7"}
     assert {c.request_id for c in charges} <= {f"{body['request_id']}.{i}" for i in range(4)}
     # the same path as a single query: GET finds the stored release
@@ -112,7 +112,7 @@ def test_budget_exhausted_items_are_refused_alone(client: TestClient, accounts: 
     service_id, key = accounts.service(cap_epsilon=0.25)
     response = batch(client, key, ["1", "2", "4", "5"], mode="edge", epsilon=0.1, k=2)
     items = response.json()["items"]
-    delta = ledger_of(client).account_delta(service_id)
+    delta = ledger_of(client).budgets.account_delta(service_id)
     one = plan_diffusion(0.1, delta, 30, 0.8, 1e-7, Mode.EDGE).curve
     fits = max(q for q in range(1, 10) if (one * q).epsilon(delta) <= 0.25)
     assert 1 <= fits < 4  # the cap, not the batch, decides
@@ -120,7 +120,7 @@ def test_budget_exhausted_items_are_refused_alone(client: TestClient, accounts: 
     refused = [i for i in items if "error" in i]
     assert len(answered) == fits
     assert {i["error"]["code"] for i in refused} == {"budget_exhausted"}
-    budget = ledger_of(client).budget(service_id)
+    budget = ledger_of(client).budgets.budget(service_id)
     assert budget.charges == fits and budget.spent_epsilon <= budget.cap_epsilon
 
 
@@ -130,9 +130,9 @@ def test_personalized_items_charge_each_seed_user(client: TestClient, accounts: 
     response = batch(client, key, ["30", "31"], k=3)
     assert [("results" in i) for i in response.json()["items"]] == [True, True]
     ledger = ledger_of(client)
-    assert ledger.budget(user_id).charges == 1
-    created = ledger.account_for_node("31")
-    assert created is not None and ledger.budget(created.account_id).charges == 1
+    assert ledger.budgets.budget(user_id).charges == 1
+    created = ledger.accounts.account_for_node("31")
+    assert created is not None and ledger.budgets.budget(created.account_id).charges == 1
     # without the right to create seed accounts, the seed without one is that item's error
     _, narrow = accounts.service(modes=["personalized"])
     items = batch(client, narrow, ["30", "32"], k=3).json()["items"]

@@ -33,6 +33,7 @@ from tests.batch_support import (
     run_charges,
     seeds_file,
 )
+from tests.ledger_support import count_charges
 from tests.test_cache import REDIS_URL
 
 K = 16
@@ -53,10 +54,10 @@ def released_vectors(url: str, run_id: str) -> dict[str, list[float]]:
             assert state == "released", (seed, state)
             charge = next(
                 c
-                for c in ledger.list_charges(None, limit=1000)
+                for c in ledger.reports.list_charges(None, limit=1000)
                 if c.idempotency_key == key and c.principal_account_id == principal
             )
-            stored = ledger.release_for_charge(charge.charge_id)
+            stored = ledger.stored_releases.release_for_charge(charge.charge_id)
             assert stored is not None and charge.mechanism == "dp_instant_embedding"
             out[seed] = stored_values(stored.results)
         return out
@@ -155,8 +156,10 @@ def test_embeddings_are_charged_once_and_every_sink_holds_the_released_vectors(
 def test_a_refused_seed_is_charged_nothing(postgres_url: str, tmp_path: Path) -> None:
     url = migrated(postgres_url)
     ledger = Ledger.from_url(url)
-    ledger.create_account("user", node_id="1", cap_epsilon=1.0, delta=1e-6)
-    ledger.create_account("user", node_id="2", cap_epsilon=0.2, delta=1e-6)  # below one query
+    ledger.accounts.create_account("user", node_id="1", cap_epsilon=1.0, delta=1e-6)
+    ledger.accounts.create_account(
+        "user", node_id="2", cap_epsilon=0.2, delta=1e-6
+    )  # below one query
     ledger.dispose()
     seeds = tmp_path / "s.txt"
     seeds.write_text("1\n2\n3\n")
@@ -184,7 +187,7 @@ def test_bad_input_is_one_line_and_nothing_charged(
 ) -> None:
     url = migrated(postgres_url)
     ledger = Ledger.from_url(url)
-    personalized_only = ledger.create_account(
+    personalized_only = ledger.accounts.create_account(
         "service", cap_epsilon=5.0, delta=1e-6, modes=("personalized",)
     )
     ledger.dispose()
@@ -226,7 +229,7 @@ def test_bad_input_is_one_line_and_nothing_charged(
     line = _fails([*base, "--accounts", str(bad), "--output", "embeddings"], capsys)
     assert line.startswith("error [unknown_node]: node 'no-such-node'")
     ledger = Ledger.from_url(url)
-    assert ledger.count_charges() == 0
+    assert count_charges(ledger) == 0
     ledger.dispose()
     assert not (tmp_path / "r.parquet").exists()
 
@@ -235,7 +238,9 @@ def test_bad_input_is_one_line_and_nothing_charged(
 def test_edge_mode_runs_charge_the_service_account(sqlite_url: str, tmp_path: Path) -> None:
     url = migrated(sqlite_url)
     ledger = Ledger.from_url(url)
-    backend = ledger.create_account("service", cap_epsilon=5.0, delta=1e-6, modes=("edge",))
+    backend = ledger.accounts.create_account(
+        "service", cap_epsilon=5.0, delta=1e-6, modes=("edge",)
+    )
     ledger.dispose()
     seeds = seeds_file(tmp_path, 3)
     summary = run_batch(

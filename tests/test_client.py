@@ -73,7 +73,7 @@ class Service:
     def charges(self, account_id: int) -> list[ChargeRecord]:
         """The charged account's charges, read from the ledger itself."""
         with open_ledger(self.backend.database_url) as ledger:
-            return ledger.list_charges(account_id, limit=1000)
+            return ledger.reports.list_charges(account_id, limit=1000)
 
     def service_account(self, **fields: Any) -> tuple[int, str]:
         with self.admin() as admin:
@@ -96,8 +96,10 @@ def running_service(
             url, redis_url = stack.enter_context(postgres_database()), REDIS_URL
         upgrade(url)
         with open_ledger(url) as ledger:
-            admin = ledger.create_account("admin", cap_epsilon=1.0, delta=1e-6, label="ops")
-            admin_key, _ = ledger.create_api_key(admin.account_id)
+            admin = ledger.accounts.create_account(
+                "admin", cap_epsilon=1.0, delta=1e-6, label="ops"
+            )
+            admin_key, _ = ledger.api_keys.create_api_key(admin.account_id)
         backend = Backend(name, url, redis_url, graph)
         env = {"PPR_DEFAULT_CAP_EPSILON": "1.0", **(extra_env or {})}
         server = stack.enter_context(uvicorn_server(backend, extra_env=env))
@@ -418,8 +420,8 @@ def tight_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]
 def _direct_account(service: Service) -> tuple[int, str]:
     """A service account made in the ledger (the admin is rate-limited too)."""
     with open_ledger(service.backend.database_url) as ledger:
-        account = ledger.create_account("service", cap_epsilon=100.0, delta=1e-6)
-        key, _ = ledger.create_api_key(account.account_id)
+        account = ledger.accounts.create_account("service", cap_epsilon=100.0, delta=1e-6)
+        key, _ = ledger.api_keys.create_api_key(account.account_id)
     return account.account_id, key
 
 

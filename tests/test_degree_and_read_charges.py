@@ -67,7 +67,7 @@ def admission(
 
 def degree_charges(ledger: Ledger, account_id: int) -> list[Any]:
     return [
-        c for c in ledger.list_charges(account_id, limit=1000)
+        c for c in ledger.reports.list_charges(account_id, limit=1000)
         if c.mechanism == DEGREE_RELEASE_CHARGE
     ]  # fmt: skip
 
@@ -76,67 +76,75 @@ def degree_charges(ledger: Ledger, account_id: int) -> list[Any]:
 
 
 def test_the_degree_release_is_charged_once_per_version_with_the_query(ledger: Ledger) -> None:
-    user = ledger.create_account("user", node_id="1", cap_epsilon=1.0, delta=DELTA).account_id
+    user = ledger.accounts.create_account(
+        "user", node_id="1", cap_epsilon=1.0, delta=DELTA
+    ).account_id
     q = laplace_curve(0.1)
-    first = ledger.admit(admission(user, 0.1))
+    first = ledger.admission.admit_and_charge(admission(user, 0.1))
     assert first.degree_epsilon == EPS_D
     assert first.budget.spent_epsilon == pytest.approx((q + laplace_curve(EPS_D)).epsilon(DELTA))
-    second = ledger.admit(admission(user, 0.1, request_id="r2"))
+    second = ledger.admission.admit_and_charge(admission(user, 0.1, request_id="r2"))
     assert second.degree_epsilon == 0.0  # paid already for this version
     assert second.budget.spent_epsilon == pytest.approx(
         (q + q + laplace_curve(EPS_D)).epsilon(DELTA)
     )
     # popular for the same version: free now
-    paid = ledger.admit_degree_release(
+    paid = ledger.quota_and_degree.admit_degree_release(
         charged_account_id=user, principal_account_id=user, seed="1", mode="personalized",
         degree=degree(), request_id="r3",
     )  # fmt: skip
     assert not paid.charged and paid.budget.charges == 3
     # a new graph version is a new release: paid again, once
-    again = ledger.admit_degree_release(
+    again = ledger.quota_and_degree.admit_degree_release(
         charged_account_id=user, principal_account_id=user, seed="1", mode="personalized",
         degree=degree("v2"), request_id="r4",
     )  # fmt: skip
     assert again.charged and again.budget.charges == 4
     assert [c.graph_version for c in degree_charges(ledger, user)] == ["v2", "v1"]
     assert all(c.state == "released" for c in degree_charges(ledger, user))
-    report = ledger.verify()
+    report = ledger.reports.verify()
     assert report.ok, report.mismatches
     # the graph-wide exposure holds the query charges, not one degree release per account
-    assert ledger.exposure(delta=DELTA).epsilon == pytest.approx((q + q).epsilon(DELTA))
+    assert ledger.reports.exposure(delta=DELTA).epsilon == pytest.approx((q + q).epsilon(DELTA))
 
 
 def test_the_degree_release_is_refused_past_the_cap_writing_nothing(ledger: Ledger) -> None:
-    user = ledger.create_account("user", node_id="1", cap_epsilon=0.15, delta=DELTA).account_id
-    ledger.admit(admission(user, 0.1, with_degree=False))
+    user = ledger.accounts.create_account(
+        "user", node_id="1", cap_epsilon=0.15, delta=DELTA
+    ).account_id
+    ledger.admission.admit_and_charge(admission(user, 0.1, with_degree=False))
     with pytest.raises(BudgetExhausted):  # popular was free (and answered) before
-        ledger.admit_degree_release(
+        ledger.quota_and_degree.admit_degree_release(
             charged_account_id=user, principal_account_id=user, seed="1", mode="personalized",
             degree=degree(), request_id="p",
         )  # fmt: skip
     with pytest.raises(BudgetExhausted):  # the query alone fits; with the release it does not
-        ledger.admit(admission(user, 0.01))
+        ledger.admission.admit_and_charge(admission(user, 0.01))
     assert degree_charges(ledger, user) == []
-    assert ledger.budget(user).charges == 1
+    assert ledger.budgets.budget(user).charges == 1
 
 
 def test_a_service_accounts_personalized_query_charges_the_seed_for_the_release(
     ledger: Ledger,
 ) -> None:
     """Attributed like the query's own charge: to the seed user in personalized mode."""
-    user = ledger.create_account("user", node_id="1", cap_epsilon=1.0, delta=DELTA).account_id
-    service = ledger.create_account(
+    user = ledger.accounts.create_account(
+        "user", node_id="1", cap_epsilon=1.0, delta=DELTA
+    ).account_id
+    service = ledger.accounts.create_account(
         "service", cap_epsilon=1.0, delta=DELTA, modes=("edge", "personalized")
     ).account_id
-    receipt = ledger.admit(admission(user, 0.1, principal=service))
+    receipt = ledger.admission.admit_and_charge(admission(user, 0.1, principal=service))
     assert receipt.degree_epsilon == EPS_D
     assert len(degree_charges(ledger, user)) == 1
     assert degree_charges(ledger, service) == []
 
 
 def test_the_database_refuses_a_second_live_degree_charge(ledger: Ledger) -> None:
-    user = ledger.create_account("user", node_id="1", cap_epsilon=1.0, delta=DELTA).account_id
-    ledger.admit_degree_release(
+    user = ledger.accounts.create_account(
+        "user", node_id="1", cap_epsilon=1.0, delta=DELTA
+    ).account_id
+    ledger.quota_and_degree.admit_degree_release(
         charged_account_id=user, principal_account_id=user, seed="1", mode="personalized",
         degree=degree(), request_id="p",
     )  # fmt: skip
@@ -158,7 +166,9 @@ def test_one_account_pays_the_release_once_under_concurrent_requests(ledger_url:
     upgrade(ledger_url)
     setup = Ledger.from_url(ledger_url)
     try:
-        user = setup.create_account("user", node_id="1", cap_epsilon=5.0, delta=DELTA).account_id
+        user = setup.accounts.create_account(
+            "user", node_id="1", cap_epsilon=5.0, delta=DELTA
+        ).account_id
     finally:
         setup.dispose()
     start = threading.Barrier(2)
@@ -170,12 +180,12 @@ def test_one_account_pays_the_release_once_under_concurrent_requests(ledger_url:
             start.wait()
             for i in range(8):
                 if i % 2:
-                    ledger.admit_degree_release(
+                    ledger.quota_and_degree.admit_degree_release(
                         charged_account_id=user, principal_account_id=user, seed="1",
                         mode="personalized", degree=degree(), request_id=f"p{n}-{i}",
                     )  # fmt: skip
                 else:
-                    ledger.admit(admission(user, 0.01, request_id=f"q{n}-{i}"))
+                    ledger.admission.admit_and_charge(admission(user, 0.01, request_id=f"q{n}-{i}"))
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
         finally:
@@ -190,10 +200,10 @@ def test_one_account_pays_the_release_once_under_concurrent_requests(ledger_url:
     ledger = Ledger.from_url(ledger_url)
     try:
         assert len(degree_charges(ledger, user)) == 1
-        assert ledger.budget(user).charges == 8 + 1
+        assert ledger.budgets.budget(user).charges == 8 + 1
         expected = laplace_curve(0.01) * 8 + laplace_curve(EPS_D)
-        assert ledger.budget(user).spent_epsilon == pytest.approx(expected.epsilon(DELTA))
-        report = ledger.verify()
+        assert ledger.budgets.budget(user).spent_epsilon == pytest.approx(expected.epsilon(DELTA))
+        report = ledger.reports.verify()
         assert report.ok, report.mismatches
     finally:
         ledger.dispose()
@@ -203,35 +213,49 @@ def test_one_account_pays_the_release_once_under_concurrent_requests(ledger_url:
 
 
 def test_the_read_figure_counts_each_distinct_release_once(ledger: Ledger) -> None:
-    service = ledger.create_account("service", cap_epsilon=1.0, delta=DELTA).account_id
-    user = ledger.create_account("user", node_id="1", cap_epsilon=5.0, delta=DELTA).account_id
-    c1 = ledger.admit(admission(user, 0.1, with_degree=False, request_id="a")).charge_id
-    c2 = ledger.admit(admission(user, 0.2, with_degree=False, request_id="b")).charge_id
-    c3 = ledger.admit(admission(user, 0.3, with_degree=False, request_id="c")).charge_id
+    service = ledger.accounts.create_account("service", cap_epsilon=1.0, delta=DELTA).account_id
+    user = ledger.accounts.create_account(
+        "user", node_id="1", cap_epsilon=5.0, delta=DELTA
+    ).account_id
+    c1 = ledger.admission.admit_and_charge(
+        admission(user, 0.1, with_degree=False, request_id="a")
+    ).charge_id
+    c2 = ledger.admission.admit_and_charge(
+        admission(user, 0.2, with_degree=False, request_id="b")
+    ).charge_id
+    c3 = ledger.admission.admit_and_charge(
+        admission(user, 0.3, with_degree=False, request_id="c")
+    ).charge_id
     name = degree_release_name(20.0)
-    ledger.graph_release(
+    ledger.graph_releases.graph_release(
         "v1", name, epsilon=EPS_D, curve=laplace_curve(EPS_D), draw=lambda: b"released"
     )
-    assert ledger.read_view(service).releases == 0
-    assert ledger.record_reads(service, charge_ids=[c1]).releases == 1
-    assert ledger.record_reads(service, charge_ids=[c1]).releases == 1  # a replay: counted once
-    view = ledger.record_reads(service, charge_ids=[c2, c1], graph_release=("v1", name))
-    view = ledger.record_reads(service, graph_release=("v1", name))  # the release once
+    assert ledger.read_figures.read_view(service).releases == 0
+    assert ledger.read_figures.record_reads(service, charge_ids=[c1]).releases == 1
+    assert (
+        ledger.read_figures.record_reads(service, charge_ids=[c1]).releases == 1
+    )  # a replay: counted once
+    view = ledger.read_figures.record_reads(
+        service, charge_ids=[c2, c1], graph_release=("v1", name)
+    )
+    view = ledger.read_figures.record_reads(service, graph_release=("v1", name))  # the release once
     expected = laplace_curve(0.1) + laplace_curve(0.2) + laplace_curve(EPS_D)
     assert view.releases == 3 and view.epsilon == pytest.approx(expected.epsilon(DELTA))
     assert view.cap_epsilon is None
     # a cap: the release that would pass it is refused and not recorded
-    ledger.set_scopes(service, read_cap_epsilon=view.epsilon + 0.05)
+    ledger.budgets.set_scopes(service, read_cap_epsilon=view.epsilon + 0.05)
     with pytest.raises(ReadCapExhausted) as refused:
-        ledger.record_reads(service, charge_ids=[c3])
+        ledger.read_figures.record_reads(service, charge_ids=[c3])
     assert refused.value.code == "read_cap_exhausted" and refused.value.status == 403
-    after = ledger.read_view(service)
+    after = ledger.read_figures.read_view(service)
     assert after.releases == 3 and after.epsilon == pytest.approx(view.epsilon)
-    assert ledger.record_reads(service, charge_ids=[c1]).releases == 3  # a known one: fine
+    assert (
+        ledger.read_figures.record_reads(service, charge_ids=[c1]).releases == 3
+    )  # a known one: fine
     # the default cap applies when the account has none of its own
-    ledger.set_scopes(service, clear_read_cap=True)
-    assert ledger.read_view(service, default_cap_epsilon=9.0).cap_epsilon == 9.0
-    assert ledger.record_reads(service, charge_ids=[c3]).releases == 4
+    ledger.budgets.set_scopes(service, clear_read_cap=True)
+    assert ledger.read_figures.read_view(service, default_cap_epsilon=9.0).cap_epsilon == 9.0
+    assert ledger.read_figures.record_reads(service, charge_ids=[c3]).releases == 4
 
 
 # -- the API: findings 4 and 5 against a real app -------------------------------------------
@@ -275,7 +299,7 @@ def test_popular_is_not_free_and_not_answered_past_the_cap(
     assert query(client, third, "7", k=5, mechanism="popular").json()["epsilon_charged"] > 0
     blended = query(client, third, "7", k=5, epsilon=0.1, mechanism="blended").json()
     assert blended["epsilon_charged"] == pytest.approx(0.1)
-    assert ledger_of(client).verify().ok
+    assert ledger_of(client).reports.verify().ok
 
 
 def test_a_service_accounts_read_figure_and_cap(client: TestClient, accounts: Accounts) -> None:
@@ -326,9 +350,9 @@ def test_a_service_accounts_read_figure_and_cap(client: TestClient, accounts: Ac
     fresh = query(client, service, "9", mode="edge", k=5, epsilon=0.1, fresh="true")
     assert fresh.json()["error"]["code"] == "read_cap_exhausted"
     ledger = ledger_of(client)
-    assert all(c.state == "refunded" for c in ledger.list_charges(service_id))
-    assert ledger.read_view(service_id).releases == 2
-    assert ledger.verify().ok
+    assert all(c.state == "refunded" for c in ledger.reports.list_charges(service_id))
+    assert ledger.read_figures.read_view(service_id).releases == 2
+    assert ledger.reports.verify().ok
     # decided: exclude_neighbors is the seed user's only (it names the neighbour list)
     excluded = query(client, service, seeds[0], k=10, exclude_neighbors="true")
     assert excluded.status_code == 422
@@ -344,7 +368,7 @@ def test_a_service_account_reads_the_degree_release_once_per_version(
         answer = query(client, service, node, mode="edge", k=5, mechanism="popular")
         assert answer.status_code == 200, answer.text
     ledger = ledger_of(client)
-    reads = ledger.read_view(service_id)
+    reads = ledger.read_figures.read_view(service_id)
     assert reads.releases == 1
     assert reads.epsilon == pytest.approx(laplace_curve(EPS_D).epsilon(DELTA))
     # in edge mode the service account itself pays the release, once
@@ -406,11 +430,11 @@ def test_the_batch_path_charges_each_seed_the_release_once(
     ledger = ledger_of(client)
     for account_id in users.values():
         assert len(degree_charges(ledger, account_id)) == 1
-    reads = ledger.read_view(service_id)
+    reads = ledger.read_figures.read_view(service_id)
     assert reads.releases == 4 + 1  # four count releases, the degree release once
     expected = laplace_curve(0.1) * 4 + laplace_curve(EPS_D)
     assert reads.epsilon == pytest.approx(expected.epsilon(DELTA))
-    assert ledger.verify().ok
+    assert ledger.reports.verify().ok
 
 
 def test_the_cli_shows_and_caps_what_a_service_account_has_read(
@@ -420,7 +444,7 @@ def test_the_cli_shows_and_caps_what_a_service_account_has_read(
 
     from service.cli import main
 
-    service = ledger.create_account("service", cap_epsilon=1.0, delta=DELTA).account_id
+    service = ledger.accounts.create_account("service", cap_epsilon=1.0, delta=DELTA).account_id
     db = ("--database-url", ledger_url)
     assert main(["accounts", "set-scopes", str(service), "--read-cap-epsilon", "2.5", *db]) == 0
     assert "read cap 2.5" in capsys.readouterr().out
@@ -433,6 +457,8 @@ def test_the_cli_shows_and_caps_what_a_service_account_has_read(
     capsys.readouterr()
     assert main(["accounts", "reads", str(service), *db]) == 0
     assert "read epsilon 0 at delta 1e-06 over 0 distinct releases" in capsys.readouterr().out
-    user = ledger.create_account("user", node_id="1", cap_epsilon=1.0, delta=DELTA).account_id
+    user = ledger.accounts.create_account(
+        "user", node_id="1", cap_epsilon=1.0, delta=DELTA
+    ).account_id
     assert main(["accounts", "reads", str(user), *db]) == 2
     assert "only service accounts have a read figure" in capsys.readouterr().err

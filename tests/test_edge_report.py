@@ -55,8 +55,10 @@ def world(tmp_path: Path, ledger_url: str) -> Iterator[dict[str, Any]]:
     ids: dict[str, int] = {}
     with open_ledger(ledger_url) as ledger:
         for node in ("qz1", "qz2"):
-            account = ledger.create_account("user", node_id=node, cap_epsilon=5.0, delta=1e-6)
-            keys[node], _ = ledger.create_api_key(account.account_id)
+            account = ledger.accounts.create_account(
+                "user", node_id=node, cap_epsilon=5.0, delta=1e-6
+            )
+            keys[node], _ = ledger.api_keys.create_api_key(account.account_id)
             ids[node] = account.account_id
     yield {"graph": graph, "url": ledger_url, "keys": keys, "ids": ids,
            "backend": Backend("t", ledger_url, None, graph)}  # fmt: skip
@@ -112,7 +114,7 @@ def test_the_report_composes_the_releases(
     # the worst case is what the ledger charged for the same releases (delta 1e-6)
     with open_ledger(world["url"]) as ledger:
         assert report["total"]["worst_case_epsilon"] == pytest.approx(
-            ledger.exposure(delta=1e-6).epsilon, rel=1e-9
+            ledger.reports.exposure(delta=1e-6).epsilon, rel=1e-9
         )
     # one account's releases, at its delta
     mine = _report(capsys, world, "--edge", u, v, "--account", str(world["ids"]["qz2"]))
@@ -315,8 +317,10 @@ def test_a_report_writes_nothing_and_changes_no_charge(
     twin_keys = {}
     with open_ledger(twin_url) as ledger:
         for node in ("qz1", "qz2"):
-            account = ledger.create_account("user", node_id=node, cap_epsilon=5.0, delta=1e-6)
-            twin_keys[node], _ = ledger.create_api_key(account.account_id)
+            account = ledger.accounts.create_account(
+                "user", node_id=node, cap_epsilon=5.0, delta=1e-6
+            )
+            twin_keys[node], _ = ledger.api_keys.create_api_key(account.account_id)
     twin = Backend("twin", twin_url, None, world["graph"])
     u, v = _edge_endpoints(world["graph"], {"qz1", "qz2"})
     with running_app(world["backend"]) as client:
@@ -333,6 +337,6 @@ def test_a_report_writes_nothing_and_changes_no_charge(
     assert _charges(world["url"]) == _charges(twin_url)
     with open_ledger(world["url"]) as a, open_ledger(twin_url) as b:
         assert (
-            a.exposure(delta=1e-6).to_dict()["epsilon"]
-            == b.exposure(delta=1e-6).to_dict()["epsilon"]
+            a.reports.exposure(delta=1e-6).to_dict()["epsilon"]
+            == b.reports.exposure(delta=1e-6).to_dict()["epsilon"]
         )

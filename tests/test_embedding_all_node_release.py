@@ -126,7 +126,7 @@ def _served(ledger: Ledger, path: Path) -> Graph:
     from service.graph.loader import load_edge_list
     from service.serving.graph_identity import as_served
 
-    return as_served(load_edge_list(path), ledger, max_degree_bound=10_000)
+    return as_served(load_edge_list(path), ledger.graph_versions, max_degree_bound=10_000)
 
 
 def test_release_is_one_graph_wide_charge_stored_and_listed(ledger: Ledger, tmp_path: Path) -> None:
@@ -142,15 +142,17 @@ def test_release_is_one_graph_wide_charge_stored_and_listed(ledger: Ledger, tmp_
     plan = plan_dp_instant_embedding(0.5, 1e-2, graph.n)  # on sigma n + the snapping slack
     composed = dp_instant_embedding_curve(plan.epsilon) * graph.n
     assert release.epsilon == pytest.approx(graph.n * plan.epsilon)
-    report = ledger.exposure(delta=1e-6)
+    report = ledger.reports.exposure(delta=1e-6)
     assert report.graph_releases == 1 and report.charges == 0
     assert report.epsilon == pytest.approx(composed.epsilon(1e-6), rel=1e-9)
-    assert ledger.graph_release_state(graph.version, release.release_name) == "released"
-    assert ledger.verify().ok
+    assert (
+        ledger.graph_releases.graph_release_state(graph.version, release.release_name) == "released"
+    )
+    assert ledger.reports.verify().ok
     pointer = json.loads((out / POINTER).read_text())
     vectors_file = out / pointer["files"]["vectors"]["name"]
     header, body = decode_payload(
-        ledger.graph_release(graph.version, release.release_name, epsilon=0.0,
+        ledger.graph_releases.graph_release(graph.version, release.release_name, epsilon=0.0,
                              curve=composed, draw=lambda: b"never", cap=None)
     )  # fmt: skip
     assert body == vectors_file.read_bytes()  # the ledger holds what the file holds
@@ -206,9 +208,9 @@ def test_refused_releases_charge_nothing_and_leave_no_file(ledger: Ledger, tmp_p
     with pytest.raises(KeyboardInterrupt):
         release_embeddings(ledger, graph, good, out, cap=None, rng_factory=rng, progress=interrupt)
     assert list(out.iterdir()) == []
-    report = ledger.exposure(delta=1e-6)
+    report = ledger.reports.exposure(delta=1e-6)
     assert report.epsilon == 0.0 and report.graph_releases == 0
-    assert ledger.verify().ok
+    assert ledger.reports.verify().ok
 
 
 def test_cli_release_and_its_bad_input(
@@ -240,8 +242,8 @@ def test_cli_release_and_its_bad_input(
     assert "charged once to the graph-wide exposure" in printed and "200-fold" in printed
     ledger = Ledger.from_url(sqlite_url)
     try:
-        assert ledger.exposure(delta=1e-6).graph_releases == 1
-        assert ledger.verify().ok
+        assert ledger.reports.exposure(delta=1e-6).graph_releases == 1
+        assert ledger.reports.verify().ok
     finally:
         ledger.dispose()
     assert (out / POINTER).exists()
@@ -350,9 +352,9 @@ def test_reconciler_spares_a_beating_release_and_refunds_a_silent_one(
     if beats:
         assert not failures and row.state == "released"
         assert json.loads((out / POINTER).read_text())["release_name"] == row.mechanism
-        assert ledger.exposure(delta=1e-6).graph_releases == 1
+        assert ledger.reports.exposure(delta=1e-6).graph_releases == 1
     else:
         assert len(failures) == 1 and isinstance(failures[0], ChargeSettled), failures
         assert row.state == "refunded" and list(out.iterdir()) == []
-        assert ledger.exposure(delta=1e-6).epsilon == 0.0
-    assert ledger.verify().ok
+        assert ledger.reports.exposure(delta=1e-6).epsilon == 0.0
+    assert ledger.reports.verify().ok

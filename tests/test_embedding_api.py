@@ -58,7 +58,7 @@ def test_dp_ie_is_charged_stored_replayed_and_listed(
     assert np.all(values / m["score_grid"] == np.round(values / m["score_grid"]))
     assert body["epsilon_charged"] == plan.epsilon and body["replayed"] is False
     assert body["graph_version"] and body["budget"]["account_id"] == account_id
-    charges = ledger_of(client).list_charges(account_id)
+    charges = ledger_of(client).reports.list_charges(account_id)
     assert [(c.mechanism, c.mode, c.state) for c in charges] == [
         ("dp_instant_embedding", "personalized", "released")
     ]
@@ -82,7 +82,7 @@ def test_dp_ie_is_charged_stored_replayed_and_listed(
     assert {c["mechanism"] for c in listed.json()["items"]} == {"dp_instant_embedding"}
     # a second embedding of the same version hashes alike (one recorded salt)
     assert fresh["mechanism"]["hash_salt"] == m["hash_salt"]
-    assert ledger_of(client).verify().mismatches == []
+    assert ledger_of(client).reports.verify().mismatches == []
 
 
 def test_idempotency_key_binds_and_refuses_another_query(
@@ -107,20 +107,20 @@ def test_refused_past_the_cap_before_any_draw(client: TestClient, accounts: Acco
     refused = embed(client, key, "9", epsilon=0.25, k=32)
     assert refused.status_code == 403
     assert refused.json()["error"]["code"] == "budget_exhausted"
-    assert len(ledger_of(client).list_charges(account_id)) == 1
+    assert len(ledger_of(client).reports.list_charges(account_id)) == 1
 
 
 def test_edge_mode_charges_the_service_account_the_exposure_and_its_read_figure(
     client: TestClient, accounts: Accounts
 ) -> None:
     service_id, key = accounts.service(modes=["edge"])
-    before = ledger_of(client).exposure(delta=1e-6)
+    before = ledger_of(client).reports.exposure(delta=1e-6)
     answer = embed(client, key, "11", mode="edge", epsilon=0.5, k=8)
     assert answer.status_code == 200, answer.text
     assert answer.json()["mechanism"]["mode"] == "edge"
-    charges = ledger_of(client).list_charges(service_id)
+    charges = ledger_of(client).reports.list_charges(service_id)
     assert [(c.mechanism, c.mode) for c in charges] == [("dp_instant_embedding", "edge")]
-    after = ledger_of(client).exposure(delta=1e-6)
+    after = ledger_of(client).reports.exposure(delta=1e-6)
     assert after.epsilon > before.epsilon and after.charges == before.charges + 1
     assert after.by_mode["edge"]["charges"] == 1
     reads = client.get("/v1/me/reads", headers=bearer(key)).json()
@@ -140,7 +140,9 @@ def test_a_personalized_embedding_by_a_service_account_is_charged_to_the_seed(
     service_id, key = accounts.service(modes=["edge", "personalized"])
     answer = embed(client, key, "13", mode="personalized", epsilon=0.2, k=8)
     assert answer.status_code == 200, answer.text
-    assert [c.principal_account_id for c in ledger_of(client).list_charges(seed_id)] == [service_id]
+    assert [c.principal_account_id for c in ledger_of(client).reports.list_charges(seed_id)] == [
+        service_id
+    ]
 
 
 def test_bad_input_is_refused_and_nothing_charged(client: TestClient, accounts: Accounts) -> None:
@@ -193,11 +195,12 @@ def test_the_free_embedding_of_a_replayable_release(
     # it is exactly the InstantEmbedding of the stored release under the recorded salt
     ledger = ledger_of(client)
     graph = load_edge_list(backend.graph_path)
-    stored = ledger.find_release(
+    stored = ledger.stored_releases.find_release(
         next(
             r.key
             for r in [
-                ledger.release_for_charge(c.charge_id) for c in ledger.list_charges(account_id)
+                ledger.stored_releases.release_for_charge(c.charge_id)
+                for c in ledger.reports.list_charges(account_id)
             ]
             if r is not None
         )
@@ -242,4 +245,4 @@ def test_identical_requests_at_once_are_charged_once(
     assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
     assert len({tuple(a.json()["embedding"]) for a in answers}) == 1
     assert sum(not a.json()["replayed"] for a in answers) == 1
-    assert len(ledger_of(client).list_charges(account_id)) == 1
+    assert len(ledger_of(client).reports.list_charges(account_id)) == 1

@@ -76,7 +76,7 @@ def test_each_item_is_charged_once_and_a_retry_with_the_key_replays_it(
         assert item["epsilon_charged"] == plan.epsilon
         assert item["graph_version"]
     assert body["epsilon_charged"] == pytest.approx(3 * plan.epsilon)
-    charges = ledger_of(client).list_charges(service_id)
+    charges = ledger_of(client).reports.list_charges(service_id)
     assert sorted(c.seed for c in charges) == ["3", "4", "5"]
     assert {(c.mechanism, c.mode, c.state) for c in charges} == {
         ("dp_instant_embedding", "edge", "released")
@@ -100,7 +100,7 @@ def test_each_item_is_charged_once_and_a_retry_with_the_key_replays_it(
     assert single.json()["replayed"] is True
     assert single.json()["embedding"] == body["items"][1]["embedding"]
     assert charge_count(client) == 3
-    assert ledger_of(client).verify().mismatches == []
+    assert ledger_of(client).reports.verify().mismatches == []
 
 
 def test_fresh_draws_anew_and_a_refused_item_charges_nothing(
@@ -117,7 +117,7 @@ def test_fresh_draws_anew_and_a_refused_item_charges_nothing(
     codes = [item["error"]["code"] for item in mixed.json()["items"]]
     assert codes == ["budget_exhausted", "forbidden"]
     assert mixed.json()["epsilon_charged"] == 0.0
-    assert len(ledger_of(client).list_charges(account_id)) == 1
+    assert len(ledger_of(client).reports.list_charges(account_id)) == 1
     # without fresh the stored release is replayed, free, even with the budget spent
     replay = embed_batch(client, key, ["9"], epsilon=0.25, k=8).json()["items"][0]
     assert replay["replayed"] is True
@@ -138,11 +138,11 @@ def test_personalized_items_are_charged_to_each_seed_user(
     assert items[2]["error"]["code"] == "unknown_account"  # node 15 has no account
     ledger = ledger_of(client)
     for seed in (seed_a, seed_b):
-        charges = ledger.list_charges(seed)
+        charges = ledger.reports.list_charges(seed)
         assert [(c.principal_account_id, c.mechanism) for c in charges] == [
             (service_id, "dp_instant_embedding")
         ]
-    assert ledger.list_charges(service_id) == []
+    assert ledger.reports.list_charges(service_id) == []
 
 
 def test_bad_input_is_one_error_and_nothing_charged(client: TestClient, accounts: Accounts) -> None:
@@ -208,13 +208,13 @@ def test_a_budget_that_runs_out_mid_batch_refuses_exactly_the_items_it_cannot_pa
     assert poor_codes == [None] * allowed + ["budget_exhausted"] * (5 - allowed)
     assert all("error" not in item for item in items[1::2])
     ledger = ledger_of(client)
-    assert len(ledger.list_charges(poor)) == allowed
-    assert len(ledger.list_charges(rich)) == 5
-    assert ledger.budget(poor).remaining_epsilon >= 0.0
+    assert len(ledger.reports.list_charges(poor)) == allowed
+    assert len(ledger.reports.list_charges(rich)) == 5
+    assert ledger.budgets.budget(poor).remaining_epsilon >= 0.0
     charged = sum(item.get("epsilon_charged", 0.0) for item in items)
     assert answer.json()["epsilon_charged"] == pytest.approx(charged)
-    assert ledger.list_charges(service_id) == []
-    assert ledger.verify().mismatches == []
+    assert ledger.reports.list_charges(service_id) == []
+    assert ledger.reports.verify().mismatches == []
 
 
 def test_a_repeated_seed_is_charged_once_within_the_batch(
@@ -228,7 +228,7 @@ def test_a_repeated_seed_is_charged_once_within_the_batch(
     first, _, again = answer.json()["items"]
     assert (first["replayed"], again["replayed"]) == (False, True)
     assert again["embedding"] == first["embedding"] and again["epsilon_charged"] == 0.0
-    charges = ledger_of(client).list_charges(service_id)
+    charges = ledger_of(client).reports.list_charges(service_id)
     assert sorted(c.seed for c in charges) == ["6", "7"]
     assert {c.state for c in charges} == {"released"}
 
@@ -279,7 +279,7 @@ def test_the_batch_is_admitted_in_one_transaction_and_stored_in_one(
         counted.close()
     assert answer.status_code == 200, answer.text
     assert [item["replayed"] for item in answer.json()["items"]] == [True] + [False] * 6
-    assert len(ledger.list_charges(service_id)) == 7
+    assert len(ledger.reports.list_charges(service_id)) == 7
     assert (counted.charging, counted.storing) == (1, 1)
 
 
@@ -308,10 +308,10 @@ def test_two_clients_at_once_never_charge_past_the_budget(
         answers = list(pool.map(send, (client, other), keys))
     assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
     ledger = ledger_of(client)
-    live = [c for c in ledger.list_charges(account_id) if c.state != "refunded"]
+    live = [c for c in ledger.reports.list_charges(account_id) if c.state != "refunded"]
     assert len(live) == allowed
     assert {c.state for c in live} == {"released"}
-    assert ledger.budget(account_id).remaining_epsilon >= 0.0
+    assert ledger.budgets.budget(account_id).remaining_epsilon >= 0.0
     per_key = Counter(c.idempotency_key for c in live)
     assert set(per_key.values()) == {1}
     charged = [item for a in answers for item in a.json()["items"] if "error" not in item]
@@ -323,7 +323,7 @@ def test_two_clients_at_once_never_charge_past_the_budget(
     if same_key:  # one charge per item key: both answers carry its one release
         one, two = ([item.get("embedding") for item in a.json()["items"]] for a in answers)
         assert all(x == y for x, y in zip(one, two, strict=True) if x and y)
-    assert ledger.verify().mismatches == []
+    assert ledger.reports.verify().mismatches == []
 
 
 # -- a worker that died between the batch's charge and its releases ----------------------------
@@ -345,7 +345,9 @@ def test_a_dead_workers_batch_is_reconciled_and_retried(backend: Backend) -> Non
         dp = client.app.state.runtime.embeddings.dp  # type: ignore[attr-defined]
         items = [request.item(i) for i in range(len(nodes))]
         pending = dp.prepare_many(items, _no_settle)
-        receipts = ledger_of(client).admit_and_charge_many([dp.admission(p) for _, p in pending])
+        receipts = ledger_of(client).admission.admit_and_charge_many(
+            [dp.admission(p) for _, p in pending]
+        )
         assert len(receipts) == 3 and all(not isinstance(r, Exception) for r in receipts)
         busy = embed_batch(client, key, nodes, "night-1", mode="edge", k=4, epsilon=0.2).json()
         assert [item["error"]["code"] for item in busy["items"]] == ["request_in_progress"] * 3
@@ -354,7 +356,7 @@ def test_a_dead_workers_batch_is_reconciled_and_retried(backend: Backend) -> Non
             ["ledger", "reconcile", "--older-than", "0", "--database-url", backend.database_url]
         )
         assert code == 0
-        assert ledger_of(client).budget(service_id).charges == 0
+        assert ledger_of(client).budgets.budget(service_id).charges == 0
         retried = embed_batch(client, key, nodes, "night-1", mode="edge", k=4, epsilon=0.2)
         assert [item["replayed"] for item in retried.json()["items"]] == [False] * 3
         again = embed_batch(client, key, nodes, "night-1", mode="edge", k=4, epsilon=0.2)
@@ -362,9 +364,9 @@ def test_a_dead_workers_batch_is_reconciled_and_retried(backend: Backend) -> Non
         assert [i["embedding"] for i in again.json()["items"]] == [
             i["embedding"] for i in retried.json()["items"]
         ]
-        states = Counter(c.state for c in ledger_of(client).list_charges(service_id))
+        states = Counter(c.state for c in ledger_of(client).reports.list_charges(service_id))
         assert states == {"refunded": 3, "released": 3}
-        assert ledger_of(client).verify().mismatches == []
+        assert ledger_of(client).reports.verify().mismatches == []
 
 
 def _no_settle(index: int, outcome: Any) -> None:
@@ -387,7 +389,9 @@ def test_releases_that_cannot_be_stored_are_never_sent(postgres_url: str, tmp_pa
             service_id, key = Accounts(client).service(modes=["edge"])
             ledger = ledger_of(client)
             # the batch's releases are stored together: that one transaction is lost
-            ledger.store_releases = database_goes_away_then(admin, name, ledger.store_releases)
+            ledger.settlement.store_releases = database_goes_away_then(
+                admin, name, ledger.settlement.store_releases
+            )
             answer = embed_batch(client, key, ["3", "4", "5"], mode="edge", k=4, epsilon=0.2)
             assert answer.status_code == 200, answer.text
             items = answer.json()["items"]
@@ -396,13 +400,13 @@ def test_releases_that_cannot_be_stored_are_never_sent(postgres_url: str, tmp_pa
         with admin.connect() as conn:
             conn.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
         with open_ledger(postgres_url) as ledger:
-            charges = ledger.list_charges(service_id)
+            charges = ledger.reports.list_charges(service_id)
             assert sorted(c.state for c in charges) == ["admitted"] * 3
-            assert sorted(ledger.reconcile(older_than_seconds=0)) == sorted(
+            assert sorted(ledger.settlement.reconcile(older_than_seconds=0)) == sorted(
                 c.charge_id for c in charges
             )
-            assert ledger.budget(service_id).charges == 0
-            assert ledger.verify().mismatches == []
+            assert ledger.budgets.budget(service_id).charges == 0
+            assert ledger.reports.verify().mismatches == []
     finally:
         with admin.connect() as conn:
             conn.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))

@@ -26,14 +26,14 @@ def test_one_salt_per_version_shared_by_every_worker(ledger: Ledger, second: Led
         drawn.append(new_salt())
         return drawn[-1]
 
-    first = ledger.embedding_salt("v1", draw)
+    first = ledger.embedding_salts.embedding_salt("v1", draw)
     assert len(first) == SALT_BYTES and drawn == [first]
     # a second worker, and a restart, read the recorded salt and draw nothing
-    assert second.embedding_salt("v1", draw) == first
-    assert ledger.embedding_salt("v1", draw) == first
+    assert second.embedding_salts.embedding_salt("v1", draw) == first
+    assert ledger.embedding_salts.embedding_salt("v1", draw) == first
     assert len(drawn) == 1
     # a new graph version gets its own salt
-    other = second.embedding_salt("v2", draw)
+    other = second.embedding_salts.embedding_salt("v2", draw)
     assert other != first and len(drawn) == 2
 
 
@@ -46,7 +46,7 @@ def test_workers_racing_on_a_new_version_agree(ledger: Ledger, second: Ledger) -
 
     def worker(i: int) -> None:
         barrier.wait()
-        salt = (ledger if i % 2 else second).embedding_salt("v-race", new_salt)
+        salt = (ledger if i % 2 else second).embedding_salts.embedding_salt("v-race", new_salt)
         with lock:
             got.append(salt)
 

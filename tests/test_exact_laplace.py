@@ -407,8 +407,8 @@ def test_no_float_in_the_compiled_integer_path() -> None:
         el._trial: (words, i64, table),
         el._tie: (words, i64, table, i64, i64, i64),
         el._carry: (words, i64, table, i64, u64, u64),
-        exact_bernoulli._bernoulli_exp_unit: (words, ints, words, u64, u64),
-        exact_bernoulli._bernoulli_exp: (words, ints, words, u64, u64),
+        exact_bernoulli.bernoulli_exp_unit_kernel: (words, ints, words, u64, u64),
+        exact_bernoulli.bernoulli_exp_kernel: (words, ints, words, u64, u64),
     }
     for kernel, signature in signatures.items():
         fresh = numba.njit(_nrt=False, cache=False)(kernel.py_func)  # type: ignore[attr-defined]

@@ -33,19 +33,22 @@ from service.privacy.sampler import count_release_delta
 from service.privacy.state_grid import step_noise_plan
 from service.serving.graph_identity import as_served
 from tests.api_support import Backend, bearer, open_ledger, running_app, user_with_key
+from tests.ledger_support import graph_fingerprint_of
 
 # --------------------------------------------------------------------------- finding 1
 
 
 def test_public_graph_id_is_random_stable_and_not_the_fingerprint(ledger: Ledger) -> None:
     graph = build_graph([0, 1, 2], [1, 2, 3])
-    served = as_served(graph, ledger, max_degree_bound=10)
+    served = as_served(graph, ledger.graph_versions, max_degree_bound=10)
     assert served.version != graph.fingerprint == served.fingerprint
-    again = as_served(build_graph([2, 1, 0], [3, 2, 1]), ledger, max_degree_bound=10)
+    again = as_served(build_graph([2, 1, 0], [3, 2, 1]), ledger.graph_versions, max_degree_bound=10)
     assert again.version == served.version  # same content: the recorded id, in any worker
-    toggled = as_served(build_graph([0, 1], [1, 2], num_nodes=4), ledger, max_degree_bound=10)
+    toggled = as_served(
+        build_graph([0, 1], [1, 2], num_nodes=4), ledger.graph_versions, max_degree_bound=10
+    )
     assert toggled.version not in (served.version, toggled.fingerprint)
-    assert ledger.graph_fingerprint_of(served.version) == graph.fingerprint
+    assert graph_fingerprint_of(ledger, served.version) == graph.fingerprint
 
 
 def test_two_ledgers_give_the_same_graph_unrelated_ids(tmp_path: Path) -> None:
@@ -55,7 +58,7 @@ def test_two_ledgers_give_the_same_graph_unrelated_ids(tmp_path: Path) -> None:
         url = f"sqlite:///{tmp_path / name}.db"
         upgrade(url)
         with open_ledger(url) as ledger:
-            ids.append(ledger.public_graph_version(graph.fingerprint))
+            ids.append(ledger.graph_versions.public_graph_version(graph.fingerprint))
     assert ids[0] != ids[1] and len(ids[0]) == 20
 
 
@@ -74,8 +77,8 @@ def test_an_old_ledger_keeps_its_recorded_version_as_the_public_id(tmp_path: Pat
     engine.dispose()
     upgrade(url)
     with open_ledger(url) as ledger:
-        assert ledger.public_graph_version(old) == old
-        assert ledger.verify().ok
+        assert ledger.graph_versions.public_graph_version(old) == old
+        assert ledger.reports.verify().ok
 
 
 @pytest.fixture
@@ -102,8 +105,8 @@ def test_answers_carry_the_public_id_and_admins_see_the_fingerprint(
     with _client(app_backend) as client:
         answer = client.get("/v1/ppr/1", params={"k": 2}, headers=bearer(key)).json()
         with open_ledger(app_backend.database_url) as ledger:
-            admin = ledger.create_account("admin", cap_epsilon=1.0, delta=1e-6)
-            admin_key, _ = ledger.create_api_key(admin.account_id)
+            admin = ledger.accounts.create_account("admin", cap_epsilon=1.0, delta=1e-6)
+            admin_key, _ = ledger.api_keys.create_api_key(admin.account_id)
         info = client.get("/v1/admin/graph", headers=bearer(admin_key)).json()
     nodes = read_node_list(app_backend.env["nodes"])
     fingerprint = load_edge_list(app_backend.graph_path, nodes=nodes).fingerprint
@@ -118,8 +121,8 @@ def test_answers_carry_the_public_id_and_admins_see_the_fingerprint(
 def test_a_listed_node_without_edges_is_served(app_backend: Backend) -> None:
     _, key = user_with_key(app_backend.database_url, "lonely")
     with open_ledger(app_backend.database_url) as ledger:
-        service = ledger.create_account("service", cap_epsilon=1.0, delta=1e-6)
-        service_key, _ = ledger.create_api_key(service.account_id)
+        service = ledger.accounts.create_account("service", cap_epsilon=1.0, delta=1e-6)
+        service_key, _ = ledger.api_keys.create_api_key(service.account_id)
     with _client(app_backend) as client:
         alone = client.get("/v1/ppr/lonely", params={"mode": "edge", "k": 3}, headers=bearer(key))
         unknown = client.get("/v1/ppr/nobody", params={"mode": "edge"}, headers=bearer(service_key))
@@ -180,8 +183,8 @@ def test_without_a_node_list_readiness_says_the_node_set_is_derived(tmp_path: Pa
 
 def _admin_readiness(client: TestClient, database_url: str) -> dict[str, Any]:
     with open_ledger(database_url) as ledger:
-        admin = ledger.create_account("admin", cap_epsilon=1.0, delta=1e-6)
-        admin_key, _ = ledger.create_api_key(admin.account_id)
+        admin = ledger.accounts.create_account("admin", cap_epsilon=1.0, delta=1e-6)
+        admin_key, _ = ledger.api_keys.create_api_key(admin.account_id)
     body: dict[str, Any] = client.get("/readyz", headers=bearer(admin_key)).json()
     return body
 
@@ -211,8 +214,8 @@ def test_a_delta_outside_its_range_is_one_line_and_exit_2(value: str, tmp_path: 
 def test_account_deltas_are_the_configured_one_on_any_graph(app_backend: Backend) -> None:
     with _client(app_backend) as client:
         with open_ledger(app_backend.database_url) as ledger:
-            admin = ledger.create_account("admin", cap_epsilon=1.0, delta=1e-6)
-            admin_key, _ = ledger.create_api_key(admin.account_id)
+            admin = ledger.accounts.create_account("admin", cap_epsilon=1.0, delta=1e-6)
+            admin_key, _ = ledger.api_keys.create_api_key(admin.account_id)
         made = client.post(
             "/v1/admin/accounts", json={"type": "user", "node_id": "2"}, headers=bearer(admin_key)
         )
@@ -363,7 +366,7 @@ def test_count_answers_state_delta_zero_and_charge_no_sampler_share(
         assert len(charges) >= 3 and releases
         for row in [*charges, *releases]:
             assert RdpCurve.from_json(row.rdp).sampler_tv == 0.0
-        assert ledger.budget(account).spent_epsilon > 0
+        assert ledger.budgets.budget(account).spent_epsilon > 0
 
 
 # --------------------------------------------------------------------------- finding 7
@@ -376,7 +379,7 @@ def test_kappa_comes_from_the_public_bound_not_the_graph(ledger: Ledger) -> None
     assert before.stats.degree_max + 1 == after.stats.degree_max  # an edge at the hub
     scales = []
     for graph in (before, after):
-        served = as_served(graph, ledger, max_degree_bound=500)
+        served = as_served(graph, ledger.graph_versions, max_degree_bound=500)
         assert margin_degree(served) == 500
         config = DiffusionConfig(
             mode=Mode.EDGE, beta=0.8, steps=3, eta=1e-7, noise_scale=1e-5, noisy_steps=1
@@ -391,7 +394,7 @@ def test_kappa_comes_from_the_public_bound_not_the_graph(ledger: Ledger) -> None
 def test_a_graph_over_the_degree_bound_is_refused(ledger: Ledger) -> None:
     graph = build_graph([0, 0, 0], [1, 2, 3])
     with pytest.raises(GraphLoadError, match="PPR_MAX_DEGREE_BOUND = 2"):
-        as_served(graph, ledger, max_degree_bound=2)
+        as_served(graph, ledger.graph_versions, max_degree_bound=2)
 
 
 def test_admin_reload_over_the_bound_is_422_and_keeps_the_graph(
@@ -403,8 +406,8 @@ def test_admin_reload_over_the_bound_is_422_and_keeps_the_graph(
     (graph_dir / "open.txt").write_text("0 1\n1 9\n")  # 9 is not listed
     with _client(app_backend, max_degree_bound=3, graph_dir=graph_dir) as client:
         with open_ledger(app_backend.database_url) as ledger:
-            admin = ledger.create_account("admin", cap_epsilon=1.0, delta=1e-6)
-            admin_key, _ = ledger.create_api_key(admin.account_id)
+            admin = ledger.accounts.create_account("admin", cap_epsilon=1.0, delta=1e-6)
+            admin_key, _ = ledger.api_keys.create_api_key(admin.account_id)
         before = client.get("/v1/admin/graph", headers=bearer(admin_key)).json()
         star = client.post(
             "/v1/admin/graph/reload", json={"path": "star.txt"}, headers=bearer(admin_key)

@@ -21,8 +21,8 @@ def test_a_reload_on_one_worker_reaches_the_other(postgres_url: str, tmp_path: P
     write_generated_edge_list(graph_path, GRAPH_NODES, GRAPH_EDGES, seed=7)
     upgrade(postgres_url)
     with open_ledger(postgres_url) as ledger:
-        admin = ledger.create_account("admin", cap_epsilon=1.0, delta=1e-6)
-        admin_key, _ = ledger.create_api_key(admin.account_id)
+        admin = ledger.accounts.create_account("admin", cap_epsilon=1.0, delta=1e-6)
+        admin_key, _ = ledger.api_keys.create_api_key(admin.account_id)
     backend = Backend("postgres", postgres_url, None, graph_path)
     env = {"PPR_GRAPH_VERSION_CHECK_MS": "200"}
 
@@ -38,7 +38,7 @@ def test_a_reload_on_one_worker_reaches_the_other(postgres_url: str, tmp_path: P
         before = versions(server.base_url)
         assert len(before) == 1
         with open_ledger(postgres_url) as ledger:
-            assert ledger.current_graph_version() == next(iter(before))
+            assert ledger.graph_versions.current_graph_version() == next(iter(before))
 
         write_generated_edge_list(graph_path, GRAPH_NODES, GRAPH_EDGES + 10, seed=8)
         with httpx.Client(base_url=server.base_url, timeout=60) as http:
@@ -47,7 +47,7 @@ def test_a_reload_on_one_worker_reaches_the_other(postgres_url: str, tmp_path: P
         new = reloaded.json()["version"]
         assert {new} != before
         with open_ledger(postgres_url) as ledger:
-            assert ledger.current_graph_version() == new
+            assert ledger.graph_versions.current_graph_version() == new
 
         deadline = time.monotonic() + 60  # the other worker follows within a check interval
         while versions(server.base_url) != {new} and time.monotonic() < deadline:
@@ -71,13 +71,13 @@ def test_a_holder_follows_a_file_chosen_elsewhere(tmp_path: Path) -> None:
     write_generated_edge_list(first, GRAPH_NODES, GRAPH_EDGES, seed=7)
     write_generated_edge_list(chosen, GRAPH_NODES, GRAPH_EDGES + 10, seed=8)
     with open_ledger(url) as ledger:
-        here = GraphHolder(first, versions=ledger, check_seconds=0.0)
-        there = GraphHolder(first, versions=ledger, check_seconds=0.0)
+        here = GraphHolder(first, versions=ledger.graph_versions, check_seconds=0.0)
+        there = GraphHolder(first, versions=ledger.graph_versions, check_seconds=0.0)
         here.load()
         there.load(publish=False)
         assert here.current.version == there.current.version
         new = here.load(chosen).graph.version
-        assert ledger.current_graph_path() == str(chosen)
+        assert ledger.graph_versions.current_graph_path() == str(chosen)
         assert there.current.version == new and there.source == str(chosen)
         broken = tmp_path / "broken.txt"
         broken.write_text("1 2\n3\n")  # a line with one id
@@ -103,16 +103,16 @@ def test_a_restarted_worker_keeps_an_admins_choice_and_starts_without_the_databa
     write_generated_edge_list(chosen, GRAPH_NODES, GRAPH_EDGES + 10, seed=8)
     write_generated_edge_list(other, GRAPH_NODES, GRAPH_EDGES + 20, seed=9)
     with open_ledger(url) as ledger:
-        GraphHolder(first, versions=ledger).start()
-        admin_choice = GraphHolder(first, versions=ledger).load(chosen).graph.version
-        restarted = GraphHolder(first, versions=ledger)
+        GraphHolder(first, versions=ledger.graph_versions).start()
+        admin_choice = GraphHolder(first, versions=ledger.graph_versions).load(chosen).graph.version
+        restarted = GraphHolder(first, versions=ledger.graph_versions)
         assert restarted.start().graph.version == admin_choice
-        assert ledger.current_graph_version() == admin_choice
-        reconfigured = GraphHolder(other, versions=ledger).start().graph.version
-        assert ledger.current_graph_version() == reconfigured != admin_choice
+        assert ledger.graph_versions.current_graph_version() == admin_choice
+        reconfigured = GraphHolder(other, versions=ledger.graph_versions).start().graph.version
+        assert ledger.graph_versions.current_graph_version() == reconfigured != admin_choice
     down = Ledger(make_engine(f"sqlite:///{tmp_path / 'missing' / 'ledger.db'}"))
     try:
-        started = GraphHolder(first, versions=down).start()
+        started = GraphHolder(first, versions=down.graph_versions).start()
     finally:
         down.dispose()
     assert started.source == str(first)

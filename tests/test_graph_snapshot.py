@@ -279,8 +279,8 @@ def test_workers_share_one_mapping_follow_a_reload_and_a_restarted_worker_maps_i
     write_generated_edge_list(graph_path, GRAPH_NODES * 10, GRAPH_EDGES * 10, seed=7)
     upgrade(postgres_url)
     with open_ledger(postgres_url) as ledger:
-        admin = ledger.create_account("admin", cap_epsilon=1.0, delta=1e-6)
-        admin_key, _ = ledger.create_api_key(admin.account_id)
+        admin = ledger.accounts.create_account("admin", cap_epsilon=1.0, delta=1e-6)
+        admin_key, _ = ledger.api_keys.create_api_key(admin.account_id)
     directory = tmp_path / "graph-snapshots"
     backend = Backend("postgres", postgres_url, None, graph_path)
     env = {"PPR_GRAPH_VERSION_CHECK_MS": "200", "PPR_GRAPH_SNAPSHOT_DIR": str(directory)}

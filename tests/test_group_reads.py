@@ -3,11 +3,12 @@ must answer exactly as the same queries admitted one by one.
 
 Every scenario is played twice on a fresh ledger, each time for a fresh account of its own
 (keys, twins and releases are per account, so the two plays cannot see each other): once
-with each batch of queries admitted as one group (``Ledger.admit_and_charge_many``) and once
-with the same queries admitted one at a time (``Ledger.admit``), with the same releases,
-refunds and ageing of charges in between. The receipts (which charge, reused / joined,
-budgets) and the charges' final states must be the same, charges named by their order within
-the account; each scenario also checks the outcome it is about.
+with each batch of queries admitted as one group
+(``ledger.admission.admit_and_charge_many``) and once with the same queries admitted one at
+a time (``ledger.admission.admit_and_charge``), with the same releases, refunds and ageing
+of charges in between. The receipts (which charge, reused / joined, budgets) and the
+charges' final states must be the same, charges named by their order within the account;
+each scenario also checks the outcome it is about.
 Real SQLite and PostgreSQL (no mocks).
 """
 
@@ -95,7 +96,7 @@ class Played:
 
 
 def play(ledger: Ledger, scenario: Scenario, *, grouped: bool) -> Played:
-    account = ledger.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
+    account = ledger.accounts.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
     played = Played()
     for step in scenario(account):
         if not isinstance(step, Batch):
@@ -103,15 +104,19 @@ def play(ledger: Ledger, scenario: Scenario, *, grouped: bool) -> Played:
             continue
         stale = step.stale_after_seconds
         if grouped:
-            outcomes = ledger.admit_and_charge_many(step.admissions, stale_after_seconds=stale)
+            outcomes = ledger.admission.admit_and_charge_many(
+                step.admissions, stale_after_seconds=stale
+            )
             for outcome in outcomes:
                 assert isinstance(outcome, ChargeReceipt), outcome
                 played.receipts.append(outcome)
         else:
             for a in step.admissions:
-                played.receipts.append(ledger.admit(a, stale_after_seconds=stale))
-    played.states = {c.charge_id: c.state for c in ledger.list_charges(account)}
-    assert ledger.verify().ok
+                played.receipts.append(
+                    ledger.admission.admit_and_charge(a, stale_after_seconds=stale)
+                )
+    played.states = {c.charge_id: c.state for c in ledger.reports.list_charges(account)}
+    assert ledger.reports.verify().ok
     return played
 
 
@@ -131,9 +136,11 @@ def store(node: str, receipt: int, *, many: bool = False) -> Action:
         charge = receipts[receipt].charge_id
         stored = release(receipts[receipt].budget.account_id, node, charge)
         if many:
-            assert ledger.store_releases([(stored, None, stored.key.account_id)]) == [None]
+            assert ledger.settlement.store_releases([(stored, None, stored.key.account_id)]) == [
+                None
+            ]
         else:
-            ledger.store_release(
+            ledger.settlement.store_release(
                 stored, idempotency_key=None, principal_account_id=stored.key.account_id
             )
 
@@ -142,7 +149,7 @@ def store(node: str, receipt: int, *, many: bool = False) -> Action:
 
 def refund(receipt: int) -> Action:
     def act(ledger: Ledger, receipts: list[ChargeReceipt]) -> None:
-        ledger.refund(receipts[receipt].charge_id, reason="test: no noise was drawn")
+        ledger.settlement.refund(receipts[receipt].charge_id, reason="test: no noise was drawn")
 
     return act
 
@@ -381,8 +388,8 @@ def test_a_twin_charged_earlier_in_the_same_group_is_joined_whatever_its_age(
     own transaction (not yet committed, answered by this same group) is never stale, so it is
     joined even with stale_after_seconds=0, where a query admitted alone a moment later would
     refund the committed twin and charge again."""
-    acct = ledger.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
-    first, second = ledger.admit_and_charge_many(
+    acct = ledger.accounts.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
+    first, second = ledger.admission.admit_and_charge_many(
         [
             admission(acct, "n1", release_key=key(acct, "n1")),
             admission(acct, "n1", release_key=key(acct, "n1")),
@@ -391,7 +398,7 @@ def test_a_twin_charged_earlier_in_the_same_group_is_joined_whatever_its_age(
     )
     assert isinstance(first, ChargeReceipt) and isinstance(second, ChargeReceipt)
     assert not first.joined and second.joined and second.charge_id == first.charge_id
-    assert ledger.charge_state(first.charge_id) == "admitted"
+    assert ledger.settlement.charge_state(first.charge_id) == "admitted"
 
 
 def test_a_twin_younger_than_stale_after_seconds_is_joined_not_refunded(

@@ -171,7 +171,7 @@ def test_a_batch_body_at_one_byte_a_second_is_refused_and_charges_nothing(
         assert "PPR_HTTP_BODY_TIMEOUT_SECONDS" in reply.error()["message"]
         assert closed_by_server(sock)
     with open_ledger(served.database_url) as ledger:
-        assert ledger.budget(account_id).charges == 0
+        assert ledger.budgets.budget(account_id).charges == 0
 
 
 def test_a_client_that_never_reads_a_large_answer_is_cut_off(served: Served) -> None:
@@ -182,8 +182,10 @@ def test_a_client_that_never_reads_a_large_answer_is_cut_off(served: Served) -> 
     connection was held, and the whole answer sent once the client read, for as long as it
     waited."""
     with open_ledger(served.database_url) as ledger:
-        service = ledger.create_account("service", cap_epsilon=5.0, delta=1e-6, modes=["edge"])
-        key, _ = ledger.create_api_key(service.account_id)
+        service = ledger.accounts.create_account(
+            "service", cap_epsilon=5.0, delta=1e-6, modes=["edge"]
+        )
+        key, _ = ledger.api_keys.create_api_key(service.account_id)
     nodes = [str(i % GRAPH_NODES) for i in range(1000)]
     body = json.dumps(
         {"nodes": nodes, "k": GRAPH_NODES - 1, "mode": "edge", "mechanism": "popular"}

@@ -34,6 +34,7 @@ from tests.api_support import (
     user_with_key,
     uvicorn_server,
 )
+from tests.ledger_support import admit_and_charge
 from tests.test_api import REDIS_URL, redis_answers
 
 
@@ -107,21 +108,23 @@ def test_a_keyed_replay_binds_its_key_to_that_release(backend: Backend, groups: 
     with running_app(backend, query_groups_in_flight=groups) as client:
         the_issue_sequence(client, key, "7", mechanism="noisy_diffusion")
         ledger = ledger_of(client)
-        charges = ledger.list_charges(account_id)
+        charges = ledger.reports.list_charges(account_id)
         assert len(charges) == 2  # the first query and the fresh one; nothing else charged
         first_charge = min(c.charge_id for c in charges)
         assert bindings(ledger) == [("K-1", "replayed", first_charge, True)]
-        assert ledger.verify().ok
+        assert ledger.reports.verify().ok
 
 
 def test_edge_mode_keys_bind_too(backend: Backend) -> None:
     with running_app(backend) as client:
         ledger = ledger_of(client)
-        service = ledger.create_account("service", cap_epsilon=5.0, delta=1e-6, modes=["edge"])
-        key, _ = ledger.create_api_key(service.account_id)
+        service = ledger.accounts.create_account(
+            "service", cap_epsilon=5.0, delta=1e-6, modes=["edge"]
+        )
+        key, _ = ledger.api_keys.create_api_key(service.account_id)
         the_issue_sequence(client, key, "11", mode="edge")
-        assert len(ledger.list_charges(service.account_id)) == 2
-        assert ledger.verify().ok
+        assert len(ledger.reports.list_charges(service.account_id)) == 2
+        assert ledger.reports.verify().ok
 
 
 def batch(http: Any, key: str, nodes: list[str], idem: str, **body: Any) -> Any:
@@ -133,8 +136,10 @@ def batch(http: Any, key: str, nodes: list[str], idem: str, **body: Any) -> Any:
 def test_a_retried_batch_returns_the_items_it_first_returned(backend: Backend) -> None:
     with running_app(backend) as client:
         ledger = ledger_of(client)
-        service = ledger.create_account("service", cap_epsilon=5.0, delta=1e-6, modes=["edge"])
-        key, _ = ledger.create_api_key(service.account_id)
+        service = ledger.accounts.create_account(
+            "service", cap_epsilon=5.0, delta=1e-6, modes=["edge"]
+        )
+        key, _ = ledger.api_keys.create_api_key(service.account_id)
         nodes = ["3", "4", "5"]
         for node in nodes[:2]:  # two of the three have a stored release: replayed in the batch
             results(get(client, key, node, mode="edge"))
@@ -151,16 +156,17 @@ def test_a_retried_batch_returns_the_items_it_first_returned(backend: Backend) -
         assert all(i["error"]["code"] == "invalid_parameter" for i in clash.json()["items"])
         again = batch(client, key, nodes, "nightly-1")
         assert [i["results"] for i in again.json()["items"]] == [i["results"] for i in items]
-        assert len(ledger.list_charges(service.account_id)) == 2 + 1 + 3
-        assert ledger.verify().ok
+        assert len(ledger.reports.list_charges(service.account_id)) == 2 + 1 + 3
+        assert ledger.reports.verify().ok
 
 
 def test_ledger_binds_each_key_once_and_a_refund_frees_it(ledger: Ledger) -> None:
-    user = ledger.create_account("user", node_id="1", cap_epsilon=5.0, delta=1e-6)
+    user = ledger.accounts.create_account("user", node_id="1", cap_epsilon=5.0, delta=1e-6)
     curve = laplace_curve(0.1)
 
     def charge(idem: str | None, request_id: str) -> int:
-        return ledger.admit_and_charge(
+        return admit_and_charge(
+            ledger,
             charged_account_id=user.account_id, principal_account_id=user.account_id,
             seed="1", mechanism="common_neighbours", mode="personalized", params={},
             query_curve=curve, query_epsilon=0.1, graph_version="g1",
@@ -168,15 +174,18 @@ def test_ledger_binds_each_key_once_and_a_refund_frees_it(ledger: Ledger) -> Non
         ).charge_id  # fmt: skip
 
     released, in_flight = charge(None, "r1"), charge(None, "r2")
-    ledger.refund(in_flight, reason="test: nothing drawn")
+    ledger.settlement.refund(in_flight, reason="test: nothing drawn")
     released_too = charge(None, "r3")
-    assert ledger.bind_idempotency_keys([(user.account_id, "A", released)]) == [released]
+    assert ledger.stored_releases.bind_idempotency_keys([(user.account_id, "A", released)]) == [
+        released
+    ]
     # a later binding of the same key keeps the first; another key binds on its own
-    assert ledger.bind_idempotency_keys(
+    assert ledger.stored_releases.bind_idempotency_keys(
         [(user.account_id, "A", released_too), (user.account_id, "B", released_too)]
     ) == [released, released_too]
     # a charged query under a bound key is not charged: it gets the bound charge back
-    reused = ledger.admit_and_charge(
+    reused = admit_and_charge(
+        ledger,
         charged_account_id=user.account_id, principal_account_id=user.account_id, seed="1",
         mechanism="common_neighbours", mode="personalized", params={}, query_curve=curve,
         query_epsilon=0.1, graph_version="g1", request_id="r4", idempotency_key="A",
@@ -184,8 +193,10 @@ def test_ledger_binds_each_key_once_and_a_refund_frees_it(ledger: Ledger) -> Non
     assert reused.reused and reused.charge_id == released
     # a charged key is bound to its charge; refunding the charge frees the key
     keyed = charge("C", "r5")
-    assert ledger.bind_idempotency_keys([(user.account_id, "C", released)]) == [keyed]
-    ledger.refund(keyed, reason="test: nothing drawn")
+    assert ledger.stored_releases.bind_idempotency_keys([(user.account_id, "C", released)]) == [
+        keyed
+    ]
+    ledger.settlement.refund(keyed, reason="test: nothing drawn")
     again = charge("C", "r6")
     assert again not in (keyed, released)
     kinds = [(k, kind, live) for k, kind, _, live in bindings(ledger)]
@@ -193,7 +204,7 @@ def test_ledger_binds_each_key_once_and_a_refund_frees_it(ledger: Ledger) -> Non
         ("A", "replayed", True), ("B", "replayed", True), ("C", "charged", False),
         ("C", "charged", True),
     ]  # fmt: skip
-    report = ledger.verify()
+    report = ledger.reports.verify()
     assert report.ok, report.mismatches
 
 
@@ -278,10 +289,10 @@ def test_two_workers_bind_keys_under_concurrent_fresh_draws(
         bound = {k: c for k, _, c, live in bindings(ledger) if live and k in first}
         assert set(bound) == set(keys)
         for idem in keys:
-            release = ledger.release_for_charge(bound[idem])
+            release = ledger.stored_releases.release_for_charge(bound[idem])
             assert release is not None
             assert [r.node for r in release.results[:5]] == [r["node"] for r in first[idem]]
-        report = ledger.verify()
+        report = ledger.reports.verify()
         assert report.ok, report.mismatches
 
 
@@ -296,10 +307,11 @@ def test_the_migration_binds_the_keys_of_live_charges(ledger_url: str) -> None:
 
     upgrade(ledger_url)
     with open_ledger(ledger_url) as ledger:
-        user = ledger.create_account("user", node_id="1", cap_epsilon=5.0, delta=1e-6)
+        user = ledger.accounts.create_account("user", node_id="1", cap_epsilon=5.0, delta=1e-6)
         uid, curve = user.account_id, laplace_curve(0.1)
         ids = [
-            ledger.admit_and_charge(
+            admit_and_charge(
+                ledger,
                 charged_account_id=uid, principal_account_id=uid, seed="1",
                 mechanism="common_neighbours", mode="personalized", params={},
                 query_curve=curve, query_epsilon=0.1, graph_version="g1",
@@ -309,16 +321,18 @@ def test_the_migration_binds_the_keys_of_live_charges(ledger_url: str) -> None:
         ]  # fmt: skip
         key = ReleaseKey(uid, "1", "g1", "personalized", 0.1, "common_neighbours")
         stored = StoredRelease(key, ids[0], [RankedNode("2", 0.5)], {}, "r0")
-        ledger.store_release(stored, idempotency_key="released", principal_account_id=uid)
-        ledger.refund(ids[1], reason="test: nothing drawn")
+        ledger.settlement.store_release(
+            stored, idempotency_key="released", principal_account_id=uid
+        )
+        ledger.settlement.refund(ids[1], reason="test: nothing drawn")
     command.downgrade(alembic_config(ledger_url), "0003_admin_dashboard")
     upgrade(ledger_url)
     with open_ledger(ledger_url) as ledger:
         assert sorted((k, kind, c, live) for k, kind, c, live in bindings(ledger)) == [
             ("in-flight", "charged", ids[2], True), ("released", "charged", ids[0], True),
         ]  # fmt: skip
-        assert ledger.release_for_idempotency_key(uid, "released") == stored
-        report = ledger.verify()
+        assert ledger.stored_releases.release_for_idempotency_key(uid, "released") == stored
+        report = ledger.reports.verify()
         assert report.ok, report.mismatches
 
 
@@ -327,12 +341,13 @@ def test_a_key_joined_to_an_in_flight_twin_is_freed_when_the_twin_is_refunded(
 ) -> None:
     from service.ledger.records import ReleaseKey
 
-    user = ledger.create_account("user", node_id="1", cap_epsilon=5.0, delta=1e-6)
+    user = ledger.accounts.create_account("user", node_id="1", cap_epsilon=5.0, delta=1e-6)
     uid, curve = user.account_id, laplace_curve(0.1)
     key = ReleaseKey(uid, "1", "g1", "personalized", 0.1, "common_neighbours")
 
     def admit(idem: str | None, request_id: str) -> Any:
-        return ledger.admit_and_charge(
+        return admit_and_charge(
+            ledger,
             charged_account_id=uid, principal_account_id=uid, seed="1",
             mechanism="common_neighbours", mode="personalized", params={}, query_curve=curve,
             query_epsilon=0.1, graph_version="g1", request_id=request_id,
@@ -345,12 +360,14 @@ def test_a_key_joined_to_an_in_flight_twin_is_freed_when_the_twin_is_refunded(
     assert bindings(ledger) == [("J", "joined", twin.charge_id, True)]
     retry = admit("J", "r3")
     assert retry.reused and retry.charge_id == twin.charge_id
-    ledger.reconcile(older_than_seconds=0)  # the twin's worker died: nothing was released
+    ledger.settlement.reconcile(
+        older_than_seconds=0
+    )  # the twin's worker died: nothing was released
     assert bindings(ledger) == [("J", "joined", twin.charge_id, False)]
     again = admit("J", "r4")
     assert not (again.reused or again.joined) and again.charge_id != twin.charge_id
     assert bindings(ledger)[-1] == ("J", "charged", again.charge_id, True)
-    report = ledger.verify()
+    report = ledger.reports.verify()
     assert report.ok, report.mismatches
 
 
@@ -405,14 +422,14 @@ def test_a_popular_answer_binds_its_key(backend: Backend) -> None:
         again = get(client, key, "7", "P-2", mechanism="popular")
         assert again.json()["replayed"] is True and results(again) == results(first)
 
-        charges = ledger.list_charges(account_id)
+        charges = ledger.reports.list_charges(account_id)
         degree = [c for c in charges if c.mechanism == "degree_release"]
         assert len(degree) == 1 and len(charges) == 2  # the degree release, common_neighbours
         assert popular_bindings(ledger) == [
             ("P-1", "7", "personalized", degree[0].charge_id),
             ("P-2", "7", "personalized", degree[0].charge_id),
         ]
-        report = ledger.verify()
+        report = ledger.reports.verify()
         assert report.ok, report.mismatches
 
 
@@ -421,10 +438,12 @@ def test_a_popular_key_after_a_new_graph_version_is_refused(backend: Backend) ->
     reload, its retry is 422 (as for a charged query's key), not the new version's ranking."""
     with running_app(backend) as client:
         ledger = ledger_of(client)
-        service = ledger.create_account("service", cap_epsilon=5.0, delta=1e-6, modes=["edge"])
-        key, _ = ledger.create_api_key(service.account_id)
-        admin = ledger.create_account("admin", cap_epsilon=1.0, delta=1e-6)
-        admin_key, _ = ledger.create_api_key(admin.account_id)
+        service = ledger.accounts.create_account(
+            "service", cap_epsilon=5.0, delta=1e-6, modes=["edge"]
+        )
+        key, _ = ledger.api_keys.create_api_key(service.account_id)
+        admin = ledger.accounts.create_account("admin", cap_epsilon=1.0, delta=1e-6)
+        admin_key, _ = ledger.api_keys.create_api_key(admin.account_id)
         first = get(client, key, "11", "E-1", mechanism="popular", mode="edge")
         assert get(client, key, "11", "E-1", mechanism="popular", mode="edge").json()["replayed"]
         write_generated_edge_list(backend.graph_path, GRAPH_NODES, GRAPH_EDGES + 10, seed=8)
@@ -433,15 +452,17 @@ def test_a_popular_key_after_a_new_graph_version_is_refused(backend: Backend) ->
         refused_for_the_key(get(client, key, "11", "E-1", mechanism="popular", mode="edge"))
         fresh_key = get(client, key, "11", "E-2", mechanism="popular", mode="edge")
         assert fresh_key.json()["graph_version"] == reloaded.json()["version"]
-        report = ledger.verify()
+        report = ledger.reports.verify()
         assert report.ok, report.mismatches
 
 
 def test_a_batch_of_popular_items_binds_each_item_key(backend: Backend) -> None:
     with running_app(backend) as client:
         ledger = ledger_of(client)
-        service = ledger.create_account("service", cap_epsilon=5.0, delta=1e-6, modes=["edge"])
-        key, _ = ledger.create_api_key(service.account_id)
+        service = ledger.accounts.create_account(
+            "service", cap_epsilon=5.0, delta=1e-6, modes=["edge"]
+        )
+        key, _ = ledger.api_keys.create_api_key(service.account_id)
         nodes = ["3", "4", "5"]
         first = batch(client, key, nodes, "popular-1", mechanism="popular")
         assert first.status_code == 200, first.text
@@ -452,9 +473,9 @@ def test_a_batch_of_popular_items_binds_each_item_key(backend: Backend) -> None:
         assert [i["results"] for i in retry.json()["items"]] == items
         clash = batch(client, key, nodes, "popular-1")  # noisy_diffusion under the same key
         assert all(i["error"]["code"] == "invalid_parameter" for i in clash.json()["items"])
-        assert len(ledger.list_charges(service.account_id)) == 1  # the degree release only
+        assert len(ledger.reports.list_charges(service.account_id)) == 1  # the degree release only
         assert len(popular_bindings(ledger)) == 3
-        assert ledger.verify().ok
+        assert ledger.reports.verify().ok
 
 
 @pytest.mark.slow
@@ -514,7 +535,7 @@ def test_two_workers_give_a_key_to_popular_or_to_a_charged_query_never_both(
     with open_ledger(backend.database_url) as ledger:
         popular = {k for k, _, _, _ in popular_bindings(ledger)}
         assert popular == {k for k, (w, _) in winners.items() if w != "charged"}
-        report = ledger.verify()
+        report = ledger.reports.verify()
         assert report.ok, report.mismatches
 
 
@@ -524,25 +545,28 @@ def test_verify_checks_popular_bindings(ledger: Ledger) -> None:
     from service.ledger.records import DegreeCharge
     from service.ledger.tables import utcnow
 
-    user = ledger.create_account("user", node_id="1", cap_epsilon=5.0, delta=1e-6)
+    user = ledger.accounts.create_account("user", node_id="1", cap_epsilon=5.0, delta=1e-6)
     uid, curve = user.account_id, laplace_curve(0.1)
-    popular = ledger.admit_degree_release(
+    popular = ledger.quota_and_degree.admit_degree_release(
         charged_account_id=uid, principal_account_id=uid, seed="1", mode="personalized",
         degree=DegreeCharge("g1", 0.1, curve), request_id="r1", idempotency_key="P",
     )  # fmt: skip
     assert popular.charged and not popular.replayed
-    again = ledger.admit_degree_release(
+    again = ledger.quota_and_degree.admit_degree_release(
         charged_account_id=uid, principal_account_id=uid, seed="1", mode="personalized",
         degree=DegreeCharge("g1", 0.1, curve), request_id="r2", idempotency_key="P",
     )  # fmt: skip
     assert again.replayed and not again.charged
-    assert ledger.verify().ok
-    charged = ledger.admit_and_charge(
+    assert ledger.reports.verify().ok
+    charged = admit_and_charge(
+        ledger,
         charged_account_id=uid, principal_account_id=uid, seed="1",
         mechanism="common_neighbours", mode="personalized", params={}, query_curve=curve,
         query_epsilon=0.1, graph_version="g1", request_id="r3", idempotency_key=None,
     ).charge_id  # fmt: skip
-    degree_charge = next(c.charge_id for c in ledger.list_charges(uid) if c.charge_id != charged)
+    degree_charge = next(
+        c.charge_id for c in ledger.reports.list_charges(uid) if c.charge_id != charged
+    )
     with ledger.engine.begin() as conn:
         conn.execute(
             IdempotencyBinding.__table__.insert(),  # type: ignore[attr-defined]
@@ -555,7 +579,9 @@ def test_verify_checks_popular_bindings(ledger: Ledger) -> None:
                  "seed": None, "mode": None},
             ],
         )  # fmt: skip
-    details = {m["detail"] for m in ledger.verify().mismatches if m["kind"] == "idempotency"}
+    details = {
+        m["detail"] for m in ledger.reports.verify().mismatches if m["kind"] == "idempotency"
+    }
     assert details == {
         "popular Idempotency-Key not bound to a released degree-release charge",
         "Idempotency-Key of a charged query bound to a degree-release charge",

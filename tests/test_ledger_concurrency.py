@@ -23,6 +23,7 @@ from service.ledger.records import Admission, ChargeReceipt
 from service.privacy.accountant import RdpCurve, compose
 from service.privacy.calibration import plan_diffusion
 from service.privacy.modes import Mode
+from tests.ledger_support import count_charges
 
 PROCESSES = 4
 ATTEMPTS = 12  # per process
@@ -77,7 +78,7 @@ def hammer_grouped(
             attempt(account, principal, proc, i, curve)
             for i in range(start, min(start + GROUP, ATTEMPTS))
         ]
-        outcomes.extend(outcome_row(o) for o in ledger.admit_and_charge_many(group))
+        outcomes.extend(outcome_row(o) for o in ledger.admission.admit_and_charge_many(group))
     return outcomes
 
 
@@ -101,7 +102,9 @@ def hammer(
             outcomes = hammer_grouped(ledger, account, principal, proc)
         for i in range(ATTEMPTS if not grouped else 0):
             try:
-                receipt = ledger.admit(attempt(account, principal, proc, i, curve))
+                receipt = ledger.admission.admit_and_charge(
+                    attempt(account, principal, proc, i, curve)
+                )
             except BudgetExhausted as exc:
                 outcomes.append(outcome_row(exc))
             else:
@@ -132,8 +135,10 @@ def test_processes_never_overspend(
 
     upgrade(url)
     setup = Ledger.from_url(url)
-    principal = setup.create_account("service", cap_epsilon=1.0, delta=DELTA).account_id
-    account = setup.create_account("user", node_id="n1", cap_epsilon=cap, delta=DELTA).account_id
+    principal = setup.accounts.create_account("service", cap_epsilon=1.0, delta=DELTA).account_id
+    account = setup.accounts.create_account(
+        "user", node_id="n1", cap_epsilon=cap, delta=DELTA
+    ).account_id
 
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(PROCESSES)
@@ -172,8 +177,8 @@ def test_processes_never_overspend(
     assert len(refused) == PROCESSES * ATTEMPTS - FIT - len(reused)
     assert all(o[3] <= cap for o in outcomes)
 
-    budget = setup.budget(account)
-    assert budget.charges == FIT == setup.count_charges(account) == setup.count_charges()
+    budget = setup.budgets.budget(account)
+    assert budget.charges == FIT == count_charges(setup, account) == count_charges(setup)
     assert budget.spent_epsilon == spent_after(FIT) <= cap
     with setup.engine.connect() as conn:
         shared = conn.execute(

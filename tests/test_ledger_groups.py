@@ -26,6 +26,7 @@ from service.privacy.accountant import RdpCurve, compose
 from service.privacy.calibration import plan_diffusion
 from service.privacy.modes import Mode
 from service.serving.group_commit import GroupCommitter
+from tests.ledger_support import admit_and_charge, count_charges
 
 DELTA = 3e-6
 
@@ -53,12 +54,12 @@ def admission(account: int, i: int, curve: RdpCurve, **kwargs: Any) -> Admission
 def test_a_group_admits_in_order_until_the_cap_and_refuses_the_rest(ledger: Ledger) -> None:
     curve = curve_for(0.1)
     fits_two = (compose([curve] * 2).epsilon(DELTA) + compose([curve] * 3).epsilon(DELTA)) / 2
-    a = ledger.create_account("service", cap_epsilon=fits_two, delta=DELTA).account_id
-    b = ledger.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
+    a = ledger.accounts.create_account("service", cap_epsilon=fits_two, delta=DELTA).account_id
+    b = ledger.accounts.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
     # accounts interleaved and out of id order: each is checked against its own spend so far
     group = [admission(b, 0, curve), admission(a, 1, curve), admission(a, 2, curve),
              admission(a, 3, curve), admission(b, 4, curve)]  # fmt: skip
-    outcomes = ledger.admit_and_charge_many(group)
+    outcomes = ledger.admission.admit_and_charge_many(group)
     assert [type(o).__name__ for o in outcomes] == [
         "ChargeReceipt", "ChargeReceipt", "ChargeReceipt", "BudgetExhausted", "ChargeReceipt",
     ]  # fmt: skip
@@ -68,19 +69,21 @@ def test_a_group_admits_in_order_until_the_cap_and_refuses_the_rest(ledger: Ledg
     refused = outcomes[3]
     assert isinstance(refused, BudgetExhausted)
     assert refused.budget.charges == 2  # it saw the two charges before it, nothing of its own
-    assert ledger.budget(a).spent_epsilon == compose([curve] * 2).epsilon(DELTA) <= fits_two
-    assert ledger.budget(b).charges == 2
-    assert ledger.count_charges(a) == 2 and ledger.count_charges(b) == 2
-    assert ledger.verify().ok
+    assert ledger.budgets.budget(a).spent_epsilon == compose([curve] * 2).epsilon(DELTA) <= fits_two
+    assert ledger.budgets.budget(b).charges == 2
+    assert count_charges(ledger, a) == 2 and count_charges(ledger, b) == 2
+    assert ledger.reports.verify().ok
 
 
 def test_a_group_reuses_idempotency_keys_and_joins_twins(ledger: Ledger) -> None:
     curve = curve_for(0.1)
-    acct = ledger.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
-    first = ledger.admit_and_charge_many([admission(acct, 0, curve, idempotency_key="k0")])[0]
+    acct = ledger.accounts.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
+    first = ledger.admission.admit_and_charge_many(
+        [admission(acct, 0, curve, idempotency_key="k0")]
+    )[0]
     assert isinstance(first, ChargeReceipt) and not first.reused
     twin_key = ReleaseKey(acct, "n9", "g1", "edge", 0.1)
-    outcomes = ledger.admit_and_charge_many(
+    outcomes = ledger.admission.admit_and_charge_many(
         [
             admission(acct, 1, curve, idempotency_key="k0"),  # a retry: the earlier charge
             admission(acct, 9, curve, release_key=twin_key),
@@ -92,20 +95,22 @@ def test_a_group_reuses_idempotency_keys_and_joins_twins(ledger: Ledger) -> None
     assert retry.charge_id == first.charge_id
     assert isinstance(new, ChargeReceipt) and not (new.reused or new.joined)
     assert isinstance(twin, ChargeReceipt) and twin.joined and twin.charge_id == new.charge_id
-    assert ledger.budget(acct).charges == 2
+    assert ledger.budgets.budget(acct).charges == 2
 
 
 def test_a_retry_in_a_group_shows_the_budget_the_group_has_charged_so_far(
     ledger: Ledger,
 ) -> None:
     curve = curve_for(0.1)
-    a = ledger.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
-    b = ledger.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
-    first = ledger.admit_and_charge_many([admission(a, 0, curve, idempotency_key="k0")])[0]
+    a = ledger.accounts.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
+    b = ledger.accounts.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
+    first = ledger.admission.admit_and_charge_many([admission(a, 0, curve, idempotency_key="k0")])[
+        0
+    ]
     assert isinstance(first, ChargeReceipt)
     # the retry names another charged account, but its key is the earlier charge to ``a``,
     # which this same group charges again before it
-    new, retry = ledger.admit_and_charge_many(
+    new, retry = ledger.admission.admit_and_charge_many(
         [admission(a, 1, curve), admission(b, 2, curve, principal=a, idempotency_key="k0")]
     )
     assert isinstance(new, ChargeReceipt) and isinstance(retry, ChargeReceipt) and retry.reused
@@ -113,15 +118,15 @@ def test_a_retry_in_a_group_shows_the_budget_the_group_has_charged_so_far(
     assert retry.budget.account_id == a
     # a's spend as this transaction left it: the earlier charge and the group's new one
     assert retry.budget.charges == new.budget.charges == 2
-    assert retry.budget.spent_epsilon == ledger.budget(a).spent_epsilon
-    assert ledger.budget(b).charges == 0
+    assert retry.budget.spent_epsilon == ledger.budgets.budget(a).spent_epsilon
+    assert ledger.budgets.budget(b).charges == 0
 
 
 def test_a_group_with_a_key_taken_meanwhile_falls_back_to_one_by_one(ledger: Ledger) -> None:
     curve = curve_for(0.1)
-    acct = ledger.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
+    acct = ledger.accounts.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
     # the same key twice in one group: the unique index refuses the group's flush
-    outcomes = ledger.admit_and_charge_many(
+    outcomes = ledger.admission.admit_and_charge_many(
         [
             admission(acct, 0, curve, idempotency_key="same"),
             admission(acct, 1, curve, idempotency_key="same"),
@@ -129,7 +134,7 @@ def test_a_group_with_a_key_taken_meanwhile_falls_back_to_one_by_one(ledger: Led
     )
     assert all(isinstance(o, ChargeReceipt) for o in outcomes)
     assert [o.reused for o in outcomes if isinstance(o, ChargeReceipt)] == [False, True]
-    assert ledger.budget(acct).charges == 1
+    assert ledger.budgets.budget(acct).charges == 1
 
 
 def release_of(key: ReleaseKey, charge_id: int, n: int) -> StoredRelease:
@@ -139,23 +144,25 @@ def release_of(key: ReleaseKey, charge_id: int, n: int) -> StoredRelease:
 
 def test_a_group_of_releases_is_stored_in_one_transaction(ledger: Ledger) -> None:
     curve = curve_for(0.1)
-    acct = ledger.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
-    receipts = ledger.admit_and_charge_many([admission(acct, i, curve) for i in range(3)])
+    acct = ledger.accounts.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
+    receipts = ledger.admission.admit_and_charge_many([admission(acct, i, curve) for i in range(3)])
     ids = [r.charge_id for r in receipts if isinstance(r, ChargeReceipt)]
     keys = [ReleaseKey(acct, f"n{i}", "g1", "edge", 0.1) for i in range(3)]
-    ledger.refund(ids[1], reason="failed before any noise was drawn")
+    ledger.settlement.refund(ids[1], reason="failed before any noise was drawn")
     releases = [release_of(k, c, 50) for k, c in zip(keys, ids, strict=True)]
-    outcomes = ledger.store_releases(
+    outcomes = ledger.settlement.store_releases(
         [(r, None, acct) for r in releases] + [(releases[0], None, acct)]
     )
     assert outcomes[0] is None and outcomes[2] is None and outcomes[3] is None
     assert isinstance(outcomes[1], ChargeSettled)  # refunded: its answer must be discarded
-    assert ledger.find_release(keys[0]) == releases[0]
-    assert ledger.find_release(keys[1]) is None
-    states = {c.charge_id: c.state for c in ledger.list_charges(acct)}
+    assert ledger.stored_releases.find_release(keys[0]) == releases[0]
+    assert ledger.stored_releases.find_release(keys[1]) is None
+    states = {c.charge_id: c.state for c in ledger.reports.list_charges(acct)}
     assert states == {ids[0]: "released", ids[1]: "refunded", ids[2]: "released"}
-    assert ledger.store_releases([(releases[2], None, acct)]) == [None]  # stored before: no-op
-    assert ledger.verify().ok
+    assert ledger.settlement.store_releases([(releases[2], None, acct)]) == [
+        None
+    ]  # stored before: no-op
+    assert ledger.reports.verify().ok
 
 
 def test_the_compact_release_format_is_exact_and_reads_the_old_form() -> None:
@@ -235,18 +242,20 @@ def test_cached_authentication_has_a_documented_staleness_bound(ledger_url: str)
     upgrade(ledger_url)
     here, elsewhere = Ledger.from_url(ledger_url), Ledger.from_url(ledger_url)
     try:
-        acct = here.create_account("service", cap_epsilon=1.0, delta=DELTA).account_id
-        key, record = here.create_api_key(acct)
-        assert here.authenticate_cached(key, 3600) is not None
-        elsewhere.revoke_api_key(record.key_id)  # another process
+        acct = here.accounts.create_account("service", cap_epsilon=1.0, delta=DELTA).account_id
+        key, record = here.api_keys.create_api_key(acct)
+        assert here.api_keys.authenticate_cached(key, 3600) is not None
+        elsewhere.api_keys.revoke_api_key(record.key_id)  # another process
         # within the bound this process may still accept it; reading through never does
-        assert here.authenticate_cached(key, 3600) is not None
-        assert here.authenticate_cached(key, 0) is None
-        assert here.authenticate_cached(key, 3600) is None  # the failed read dropped the entry
-        key2, record2 = here.create_api_key(acct)
-        assert here.authenticate_cached(key2, 3600) is not None
-        here.revoke_api_key(record2.key_id)  # this process: at once
-        assert here.authenticate_cached(key2, 3600) is None
+        assert here.api_keys.authenticate_cached(key, 3600) is not None
+        assert here.api_keys.authenticate_cached(key, 0) is None
+        assert (
+            here.api_keys.authenticate_cached(key, 3600) is None
+        )  # the failed read dropped the entry
+        key2, record2 = here.api_keys.create_api_key(acct)
+        assert here.api_keys.authenticate_cached(key2, 3600) is not None
+        here.api_keys.revoke_api_key(record2.key_id)  # this process: at once
+        assert here.api_keys.authenticate_cached(key2, 3600) is None
     finally:
         here.dispose()
         elsewhere.dispose()
@@ -262,9 +271,9 @@ def test_a_stale_twin_is_refunded_in_a_transaction_of_its_own(
     from sqlalchemy import event
 
     curve = curve_for(0.1)
-    acct = ledger.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
+    acct = ledger.accounts.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
     key = ReleaseKey(acct, "n9", "g1", "edge", 0.1)
-    stale = ledger.admit_and_charge_many([admission(acct, 9, curve, release_key=key)])[0]
+    stale = ledger.admission.admit_and_charge_many([admission(acct, 9, curve, release_key=key)])[0]
     assert isinstance(stale, ChargeReceipt)  # admitted, never released: its worker died
 
     transactions: list[list[str]] = []
@@ -283,11 +292,12 @@ def test_a_stale_twin_is_refunded_in_a_transaction_of_its_own(
     event.listen(engine, "rollback", on_end)
     try:
         if grouped:
-            outcome = ledger.admit_and_charge_many(
+            outcome = ledger.admission.admit_and_charge_many(
                 [admission(acct, 9, curve, release_key=key)], stale_after_seconds=0.0
             )[0]
         else:
-            outcome = ledger.admit_and_charge(
+            outcome = admit_and_charge(
+                ledger,
                 charged_account_id=acct, principal_account_id=acct, seed="n9",
                 mechanism="noisy_diffusion", mode="edge", params={"i": 9}, query_curve=curve,
                 query_epsilon=0.1, graph_version="g1", request_id="r9b", release_key=key,
@@ -300,12 +310,12 @@ def test_a_stale_twin_is_refunded_in_a_transaction_of_its_own(
 
     assert isinstance(outcome, ChargeReceipt) and not outcome.joined
     assert outcome.charge_id != stale.charge_id
-    assert ledger.charge_state(stale.charge_id) == "refunded"
-    assert ledger.charge_state(outcome.charge_id) == "admitted"
+    assert ledger.settlement.charge_state(stale.charge_id) == "refunded"
+    assert ledger.settlement.charge_state(outcome.charge_id) == "admitted"
     refunding = [t for t in transactions if any("insert into refunds" in s for s in t)]
     charging = [t for t in transactions if any("insert into charges" in s for s in t)]
     assert len(refunding) == 1 and len(charging) == 1
     assert refunding[0] is not charging[0]
     assert not any("insert into charges" in s for s in refunding[0])
-    assert ledger.budget(acct).charges == 1
-    assert ledger.verify().ok
+    assert ledger.budgets.budget(acct).charges == 1
+    assert ledger.reports.verify().ok

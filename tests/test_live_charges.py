@@ -78,7 +78,7 @@ def test_the_thread_beats_while_held_and_stops_when_closed() -> None:
 
 def _admit(ledger: Ledger, account_id: int, seed: str) -> int:
     curve = laplace_curve(0.1)
-    receipt = ledger.admit(
+    receipt = ledger.admission.admit_and_charge(
         Admission(
             charged_account_id=account_id, principal_account_id=account_id, seed=seed,
             mechanism="noisy_diffusion", mode="edge", params={}, query_curve=curve,
@@ -118,19 +118,21 @@ def _age(ledger: Ledger, charge_id: int, seconds: float) -> None:
 
 
 def test_a_beating_charge_is_not_reconciled_and_a_silent_one_is(ledger: Ledger) -> None:
-    account = ledger.create_account("service", cap_epsilon=10.0, delta=1e-6).account_id
+    account = ledger.accounts.create_account("service", cap_epsilon=10.0, delta=1e-6).account_id
     beating, silent = _admit(ledger, account, "1"), _admit(ledger, account, "2")
     _age(ledger, beating, 120)
     _age(ledger, silent, 120)
-    assert ledger.beat_charges([beating]) == {beating}
-    assert ledger.reconcile(older_than_seconds=60) == [silent]
-    assert ledger.charge_state(beating) == "admitted"
-    assert ledger.beat_charges([beating, silent]) == {beating}  # the refunded one is gone
-    ledger.store_release(
+    assert ledger.settlement.beat_charges([beating]) == {beating}
+    assert ledger.settlement.reconcile(older_than_seconds=60) == [silent]
+    assert ledger.settlement.charge_state(beating) == "admitted"
+    assert ledger.settlement.beat_charges([beating, silent]) == {
+        beating
+    }  # the refunded one is gone
+    ledger.settlement.store_release(
         _release(beating, account, "1"), idempotency_key=None, principal_account_id=account
     )
-    assert ledger.charge_state(beating) == "released"
-    assert ledger.verify().ok
+    assert ledger.settlement.charge_state(beating) == "released"
+    assert ledger.reports.verify().ok
 
 
 def test_a_release_that_wins_the_race_is_no_failure_of_the_pass(
@@ -145,7 +147,7 @@ def test_a_release_that_wins_the_race_is_no_failure_of_the_pass(
         pytest.skip("SQLite serializes write transactions: no release inside a refund's")
     from service.ledger import settlement
 
-    account = ledger.create_account("service", cap_epsilon=10.0, delta=1e-6).account_id
+    account = ledger.accounts.create_account("service", cap_epsilon=10.0, delta=1e-6).account_id
     raced, other = _admit(ledger, account, "1"), _admit(ledger, account, "2")
     _age(ledger, raced, 120)
     _age(ledger, other, 120)
@@ -156,18 +158,18 @@ def test_a_release_that_wins_the_race_is_no_failure_of_the_pass(
         session: Any, charge_id: int, state: str, *args: Any, **kw: Any
     ) -> int:
         if charge_id == raced and state == "refunded":
-            elsewhere.store_release(
+            elsewhere.settlement.store_release(
                 _release(raced, account, "1"), idempotency_key=None, principal_account_id=account
             )
         return int(real_settle(session, charge_id, state, *args, **kw))
 
     monkeypatch.setattr(settlement, "settle", released_just_before)
     try:
-        assert ledger.reconcile(older_than_seconds=60) == [other]
+        assert ledger.settlement.reconcile(older_than_seconds=60) == [other]
     finally:
         elsewhere.dispose()
-    assert ledger.charge_state(raced) == "released"
-    assert ledger.verify().ok
+    assert ledger.settlement.charge_state(raced) == "released"
+    assert ledger.reports.verify().ok
 
 
 # -- the API: a batch longer than the reconcile limit answers every item -----------------------
@@ -205,7 +207,7 @@ def test_an_embeddings_batch_longer_than_the_reconcile_limit_answers_every_item(
         assert not errors, errors[:3]
         assert len(items) == len(nodes)
         ledger = ledger_of(client)
-        charges = ledger.list_charges(None, limit=1000)
+        charges = ledger.reports.list_charges(None, limit=1000)
         assert len(charges) == len(nodes)
         assert {charge.state for charge in charges} == {"released"}
-        assert ledger.verify().ok
+        assert ledger.reports.verify().ok

@@ -135,8 +135,10 @@ def test_a_refused_key_is_named_with_its_code_and_fails_the_run(
     upgrade(url)
     ledger = Ledger.from_url(url)
     try:
-        spent = ledger.create_account("service", cap_epsilon=1e-6, delta=1e-6, label="tiny cap")
-        key, _ = ledger.create_api_key(spent.account_id)
+        spent = ledger.accounts.create_account(
+            "service", cap_epsilon=1e-6, delta=1e-6, label="tiny cap"
+        )
+        key, _ = ledger.api_keys.create_api_key(spent.account_id)
     finally:
         ledger.dispose()
     command = [

@@ -29,6 +29,7 @@ from service.privacy.curves import laplace_curve
 from service.privacy.sampler import FLOAT_COUNT_RELEASE_TV
 from service.serving.rankings import degree_release_name
 from service.synthetic.release import Request, synthesize_release
+from tests.ledger_support import admit_and_charge, graph_fingerprint_of
 
 DELTA = 1e-6
 VERSIONS = Path(__file__).resolve().parents[1] / "migrations" / "versions"
@@ -74,18 +75,23 @@ def _write(url: str, tmp_path: Path) -> Written:
     graph = build_graph([0, 0, 1, 2, 3], [1, 2, 2, 3, 4])
     ledger = Ledger.from_url(url)
     try:
-        version = ledger.public_graph_version(graph.fingerprint)
-        ledger.set_current_graph_version(version, path="graph.txt")
-        user = ledger.create_account("user", node_id="1", cap_epsilon=5.0, delta=DELTA).account_id
-        other = ledger.create_account("user", node_id="2", cap_epsilon=5.0, delta=DELTA).account_id
-        service = ledger.create_account(
+        version = ledger.graph_versions.public_graph_version(graph.fingerprint)
+        ledger.graph_versions.set_current_graph_version(version, path="graph.txt")
+        user = ledger.accounts.create_account(
+            "user", node_id="1", cap_epsilon=5.0, delta=DELTA
+        ).account_id
+        other = ledger.accounts.create_account(
+            "user", node_id="2", cap_epsilon=5.0, delta=DELTA
+        ).account_id
+        service = ledger.accounts.create_account(
             "service", cap_epsilon=5.0, delta=DELTA, modes=("edge", "personalized"), label="b"
         ).account_id
         curve = float_era(0.1)  # what the service charged a count release then
         charges = []
         for i, key in enumerate(["released", "refunded"]):
             charges.append(
-                ledger.admit_and_charge(
+                admit_and_charge(
+                    ledger,
                     charged_account_id=user, principal_account_id=user, seed="1",
                     mechanism="common_neighbours", mode="personalized", params={},
                     query_curve=curve, query_epsilon=0.1, graph_version=version,
@@ -94,10 +100,12 @@ def _write(url: str, tmp_path: Path) -> Written:
             )  # fmt: skip
         release_key = ReleaseKey(user, "1", version, "personalized", 0.1, "common_neighbours")
         stored = StoredRelease(release_key, charges[0], [RankedNode("2", 0.5)], {}, "r0")
-        ledger.store_release(stored, idempotency_key="released", principal_account_id=user)
-        ledger.refund(charges[1], reason="test: nothing drawn")
+        ledger.settlement.store_release(
+            stored, idempotency_key="released", principal_account_id=user
+        )
+        ledger.settlement.refund(charges[1], reason="test: nothing drawn")
         d_curve = float_era(0.05)
-        blended = ledger.admit(
+        blended = ledger.admission.admit_and_charge(
             Admission(
                 charged_account_id=other, principal_account_id=service, seed="2",
                 mechanism="blended", mode="personalized", params={"name": "blended"},
@@ -106,25 +114,30 @@ def _write(url: str, tmp_path: Path) -> Written:
             )
         )  # fmt: skip
         name = degree_release_name(40.0)
-        ledger.graph_release(version, name, epsilon=0.05, curve=d_curve, draw=lambda: b"deg")
-        ledger.record_reads(service, charge_ids=[blended.charge_id], graph_release=(version, name))
-        salt = ledger.embedding_salt(version, lambda: bytes(range(16)))
+        ledger.graph_releases.graph_release(
+            version, name, epsilon=0.05, curve=d_curve, draw=lambda: b"deg"
+        )
+        ledger.read_figures.record_reads(
+            service, charge_ids=[blended.charge_id], graph_release=(version, name)
+        )
+        salt = ledger.embedding_salts.embedding_salt(version, lambda: bytes(range(16)))
         job = synthesize_release(
             ledger, graph, Request("communities", 1.0), tmp_path / "synthetic.txt", cap=None,
             rng_factory=np.random.default_rng,
         )  # fmt: skip
-        recorded = ledger.synthetic_release_by_sha256(job.sha256)
+        recorded = ledger.synthesis.synthetic_release_by_sha256(job.sha256)
         assert recorded is not None
-        paid = ledger.admit_synthetic_release(  # a sandbox answer's charge for that release
+        # a sandbox answer's charge for that release
+        paid = ledger.quota_and_degree.admit_synthetic_release(
             charged_account_id=other, principal_account_id=other, seed="2", mode="edge",
             release=SyntheticCharge(recorded.graph_version, job.release_name), request_id="s0",
         )  # fmt: skip
         assert paid.charged
-        report = ledger.verify()
+        report = ledger.reports.verify()
         assert report.ok, report.mismatches
-        spent = {a: ledger.budget(a).spent_epsilon for a in (user, other, service)}
+        spent = {a: ledger.budgets.budget(a).spent_epsilon for a in (user, other, service)}
         assert spent[user] > 0 and spent[other] > 0
-        assert ledger.read_view(service).releases == 2
+        assert ledger.read_figures.read_view(service).releases == 2
         return Written(user, other, service, version, graph.fingerprint, salt,
                        job.sha256, job.release_name, stored, spent)  # fmt: skip
     finally:
@@ -153,23 +166,33 @@ def test_a_ledger_at_an_old_revision_verifies_after_upgrade(
     upgrade(ledger_url)
     ledger = Ledger.from_url(ledger_url)
     try:
-        report = ledger.verify()
+        report = ledger.reports.verify()
         assert report.ok, report.mismatches
         for account, spent in written.spent.items():
-            assert ledger.budget(account).spent_epsilon == pytest.approx(spent, rel=1e-12)
+            assert ledger.budgets.budget(account).spent_epsilon == pytest.approx(spent, rel=1e-12)
         if revision >= "0004":  # the fingerprint -> public id record survives
-            assert ledger.public_graph_version(written.fingerprint) == written.version
+            assert (
+                ledger.graph_versions.public_graph_version(written.fingerprint) == written.version
+            )
         else:  # rebuilt by 0004: every id already shown keeps being its own public id
-            assert ledger.graph_fingerprint_of(written.version) is not None
+            assert graph_fingerprint_of(ledger, written.version) is not None
         # kept, or (below 0006) bound again by 0006's backfill of every live keyed charge
-        assert ledger.release_for_idempotency_key(written.user, "released") == written.stored
+        assert (
+            ledger.stored_releases.release_for_idempotency_key(written.user, "released")
+            == written.stored
+        )
         if revision >= "0005":
-            assert ledger.read_view(written.service).releases == 2
-        job = ledger.synthetic_release_by_sha256(written.synthetic_sha256)  # 0007 backfills
+            assert ledger.read_figures.read_view(written.service).releases == 2
+        job = ledger.synthesis.synthetic_release_by_sha256(
+            written.synthetic_sha256
+        )  # 0007 backfills
         assert job is not None and job.state == "done"
         assert job.release_name == written.synthetic_release
         if revision >= "0009":
-            assert ledger.embedding_salt(written.version, lambda: b"\0" * 16) == written.salt
+            assert (
+                ledger.embedding_salts.embedding_salt(written.version, lambda: b"\0" * 16)
+                == written.salt
+            )
     finally:
         ledger.dispose()
 
@@ -260,6 +283,6 @@ def test_a_replayed_migration_matches_a_real_one(
         for url in urls:  # each verifies and opens as a ledger at head
             ledger = Ledger.from_url(url)
             try:
-                assert ledger.verify().ok
+                assert ledger.reports.verify().ok
             finally:
                 ledger.dispose()

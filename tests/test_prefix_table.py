@@ -306,10 +306,10 @@ def test_a_served_query_starts_from_the_table_and_releases_the_same_vector(
         with running_app(backend, **settings) as client:
             runtime = client.app.state.runtime  # type: ignore[attr-defined]
             ledger = ledger_of(client)
-            admin = ledger.create_account("admin", cap_epsilon=1.0, delta=1e-6)
-            admin_key, _ = ledger.create_api_key(admin.account_id)
-            service = ledger.create_account("service", cap_epsilon=100.0, delta=1e-6)
-            key, _ = ledger.create_api_key(service.account_id)
+            admin = ledger.accounts.create_account("admin", cap_epsilon=1.0, delta=1e-6)
+            admin_key, _ = ledger.api_keys.create_api_key(admin.account_id)
+            service = ledger.accounts.create_account("service", cap_epsilon=100.0, delta=1e-6)
+            key, _ = ledger.api_keys.create_api_key(service.account_id)
 
             def table_status(admin_key: str = admin_key) -> str:
                 body = client.get("/readyz", headers=bearer(admin_key)).json()
@@ -355,8 +355,8 @@ def test_two_workers_map_one_table_file_built_by_one_process(
     write_generated_edge_list(graph_path, GRAPH_NODES * 2, GRAPH_EDGES * 2, seed=5)
     upgrade(postgres_url)
     with open_ledger(postgres_url) as ledger:
-        admin = ledger.create_account("admin", cap_epsilon=1.0, delta=1e-6)
-        admin_key, _ = ledger.create_api_key(admin.account_id)
+        admin = ledger.accounts.create_account("admin", cap_epsilon=1.0, delta=1e-6)
+        admin_key, _ = ledger.api_keys.create_api_key(admin.account_id)
     directory = tmp_path / "graph-snapshots"
     backend = Backend("postgres", postgres_url, None, graph_path)
     env = {"PPR_PREFIX_TABLE_BYTES": str(2**30), "PPR_GRAPH_SNAPSHOT_DIR": str(directory)}
@@ -364,7 +364,9 @@ def test_two_workers_map_one_table_file_built_by_one_process(
     def served() -> Graph:  # as the workers serve it: with the public id the ledger records
         with open_ledger(postgres_url) as ledger:
             return as_served(
-                load_configured_graph(graph_path, directory), ledger, max_degree_bound=10_000
+                load_configured_graph(graph_path, directory),
+                ledger.graph_versions,
+                max_degree_bound=10_000,
             )
 
     with uvicorn_server(backend, workers=2, extra_env=env) as server:

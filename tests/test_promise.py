@@ -33,12 +33,13 @@ from tests.api_support import (
     uvicorn_server,
 )
 from tests.conftest import POSTGRES_BASE_URL
+from tests.ledger_support import admit_and_charge
 from tests.test_api import Accounts, backend, query  # noqa: F401  (the backend fixture)
 
 
 def verify(database_url: str) -> dict[str, Any]:
     with open_ledger(database_url) as ledger:
-        return ledger.verify().to_dict()
+        return ledger.reports.verify().to_dict()
 
 
 # -- identical concurrent queries: one charge, one answer ---------------------------------------
@@ -62,9 +63,9 @@ def _assert_one_charge(responses: list[httpx.Response], database_url: str, accou
     assert len({json.dumps(b["results"]) for b in bodies}) == 1  # 16 identical answers
     assert sum(not b["replayed"] for b in bodies) == 1
     with open_ledger(database_url) as ledger:
-        charges = ledger.list_charges(account)
+        charges = ledger.reports.list_charges(account)
         assert len(charges) == 1 and charges[0].state == "released"
-        assert ledger.budget(account).charges == 1
+        assert ledger.budgets.budget(account).charges == 1
     report = verify(database_url)
     assert report["ok"] and report["admitted_without_release"]["count"] == 0
 
@@ -112,7 +113,8 @@ def _orphan_charge(client: TestClient, account: int, node: str, idem: str) -> in
     graph = runtime.graphs.current
     plan = runtime.queries.planner.plan(0.1, 1e-6, 30, 0.8, 1e-7, Mode.PERSONALIZED)
     key = ReleaseKey(account, node, graph.version, "personalized", 0.1)
-    receipt = ledger_of(client).admit_and_charge(
+    receipt = admit_and_charge(
+        ledger_of(client),
         charged_account_id=account,
         principal_account_id=account,
         seed=node,
@@ -146,8 +148,8 @@ def test_a_dead_workers_key_is_reconciled_and_retried(backend: Backend) -> None:
             ["ledger", "reconcile", "--older-than", "0", "--database-url", backend.database_url]
         )
         assert code == 0
-        assert ledger_of(client).charge_state(orphan) == "refunded"
-        assert ledger_of(client).budget(account).charges == 0
+        assert ledger_of(client).settlement.charge_state(orphan) == "refunded"
+        assert ledger_of(client).budgets.budget(account).charges == 0
         retried = query(client, key, "21", epsilon=0.1, idempotency_key="idem-1")
         assert retried.status_code == 200 and retried.json()["replayed"] is False
         again = query(client, key, "21", epsilon=0.1, idempotency_key="idem-1")
@@ -155,7 +157,7 @@ def test_a_dead_workers_key_is_reconciled_and_retried(backend: Backend) -> None:
             again.json()["replayed"] is True
             and again.json()["results"] == retried.json()["results"]
         )
-        states = sorted(c.state for c in ledger_of(client).list_charges(account))
+        states = sorted(c.state for c in ledger_of(client).reports.list_charges(account))
         assert states == ["refunded", "released"]
     report = verify(backend.database_url)
     assert report["ok"] and report["admitted_without_release"]["count"] == 0
@@ -170,7 +172,7 @@ def test_a_stale_twin_is_reconciled_by_the_next_identical_query(backend: Backend
         time.sleep(1.2)
         answered = query(client, key, "22", epsilon=0.1)
         assert answered.status_code == 200 and answered.json()["replayed"] is False
-        assert ledger_of(client).charge_state(orphan) == "refunded"
+        assert ledger_of(client).settlement.charge_state(orphan) == "refunded"
     assert verify(backend.database_url)["ok"]
 
 
@@ -191,8 +193,12 @@ def test_a_release_that_cannot_be_stored_is_never_sent(postgres_url: str, tmp_pa
         with running_app(pg, reconcile_interval_seconds=0) as client:
             ledger = ledger_of(client)
             # A query is stored alone or with the queries of its group: both paths lose it.
-            ledger.store_release = database_goes_away_then(admin, name, ledger.store_release)
-            ledger.store_releases = database_goes_away_then(admin, name, ledger.store_releases)
+            ledger.settlement.store_release = database_goes_away_then(
+                admin, name, ledger.settlement.store_release
+            )
+            ledger.settlement.store_releases = database_goes_away_then(
+                admin, name, ledger.settlement.store_releases
+            )
             response = query(client, key, "30", epsilon=0.1)
             assert response.status_code == 503, response.text
             assert response.json()["error"]["code"] == "ledger_unavailable"
@@ -200,10 +206,10 @@ def test_a_release_that_cannot_be_stored_is_never_sent(postgres_url: str, tmp_pa
         with admin.connect() as conn:
             conn.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
         with open_ledger(postgres_url) as ledger:
-            (charge,) = ledger.list_charges(account)
+            (charge,) = ledger.reports.list_charges(account)
             assert charge.state == "admitted"
-            assert ledger.reconcile(older_than_seconds=0) == [charge.charge_id]
-            assert ledger.budget(account).charges == 0
+            assert ledger.settlement.reconcile(older_than_seconds=0) == [charge.charge_id]
+            assert ledger.budgets.budget(account).charges == 0
         assert verify(postgres_url)["ok"]
     finally:
         with admin.connect() as conn:
@@ -219,10 +225,11 @@ def test_verify_finds_a_tampered_spend_and_exits_1(
 ) -> None:
     upgrade(ledger_url)
     with open_ledger(ledger_url) as ledger:
-        user = ledger.create_account("user", node_id="n", cap_epsilon=5.0, delta=1e-6)
+        user = ledger.accounts.create_account("user", node_id="n", cap_epsilon=5.0, delta=1e-6)
         curve = diffusion_curve(80.0, 100, 0.8, Mode.PERSONALIZED)
         for i in range(3):
-            ledger.admit_and_charge(
+            admit_and_charge(
+                ledger,
                 charged_account_id=user.account_id, principal_account_id=user.account_id,
                 seed="n", mechanism="noisy_diffusion", mode="personalized", params={},
                 query_curve=curve, query_epsilon=0.1, graph_version="g", request_id=f"r{i}",
@@ -261,7 +268,7 @@ def test_exposure_equals_an_independent_composition(backend: Backend) -> None:  
         for key, node, eps, mode in script:
             assert query(client, key, node, epsilon=eps, mode=mode).status_code == 200
         report = client.get("/v1/admin/exposure", headers=admin).json()
-        charges = ledger_of(client).list_charges(None, limit=100)
+        charges = ledger_of(client).reports.list_charges(None, limit=100)
     # independent: rebuild each charge's curve from its stored parameters, sum, and convert
     # with dp_accounting (the RDP part) and the pure bound
     rdp = [0.0] * len(ORDERS)
@@ -294,7 +301,7 @@ def test_graph_cap_holds_under_concurrent_charges(ledger_url: str) -> None:
     ledger = Ledger.from_url(ledger_url)
     try:
         ids = [
-            ledger.create_account("service", cap_epsilon=1e3, delta=delta).account_id
+            ledger.accounts.create_account("service", cap_epsilon=1e3, delta=delta).account_id
             for _ in range(8)
         ]
         admitted: list[int] = []
@@ -305,7 +312,8 @@ def test_graph_cap_holds_under_concurrent_charges(ledger_url: str) -> None:
             barrier.wait()
             for i in range(6):
                 try:
-                    ledger.admit_and_charge(
+                    admit_and_charge(
+                        ledger,
                         charged_account_id=account, principal_account_id=account, seed="s",
                         mechanism="noisy_diffusion", mode="edge", params={},
                         query_curve=curve, query_epsilon=1.0, graph_version="g",
@@ -320,11 +328,11 @@ def test_graph_cap_holds_under_concurrent_charges(ledger_url: str) -> None:
             t.start()
         for t in threads:
             t.join()
-        exposure = ledger.exposure(delta=delta)
+        exposure = ledger.reports.exposure(delta=delta)
         assert len(admitted) == fits and len(refused) == 48 - fits
         assert exposure.epsilon <= 6.0 and exposure.charges == fits
         assert math.isclose(exposure.shards_epsilon, exposure.epsilon, rel_tol=1e-9)
-        assert ledger.verify().ok
+        assert ledger.reports.verify().ok
     finally:
         ledger.dispose()
 

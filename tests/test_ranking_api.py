@@ -138,7 +138,7 @@ def test_each_mechanism_is_named_calibrated_and_charged(
         + plan_diffusion(0.2, delta, 30, 0.8, 1e-7, "personalized").curve
     )
     assert diffusion["budget"]["spent_epsilon"] == pytest.approx(curve.epsilon(delta))
-    charges = ledger_of(client).list_charges(account_id)
+    charges = ledger_of(client).reports.list_charges(account_id)
     assert sorted(c.mechanism for c in charges) == [
         "blended", "common_neighbours", "degree_release", "friends_of_friends", "noisy_diffusion"
     ]  # fmt: skip
@@ -288,7 +288,7 @@ def test_batch_takes_the_mechanism(client: TestClient, accounts: Accounts) -> No
     items = answer.json()["items"]
     charged = [i["epsilon_charged"] for i in items]
     assert charged == [plan_laplace(0.3, 2.0).epsilon] * 2 and charged[0] <= 0.3
-    charges = ledger_of(client).list_charges(None)
+    charges = ledger_of(client).reports.list_charges(None)
     assert {c.mechanism for c in charges} == {"common_neighbours"} and len(charges) == 2
     # the same release, asked for singly, is a replay
     single = query(client, key_a, "11", k=5, epsilon=0.3, mechanism="common_neighbours").json()
@@ -309,7 +309,7 @@ def test_the_degree_release_is_charged_once_per_graph_version(
     version = client.get("/v1/admin/graph", headers=bearer(accounts.admin_key)).json()["version"]
     name = degree_release_name(20.0)
     assert graph_releases(backend.database_url) == [(version, name, "released")]
-    report = ledger.exposure(delta=1e-6)
+    report = ledger.reports.exposure(delta=1e-6)
     assert report.graph_releases == 1
     charged = RdpCurve.zero()
     for _ in range(2):
@@ -327,7 +327,7 @@ def test_the_degree_release_is_charged_once_per_graph_version(
     assert query(client, key, "3", k=5, mechanism="popular").status_code == 200
     releases = graph_releases(backend.database_url)
     assert len(releases) == 2 and {r[0] for r in releases} == {version, reload.json()["version"]}
-    assert ledger.exposure(delta=1e-6).graph_releases == 2
+    assert ledger.reports.exposure(delta=1e-6).graph_releases == 2
 
 
 @pytest.mark.slow
@@ -371,8 +371,8 @@ def test_two_workers_make_one_degree_release(postgres_url: str, tmp_path: Path) 
     releases = graph_releases(postgres_url)
     assert len(releases) == 1 and releases[0][2] == "released"
     with open_ledger(postgres_url) as ledger:
-        report = ledger.exposure(delta=1e-6)
-        charges = ledger.list_charges(None, limit=1000)
+        report = ledger.reports.exposure(delta=1e-6)
+        charges = ledger.reports.list_charges(None, limit=1000)
     assert report.graph_releases == 1
     # even requests ask 8 users twice for blended (the second is a replay or a joined twin)
     blended = [c for c in charges if c.mechanism == "blended"]
@@ -423,7 +423,7 @@ def test_the_degree_release_respects_the_graph_cap(backend: Backend) -> None:
         _, key = accounts.user("4")
         assert query(client, key, "4", k=5, mechanism="popular").status_code == 200
         assert len(graph_releases(backend.database_url)) == 1
-        assert ledger_of(client).exposure(delta=1e-6).graph_releases == 1
+        assert ledger_of(client).reports.exposure(delta=1e-6).graph_releases == 1
 
 
 def test_friends_of_friends_can_be_the_configured_default(backend: Backend) -> None:

@@ -83,7 +83,7 @@ def test_an_all_refused_batch_costs_the_same_few_transactions_at_any_size(
     accounts = Accounts(client)
     ledger = ledger_of(client)
     for node in range(60):  # the seed users a personalized batch charges
-        ledger.create_account("user", node_id=str(node), cap_epsilon=10.0, delta=1e-6)
+        ledger.accounts.create_account("user", node_id=str(node), cap_epsilon=10.0, delta=1e-6)
     _, key = accounts.service(**fields)
     costs = {}
     for size in (5, 10, 60):  # the first also reads what is cached afterwards (the key, ...)
@@ -96,7 +96,7 @@ def test_an_all_refused_batch_costs_the_same_few_transactions_at_any_size(
         costs[size] = counted.commits
     assert costs[60] == costs[10] <= 4, costs  # before: one transaction per refused item
     assert _refusals(client, accounts.admin_key) == {way: 75}
-    assert not ledger.list_charges(None, limit=10)
+    assert not ledger.reports.list_charges(None, limit=10)
 
 
 def test_seed_accounts_are_read_together_only_for_nodes_of_the_graph(client: TestClient) -> None:
@@ -105,7 +105,7 @@ def test_seed_accounts_are_read_together_only_for_nodes_of_the_graph(client: Tes
     accounts = Accounts(client)
     ledger = ledger_of(client)
     for node in ("1", "2"):
-        ledger.create_account("user", node_id=node, cap_epsilon=10.0, delta=1e-6)
+        ledger.accounts.create_account("user", node_id=node, cap_epsilon=10.0, delta=1e-6)
     _, key = accounts.service(modes=["edge", "personalized"])
     body = {"nodes": ["1", "a\x00b", "2", "no-such-node"], "mode": "personalized"}
     response = client.post("/v1/ppr/batch", json=body, headers=bearer(key))
@@ -123,7 +123,7 @@ def test_a_group_counts_its_own_charges_against_the_service_quota(client: TestCl
     accounts = Accounts(client)
     ledger = ledger_of(client)
     for node in range(8):
-        ledger.create_account("user", node_id=str(node), cap_epsilon=10.0, delta=1e-6)
+        ledger.accounts.create_account("user", node_id=str(node), cap_epsilon=10.0, delta=1e-6)
     _, key = accounts.service(modes=["edge", "personalized"], quota_epsilon=0.45)
     body: dict[str, Any] = {"mode": "personalized", "epsilon": 0.1, "fresh": True,
                             "mechanism": "noisy_diffusion"}  # fmt: skip
@@ -134,4 +134,4 @@ def test_a_group_counts_its_own_charges_against_the_service_quota(client: TestCl
     )
     codes = [i.get("error", {}).get("code") for i in second.json()["items"]]
     assert codes == [None, None] + ["service_quota_exhausted"] * 3, second.text
-    assert len(ledger.list_charges(None, limit=100)) == 4
+    assert len(ledger.reports.list_charges(None, limit=100)) == 4

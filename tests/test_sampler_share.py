@@ -128,61 +128,71 @@ def test_the_share_round_trips_and_old_curves_read_as_none() -> None:
 def test_admission_refuses_when_the_sampler_share_leaves_no_delta(ledger: Ledger) -> None:
     """An account whose delta the shares exhaust is refused, whatever its epsilon cap: on the
     old accounting (the Laplace curve alone) every one of these answers was admitted."""
-    user = ledger.create_account("user", node_id="1", cap_epsilon=50.0, delta=1e-10).account_id
+    user = ledger.accounts.create_account(
+        "user", node_id="1", cap_epsilon=50.0, delta=1e-10
+    ).account_id
     q = float_era(0.1)
     admitted = 0
     with pytest.raises(BudgetExhausted):
         for i in range(10):
-            ledger.admit(admission(user, q, request_id=f"r{i}"))
+            ledger.admission.admit_and_charge(admission(user, q, request_id=f"r{i}"))
             admitted += 1
     # (1 + e^eps) * k * 2e-11 < 1e-10 needs k <= 2 at these epsilons
     assert admitted == 2
-    budget = ledger.budget(user)
+    budget = ledger.budgets.budget(user)
     assert budget.charges == 2 and budget.spent_epsilon == (q * 2).epsilon(1e-10)
-    assert sound(q * 2, 1e-10) and ledger.verify().ok
+    assert sound(q * 2, 1e-10) and ledger.reports.verify().ok
 
 
 def test_budgets_reads_and_exposure_convert_with_the_share(ledger: Ledger) -> None:
-    user = ledger.create_account("user", node_id="1", cap_epsilon=100.0, delta=DELTA).account_id
-    service = ledger.create_account("service", cap_epsilon=1.0, delta=DELTA).account_id
+    user = ledger.accounts.create_account(
+        "user", node_id="1", cap_epsilon=100.0, delta=DELTA
+    ).account_id
+    service = ledger.accounts.create_account("service", cap_epsilon=1.0, delta=DELTA).account_id
     q = float_era(0.2)
     d_plan = plan_laplace(0.1, 2.0)
     degree = DegreeCharge("v1", d_plan.epsilon, d_plan.curve)
     ids = [
-        ledger.admit(admission(user, q, request_id="a", principal=service, degree=degree)),
-        ledger.admit(admission(user, q, request_id="b", principal=service)),
+        ledger.admission.admit_and_charge(
+            admission(user, q, request_id="a", principal=service, degree=degree)
+        ),
+        ledger.admission.admit_and_charge(admission(user, q, request_id="b", principal=service)),
     ]
     expected = q + q + d_plan.curve
     # two float-era count charges keep their shares; the exact degree release adds none
     assert expected.sampler_tv == pytest.approx(2 * 2e-11)
     assert ids[-1].budget.spent_epsilon == pytest.approx(expected.epsilon(DELTA), rel=1e-12)
-    assert ledger.budget(user).spent_epsilon > (laplace_curve(0.2) * 2 + laplace_curve(
+    assert ledger.budgets.budget(user).spent_epsilon > (laplace_curve(0.2) * 2 + laplace_curve(
         d_plan.epsilon
     )).epsilon(DELTA)  # fmt: skip
     name = degree_release_name(d_plan.scale)
-    ledger.graph_release("v1", name, epsilon=d_plan.epsilon, curve=d_plan.curve,
+    ledger.graph_releases.graph_release("v1", name, epsilon=d_plan.epsilon, curve=d_plan.curve,
                          draw=lambda: b"released")  # fmt: skip
-    view = ledger.record_reads(
+    view = ledger.read_figures.record_reads(
         service, charge_ids=[a.charge_id for a in ids], graph_release=("v1", name)
     )
     reads = q + q + d_plan.curve
     assert view.epsilon == pytest.approx(reads.epsilon(DELTA), rel=1e-12)
-    assert ledger.read_view(service).epsilon == pytest.approx(reads.epsilon(DELTA), rel=1e-12)
-    exposure = ledger.exposure(delta=DELTA)  # the two queries and the release once
+    assert ledger.read_figures.read_view(service).epsilon == pytest.approx(
+        reads.epsilon(DELTA), rel=1e-12
+    )
+    exposure = ledger.reports.exposure(delta=DELTA)  # the two queries and the release once
     assert exposure.epsilon == pytest.approx((q + q + d_plan.curve).epsilon(DELTA), rel=1e-12)
     assert exposure.shards_epsilon == pytest.approx(exposure.epsilon, rel=1e-9)
-    report = ledger.verify()
+    report = ledger.reports.verify()
     assert report.ok, report.mismatches
 
 
 def test_a_refund_takes_its_share_back(ledger: Ledger) -> None:
-    user = ledger.create_account("user", node_id="1", cap_epsilon=5.0, delta=DELTA).account_id
+    user = ledger.accounts.create_account(
+        "user", node_id="1", cap_epsilon=5.0, delta=DELTA
+    ).account_id
     q = float_era(0.1)
-    first = ledger.admit(admission(user, q, request_id="a"))
-    ledger.admit(admission(user, q, request_id="b"))
-    ledger.refund(first.charge_id, reason="test")
-    assert ledger.budget(user).spent_epsilon == pytest.approx(q.epsilon(DELTA), rel=1e-12)
-    report = ledger.verify()
+    first = ledger.admission.admit_and_charge(admission(user, q, request_id="a"))
+    ledger.admission.admit_and_charge(admission(user, q, request_id="b"))
+    ledger.settlement.refund(first.charge_id, reason="test")
+    assert ledger.budgets.budget(user).spent_epsilon == pytest.approx(q.epsilon(DELTA), rel=1e-12)
+    report = ledger.reports.verify()
     assert report.ok, report.mismatches
 
 
@@ -201,18 +211,20 @@ def test_an_old_ledgers_count_charges_get_their_share_on_upgrade(ledger_url: str
     upgrade(ledger_url)
     old = Ledger.from_url(ledger_url)
     try:
-        user = old.create_account("user", node_id="1", cap_epsilon=5.0, delta=DELTA).account_id
-        service = old.create_account("service", cap_epsilon=5.0, delta=DELTA).account_id
+        user = old.accounts.create_account(
+            "user", node_id="1", cap_epsilon=5.0, delta=DELTA
+        ).account_id
+        service = old.accounts.create_account("service", cap_epsilon=5.0, delta=DELTA).account_id
         bare = laplace_curve(0.2)  # what the code before charged
         d_bare = laplace_curve(0.1)
-        a = old.admit(admission(user, bare, request_id="a", principal=service,
+        a = old.admission.admit_and_charge(admission(user, bare, request_id="a", principal=service,
                                 degree=DegreeCharge("v1", 0.1, d_bare)))  # fmt: skip
-        b = old.admit(admission(user, bare, request_id="b"))
-        old.refund(b.charge_id, reason="test")
+        b = old.admission.admit_and_charge(admission(user, bare, request_id="b"))
+        old.settlement.refund(b.charge_id, reason="test")
         name = degree_release_name(20.0)
-        old.graph_release("v1", name, epsilon=0.1, curve=d_bare, draw=lambda: b"x")
-        old.record_reads(service, charge_ids=[a.charge_id], graph_release=("v1", name))
-        before = old.budget(user).spent_epsilon
+        old.graph_releases.graph_release("v1", name, epsilon=0.1, curve=d_bare, draw=lambda: b"x")
+        old.read_figures.record_reads(service, charge_ids=[a.charge_id], graph_release=("v1", name))
+        before = old.budgets.budget(user).spent_epsilon
         assert before == pytest.approx((bare + d_bare).epsilon(DELTA), rel=1e-12)
     finally:
         old.dispose()
@@ -228,14 +240,14 @@ def test_an_old_ledgers_count_charges_get_their_share_on_upgrade(ledger_url: str
     after = Ledger.from_url(ledger_url)
     try:
         with_share = bare.with_sampler_tv(2e-11) + d_bare.with_sampler_tv(2e-11)
-        assert after.budget(user).spent_epsilon == pytest.approx(
+        assert after.budgets.budget(user).spent_epsilon == pytest.approx(
             with_share.epsilon(DELTA), rel=1e-12
         )
-        assert after.budget(user).spent_epsilon > before
-        assert after.read_view(service).epsilon == pytest.approx(
+        assert after.budgets.budget(user).spent_epsilon > before
+        assert after.read_figures.read_view(service).epsilon == pytest.approx(
             with_share.epsilon(DELTA), rel=1e-12
         )
-        report = after.verify()
+        report = after.reports.verify()
         assert report.ok, report.mismatches
     finally:
         after.dispose()
@@ -252,11 +264,11 @@ def test_a_stored_float_era_degree_release_keeps_its_share(ledger: Ledger) -> No
     from service.serving.graph_identity import as_served
     from service.serving.rankings import DegreeReleases, degree_block
 
-    graph = as_served(build_graph([0, 1, 2], [1, 2, 3]), ledger, max_degree_bound=10)
+    graph = as_served(build_graph([0, 1, 2], [1, 2, 3]), ledger.graph_versions, max_degree_bound=10)
     releases = DegreeReleases(ledger, 0.1)
     plan = releases.plan
     old = np.array([1.0, 2.0, 2.0, 1.0])
-    ledger.graph_release(
+    ledger.graph_releases.graph_release(
         graph.version, degree_release_name(plan.scale), epsilon=plan.epsilon,
         curve=float_era(plan.epsilon), draw=lambda: degrees_to_bytes(old),
     )  # fmt: skip
@@ -265,7 +277,9 @@ def test_a_stored_float_era_degree_release_keeps_its_share(ledger: Ledger) -> No
     assert got.curve.sampler_tv == FLOAT_COUNT_RELEASE_TV
     assert got.delta == pytest.approx((1 + math.exp(plan.epsilon)) * 2e-11)
     assert degree_block(got)["degree_delta"] == got.delta > 0
-    other = as_served(build_graph([0, 1], [1, 2], num_nodes=4), ledger, max_degree_bound=10)
+    other = as_served(
+        build_graph([0, 1], [1, 2], num_nodes=4), ledger.graph_versions, max_degree_bound=10
+    )
     fresh = DegreeReleases(ledger, 0.1).get(other)
     assert fresh.curve == plan.curve and fresh.curve.sampler_tv == 0.0
     assert fresh.delta == 0.0 and degree_block(fresh)["degree_delta"] == 0.0

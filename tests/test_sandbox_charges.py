@@ -50,7 +50,7 @@ def publish(backend: Backend, out: Path, method: str, epsilon: float | None = No
         args += ["--epsilon", str(epsilon)]
     assert main(args) == 0
     with open_ledger(backend.database_url) as ledger:
-        jobs, _ = ledger.synthesis_jobs()
+        jobs, _ = ledger.synthesis.synthesis_jobs()
     return str(next(j.release_name for j in jobs if j.method == method))
 
 
@@ -59,7 +59,9 @@ def synthetic_node(out: Path) -> str:
 
 
 def charges_of(ledger: Ledger, account_id: int | None, mechanism: str) -> list[Any]:
-    return [c for c in ledger.list_charges(account_id, limit=1000) if c.mechanism == mechanism]
+    return [
+        c for c in ledger.reports.list_charges(account_id, limit=1000) if c.mechanism == mechanism
+    ]
 
 
 def sandbox(backend: Backend, out: Path) -> Any:
@@ -93,7 +95,7 @@ def test_a_user_at_its_cap_gets_nothing_from_a_sandbox(
         spent = query(client, key, "5", k=10, epsilon=0.1, mechanism="friends_of_friends")
         assert spent.status_code == 200, spent.text
         assert refused(query(client, key, "5", k=10, mechanism="popular"))
-        charges = len(ledger_of(client).list_charges(None, limit=1000))
+        charges = len(ledger_of(client).reports.list_charges(None, limit=1000))
     node = synthetic_node(out)
     with sandbox(backend, out) as client:
         ledger = ledger_of(client)
@@ -109,9 +111,9 @@ def test_a_user_at_its_cap_gets_nothing_from_a_sandbox(
             body = answered.json()
             assert body["synthetic"] is True and body["epsilon_charged"] == 0.0
             assert [item["error"]["code"] for item in body["items"]] == ["budget_exhausted"] * 3
-        assert len(ledger.list_charges(None, limit=1000)) == charges  # nothing charged
-        assert ledger.budget(at_cap).spent_epsilon <= 0.1 * (1 + 1e-9)
-        assert ledger.verify().ok
+        assert len(ledger.reports.list_charges(None, limit=1000)) == charges  # nothing charged
+        assert ledger.budgets.budget(at_cap).spent_epsilon <= 0.1 * (1 + 1e-9)
+        assert ledger.reports.verify().ok
 
 
 def test_a_sandbox_charges_its_release_once_per_account(backend: Backend, tmp_path: Path) -> None:
@@ -122,7 +124,7 @@ def test_a_sandbox_charges_its_release_once_per_account(backend: Backend, tmp_pa
         ledger = ledger_of(client)
         accounts = Accounts(client)
         user, key = accounts.user("5", cap_epsilon=1.0)
-        before = ledger.exposure(delta=1e-5)
+        before = ledger.reports.exposure(delta=1e-5)
         first = query(client, key, node, k=5)
         assert first.status_code == 200, first.text
         body = first.json()
@@ -140,9 +142,9 @@ def test_a_sandbox_charges_its_release_once_per_account(backend: Backend, tmp_pa
         paid = charges_of(ledger, user, SYNTHETIC_RELEASE_CHARGE)
         assert len(paid) == 1 and paid[0].epsilon == release_epsilon
         # its recorded curve (a sum of Laplace curves) converts to a little under its epsilon
-        assert 0.99 * release_epsilon < ledger.budget(user).spent_epsilon <= release_epsilon
+        assert 0.99 * release_epsilon < ledger.budgets.budget(user).spent_epsilon <= release_epsilon
         # the release is in the graph-wide exposure once (at synthesis), not once per account
-        after = ledger.exposure(delta=1e-5)
+        after = ledger.reports.exposure(delta=1e-5)
         assert (after.epsilon, after.charges) == (before.epsilon, before.charges)
         # a batch that pays charges once, on its first answered item
         other, other_key = accounts.user("6", cap_epsilon=1.0)
@@ -151,7 +153,7 @@ def test_a_sandbox_charges_its_release_once_per_account(backend: Backend, tmp_pa
         assert got["items"][0]["error"]["code"] == "unknown_node"
         assert got["epsilon_charged"] == 0.0  # charged with the first item, which had no answer
         assert len(charges_of(ledger, other, SYNTHETIC_RELEASE_CHARGE)) == 1
-        assert ledger.verify().ok
+        assert ledger.reports.verify().ok
 
 
 def test_a_chung_lu_sandbox_charges_the_degree_release_it_post_processes(
@@ -182,7 +184,7 @@ def test_a_chung_lu_sandbox_charges_the_degree_release_it_post_processes(
         for account in (early, late):
             assert len(charges_of(ledger, account, DEGREE_RELEASE_CHARGE)) == 1
             assert not charges_of(ledger, account, SYNTHETIC_RELEASE_CHARGE)
-        assert ledger.verify().ok
+        assert ledger.reports.verify().ok
 
 
 # -- service accounts -----------------------------------------------------------------------------
@@ -222,7 +224,7 @@ def test_a_service_accounts_sandbox_answers_are_counted_and_charged(
         assert for_seed["items"][1]["epsilon_charged"] == 0.0
         assert len(charges_of(ledger, seed, SYNTHETIC_RELEASE_CHARGE)) == 1
         assert not charges_of(ledger, both, SYNTHETIC_RELEASE_CHARGE)
-        assert 0.99 * RELEASE_EPSILON < ledger.budget(seed).spent_epsilon <= RELEASE_EPSILON
+        assert 0.99 * RELEASE_EPSILON < ledger.budgets.budget(seed).spent_epsilon <= RELEASE_EPSILON
         reads = client.get("/v1/me/reads", headers=bearer(both_key)).json()
         assert reads["releases"] == 1  # what the service account received, counted
         # a seed without an account (and no right to create one): 404, nothing charged
@@ -236,7 +238,7 @@ def test_a_service_accounts_sandbox_answers_are_counted_and_charged(
         ).status_code == 200  # fmt: skip
         assert refused(query(client, capped, node, k=5, mode="edge"), "read_cap_exhausted")
         assert not charges_of(ledger, _, SYNTHETIC_RELEASE_CHARGE)
-        assert ledger.verify().ok
+        assert ledger.reports.verify().ok
 
 
 # -- PostgreSQL + Redis, two workers --------------------------------------------------------------
@@ -295,11 +297,13 @@ def test_the_sandbox_charge_holds_on_two_workers(tmp_path: Path) -> None:
             keys: dict[str, str] = {}
             ids: dict[str, int] = {}
             for name, node, cap in (("at_cap", "5", 0.1), ("payer", "6", 1.0)):
-                account = ledger.create_account("user", node_id=node, cap_epsilon=cap, delta=DELTA)
-                keys[name], _ = ledger.create_api_key(account.account_id)
+                account = ledger.accounts.create_account(
+                    "user", node_id=node, cap_epsilon=cap, delta=DELTA
+                )
+                keys[name], _ = ledger.api_keys.create_api_key(account.account_id)
                 ids[name] = account.account_id
-            service = ledger.create_account("service", cap_epsilon=2.0, delta=DELTA)
-            keys["service"], _ = ledger.create_api_key(service.account_id)
+            service = ledger.accounts.create_account("service", cap_epsilon=2.0, delta=DELTA)
+            keys["service"], _ = ledger.api_keys.create_api_key(service.account_id)
             ids["service"] = service.account_id
         env = {"PPR_DEFAULT_MECHANISM": "blended"}
         with (
@@ -313,7 +317,7 @@ def test_the_sandbox_charge_holds_on_two_workers(tmp_path: Path) -> None:
                                headers=bearer(keys["at_cap"]))  # fmt: skip
             assert refused(popular)
         with open_ledger(url) as ledger:
-            before = len(ledger.list_charges(None, limit=10_000))
+            before = len(ledger.reports.list_charges(None, limit=10_000))
         paid: dict[str, float] = {}
         for method, out in files.items():
             node = synthetic_node(out)
@@ -339,17 +343,17 @@ def test_the_sandbox_charge_holds_on_two_workers(tmp_path: Path) -> None:
                 paid[f"{method}:{who}"] = max(charged)
         forget_cached_keys(url, REDIS_URL)
         with open_ledger(url) as ledger:
-            charges = ledger.list_charges(None, limit=10_000)
+            charges = ledger.reports.list_charges(None, limit=10_000)
             assert len(charges) == before + 4  # payer and service, each release once
-            assert len(ledger.list_charges(ids["at_cap"], limit=100)) == 1  # its fof answer
+            assert len(ledger.reports.list_charges(ids["at_cap"], limit=100)) == 1  # its fof answer
             assert len(charges_of(ledger, ids["payer"], DEGREE_RELEASE_CHARGE)) == 1
             assert len(charges_of(ledger, ids["payer"], SYNTHETIC_RELEASE_CHARGE)) == 1
             assert paid["chung_lu:payer"] == EPS_D
             assert paid["communities:payer"] == pytest.approx(RELEASE_EPSILON)
-            reads = ledger.read_view(ids["service"])
+            reads = ledger.read_figures.read_view(ids["service"])
             assert reads.releases == 2  # the degree release and the communities release
-            assert ledger.budget(ids["at_cap"]).spent_epsilon <= 0.1 * (1 + 1e-9)
-            report = ledger.verify()
+            assert ledger.budgets.budget(ids["at_cap"]).spent_epsilon <= 0.1 * (1 + 1e-9)
+            report = ledger.reports.verify()
             assert report.ok, report
 
 
@@ -421,18 +425,22 @@ def test_the_database_keeps_one_charge_per_account_and_release(ledger: Ledger) -
     from service.ledger import SyntheticCharge
     from service.privacy.curves import laplace_curve
 
-    user = ledger.create_account("user", node_id="1", cap_epsilon=1.0, delta=DELTA).account_id
+    user = ledger.accounts.create_account(
+        "user", node_id="1", cap_epsilon=1.0, delta=DELTA
+    ).account_id
     name = "synthetic:communities:test"
-    ledger.graph_release("v1", name, epsilon=0.5, curve=laplace_curve(0.5), draw=lambda: b"x")
+    ledger.graph_releases.graph_release(
+        "v1", name, epsilon=0.5, curve=laplace_curve(0.5), draw=lambda: b"x"
+    )
     release = SyntheticCharge("v1", name)
     for charged in (True, False):
-        receipt = ledger.admit_synthetic_release(
+        receipt = ledger.quota_and_degree.admit_synthetic_release(
             charged_account_id=user, principal_account_id=user, seed="1", mode="edge",
             release=release, request_id="r",
         )  # fmt: skip
         assert receipt.charged is charged and receipt.epsilon == 0.5
     (paid,) = charges_of(ledger, user, SYNTHETIC_RELEASE_CHARGE)
-    assert ledger.verify().ok
+    assert ledger.reports.verify().ok
     with ledger.engine.begin() as conn:
         row = conn.execute(text("SELECT * FROM charges WHERE id = :i"), {"i": paid.charge_id})
         values = dict(row.mappings().one())
@@ -447,7 +455,7 @@ def test_the_database_keeps_one_charge_per_account_and_release(ledger: Ledger) -
         conn.execute(
             text("UPDATE charges SET graph_release_id = NULL WHERE id = :i"), {"i": paid.charge_id}
         )
-    report = ledger.verify()
+    report = ledger.reports.verify()
     details = [m.get("detail") for m in report.mismatches]
     assert (
         not report.ok and "synthetic-release charge that names no released graph release" in details

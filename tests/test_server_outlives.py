@@ -262,7 +262,7 @@ def test_a_worker_whose_database_stops_while_it_starts_serves_when_it_returns(
         assert not failures, failures
         runtime = ready[0]
         served = runtime.graphs.current.version
-        assert runtime.ledger.current_graph_version() == served
+        assert runtime.ledger.graph_versions.current_graph_version() == served
     finally:
         starter.stop()
         if runtime is not None:

@@ -69,8 +69,8 @@ def test_fifty_concurrent_queries_on_two_workers_never_pass_the_cap(
     assert len(answered) == fits
 
     with open_ledger(postgres_url) as ledger:
-        budget = ledger.budget(account_id)
-        charges = ledger.list_charges(account_id, limit=1000)
+        budget = ledger.budgets.budget(account_id)
+        charges = ledger.reports.list_charges(account_id, limit=1000)
     assert len(charges) == budget.charges == len(answered)
     assert budget.spent_epsilon <= budget.cap_epsilon
     assert budget.spent_epsilon == pytest.approx((one * fits).epsilon(1e-6))
@@ -109,14 +109,14 @@ def test_a_dead_redis_degrades_but_never_stops_answers(tmp_path: Path, graph_pat
         ready = client.get("/readyz")
         assert ready.status_code == 200 and ready.json()["status"] == "degraded"
         ledger = ledger_of(client)
-        user = ledger.create_account("user", node_id="8", cap_epsilon=1.0, delta=1e-6)
-        key, _ = ledger.create_api_key(user.account_id)
+        user = ledger.accounts.create_account("user", node_id="8", cap_epsilon=1.0, delta=1e-6)
+        key, _ = ledger.api_keys.create_api_key(user.account_id)
         first = client.get("/v1/ppr/8", headers=bearer(key))
         assert first.status_code == 200 and first.json()["replayed"] is False
         replay = client.get("/v1/ppr/8", headers=bearer(key))
         assert replay.status_code == 200 and replay.json()["replayed"] is True
         assert replay.json()["results"] == first.json()["results"]
-        assert ledger.budget(user.account_id).charges == 1
+        assert ledger.budgets.budget(user.account_id).charges == 1
 
 
 @pytest.mark.postgres
@@ -152,8 +152,8 @@ def test_concurrent_retries_with_one_idempotency_key_charge_once(
     assert settled.status_code == 200 and settled.json()["replayed"] is True
     assert settled.json()["results"] == ok[0]["results"]
     with open_ledger(postgres_url) as ledger:
-        assert ledger.budget(account_id).charges == 1
-        assert len(ledger.list_charges(account_id)) == 1
+        assert ledger.budgets.budget(account_id).charges == 1
+        assert len(ledger.reports.list_charges(account_id)) == 1
 
 
 @pytest.mark.postgres
@@ -169,8 +169,8 @@ def test_a_lost_database_is_503_and_the_process_keeps_serving(
     backend = Backend("postgres", postgres_url, None, graph_path)
     with running_app(backend) as client:
         ledger = ledger_of(client)
-        user = ledger.create_account("user", node_id="31", cap_epsilon=1.0, delta=1e-6)
-        key, _ = ledger.create_api_key(user.account_id)
+        user = ledger.accounts.create_account("user", node_id="31", cap_epsilon=1.0, delta=1e-6)
+        key, _ = ledger.api_keys.create_api_key(user.account_id)
         assert client.get("/v1/ppr/31", headers=bearer(key)).status_code == 200
 
         url = make_url(postgres_url)

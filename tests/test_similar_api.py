@@ -30,8 +30,8 @@ def _release(client: TestClient, out: Path, epsilon: float = 1.0) -> str:
 
 
 def _service_key(ledger: Ledger, modes: tuple[str, ...] = ("edge", "personalized")) -> str:
-    account = ledger.create_account("service", cap_epsilon=5.0, delta=1e-6, modes=modes)
-    key, _ = ledger.create_api_key(account.account_id)
+    account = ledger.accounts.create_account("service", cap_epsilon=5.0, delta=1e-6, modes=modes)
+    key, _ = ledger.api_keys.create_api_key(account.account_id)
     return key
 
 
@@ -51,7 +51,7 @@ def test_service_account_gets_neighbours_free(app_with_dir: tuple[TestClient, Pa
     missing = client.get(path, headers=bearer(key))
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "no_embedding_release"
     name = _release(client, out)
-    before = ledger.exposure(delta=1e-6)
+    before = ledger.reports.exposure(delta=1e-6)
     answer = client.get(path, params={"k": 7}, headers=bearer(key))
     assert answer.status_code == 200, answer.text
     body = answer.json()
@@ -63,12 +63,12 @@ def test_service_account_gets_neighbours_free(app_with_dir: tuple[TestClient, Pa
     assert body["graph_version"] == body["release"]["graph_version"]
     again = client.get(path, params={"k": 7}, headers=bearer(key))
     assert again.status_code == 200
-    after = ledger.exposure(delta=1e-6)
+    after = ledger.reports.exposure(delta=1e-6)
     assert (after.epsilon, after.graph_releases) == (before.epsilon, before.graph_releases)
     reads = client.get("/v1/me/reads", headers=bearer(key)).json()
     assert reads["releases"] == 1  # the release, once, however many answers
-    admin = ledger.create_account("admin", cap_epsilon=1.0, delta=1e-6)
-    admin_key, _ = ledger.create_api_key(admin.account_id)
+    admin = ledger.accounts.create_account("admin", cap_epsilon=1.0, delta=1e-6)
+    admin_key, _ = ledger.api_keys.create_api_key(admin.account_id)
     shown = client.get("/v1/admin/exposure", headers=bearer(admin_key)).json()
     assert shown["graph_releases"] == 1  # the dashboard's "Graph-wide releases"
     assert shown["epsilon"] == pytest.approx(after.epsilon)
@@ -76,7 +76,7 @@ def test_service_account_gets_neighbours_free(app_with_dir: tuple[TestClient, Pa
     newer = _release(client, out, epsilon=2.0)
     assert newer != name
     assert client.get(path, headers=bearer(key)).json()["release"]["name"] == newer
-    assert ledger.verify().ok
+    assert ledger.reports.verify().ok
 
 
 def test_refusals_have_stable_codes_and_charge_nothing(
@@ -86,7 +86,7 @@ def test_refusals_have_stable_codes_and_charge_nothing(
     client, out = app_with_dir
     ledger = ledger_of(client)
     _release(client, out)
-    before = ledger.exposure(delta=1e-6)
+    before = ledger.reports.exposure(delta=1e-6)
     key = _service_key(ledger)
     personal_only = _service_key(ledger, modes=("personalized",))
     _, user_key = user_with_key(backend.database_url, "3")
@@ -107,7 +107,7 @@ def test_refusals_have_stable_codes_and_charge_nothing(
         response = client.get(path, params=params, headers=headers)
         assert response.status_code == status, (path, params, response.text)
         assert response.json()["error"]["code"] == code, (path, params, response.text)
-    after = ledger.exposure(delta=1e-6)
+    after = ledger.reports.exposure(delta=1e-6)
     assert (after.epsilon, after.charges) == (before.epsilon, before.charges)
     reads = client.get("/v1/me/reads", headers=bearer(key)).json()
     assert reads["releases"] == 0  # refused answers reveal nothing of the release

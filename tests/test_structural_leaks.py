@@ -79,15 +79,15 @@ def _accounts(database_url: str) -> dict[str, str]:
     keys: dict[str, str] = {}
     with open_ledger(database_url) as ledger:
         for node in ("7", "3", "5", "8"):
-            user = ledger.create_account("user", node_id=node, cap_epsilon=1.0, delta=1e-6)
-            keys[node], _ = ledger.create_api_key(user.account_id)
-        poor = ledger.create_account("user", node_id="9", cap_epsilon=0.05, delta=1e-6)
-        keys["poor"], _ = ledger.create_api_key(poor.account_id)
-        service = ledger.create_account(
+            user = ledger.accounts.create_account("user", node_id=node, cap_epsilon=1.0, delta=1e-6)
+            keys[node], _ = ledger.api_keys.create_api_key(user.account_id)
+        poor = ledger.accounts.create_account("user", node_id="9", cap_epsilon=0.05, delta=1e-6)
+        keys["poor"], _ = ledger.api_keys.create_api_key(poor.account_id)
+        service = ledger.accounts.create_account(
             "service", cap_epsilon=5.0, delta=1e-6, modes=("edge", "personalized"),
             label="backend",
         )  # fmt: skip
-        keys["service"], _ = ledger.create_api_key(service.account_id)
+        keys["service"], _ = ledger.api_keys.create_api_key(service.account_id)
     return keys
 
 

@@ -62,7 +62,7 @@ def _release_id(url: str) -> str:
     from tests.api_support import open_ledger
 
     with open_ledger(url) as ledger:
-        jobs, _ = ledger.synthesis_jobs()
+        jobs, _ = ledger.synthesis.synthesis_jobs()
     assert len(jobs) == 1
     return jobs[0].release_name.rsplit(":", 1)[-1]
 

@@ -97,8 +97,8 @@ def test_reconciler_spares_a_beating_run_and_refunds_a_silent_one(
     thread = threading.Thread(target=run)
     thread.start()
     try:
-        _wait_for(lambda: ledger.synthesis_jobs()[1] == 1, "the job")
-        job_id = ledger.synthesis_jobs()[0][0].job_id
+        _wait_for(lambda: ledger.synthesis.synthesis_jobs()[1] == 1, "the job")
+        job_id = ledger.synthesis.synthesis_jobs()[0][0].job_id
         started = _utc(_rows(ledger, job_id)[1].created_at)
         if beats:  # a beat well after the start: the run is older than the cutoff below
             _wait_for(
@@ -111,7 +111,7 @@ def test_reconciler_spares_a_beating_run_and_refunds_a_silent_one(
             threading.Event().wait(1.2)
         # cutoff = start + 0.5 s: older than the run's start, younger than its last beat
         age = (datetime.now(UTC) - started).total_seconds()
-        refunded_before = ledger.exposure(delta=1e-5).graph_releases
+        refunded_before = ledger.reports.exposure(delta=1e-5).graph_releases
         Reconciler(ledger, older_than_seconds=age - 0.5, interval_seconds=0).run_once()
         job, release = _rows(ledger, job_id)
         if beats:
@@ -130,8 +130,8 @@ def test_reconciler_spares_a_beating_run_and_refunds_a_silent_one(
     else:
         assert failures and getattr(failures[0], "code", "") == "charge_settled"
         assert not out.exists() and not list(tmp_path.glob(".synthetic-*"))
-        assert ledger.exposure(delta=1e-5).graph_releases == 0
-    assert ledger.verify().ok
+        assert ledger.reports.exposure(delta=1e-5).graph_releases == 0
+    assert ledger.reports.verify().ok
 
 
 _STARTER = """
@@ -147,7 +147,7 @@ graph = load_edge_list(sys.argv[2])
 request = Request("communities", 1.0)
 plan = plan_request(request, graph)
 job = start_job(ledger, graph, request, plan, cap=None, source="cli")
-with Heartbeat(lambda: ledger.beat_synthesis(job.job_id, 0.25), 0.05):
+with Heartbeat(lambda: ledger.synthesis.beat_synthesis(job.job_id, 0.25), 0.05):
     print(job.job_id, flush=True)
     threading.Event().wait()
 """
@@ -165,23 +165,23 @@ def test_a_run_whose_process_died_is_failed_and_refunded(
         assert process.stdout is not None
         job_id = process.stdout.readline().strip()
         assert len(job_id) == 32, job_id
-        _wait_for(lambda: ledger.synthesis_job(job_id).progress == 0.25, "a beat")
-        assert ledger.exposure(delta=1e-5).epsilon > 0.5
+        _wait_for(lambda: ledger.synthesis.synthesis_job(job_id).progress == 0.25, "a beat")
+        assert ledger.reports.exposure(delta=1e-5).epsilon > 0.5
         # alive and beating: a pass with a limit longer than its beat interval spares it
         assert Reconciler(ledger, older_than_seconds=1.0, interval_seconds=0).run_once() == []
-        assert ledger.synthesis_job(job_id).state == "running"
+        assert ledger.synthesis.synthesis_job(job_id).state == "running"
     finally:
         process.kill()
         process.wait()
     last = _utc(_rows(ledger, job_id)[0].heartbeat_at)
     _wait_for(lambda: (datetime.now(UTC) - last).total_seconds() > 0.6, "the limit")
     Reconciler(ledger, older_than_seconds=0.5, interval_seconds=0).run_once()
-    job = ledger.synthesis_job(job_id)
+    job = ledger.synthesis.synthesis_job(job_id)
     assert (job.state, job.release_state, job.error_code) == ("failed", "refunded", "worker_lost")
-    report = ledger.exposure(delta=1e-5)
+    report = ledger.reports.exposure(delta=1e-5)
     assert (report.epsilon, report.graph_releases) == (0.0, 0)
-    assert ledger.synthesis_payload(job_id) is None
-    assert ledger.verify().ok
+    assert ledger.synthesis.synthesis_payload(job_id) is None
+    assert ledger.reports.verify().ok
 
 
 def test_one_worker_runs_its_limit_of_jobs_and_refuses_more_uncharged(
@@ -197,11 +197,11 @@ def test_one_worker_runs_its_limit_of_jobs_and_refuses_more_uncharged(
         with pytest.raises(SynthesisBusy) as busy:
             runner.start(graph, Request("communities", 1.0), actor_account_id=None)
         assert busy.value.status == 429
-        assert ledger.synthesis_jobs()[1] == 1  # the refused one left nothing
-        assert ledger.exposure(delta=1e-5).epsilon == 0.0  # chung_lu is free
+        assert ledger.synthesis.synthesis_jobs()[1] == 1  # the refused one left nothing
+        assert ledger.reports.exposure(delta=1e-5).epsilon == 0.0  # chung_lu is free
     finally:
         gate.set()
-    _wait_for(lambda: ledger.synthesis_job(first.job_id).state == "done", "the first job")
+    _wait_for(lambda: ledger.synthesis.synthesis_job(first.job_id).state == "done", "the first job")
     started: list[object] = []
 
     def start_again() -> bool:
@@ -213,7 +213,7 @@ def test_one_worker_runs_its_limit_of_jobs_and_refuses_more_uncharged(
 
     _wait_for(start_again, "a free slot")
     runner.close()
-    assert ledger.verify().ok
+    assert ledger.reports.verify().ok
 
 
 def test_plan_and_start_check_before_charging(ledger: Ledger, graph_file: Path) -> None:
@@ -228,8 +228,8 @@ def test_plan_and_start_check_before_charging(ledger: Ledger, graph_file: Path) 
     with pytest.raises(GraphBudgetExhausted):
         start_job(ledger, graph, request, plan_request(request, graph),
                   cap=GraphCap(0.5, 1e-5, max_charge=None), source="api")  # fmt: skip
-    assert ledger.synthesis_jobs() == ([], 0)
-    assert ledger.exposure(delta=1e-5).graph_releases == 0
+    assert ledger.synthesis.synthesis_jobs() == ([], 0)
+    assert ledger.reports.exposure(delta=1e-5).graph_releases == 0
 
 
 def test_verify_flags_a_job_whose_release_disagrees(ledger: Ledger, graph_file: Path) -> None:
@@ -239,12 +239,12 @@ def test_verify_flags_a_job_whose_release_disagrees(ledger: Ledger, graph_file: 
     graph = load_edge_list(graph_file)
     request = Request("communities", 1.0)
     job = start_job(ledger, graph, request, plan_request(request, graph), cap=None, source="cli")
-    assert ledger.verify().ok  # running, its release admitted
+    assert ledger.reports.verify().ok  # running, its release admitted
     with Session(ledger.engine) as session, session.begin():
         session.execute(
             update(SynthesisJob).where(SynthesisJob.id == job.job_id).values(state="done")
         )
-    report = ledger.verify()
+    report = ledger.reports.verify()
     assert not report.ok
     assert report.mismatches[0]["kind"] == "synthesis"
     assert report.mismatches[0]["job_id"] == job.job_id
@@ -271,13 +271,13 @@ def test_runs_made_before_the_jobs_table_are_backfilled(
         tiny = Request("privdpr", 1.0, privdpr=_TINY)
         synthesize_release(ledger, graph, tiny, tmp_path / "b.txt", cap=None, progress=interrupt,
                            rng_factory=np.random.default_rng)  # fmt: skip
-    before = {j.job_id: j for j in ledger.synthesis_jobs()[0]}
+    before = {j.job_id: j for j in ledger.synthesis.synthesis_jobs()[0]}
     ledger.dispose()
     command.downgrade(alembic_config(ledger_url), "0006_idempotency_binding")  # main's schema
     upgrade(ledger_url)
     after = Ledger.from_url(ledger_url)
     try:
-        jobs = {j.job_id: j for j in after.synthesis_jobs()[0]}
+        jobs = {j.job_id: j for j in after.synthesis.synthesis_jobs()[0]}
         assert set(jobs) == set(before)
         ran = jobs[done.release_name.rsplit(":", 1)[1]]
         assert (ran.state, ran.privacy_unit, ran.sha256, ran.edges) == (
@@ -286,8 +286,8 @@ def test_runs_made_before_the_jobs_table_are_backfilled(
         failed = next(j for j in jobs.values() if j.method == "privdpr")
         assert (failed.state, failed.release_state, failed.privacy_unit) == (
             "failed", "refunded", "node")  # fmt: skip
-        assert after.synthetic_release_by_sha256(done.sha256) is not None
-        assert after.verify().ok
+        assert after.synthesis.synthetic_release_by_sha256(done.sha256) is not None
+        assert after.reports.verify().ok
     finally:
         after.dispose()
 
@@ -303,13 +303,13 @@ def test_a_stopping_worker_fails_and_refunds_its_running_job(
     job = runner.start(graph, Request("chung_lu", 1.0), actor_account_id=None)
     try:
         runner.close(wait_seconds=0.1)  # the draw is still held: the job is failed under it
-        stopped = ledger.synthesis_job(job.job_id)
+        stopped = ledger.synthesis.synthesis_job(job.job_id)
         assert (stopped.state, stopped.error_code) == ("failed", "worker_stopped")
     finally:
         gate.set()  # the draw ends, finds its job settled and releases nothing
     _wait_for(lambda: not runner._running, "the job's thread")
-    final = ledger.synthesis_job(job.job_id)
+    final = ledger.synthesis.synthesis_job(job.job_id)
     assert (final.state, final.release_state, final.error_code) == (
         "failed", "refunded", "worker_stopped")  # fmt: skip
-    assert ledger.synthesis_payload(job.job_id) is None
-    assert ledger.verify().ok
+    assert ledger.synthesis.synthesis_payload(job.job_id) is None
+    assert ledger.reports.verify().ok

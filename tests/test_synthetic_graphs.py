@@ -231,10 +231,10 @@ def test_run_is_one_charged_graph_release_and_the_file_loads(
     synthetic = load_edge_list(out)
     assert synthetic.m == release.edges
     assert release.privacy_unit == ("node" if method == "privdpr" else "edge")
-    report = ledger.exposure(delta=1e-5)
+    report = ledger.reports.exposure(delta=1e-5)
     assert report.graph_releases == 1
     assert 0.5 < report.epsilon <= 1.0 + 1e-9  # the run's curve, calibrated to eps 1
-    assert ledger.verify().ok
+    assert ledger.reports.verify().ok
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".synthetic-")]
 
 
@@ -248,7 +248,7 @@ def test_chung_lu_is_free_post_processing(
         degrees=lambda: (released, "popular_degrees:b=20.0"), rng_factory=np.random.default_rng,
     )  # fmt: skip
     assert release.epsilon == 0.0 and "post-processing" in release.note
-    assert ledger.exposure(delta=1e-5).epsilon == 0.0
+    assert ledger.reports.exposure(delta=1e-5).epsilon == 0.0
 
 
 def test_refused_runs_charge_nothing_and_leave_no_file(
@@ -274,9 +274,9 @@ def test_refused_runs_charge_nothing_and_leave_no_file(
         synthesize_release(ledger, graph, _request("privdpr"), tmp_path / "x.txt", cap=None,
                            progress=interrupt, rng_factory=rng)  # fmt: skip
     assert list(tmp_path.glob("x.txt")) == [] and not list(tmp_path.glob(".synthetic-*"))
-    report = ledger.exposure(delta=1e-5)
+    report = ledger.reports.exposure(delta=1e-5)
     assert report.epsilon == 0.0 and report.graph_releases == 0
-    assert ledger.verify().ok
+    assert ledger.reports.verify().ok
 
 
 def test_payload_holds_the_file_and_its_record(
@@ -286,7 +286,7 @@ def test_payload_holds_the_file_and_its_record(
     out = tmp_path / "s.txt"
     release = synthesize_release(ledger, graph, _request("communities"), out, cap=None,
                                  rng_factory=np.random.default_rng)  # fmt: skip
-    payload = ledger.graph_release(
+    payload = ledger.graph_releases.graph_release(
         graph.version, release.release_name, epsilon=0.0, curve=laplace_curve(1.0),
         draw=lambda: b"never", cap=None,
     )  # fmt: skip
@@ -323,7 +323,7 @@ def test_cli_bad_input_is_one_line_exit_2(
     assert not list(tmp_path.glob("x*"))
     ledger = Ledger.from_url(sqlite_url)
     try:
-        assert ledger.exposure(delta=1e-5).graph_releases == 0
+        assert ledger.reports.exposure(delta=1e-5).graph_releases == 0
     finally:
         ledger.dispose()
     ok = [*base, "--method", "communities", "--epsilon", "2", "--out", str(tmp_path / "x")]

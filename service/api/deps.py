@@ -62,9 +62,9 @@ async def authenticate(
     if not _KEY_SHAPE.match(key):
         raise Unauthorized("malformed API key", reason="malformed")
     ledger, max_age = runtime.ledger, runtime.settings.auth_cache_seconds
-    account = ledger.recent_authentication(key, max_age)
+    account = ledger.api_keys.recent_authentication(key, max_age)
     if account is None:
-        account = await run_in_threadpool(ledger.authenticate_cached, key, max_age)
+        account = await run_in_threadpool(ledger.api_keys.authenticate_cached, key, max_age)
     if account is None:
         raise Unauthorized(
             "unknown or revoked API key; ask an admin for a new one", reason="invalid"
@@ -115,7 +115,7 @@ def is_admin_request(request: Request, runtime: Runtime) -> bool:
     if scheme.lower() != "bearer" or not _KEY_SHAPE.match(key):
         return False
     try:
-        account = runtime.ledger.authenticate(key)
+        account = runtime.ledger.api_keys.authenticate(key)
     except Exception:
         return False
     return account is not None and account.type == "admin"

@@ -263,10 +263,12 @@ def build_runtime(
         snapshot_dir = settings.snapshot_directory
         graphs = GraphHolder(
             settings.graph_path,
-            loader=serving_loader(settings, ledger),
+            loader=serving_loader(settings, ledger.graph_versions),
             on_load=remember_degrees,
             # a sandbox neither records its graph as the service's current one nor follows it
-            versions=ledger if settings.graph_version_check_ms > 0 and sandbox is None else None,
+            versions=ledger.graph_versions
+            if settings.graph_version_check_ms > 0 and sandbox is None
+            else None,
             check_seconds=settings.graph_version_check_ms / 1000.0,
         )
         graphs.start()  # records its version (or follows the recorded one): workers agree
@@ -325,7 +327,7 @@ def build_runtime(
     similar = SimilarIndexHolder(
         settings.embedding_release_dir,
         release_is_live=lambda version, name: (
-            ledger.graph_release_state(version, name) == "released"
+            ledger.graph_releases.graph_release_state(version, name) == "released"
         ),
     )
     return Runtime(

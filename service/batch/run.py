@@ -173,7 +173,7 @@ def read_seeds(path: Path) -> list[str]:
 def _user_nodes(ledger: Ledger) -> Iterator[str]:
     offset, page = 0, 5000
     while True:
-        accounts = ledger.list_accounts(type="user", limit=page, offset=offset)
+        accounts = ledger.accounts.list_accounts(type="user", limit=page, offset=offset)
         for account in accounts:
             if account.node_id is not None:
                 yield account.node_id
@@ -191,7 +191,7 @@ def _service_principal(ledger: Ledger, options: BatchOptions) -> Principal | Non
             )
         return None
     try:
-        account = ledger.get_account(options.service_account_id)
+        account = ledger.accounts.get_account(options.service_account_id)
     except UnknownAccount:
         raise UnknownAccount(
             f"--service-account: account {options.service_account_id} does not exist",
@@ -293,7 +293,7 @@ def run_batch(
     ledger = Ledger.from_url(settings.database_url, auto_migrate=False)
     try:
         graph = as_served(
-            graph, ledger,
+            graph, ledger.graph_versions,
             max_degree_bound=settings.max_degree_bound,
             edge_count_bound=settings.edge_count_bound,
         )  # fmt: skip
@@ -345,7 +345,9 @@ def run_batch(
         if outside:
             summary.skipped["not_in_graph"] = outside
         actor = service.account_id if service is not None else None
-        ledger.record_audit(actor, "batch.start", details=_audit_details(spec, options, summary))
+        ledger.reports.record_audit(
+            actor, "batch.start", details=_audit_details(spec, options, summary)
+        )
         if on_start is not None:
             on_start(summary)
         try:
@@ -354,7 +356,7 @@ def run_batch(
             sink.abort()
             raise
         sink.close()
-        ledger.record_audit(
+        ledger.reports.record_audit(
             actor,
             "batch.finish",
             details={**_audit_details(spec, options, summary), **_counts(summary)},

@@ -48,8 +48,12 @@ from service.batch.spec import (
 from service.cache.caches import build_caches
 from service.errors import ServiceError
 from service.graph.model import Graph
+from service.ledger.graph_releases import GraphReleases
 from service.ledger.ledger import AccountExists, Ledger
 from service.ledger.records import ChargeSettled, StoredRelease, UnknownAccount
+from service.ledger.settlement import Settlement
+from service.ledger.synthesis_jobs import SynthesisJobs
+from service.ledger.transactions import LedgerTransactions
 from service.mechanisms.operator import walk_operator
 from service.serving.embedding_query import (
     EmbeddingAnswer,
@@ -71,11 +75,17 @@ _TAKEOVER_REASON = (
 _FAILED_REASON = "batch run {run}: the seed failed before its release was stored ({code})"
 
 
-class _FailingLedger(Ledger):
-    """TEST ONLY: a ledger whose ``store_release`` fails once armed (see FailureInjection)."""
+class _FailingSettlement(Settlement):
+    """TEST ONLY: settlement whose ``store_release`` fails once armed (see FailureInjection)."""
 
-    def __init__(self, engine: Engine, injection: FailureInjection) -> None:
-        super().__init__(engine)
+    def __init__(
+        self,
+        transactions: LedgerTransactions,
+        graph_releases: GraphReleases,
+        synthesis: SynthesisJobs,
+        injection: FailureInjection,
+    ) -> None:
+        super().__init__(transactions, graph_releases, synthesis)
         self.injection = injection
         self._stores_left: int | None = None
 
@@ -106,6 +116,20 @@ class _FailingLedger(Ledger):
         )
 
 
+class _FailingLedger(Ledger):
+    """TEST ONLY: a ledger whose settlement's ``store_release`` fails once armed."""
+
+    def __init__(self, engine: Engine, injection: FailureInjection) -> None:
+        super().__init__(engine)
+        self.failing = _FailingSettlement(
+            self.transactions, self.graph_releases, self.synthesis, injection
+        )
+        self.settlement = self.failing
+
+    def arm(self, block: int) -> None:
+        self.failing.arm(block)
+
+
 @dataclass
 class _Seed:
     node: str
@@ -121,7 +145,7 @@ class BlockAnswerer:
         opened = Ledger.from_url(settings.database_url, auto_migrate=False)
         if graph.degree_bound is None:  # as loaded: check the bounds, take the public id
             graph = as_served(
-                graph, opened,
+                graph, opened.graph_versions,
                 max_degree_bound=settings.max_degree_bound,
                 edge_count_bound=settings.edge_count_bound,
             )  # fmt: skip
@@ -162,7 +186,7 @@ class BlockAnswerer:
     # -- principals ---------------------------------------------------------------------------
 
     def _user_account(self, spec: BatchSpec, node: str) -> int:
-        existing = self.ledger.account_for_node(node)
+        existing = self.ledger.accounts.account_for_node(node)
         if existing is not None:
             return existing.account_id
         if not spec.create_missing_accounts:
@@ -173,7 +197,7 @@ class BlockAnswerer:
             )
         actor = spec.service_account.account_id if spec.service_account is not None else None
         try:
-            return self.ledger.create_account(
+            return self.ledger.accounts.create_account(
                 "user",
                 node_id=node,
                 cap_epsilon=self.cap_epsilon,
@@ -182,7 +206,7 @@ class BlockAnswerer:
                 actor_account_id=actor,
             ).account_id
         except AccountExists:
-            again = self.ledger.account_for_node(node)
+            again = self.ledger.accounts.account_for_node(node)
             if again is None:  # pragma: no cover - the constraint said it exists
                 raise
             return again.account_id
@@ -339,9 +363,9 @@ def _status(answer: ChargedAnswer, request_id: str) -> tuple[Status, float]:
 def refund_admitted(ledger: Ledger, pairs: list[tuple[int, str]], reason: str) -> int:
     """Refund the charges still admitted under these (principal, Idempotency-Key) pairs."""
     refunded = 0
-    for charge in ledger.admitted_charges_for_keys(pairs):
+    for charge in ledger.stored_releases.admitted_charges_for_keys(pairs):
         try:
-            ledger.refund(charge.charge_id, reason=reason)
+            ledger.settlement.refund(charge.charge_id, reason=reason)
         except ChargeSettled:
             continue  # its release was stored meanwhile: the answer path replays it
         refunded += 1
@@ -356,7 +380,7 @@ def refund_dead_charges(ledger: Ledger, spec: BatchSpec, nodes: list[str], reaso
         if spec.service_account is not None:
             principal_id = spec.service_account.account_id
         else:
-            account = ledger.account_for_node(node)
+            account = ledger.accounts.account_for_node(node)
             if account is None:
                 continue
             principal_id = account.account_id

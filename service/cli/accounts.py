@@ -202,7 +202,6 @@ def _create(args: argparse.Namespace) -> int:
 
     settings = Settings()
     with _ledger(args) as ledger:
-        delta: float = settings.account_delta if args.delta is None else args.delta
         if args.node is not None:
             from service.graph.configured import load_configured_graph
 
@@ -210,18 +209,19 @@ def _create(args: argparse.Namespace) -> int:
                 args.graph or settings.graph_path, nodes_path=settings.nodes_path
             )
             graph.index_of(args.node)  # UnknownNode if the graph does not have it
-        cap = args.cap if args.cap is not None else settings.default_cap_epsilon
-        account = ledger.create_account(
+        opened = ledger.open_account(
             args.type,
+            defaults=settings,
             node_id=args.node,
-            cap_epsilon=cap,
-            delta=delta,
+            cap_epsilon=args.cap,
+            delta=args.delta,
             label=args.label,
             may_create_seed_accounts=args.may_create_seed_accounts,
-            modes=args.modes if args.modes is not None else ("edge",),
+            modes=args.modes,
             quota_epsilon=args.quota_epsilon,
         )
-        api_key, key = ledger.create_api_key(account.account_id)
+    account, api_key, key = opened.account, opened.api_key, opened.key
+    cap, delta = opened.cap_epsilon, opened.delta
     if args.json:
         print_json(
             {
@@ -247,8 +247,10 @@ def _create(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
-        accounts = ledger.list_accounts(type=args.type, limit=args.limit, offset=args.offset)
-        rows = [(account, ledger.budget(account.account_id)) for account in accounts]
+        accounts = ledger.accounts.list_accounts(
+            type=args.type, limit=args.limit, offset=args.offset
+        )
+        rows = [(account, ledger.budgets.budget(account.account_id)) for account in accounts]
     if args.json:
         print_json([_account_dict(account, budget) for account, budget in rows])
         return 0
@@ -285,7 +287,7 @@ def _set_scopes(args: argparse.Namespace) -> int:
     if args.may_create_seed_accounts or args.no_create_seed_accounts:
         may_create = bool(args.may_create_seed_accounts)
     with _ledger(args) as ledger:
-        account = ledger.set_scopes(
+        account = ledger.budgets.set_scopes(
             args.account_id,
             modes=args.modes,
             may_create_seed_accounts=may_create,
@@ -313,9 +315,9 @@ def _reads(args: argparse.Namespace) -> int:
 
     default_cap = Settings().service_read_cap_epsilon
     with _ledger(args) as ledger:
-        if ledger.get_account(args.account_id).type != "service":
+        if ledger.accounts.get_account(args.account_id).type != "service":
             raise InvalidParameter("ACCOUNT_ID", "only service accounts have a read figure")
-        view = ledger.read_view(args.account_id, default_cap_epsilon=default_cap)
+        view = ledger.read_figures.read_view(args.account_id, default_cap_epsilon=default_cap)
     if args.json:
         print_json(view.to_dict())
     else:
@@ -331,7 +333,7 @@ def _set_budget(args: argparse.Namespace) -> int:
     if args.cap is None and args.delta is None:
         raise InvalidParameter("--cap/--delta", "give a new cap, a new delta, or both")
     with _ledger(args) as ledger:
-        budget = ledger.set_budget(args.account_id, cap_epsilon=args.cap, delta=args.delta)
+        budget = ledger.budgets.set_budget(args.account_id, cap_epsilon=args.cap, delta=args.delta)
     if args.json:
         print_json(budget.to_dict())
     else:
@@ -341,7 +343,7 @@ def _set_budget(args: argparse.Namespace) -> int:
 
 def _revoke_key(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
-        key = ledger.revoke_api_key(args.key_id)
+        key = ledger.api_keys.revoke_api_key(args.key_id)
     if args.json:
         print_json(asdict(key))
     else:
@@ -351,7 +353,7 @@ def _revoke_key(args: argparse.Namespace) -> int:
 
 def _new_key(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
-        api_key, key = ledger.create_api_key(args.account_id)
+        api_key, key = ledger.api_keys.create_api_key(args.account_id)
     if args.json:
         print_json({"account_id": key.account_id, "key_id": key.key_id, "api_key": api_key})
     else:
@@ -362,7 +364,7 @@ def _new_key(args: argparse.Namespace) -> int:
 
 def _keys(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
-        keys = ledger.list_api_keys(args.account_id)
+        keys = ledger.api_keys.list_api_keys(args.account_id)
     if args.json:
         print_json([asdict(k) for k in keys])
     else:
@@ -375,7 +377,7 @@ def _keys(args: argparse.Namespace) -> int:
 
 def _budget(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
-        budget = ledger.budget(args.account_id)
+        budget = ledger.budgets.budget(args.account_id)
     if args.json:
         print_json(budget.to_dict())
     else:

@@ -19,6 +19,7 @@ from service.privacy.modes import Mode
 
 if TYPE_CHECKING:
     from service.graph.model import Graph
+    from service.ledger.ledger import Ledger
 
 
 def add_graph_argument(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
@@ -47,7 +48,7 @@ def load_graph(path: Path | None) -> Graph:
     return load_configured_graph(path)
 
 
-def served_graph_and_cap(path: Path, settings: Any, ledger: Any) -> tuple[Graph, Any]:
+def served_graph_and_cap(path: Path, settings: Any, ledger: Ledger) -> tuple[Graph, Any]:
     """The graph a graph-wide release (``synthesize``, ``embeddings release``) is made from, as
     the service serves it: its node list, its public bounds and the public version id the ledger
     records, so the release composes with that version's other releases in the exposure; and
@@ -58,13 +59,13 @@ def served_graph_and_cap(path: Path, settings: Any, ledger: Any) -> tuple[Graph,
 
     graph = as_served(
         load_configured_graph(path, None, settings.nodes_path),
-        ledger,
+        ledger.graph_versions,
         max_degree_bound=settings.max_degree_bound,
         edge_count_bound=settings.edge_count_bound,
     )
     cap = None
     if settings.graph_cap_epsilon is not None:
-        delta = settings.exposure_delta or ledger.smallest_delta()
+        delta = settings.exposure_delta or ledger.reports.smallest_delta()
         cap = GraphCap(settings.graph_cap_epsilon, delta, max_charge=None)
     return graph, cap
 

@@ -109,7 +109,7 @@ def _edge_report(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
-        report = ledger.verify()
+        report = ledger.reports.verify()
     if args.json:
         print_json(report.to_dict())
     else:
@@ -134,7 +134,7 @@ def _reconcile(args: argparse.Namespace) -> int:
     if older_than is None:
         older_than = Settings().reconcile_after_seconds
     with _ledger(args) as ledger:
-        refunded = ledger.reconcile(older_than_seconds=older_than)
+        refunded = ledger.settlement.reconcile(older_than_seconds=older_than)
     if args.json:
         print_json({"refunded": len(refunded), "charge_ids": refunded, "older_than": older_than})
     else:
@@ -150,7 +150,7 @@ def _exposure(args: argparse.Namespace) -> int:
     if delta is not None and not 0 < delta < 1:
         raise InvalidParameter("--delta", f"must be in (0, 1), got {delta}")
     with _ledger(args) as ledger:
-        report = ledger.exposure(delta=delta, cap_epsilon=settings.graph_cap_epsilon)
+        report = ledger.reports.exposure(delta=delta, cap_epsilon=settings.graph_cap_epsilon)
     if args.json:
         print_json(report.to_dict())
         return 0

@@ -170,7 +170,7 @@ def _run_configured(settings: Any) -> int:
     try:
         ledger = Ledger.from_url(settings.database_url, auto_migrate=settings.auto_migrate)
         try:
-            empty = not ledger.list_accounts(limit=1)
+            empty = not ledger.accounts.list_accounts(limit=1)
         finally:
             ledger.dispose()
     except LedgerUnavailable as exc:

@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
             )  # fmt: skip
         ledger = Ledger.from_url(database_url)
         try:
-            report = ledger.verify()
+            report = ledger.reports.verify()
         finally:
             ledger.dispose()
     print(summary(result))

@@ -116,7 +116,7 @@ def edge_report(
         where = "for this account" if account is not None else "in this ledger"
         raise NotFound(f"there are no releases {where}: nothing to report")
     if delta is None:
-        delta = account_delta if account is not None else ledger.smallest_delta()
+        delta = account_delta if account is not None else ledger.reports.smallest_delta()
     curves = _per_instance(graph, iu, iv, releases)
     by_mode: dict[str, _Sum] = defaultdict(_Sum)
     by_account: dict[int, _Sum] = defaultdict(_Sum)

@@ -5,7 +5,7 @@
 node list, and records it the way a synthesis run is recorded (:mod:`service.synthetic.release`;
 the payload in the form of :mod:`service.release_payload`): admitted against the graph-wide cap
 and charged to the graph-wide exposure in one transaction BEFORE anything is computed
-(:meth:`Ledger.graph_release`); the vectors are computed inside ``draw()`` and stored in the
+(:meth:`GraphReleases.graph_release`); the vectors are computed inside ``draw()`` and stored in the
 ledger as the release's payload, with the method, parameters and privacy unit, before any file
 is written; a failed or interrupted computation refunds the charge and leaves no file. While it
 computes, the release beats its heartbeat (``graph_releases.heartbeat_at``, the mechanism a
@@ -43,11 +43,11 @@ from typing import Any
 import numpy as np
 
 from service.atomic_files import atomic_file, check_output_path, write_atomically
-from service.embeddings.all_nodes import _check_rounds, edge_embeddings
+from service.embeddings.all_nodes import check_rounds, edge_embeddings
 from service.embeddings.dp import (
     EMBEDDING_BETA,
-    _check_sigma,
     check_k,
+    check_sigma,
     dp_instant_embedding_curve,
     plan_dp_instant_embedding,
 )
@@ -83,14 +83,9 @@ Progress = Callable[[int, int], None]
 
 def version_salt(ledger: Ledger, graph_version: str) -> bytes:
     """The salt of ``graph_version``'s embedding hash functions: the one the ledger records
-    for the version (``Ledger.embedding_salt``, insert-if-absent), so that these embeddings
-    hash like every other embedding of the version; a ledger without salts gets a fresh salt,
-    recorded in this release's parameters."""
-    recorded = getattr(ledger, "embedding_salt", None)
-    if recorded is not None:
-        salt: bytes = recorded(graph_version, new_salt)
-        return salt
-    return new_salt()
+    for the version (``ledger.embedding_salts.embedding_salt``, insert-if-absent), so that
+    these embeddings hash like every other embedding of the version."""
+    return ledger.embedding_salts.embedding_salt(graph_version, new_salt)
 
 
 @dataclass(frozen=True)
@@ -141,9 +136,9 @@ def _validate(request: EmbeddingRequest, graph: Graph) -> None:
     if not (isinstance(request.epsilon, int | float) and np.isfinite(request.epsilon)
             and request.epsilon > 0):  # fmt: skip
         raise InvalidParameter("epsilon", f"must be a finite number > 0, got {request.epsilon!r}")
-    _check_sigma(request.sigma)
+    check_sigma(request.sigma)
     check_k(request.k)
-    _check_rounds(request.rounds)
+    check_rounds(request.rounds)
     if graph.n < 2:
         raise InvalidParameter("graph", "the graph needs at least two nodes")
 
@@ -241,7 +236,7 @@ def release_embeddings(
         kept["release"], kept["body"], kept["vectors"] = release, body, vectors
         return encode_payload(release.header(), body)
 
-    payload = ledger.graph_release(
+    payload = ledger.graph_releases.graph_release(
         graph.version, name, epsilon=curve.pure, curve=curve, draw=draw, cap=cap,
         heartbeat_seconds=heartbeat_seconds,
     )  # fmt: skip

@@ -33,8 +33,8 @@ from numba import njit
 from service.embeddings.dp import (
     EMBEDDING_BETA,
     EMBEDDING_ROUNDS,
-    _check_sigma,
     check_k,
+    check_sigma,
     exact_noisy_release,
     plan_dp_instant_embedding,
 )
@@ -139,7 +139,7 @@ def _instant_of_capped(
             touched[v] = False
 
 
-def _check_rounds(rounds: int) -> int:
+def check_rounds(rounds: int) -> int:
     if isinstance(rounds, bool) or not isinstance(rounds, int) or not 1 <= rounds <= MAX_ROUNDS:
         raise InvalidParameter("rounds", f"must be an integer in [1, {MAX_ROUNDS}], got {rounds!r}")
     return rounds
@@ -158,8 +158,8 @@ def edge_instant_embeddings(
 ) -> np.ndarray:
     """InstantEmbedding of the edge-mode PushFlowCap vector of each seed (internal indices),
     one row per seed, BEFORE any noise: an exact function of the edges, never released."""
-    sigma = _check_sigma(sigma)
-    rounds = _check_rounds(rounds)
+    sigma = check_sigma(sigma)
+    rounds = check_rounds(rounds)
     check_k(hashes.k)
     if hashes.buckets.shape[0] != graph.n:
         raise InvalidParameter("hashes", "were computed for a different node set")

@@ -78,7 +78,7 @@ __all__ = [
 SNAP_BITS = 22
 
 
-def _check_sigma(sigma: float) -> float:
+def check_sigma(sigma: float) -> float:
     if (
         isinstance(sigma, bool)
         or not isinstance(sigma, int | float)
@@ -111,7 +111,7 @@ def dp_ie_sensitivity(sigma: float, n: int) -> float:
 def plan_dp_instant_embedding(epsilon: float, sigma: float, n: int) -> LaplacePlan:
     """Laplace plan of sensitivity :func:`dp_ie_sensitivity` (sigma n (1 + at most 2^-10)):
     b = Delta / eps, rounded up."""
-    sigma = _check_sigma(sigma)
+    sigma = check_sigma(sigma)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise InvalidParameter("n", f"must be an integer >= 1, got {n!r}")
     return plan_laplace(epsilon, dp_ie_sensitivity(sigma, n))
@@ -161,7 +161,7 @@ def dp_instant_embedding(
     """DP-IE of ``seed`` (internal index). ``rng`` defaults to a fresh OS-entropy generator;
     the serving path never passes one. ``capped`` (the PushFlowCap vector of exactly these
     graph, seed, beta, rounds, sigma and mode) skips recomputing it in evaluation loops."""
-    sigma = _check_sigma(sigma)
+    sigma = check_sigma(sigma)
     check_k(hashes.k)
     mode = Mode(mode)
     if hashes.buckets.shape[0] != graph.n:

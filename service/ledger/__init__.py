@@ -6,9 +6,9 @@ leaves this package.
 """
 
 from service.bounds import ACCOUNT_TYPES, AccountType
+from service.ledger.budget_rule import ADMISSION_RTOL
 from service.ledger.database import UPGRADE_COMMAND, LedgerGridMismatch, upgrade
 from service.ledger.ledger import (
-    ADMISSION_RTOL,
     AccountExists,
     Ledger,
     LedgerUnavailable,

@@ -20,11 +20,7 @@ from service.ledger.admin_records import (
     escape_like,
 )
 from service.ledger.tables import Account, Budget, Spend, iso
-from service.ledger.unit_of_work import LedgerPart
-
-
-def _spent_col() -> Any:
-    return Spend.epsilon
+from service.ledger.transactions import LedgerPart
 
 
 def _remaining_col() -> Any:

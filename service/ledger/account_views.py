@@ -27,7 +27,7 @@ from service.ledger.admin_records import (
 )
 from service.ledger.quota_and_degree import QUOTA_WINDOW
 from service.ledger.tables import Charge, Spend, iso
-from service.ledger.unit_of_work import LedgerPart
+from service.ledger.transactions import LedgerPart
 from service.privacy.accountant import RdpCurve, curve_key
 
 

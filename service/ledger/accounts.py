@@ -10,11 +10,11 @@ from sqlalchemy.exc import IntegrityError
 from service.bounds import ACCOUNT_TYPES, AccountType
 from service.errors import ECHO_MAX, InvalidParameter, echoed, shown
 from service.ledger.ledger_rows import (
-    _account_record,
-    _check_cap,
-    _check_delta,
-    _check_modes,
-    _check_quota,
+    account_record,
+    valid_cap,
+    valid_delta,
+    valid_modes,
+    valid_quota,
 )
 from service.ledger.records import AccountRecord, UnknownAccount
 from service.ledger.tables import (
@@ -23,7 +23,7 @@ from service.ledger.tables import (
     Spend,
     utcnow,
 )
-from service.ledger.unit_of_work import (
+from service.ledger.transactions import (
     AccountExists,
     LedgerPart,
 )
@@ -54,10 +54,10 @@ class Accounts(LedgerPart):
                 raise InvalidParameter("node_id", "a user account is bound to a seed node")
         elif node_id is not None:
             raise InvalidParameter("node_id", f"only user accounts have a node, not {type}")
-        cap = _check_cap(cap_epsilon)
-        dlt = _check_delta(delta)
-        scoped = _check_modes(modes)
-        quota = _check_quota(quota_epsilon)
+        cap = valid_cap(cap_epsilon)
+        dlt = valid_delta(delta)
+        scoped = valid_modes(modes)
+        quota = valid_quota(quota_epsilon)
         if type != "service" and (may_create_seed_accounts or quota is not None):
             raise InvalidParameter(
                 "may_create_seed_accounts/quota_epsilon", "only service accounts have scopes"
@@ -111,7 +111,7 @@ class Accounts(LedgerPart):
                     },
                 )
                 session.flush()
-                return _account_record(account)
+                return account_record(account)
         except IntegrityError as exc:
             existing = self.account_for_node(node_id) if node_id is not None else None
             if existing is not None:
@@ -123,7 +123,7 @@ class Accounts(LedgerPart):
 
     def get_account(self, account_id: int) -> AccountRecord:
         with self._reading() as session:
-            return _account_record(self._account(session, account_id))
+            return account_record(self._account(session, account_id))
 
     def list_accounts(
         self, *, type: str | None = None, limit: int = 100, offset: int = 0
@@ -134,14 +134,14 @@ class Accounts(LedgerPart):
                 raise InvalidParameter("type", f"must be one of {', '.join(ACCOUNT_TYPES)}")
             stmt = stmt.where(Account.type == type)
         with self._reading() as session:
-            return [_account_record(row) for row in session.scalars(stmt)]
+            return [account_record(row) for row in session.scalars(stmt)]
 
     def account_for_node(self, node_id: str) -> AccountRecord | None:
         with self._reading() as session:
             row = session.scalars(
                 select(Account).where(Account.user_node_id == node_id)
             ).one_or_none()
-            return None if row is None else _account_record(row)
+            return None if row is None else account_record(row)
 
     def user_accounts_for_nodes(self, nodes: Iterable[str]) -> dict[str, tuple[int, float]]:
         """The user account bound to each of ``nodes`` that has one, with its delta, in one

@@ -13,9 +13,9 @@ from typing import Any
 from sqlalchemy import case, func, select
 
 from service.ledger.admin_records import HourUsage, naive_utc
-from service.ledger.exposure import _as_time, _hour
+from service.ledger.exposure import as_time, hour_of
 from service.ledger.tables import Charge, Refusal, iso
-from service.ledger.unit_of_work import LedgerPart
+from service.ledger.transactions import LedgerPart
 
 
 def _hours_back(hours: int, now: datetime | None = None) -> tuple[datetime, list[datetime]]:
@@ -34,8 +34,8 @@ class Activity(LedgerPart):
         over the last ``hours`` hours, every hour present (zeros where nothing happened)."""
         start, slots = _hours_back(hours, now)
         with self._reading() as session:
-            engine = self._uow.engine  # the engine of this read transaction
-            hour = _hour(engine, Charge.created_at)
+            engine = self._transactions.engine  # the engine of this read transaction
+            hour = hour_of(engine, Charge.created_at)
             since = naive_utc(start, session)
             charges: Sequence[Any] = session.execute(
                 select(
@@ -47,7 +47,7 @@ class Activity(LedgerPart):
                 .where(Charge.created_at >= since)
                 .group_by(hour)
             ).all()
-            refusal_hour = _hour(engine, Refusal.created_at)
+            refusal_hour = hour_of(engine, Refusal.created_at)
             refusals: Sequence[Any] = session.execute(
                 select(refusal_hour, func.count(Refusal.id))
                 .where(Refusal.created_at >= since)
@@ -55,10 +55,10 @@ class Activity(LedgerPart):
             ).all()
         by_hour: dict[datetime, list[float]] = {s: [0, 0.0, 0, 0] for s in slots}
         for at, queries, eps, refunded in charges:
-            slot = by_hour.setdefault(_as_time(at), [0, 0.0, 0, 0])
+            slot = by_hour.setdefault(as_time(at), [0, 0.0, 0, 0])
             slot[0], slot[1], slot[2] = int(queries or 0), float(eps or 0.0), int(refunded or 0)
         for at, n in refusals:
-            by_hour.setdefault(_as_time(at), [0, 0.0, 0, 0])[3] = int(n)
+            by_hour.setdefault(as_time(at), [0, 0.0, 0, 0])[3] = int(n)
         return [
             HourUsage(iso(at) or "", int(v[0]), float(v[1]), int(v[2]), int(v[3]))
             for at, v in sorted(by_hour.items())
@@ -86,5 +86,5 @@ class Activity(LedgerPart):
                     Charge.state == "admitted"
                 )
             ).one()
-        age = None if oldest is None else (now - _as_time(oldest)).total_seconds()
+        age = None if oldest is None else (now - as_time(oldest)).total_seconds()
         return int(count), age

@@ -6,7 +6,7 @@ hour) so it stays fast with many accounts; only an account's own curve is compos
 by the same RDP accountant that admission uses.
 
 :class:`AdminViews` is a facade over parts that each own one view and its SQL, on the
-ledger's unit of work (one read transaction per call), in the style of the ledger's own
+ledger's transactions (one read transaction per call), in the style of the ledger's own
 facade: the accounts table (``account_listing``), the activity overview and the charges in
 flight (``admin_activity``), one account's page (``account_views``), the audit log
 (``audit_view``) and when accounts run out at their recent rate (``run_out``). The records
@@ -32,7 +32,6 @@ from service.ledger.admin_records import HourUsage as HourUsage
 from service.ledger.admin_records import Page as Page
 from service.ledger.admin_records import ServiceUsage as ServiceUsage
 from service.ledger.audit_view import AuditView
-from service.ledger.delegate import delegate
 from service.ledger.ledger import Ledger
 from service.ledger.run_out import RunOutView
 
@@ -42,26 +41,15 @@ class AdminViews:
 
     def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
-        uow = ledger._uow
-        self.listing = AccountListing(uow)
-        self.activity = Activity(uow)
-        self.account = AccountViews(uow)
-        self.audit = AuditView(uow)
-        self.run_outs = RunOutView(uow)
+        transactions = ledger.transactions
+        self.listing = AccountListing(transactions)
+        self.activity = Activity(transactions)
+        self.account = AccountViews(transactions)
+        self.audit = AuditView(transactions)
+        self.run_outs = RunOutView(transactions)
 
     # the accounts table
-    accounts_page = delegate("listing", AccountListing.accounts_page)
     # overview and health
-    usage_per_hour = delegate("activity", Activity.usage_per_hour)
-    refusals_by_reason = delegate("activity", Activity.refusals_by_reason)
-    in_flight = delegate("activity", Activity.in_flight)
     # one account
-    account_curve = delegate("account", AccountViews.account_curve)
-    preview_budget = delegate("account", AccountViews.preview_budget)
-    charges_page = delegate("account", AccountViews.charges_page)
-    service_usage = delegate("account", AccountViews.service_usage)
     # the audit log
-    audit_page = delegate("audit", AuditView.audit_page)
     # when accounts run out at their recent rate
-    run_out_of = delegate("run_outs", RunOutView.run_out_of)
-    near_cap_run_out = delegate("run_outs", RunOutView.near_cap)

@@ -2,46 +2,33 @@
 
 from __future__ import annotations
 
-import random
 from datetime import timedelta
-from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.errors import ServiceError
-from service.ledger.admission_rules import AdmissionRules, _StaleTwin
-from service.ledger.exposure_shards import ExposureShards, _NeedsExactCap
+from service.ledger.admission_rules import AdmissionRules, StaleTwin
+from service.ledger.exposure_shards import ExposureShards, NeedsExactCap
 from service.ledger.group_reads import GroupReads, ReceiptOfNewCharge
 from service.ledger.idempotency import bound_charge
-from service.ledger.ledger_rows import (
-    ADMISSION_RTOL,
-    _add_to_shard,
-    _graph_exhausted,
-    _shard_total,
-)
 from service.ledger.locked_rows import (
     AdmissionWrites,
     NewCharge,
-    lock_all_shards,
 )
 from service.ledger.records import (
     Admission,
-    BudgetExhausted,
     BudgetView,
     ChargeReceipt,
-    GraphBudgetExhausted,
     GraphCap,
     IdempotencyKeyReused,
-    ReleaseKey,
-    ServiceQuotaExhausted,
 )
-from service.ledger.reports import RefusalRow, Reports, insert_refusals
+from service.ledger.reports import ADMISSION_REFUSALS, RefusalRow, Reports, insert_refusals
 from service.ledger.settlement import Settlement
-from service.ledger.tables import EXPOSURE_SHARDS, utcnow
-from service.ledger.unit_of_work import (
+from service.ledger.tables import utcnow
+from service.ledger.transactions import (
     LedgerPart,
-    UnitOfWork,
+    LedgerTransactions,
 )
 from service.privacy.accountant import RdpCurve
 
@@ -54,13 +41,13 @@ class Admissions(LedgerPart):
 
     def __init__(
         self,
-        uow: UnitOfWork,
+        transactions: LedgerTransactions,
         rules: AdmissionRules,
         shards: ExposureShards,
         settlement: Settlement,
         reports: Reports,
     ) -> None:
-        super().__init__(uow)
+        super().__init__(transactions)
         self._rules = rules
         self._shards = shards
         self._settlement = settlement
@@ -68,20 +55,8 @@ class Admissions(LedgerPart):
 
     def admit_and_charge(
         self,
+        a: Admission,
         *,
-        charged_account_id: int,
-        principal_account_id: int,
-        seed: str,
-        mechanism: str,
-        mode: str,
-        params: dict[str, Any],
-        query_curve: RdpCurve,
-        query_epsilon: float,
-        graph_version: str,
-        request_id: str,
-        idempotency_key: str | None,
-        release_key: ReleaseKey | None = None,
-        quota_epsilon: float | None = None,
         graph_cap: GraphCap | None = None,
         stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
     ) -> ChargeReceipt:
@@ -101,48 +76,22 @@ class Admissions(LedgerPart):
         Locks are always taken in the order: charged spend row, principal spend row, exposure
         shard rows by ascending shard, so concurrent admissions never deadlock.
         """
-        return self.admit(
-            Admission(
-                charged_account_id=charged_account_id,
-                principal_account_id=principal_account_id,
-                seed=seed,
-                mechanism=mechanism,
-                mode=mode,
-                params=params,
-                query_curve=query_curve,
-                query_epsilon=query_epsilon,
-                graph_version=graph_version,
-                request_id=request_id,
-                idempotency_key=idempotency_key,
-                release_key=release_key,
-                quota_epsilon=quota_epsilon,
-            ),
-            graph_cap=graph_cap,
-            stale_after_seconds=stale_after_seconds,
-        )
-
-    def admit(
-        self,
-        a: Admission,
-        *,
-        graph_cap: GraphCap | None = None,
-        stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
-    ) -> ChargeReceipt:
-        """:meth:`admit_and_charge` for a query given as an :class:`Admission`."""
         if not isinstance(a.query_curve, RdpCurve):
             raise TypeError("query_curve must be an RdpCurve")
         exact_cap = False
         while True:
             try:
-                with self._writing() as session:
+                with (
+                    self._reports.recording_refusal(
+                        a.charged_account_id, a.principal_account_id, a.mode, a.query_epsilon
+                    ),
+                    self._writing() as session,
+                ):
                     return self._admit(session, a, graph_cap, exact_cap, stale_after_seconds)
-            except _NeedsExactCap:
+            except NeedsExactCap:
                 exact_cap = True  # rolled back: start again, locking every shard
-            except _StaleTwin as stale:
+            except StaleTwin as stale:
                 self._reconcile_stale_twin(stale)  # rolled back: refund it, then start again
-            except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
-                self._record_refused(a, refusal)
-                raise
             except IntegrityError:
                 # A concurrent request with the same idempotency key bound it first.
                 if a.idempotency_key is None:
@@ -151,7 +100,7 @@ class Admissions(LedgerPart):
                     earlier = bound_charge(session, a.principal_account_id, a.idempotency_key)
                     if earlier is None:
                         raise
-                    return self._rules._reused(session, earlier)
+                    return self._rules.reused_receipt(session, earlier)
 
     def _admit(
         self,
@@ -163,11 +112,11 @@ class Admissions(LedgerPart):
     ) -> ChargeReceipt:
         account = self._lock_account(session, a.charged_account_id)
         writes = AdmissionWrites()
-        outcome = self._rules._admit_locked(
+        outcome = self._rules.admit_locked(
             session,
             a,
             account,
-            lambda curve: self._shards._add_exposure(session, curve, graph_cap, exact_cap, writes),
+            lambda curve: self._shards.add_exposure(session, curve, graph_cap, exact_cap, writes),
             stale_after_seconds,
             writes,
         )
@@ -206,15 +155,11 @@ class Admissions(LedgerPart):
                 results = self._admit_group_once(admissions, graph_cap, stale_after_seconds)
             except IntegrityError:
                 return [self._admit_alone(a, graph_cap, stale_after_seconds) for a in admissions]
-            except _StaleTwin as stale:
+            except StaleTwin as stale:
                 self._reconcile_stale_twin(stale)  # rolled back: refund it, then start again
                 continue
             break
         return results
-
-    def _record_refused(self, a: Admission, refusal: ServiceError) -> None:
-        """The refusal of admission ``a`` in the refusals table (its own transaction)."""
-        self._reports.record_refusals([_refusal_row(a, refusal)])
 
     def _admit_group_once(
         self, admissions: list[Admission], graph_cap: GraphCap | None, stale_after_seconds: float
@@ -228,7 +173,7 @@ class Admissions(LedgerPart):
             refused = [
                 _refusal_row(a, outcome)
                 for a, outcome in zip(admissions, outcomes, strict=True)
-                if isinstance(outcome, _REFUSALS)
+                if isinstance(outcome, ADMISSION_REFUSALS)
             ]
             if refused:  # in this transaction: a refused group costs one write, not one each
                 insert_refusals(session, refused)
@@ -248,10 +193,10 @@ class Admissions(LedgerPart):
         self, a: Admission, graph_cap: GraphCap | None, stale_after_seconds: float
     ) -> ChargeReceipt | ServiceError:
         try:
-            return self.admit(a, graph_cap=graph_cap, stale_after_seconds=stale_after_seconds)
-        except (
-            BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted, IdempotencyKeyReused,
-        ) as refusal:  # fmt: skip
+            return self.admit_and_charge(
+                a, graph_cap=graph_cap, stale_after_seconds=stale_after_seconds
+            )
+        except (*ADMISSION_REFUSALS, IdempotencyKeyReused) as refusal:
             return refusal
 
     def _admit_group(
@@ -275,28 +220,10 @@ class Admissions(LedgerPart):
         for principal in principals:
             self._lock_principal(session, principal)
         # Every principal whose quota is checked is now locked (as a charged or a principal row).
-        if graph_cap is None:
-            shard_row = self._locked_shard(session, random.randrange(EXPOSURE_SHARDS))
-
-            def add_exposure(curve: RdpCurve) -> int:
-                _add_to_shard(shard_row, curve)
-                writes.changed_shard(shard_row)
-                return shard_row.shard
-        else:
-            cap = graph_cap
-            rows = lock_all_shards(session)
-            target = rows[random.randrange(len(rows))]
-
-            def add_exposure(curve: RdpCurve) -> int:
-                total = _shard_total(rows) + curve
-                if total.epsilon(cap.delta) > cap.cap_epsilon * (1.0 - ADMISSION_RTOL):
-                    raise _graph_exhausted(cap, _shard_total(rows))
-                _add_to_shard(target, curve)
-                writes.changed_shard(target)
-                return target.shard
+        add_exposure = self._shards.group_exposure(session, graph_cap, writes)
 
         # What the queries look for (keys, twins, releases), read once for the group under
-        # its locks; one INSERT batch at the end instead of one per query (_admit_locked
+        # its locks; one INSERT batch at the end instead of one per query (admit_locked
         # writes the charges added so far only before a quota check, which must see them).
         reads = GroupReads.read(session, admissions)
         outcomes: list[
@@ -304,11 +231,11 @@ class Admissions(LedgerPart):
         ] = []
         for a in admissions:
             try:
-                outcome = self._rules._admit_locked(
+                outcome = self._rules.admit_locked(
                     session, a, accounts[a.charged_account_id], add_exposure,
                     stale_after_seconds, writes, principal_locked=True, reads=reads,
                 )  # fmt: skip
-            except (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted) as refusal:
+            except ADMISSION_REFUSALS as refusal:
                 outcomes.append(refusal)
                 continue
             except IdempotencyKeyReused as reused:  # bad input: no refusal row, nothing charged
@@ -317,7 +244,7 @@ class Admissions(LedgerPart):
             outcomes.append(outcome)
         return outcomes
 
-    def _reconcile_stale_twin(self, stale: _StaleTwin) -> None:
+    def _reconcile_stale_twin(self, stale: StaleTwin) -> None:
         """Refund an in-flight twin whose last sign of life is older than
         ``stale_after_seconds`` without a release (its worker died between charge and answer),
         in its own transaction. If it was released (or beat) meanwhile, the admission that
@@ -329,11 +256,7 @@ class Admissions(LedgerPart):
         )
 
 
-#: The refusals an admission keeps a row of (a reused key is bad input, not a refusal).
-_REFUSALS = (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted)
-
-
 def _refusal_row(a: Admission, refusal: ServiceError) -> RefusalRow:
-    return RefusalRow(
-        refusal.code, a.charged_account_id, a.principal_account_id, a.mode, a.query_epsilon
+    return RefusalRow.of(
+        refusal, a.charged_account_id, a.principal_account_id, a.mode, a.query_epsilon
     )

@@ -8,17 +8,17 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.ledger.budget_rule import curve_fits_under_cap
 from service.ledger.group_reads import GroupReads, ReceiptOfNewCharge
 from service.ledger.idempotency import (
     EarlierCharge,
     bound_charge,
 )
 from service.ledger.ledger_rows import (
-    ADMISSION_RTOL,
-    _aware,
-    _set_spend,
-    _spent_curve,
-    _view,
+    aware_utc,
+    budget_view,
+    set_spend,
+    spent_curve,
 )
 from service.ledger.locked_rows import (
     AdmissionWrites,
@@ -38,15 +38,15 @@ from service.ledger.tables import (
     Spend,
     utcnow,
 )
-from service.ledger.unit_of_work import (
+from service.ledger.transactions import (
     LedgerPart,
-    UnitOfWork,
+    LedgerTransactions,
 )
 from service.privacy.accountant import RdpCurve
 from service.privacy.orders import GRID_VERSION
 
 
-class _StaleTwin(Exception):
+class StaleTwin(Exception):
     """Internal: an identical query's charge is still ``admitted`` past the stale bound;
     roll back, refund it on its own, and admit again."""
 
@@ -58,25 +58,25 @@ class _StaleTwin(Exception):
 
 
 def _refuse_stale_twin(charge_id: int, last_sign: Any, stale_after_seconds: float) -> None:
-    """Raise :class:`_StaleTwin` for an in-flight twin whose last sign of life (heartbeat,
+    """Raise :class:`StaleTwin` for an in-flight twin whose last sign of life (heartbeat,
     else admission) is older than the bound.
 
     It is refunded in a transaction of its own (:meth:`Admissions._reconcile_stale_twin`), then
     the admission starts again: refunding here would lock the twin's exposure shard after
     this admission's own, out of ascending order."""
-    age = (utcnow() - _aware(last_sign)).total_seconds()
+    age = (utcnow() - aware_utc(last_sign)).total_seconds()
     if age > stale_after_seconds:
-        raise _StaleTwin(charge_id, age, stale_after_seconds)
+        raise StaleTwin(charge_id, age, stale_after_seconds)
 
 
 class AdmissionRules(LedgerPart):
     """What admits a query, alone or in a group, under the locks the caller holds."""
 
-    def __init__(self, uow: UnitOfWork, quota_and_degree: QuotaAndDegree) -> None:
-        super().__init__(uow)
+    def __init__(self, transactions: LedgerTransactions, quota_and_degree: QuotaAndDegree) -> None:
+        super().__init__(transactions)
         self._quota_and_degree = quota_and_degree
 
-    def _admit_locked(
+    def admit_locked(
         self,
         session: Session,
         a: Admission,
@@ -117,21 +117,21 @@ class AdmissionRules(LedgerPart):
         if earlier is not None:
             return earlier
         degree = a.degree
-        if degree is not None and self._quota_and_degree._paid_degree(
+        if degree is not None and self._quota_and_degree.paid_degree(
             session, a.charged_account_id, degree, writes
         ):
             degree = None
-        spent = _spent_curve(account)
+        spent = spent_curve(account)
         composed = spent + query_curve
         epsilon = float(a.query_epsilon)
         if degree is not None:  # composed with the query's curve, admitted as one
             composed = composed + degree.curve
             epsilon += float(degree.epsilon)
-        if composed.epsilon(account.delta) > account.cap_epsilon * (1.0 - ADMISSION_RTOL):
-            raise BudgetExhausted(_view(account, account, spent), epsilon)
+        if not curve_fits_under_cap(composed, account.delta, account.cap_epsilon):
+            raise BudgetExhausted(budget_view(account, account, spent), epsilon)
         now = utcnow()
         if a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id:
-            self._quota_and_degree._check_quota(
+            self._quota_and_degree.check_quota(
                 session, a.principal_account_id, a.quota_epsilon, epsilon, now,
                 lock=not principal_locked,
                 windows=None if reads is None else reads.quota_windows,
@@ -159,7 +159,7 @@ class AdmissionRules(LedgerPart):
         charges = account.charges + 1
         if degree is not None:
             charge.degree_epsilon = float(degree.epsilon)
-            self._quota_and_degree._add_degree_charge(
+            self._quota_and_degree.add_degree_charge(
                 writes, a.charged_account_id, a.principal_account_id, a.seed, a.mode, degree,
                 a.request_id, now,
             )  # fmt: skip
@@ -174,12 +174,12 @@ class AdmissionRules(LedgerPart):
             writes.bind(a.principal_account_id, a.idempotency_key, charge, "charged", now)
             if reads is not None:
                 reads.bound(a.principal_account_id, a.idempotency_key, charge)
-        _set_spend(account, account, composed, charges)
+        set_spend(account, account, composed, charges)
         account.last_charge_at = now
         writes.changed_account(account)
         if reads is not None:
             reads.added(charge, a, digest)
-        return charge, _view(account, account, composed)
+        return charge, budget_view(account, account, composed)
 
     def _earlier_alone(
         self,
@@ -195,7 +195,7 @@ class AdmissionRules(LedgerPart):
         if a.idempotency_key is not None:
             earlier = bound_charge(session, a.principal_account_id, a.idempotency_key)
             if earlier is not None:
-                return self._reused(session, earlier, writes)
+                return self.reused_receipt(session, earlier, writes)
         if a.release_key is not None and digest is not None:
             twin = self._twin(session, a.charged_account_id, digest, stale_after_seconds)
             if twin is None:
@@ -203,7 +203,9 @@ class AdmissionRules(LedgerPart):
                 twin = None if released is None else released.charge_id
             if twin is not None:
                 self._bind_joined(a, twin, a.charged_account_id, writes)
-                return ChargeReceipt(charge_id=twin, budget=_view(account, account), joined=True)
+                return ChargeReceipt(
+                    charge_id=twin, budget=budget_view(account, account), joined=True
+                )
         return None
 
     def _earlier_in_group(
@@ -222,23 +224,25 @@ class AdmissionRules(LedgerPart):
             if isinstance(holder, NewCharge):
                 locked = writes.account(int(holder.values["charged_account_id"]))
                 assert locked is not None  # the group charged it, under its lock
-                return ReceiptOfNewCharge(holder, _view(locked, locked), reused=True)
+                return ReceiptOfNewCharge(holder, budget_view(locked, locked), reused=True)
             if holder is not None:
-                return self._reused(session, holder, writes)
+                return self.reused_receipt(session, holder, writes)
         if a.release_key is not None and digest is not None:
             new_twin = reads.new_twin(a.charged_account_id, digest)
             if new_twin is not None:
                 self._bind_joined(a, new_twin, a.charged_account_id, writes, reads)
-                return ReceiptOfNewCharge(new_twin, _view(account, account), joined=True)
+                return ReceiptOfNewCharge(new_twin, budget_view(account, account), joined=True)
             twin = reads.twin(a.charged_account_id, digest)
             if twin is not None:
                 _refuse_stale_twin(twin.id, twin.last_sign, stale_after_seconds)
                 self._bind_joined(a, twin.id, a.charged_account_id, writes, reads)
-                return ChargeReceipt(charge_id=twin.id, budget=_view(account, account), joined=True)
+                return ChargeReceipt(
+                    charge_id=twin.id, budget=budget_view(account, account), joined=True
+                )
             released = reads.released(a.release_key)
             if released is not None:
                 self._bind_joined(a, released, a.charged_account_id, writes, reads)
-                view = _view(account, account)
+                view = budget_view(account, account)
                 return ChargeReceipt(charge_id=released, budget=view, joined=True)
         return None
 
@@ -281,7 +285,7 @@ class AdmissionRules(LedgerPart):
         _refuse_stale_twin(row.id, last_sign, stale_after_seconds)
         return row.id
 
-    def _reused(
+    def reused_receipt(
         self,
         session: Session,
         charge: EarlierCharge,
@@ -292,8 +296,10 @@ class AdmissionRules(LedgerPart):
         locked = None if writes is None else writes.account(charge.charged_account_id)
         if locked is not None:
             # the spend as this transaction left it (a group may have charged it already)
-            return ChargeReceipt(charge_id=charge.id, budget=_view(locked, locked), reused=True)
+            return ChargeReceipt(
+                charge_id=charge.id, budget=budget_view(locked, locked), reused=True
+            )
         budget = self._budget_row(session, charge.charged_account_id)
         spend = session.get(Spend, charge.charged_account_id)
         assert spend is not None
-        return ChargeReceipt(charge_id=charge.id, budget=_view(budget, spend), reused=True)
+        return ChargeReceipt(charge_id=charge.id, budget=budget_view(budget, spend), reused=True)

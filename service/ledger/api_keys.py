@@ -8,8 +8,8 @@ from sqlalchemy import select
 
 from service.ledger.keys import generate_api_key, hash_api_key, key_prefix
 from service.ledger.ledger_rows import (
-    _account_record,
-    _key_record,
+    account_record,
+    key_record,
 )
 from service.ledger.records import (
     AccountRecord,
@@ -20,9 +20,9 @@ from service.ledger.tables import (
     ApiKey,
     utcnow,
 )
-from service.ledger.unit_of_work import (
+from service.ledger.transactions import (
     LedgerPart,
-    UnitOfWork,
+    LedgerTransactions,
     UnknownApiKey,
 )
 
@@ -33,8 +33,8 @@ _AUTH_CACHE_ENTRIES = 10_000
 class ApiKeys(LedgerPart):
     """An account's API keys, and the lookups that authenticate a request by its key."""
 
-    def __init__(self, uow: UnitOfWork) -> None:
-        super().__init__(uow)
+    def __init__(self, transactions: LedgerTransactions) -> None:
+        super().__init__(transactions)
         # key hash -> (account, read at monotonic, generation); see authenticate_cached
         self._auth_cache: dict[str, tuple[AccountRecord, float, int]] = {}
         self._auth_generation = 0  # bumped by this process's key/scope changes
@@ -61,7 +61,7 @@ class ApiKeys(LedgerPart):
                 target=account_id,
                 details={"key_id": row.id, "prefix": row.prefix},
             )
-            return api_key, _key_record(row)
+            return api_key, key_record(row)
 
     def authenticate_cached(self, api_key: str, max_age_seconds: float) -> AccountRecord | None:
         """As :meth:`authenticate`, reusing a successful lookup for up to ``max_age_seconds``.
@@ -107,7 +107,7 @@ class ApiKeys(LedgerPart):
             return hit[0]
         return None
 
-    def _forget_authentications(self) -> None:
+    def forget_authentications(self) -> None:
         self._auth_generation += 1
         self._auth_cache.clear()
 
@@ -120,14 +120,14 @@ class ApiKeys(LedgerPart):
                 .join(ApiKey, ApiKey.account_id == Account.id)
                 .where(ApiKey.key_hash == hash_api_key(api_key), ApiKey.revoked_at.is_(None))
             ).one_or_none()
-            return None if row is None else _account_record(row)
+            return None if row is None else account_record(row)
 
     def revoke_api_key(self, key_id: int, *, actor_account_id: int | None = None) -> ApiKeyRecord:
-        self._forget_authentications()
+        self.forget_authentications()
         try:
             return self._revoke_api_key(key_id, actor_account_id)
         finally:
-            self._forget_authentications()  # also a lookup that raced the commit
+            self.forget_authentications()  # also a lookup that raced the commit
 
     def _revoke_api_key(self, key_id: int, actor_account_id: int | None) -> ApiKeyRecord:
         with self._writing() as session:
@@ -144,7 +144,7 @@ class ApiKeys(LedgerPart):
                     details={"key_id": row.id, "prefix": row.prefix},
                 )
                 session.flush()
-            return _key_record(row)
+            return key_record(row)
 
     def list_api_keys(self, account_id: int) -> list[ApiKeyRecord]:
         with self._reading() as session:
@@ -152,4 +152,4 @@ class ApiKeys(LedgerPart):
             rows = session.scalars(
                 select(ApiKey).where(ApiKey.account_id == account_id).order_by(ApiKey.id)
             )
-            return [_key_record(row) for row in rows]
+            return [key_record(row) for row in rows]

@@ -9,7 +9,7 @@ from sqlalchemy import func, or_, select
 
 from service.ledger.admin_records import AuditPage, escape_like
 from service.ledger.tables import AuditLog, iso
-from service.ledger.unit_of_work import LedgerPart
+from service.ledger.transactions import LedgerPart
 
 
 class AuditView(LedgerPart):

@@ -7,14 +7,14 @@ from typing import Any
 from service.errors import InvalidParameter
 from service.ledger.api_keys import ApiKeys
 from service.ledger.ledger_rows import (
-    _account_record,
-    _check_cap,
-    _check_delta,
-    _check_modes,
-    _check_quota,
-    _check_read_cap,
-    _spent_curve,
-    _view,
+    account_record,
+    budget_view,
+    spent_curve,
+    valid_cap,
+    valid_delta,
+    valid_modes,
+    valid_quota,
+    valid_read_cap,
 )
 from service.ledger.records import (
     AccountRecord,
@@ -24,17 +24,17 @@ from service.ledger.tables import (
     Spend,
     utcnow,
 )
-from service.ledger.unit_of_work import (
+from service.ledger.transactions import (
     LedgerPart,
-    UnitOfWork,
+    LedgerTransactions,
 )
 
 
 class Budgets(LedgerPart):
     """The budget of each account and the scopes of service accounts (both audited)."""
 
-    def __init__(self, uow: UnitOfWork, api_keys: ApiKeys) -> None:
-        super().__init__(uow)
+    def __init__(self, transactions: LedgerTransactions, api_keys: ApiKeys) -> None:
+        super().__init__(transactions)
         self._api_keys = api_keys  # a scope change forgets this process's cached lookups
 
     def budget(self, account_id: int) -> BudgetView:
@@ -42,7 +42,7 @@ class Budgets(LedgerPart):
             budget = self._budget_row(session, account_id)
             spend = session.get(Spend, account_id)
             assert spend is not None  # created with the budget row
-            return _view(budget, spend)
+            return budget_view(budget, spend)
 
     def account_delta(self, account_id: int) -> float:
         with self._reading() as session:
@@ -58,8 +58,8 @@ class Budgets(LedgerPart):
     ) -> BudgetView:
         """Change the cap and/or delta. The spend is an RDP curve, so a new delta re-converts
         it; a cap below the spend is allowed and simply refuses further queries."""
-        cap = None if cap_epsilon is None else _check_cap(cap_epsilon)
-        dlt = None if delta is None else _check_delta(delta)
+        cap = None if cap_epsilon is None else valid_cap(cap_epsilon)
+        dlt = None if delta is None else valid_delta(delta)
         with self._writing() as session:
             spend = self._lock_spend(session, account_id)  # serialise with admissions
             budget = self._budget_row(session, account_id)
@@ -72,7 +72,7 @@ class Budgets(LedgerPart):
                 budget.delta = dlt
             if changes:
                 budget.updated_at = utcnow()
-                spend.epsilon = _spent_curve(spend).epsilon(budget.delta)
+                spend.epsilon = spent_curve(spend).epsilon(budget.delta)
                 self._audit(
                     session,
                     "budget.set",
@@ -81,7 +81,7 @@ class Budgets(LedgerPart):
                     details=changes,
                 )
                 session.flush()
-            return _view(budget, spend)
+            return budget_view(budget, spend)
 
     def set_scopes(
         self,
@@ -98,17 +98,17 @@ class Budgets(LedgerPart):
         """Change a service account's scopes (audited): its modes, whether it may create seed
         users' accounts, its 24-hour spending quota (``clear_quota``: back to the default) and
         the cap on its read figure (``clear_read_cap``: back to the default)."""
-        scoped = None if modes is None else _check_modes(modes)
-        quota = _check_quota(quota_epsilon)
-        read_cap = _check_read_cap(read_cap_epsilon)
-        self._api_keys._forget_authentications()
+        scoped = None if modes is None else valid_modes(modes)
+        quota = valid_quota(quota_epsilon)
+        read_cap = valid_read_cap(read_cap_epsilon)
+        self._api_keys.forget_authentications()
         try:
             return self._set_scopes(
                 account_id, scoped, may_create_seed_accounts, quota, clear_quota, actor_account_id,
                 read_cap, clear_read_cap,
             )  # fmt: skip
         finally:
-            self._api_keys._forget_authentications()
+            self._api_keys.forget_authentications()
 
     def _set_scopes(
         self,
@@ -153,4 +153,4 @@ class Budgets(LedgerPart):
                     details=changes,
                 )  # fmt: skip
                 session.flush()
-            return _account_record(row)
+            return account_record(row)

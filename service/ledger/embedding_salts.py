@@ -8,7 +8,7 @@ from contextlib import suppress
 from sqlalchemy.exc import IntegrityError
 
 from service.ledger.tables import EmbeddingSalt
-from service.ledger.unit_of_work import LedgerPart
+from service.ledger.transactions import LedgerPart
 
 
 class EmbeddingSalts(LedgerPart):

@@ -54,13 +54,13 @@ class ExposureReport:
         }
 
 
-def _hour(engine: Engine, column: Any) -> Any:
+def hour_of(engine: Engine, column: Any) -> Any:
     if engine.dialect.name == "sqlite":
         return func.strftime("%Y-%m-%dT%H:00:00", column)
     return func.date_trunc("hour", column)
 
 
-def _as_time(value: Any) -> datetime:
+def as_time(value: Any) -> datetime:
     moment: datetime = datetime.fromisoformat(value) if isinstance(value, str) else value
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
@@ -76,8 +76,8 @@ def exposure_report(
     engine: Engine, *, delta: float | None = None, cap_epsilon: float | None = None
 ) -> ExposureReport:
     dlt = default_delta(engine) if delta is None else float(delta)
-    hour = _hour(engine, Charge.created_at)
-    graph_hour = _hour(engine, GraphRelease.created_at)
+    hour = hour_of(engine, Charge.created_at)
+    graph_hour = hour_of(engine, GraphRelease.created_at)
     parsed: dict[str, RdpCurve] = {}
 
     def curve(rdp: dict[str, Any]) -> RdpCurve:
@@ -105,7 +105,7 @@ def exposure_report(
     total, count, graph_count = RdpCurve.zero(), 0, 0
     for at, mode, rdp, n in groups:
         c = curve(rdp) * int(n)
-        moment = _as_time(at)
+        moment = as_time(at)
         prev, prev_n = per_hour.get(moment, (RdpCurve.zero(), 0))
         per_hour[moment] = (prev + c, prev_n + int(n))
         mode_curve, mode_n = by_mode.get(mode, (RdpCurve.zero(), 0))
@@ -113,7 +113,7 @@ def exposure_report(
         total, count = total + c, count + int(n)
     for at, rdp, n in graph_groups:
         c = curve(rdp) * int(n)
-        moment = _as_time(at)
+        moment = as_time(at)
         prev, prev_n = per_hour.get(moment, (RdpCurve.zero(), 0))
         per_hour[moment] = (prev + c, prev_n)
         total, graph_count = total + c, graph_count + int(n)

@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.ledger.exposure_shards import ExposureShards
-from service.ledger.ledger_rows import _remove_from_shard
+from service.ledger.ledger_rows import remove_from_shard
 from service.ledger.locked_rows import AdmissionWrites
 from service.ledger.records import (
     ChargeSettled,
@@ -25,9 +25,9 @@ from service.ledger.tables import (
     GraphRelease,
     utcnow,
 )
-from service.ledger.unit_of_work import (
+from service.ledger.transactions import (
     LedgerPart,
-    UnitOfWork,
+    LedgerTransactions,
 )
 from service.privacy.accountant import RdpCurve
 
@@ -37,8 +37,8 @@ log = logging.getLogger(__name__)
 class GraphReleases(LedgerPart):
     """The single release of a mechanism about a graph version (e.g. noisy degrees)."""
 
-    def __init__(self, uow: UnitOfWork, shards: ExposureShards) -> None:
-        super().__init__(uow)
+    def __init__(self, transactions: LedgerTransactions, shards: ExposureShards) -> None:
+        super().__init__(transactions)
         self._shards = shards
 
     def graph_release(
@@ -86,7 +86,7 @@ class GraphReleases(LedgerPart):
                 continue  # a twin won the insert: read its release
             if time.monotonic() > deadline:
                 # only this release's twin: another (a long synthesis run) has its own heartbeat
-                self._reconcile_graph_releases(
+                self.reconcile_graph_releases(
                     utcnow() - timedelta(seconds=wait_seconds), mechanism=mechanism
                 )
                 deadline = time.monotonic() + wait_seconds
@@ -138,11 +138,11 @@ class GraphReleases(LedgerPart):
     ) -> int | None:
         try:
             with self._writing() as session:
-                return self._admit_in(session, version, mechanism, epsilon, curve, cap).id
+                return self.admit_in(session, version, mechanism, epsilon, curve, cap).id
         except IntegrityError:
             return None
 
-    def _admit_in(
+    def admit_in(
         self,
         session: Session,
         version: str,
@@ -156,7 +156,7 @@ class GraphReleases(LedgerPart):
         caller's write transaction (GraphBudgetExhausted past the cap: nothing written)."""
         # a one-time release: the exact cap check (every shard locked) is cheap enough
         writes = AdmissionWrites()
-        shard = self._shards._add_exposure(session, curve, cap, cap is not None, writes)
+        shard = self._shards.add_exposure(session, curve, cap, cap is not None, writes)
         writes.finish(session)
         now = utcnow()
         row = GraphRelease(
@@ -191,9 +191,9 @@ class GraphReleases(LedgerPart):
 
     def _settle_graph_release(self, release_id: int, payload: bytes | None) -> None:
         with self._writing() as session:
-            self._settle_in(session, release_id, payload)
+            self.settle_in(session, release_id, payload)
 
-    def _settle_in(
+    def settle_in(
         self, session: Session, release_id: int, payload: bytes | None, cutoff: Any = None
     ) -> bool:
         """Release (``payload``) or refund (None) an ``admitted`` release, in the caller's
@@ -206,12 +206,12 @@ class GraphReleases(LedgerPart):
             raise ChargeSettled(
                 f"graph release {release_id} is {row.state}", details={"id": release_id}
             )
-        if cutoff is not None and _naive_utc(_last_sign(row)) >= _naive_utc(cutoff):
+        if cutoff is not None and naive_utc_of(_last_sign(row)) >= naive_utc_of(cutoff):
             return False  # it beat since it was selected: alive
         row.settled_at = utcnow()
         if payload is None:
             row.state = "refunded"
-            _remove_from_shard(
+            remove_from_shard(
                 self._lock_shard(session, row.exposure_shard), RdpCurve.from_json(row.rdp)
             )
         else:
@@ -219,7 +219,7 @@ class GraphReleases(LedgerPart):
             row.payload = payload
         return True
 
-    def _reconcile_graph_releases(self, cutoff: Any, *, mechanism: str | None = None) -> list[int]:
+    def reconcile_graph_releases(self, cutoff: Any, *, mechanism: str | None = None) -> list[int]:
         """Refund the ``admitted`` releases whose last heartbeat is older than ``cutoff`` (all,
         or those of one ``mechanism``); returns their ids."""
         last_sign = func.coalesce(GraphRelease.heartbeat_at, GraphRelease.created_at)
@@ -232,7 +232,7 @@ class GraphReleases(LedgerPart):
         for release_id in ids:
             try:
                 with self._writing() as session:
-                    if self._settle_in(session, release_id, None, cutoff=cutoff):
+                    if self.settle_in(session, release_id, None, cutoff=cutoff):
                         refunded.append(release_id)
             except ChargeSettled:
                 continue
@@ -243,7 +243,7 @@ def _last_sign(row: GraphRelease) -> datetime:
     return row.heartbeat_at if row.heartbeat_at is not None else row.created_at
 
 
-def _naive_utc(moment: datetime) -> datetime:
+def naive_utc_of(moment: datetime) -> datetime:
     """Comparable across backends: SQLite hands back naive UTC, PostgreSQL aware values."""
     if moment.tzinfo is not None:
         moment = moment.astimezone(UTC).replace(tzinfo=None)

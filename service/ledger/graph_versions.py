@@ -5,7 +5,6 @@ from __future__ import annotations
 import secrets
 from contextlib import suppress
 
-from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from service.ledger.tables import (
@@ -15,7 +14,7 @@ from service.ledger.tables import (
     GraphVersion,
     LedgerMeta,
 )
-from service.ledger.unit_of_work import LedgerPart
+from service.ledger.transactions import LedgerPart
 
 
 def new_public_graph_id() -> str:
@@ -90,10 +89,3 @@ class GraphVersions(LedgerPart):
             if row is None:  # pragma: no cover - the insert above committed or lost a race
                 raise RuntimeError("graph version not recorded")
             return row.public_id
-
-    def graph_fingerprint_of(self, public_id: str) -> str | None:
-        """The content fingerprint recorded for a public graph id (for admins)."""
-        with self._reading() as session:
-            return session.scalar(
-                select(GraphVersion.fingerprint).where(GraphVersion.public_id == public_id)
-            )

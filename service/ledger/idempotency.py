@@ -2,7 +2,7 @@
 
 A key is bound in the transaction that decides its first answer: the admission that charges
 the keyed query, the admission that joins it to an identical query's charge, (for a query
-answered from a stored release before admission) :meth:`Ledger.bind_idempotency_keys`, or (a
+answered from a stored release before admission) :meth:`StoredReleases.bind_idempotency_keys`, or (a
 ``popular`` answer) the admission of its degree release, which binds the key to the account's
 charge for that release with the query's node and mode. All four insert into
 ``idempotency_bindings``, whose partial UNIQUE index over bound keys is the one rule: of two

@@ -12,20 +12,24 @@ curves (charges are inserted under the lock, so ids follow the lock order); a re
 that fold, so it is bit-for-bit what incremental charging would have produced without the
 refunded charge.
 
-:class:`Ledger` is a facade over parts that each own one concern and its SQL, sharing one
-unit of work (``unit_of_work``: the engines, one transaction per call): accounts, API keys
-with the authentication cache, budgets and scopes, admission (``admission``,
-``admission_rules``, ``quota_and_degree``, ``exposure_shards``), settlement, stored releases
-and idempotency bindings, graph-wide releases, graph versions, reports and read figures. Its
-methods keep their names and signatures; each delegates to its part.
+:class:`Ledger` holds the parts, each owning one concern and its SQL, sharing the ledger's
+engines (``transactions``: one transaction per call): accounts, API keys with the
+authentication cache, budgets and scopes, admission (``admission``, ``admission_rules``,
+``quota_and_degree``, ``exposure_shards``), settlement, stored releases and idempotency
+bindings, graph-wide releases, graph versions, reports and read figures. Callers use the part
+they need, by its one name: ``ledger.accounts.create_account(...)``,
+``ledger.admission.admit_and_charge(...)``, ``ledger.budgets.budget(...)``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from alembic.util import CommandError
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from service.bounds import AccountType
 from service.ledger.accounts import Accounts
 from service.ledger.admission import DEFAULT_STALE_AFTER_SECONDS as DEFAULT_STALE_AFTER_SECONDS
 from service.ledger.admission import Admissions
@@ -39,17 +43,15 @@ from service.ledger.database import (
     make_engine,
     upgrade_engine,
 )
-from service.ledger.delegate import delegate
 from service.ledger.embedding_salts import EmbeddingSalts
 from service.ledger.exposure_shards import ExposureShards
 from service.ledger.graph_releases import GraphReleases
 from service.ledger.graph_versions import GraphVersions
-from service.ledger.ledger_rows import ADMISSION_RTOL as ADMISSION_RTOL
 from service.ledger.ledger_rows import MODES as MODES
 from service.ledger.quota_and_degree import QUOTA_WINDOW as QUOTA_WINDOW
 from service.ledger.quota_and_degree import QuotaAndDegree
 from service.ledger.read_figures import ReadFigures
-from service.ledger.records import LedgerNotMigrated
+from service.ledger.records import LedgerNotMigrated, OpenedAccount
 from service.ledger.reports import Reports
 from service.ledger.settlement import Settlement
 from service.ledger.stored_releases import StoredReleases
@@ -58,14 +60,15 @@ from service.ledger.tables import (
     META_LEDGER_ID,
     LedgerMeta,
 )
-from service.ledger.unit_of_work import AccountExists as AccountExists
-from service.ledger.unit_of_work import (
+from service.ledger.transactions import AccountExists as AccountExists
+from service.ledger.transactions import (
     LedgerPart,
-    UnitOfWork,
+    LedgerTransactions,
 )
-from service.ledger.unit_of_work import LedgerUnavailable as LedgerUnavailable
-from service.ledger.unit_of_work import UnknownApiKey as UnknownApiKey
-from service.ledger.unit_of_work import UnknownCharge as UnknownCharge
+from service.ledger.transactions import LedgerUnavailable as LedgerUnavailable
+from service.ledger.transactions import UnknownApiKey as UnknownApiKey
+from service.ledger.transactions import UnknownCharge as UnknownCharge
+from service.settings.mechanism import MechanismSettings
 
 # --- validation and conversion ----------------------------------------------------------------
 
@@ -74,101 +77,64 @@ class Ledger(LedgerPart):
     """The ledger on one database. Thread-safe: every call uses its own session and pool slot."""
 
     def __init__(self, engine: Engine) -> None:
-        super().__init__(UnitOfWork(engine))
+        super().__init__(LedgerTransactions(engine))
         self._engine = engine
-        self._write_engine = self._uow.write_engine
-        self._sqlite = self._uow.sqlite
+        self._write_engine = self._transactions.write_engine
+        self._sqlite = self._transactions.sqlite
         self._ledger_id: str | None = None
         # the parts, each after those it uses
-        self.reports = Reports(self._uow)
-        self.read_figures = ReadFigures(self._uow)
-        self.api_keys = ApiKeys(self._uow)
-        self.accounts = Accounts(self._uow)
-        self.budgets = Budgets(self._uow, self.api_keys)
-        self.graph_versions = GraphVersions(self._uow)
-        self.embedding_salts = EmbeddingSalts(self._uow)
-        self.shards = ExposureShards(self._uow)
-        self.graph_releases = GraphReleases(self._uow, self.shards)
-        self.synthesis = SynthesisJobs(self._uow, self.graph_releases)
-        self.settlement = Settlement(self._uow, self.graph_releases, self.synthesis)
-        self.stored_releases = StoredReleases(self._uow)
-        self.quota_and_degree = QuotaAndDegree(self._uow, self.reports)
-        self.admission_rules = AdmissionRules(self._uow, self.quota_and_degree)
+        self.reports = Reports(self._transactions)
+        self.read_figures = ReadFigures(self._transactions)
+        self.api_keys = ApiKeys(self._transactions)
+        self.accounts = Accounts(self._transactions)
+        self.budgets = Budgets(self._transactions, self.api_keys)
+        self.graph_versions = GraphVersions(self._transactions)
+        self.embedding_salts = EmbeddingSalts(self._transactions)
+        self.shards = ExposureShards(self._transactions)
+        self.graph_releases = GraphReleases(self._transactions, self.shards)
+        self.synthesis = SynthesisJobs(self._transactions, self.graph_releases)
+        self.settlement = Settlement(self._transactions, self.graph_releases, self.synthesis)
+        self.stored_releases = StoredReleases(self._transactions)
+        self.quota_and_degree = QuotaAndDegree(self._transactions, self.reports)
+        self.admission_rules = AdmissionRules(self._transactions, self.quota_and_degree)
         self.admission = Admissions(
-            self._uow, self.admission_rules, self.shards, self.settlement, self.reports
+            self._transactions, self.admission_rules, self.shards, self.settlement, self.reports
         )
 
-    # --- the parts' methods, by their old names --------------------------------------------
-
-    create_api_key = delegate("api_keys", ApiKeys.create_api_key)
-    authenticate_cached = delegate("api_keys", ApiKeys.authenticate_cached)
-    recent_authentication = delegate("api_keys", ApiKeys.recent_authentication)
-    authenticate = delegate("api_keys", ApiKeys.authenticate)
-    revoke_api_key = delegate("api_keys", ApiKeys.revoke_api_key)
-    list_api_keys = delegate("api_keys", ApiKeys.list_api_keys)
-    create_account = delegate("accounts", Accounts.create_account)
-    get_account = delegate("accounts", Accounts.get_account)
-    list_accounts = delegate("accounts", Accounts.list_accounts)
-    account_for_node = delegate("accounts", Accounts.account_for_node)
-    user_account_for_node = delegate("accounts", Accounts.user_account_for_node)
-    user_accounts_for_nodes = delegate("accounts", Accounts.user_accounts_for_nodes)
-    budget = delegate("budgets", Budgets.budget)
-    account_delta = delegate("budgets", Budgets.account_delta)
-    set_budget = delegate("budgets", Budgets.set_budget)
-    set_scopes = delegate("budgets", Budgets.set_scopes)
-    current_graph_version = delegate("graph_versions", GraphVersions.current_graph_version)
-    current_graph_path = delegate("graph_versions", GraphVersions.current_graph_path)
-    current_graph_configuration = delegate(
-        "graph_versions", GraphVersions.current_graph_configuration
-    )
-    set_current_graph_version = delegate("graph_versions", GraphVersions.set_current_graph_version)
-    public_graph_version = delegate("graph_versions", GraphVersions.public_graph_version)
-    graph_fingerprint_of = delegate("graph_versions", GraphVersions.graph_fingerprint_of)
-    embedding_salt = delegate("embedding_salts", EmbeddingSalts.embedding_salt)
-    graph_release = delegate("graph_releases", GraphReleases.graph_release)
-    graph_release_state = delegate("graph_releases", GraphReleases.graph_release_state)
-    graph_release_curve = delegate("graph_releases", GraphReleases.graph_release_curve)
-    graph_release_cost = delegate("graph_releases", GraphReleases.graph_release_cost)
-    start_synthesis = delegate("synthesis", SynthesisJobs.start_synthesis)
-    beat_synthesis = delegate("synthesis", SynthesisJobs.beat_synthesis)
-    finish_synthesis = delegate("synthesis", SynthesisJobs.finish_synthesis)
-    fail_synthesis = delegate("synthesis", SynthesisJobs.fail_synthesis)
-    synthesis_job = delegate("synthesis", SynthesisJobs.synthesis_job)
-    synthesis_jobs = delegate("synthesis", SynthesisJobs.synthesis_jobs)
-    synthesis_payload = delegate("synthesis", SynthesisJobs.synthesis_payload)
-    any_synthetic_release = delegate("synthesis", SynthesisJobs.any_synthetic_release)
-    synthetic_release_by_sha256 = delegate("synthesis", SynthesisJobs.synthetic_release_by_sha256)
-    refund = delegate("settlement", Settlement.refund)
-    store_release = delegate("settlement", Settlement.store_release)
-    store_releases = delegate("settlement", Settlement.store_releases)
-    charge_state = delegate("settlement", Settlement.charge_state)
-    reconcile = delegate("settlement", Settlement.reconcile)
-    beat_charges = delegate("settlement", Settlement.beat_charges)
-    find_release = delegate("stored_releases", StoredReleases.find_release)
-    release_for_charge = delegate("stored_releases", StoredReleases.release_for_charge)
-    release_for_idempotency_key = delegate(
-        "stored_releases", StoredReleases.release_for_idempotency_key
-    )
-    bind_idempotency_keys = delegate("stored_releases", StoredReleases.bind_idempotency_keys)
-    admitted_charges_for_keys = delegate(
-        "stored_releases", StoredReleases.admitted_charges_for_keys
-    )
-    admit_degree_release = delegate("quota_and_degree", QuotaAndDegree.admit_degree_release)
-    admit_synthetic_release = delegate("quota_and_degree", QuotaAndDegree.admit_synthetic_release)
-    admit_and_charge = delegate("admission", Admissions.admit_and_charge)
-    admit = delegate("admission", Admissions.admit)
-    admit_and_charge_many = delegate("admission", Admissions.admit_and_charge_many)
-    verify = delegate("reports", Reports.verify)
-    exposure = delegate("reports", Reports.exposure)
-    smallest_delta = delegate("reports", Reports.smallest_delta)
-    list_charges = delegate("reports", Reports.list_charges)
-    count_charges = delegate("reports", Reports.count_charges)
-    record_audit = delegate("reports", Reports.record_audit)
-    record_refusal = delegate("reports", Reports.record_refusal)
-    record_refusals = delegate("reports", Reports.record_refusals)
-    list_audit = delegate("reports", Reports.list_audit)
-    record_reads = delegate("read_figures", ReadFigures.record_reads)
-    read_view = delegate("read_figures", ReadFigures.read_view)
+    def open_account(
+        self,
+        type: AccountType,
+        *,
+        defaults: MechanismSettings,
+        node_id: str | None = None,
+        cap_epsilon: float | None = None,
+        delta: float | None = None,
+        label: str | None = None,
+        may_create_seed_accounts: bool = False,
+        modes: Sequence[str] | None = None,
+        quota_epsilon: float | None = None,
+        actor_account_id: int | None = None,
+    ) -> OpenedAccount:
+        """Create an account and its first API key: what the admin API and ``accounts create``
+        both do. What is not given takes the deployment's defaults (``defaults``: the cap of
+        new accounts, the account delta; scopes: ``edge``)."""
+        cap_epsilon = defaults.default_cap_epsilon if cap_epsilon is None else cap_epsilon
+        delta = defaults.account_delta if delta is None else delta
+        account = self.accounts.create_account(
+            type,
+            node_id=node_id,
+            cap_epsilon=cap_epsilon,
+            delta=delta,
+            label=label,
+            may_create_seed_accounts=may_create_seed_accounts,
+            modes=tuple(modes) if modes is not None else ("edge",),
+            quota_epsilon=quota_epsilon,
+            actor_account_id=actor_account_id,
+        )
+        api_key, key = self.api_keys.create_api_key(
+            account.account_id, actor_account_id=actor_account_id
+        )
+        return OpenedAccount(account, cap_epsilon, delta, api_key, key)
 
     # --- lifecycle ----------------------------------------------------------------------------
 

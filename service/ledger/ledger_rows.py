@@ -45,17 +45,11 @@ from service.ledger.tables import (
 from service.privacy.accountant import RdpCurve
 from service.privacy.orders import GRID_VERSION
 
-#: Admission refuses when the composed epsilon exceeds ``cap * (1 - ADMISSION_RTOL)``: the
-#: tolerance only ever makes admission stricter, so a spend that a different summation order
-#: would evaluate an ulp higher still never exceeds the cap.
-ADMISSION_RTOL = 1e-12
-
-
 #: The modes an account may be scoped to.
 MODES = ("personalized", "edge")
 
 
-def _check_cap(cap_epsilon: float) -> float:
+def valid_cap(cap_epsilon: float) -> float:
     if isinstance(cap_epsilon, bool) or not isinstance(cap_epsilon, int | float):
         raise InvalidParameter("cap_epsilon", f"must be a number, got {cap_epsilon!r}")
     if not (math.isfinite(cap_epsilon) and cap_epsilon > 0):
@@ -63,7 +57,7 @@ def _check_cap(cap_epsilon: float) -> float:
     return float(cap_epsilon)
 
 
-def _check_delta(delta: float) -> float:
+def valid_delta(delta: float) -> float:
     if isinstance(delta, bool) or not isinstance(delta, int | float):
         raise InvalidParameter("delta", f"must be a number, got {delta!r}")
     if not 0.0 < delta < 1.0:
@@ -71,7 +65,7 @@ def _check_delta(delta: float) -> float:
     return float(delta)
 
 
-def _check_modes(modes: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+def valid_modes(modes: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     chosen = tuple(dict.fromkeys(m.strip() for m in modes if m.strip()))
     unknown = [m for m in chosen if m not in MODES]
     if unknown or not chosen:
@@ -81,7 +75,7 @@ def _check_modes(modes: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     return chosen
 
 
-def _check_quota(quota_epsilon: float | None) -> float | None:
+def valid_quota(quota_epsilon: float | None) -> float | None:
     if quota_epsilon is None:
         return None
     if isinstance(quota_epsilon, bool) or not isinstance(quota_epsilon, int | float):
@@ -91,7 +85,7 @@ def _check_quota(quota_epsilon: float | None) -> float | None:
     return float(quota_epsilon)
 
 
-def _check_read_cap(read_cap_epsilon: float | None) -> float | None:
+def valid_read_cap(read_cap_epsilon: float | None) -> float | None:
     if read_cap_epsilon is None:
         return None
     if isinstance(read_cap_epsilon, bool) or not isinstance(read_cap_epsilon, int | float):
@@ -103,7 +97,7 @@ def _check_read_cap(read_cap_epsilon: float | None) -> float | None:
     return float(read_cap_epsilon)
 
 
-def _account_record(row: Account) -> AccountRecord:
+def account_record(row: Account) -> AccountRecord:
     return AccountRecord(
         account_id=row.id,
         type=cast(AccountType, row.type),
@@ -117,7 +111,7 @@ def _account_record(row: Account) -> AccountRecord:
     )
 
 
-def _key_record(row: ApiKey) -> ApiKeyRecord:
+def key_record(row: ApiKey) -> ApiKeyRecord:
     return ApiKeyRecord(
         key_id=row.id,
         account_id=row.account_id,
@@ -127,7 +121,7 @@ def _key_record(row: ApiKey) -> ApiKeyRecord:
     )
 
 
-def _charge_record(row: Charge, refunded: bool) -> ChargeRecord:
+def charge_record(row: Charge, refunded: bool) -> ChargeRecord:
     return ChargeRecord(
         charge_id=row.id,
         created_at=iso(row.created_at) or "",
@@ -146,7 +140,7 @@ def _charge_record(row: Charge, refunded: bool) -> ChargeRecord:
     )
 
 
-def _release_record(row: Release) -> StoredRelease:
+def release_record(row: Release) -> StoredRelease:
     return StoredRelease(
         key=ReleaseKey(
             account_id=row.charged_account_id,
@@ -164,14 +158,14 @@ def _release_record(row: Release) -> StoredRelease:
     )
 
 
-def _spent_curve(spend: Spend | LockedAccount) -> RdpCurve:
+def spent_curve(spend: Spend | LockedAccount) -> RdpCurve:
     return RdpCurve.from_json(spend.rdp)
 
 
-def _view(
+def budget_view(
     budget: Budget | LockedAccount, spend: Spend | LockedAccount, spent: RdpCurve | None = None
 ) -> BudgetView:
-    curve = _spent_curve(spend) if spent is None else spent
+    curve = spent_curve(spend) if spent is None else spent
     spent_epsilon = curve.epsilon(budget.delta)
     return BudgetView(
         account_id=budget.account_id,
@@ -183,7 +177,7 @@ def _view(
     )
 
 
-def _set_spend(
+def set_spend(
     spend: Spend | LockedAccount, budget: Budget | LockedAccount, curve: RdpCurve, charges: int
 ) -> None:
     """Write the composed curve, its conversion at the account's delta and the charge count."""
@@ -195,7 +189,7 @@ def _set_spend(
     spend.updated_at = utcnow()
 
 
-def _subtract_up(total: RdpCurve, part: RdpCurve) -> RdpCurve:
+def subtract_up(total: RdpCurve, part: RdpCurve) -> RdpCurve:
     """``total - part`` rounded up (never below the exact difference, never below 0; the
     rounding of ``total`` itself, an ulp of the larger sum, is covered by two of its ulps). An
     infinite pure part (a Gaussian release, e.g. a PrivDPR synthetic graph) stays infinite: a
@@ -215,7 +209,7 @@ def _subtract_up(total: RdpCurve, part: RdpCurve) -> RdpCurve:
     return RdpCurve(rdp, pure, tv)
 
 
-def _release_values(
+def release_values(
     release: StoredRelease, idempotency_key: str | None, principal_account_id: int, now: Any
 ) -> dict[str, Any]:
     """The ``releases`` row of a release, as the column values of a Core INSERT."""
@@ -237,18 +231,18 @@ def _release_values(
     }
 
 
-def _aware(moment: Any) -> Any:
+def aware_utc(moment: Any) -> Any:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-def _shard_total(rows: list[LockedShard] | Any) -> RdpCurve:
+def shard_total(rows: list[LockedShard] | Any) -> RdpCurve:
     total = RdpCurve.zero()
     for row in rows:
         total = total + RdpCurve.from_json(row.rdp)
     return total
 
 
-def _add_to_shard(row: ExposureShard | LockedShard, curve: RdpCurve) -> None:
+def add_to_shard(row: ExposureShard | LockedShard, curve: RdpCurve) -> None:
     total = RdpCurve.from_json(row.rdp) + curve
     row.rdp = total.to_json()
     row.pure_epsilon = total.pure
@@ -256,15 +250,15 @@ def _add_to_shard(row: ExposureShard | LockedShard, curve: RdpCurve) -> None:
     row.updated_at = utcnow()
 
 
-def _remove_from_shard(row: ExposureShard, curve: RdpCurve) -> None:
-    total = _subtract_up(RdpCurve.from_json(row.rdp), curve)
+def remove_from_shard(row: ExposureShard, curve: RdpCurve) -> None:
+    total = subtract_up(RdpCurve.from_json(row.rdp), curve)
     row.rdp = total.to_json()
     row.pure_epsilon = total.pure
     row.charges = max(0, row.charges - 1)
     row.updated_at = utcnow()
 
 
-def _graph_exhausted(cap: GraphCap, spent: RdpCurve) -> GraphBudgetExhausted:
+def graph_exhausted(cap: GraphCap, spent: RdpCurve) -> GraphBudgetExhausted:
     used = spent.epsilon(cap.delta)
     return GraphBudgetExhausted(
         f"the graph-wide exposure cap of {cap.cap_epsilon:.4g} (delta {cap.delta:.3g}) would be "

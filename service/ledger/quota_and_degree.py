@@ -14,13 +14,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.errors import ServiceError
+from service.ledger.budget_rule import curve_fits_under_cap, fits_under_cap
 from service.ledger.idempotency import PopularQuery, bound_query
 from service.ledger.ledger_rows import (
-    ADMISSION_RTOL,
-    _aware,
-    _set_spend,
-    _spent_curve,
-    _view,
+    aware_utc,
+    budget_view,
+    set_spend,
+    spent_curve,
 )
 from service.ledger.locked_rows import AdmissionWrites, NewCharge
 from service.ledger.records import (
@@ -39,9 +39,9 @@ from service.ledger.tables import (
     Charge,
     utcnow,
 )
-from service.ledger.unit_of_work import (
+from service.ledger.transactions import (
     LedgerPart,
-    UnitOfWork,
+    LedgerTransactions,
 )
 from service.privacy.accountant import RdpCurve
 from service.privacy.orders import GRID_VERSION
@@ -84,11 +84,11 @@ class _DegreeAsk:
 class QuotaAndDegree(LedgerPart):
     """The principal's quota check, and each account's one charge per degree release."""
 
-    def __init__(self, uow: UnitOfWork, reports: Reports) -> None:
-        super().__init__(uow)
+    def __init__(self, transactions: LedgerTransactions, reports: Reports) -> None:
+        super().__init__(transactions)
         self._reports = reports
 
-    def _check_quota(
+    def check_quota(
         self,
         session: Session,
         principal: int,
@@ -105,7 +105,7 @@ class QuotaAndDegree(LedgerPart):
 
         ``windows`` (a group's admission, which holds the principal's lock throughout): each
         principal's window as read at its first check in the group, to which the group adds
-        what it charges (:meth:`AdmissionRules._admit_locked`), so a group of many queries
+        what it charges (:meth:`AdmissionRules.admit_locked`), so a group of many queries
         reads it once, not once per query."""
         if lock:
             self._lock_principal(session, principal)
@@ -124,11 +124,11 @@ class QuotaAndDegree(LedgerPart):
                 )
                 .order_by(Charge.created_at)
             ).all()
-            rows = [(_aware(at), float(eps)) for at, eps in read]
+            rows = [(aware_utc(at), float(eps)) for at, eps in read]
             if windows is not None:
                 windows[principal] = list(rows)
         used = math.fsum(float(e) for _, e in rows)
-        if used + epsilon <= quota * (1.0 + ADMISSION_RTOL):
+        if fits_under_cap(used + epsilon, quota):
             return
         # When will enough of the window have expired for this query to fit?
         excess, retry_after = used + epsilon - quota, QUOTA_WINDOW.total_seconds()
@@ -136,7 +136,7 @@ class QuotaAndDegree(LedgerPart):
         for created_at, eps in rows:
             freed += float(eps)
             if freed >= excess:
-                expires = _aware(created_at) + QUOTA_WINDOW
+                expires = aware_utc(created_at) + QUOTA_WINDOW
                 retry_after = max(1.0, (expires - now).total_seconds())
                 break
         raise ServiceQuotaExhausted(
@@ -148,7 +148,7 @@ class QuotaAndDegree(LedgerPart):
         )
 
     @staticmethod
-    def _paid_degree(
+    def paid_degree(
         session: Session, account_id: int, degree: DegreeCharge, writes: AdmissionWrites
     ) -> bool:
         """Whether the account has a live charge for this degree release (read under the
@@ -159,7 +159,7 @@ class QuotaAndDegree(LedgerPart):
         return QuotaAndDegree._degree_charge_id(session, account_id, degree) is not None
 
     @staticmethod
-    def _add_degree_charge(
+    def add_degree_charge(
         writes: AdmissionWrites,
         account_id: int,
         principal_id: int,
@@ -228,19 +228,13 @@ class QuotaAndDegree(LedgerPart):
         while True:
             attempts -= 1
             try:
-                return self._admit_degree_release(ask)
+                with self._reports.recording_refusal(
+                    charged_account_id, principal_account_id, mode, float(degree.epsilon)
+                ):
+                    return self._admit_degree_release(ask)
             except IntegrityError:  # a concurrent request bound the key first: read it
                 if idempotency_key is None or attempts == 0:
                     raise
-            except (BudgetExhausted, ServiceQuotaExhausted) as refusal:
-                self._reports.record_refusal(
-                    refusal.code,
-                    charged_account_id=charged_account_id,
-                    principal_account_id=principal_account_id,
-                    mode=mode,
-                    epsilon=float(degree.epsilon),
-                )
-                raise
 
     def _admit_degree_release(self, a: _DegreeAsk) -> DegreeReceipt:
         degree, query = a.degree, a.query
@@ -252,7 +246,7 @@ class QuotaAndDegree(LedgerPart):
                     if held != query:
                         raise IdempotencyKeyReused()
                     return DegreeReceipt(
-                        _view(account, account), charged=False, replayed=True,
+                        budget_view(account, account), charged=False, replayed=True,
                         epsilon=float(degree.epsilon),
                     )  # fmt: skip
             writes = AdmissionWrites()
@@ -262,27 +256,27 @@ class QuotaAndDegree(LedgerPart):
                 self._bind_popular(writes, a.principal_account_id, a.idempotency_key, paid, query)
                 writes.finish(session)
                 return DegreeReceipt(
-                    _view(account, account), charged=False, epsilon=float(degree.epsilon)
+                    budget_view(account, account), charged=False, epsilon=float(degree.epsilon)
                 )
-            spent = _spent_curve(account)
+            spent = spent_curve(account)
             composed = spent + degree.curve
-            if composed.epsilon(account.delta) > account.cap_epsilon * (1.0 - ADMISSION_RTOL):
-                raise BudgetExhausted(_view(account, account, spent), float(degree.epsilon))
+            if not curve_fits_under_cap(composed, account.delta, account.cap_epsilon):
+                raise BudgetExhausted(budget_view(account, account, spent), float(degree.epsilon))
             if a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id:
-                self._check_quota(
+                self.check_quota(
                     session, a.principal_account_id, a.quota_epsilon, float(degree.epsilon), now
                 )
-            charge = self._add_degree_charge(
+            charge = self.add_degree_charge(
                 writes, a.charged_account_id, a.principal_account_id, a.seed, a.mode, degree,
                 a.request_id, now,
             )  # fmt: skip
             self._bind_popular(writes, a.principal_account_id, a.idempotency_key, charge, query)
-            _set_spend(account, account, composed, account.charges + 1)
+            set_spend(account, account, composed, account.charges + 1)
             account.last_charge_at = now
             writes.changed_account(account)
             writes.finish(session)
             return DegreeReceipt(
-                _view(account, account, composed), charged=True, epsilon=float(degree.epsilon)
+                budget_view(account, account, composed), charged=True, epsilon=float(degree.epsilon)
             )
 
     @staticmethod
@@ -340,22 +334,17 @@ class QuotaAndDegree(LedgerPart):
         while True:
             attempts -= 1
             try:
-                return self._admit_synthetic_release(
-                    charged_account_id, principal_account_id, seed, mode, release, request_id,
-                    quota_epsilon,
-                )  # fmt: skip
+                # the refusal's epsilon is the release's, read in the transaction
+                with self._reports.recording_refusal(
+                    charged_account_id, principal_account_id, mode
+                ):
+                    return self._admit_synthetic_release(
+                        charged_account_id, principal_account_id, seed, mode, release,
+                        request_id, quota_epsilon,
+                    )  # fmt: skip
             except IntegrityError:  # a concurrent transaction charged it first: read it
                 if attempts == 0:
                     raise
-            except (BudgetExhausted, ServiceQuotaExhausted) as refusal:
-                self._reports.record_refusal(
-                    refusal.code,
-                    charged_account_id=charged_account_id,
-                    principal_account_id=principal_account_id,
-                    mode=mode,
-                    epsilon=float(refusal.details.get("query_epsilon", 0.0)),
-                )
-                raise
 
     def _admit_synthetic_release(
         self,
@@ -387,15 +376,15 @@ class QuotaAndDegree(LedgerPart):
                 .limit(1)
             )
             if paid is not None:
-                return DegreeReceipt(_view(account, account), charged=False, epsilon=epsilon)
+                return DegreeReceipt(budget_view(account, account), charged=False, epsilon=epsilon)
             curve = RdpCurve.from_json(row.rdp)
-            spent = _spent_curve(account)
+            spent = spent_curve(account)
             composed = spent + curve
-            if composed.epsilon(account.delta) > account.cap_epsilon * (1.0 - ADMISSION_RTOL):
-                raise BudgetExhausted(_view(account, account, spent), epsilon)
+            if not curve_fits_under_cap(composed, account.delta, account.cap_epsilon):
+                raise BudgetExhausted(budget_view(account, account, spent), epsilon)
             now = utcnow()
             if quota_epsilon is not None and principal_account_id != charged_account_id:
-                self._check_quota(session, principal_account_id, quota_epsilon, epsilon, now)
+                self.check_quota(session, principal_account_id, quota_epsilon, epsilon, now)
             writes = AdmissionWrites()
             writes.add_charge(
                 created_at=now,
@@ -417,8 +406,10 @@ class QuotaAndDegree(LedgerPart):
                 exposure_shard=0,
                 graph_release_id=row.id,
             )
-            _set_spend(account, account, composed, account.charges + 1)
+            set_spend(account, account, composed, account.charges + 1)
             account.last_charge_at = now
             writes.changed_account(account)
             writes.finish(session)
-            return DegreeReceipt(_view(account, account, composed), charged=True, epsilon=epsilon)
+            return DegreeReceipt(
+                budget_view(account, account, composed), charged=True, epsilon=epsilon
+            )

@@ -7,7 +7,7 @@ from typing import Any, cast
 
 from sqlalchemy import select
 
-from service.ledger.ledger_rows import ADMISSION_RTOL
+from service.ledger.budget_rule import fits_under_cap
 from service.ledger.records import (
     ReadCapExhausted,
     ReadView,
@@ -18,7 +18,7 @@ from service.ledger.tables import (
     ServiceRead,
     utcnow,
 )
-from service.ledger.unit_of_work import LedgerPart
+from service.ledger.transactions import LedgerPart
 from service.privacy.accountant import RdpCurve
 
 
@@ -100,7 +100,7 @@ class ReadFigures(LedgerPart):
             for read in new:
                 composed = composed + RdpCurve.from_json(read.rdp)
             after = composed.epsilon(delta)
-            if cap is not None and after > cap * (1.0 - ADMISSION_RTOL):
+            if cap is not None and not fits_under_cap(after, cap):
                 raise ReadCapExhausted(before, after)
             now = utcnow()
             for read in new:

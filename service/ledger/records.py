@@ -30,6 +30,18 @@ class AccountRecord:
 
 
 @dataclass(frozen=True)
+class OpenedAccount:
+    """A new account, the budget it was given and its first API key (``api_key``, the
+    plaintext: shown once)."""
+
+    account: AccountRecord
+    cap_epsilon: float
+    delta: float
+    api_key: str
+    key: ApiKeyRecord
+
+
+@dataclass(frozen=True)
 class ApiKeyRecord:
     key_id: int
     account_id: int
@@ -82,7 +94,7 @@ class SyntheticCharge:
 
 @dataclass(frozen=True)
 class DegreeReceipt:
-    """The outcome of :meth:`Ledger.admit_degree_release` (or ``admit_synthetic_release``):
+    """The outcome of :meth:`QuotaAndDegree.admit_degree_release` (or ``admit_synthetic_release``):
     the budget after it, the epsilon of the release, and whether this call charged it (False:
     the account had paid for this release already)."""
 
@@ -132,7 +144,7 @@ class ReadCapExhausted(ServiceError):
 
 @dataclass(frozen=True)
 class Admission:
-    """One query to admit and charge (the arguments of ``Ledger.admit_and_charge``)."""
+    """One query to admit and charge (what ``Admissions.admit_and_charge`` is given)."""
 
     charged_account_id: int
     principal_account_id: int

@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NamedTuple, cast
 
-from sqlalchemy import Table, func, insert, select
+from sqlalchemy import Table, insert, select
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
+from service.errors import ServiceError
 from service.ledger.exposure import ExposureReport, default_delta, exposure_report
 from service.ledger.ledger_rows import (
-    _charge_record,
-    _check_delta,
+    charge_record,
+    valid_delta,
 )
-from service.ledger.records import ChargeRecord
+from service.ledger.records import (
+    BudgetExhausted,
+    ChargeRecord,
+    GraphBudgetExhausted,
+    ServiceQuotaExhausted,
+)
 from service.ledger.tables import (
     AuditLog,
     Charge,
@@ -23,7 +30,7 @@ from service.ledger.tables import (
     iso,
     utcnow,
 )
-from service.ledger.unit_of_work import (
+from service.ledger.transactions import (
     LedgerPart,
     LedgerUnavailable,
 )
@@ -43,6 +50,26 @@ class RefusalRow(NamedTuple):
     mode: str | None = None
     epsilon: float | None = None
 
+    @classmethod
+    def of(
+        cls,
+        refusal: ServiceError,
+        charged_account_id: int,
+        principal_account_id: int,
+        mode: str,
+        epsilon: float | None = None,
+    ) -> RefusalRow:
+        """The row of an admission's ``refusal`` (``epsilon`` None: the query epsilon the
+        refusal names)."""
+        if epsilon is None:
+            epsilon = float(refusal.details.get("query_epsilon", 0.0))
+        return cls(refusal.code, charged_account_id, principal_account_id, mode, epsilon)
+
+
+#: The refusals of an admission the refusals table keeps a row of (a reused idempotency key is
+#: bad input, not a refusal).
+ADMISSION_REFUSALS = (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted)
+
 
 def insert_refusals(session: Session, refusals: Sequence[RefusalRow]) -> None:
     """The refusals, in the caller's transaction, in one multi-row INSERT."""
@@ -59,7 +86,7 @@ class Reports(LedgerPart):
     def verify(self) -> VerifyReport:
         """Recompute every derived value from the append-only rows (see ``verification``)."""
         try:
-            return verify_ledger(self._uow.engine)
+            return verify_ledger(self._transactions.engine)
         except (OperationalError, InterfaceError) as exc:
             raise LedgerUnavailable("the budget ledger database cannot be reached") from exc
 
@@ -68,14 +95,14 @@ class Reports(LedgerPart):
     ) -> ExposureReport:
         """The graph-wide exposure of every live charge and graph-wide release."""
         if delta is not None:
-            _check_delta(delta)
+            valid_delta(delta)
         try:
-            return exposure_report(self._uow.engine, delta=delta, cap_epsilon=cap_epsilon)
+            return exposure_report(self._transactions.engine, delta=delta, cap_epsilon=cap_epsilon)
         except (OperationalError, InterfaceError) as exc:
             raise LedgerUnavailable("the budget ledger database cannot be reached") from exc
 
     def smallest_delta(self) -> float:
-        return default_delta(self._uow.engine)
+        return default_delta(self._transactions.engine)
 
     def list_charges(
         self, account_id: int | None = None, *, limit: int = 100, offset: int = 0
@@ -86,16 +113,9 @@ class Reports(LedgerPart):
             stmt = stmt.where(Charge.charged_account_id == account_id)
         with self._reading() as session:
             return [
-                _charge_record(charge, charge.state == "refunded")
+                charge_record(charge, charge.state == "refunded")
                 for charge in session.scalars(stmt)
             ]
-
-    def count_charges(self, account_id: int | None = None) -> int:
-        stmt = select(func.count(Charge.id))
-        if account_id is not None:
-            stmt = stmt.where(Charge.charged_account_id == account_id)
-        with self._reading() as session:
-            return int(session.scalar(stmt) or 0)
 
     def record_audit(
         self,
@@ -129,6 +149,25 @@ class Reports(LedgerPart):
         self.record_refusals(
             [RefusalRow(reason, charged_account_id, principal_account_id, mode, epsilon)]
         )
+
+    @contextmanager
+    def recording_refusal(
+        self,
+        charged_account_id: int,
+        principal_account_id: int,
+        mode: str,
+        epsilon: float | None = None,
+    ) -> Iterator[None]:
+        """Around one admission: a refusal it raises (:data:`ADMISSION_REFUSALS`) is kept in
+        the refusals table (:meth:`record_refusals`, after the admission's transaction has
+        rolled back) and raised on. The one way an admission records its refusal."""
+        try:
+            yield
+        except ADMISSION_REFUSALS as refusal:
+            self.record_refusals(
+                [RefusalRow.of(refusal, charged_account_id, principal_account_id, mode, epsilon)]
+            )
+            raise
 
     def record_refusals(self, refusals: Sequence[RefusalRow]) -> None:
         """Keep many refused queries in one transaction, one multi-row INSERT (a batch whose

@@ -27,7 +27,7 @@ from sqlalchemy import select
 from service.ledger.account_listing import AccountListing
 from service.ledger.admin_records import AccountFilter, AccountRow, naive_utc
 from service.ledger.tables import Budget, Charge, Spend, iso
-from service.ledger.unit_of_work import LedgerPart
+from service.ledger.transactions import LedgerPart
 from service.privacy.accountant import RdpCurve, curve_key
 from service.privacy.horizon import days_until_cap
 
@@ -154,7 +154,7 @@ class RunOutView(LedgerPart):
         them), sorted by when they run out: soonest first, those with no date last (by share
         used, then id)."""
         now = now or datetime.now(UTC)
-        page = AccountListing(self._uow).accounts_page(
+        page = AccountListing(self._transactions).accounts_page(
             AccountFilter(status="near_cap", near_cap_fraction=near_cap_fraction),
             sort="used",
             limit=scan,

@@ -14,10 +14,10 @@ from service.errors import InvalidParameter
 from service.ledger.graph_releases import GraphReleases
 from service.ledger.idempotency import free_bindings
 from service.ledger.ledger_rows import (
-    _release_values,
-    _remove_from_shard,
-    _set_spend,
-    _view,
+    budget_view,
+    release_values,
+    remove_from_shard,
+    set_spend,
 )
 from service.ledger.locked_rows import (
     CHARGES,
@@ -36,9 +36,9 @@ from service.ledger.tables import (
     Refund,
     utcnow,
 )
-from service.ledger.unit_of_work import (
+from service.ledger.transactions import (
     LedgerPart,
-    UnitOfWork,
+    LedgerTransactions,
     UnknownCharge,
 )
 from service.privacy.accountant import RdpCurve
@@ -48,9 +48,12 @@ class Settlement(LedgerPart):
     """Moves a charge ``admitted -> released`` (its release stored) or ``admitted -> refunded``."""
 
     def __init__(
-        self, uow: UnitOfWork, graph_releases: GraphReleases, synthesis: SynthesisJobs
+        self,
+        transactions: LedgerTransactions,
+        graph_releases: GraphReleases,
+        synthesis: SynthesisJobs,
     ) -> None:
-        super().__init__(uow)
+        super().__init__(transactions)
         self._graph_releases = graph_releases
         self._synthesis = synthesis
 
@@ -73,7 +76,7 @@ class Settlement(LedgerPart):
             budget = self._budget_row(session, account_id)
             session.refresh(charge)
             if charge.state == "refunded":
-                return _view(budget, spend)
+                return budget_view(budget, spend)
             if charge.state == "released":
                 raise ChargeSettled(
                     f"charge {charge_id} was released: it cannot be refunded",
@@ -114,7 +117,7 @@ class Settlement(LedgerPart):
                 )
             if charge.state == "admitted":  # it beat since stale_before: alive
                 return None
-            return _view(budget, spend)
+            return budget_view(budget, spend)
         session.add(Refund(charge_id=charge.id, created_at=now, reason=reason))
         free_bindings(session, charge.id, now)  # nothing was released under those keys
         curves: list[dict[str, Any]] = list(
@@ -127,9 +130,9 @@ class Settlement(LedgerPart):
         total = RdpCurve.zero()
         for data in curves:
             total = total + RdpCurve.from_json(data)
-        _set_spend(spend, budget, total, len(curves))
+        set_spend(spend, budget, total, len(curves))
         shard = self._lock_shard(session, charge.exposure_shard)
-        _remove_from_shard(shard, RdpCurve.from_json(charge.rdp))
+        remove_from_shard(shard, RdpCurve.from_json(charge.rdp))
         self._audit(
             session,
             "charge.refund",
@@ -138,7 +141,7 @@ class Settlement(LedgerPart):
             details={"charge_id": charge.id, "reason": reason, "epsilon": charge.epsilon},
         )
         session.flush()
-        return _view(budget, spend, total)
+        return budget_view(budget, spend, total)
 
     def store_release(
         self,
@@ -166,7 +169,7 @@ class Settlement(LedgerPart):
                 )
             session.execute(
                 insert(RELEASES),
-                [_release_values(release, idempotency_key, principal_account_id, now)],
+                [release_values(release, idempotency_key, principal_account_id, now)],
             )
 
     def store_releases(
@@ -216,7 +219,7 @@ class Settlement(LedgerPart):
                     )  # fmt: skip
                     continue
                 stored.add(release.charge_id)
-                new_rows.append(_release_values(release, idempotency_key, principal, now))
+                new_rows.append(release_values(release, idempotency_key, principal, now))
                 outcomes.append(None)
             if new_rows:  # one multi-row INSERT, through Core: no ORM object per release
                 session.execute(insert(RELEASES), new_rows)
@@ -293,7 +296,7 @@ class Settlement(LedgerPart):
         ]
         # synthesis jobs first: a dead job's release is refunded with the job marked failed
         self._synthesis.reconcile_synthesis(cutoff)
-        self._graph_releases._reconcile_graph_releases(cutoff)
+        self._graph_releases.reconcile_graph_releases(cutoff)
         return refunded
 
     def refund_if_stale(

@@ -11,8 +11,8 @@ from service.ledger.idempotency import (
     insert_unless_bound,
 )
 from service.ledger.ledger_rows import (
-    _charge_record,
-    _release_record,
+    charge_record,
+    release_record,
 )
 from service.ledger.records import (
     ChargeRecord,
@@ -25,7 +25,7 @@ from service.ledger.tables import (
     Release,
     utcnow,
 )
-from service.ledger.unit_of_work import LedgerPart
+from service.ledger.transactions import LedgerPart
 
 
 class StoredReleases(LedgerPart):
@@ -35,12 +35,12 @@ class StoredReleases(LedgerPart):
         """The newest release for ``key`` (epsilon compared exactly)."""
         with self._reading() as session:
             row = self._release_row(session, key)
-            return None if row is None else _release_record(row)
+            return None if row is None else release_record(row)
 
     def release_for_charge(self, charge_id: int) -> StoredRelease | None:
         with self._reading() as session:
             row = session.get(Release, charge_id)
-            return None if row is None else _release_record(row)
+            return None if row is None else release_record(row)
 
     def release_for_idempotency_key(
         self, principal_account_id: int, idempotency_key: str
@@ -60,7 +60,7 @@ class StoredReleases(LedgerPart):
         )
         with self._reading() as session:
             row = session.scalars(stmt).one_or_none()
-            return None if row is None else _release_record(row)
+            return None if row is None else release_record(row)
 
     def bind_idempotency_keys(self, bindings: Sequence[tuple[int, str, int]]) -> list[int]:
         """Bind each ``(principal, idempotency key)`` to the released charge given, unless the
@@ -75,7 +75,7 @@ class StoredReleases(LedgerPart):
         with self._writing() as session:
             now = utcnow()
             session.execute(
-                insert_unless_bound(self._uow.sqlite),
+                insert_unless_bound(self._transactions.sqlite),
                 [
                     {
                         "principal_account_id": principal, "idempotency_key": key,
@@ -110,5 +110,5 @@ class StoredReleases(LedgerPart):
                     )
                     .order_by(Charge.id)
                 )
-                records.extend(_charge_record(row, False) for row in rows)
+                records.extend(charge_record(row, False) for row in rows)
         return records

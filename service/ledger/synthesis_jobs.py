@@ -23,7 +23,7 @@ from service.errors import ServiceError, shown
 from service.ledger.graph_releases import GraphReleases
 from service.ledger.records import ChargeSettled, GraphCap
 from service.ledger.tables import GraphRelease, SynthesisJob, iso, utcnow
-from service.ledger.unit_of_work import LedgerPart, UnitOfWork
+from service.ledger.transactions import LedgerPart, LedgerTransactions
 from service.privacy.accountant import RdpCurve
 
 #: Prefix of the ledger's mechanism name of every synthetic release.
@@ -93,8 +93,8 @@ def _record(job: SynthesisJob, release: GraphRelease) -> JobRecord:
 
 
 class SynthesisJobs(LedgerPart):
-    def __init__(self, uow: UnitOfWork, releases: GraphReleases) -> None:
-        super().__init__(uow)
+    def __init__(self, transactions: LedgerTransactions, releases: GraphReleases) -> None:
+        super().__init__(transactions)
         self._releases = releases
 
     def start_synthesis(
@@ -115,7 +115,7 @@ class SynthesisJobs(LedgerPart):
         job_id = uuid.uuid4().hex
         name = f"{RELEASE_PREFIX}{method}:{job_id}"
         with self._writing() as session:
-            release = self._releases._admit_in(
+            release = self._releases.admit_in(
                 session, graph_version, name, epsilon, curve, cap, actor=actor_account_id
             )
             job = SynthesisJob(
@@ -172,7 +172,7 @@ class SynthesisJobs(LedgerPart):
                 raise ChargeSettled(
                     f"synthesis job {job_id} is {job.state}", details={"job_id": job_id}
                 )
-            self._releases._settle_in(session, job.release_id, payload)
+            self._releases.settle_in(session, job.release_id, payload)
             now = utcnow()
             job.state, job.progress, job.finished_at, job.heartbeat_at = "done", 1.0, now, now
             job.nodes, job.edges, job.sha256, job.note = nodes, edges, sha256, note or None
@@ -188,7 +188,7 @@ class SynthesisJobs(LedgerPart):
             if job.state != "running":
                 return False
             with contextlib.suppress(ChargeSettled):  # refunded already: the job follows it
-                self._releases._settle_in(session, job.release_id, None)
+                self._releases.settle_in(session, job.release_id, None)
             job.state, job.finished_at = "failed", utcnow()
             job.error_code, job.error_message = code, message[:2000]
             return True
@@ -211,7 +211,7 @@ class SynthesisJobs(LedgerPart):
                 if job.state != "running" or _after(job.heartbeat_at, cutoff):
                     continue
                 with contextlib.suppress(ChargeSettled):
-                    self._releases._settle_in(session, job.release_id, None)
+                    self._releases.settle_in(session, job.release_id, None)
                 job.state, job.finished_at = "failed", utcnow()
                 job.error_code = WORKER_LOST
                 job.error_message = (
@@ -298,6 +298,6 @@ def _unknown(job_id: str) -> UnknownSynthesisJob:
 
 
 def _after(moment: datetime, cutoff: datetime) -> bool:
-    from service.ledger.graph_releases import _naive_utc
+    from service.ledger.graph_releases import naive_utc_of
 
-    return _naive_utc(moment) >= _naive_utc(cutoff)
+    return naive_utc_of(moment) >= naive_utc_of(cutoff)

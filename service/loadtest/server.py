@@ -108,8 +108,10 @@ def admin_key(database_url: str) -> str:
 
     ledger = Ledger.from_url(database_url)
     try:
-        account = ledger.create_account("admin", cap_epsilon=1.0, delta=1e-6, label="loadtest")
-        key, _ = ledger.create_api_key(account.account_id)
+        account = ledger.accounts.create_account(
+            "admin", cap_epsilon=1.0, delta=1e-6, label="loadtest"
+        )
+        key, _ = ledger.api_keys.create_api_key(account.account_id)
     finally:
         ledger.dispose()
     return key
@@ -160,10 +162,10 @@ def service_account_key(database_url: str, *, delta: float, cap_epsilon: float =
 
     ledger = Ledger.from_url(database_url)
     try:
-        account = ledger.create_account(
+        account = ledger.accounts.create_account(
             "service", cap_epsilon=cap_epsilon, delta=delta, label="loadtest"
         )
-        key, _ = ledger.create_api_key(account.account_id)
+        key, _ = ledger.api_keys.create_api_key(account.account_id)
     finally:
         ledger.dispose()
     return key

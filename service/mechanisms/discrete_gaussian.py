@@ -52,13 +52,13 @@ from numba import njit
 
 from service.errors import InvalidParameter
 from service.mechanisms.exact_bernoulli import (
-    _bernoulli_exp,
-    _bernoulli_exp_unit,
-    _bernoulli_ratio,
-    _bernoulli_scaled,
-    _mul_high_low,
-    _take_bits,
-    _uniform_below,
+    bernoulli_exp_kernel,
+    bernoulli_exp_unit_kernel,
+    bernoulli_ratio_kernel,
+    bernoulli_scaled_kernel,
+    mul_high_low,
+    take_bits,
+    uniform_below_kernel,
 )
 from service.privacy.discrete_gaussian import MAX_M, MAX_TAU
 
@@ -96,11 +96,11 @@ def _bernoulli_exp_fraction(
     one = np.uint64(1)
     k = one
     while True:
-        success = _bernoulli_ratio(words, state, bits, r, t)
+        success = bernoulli_ratio_kernel(words, state, bits, r, t)
         if state[2] != _OK:
             return False
         if success:
-            success = _bernoulli_scaled(words, state, bits, one, two_m, k)
+            success = bernoulli_scaled_kernel(words, state, bits, one, two_m, k)
             if state[2] != _OK:
                 return False
         if not success:
@@ -137,17 +137,17 @@ def _discrete_gaussian_kernel(
         value = np.int64(0)
         accepted = False
         while True:
-            u = _uniform_below(words, state, bits, t)
+            u = uniform_below_kernel(words, state, bits, t)
             if state[2] != _OK:
                 break
-            keep = _bernoulli_exp_unit(words, state, bits, u, t)
+            keep = bernoulli_exp_unit_kernel(words, state, bits, u, t)
             if state[2] != _OK:
                 break
             if not keep:
                 continue
             v = zero
             while True:
-                more = _bernoulli_exp_unit(words, state, bits, one, one)
+                more = bernoulli_exp_unit_kernel(words, state, bits, one, one)
                 if state[2] != _OK or not more:
                     break
                 v += one
@@ -157,13 +157,13 @@ def _discrete_gaussian_kernel(
             if state[2] != _OK:
                 break
             x = u + (v << tau)
-            sign = _take_bits(words, state, bits, 1)
+            sign = take_bits(words, state, bits, 1)
             if state[2] != _OK:
                 break
             if sign == one and x == zero:
                 continue
             w = x - m if x >= m else m - x
-            high, low = _mul_high_low(w, w)
+            high, low = mul_high_low(w, w)
             if tau == zero:
                 if high != zero:
                     state[2] = _OVERFLOW
@@ -176,7 +176,7 @@ def _discrete_gaussian_kernel(
                     break
                 whole = (high << high_shift) | (low >> tau)
                 rest = low & low_mask
-            accept = _bernoulli_exp(words, state, bits, whole, two_m)
+            accept = bernoulli_exp_kernel(words, state, bits, whole, two_m)
             if state[2] != _OK:
                 break
             if not accept:

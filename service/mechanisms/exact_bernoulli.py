@@ -63,7 +63,7 @@ def _next_word(words: np.ndarray, state: np.ndarray) -> Any:  # pragma: no cover
 
 
 @_jit_inline
-def _mul_high_low(a: np.uint64, b: np.uint64) -> tuple[np.uint64, np.uint64]:  # pragma: no cover
+def mul_high_low(a: np.uint64, b: np.uint64) -> tuple[np.uint64, np.uint64]:  # pragma: no cover
     """The 128-bit product a * b as (high, low) 64-bit halves."""
     mask = np.uint64(0xFFFFFFFF)
     shift = np.uint64(32)
@@ -80,7 +80,7 @@ def _mul_high_low(a: np.uint64, b: np.uint64) -> tuple[np.uint64, np.uint64]:  #
 
 
 @_jit_inline
-def _take_bits(
+def take_bits(
     words: np.ndarray, state: np.ndarray, bits: np.ndarray, count: int
 ) -> Any:  # pragma: no cover
     """``count`` (1 or 32) uniform bits from the reservoir; with fewer left, the rest are
@@ -99,7 +99,7 @@ def _take_bits(
 
 
 @_jit_inline
-def _uniform_below(
+def uniform_below_kernel(
     words: np.ndarray, state: np.ndarray, bits: np.ndarray, m: np.uint64
 ) -> Any:  # pragma: no cover
     """Exactly uniform on {0, ..., m-1} (m >= 1): Lemire's multiply-and-reject method, on 32
@@ -107,7 +107,7 @@ def _uniform_below(
     if m <= np.uint64(1 << 32):
         mask = np.uint64(0xFFFFFFFF)
         while True:
-            x = _take_bits(words, state, bits, 32)
+            x = take_bits(words, state, bits, 32)
             if state[2] != _OK:
                 return np.uint64(0)
             product = x * m  # < 2^64
@@ -121,7 +121,7 @@ def _uniform_below(
         word = _next_word(words, state)
         if state[2] != _OK:
             return np.uint64(0)
-        high, low = _mul_high_low(word, m)
+        high, low = mul_high_low(word, m)
         if low < m:
             threshold = (np.uint64(0) - m) % m
             if low < threshold:
@@ -130,7 +130,7 @@ def _uniform_below(
 
 
 @_jit_inline
-def _bernoulli_ratio(
+def bernoulli_ratio_kernel(
     words: np.ndarray, state: np.ndarray, bits: np.ndarray, a: np.uint64, m: np.uint64
 ) -> Any:  # pragma: no cover
     """Bernoulli(a / m), 0 <= a <= m, m >= 1 (no randomness used when a is 0 or m)."""
@@ -138,34 +138,34 @@ def _bernoulli_ratio(
         return False
     if a >= m:
         return True
-    return _uniform_below(words, state, bits, m) < a
+    return uniform_below_kernel(words, state, bits, m) < a
 
 
 @_jit_inline
-def _bernoulli_scaled(
+def bernoulli_scaled_kernel(
     words: np.ndarray, state: np.ndarray, bits: np.ndarray, a: np.uint64, b: np.uint64, k: np.uint64
 ) -> Any:  # pragma: no cover
     """Bernoulli(a / (b k)), 0 <= a <= b, b, k >= 1: one uniform on {0..bk-1} when b k fits
     in 64 bits, otherwise the product of Bernoulli(a / b) and Bernoulli(1 / k) (exact too)."""
     if (b >> np.uint64(32)) == np.uint64(0) and (k >> np.uint64(32)) == np.uint64(0):
-        return _bernoulli_ratio(words, state, bits, a, b * k)  # b k < 2^64
-    high, product = _mul_high_low(b, k)
+        return bernoulli_ratio_kernel(words, state, bits, a, b * k)  # b k < 2^64
+    high, product = mul_high_low(b, k)
     if high == np.uint64(0):
-        return _bernoulli_ratio(words, state, bits, a, product)
-    if not _bernoulli_ratio(words, state, bits, a, b) or state[2] != _OK:
+        return bernoulli_ratio_kernel(words, state, bits, a, product)
+    if not bernoulli_ratio_kernel(words, state, bits, a, b) or state[2] != _OK:
         return False
-    return _bernoulli_ratio(words, state, bits, np.uint64(1), k)
+    return bernoulli_ratio_kernel(words, state, bits, np.uint64(1), k)
 
 
 @_jit
-def _bernoulli_exp_unit(
+def bernoulli_exp_unit_kernel(
     words: np.ndarray, state: np.ndarray, bits: np.ndarray, a: np.uint64, b: np.uint64
 ) -> Any:  # pragma: no cover
     """Bernoulli(exp(-a / b)) for 0 <= a <= b (CKS Algorithm 1)."""
     one = np.uint64(1)
     k = one
     while True:
-        success = _bernoulli_scaled(words, state, bits, a, b, k)
+        success = bernoulli_scaled_kernel(words, state, bits, a, b, k)
         if state[2] != _OK:
             return False
         if not success:
@@ -174,7 +174,7 @@ def _bernoulli_exp_unit(
 
 
 @_jit
-def _bernoulli_exp(
+def bernoulli_exp_kernel(
     words: np.ndarray, state: np.ndarray, bits: np.ndarray, a: np.uint64, b: np.uint64
 ) -> Any:  # pragma: no cover
     """Bernoulli(exp(-a / b)) for a >= 0, b >= 1: floor(a / b) factors exp(-1), then the
@@ -183,12 +183,12 @@ def _bernoulli_exp(
     whole = a // b
     i = np.uint64(0)
     while i < whole:
-        if not _bernoulli_exp_unit(words, state, bits, one, one):
+        if not bernoulli_exp_unit_kernel(words, state, bits, one, one):
             return False
         if state[2] != _OK:
             return False
         i += one
-    return _bernoulli_exp_unit(words, state, bits, a - whole * b, b)
+    return bernoulli_exp_unit_kernel(words, state, bits, a - whole * b, b)
 
 
 def _run(rng: np.random.Generator, draw: object) -> int:
@@ -207,7 +207,7 @@ def uniform_below(rng: np.random.Generator, m: int) -> int:
     """One exactly uniform integer in {0, ..., m-1} (1 <= m < 2^64)."""
     if not 1 <= m <= _U64_MAX:
         raise InvalidParameter("m", f"must be in [1, 2^64), got {m}")
-    return _run(rng, lambda w, st, bi: _uniform_below(w, st, bi, np.uint64(m)))
+    return _run(rng, lambda w, st, bi: uniform_below_kernel(w, st, bi, np.uint64(m)))
 
 
 def bernoulli_ratio(rng: np.random.Generator, a: int, m: int) -> bool:
@@ -215,7 +215,7 @@ def bernoulli_ratio(rng: np.random.Generator, a: int, m: int) -> bool:
     if not 0 <= a <= m or not 1 <= m <= _U64_MAX:
         raise InvalidParameter("a", f"need 0 <= a <= m < 2^64, got {a}/{m}")
     return bool(
-        _run(rng, lambda w, st, bi: _bernoulli_ratio(w, st, bi, np.uint64(a), np.uint64(m)))
+        _run(rng, lambda w, st, bi: bernoulli_ratio_kernel(w, st, bi, np.uint64(a), np.uint64(m)))
     )
 
 
@@ -227,7 +227,7 @@ def bernoulli_scaled(rng: np.random.Generator, a: int, b: int, k: int) -> bool:
     return bool(
         _run(
             rng,
-            lambda w, st, bi: _bernoulli_scaled(
+            lambda w, st, bi: bernoulli_scaled_kernel(
                 w, st, bi, np.uint64(a), np.uint64(b), np.uint64(k)
             ),
         )
@@ -238,4 +238,6 @@ def bernoulli_exp(rng: np.random.Generator, a: int, b: int) -> bool:
     """One Bernoulli(exp(-a / b)) draw, 0 <= a < 2^64, 1 <= b < 2^53."""
     if not 0 <= a <= _U64_MAX or not 1 <= b < 2**53:
         raise InvalidParameter("a", f"need 0 <= a < 2^64 and 1 <= b < 2^53, got {a}/{b}")
-    return bool(_run(rng, lambda w, st, bi: _bernoulli_exp(w, st, bi, np.uint64(a), np.uint64(b))))
+    return bool(
+        _run(rng, lambda w, st, bi: bernoulli_exp_kernel(w, st, bi, np.uint64(a), np.uint64(b)))
+    )

@@ -69,10 +69,10 @@ from numba import njit
 
 from service.errors import InvalidParameter
 from service.mechanisms.exact_bernoulli import (
-    _mul_high_low,
     bernoulli_exp,
     bernoulli_ratio,
     bernoulli_scaled,
+    mul_high_low,
     uniform_below,
 )
 
@@ -305,7 +305,7 @@ def _rounded_laplace_kernel(
                 status = np.int64(_OVERFLOW)
                 break
         if status == _OK:
-            high, low = _mul_high_low(two_t, x)
+            high, low = mul_high_low(two_t, x)
             if low > room:
                 up, pos, status = _carry(words, pos, scratch, x_depth, low, two_t)
                 if up:

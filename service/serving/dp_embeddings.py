@@ -130,7 +130,7 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
         return self._after_admission(prepared, self._admit(prepared))
 
     def _admit(self, p: EmbeddingPending) -> ChargeReceipt:
-        return self.ledger.admit(
+        return self.ledger.admission.admit_and_charge(
             self.admission(p),
             graph_cap=self.admitting.graph_cap(p.graph),
             stale_after_seconds=self.queries.policy.stale_after_seconds,
@@ -220,7 +220,7 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
                 self._replaying.reads.record(p.req, p.graph.version, charge_id, None)
             except ReadCapExhausted:
                 reason = "refused by the service account's read cap before any noise was drawn"
-                self.ledger.refund(charge_id, reason=reason)
+                self.ledger.settlement.refund(charge_id, reason=reason)
                 raise
         try:
             capped = pushflowcap(
@@ -228,7 +228,7 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
             )
             rng = fresh_generator()
         except BaseException:
-            self.ledger.refund(charge_id, reason="failed before any noise was drawn")
+            self.ledger.settlement.refund(charge_id, reason="failed before any noise was drawn")
             raise
         drawn = dp_instant_embedding(
             p.graph, p.seed, p.hashes, p.epsilon, p.sigma, p.req.mode, EMBEDDING_BETA,
@@ -264,7 +264,9 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
             graph_version=asked.graph.version,
             embedding=stored_values(stored.results),
             mechanism=stored.mechanism,
-            budget=self.ledger.budget(asked.account_id),  # read now: the same on every worker
+            budget=self.ledger.budgets.budget(
+                asked.account_id
+            ),  # read now: the same on every worker
             replayed=True,
             request_id=query.request_id,
             charged_account_id=asked.account_id,

@@ -188,7 +188,7 @@ class EmbeddingQueryService:
                 "entries": len(entries),
                 "store_top": top,
             },
-            budget=self.ledger.budget(account_id),  # read now: the same on every worker
+            budget=self.ledger.budgets.budget(account_id),  # read now: the same on every worker
             replayed=True,
             request_id=req.request_id,
             charged_account_id=account_id,
@@ -216,7 +216,7 @@ class EmbeddingQueryService:
             and mode is Mode.PERSONALIZED
             and "personalized" in (principal.modes)
         ):
-            account = self.ledger.account_for_node(node)
+            account = self.ledger.accounts.account_for_node(node)
             if account is None:
                 raise NoRelease(
                     f"no stored release of node {shown(node)}: it has no account",

@@ -31,7 +31,7 @@ class EmbeddingSpaces:
         """The version's salt (recorded once, never changed: safe to keep)."""
         hit = self._salts.get(graph_version)
         if hit is None:
-            hit = self._ledger.embedding_salt(graph_version, new_salt)
+            hit = self._ledger.embedding_salts.embedding_salt(graph_version, new_salt)
             with self._lock:
                 if len(self._salts) > 64:
                     self._salts.clear()

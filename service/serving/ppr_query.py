@@ -99,7 +99,7 @@ class PprQueryService(GroupAnswers[QueryRequest, Pending, ToBind, Answer]):
         )  # fmt: skip
         self.storing = Storer(ledger, replays, ledger_group_max)
         self.live = LiveCharges(
-            ledger.beat_charges, heartbeat_seconds=self.policy.heartbeat_seconds
+            ledger.settlement.beat_charges, heartbeat_seconds=self.policy.heartbeat_seconds
         )
 
     def validate(self, req: QueryRequest) -> float:

@@ -122,7 +122,7 @@ class DegreeReleases:
             hit = self._local.get(graph.version)
             if hit is None:
                 values = self._fetch(graph, cap)
-                stored = self.ledger.graph_release_curve(
+                stored = self.ledger.graph_releases.graph_release_curve(
                     graph.version, degree_release_name(self.plan.scale)
                 )
                 hit = ReleasedDegrees(graph.version, values, self.plan, stored)
@@ -143,7 +143,7 @@ class DegreeReleases:
             )
             return degrees_to_bytes(released)
 
-        payload = self.ledger.graph_release(
+        payload = self.ledger.graph_releases.graph_release(
             graph.version,
             degree_release_name(scale),
             epsilon=self.plan.epsilon,

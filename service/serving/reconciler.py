@@ -26,7 +26,7 @@ class Reconciler:
         self._thread: threading.Thread | None = None
 
     def run_once(self) -> list[int]:
-        refunded = self._ledger.reconcile(older_than_seconds=self._older_than)
+        refunded = self._ledger.settlement.reconcile(older_than_seconds=self._older_than)
         if refunded:
             log.info(
                 "reconciled charges without a release",

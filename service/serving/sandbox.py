@@ -77,9 +77,9 @@ def synthetic_release_of(
                 "synthetic release of this ledger; the built-in demo graph is not one"
             )
         return None
-    if not required and not ledger.any_synthetic_release():
+    if not required and not ledger.synthesis.any_synthetic_release():
         return None  # nothing to recognise: the file is not hashed
-    job = ledger.synthetic_release_by_sha256(file_sha256(graph_path))
+    job = ledger.synthesis.synthetic_release_by_sha256(file_sha256(graph_path))
     if job is None and required:
         raise NotASyntheticRelease(
             f"{graph_path} is not a synthetic release this ledger recorded (no finished "
@@ -126,7 +126,7 @@ class SandboxQueries:
     def __init__(
         self, ledger: Ledger, job: JobRecord, *, beta: float, rules: SandboxRules | None = None
     ) -> None:
-        payload = ledger.synthesis_payload(job.job_id)
+        payload = ledger.synthesis.synthesis_payload(job.job_id)
         if payload is None:  # pragma: no cover - a done job always has its payload
             raise NotASyntheticRelease(f"synthetic release {job.job_id} has no stored payload")
         _, text = decode_payload(payload)
@@ -158,13 +158,13 @@ class SandboxQueries:
         release = self.charged_release
         if principal.type == "service":
             try:
-                self._ledger.record_reads(
+                self._ledger.read_figures.record_reads(
                     principal.account_id,
                     graph_release=(release.graph_version, release.name),
                     default_cap_epsilon=self._rules.service_read_cap_epsilon,
                 )
             except ReadCapExhausted as refusal:
-                self._ledger.record_refusal(
+                self._ledger.reports.record_refusal(
                     refusal.code, principal_account_id=principal.account_id, mode=req.mode.value
                 )
                 raise
@@ -174,13 +174,13 @@ class SandboxQueries:
             if quota is None:
                 quota = self._rules.service_quota_epsilon
         if release.degree is not None:
-            receipt = self._ledger.admit_degree_release(
+            receipt = self._ledger.quota_and_degree.admit_degree_release(
                 charged_account_id=account_id, principal_account_id=principal.account_id,
                 seed=req.node, mode=req.mode.value, degree=release.degree,
                 request_id=req.request_id, quota_epsilon=quota,
             )  # fmt: skip
         else:
-            receipt = self._ledger.admit_synthetic_release(
+            receipt = self._ledger.quota_and_degree.admit_synthetic_release(
                 charged_account_id=account_id, principal_account_id=principal.account_id,
                 seed=req.node, mode=req.mode.value,
                 release=SyntheticCharge(release.graph_version, release.name),
@@ -272,7 +272,7 @@ def _charged_release(ledger: Ledger, job: JobRecord) -> ChargedRelease:
     """What receiving this release costs an account, from the ledger's record of it."""
     source = job.parameters.get("post_processing_of") if job.method == "chung_lu" else None
     name = str(source) if source is not None else job.release_name
-    cost = ledger.graph_release_cost(job.graph_version, name)
+    cost = ledger.graph_releases.graph_release_cost(job.graph_version, name)
     if cost is None:
         raise NotASyntheticRelease(
             f"the release {name} behind {job.release_name} is not a live release of this ledger"

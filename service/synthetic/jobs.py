@@ -63,7 +63,7 @@ class SynthesisRunner:
     def _cap(self) -> GraphCap | None:
         if self._settings.graph_cap_epsilon is None:
             return None
-        delta = self._settings.exposure_delta or self._ledger.smallest_delta()
+        delta = self._settings.exposure_delta or self._ledger.reports.smallest_delta()
         return GraphCap(self._settings.graph_cap_epsilon, delta, max_charge=None)
 
     def start(self, graph: Graph, request: Request, *, actor_account_id: int | None) -> JobRecord:
@@ -112,7 +112,7 @@ class SynthesisRunner:
             running: dict[str, Any] = dict(self._running)
         for job_id in running:
             try:
-                self._ledger.fail_synthesis(
+                self._ledger.synthesis.fail_synthesis(
                     job_id, "worker_stopped", "the worker stopped before the job finished"
                 )
             except Exception:

@@ -178,7 +178,7 @@ def start_job(
 ) -> JobRecord:
     """Admit the run against the graph-wide cap and record its job (GraphBudgetExhausted:
     nothing written)."""
-    return ledger.start_synthesis(
+    return ledger.synthesis.start_synthesis(
         graph.version,
         request.method,
         epsilon=plan.epsilon,
@@ -215,7 +215,7 @@ def run_job(
     fraction: list[float] = [0.0]
 
     def beat() -> bool:
-        return ledger.beat_synthesis(job.job_id, fraction[0])
+        return ledger.synthesis.beat_synthesis(job.job_id, fraction[0])
 
     try:
         with Heartbeat(beat, heartbeat_seconds) as heart:
@@ -268,7 +268,7 @@ def run_job(
             sha256=hashlib.sha256(text).hexdigest(),
             note=note,
         )
-        ledger.finish_synthesis(
+        ledger.synthesis.finish_synthesis(
             job.job_id,
             encode_payload(release.header(), text),
             nodes=release.nodes,
@@ -284,7 +284,7 @@ def run_job(
         # our errors' messages are written for people; anything else is named by its type only
         # (its message could quote data)
         message = exc.message if isinstance(exc, ServiceError) else type(exc).__name__
-        ledger.fail_synthesis(job.job_id, str(code), message)
+        ledger.synthesis.fail_synthesis(job.job_id, str(code), message)
         raise
     return release, text
 

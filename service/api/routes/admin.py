@@ -47,7 +47,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 def _with_budget(runtime: Runtime, record: AccountRecord) -> AccountWithBudget:
-    budget = Budget.of(runtime.ledger.budget(record.account_id))
+    budget = Budget.of(runtime.ledger.budgets.budget(record.account_id))
     return AccountWithBudget(**Account.of(record).model_dump(), budget=budget)
 
 
@@ -64,7 +64,7 @@ def list_accounts(
     limit: Limit = 100,
     offset: Offset = 0,
 ) -> list[AccountWithBudget]:
-    records = runtime.ledger.list_accounts(type=type, limit=limit, offset=offset)
+    records = runtime.ledger.accounts.list_accounts(type=type, limit=limit, offset=offset)
     return [_with_budget(runtime, r) for r in records]
 
 
@@ -77,26 +77,25 @@ def list_accounts(
 )
 def create_account(body: CreateAccount, runtime: RuntimeDep, admin: AdminDep) -> CreatedAccount:
     """Create an account and its first API key (shown once)."""
-    settings = runtime.settings
     graph = runtime.graphs.current
     if body.type == "user" and body.node_id is not None:
         graph.index_of(body.node_id)  # unknown_node if the graph does not have it
-    record = runtime.ledger.create_account(
+    opened = runtime.ledger.open_account(
         body.type,
+        defaults=runtime.settings,
         node_id=body.node_id,
-        cap_epsilon=settings.default_cap_epsilon if body.cap_epsilon is None else body.cap_epsilon,
-        delta=settings.account_delta if body.delta is None else body.delta,
+        cap_epsilon=body.cap_epsilon,
+        delta=body.delta,
         label=body.label,
         may_create_seed_accounts=body.may_create_seed_accounts,
-        modes=tuple(body.modes) if body.modes is not None else ("edge",),
+        modes=body.modes,
         quota_epsilon=body.quota_epsilon,
         actor_account_id=admin.account_id,
     )
-    key, key_record = runtime.ledger.create_api_key(
-        record.account_id, actor_account_id=admin.account_id
+    account = _with_budget(runtime, opened.account)
+    return CreatedAccount(
+        **account.model_dump(), key=NewApiKey(**opened.key.__dict__, api_key=opened.api_key)
     )
-    account = _with_budget(runtime, record)
-    return CreatedAccount(**account.model_dump(), key=NewApiKey(**key_record.__dict__, api_key=key))
 
 
 @router.get(
@@ -108,7 +107,7 @@ def create_account(body: CreateAccount, runtime: RuntimeDep, admin: AdminDep) ->
 def get_account(
     account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDep
 ) -> AccountWithBudget:
-    return _with_budget(runtime, runtime.ledger.get_account(account_id))
+    return _with_budget(runtime, runtime.ledger.accounts.get_account(account_id))
 
 
 @router.put(
@@ -123,7 +122,7 @@ def set_budget(
     """Change an account's cap and/or delta (audited). The spend is kept as an RDP curve, so
     it is re-converted at a new delta; a cap below the spend is allowed (flagged as
     `cap_below_spent`) and simply refuses further queries."""
-    view = runtime.ledger.set_budget(
+    view = runtime.ledger.budgets.set_budget(
         account_id,
         cap_epsilon=body.cap_epsilon,
         delta=body.delta,
@@ -148,7 +147,7 @@ def set_scopes(
         raise InvalidParameter("quota_epsilon", "cannot be given with default_quota")
     if body.read_cap_epsilon is not None and body.default_read_cap:
         raise InvalidParameter("read_cap_epsilon", "cannot be given with default_read_cap")
-    record = runtime.ledger.set_scopes(
+    record = runtime.ledger.budgets.set_scopes(
         account_id,
         modes=tuple(body.modes) if body.modes is not None else None,
         may_create_seed_accounts=body.may_create_seed_accounts,
@@ -169,11 +168,11 @@ def set_scopes(
 )
 def account_reads(account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDep) -> Reads:
     """A service account's read figure (what its answers reveal, composed) and its cap."""
-    record = runtime.ledger.get_account(account_id)
+    record = runtime.ledger.accounts.get_account(account_id)
     if record.type != "service":
         raise InvalidParameter("account_id", "only service accounts have a read figure")
     return Reads.of(
-        runtime.ledger.read_view(
+        runtime.ledger.read_figures.read_view(
             account_id, default_cap_epsilon=runtime.settings.service_read_cap_epsilon
         )
     )
@@ -190,7 +189,7 @@ def exposure(
     have learned about any one edge, with its hourly growth. `delta` defaults to
     `PPR_EXPOSURE_DELTA`, or else the smallest account delta."""
     settings = runtime.settings
-    report = runtime.ledger.exposure(
+    report = runtime.ledger.reports.exposure(
         delta=delta if delta is not None else settings.exposure_delta,
         cap_epsilon=settings.graph_cap_epsilon,
     )
@@ -204,8 +203,8 @@ def exposure(
     responses=_ERRORS,
 )
 def list_keys(account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDep) -> list[ApiKey]:
-    runtime.ledger.get_account(account_id)
-    return [ApiKey.of(k) for k in runtime.ledger.list_api_keys(account_id)]
+    runtime.ledger.accounts.get_account(account_id)
+    return [ApiKey.of(k) for k in runtime.ledger.api_keys.list_api_keys(account_id)]
 
 
 @router.post(
@@ -216,8 +215,10 @@ def list_keys(account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDep) -
     responses=_ERRORS,
 )
 def create_key(account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDep) -> NewApiKey:
-    runtime.ledger.get_account(account_id)
-    key, record = runtime.ledger.create_api_key(account_id, actor_account_id=admin.account_id)
+    runtime.ledger.accounts.get_account(account_id)
+    key, record = runtime.ledger.api_keys.create_api_key(
+        account_id, actor_account_id=admin.account_id
+    )
     return NewApiKey(**record.__dict__, api_key=key)
 
 
@@ -226,7 +227,9 @@ def create_key(account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDep) 
 )
 def revoke_key(key_id: KeyIdPath, runtime: RuntimeDep, admin: AdminDep) -> ApiKey:
     """Revoke a key (idempotent). The key's row stays; it no longer authenticates."""
-    return ApiKey.of(runtime.ledger.revoke_api_key(key_id, actor_account_id=admin.account_id))
+    return ApiKey.of(
+        runtime.ledger.api_keys.revoke_api_key(key_id, actor_account_id=admin.account_id)
+    )
 
 
 @router.get("/charges", operation_id="listCharges", response_model=list[Charge], responses=_ERRORS)
@@ -238,13 +241,13 @@ def list_charges(
     offset: Offset = 0,
 ) -> list[Charge]:
     """Charges, newest first (refunded ones marked); optionally of one charged account."""
-    records = runtime.ledger.list_charges(account_id, limit=limit, offset=offset)
+    records = runtime.ledger.reports.list_charges(account_id, limit=limit, offset=offset)
     return [Charge.of(r) for r in records]
 
 
 @router.get("/audit", operation_id="listAudit", responses=_ERRORS)
 def audit_log(runtime: RuntimeDep, admin: AdminDep, limit: Limit = 100) -> list[dict[str, Any]]:
-    return runtime.ledger.list_audit(limit=limit)
+    return runtime.ledger.reports.list_audit(limit=limit)
 
 
 def _graph_info(runtime: Runtime) -> GraphInfo:
@@ -307,13 +310,13 @@ def reload_graph(
     try:
         loaded = runtime.graphs.load(path)
     except Exception as exc:
-        runtime.ledger.record_audit(
+        runtime.ledger.reports.record_audit(
             admin.account_id,
             "graph.reload_failed",
             details={"error": str(exc)[:500], "path": body.path if body else None},
         )
         raise
-    runtime.ledger.record_audit(
+    runtime.ledger.reports.record_audit(
         admin.account_id,
         "graph.reload",
         details={

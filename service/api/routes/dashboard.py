@@ -68,7 +68,7 @@ def _views(runtime: Runtime) -> AdminViews:
 @router.get("/me", operation_id="getAdminMe", response_model=AdminMe, responses=_ERRORS)
 def me(runtime: RuntimeDep, admin: AdminDep) -> AdminMe:
     """The admin account the key belongs to (the page's sign-in check)."""
-    record = runtime.ledger.get_account(admin.account_id)
+    record = runtime.ledger.accounts.get_account(admin.account_id)
     return AdminMe(account_id=record.account_id, label=record.label, type="admin")
 
 
@@ -114,7 +114,7 @@ def account_table(
         near_cap_fraction=near_cap_fraction,
         min_spent_epsilon=min_spent_epsilon,
     )
-    page = _views(runtime).accounts_page(
+    page = _views(runtime).listing.accounts_page(
         flt, sort=sort, descending=order == "desc", limit=limit, offset=offset
     )
     return AccountTable(
@@ -131,7 +131,7 @@ def account_table(
 def usage(runtime: RuntimeDep, admin: AdminDep, hours: Hours = 24) -> Usage:
     """Queries charged and their per-query eps per hour, with refunds and refusals, over the
     last `hours` hours (every hour present)."""
-    series = _views(runtime).usage_per_hour(hours)
+    series = _views(runtime).activity.usage_per_hour(hours)
     return Usage.model_validate(
         {
             "hours": hours,
@@ -151,7 +151,7 @@ def refusals(
 ) -> Refusals:
     """Queries the ledger refused, by reason (`budget_exhausted`, `service_quota_exhausted`,
     `graph_budget_exhausted`, `mode_not_allowed`), kept durably across workers and restarts."""
-    by_reason = _views(runtime).refusals_by_reason(hours)
+    by_reason = _views(runtime).activity.refusals_by_reason(hours)
     return Refusals(hours=hours, total=sum(by_reason.values()), by_reason=by_reason)
 
 
@@ -164,13 +164,13 @@ def spenders(
 ) -> Spenders:
     """Top spenders (composed spend) and the accounts nearest their cap."""
     views = _views(runtime)
-    top = views.accounts_page(AccountFilter(status="active"), sort="spent", limit=limit)
-    near = views.accounts_page(
+    top = views.listing.accounts_page(AccountFilter(status="active"), sort="spent", limit=limit)
+    near = views.listing.accounts_page(
         AccountFilter(status="near_cap", near_cap_fraction=near_cap_fraction),
         sort="used",
         limit=limit,
     )
-    over = views.accounts_page(AccountFilter(status="over_cap"), limit=1)
+    over = views.listing.accounts_page(AccountFilter(status="over_cap"), limit=1)
     return Spenders(
         top=[AccountRow(**asdict(r)) for r in top.items],
         near_cap=[AccountRow(**asdict(r)) for r in near.items],
@@ -288,7 +288,7 @@ def health(runtime: RuntimeDep, admin: AdminDep) -> Health:
     latency = (time.perf_counter() - started) * 1000
     in_flight: tuple[int | None, float | None] = (None, None)
     if database_ok:
-        in_flight = _views(runtime).in_flight()
+        in_flight = _views(runtime).activity.in_flight()
     rates, scope = _cache_rates()
     cache_state = runtime.caches.state()
     loaded = runtime.graphs.loaded
@@ -327,7 +327,7 @@ def health(runtime: RuntimeDep, admin: AdminDep) -> Health:
 def account_curve(account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDep) -> AccountCurve:
     """The account's spend after each live charge, composed in admission order by the RDP
     accountant at the account's delta, beside the naive sum of per-query epsilons."""
-    curve = _views(runtime).account_curve(account_id)
+    curve = _views(runtime).account.account_curve(account_id)
     return AccountCurve.model_validate(asdict(curve))
 
 
@@ -350,7 +350,7 @@ def account_charges(
     offset: Offset = 0,
 ) -> ChargePage:
     """An account's charges with their parameters and states, newest first, with the total."""
-    page = _views(runtime).charges_page(
+    page = _views(runtime).account.charges_page(
         account_id, role=role, state=state, limit=limit, offset=offset
     )
     return ChargePage.model_validate(asdict(page))
@@ -365,10 +365,10 @@ def account_charges(
 def service_usage(account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDep) -> ServiceUsage:
     """A service account's modes, quota, quota used in the last 24 h, what it charged to
     other accounts, and its read figure (what its answers reveal; 422 for other types)."""
-    usage = _views(runtime).service_usage(
+    usage = _views(runtime).account.service_usage(
         account_id, default_quota=runtime.settings.service_quota_epsilon
     )
-    reads = runtime.ledger.read_view(
+    reads = runtime.ledger.read_figures.read_view(
         account_id, default_cap_epsilon=runtime.settings.service_read_cap_epsilon
     )
     return ServiceUsage.model_validate(
@@ -391,7 +391,7 @@ def preview_budget(
     account_id: AccountIdPath, body: SetBudget, runtime: RuntimeDep, admin: AdminDep
 ) -> BudgetPreview:
     """What `PUT /v1/admin/accounts/{id}/budget` would make of the budget; nothing changes."""
-    preview = _views(runtime).preview_budget(
+    preview = _views(runtime).account.preview_budget(
         account_id, cap_epsilon=body.cap_epsilon, delta=body.delta
     )
     return BudgetPreview.model_validate(asdict(preview))
@@ -418,7 +418,7 @@ def audit_log(
     offset: Offset = 0,
 ) -> AuditPage:
     """Admin actions, newest first, filterable, with the total."""
-    page = _views(runtime).audit_page(
+    page = _views(runtime).audit.audit_page(
         action=action or None,
         actor_account_id=actor_account_id,
         target_account_id=target_account_id,

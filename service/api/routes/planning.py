@@ -72,7 +72,7 @@ def run_out(
     """Accounts near their cap (spent >= `near_cap_fraction` x cap; the 1000 most used),
     sorted by when they run out at their rate of the last `window_days` days (see
     `projection`): soonest first, those not running out at that rate last."""
-    page = AdminViews(runtime.ledger).near_cap_run_out(
+    page = AdminViews(runtime.ledger).run_outs.near_cap(
         near_cap_fraction=near_cap_fraction, window_days=window_days, limit=limit
     )
     return NearCapRunOut(
@@ -98,5 +98,5 @@ def account_run_out(
     account_id: AccountIdPath, runtime: RuntimeDep, admin: AdminDep, window_days: WindowDays = 7.0
 ) -> RunOut:
     """When this account runs out of budget at its rate of the last `window_days` days."""
-    run = AdminViews(runtime.ledger).run_out_of(account_id, window_days=window_days)
+    run = AdminViews(runtime.ledger).run_outs.run_out_of(account_id, window_days=window_days)
     return RunOut(**asdict(run))

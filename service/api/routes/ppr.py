@@ -139,7 +139,7 @@ async def ppr(
 @router.get("/me/budget", operation_id="getMyBudget", response_model=Budget, responses=_ERRORS)
 def my_budget(runtime: RuntimeDep, principal: PrincipalDep) -> Budget:
     """The caller's own budget: spend composed by the RDP accountant at the account's delta."""
-    return Budget.of(runtime.ledger.budget(principal.account_id))
+    return Budget.of(runtime.ledger.budgets.budget(principal.account_id))
 
 
 @router.get("/me/reads", operation_id="getMyReads", response_model=Reads, responses=_ERRORS)
@@ -150,7 +150,7 @@ def my_reads(runtime: RuntimeDep, principal: PrincipalDep) -> Reads:
     if principal.type != "service":
         raise Forbidden("only service accounts have a read figure; users see /v1/me/budget")
     return Reads.of(
-        runtime.ledger.read_view(
+        runtime.ledger.read_figures.read_view(
             principal.account_id, default_cap_epsilon=runtime.settings.service_read_cap_epsilon
         )
     )

@@ -62,7 +62,7 @@ def _answer(
     release = index.release
     found = index.neighbours(node, k, settings.similar_ef)
     # The answer reveals (part of) the release: it counts in the reader's read figure once.
-    runtime.ledger.record_reads(
+    runtime.ledger.read_figures.record_reads(
         principal.account_id,
         graph_release=(str(release["graph_version"]), str(release["release_name"])),
         default_cap_epsilon=settings.service_read_cap_epsilon,

@@ -73,7 +73,7 @@ def list_synthesis(
     runtime: RuntimeDep, admin: AdminDep, limit: Limit = 100, offset: Offset = 0
 ) -> SynthesisJobs:
     """Every synthesis run (command line and API), newest first."""
-    jobs, total = runtime.ledger.synthesis_jobs(limit=limit, offset=offset)
+    jobs, total = runtime.ledger.synthesis.synthesis_jobs(limit=limit, offset=offset)
     return SynthesisJobs(jobs=[SynthesisJob.of(j) for j in jobs], total=total)
 
 
@@ -82,7 +82,7 @@ def list_synthesis(
 )
 def get_synthesis(job_id: JobIdPath, runtime: RuntimeDep, admin: AdminDep) -> SynthesisJob:
     """A run's state, progress, charge and error."""
-    return SynthesisJob.of(runtime.ledger.synthesis_job(job_id))
+    return SynthesisJob.of(runtime.ledger.synthesis.synthesis_job(job_id))
 
 
 @router.get(
@@ -93,9 +93,9 @@ def get_synthesis(job_id: JobIdPath, runtime: RuntimeDep, admin: AdminDep) -> Sy
 )
 def synthesis_file(job_id: JobIdPath, runtime: RuntimeDep, admin: AdminDep) -> Response:
     """The run's edge list (``u v`` lines), as the command line writes it."""
-    payload = runtime.ledger.synthesis_payload(job_id)
+    payload = runtime.ledger.synthesis.synthesis_payload(job_id)
     if payload is None:
-        job = runtime.ledger.synthesis_job(job_id)
+        job = runtime.ledger.synthesis.synthesis_job(job_id)
         raise SynthesisNotDone(
             f"synthesis job {job_id} is {job.state}: its file exists once it is done",
             details={"job_id": job_id, "state": job.state},

@@ -97,7 +97,7 @@ class Admitter:
         return None
 
     def _admit_alone(self, a: Admission, graph_cap: GraphCap | None) -> ChargeReceipt:
-        return self.ledger.admit(
+        return self.ledger.admission.admit_and_charge(
             a, graph_cap=graph_cap, stale_after_seconds=self.policy.stale_after_seconds
         )
 
@@ -120,7 +120,7 @@ class Admitter:
         for indices in parts.values():
             outcomes: list[ChargeReceipt | ServiceError] | list[Exception]
             try:
-                outcomes = self.ledger.admit_and_charge_many(
+                outcomes = self.ledger.admission.admit_and_charge_many(
                     [items[i][0] for i in indices],
                     graph_cap=items[indices[0]][1],
                     stale_after_seconds=self.policy.stale_after_seconds,
@@ -149,7 +149,7 @@ class Admitter:
         admitted: list[tuple[int, P, ChargeReceipt]] = []
         for graph_id, group in by_cap.items():
             try:
-                receipts = self.ledger.admit_and_charge_many(
+                receipts = self.ledger.admission.admit_and_charge_many(
                     [admission(p) for _, p in group],
                     graph_cap=graph_caps[graph_id],
                     stale_after_seconds=self.policy.stale_after_seconds,
@@ -178,7 +178,7 @@ class Admitter:
             return self.policy.exposure_delta
         cached = self._exposure_delta
         if cached is None or time.monotonic() - cached[1] > 10.0:
-            cached = (self.ledger.smallest_delta(), time.monotonic())
+            cached = (self.ledger.reports.smallest_delta(), time.monotonic())
             self._exposure_delta = cached
         return cached[0]
 

@@ -72,7 +72,7 @@ class PopularAnswers:
         degrees = self.degree_releases.get(graph, self.admitter.graph_cap(graph))
         if req.principal.type == "service":
             self.reads.record(req, graph.version, None, degree_release_name(degrees.plan.scale))
-        receipt = self.ledger.admit_degree_release(
+        receipt = self.ledger.quota_and_degree.admit_degree_release(
             charged_account_id=account_id,
             principal_account_id=req.principal.account_id,
             seed=req.node,

@@ -71,7 +71,7 @@ class Drawer:
                 self.reads.record(p.req, p.graph.version, receipt.charge_id, degree)
             except ReadCapExhausted:
                 reason = "refused by the service account's read cap before any noise was drawn"
-                self.ledger.refund(receipt.charge_id, reason=reason)
+                self.ledger.settlement.refund(receipt.charge_id, reason=reason)
                 raise
         if isinstance(p.plan, DiffusionPlan):
             return self._start_diffusion(p.graph, p.seed, p.plan, receipt.charge_id)
@@ -103,7 +103,7 @@ class Drawer:
             future = self.engine.submit(graph, seed, config, rng=rng, prefix=prefix)
         except BaseException:
             # No noise has been drawn: nothing was released, so the charge is compensated.
-            self.ledger.refund(charge_id, reason="failed before any noise was drawn")
+            self.ledger.settlement.refund(charge_id, reason="failed before any noise was drawn")
             raise
         return Started(future, where, prefix is None, charge_id, config.noise_scale)
 
@@ -113,7 +113,9 @@ class Drawer:
             result = started.future.result()
         except EngineFailure as exc:
             if not exc.noise_drawn:  # it failed in the noise-free prefix: nothing released
-                self.ledger.refund(started.charge_id, reason="failed before any noise was drawn")
+                self.ledger.settlement.refund(
+                    started.charge_id, reason="failed before any noise was drawn"
+                )
             raise exc.error from None
         graph, seed, mode, _, _, _ = started.where
         if started.cold and result.prefix is not None:
@@ -138,7 +140,7 @@ class Drawer:
         try:
             rng = fresh_generator()
         except BaseException:
-            self.ledger.refund(charge_id, reason="failed before any noise was drawn")
+            self.ledger.settlement.refund(charge_id, reason="failed before any noise was drawn")
             raise
         drawn = draw_ranking(graph, seed, plan, rng)
         keep = self.replay_store_top + int(graph.degrees[seed])

@@ -125,7 +125,7 @@ class Preparer:
         if len(nodes) < 2:
             yield
             return
-        found = self.ledger.user_accounts_for_nodes(nodes)
+        found = self.ledger.accounts.user_accounts_for_nodes(nodes)
         now = time.monotonic()
         for account_id, delta in found.values():  # the calibration's delta, read with them
             self._deltas[account_id] = (delta, now)
@@ -238,7 +238,7 @@ class Preparer:
         now = time.monotonic()
         hit = self._deltas.get(account_id)
         if hit is None or now - hit[1] > _DELTA_TTL_SECONDS:
-            hit = (self.ledger.account_delta(account_id), now)
+            hit = (self.ledger.budgets.account_delta(account_id), now)
             if len(self._deltas) > 100_000:
                 self._deltas.clear()
             self._deltas[account_id] = hit
@@ -270,7 +270,7 @@ def charged_account(
         return principal.account_id
     if principal.type == "service":
         if mode.value not in principal.modes:
-            (record_refusal or ledger.record_refusal)(
+            (record_refusal or ledger.reports.record_refusal)(
                 ModeNotAllowed.code, principal_account_id=principal.account_id, mode=mode.value
             )
             raise ModeNotAllowed(
@@ -282,7 +282,7 @@ def charged_account(
             return principal.account_id  # shared answers: every edge protected, paid by caller
         if known_accounts is not None and node in known_accounts:
             return known_accounts[node][0]
-        return ledger.user_account_for_node(
+        return ledger.accounts.user_account_for_node(
             node,
             create=create_seed_accounts and principal.may_create_seed_accounts,
             cap_epsilon=cap_epsilon,

@@ -30,7 +30,7 @@ class ReadFigure:
         if known in self._known_reads:
             return
         try:
-            self.ledger.record_reads(
+            self.ledger.read_figures.record_reads(
                 req.principal.account_id,
                 charge_ids=() if charge_id is None else (charge_id,),
                 graph_release=None if degree_release is None else (version, degree_release),

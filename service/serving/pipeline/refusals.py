@@ -39,7 +39,7 @@ class RefusalLog:
         row = RefusalRow(reason, charged_account_id, principal_account_id, mode, epsilon)
         pending: list[RefusalRow] | None = getattr(self._local, "pending", None)
         if pending is None:
-            self._ledger.record_refusals([row])
+            self._ledger.reports.record_refusals([row])
         else:
             pending.append(row)
 
@@ -56,4 +56,4 @@ class RefusalLog:
         finally:
             rows: list[RefusalRow] = self._local.pending
             self._local.pending = None
-            self._ledger.record_refusals(rows)
+            self._ledger.reports.record_refusals(rows)

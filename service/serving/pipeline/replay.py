@@ -69,7 +69,7 @@ class Replayer:
             hit = self.replays.get(key)
             if hit is not None:
                 return hit
-        stored = self.ledger.find_release(key)
+        stored = self.ledger.stored_releases.find_release(key)
         if stored is not None and self.replays is not None:
             self.replays.put(stored)
         return stored
@@ -80,7 +80,7 @@ class Replayer:
             hit = self.replays.get_for_idempotency(principal, idem)
             if hit is not None:
                 return hit
-        stored = self.ledger.release_for_idempotency_key(principal, idem)
+        stored = self.ledger.stored_releases.release_for_idempotency_key(principal, idem)
         if stored is not None and self.replays is not None:
             self.replays.put_for_idempotency(principal, idem, stored)
         return stored
@@ -129,7 +129,7 @@ class Replayer:
         now = time.monotonic()
         hit = self._budgets.get(account_id)
         if hit is None or now - hit[1] > _REPLAY_BUDGET_TTL_SECONDS:
-            hit = (self.ledger.budget(account_id), now)
+            hit = (self.ledger.budgets.budget(account_id), now)
             if len(self._budgets) > 100_000:
                 self._budgets.clear()
             self._budgets[account_id] = hit
@@ -151,7 +151,7 @@ class Replayer:
         which finds the binding and answers with its release (or 422 for a different query)."""
         pairs = [keyed(item) for item in items]
         try:
-            charges = self.ledger.bind_idempotency_keys(
+            charges = self.ledger.stored_releases.bind_idempotency_keys(
                 [(q.principal.account_id, q.idempotency_key or "", s.charge_id) for q, s in pairs]
             )
         except Exception as exc:
@@ -224,9 +224,9 @@ class Replayer:
         deadline = time.monotonic() + self.policy.twin_wait_seconds
         pause = 0.005
         while True:
-            state = self.ledger.charge_state(charge_id)
+            state = self.ledger.settlement.charge_state(charge_id)
             if state == "released":
-                return self.ledger.release_for_charge(charge_id)
+                return self.ledger.stored_releases.release_for_charge(charge_id)
             if state == "refunded":
                 return None
             if time.monotonic() >= deadline:

@@ -40,7 +40,7 @@ class Storer:
             if self._storing is not None:
                 self._storing.submit((stored, req.idempotency_key, req.principal.account_id))
             else:
-                self.ledger.store_release(
+                self.ledger.settlement.store_release(
                     stored,
                     idempotency_key=req.idempotency_key,
                     principal_account_id=req.principal.account_id,
@@ -92,14 +92,14 @@ class Storer:
         if len(items) == 1:
             stored, idempotency_key, principal = items[0]
             try:
-                self.ledger.store_release(
+                self.ledger.settlement.store_release(
                     stored, idempotency_key=idempotency_key, principal_account_id=principal
                 )
                 outcomes = [None]
             except ChargeSettled as exc:
                 outcomes = [exc]
         else:
-            outcomes = self.ledger.store_releases(items)
+            outcomes = self.ledger.settlement.store_releases(items)
         if self.replays is not None:
             try:
                 self.replays.put_many(

@@ -1,9 +1,9 @@
-"""The ledger's unit of work and what every part of the ledger shares.
+"""The ledger's transactions and what every part of the ledger shares.
 
-:class:`UnitOfWork` owns the engines: each call of a part runs in one transaction
+:class:`LedgerTransactions` owns the engines: each call of a part runs in one transaction
 (:func:`transaction`), a write transaction on the write engine (``BEGIN IMMEDIATE`` on SQLite).
 :class:`LedgerPart` is the base of the ledger's parts (accounts, budgets, admission,
-settlement, graph-wide releases, reports): their unit of work and the row helpers and locks
+settlement, graph-wide releases, reports): their transactions and the row helpers and locks
 they share (locks are always taken in the order charged spend row, principal spend row,
 exposure shards by ascending shard).
 """
@@ -108,7 +108,7 @@ def _migrated(row: RowT | None) -> RowT:
     return row
 
 
-class UnitOfWork:
+class LedgerTransactions:
     """The ledger database's engines; one transaction per :meth:`reading` / :meth:`writing`."""
 
     def __init__(self, engine: Engine) -> None:
@@ -125,17 +125,22 @@ class UnitOfWork:
 
 
 class LedgerPart:
-    """A part of the ledger: one concern, its SQL, on the ledger's shared unit of work."""
+    """A part of the ledger: one concern, its SQL, on the ledger's shared transactions."""
 
-    def __init__(self, uow: UnitOfWork) -> None:
-        self._uow = uow
+    def __init__(self, transactions: LedgerTransactions) -> None:
+        self._transactions = transactions
+
+    @property
+    def transactions(self) -> LedgerTransactions:
+        """The engines this part runs its transactions on (shared by the ledger's parts)."""
+        return self._transactions
 
     def _reading(self) -> AbstractContextManager[Session]:
-        return self._uow.reading()
+        return self._transactions.reading()
 
     def _writing(self) -> AbstractContextManager[Session]:
         """A write transaction: BEGIN IMMEDIATE on SQLite (takes the write lock up front)."""
-        return self._uow.writing()
+        return self._transactions.writing()
 
     @staticmethod
     def _audit(

@@ -1,0 +1,42 @@
+"""Reads of a ledger's tables that only tests need (the service has no use for them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+
+from service.ledger.admission import DEFAULT_STALE_AFTER_SECONDS
+from service.ledger.ledger import Ledger
+from service.ledger.records import Admission, ChargeReceipt, GraphCap
+from service.ledger.tables import Charge, GraphVersion
+
+
+def count_charges(ledger: Ledger, account_id: int | None = None) -> int:
+    """How many charges (any state) the ledger holds, or holds against ``account_id``."""
+    stmt = select(func.count(Charge.id))
+    if account_id is not None:
+        stmt = stmt.where(Charge.charged_account_id == account_id)
+    with ledger.engine.connect() as conn:
+        return int(conn.scalar(stmt) or 0)
+
+
+def graph_fingerprint_of(ledger: Ledger, public_id: str) -> str | None:
+    """The content fingerprint the ledger recorded for a public graph id."""
+    with ledger.engine.connect() as conn:
+        return conn.scalar(
+            select(GraphVersion.fingerprint).where(GraphVersion.public_id == public_id)
+        )
+
+
+def admit_and_charge(
+    ledger: Ledger,
+    *,
+    graph_cap: GraphCap | None = None,
+    stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
+    **fields: Any,
+) -> ChargeReceipt:
+    """``ledger.admission.admit_and_charge`` of the :class:`Admission` made of ``fields``."""
+    return ledger.admission.admit_and_charge(
+        Admission(**fields), graph_cap=graph_cap, stale_after_seconds=stale_after_seconds
+    )
