@@ -113,7 +113,7 @@ class Replayer:
             return False
         released_at = stored.released_at
         if released_at is None:  # an entry cached without its time: the ledger row has it
-            row = self.ledger.release_for_charge(stored.charge_id)
+            row = self.ledger.stored_releases.release_for_charge(stored.charge_id)
             released_at = None if row is None else row.released_at
         if released_at is None:
             return True  # its release is gone: draw anew
