@@ -6,6 +6,7 @@ import json
 import math
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -498,7 +499,10 @@ def test_releases(ledger: Ledger) -> None:
     )
     ledger.settlement.store_release(first, idempotency_key="a", principal_account_id=svc)
     ledger.settlement.store_release(first, idempotency_key="a", principal_account_id=svc)  # no-op
-    assert ledger.stored_releases.find_release(key) == first  # floats round-trip exactly
+    found = ledger.stored_releases.find_release(key)
+    assert found == first  # floats round-trip exactly
+    assert found is not None and found.released_at is not None  # the row's time, in UTC
+    assert abs((datetime.now(UTC) - found.released_at).total_seconds()) < 60
     second = release(charge(ledger, user, curve).charge_id, [0.5])
     ledger.settlement.store_release(second, idempotency_key=None, principal_account_id=user)
     assert ledger.stored_releases.find_release(key) == second  # the newest

@@ -228,7 +228,8 @@ class StoredRelease:
     mechanism: dict[str, Any]
     request_id: str
     #: When the release was made (UTC); None where it was not recorded (an older cache entry).
-    released_at: datetime | None = None
+    #: Not part of equality: the same release read back is equal to the one stored.
+    released_at: datetime | None = field(default=None, compare=False)
 
 
 class BudgetExhausted(ServiceError):
