@@ -36,6 +36,7 @@ from service.ledger.records import (
 from service.ledger.tables import (
     Charge,
     Spend,
+    as_utc,
     utcnow,
 )
 from service.ledger.transactions import (
@@ -200,6 +201,12 @@ class AdmissionRules(LedgerPart):
             twin = self._twin(session, a.charged_account_id, digest, stale_after_seconds)
             if twin is None:
                 released = self._release_row(session, a.release_key)
+                if (
+                    released is not None
+                    and a.released_since is not None
+                    and as_utc(released.created_at) < a.released_since
+                ):
+                    released = None  # too old for the query's refresh policy
                 twin = None if released is None else released.charge_id
             if twin is not None:
                 self._bind_joined(a, twin, a.charged_account_id, writes)
@@ -239,7 +246,7 @@ class AdmissionRules(LedgerPart):
                 return ChargeReceipt(
                     charge_id=twin.id, budget=budget_view(account, account), joined=True
                 )
-            released = reads.released(a.release_key)
+            released = reads.released(a.release_key, a.released_since)
             if released is not None:
                 self._bind_joined(a, released, a.charged_account_id, writes, reads)
                 view = budget_view(account, account)

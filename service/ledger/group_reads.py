@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from service.ledger.idempotency import EarlierCharge, bound_charges
 from service.ledger.locked_rows import NewCharge, charge_last_sign
 from service.ledger.records import Admission, BudgetView, ChargeReceipt, ReleaseKey
-from service.ledger.tables import Charge, Release
+from service.ledger.tables import Charge, Release, as_utc
 
 CHARGES = cast(Table, Charge.__table__)
 RELEASES = cast(Table, Release.__table__)
@@ -51,6 +51,7 @@ _RELEASED = (
         RELEASES.c.epsilon,
         RELEASES.c.mechanism_name,
         func.max(RELEASES.c.charge_id).label("charge_id"),
+        func.max(RELEASES.c.created_at).label("released_at"),
     )
     .join(CHARGES, CHARGES.c.id == RELEASES.c.charge_id)
     .where(
@@ -92,7 +93,7 @@ class GroupReads:
     def __init__(
         self,
         twins: dict[tuple[int, str], EarlierCharge],
-        released: dict[ReleaseKey, int],
+        released: dict[ReleaseKey, tuple[int, datetime]],  # charge and time of the newest
         by_key: dict[tuple[int, str], EarlierCharge],
     ) -> None:
         self._twins = twins
@@ -130,9 +131,13 @@ class GroupReads:
         """The newest in-flight charge made before this group for an identical query."""
         return self._twins.get((account_id, digest))
 
-    def released(self, key: ReleaseKey) -> int | None:
-        """The charge of the newest stored release of ``key`` (epsilon compared exactly)."""
-        return self._released.get(key)
+    def released(self, key: ReleaseKey, since: datetime | None = None) -> int | None:
+        """The charge of the newest stored release of ``key`` (epsilon compared exactly), if
+        it was made at or after ``since`` (None: whenever)."""
+        found = self._released.get(key)
+        if found is None or (since is not None and found[1] < since):
+            return None
+        return found[0]
 
     def holder(self, principal: int, idempotency_key: str) -> NewCharge | EarlierCharge | None:
         """The charge ``idempotency_key`` of ``principal`` is bound to: by this group, else
@@ -167,7 +172,9 @@ def _read_twins(
     return newest
 
 
-def _read_released(session: Session, keys: list[ReleaseKey]) -> dict[ReleaseKey, int]:
+def _read_released(
+    session: Session, keys: list[ReleaseKey]
+) -> dict[ReleaseKey, tuple[int, datetime]]:
     if not keys:
         return {}
     wanted = set(keys)  # a key's fields compare exactly (epsilon as a float), as in SQL
@@ -178,14 +185,14 @@ def _read_released(session: Session, keys: list[ReleaseKey]) -> dict[ReleaseKey,
             "nodes": sorted({key.node for key in keys}),
         },
     )
-    out: dict[ReleaseKey, int] = {}
-    for row in rows:  # one row per key: the newest release's charge (max over the group)
+    out: dict[ReleaseKey, tuple[int, datetime]] = {}
+    for row in rows:  # one row per key: the newest release's charge and time
         key = ReleaseKey(
             int(row.charged_account_id), str(row.node), str(row.graph_version), str(row.mode),
             float(row.epsilon), str(row.mechanism_name),
         )  # fmt: skip
         if key in wanted:
-            out[key] = int(row.charge_id)
+            out[key] = (int(row.charge_id), as_utc(row.released_at))
     return out
 
 

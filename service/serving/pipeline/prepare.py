@@ -177,7 +177,9 @@ class Preparer:
         if not req.fresh:
             stored = self.replayer.find_release(key)
             if stored is not None and self.replayer.is_due(stored, req.max_age_seconds):
-                stored, join_twins = None, False  # too old to replay: draw anew
+                # too old to replay: drawn anew, once for identical queries arriving together
+                # (admission joins them to one charge, and to no release older than the age)
+                stored = None
             if stored is not None:
                 if covers(stored, req, graph, seed):
                     if req.idempotency_key is not None:
