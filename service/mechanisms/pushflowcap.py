@@ -18,13 +18,33 @@ any edge (non-joint), so adding Lap(sigma / eps) to every entry is pure eps-DP (
 A node of degree 0 has cap 0 and never pushes, except the seed in personalized mode (cap
 infinity): like the walk W, it then keeps the neighbours' share of its push (W e_s = e_s), so
 with huge thresholds the output is the truncated series alpha sum_{k<R} ((1 - alpha) W)^k e_s.
+
+The kernel. :func:`pushflowcap` and :func:`pushflowcap_block` run these rounds in a compiled
+kernel (numba, fastmath off) that returns the SAME float64 vector as :func:`pushflowcap_dense`,
+the numpy/scipy rounds kept as the reference (tests/test_pushflowcap_kernel.py: array_equal,
+no tolerance), so Theorem 4.3 covers it with no new argument. Why each shortcut is exact:
+
+- every element-wise operation is the dense one in the same order: f = min(r, max(c - h, 0)),
+  f / d as f * (1 / d), h + f, (r - f) + lazy (f (1 + keeps) + y);
+- y = (A (f / d))_v is summed over v's neighbour list in CSR order from 0.0, as scipy's CSR
+  product does (A is 0/1: no multiplications; four neighbours per pass are the same additions
+  in the same order);
+- a row is skipped only if it has no flow and no neighbour with flow: its dense update adds
+  +0.0 to non-negative numbers, which leaves them bit for bit as they were. Rows that may
+  change are listed as the flow reaches them (the seed, then each pushing node's neighbours);
+- the rounds stop early only after a round in which no node pushes: every later dense round
+  adds only zeros too;
+- a block of seeds keeps one column per seed, each summed in the same order as alone.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
+from typing import Any
 
 import numpy as np
+from numba import njit
 
 from service.errors import InvalidParameter
 from service.graph.model import Graph
@@ -40,7 +60,9 @@ __all__ = [
     "dp_pushflowcap",
     "edge_threshold",
     "pushflowcap",
+    "pushflowcap_block",
     "pushflowcap_curve",
+    "pushflowcap_dense",
 ]
 
 #: The paper's experimental setting (Section 6): sigma = 1e-6 (service.mechanisms.parameters).
@@ -84,8 +106,189 @@ def pushflowcap(
     """PUSHFLOWCAP (Algorithm 2), non-private: the capped push-flow PPR vector p (sum <= 1).
 
     ``mode``: `personalized` is the paper's joint type (T_s = infinity), `edge` its non-joint
-    type (T_s = T). ``seed`` is an internal index. Vectorized: one sparse product per round.
+    type (T_s = T). ``seed`` is an internal index. Compiled (module docstring, "The kernel"):
+    bit for bit the vector of :func:`pushflowcap_dense`.
     """
+    _check(graph, seed, beta, rounds, sigma)
+    return pushflowcap_block(graph, np.array([seed]), beta, rounds, sigma, mode)[:, 0]
+
+
+def pushflowcap_block(
+    graph: Graph,
+    seeds: np.ndarray,
+    beta: float,
+    rounds: int,
+    sigma: float = DEFAULT_SIGMA,
+    mode: Mode = Mode.PERSONALIZED,
+) -> np.ndarray:
+    """:func:`pushflowcap` of each seed (internal indices), as the columns of an n x B array,
+    in one pass over the graph per round (each column bit for bit that seed's vector)."""
+    seeds = np.ascontiguousarray(seeds, dtype=np.int64)
+    if seeds.ndim != 1 or seeds.size == 0:
+        raise InvalidParameter("seeds", "must be a non-empty list of internal indices")
+    for s in (int(seeds.min()), int(seeds.max())):
+        _check(graph, s, beta, rounds, sigma)
+    mode = Mode(mode)
+    alpha = 1.0 - beta
+    lazy = (1.0 - alpha) / 2.0
+    inv_degree, keeps, degrees = _node_arrays(graph)
+    cap = degrees * edge_threshold(beta, sigma)  # total flow a node may push: d(v) T_v
+    pushed = np.zeros((graph.n, seeds.size))
+    _capped_push_rounds(
+        graph.indptr, graph.indices, inv_degree, keeps, cap, seeds,
+        mode is Mode.PERSONALIZED, lazy, rounds, pushed,
+    )  # fmt: skip
+    out: np.ndarray = alpha * pushed
+    return out
+
+
+_NODE_ARRAYS: weakref.WeakKeyDictionary[Graph, tuple[np.ndarray, np.ndarray, np.ndarray]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _node_arrays(graph: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(1 / d (0 where d = 0), [d = 0], d) in float64, as :func:`pushflowcap_dense` computes
+    them; kept per graph (they do not depend on the query)."""
+    arrays = _NODE_ARRAYS.get(graph)
+    if arrays is None:
+        degrees = graph.degrees.astype(np.float64)
+        inv_degree = np.divide(1.0, degrees, out=np.zeros_like(degrees), where=degrees > 0)
+        keeps = (degrees == 0).astype(np.float64)
+        for array in (degrees, inv_degree, keeps):
+            array.setflags(write=False)
+        arrays = (inv_degree, keeps, degrees)
+        _NODE_ARRAYS[graph] = arrays
+    return arrays
+
+
+@njit(nogil=True, cache=True, fastmath=False)
+def _capped_push_rounds(
+    indptr: Any,
+    indices: Any,
+    inv_degree: Any,
+    keeps: Any,
+    cap: Any,
+    seeds: Any,
+    personalized: bool,
+    lazy: float,
+    rounds: int,
+    pushed: Any,
+) -> int:  # pragma: no cover - compiled
+    """Algorithm 2 for the seeds' columns of ``pushed`` (n x B, zeros on entry): the dense
+    rounds of :func:`pushflowcap_dense`, operation for operation, on the rows that can change.
+
+    Returns the number of rounds after which no seed had flow left to push (<= ``rounds``)."""
+    n, width = pushed.shape
+    residual = np.zeros((n, width))
+    flow = np.zeros((n, width))
+    share = np.zeros((n, width))  # f / d, the operand of the sparse product
+    flat = share.reshape(n * width)  # the same memory, as one column when width is 1
+    y = np.zeros(width)
+    rows = np.empty(n, dtype=np.int64)  # nodes that may hold flow, or receive it
+    listed = np.zeros(n, dtype=np.bool_)
+    expanded = np.zeros(n, dtype=np.bool_)  # its neighbours are listed
+    n_rows = 0
+    for b in range(width):
+        s = seeds[b]
+        residual[s, b] = 1.0
+        if not listed[s]:
+            listed[s] = True
+            rows[n_rows] = s
+            n_rows += 1
+    for done in range(rounds):
+        # flow f_v = min(r_v, max(cap_v - h_v, 0)) from the round's starting residual; a row
+        # not listed has r = 0, hence f = 0
+        moving = False
+        n_listed = n_rows
+        for i in range(n_listed):
+            v = rows[i]
+            pushes = False
+            for b in range(width):
+                c = cap[v]
+                if personalized and seeds[b] == v:
+                    c = np.inf
+                room = c - pushed[v, b]
+                if room < 0.0:
+                    room = 0.0
+                r = residual[v, b]
+                f = r if r < room else room  # np.minimum: either operand when equal
+                flow[v, b] = f
+                share[v, b] = f * inv_degree[v]
+                if f > 0.0:
+                    pushes = True
+            if pushes:
+                moving = True
+                if not expanded[v]:
+                    expanded[v] = True
+                    for jj in range(indptr[v], indptr[v + 1]):
+                        u = indices[jj]
+                        if not listed[u]:
+                            listed[u] = True
+                            rows[n_rows] = u
+                            n_rows += 1
+        if not moving:
+            return done  # every later round would change nothing
+        if n_rows > n_listed:  # rows in index order: the neighbour lists are read in order
+            rows[:n_rows].sort()
+        # h += f; r -= f; r += lazy (f (1 + keeps) + A (f / d)), row by row; a row with no
+        # pushing neighbour and no flow of its own sums only zeros and stays as it is
+        for i in range(n_rows):
+            v = rows[i]
+            lo = indptr[v]
+            hi = indptr[v + 1]
+            if width == 1:  # a scalar accumulator, four neighbours per pass: the same
+                total = 0.0  # additions in the same order as one at a time
+                jj = lo
+                while jj + 4 <= hi:
+                    total = (
+                        ((total + flat[np.uint64(indices[jj])]) + flat[np.uint64(indices[jj + 1])])
+                        + flat[np.uint64(indices[jj + 2])]
+                    ) + flat[np.uint64(indices[jj + 3])]
+                    jj += 4
+                while jj < hi:
+                    total += flat[np.uint64(indices[jj])]
+                    jj += 1
+                f = flow[v, 0]
+                pushed[v, 0] += f
+                r = residual[v, 0] - f
+                residual[v, 0] = r + lazy * (f * (1.0 + keeps[v]) + total)
+                continue
+            for b in range(width):
+                y[b] = 0.0
+            jj = lo
+            while jj + 4 <= hi:  # four neighbours per pass, each column summed in order
+                a = np.uint64(indices[jj])  # unsigned: no wraparound test on the gather
+                c = np.uint64(indices[jj + 1])
+                d = np.uint64(indices[jj + 2])
+                e = np.uint64(indices[jj + 3])
+                for b in range(width):
+                    y[b] = (((y[b] + share[a, b]) + share[c, b]) + share[d, b]) + share[e, b]
+                jj += 4
+            while jj < hi:
+                a = np.uint64(indices[jj])
+                for b in range(width):
+                    y[b] += share[a, b]
+                jj += 1
+            for b in range(width):
+                f = flow[v, b]
+                pushed[v, b] += f
+                r = residual[v, b] - f
+                residual[v, b] = r + lazy * (f * (1.0 + keeps[v]) + y[b])
+    return rounds
+
+
+def pushflowcap_dense(
+    graph: Graph,
+    seed: int,
+    beta: float,
+    rounds: int,
+    sigma: float = DEFAULT_SIGMA,
+    mode: Mode = Mode.PERSONALIZED,
+) -> np.ndarray:
+    """The reference implementation of :func:`pushflowcap`: Algorithm 2 as numpy and scipy
+    operations on whole n-vectors, one sparse product per round. The compiled kernel must
+    equal it bit for bit (tests/test_pushflowcap_kernel.py); it is kept for that test."""
     _check(graph, seed, beta, rounds, sigma)
     mode = Mode(mode)
     alpha = 1.0 - beta
