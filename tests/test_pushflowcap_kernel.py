@@ -67,12 +67,20 @@ def test_kernel_equals_dense_bit_for_bit(name: str, graph: Graph, mode: Mode) ->
             for rounds in (1, 3, 100):
                 seeds = _seeds(graph, 4, k)
                 block = pushflowcap_block(graph, np.array(seeds), beta, rounds, sigma, mode)
+                skipping = pushflowcap_block(
+                    graph, np.array(seeds), beta, rounds, sigma, mode, skip_idle=True
+                )
                 for column, seed in enumerate(seeds):
                     want = pushflowcap_dense(graph, seed, beta, rounds, sigma, mode)
                     got = pushflowcap(graph, seed, beta, rounds, sigma, mode)
+                    alone = pushflowcap_block(
+                        graph, np.array([seed]), beta, rounds, sigma, mode, skip_idle=True
+                    )
                     where = (name, mode, sigma, beta, rounds, seed)
                     assert np.array_equal(got, want), where
                     assert np.array_equal(block[:, column], want), where
+                    assert np.array_equal(skipping[:, column], want), where
+                    assert np.array_equal(alone[:, 0], want), where
                     assert got.dtype == np.float64 and got.shape == (graph.n,)
 
 
@@ -82,39 +90,47 @@ def test_kernel_equals_dense_on_email_eu_core() -> None:
     seeds = _seeds(graph, 24, 3)
     for mode in (P, E):
         for sigma in (1e-3, 1e-6):
-            block = pushflowcap_block(graph, np.array(seeds), EMBEDDING_BETA, 100, sigma, mode)
-            for column, seed in enumerate(seeds):
-                want = pushflowcap_dense(graph, seed, EMBEDDING_BETA, 100, sigma, mode)
-                assert np.array_equal(block[:, column], want), (mode, sigma, seed)
+            for skip_idle in (False, True):
+                block = pushflowcap_block(
+                    graph, np.array(seeds), EMBEDDING_BETA, 100, sigma, mode, skip_idle=skip_idle
+                )
+                for column, seed in enumerate(seeds):
+                    want = pushflowcap_dense(graph, seed, EMBEDDING_BETA, 100, sigma, mode)
+                    assert np.array_equal(block[:, column], want), (mode, sigma, seed)
 
 
 def test_repeated_and_unsorted_seeds_in_one_block() -> None:
     graph = generate_graph(300, 2000, seed=5)
     seeds = np.array([17, 3, 17, 250, 0, 3])
-    block = pushflowcap_block(graph, seeds, EMBEDDING_BETA, 40, 1e-3, P)
-    for column, seed in enumerate(seeds.tolist()):
-        want = pushflowcap_dense(graph, seed, EMBEDDING_BETA, 40, 1e-3, P)
-        assert np.array_equal(block[:, column], want)
+    for skip_idle in (False, True):
+        block = pushflowcap_block(graph, seeds, EMBEDDING_BETA, 40, 1e-3, P, skip_idle=skip_idle)
+        for column, seed in enumerate(seeds.tolist()):
+            want = pushflowcap_dense(graph, seed, EMBEDDING_BETA, 40, 1e-3, P)
+            assert np.array_equal(block[:, column], want)
 
 
 def test_rounds_stop_only_when_nothing_can_push() -> None:
-    """The early stop: an edge-mode isolated seed (cap 0) pushes nothing, so no round runs and
-    p = 0 as in the dense rounds; a seed that can push runs every round (the lazy walk keeps
-    part of each push, so a pushing node has residual, hence flow, in the next round)."""
+    """The early stop (offline runs only): an edge-mode isolated seed (cap 0) pushes nothing,
+    so no round runs and p = 0 as in the dense rounds; a seed that can push runs every round
+    (the lazy walk keeps part of each push, so a pushing node has residual, hence flow, in the
+    next round)."""
     graph = graph_from_edges({(0, 1), (1, 2)}, 4)  # node 3 isolated
     beta = 0.5
 
-    def rounds_run(seed: int, sigma: float, mode: Mode, rounds: int) -> int:
+    def rounds_run(
+        seed: int, sigma: float, mode: Mode, rounds: int, every_row: bool = False
+    ) -> int:
         inv_degree, keeps, degrees = _node_arrays(graph)
         cap = degrees * edge_threshold(beta, sigma)
         pushed = np.zeros((graph.n, 1))
         done = _capped_push_rounds(
             graph.indptr, graph.indices, inv_degree, keeps, cap, np.array([seed]),
-            mode is P, (1.0 - (1.0 - beta)) / 2.0, rounds, pushed,
+            mode is P, (1.0 - (1.0 - beta)) / 2.0, rounds, pushed, every_row,
         )  # fmt: skip
         return int(done)
 
     assert rounds_run(3, 1e-3, E, 100) == 0
+    assert rounds_run(3, 1e-3, E, 100, every_row=True) == 100  # served answers: every round
     assert np.array_equal(pushflowcap(graph, 3, beta, 100, 1e-3, E), np.zeros(4))
     assert np.array_equal(pushflowcap_dense(graph, 3, beta, 100, 1e-3, E), np.zeros(4))
     assert rounds_run(3, 1e-3, P, 100) == 100  # cap infinity: the seed keeps pushing

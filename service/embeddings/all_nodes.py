@@ -115,7 +115,7 @@ def edge_instant_embeddings(
     def one_block(start: int) -> None:
         nonlocal done
         part = seeds[start : start + block]
-        capped = pushflowcap_block(graph, part, beta, rounds, sigma, Mode.EDGE)
+        capped = pushflowcap_block(graph, part, beta, rounds, sigma, Mode.EDGE, skip_idle=True)
         for column in range(part.size):
             out[start + column] = instant_embedding(capped[:, column], hashes)
         with lock:

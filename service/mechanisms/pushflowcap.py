@@ -29,12 +29,15 @@ no tolerance), so Theorem 4.3 covers it with no new argument. Why each shortcut 
 - y = (A (f / d))_v is summed over v's neighbour list in CSR order from 0.0, as scipy's CSR
   product does (A is 0/1: no multiplications; four neighbours per pass are the same additions
   in the same order);
-- a row is skipped only if it has no flow and no neighbour with flow: its dense update adds
-  +0.0 to non-negative numbers, which leaves them bit for bit as they were. Rows that may
-  change are listed as the flow reaches them (the seed, then each pushing node's neighbours);
-- the rounds stop early only after a round in which no node pushes: every later dense round
-  adds only zeros too;
-- a block of seeds keeps one column per seed, each summed in the same order as alone.
+- a block of seeds keeps one column per seed, each summed in the same order as alone;
+- offline (``skip_idle``), a row is skipped only if it has no flow and no neighbour with flow:
+  its dense update adds +0.0 to non-negative numbers, which leaves them bit for bit as they
+  were (rows are listed as the flow reaches them: the seed, then each pushing node's
+  neighbours); and the rounds stop only after a round in which no node pushes, since every
+  later dense round then adds only zeros too. The answers the service serves do not skip:
+  how fast the flow spreads is an exact function of the edges, and it would show in the
+  response time. At sigma 1e-3 the flow reaches every node of the generated 10k and 100k
+  graphs within 5 of the 100 rounds, so the skip saves a few percent there.
 """
 
 from __future__ import annotations
@@ -120,9 +123,17 @@ def pushflowcap_block(
     rounds: int,
     sigma: float = DEFAULT_SIGMA,
     mode: Mode = Mode.PERSONALIZED,
+    *,
+    skip_idle: bool = False,
 ) -> np.ndarray:
     """:func:`pushflowcap` of each seed (internal indices), as the columns of an n x B array,
-    in one pass over the graph per round (each column bit for bit that seed's vector)."""
+    in one pass over the graph per round (each column bit for bit that seed's vector).
+
+    ``skip_idle`` visits only the rows the flow has reached and stops the rounds once no node
+    pushes: the same vector, in a time that depends on how fast the flow spreads from the
+    seeds, an exact function of the edges. Off, every row is visited in every round, as the
+    dense rounds do: for answers whose response time a caller sees. On, for offline runs
+    (the all-node release, the evaluation)."""
     seeds = np.ascontiguousarray(seeds, dtype=np.int64)
     if seeds.ndim != 1 or seeds.size == 0:
         raise InvalidParameter("seeds", "must be a non-empty list of internal indices")
@@ -136,7 +147,7 @@ def pushflowcap_block(
     pushed = np.zeros((graph.n, seeds.size))
     _capped_push_rounds(
         graph.indptr, graph.indices, inv_degree, keeps, cap, seeds,
-        mode is Mode.PERSONALIZED, lazy, rounds, pushed,
+        mode is Mode.PERSONALIZED, lazy, rounds, pushed, not skip_idle,
     )  # fmt: skip
     out: np.ndarray = alpha * pushed
     return out
@@ -174,11 +185,14 @@ def _capped_push_rounds(
     lazy: float,
     rounds: int,
     pushed: Any,
+    every_row: bool,
 ) -> int:  # pragma: no cover - compiled
     """Algorithm 2 for the seeds' columns of ``pushed`` (n x B, zeros on entry): the dense
-    rounds of :func:`pushflowcap_dense`, operation for operation, on the rows that can change.
+    rounds of :func:`pushflowcap_dense`, operation for operation, on the rows that can change
+    (``every_row``: on every row, every round, as the dense rounds do).
 
-    Returns the number of rounds after which no seed had flow left to push (<= ``rounds``)."""
+    Returns the number of rounds after which no seed had flow left to push (<= ``rounds``;
+    ``rounds`` with ``every_row``)."""
     n, width = pushed.shape
     residual = np.zeros((n, width))
     flow = np.zeros((n, width))
@@ -189,6 +203,12 @@ def _capped_push_rounds(
     listed = np.zeros(n, dtype=np.bool_)
     expanded = np.zeros(n, dtype=np.bool_)  # its neighbours are listed
     n_rows = 0
+    if every_row:
+        for v in range(n):
+            rows[v] = v
+        listed[:] = True
+        expanded[:] = True
+        n_rows = n
     for b in range(width):
         s = seeds[b]
         residual[s, b] = 1.0
@@ -227,7 +247,7 @@ def _capped_push_rounds(
                             listed[u] = True
                             rows[n_rows] = u
                             n_rows += 1
-        if not moving:
+        if not moving and not every_row:
             return done  # every later round would change nothing
         if n_rows > n_listed:  # rows in index order: the neighbour lists are read in order
             rows[:n_rows].sort()
