@@ -17,6 +17,7 @@ import pytest
 from service.embeddings.dp import EMBEDDING_BETA, dp_instant_embedding
 from service.embeddings.hashing import embedding_hashes
 from service.embeddings.instant import instant_embedding
+from service.embeddings.noise_free import NoiseFreeEmbeddings
 from service.graph.generate import generate_graph
 from service.graph.loader import load_edge_list
 from service.graph.model import Graph
@@ -154,3 +155,41 @@ def test_dp_ie_release_is_the_same_for_the_same_noise(mode: Mode) -> None:
             graph, seed, hashes, 1.0, 1e-3, mode, rng=np.random.default_rng(seed)
         )
         assert np.array_equal(a.values, b.values) and a.grid == b.grid
+
+
+def test_noise_free_vectors_are_the_dense_pipeline_and_kept_within_their_bytes() -> None:
+    """The kept noise-free DP-IE vectors: bit for bit InstantEmbedding of the dense vector,
+    one by one or as a group (repeats included), computed once while kept, evicted past the
+    byte budget, and keyed by everything they depend on (another sigma or mode is computed)."""
+    graph = generate_graph(500, 4000, seed=9)
+    hashes = embedding_hashes(graph.node_ids, b"another-salt!!!!", 32)
+    cache = NoiseFreeEmbeddings(max_bytes=3 * 32 * 8, block=2)
+
+    def dense(seed: int, sigma: float, mode: Mode) -> np.ndarray:
+        p = pushflowcap_dense(graph, seed, EMBEDDING_BETA, 100, sigma, mode)
+        return instant_embedding(p, hashes)
+
+    seeds = [4, 90, 4, 311, 7]
+    got = cache.vectors(graph, seeds, hashes, 1e-3, E, EMBEDDING_BETA, 100)
+    for seed, w in zip(seeds, got, strict=True):
+        assert np.array_equal(w, dense(seed, 1e-3, E))
+        assert not w.flags.writeable
+    assert cache.misses == 4 and cache.hits == 0  # 4 distinct seeds; 3 fit the budget
+    again = cache.vector(graph, 7, hashes, 1e-3, E, EMBEDDING_BETA, 100)
+    assert again is got[4] and cache.hits == 1
+    cache.vector(graph, 4, hashes, 1e-3, E, EMBEDDING_BETA, 100)  # evicted: computed again
+    assert cache.misses == 5
+    other = cache.vector(graph, 7, hashes, 1e-3, P, EMBEDDING_BETA, 100)
+    assert np.array_equal(other, dense(7, 1e-3, P)) and cache.misses == 6
+    assert np.array_equal(
+        cache.vector(graph, 7, hashes, 1e-2, E, EMBEDDING_BETA, 100), dense(7, 1e-2, E)
+    )
+    # a DP-IE release from the kept vector is the release from the dense vector, same noise
+    a = dp_instant_embedding(
+        graph, 7, hashes, 0.5, 1e-3, E, rng=np.random.default_rng(1), embedded=got[4]
+    )
+    b = dp_instant_embedding(
+        graph, 7, hashes, 0.5, 1e-3, E, rng=np.random.default_rng(1),
+        capped=pushflowcap_dense(graph, 7, EMBEDDING_BETA, 100, 1e-3, E),
+    )  # fmt: skip
+    assert np.array_equal(a.values, b.values)
