@@ -24,11 +24,6 @@ release` charges their composition).
 
 from __future__ import annotations
 
-import os
-import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 
 from service.embeddings.dp import (
@@ -40,37 +35,24 @@ from service.embeddings.dp import (
     plan_dp_instant_embedding,
 )
 from service.embeddings.hashing import EmbeddingHashes
-from service.embeddings.instant import instant_embedding
+from service.embeddings.noise_free import (
+    DEFAULT_BLOCK,
+    Progress,
+    noise_free_embeddings,
+)
 from service.errors import InvalidParameter
 from service.graph.model import Graph
-from service.mechanisms.pushflowcap import pushflowcap_block
 from service.privacy.laplace import LaplacePlan
 from service.privacy.modes import Mode
 
 __all__ = [
-    "DEFAULT_BLOCK",
     "MAX_ROUNDS",
-    "default_threads",
     "edge_embeddings",
     "edge_instant_embeddings",
 ]
 
 #: Largest R accepted (the paper's R = 100 is the default).
 MAX_ROUNDS = 1000
-#: Seeds per pass over the graph: per seed, a block of 16 costs about a fifth of one seed
-#: alone on the generated 100k/2M graph (docs/embeddings.md, "How fast"); the block's
-#: state is 5 x 8 x 16 bytes per node (64 MB at 100,000 nodes) per thread.
-DEFAULT_BLOCK = 16
-
-
-def default_threads() -> int:
-    """The cores this process may run on (``taskset`` limits them)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)  # pragma: no cover - not Linux
-
-
-Progress = Callable[[int, int], None]
 
 
 def _check_rounds(rounds: int) -> int:
@@ -104,33 +86,14 @@ def edge_instant_embeddings(
         raise InvalidParameter("seeds", f"must be internal indices in [0, {graph.n})")
     if isinstance(block, bool) or not isinstance(block, int) or block < 1:
         raise InvalidParameter("block", f"must be an integer >= 1, got {block!r}")
-    threads = default_threads() if threads is None else threads
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+    ):
         raise InvalidParameter("threads", f"must be an integer >= 1, got {threads!r}")
-    out = np.zeros((seeds.size, hashes.k), dtype=np.float64)
-    starts = range(0, seeds.size, block)
-    lock = threading.Lock()
-    done = 0
-
-    def one_block(start: int) -> None:
-        nonlocal done
-        part = seeds[start : start + block]
-        capped = pushflowcap_block(graph, part, beta, rounds, sigma, Mode.EDGE, skip_idle=True)
-        for column in range(part.size):
-            out[start + column] = instant_embedding(capped[:, column], hashes)
-        with lock:
-            done += part.size
-            if progress is not None:
-                progress(done, seeds.size)
-
-    if threads == 1 or len(starts) <= 1:
-        for start in starts:
-            one_block(start)
-    else:
-        with ThreadPoolExecutor(max_workers=min(threads, len(starts))) as pool:
-            for finished in [pool.submit(one_block, start) for start in starts]:
-                finished.result()
-    return out
+    return noise_free_embeddings(
+        graph, hashes, seeds, sigma, Mode.EDGE, beta=beta, rounds=rounds, block=block,
+        threads=threads, progress=progress,
+    )  # fmt: skip
 
 
 def edge_embeddings(

@@ -16,9 +16,11 @@ the flow spreads).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -28,12 +30,81 @@ from service.graph.model import Graph
 from service.mechanisms.pushflowcap import pushflowcap_block
 from service.privacy.modes import Mode
 
-__all__ = ["DEFAULT_BLOCK", "DEFAULT_BYTES", "NoiseFreeEmbeddings"]
+__all__ = [
+    "DEFAULT_BLOCK",
+    "DEFAULT_BYTES",
+    "NoiseFreeEmbeddings",
+    "default_threads",
+    "noise_free_embeddings",
+]
 
 #: What the kept vectors may take in one process: 8,192 vectors at k 256.
 DEFAULT_BYTES = 16 * 1024 * 1024
-#: Seeds per pass over the graph when a group computes its vectors together.
+#: Seeds per pass over the graph: per seed, a block of 16 costs a fraction of one seed alone
+#: (docs/embeddings.md, "How fast"); its state is 5 x 8 x 16 bytes per node (64 MB at 100,000
+#: nodes) per thread.
 DEFAULT_BLOCK = 16
+
+Progress = Callable[[int, int], None]
+
+
+def default_threads() -> int:
+    """The cores this process may run on (``taskset`` limits them)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)  # pragma: no cover - not Linux
+
+
+def noise_free_embeddings(
+    graph: Graph,
+    hashes: EmbeddingHashes,
+    seeds: np.ndarray,
+    sigma: float,
+    mode: Mode,
+    *,
+    beta: float,
+    rounds: int,
+    block: int = DEFAULT_BLOCK,
+    threads: int | None = None,
+    skip_idle: bool = True,
+    progress: Progress | None = None,
+    inspect: Callable[[int, np.ndarray], None] | None = None,
+) -> np.ndarray:
+    """Row i: ``instant_embedding(pushflowcap(graph, seeds[i], beta, rounds, sigma, mode),
+    hashes)`` bit for bit, for offline runs (the all-node release, the evaluation): ``block``
+    seeds per pass, blocks on ``threads`` threads (the kernel releases the GIL), rows skipped
+    while the flow has not reached them (``skip_idle``). ``inspect(i, p)`` sees each
+    PushFlowCap vector (under a lock) before it is dropped. No argument checks here."""
+    seeds = np.asarray(seeds, dtype=np.int64)
+    threads = default_threads() if threads is None else threads
+    out = np.zeros((seeds.size, hashes.k), dtype=np.float64)
+    starts = range(0, seeds.size, block)
+    lock = threading.Lock()
+    done = 0
+
+    def one_block(start: int) -> None:
+        nonlocal done
+        part = seeds[start : start + block]
+        capped = pushflowcap_block(graph, part, beta, rounds, sigma, mode, skip_idle=skip_idle)
+        for column in range(part.size):
+            out[start + column] = instant_embedding(capped[:, column], hashes)
+        with lock:
+            if inspect is not None:
+                for column in range(part.size):
+                    inspect(start + column, capped[:, column])
+            done += part.size
+            if progress is not None:
+                progress(done, seeds.size)
+
+    if threads == 1 or len(starts) <= 1:
+        for start in starts:
+            one_block(start)
+    else:
+        with ThreadPoolExecutor(max_workers=min(threads, len(starts))) as pool:
+            for finished in [pool.submit(one_block, start) for start in starts]:
+                finished.result()
+    return out
+
 
 _Key = tuple[str, str, int, str, float, float, int, bytes, int]
 
