@@ -121,12 +121,12 @@ def test_rounds_stop_only_when_nothing_can_push() -> None:
     def rounds_run(
         seed: int, sigma: float, mode: Mode, rounds: int, every_row: bool = False
     ) -> int:
-        inv_degree, keeps, degrees = _node_arrays(graph)
+        inv_degree, keeps, degrees, order = _node_arrays(graph)
         cap = degrees * edge_threshold(beta, sigma)
         pushed = np.zeros((graph.n, 1))
         done = _capped_push_rounds(
             graph.indptr, graph.indices, inv_degree, keeps, cap, np.array([seed]),
-            mode is P, (1.0 - (1.0 - beta)) / 2.0, rounds, pushed, every_row,
+            mode is P, (1.0 - (1.0 - beta)) / 2.0, rounds, pushed, order, every_row,
         )  # fmt: skip
         return int(done)
 

@@ -142,35 +142,122 @@ def pushflowcap_block(
     mode = Mode(mode)
     alpha = 1.0 - beta
     lazy = (1.0 - alpha) / 2.0
-    inv_degree, keeps, degrees = _node_arrays(graph)
+    inv_degree, keeps, degrees, order = _node_arrays(graph)
     cap = degrees * edge_threshold(beta, sigma)  # total flow a node may push: d(v) T_v
     pushed = np.zeros((graph.n, seeds.size))
     _capped_push_rounds(
         graph.indptr, graph.indices, inv_degree, keeps, cap, seeds,
-        mode is Mode.PERSONALIZED, lazy, rounds, pushed, not skip_idle,
+        mode is Mode.PERSONALIZED, lazy, rounds, pushed, order, not skip_idle,
     )  # fmt: skip
     out: np.ndarray = alpha * pushed
     return out
 
 
-_NODE_ARRAYS: weakref.WeakKeyDictionary[Graph, tuple[np.ndarray, np.ndarray, np.ndarray]] = (
-    weakref.WeakKeyDictionary()
-)
+_NODE_ARRAYS: weakref.WeakKeyDictionary[
+    Graph, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+] = weakref.WeakKeyDictionary()
 
 
-def _node_arrays(graph: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+#: Rows are visited in windows of this many consecutive nodes, by degree within a window, so
+#: that four rows summed side by side have about the same length (and stay near in memory).
+ROW_WINDOW = 256
+
+
+def _node_arrays(graph: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(1 / d (0 where d = 0), [d = 0], d) in float64, as :func:`pushflowcap_dense` computes
-    them; kept per graph (they do not depend on the query)."""
+    them, and the order the kernel visits every row in; kept per graph (they do not depend
+    on the query)."""
     arrays = _NODE_ARRAYS.get(graph)
     if arrays is None:
         degrees = graph.degrees.astype(np.float64)
         inv_degree = np.divide(1.0, degrees, out=np.zeros_like(degrees), where=degrees > 0)
         keeps = (degrees == 0).astype(np.float64)
-        for array in (degrees, inv_degree, keeps):
+        top = int(graph.degrees.max(initial=0)) + 1
+        window = np.arange(graph.n, dtype=np.int64) // ROW_WINDOW
+        order = np.argsort(window * top + (top - 1 - graph.degrees), kind="stable")
+        for array in (degrees, inv_degree, keeps, order):
             array.setflags(write=False)
-        arrays = (inv_degree, keeps, degrees)
+        arrays = (inv_degree, keeps, degrees, order)
         _NODE_ARRAYS[graph] = arrays
     return arrays
+
+
+@njit(nogil=True, cache=True, fastmath=False, inline="always")
+def _row_sum(indptr: Any, indices: Any, flat: Any, v: int) -> float:  # pragma: no cover
+    """sum of flat[u] over v's neighbour list, in order from 0.0."""
+    total = 0.0
+    for jj in range(indptr[v], indptr[v + 1]):
+        total += flat[np.uint64(indices[jj])]
+    return total
+
+
+@njit(nogil=True, cache=True, fastmath=False, inline="always")
+def _update_row(
+    v: int, total: float, flow: Any, pushed: Any, residual: Any, keeps: Any, lazy: float
+) -> None:  # pragma: no cover - compiled
+    f = flow[v, 0]
+    pushed[v, 0] += f
+    r = residual[v, 0] - f
+    residual[v, 0] = r + lazy * (f * (1.0 + keeps[v]) + total)
+
+
+@njit(nogil=True, cache=True, fastmath=False)
+def _pull_one_column(
+    indptr: Any,
+    indices: Any,
+    rows: Any,
+    n_rows: int,
+    flat: Any,
+    flow: Any,
+    pushed: Any,
+    residual: Any,
+    keeps: Any,
+    lazy: float,
+) -> None:  # pragma: no cover - compiled
+    """One seed's row updates, four rows side by side: each row's sum is a chain of dependent
+    additions (its order is fixed), so four chains at once keep the adder busy. Each row is
+    still summed alone, over its neighbour list in order from 0.0."""
+    i = 0
+    while i + 4 <= n_rows:
+        v0 = rows[i]
+        v1 = rows[i + 1]
+        v2 = rows[i + 2]
+        v3 = rows[i + 3]
+        a0 = indptr[v0]
+        a1 = indptr[v1]
+        a2 = indptr[v2]
+        a3 = indptr[v3]
+        e0 = indptr[v0 + 1]
+        e1 = indptr[v1 + 1]
+        e2 = indptr[v2 + 1]
+        e3 = indptr[v3 + 1]
+        common = min(min(e0 - a0, e1 - a1), min(e2 - a2, e3 - a3))
+        t0 = 0.0
+        t1 = 0.0
+        t2 = 0.0
+        t3 = 0.0
+        for t in range(common):
+            t0 += flat[np.uint64(indices[a0 + t])]
+            t1 += flat[np.uint64(indices[a1 + t])]
+            t2 += flat[np.uint64(indices[a2 + t])]
+            t3 += flat[np.uint64(indices[a3 + t])]
+        for jj in range(a0 + common, e0):
+            t0 += flat[np.uint64(indices[jj])]
+        for jj in range(a1 + common, e1):
+            t1 += flat[np.uint64(indices[jj])]
+        for jj in range(a2 + common, e2):
+            t2 += flat[np.uint64(indices[jj])]
+        for jj in range(a3 + common, e3):
+            t3 += flat[np.uint64(indices[jj])]
+        _update_row(v0, t0, flow, pushed, residual, keeps, lazy)
+        _update_row(v1, t1, flow, pushed, residual, keeps, lazy)
+        _update_row(v2, t2, flow, pushed, residual, keeps, lazy)
+        _update_row(v3, t3, flow, pushed, residual, keeps, lazy)
+        i += 4
+    while i < n_rows:
+        v = rows[i]
+        _update_row(v, _row_sum(indptr, indices, flat, v), flow, pushed, residual, keeps, lazy)
+        i += 1
 
 
 @njit(nogil=True, cache=True, fastmath=False)
@@ -185,11 +272,12 @@ def _capped_push_rounds(
     lazy: float,
     rounds: int,
     pushed: Any,
+    order: Any,
     every_row: bool,
 ) -> int:  # pragma: no cover - compiled
     """Algorithm 2 for the seeds' columns of ``pushed`` (n x B, zeros on entry): the dense
     rounds of :func:`pushflowcap_dense`, operation for operation, on the rows that can change
-    (``every_row``: on every row, every round, as the dense rounds do).
+    (``every_row``: on every row, every round, as the dense rounds do, in ``order``).
 
     Returns the number of rounds after which no seed had flow left to push (<= ``rounds``;
     ``rounds`` with ``every_row``)."""
@@ -204,8 +292,8 @@ def _capped_push_rounds(
     expanded = np.zeros(n, dtype=np.bool_)  # its neighbours are listed
     n_rows = 0
     if every_row:
-        for v in range(n):
-            rows[v] = v
+        for i in range(n):
+            rows[i] = order[i]
         listed[:] = True
         expanded[:] = True
         n_rows = n
@@ -253,27 +341,14 @@ def _capped_push_rounds(
             rows[:n_rows].sort()
         # h += f; r -= f; r += lazy (f (1 + keeps) + A (f / d)), row by row; a row with no
         # pushing neighbour and no flow of its own sums only zeros and stays as it is
+        if width == 1:
+            _pull_one_column(indptr, indices, rows, n_rows, flat, flow, pushed, residual,
+                             keeps, lazy)  # fmt: skip
+            continue
         for i in range(n_rows):
             v = rows[i]
             lo = indptr[v]
             hi = indptr[v + 1]
-            if width == 1:  # a scalar accumulator, four neighbours per pass: the same
-                total = 0.0  # additions in the same order as one at a time
-                jj = lo
-                while jj + 4 <= hi:
-                    total = (
-                        ((total + flat[np.uint64(indices[jj])]) + flat[np.uint64(indices[jj + 1])])
-                        + flat[np.uint64(indices[jj + 2])]
-                    ) + flat[np.uint64(indices[jj + 3])]
-                    jj += 4
-                while jj < hi:
-                    total += flat[np.uint64(indices[jj])]
-                    jj += 1
-                f = flow[v, 0]
-                pushed[v, 0] += f
-                r = residual[v, 0] - f
-                residual[v, 0] = r + lazy * (f * (1.0 + keeps[v]) + total)
-                continue
             for b in range(width):
                 y[b] = 0.0
             jj = lo
