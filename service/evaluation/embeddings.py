@@ -117,9 +117,10 @@ def estimate_seconds(
     delta: float,
 ) -> float:
     """The expected duration of :func:`evaluate_embeddings` with these arguments, from timing
-    a sample: one PushFlowCap block of up to 16 labelled nodes, two noisy diffusions, and one
-    classifier fit at a training fraction of at most 0.5 on random features (fit time taken
-    as proportional to the training part). Draws no privacy noise that is released."""
+    a sample: one PushFlowCap block of up to 16 labelled nodes, one classifier fit at a
+    training fraction of at most 0.5 on random features (fit time taken
+    as proportional to the training part), two of each replayed release. Releases nothing:
+    the noise it draws is thrown away, and the estimate is printed before any row."""
     jobs = n_jobs or default_jobs()
     nodes = labels.nodes
     count = int(nodes.shape[0])
@@ -132,13 +133,22 @@ def estimate_seconds(
         ("dp_ie_edge" in rows) + ("dp_ie_personalized" in rows)
     )
     seconds = passes * count * per_capped / min(jobs, max(1, -(-count // 16)))
-    diffusion_rows = len(epsilons) * (("free_noisy_diffusion" in rows) + ("free_blended" in rows))
-    if diffusion_rows:
+    if "free_noisy_diffusion" in rows:
         plan = plan_diffusion(max(epsilons), delta, steps, beta, eta, Mode.EDGE)
         start = time.perf_counter()
         for s in sample[:2]:
             noisy_diffusion(graph, int(s), plan.config, rng=fresh_generator())
-        seconds += diffusion_rows * count * (time.perf_counter() - start) / min(2, sample.size)
+        per_node = (time.perf_counter() - start) / min(2, sample.size)
+        seconds += len(epsilons) * count * per_node
+    if "free_blended" in rows:
+        degree_plan = plan_laplace(0.1, DEGREE_SENSITIVITY)
+        degrees_released = noisy_degrees(graph, degree_plan, fresh_generator())
+        start = time.perf_counter()
+        for s in sample[:2]:
+            blended_ranking(graph, int(s), plan_two_scale(max(epsilons)), degrees_released,
+                            degree_plan.scale, fresh_generator(), Mode.PERSONALIZED)  # fmt: skip
+        per_node = (time.perf_counter() - start) / min(2, sample.size)
+        seconds += len(epsilons) * count * per_node
     matrices = ("random" in rows) + ("instant_embedding" in rows) + len(epsilons) * (
         len(sigmas) * (("dp_ie_edge" in rows) + ("dp_ie_personalized" in rows))
         + ("free_noisy_diffusion" in rows) + ("free_blended" in rows)
