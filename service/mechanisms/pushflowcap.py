@@ -66,6 +66,7 @@ __all__ = [
     "pushflowcap_block",
     "pushflowcap_curve",
     "pushflowcap_dense",
+    "warm_up_kernel",
 ]
 
 #: The paper's experimental setting (Section 6): sigma = 1e-6 (service.mechanisms.parameters).
@@ -151,6 +152,22 @@ def pushflowcap_block(
     )  # fmt: skip
     out: np.ndarray = alpha * pushed
     return out
+
+
+def warm_up_kernel(indptr: np.ndarray, indices: np.ndarray) -> None:
+    """Compile (or load from numba's cache) the kernel for these index dtypes, on a two-node
+    graph, before traffic arrives."""
+    tiny_indptr = np.array([0, 1, 2], dtype=indptr.dtype)
+    tiny_indices = np.array([1, 0], dtype=indices.dtype)
+    tiny_indptr.setflags(write=indptr.flags.writeable)
+    tiny_indices.setflags(write=indices.flags.writeable)
+    inv_degree, keeps, order = np.ones(2), np.zeros(2), np.arange(2, dtype=np.int64)
+    for array in (inv_degree, keeps, order):  # as _node_arrays keeps them
+        array.setflags(write=False)
+    _capped_push_rounds(
+        tiny_indptr, tiny_indices, inv_degree, keeps, np.ones(2), np.zeros(1, dtype=np.int64),
+        False, 0.25, 1, np.zeros((2, 1)), order, True,
+    )  # fmt: skip
 
 
 _NODE_ARRAYS: weakref.WeakKeyDictionary[
