@@ -119,7 +119,8 @@ def estimate_seconds(
     """The expected duration of :func:`evaluate_embeddings` with these arguments, from timing
     a sample: one PushFlowCap block of up to 16 labelled nodes, one classifier fit at a
     training fraction of at most 0.5 on random features (fit time taken
-    as proportional to the training part), two of each replayed release. Releases nothing:
+    as proportional to the training part), two of each replayed release (after one untimed
+    call). Releases nothing:
     the noise it draws is thrown away, and the estimate is printed before any row."""
     jobs = n_jobs or default_jobs()
     nodes = labels.nodes
@@ -135,19 +136,18 @@ def estimate_seconds(
     seconds = passes * count * per_capped / min(jobs, max(1, -(-count // 16)))
     if "free_noisy_diffusion" in rows:
         plan = plan_diffusion(max(epsilons), delta, steps, beta, eta, Mode.EDGE)
-        start = time.perf_counter()
-        for s in sample[:2]:
-            noisy_diffusion(graph, int(s), plan.config, rng=fresh_generator())
-        per_node = (time.perf_counter() - start) / min(2, sample.size)
+        per_node = _per_node(
+            sample, lambda s: noisy_diffusion(graph, s, plan.config, rng=fresh_generator())
+        )
         seconds += len(epsilons) * count * per_node
     if "free_blended" in rows:
         degree_plan = plan_laplace(0.1, DEGREE_SENSITIVITY)
         degrees_released = noisy_degrees(graph, degree_plan, fresh_generator())
-        start = time.perf_counter()
-        for s in sample[:2]:
-            blended_ranking(graph, int(s), plan_two_scale(max(epsilons)), degrees_released,
-                            degree_plan.scale, fresh_generator(), Mode.PERSONALIZED)  # fmt: skip
-        per_node = (time.perf_counter() - start) / min(2, sample.size)
+        per_node = _per_node(
+            sample,
+            lambda s: blended_ranking(graph, s, plan_two_scale(max(epsilons)), degrees_released,
+                                      degree_plan.scale, fresh_generator(), Mode.PERSONALIZED),
+        )  # fmt: skip
         seconds += len(epsilons) * count * per_node
     matrices = ("random" in rows) + ("instant_embedding" in rows) + len(epsilons) * (
         len(sigmas) * (("dp_ie_edge" in rows) + ("dp_ie_personalized" in rows))
@@ -165,6 +165,16 @@ def estimate_seconds(
         fits = sum(min(max(round(f * count), 1), count - 1) for f in fractions) * per_node
         seconds += matrices * splits * fits / min(jobs, len(fractions) * splits)
     return seconds
+
+
+def _per_node(sample: np.ndarray, run: Callable[[int], object]) -> float:
+    """Seconds per node of ``run``: one untimed call (compiling, warming caches), then two."""
+    run(int(sample[0]))
+    timed = sample[1:3] if sample.size > 1 else sample[:1]
+    start = time.perf_counter()
+    for s in timed:
+        run(int(s))
+    return (time.perf_counter() - start) / timed.size
 
 
 def _duration(seconds: float) -> str:
