@@ -47,6 +47,19 @@ def test_classify_separates_informative_from_random_features() -> None:
     assert good.micro_ci[0] <= good.micro <= good.micro_ci[1]
 
 
+def test_parallel_fits_score_as_one_after_the_other() -> None:
+    """Threads change nothing: the splits are drawn before any fit, liblinear's primal
+    solver is deterministic."""
+    graph = random_graph(150, 0.05, np.random.default_rng(4))
+    rng = np.random.default_rng(5)
+    classes = rng.integers(0, 4, 150)
+    labels = parse_labels([f"{v} c{c}" for v, c in enumerate(classes)], graph)
+    features = np.eye(4)[classes] + rng.standard_normal((150, 4))
+    serial = classify(features, labels, [0.3, 0.7], 4, np.random.default_rng(6), n_jobs=1)
+    threaded = classify(features, labels, [0.3, 0.7], 4, np.random.default_rng(6), n_jobs=3)
+    assert serial == threaded
+
+
 def _files(tmp_path: Path) -> tuple[Path, Path]:
     rng = np.random.default_rng(3)
     edges = [(u, v) for u in range(30) for v in range(u + 1, 30) if rng.random() < 0.2]
@@ -65,7 +78,10 @@ def test_cli_classification_rows(tmp_path: Path, capsys: pytest.CaptureFixture[s
         "--embedding-sigma", "0.1", "--json",
     ])  # fmt: skip
     assert status == 0
-    rows = json.loads(capsys.readouterr().out)
+    printed = capsys.readouterr()
+    assert "[evaluate] expected time: about" in printed.err  # before the first row
+    assert printed.err.index("expected time") < printed.err.index("[evaluate] random")
+    rows = json.loads(printed.out)
     names = {(r["row"], r["epsilon"]) for r in rows}
     assert names == {
         ("random", None), ("instant_embedding", None), ("dp_ie_edge", 1.0),

@@ -46,7 +46,7 @@ from service.graph.model import Graph
 from service.ledger import GraphCap, Ledger
 from service.ledger.records import ChargeSettled, GraphBudgetExhausted
 from service.ledger.tables import GraphRelease
-from service.mechanisms.pushflowcap import pushflowcap
+from service.mechanisms.pushflowcap import pushflowcap, pushflowcap_dense
 from service.privacy.modes import Mode
 from service.release_payload import decode_payload
 from service.serving.reconciler import Reconciler
@@ -61,12 +61,19 @@ def test_all_node_computation_is_pushflowcap_then_instant_embedding(
 ) -> None:
     graph = generate_graph(300, 1200, seed=3)
     hashes = embedding_hashes(graph.node_ids, SALT, 16)
-    got = edge_instant_embeddings(graph, hashes, np.arange(graph.n), sigma, rounds=rounds)
-    want = np.array([
-        instant_embedding(pushflowcap(graph, s, EMBEDDING_BETA, rounds, sigma, Mode.EDGE), hashes)
-        for s in range(graph.n)
-    ])  # fmt: skip
-    assert np.allclose(got, want, rtol=1e-12, atol=1e-12)
+    want = np.array(
+        [
+            instant_embedding(
+                pushflowcap_dense(graph, s, EMBEDDING_BETA, rounds, sigma, Mode.EDGE), hashes
+            )
+            for s in range(graph.n)
+        ]
+    )  # the dense reference, bit for bit, whatever the block size and the threads
+    for block, threads in ((16, 1), (7, 2), (1, 3)):
+        got = edge_instant_embeddings(
+            graph, hashes, np.arange(graph.n), sigma, rounds=rounds, block=block, threads=threads
+        )
+        assert np.array_equal(got, want), (block, threads)
     if sigma >= 0.01:
         assert np.count_nonzero(want) > 0  # the caps let mass through: not a vacuous check
 

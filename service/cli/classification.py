@@ -71,7 +71,8 @@ def run_classification(args: argparse.Namespace) -> int:
         graph, labels, args.epsilon, rows=args.rows, k=args.dim, sigmas=args.embedding_sigma,
         fractions=args.fractions, splits=args.splits, delta=delta, store_top=args.store_top,
         beta=args.beta, steps=args.steps, eta=args.eta, popular_epsilon=args.popular_epsilon,
-        rng=np.random.default_rng(args.sample_seed), progress=_progress,
+        rng=np.random.default_rng(args.sample_seed), progress=_progress, n_jobs=args.jobs,
+        estimate=True,
     )  # fmt: skip
     if args.json:
         print_json([row.to_dict() for row in rows])

@@ -94,6 +94,9 @@ def add_classification_arguments(parser: argparse.ArgumentParser) -> None:
                        default=list(DEFAULT_FRACTIONS), help="training fractions")  # fmt: skip
     group.add_argument("--splits", type=positive_int, default=DEFAULT_SPLITS,
                        help="random splits per fraction")  # fmt: skip
+    group.add_argument("--jobs", type=positive_int, default=None, metavar="N",
+                       help="threads for PushFlowCap and the classifier fits (default: every "
+                       "core this process may use)")  # fmt: skip
     group.add_argument("--store-top", type=positive_int, default=1000,
                        help="entries a stored release keeps (PPR_REPLAY_STORE_TOP)")  # fmt: skip
 

@@ -157,18 +157,26 @@ def dp_instant_embedding(
     rounds: int = EMBEDDING_ROUNDS,
     rng: np.random.Generator | None = None,
     capped: np.ndarray | None = None,
+    embedded: np.ndarray | None = None,
 ) -> DpEmbedding:
     """DP-IE of ``seed`` (internal index). ``rng`` defaults to a fresh OS-entropy generator;
     the serving path never passes one. ``capped`` (the PushFlowCap vector of exactly these
-    graph, seed, beta, rounds, sigma and mode) skips recomputing it in evaluation loops."""
+    graph, seed, beta, rounds, sigma and mode) skips recomputing it in evaluation loops;
+    ``embedded`` (its InstantEmbedding under ``hashes``: :mod:`service.embeddings.noise_free`)
+    skips both."""
     sigma = check_sigma(sigma)
     check_k(hashes.k)
     mode = Mode(mode)
     if hashes.buckets.shape[0] != graph.n:
         raise InvalidParameter("hashes", "were computed for a different node set")
     plan = plan_dp_instant_embedding(epsilon, sigma, graph.n)
-    p = capped if capped is not None else pushflowcap(graph, seed, beta, rounds, sigma, mode)
-    w = instant_embedding(p, hashes)
+    if embedded is not None:
+        w = np.asarray(embedded, dtype=np.float64)
+        if w.shape != (hashes.k,):
+            raise InvalidParameter("embedded", f"expected {hashes.k} entries, got {w.shape}")
+    else:
+        p = capped if capped is not None else pushflowcap(graph, seed, beta, rounds, sigma, mode)
+        w = instant_embedding(p, hashes)
     rng = rng if rng is not None else fresh_generator()
     released, grid = exact_noisy_release(w, plan, sigma, graph.n, rng)
     return DpEmbedding(released, grid, plan, sigma, mode, hashes.salt_hex)

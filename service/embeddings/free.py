@@ -13,7 +13,7 @@ A stored release keeps only its top ``PPR_REPLAY_STORE_TOP`` entries (:func:`sto
 every other entry is 0 in the replay, so its free embedding is that of the top entries only.
 Since z_v = max(ln(n p_v), 0) is non-zero only for p_v > 1/n, the truncation changes nothing
 when every entry beyond the top is <= 1/n; how much it changes otherwise is measured in
-docs/embeddings.md.
+docs/notes/2026-11-embedding-findings.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Nearest neighbours over an all-node embedding release: the index, and a worker's copy of it.
 
 The index is usearch's HNSW over the released vectors with the cosine metric, chosen on the
-measurements in docs/embeddings.md (``benchmarks/embedding_ann.py``). The release measures its
-recall@10 against exact search (:func:`measure_recall`); below :data:`RECALL_TARGET` the answers
-use usearch's exact search over the same memory-mapped vectors instead (on noise-dominated
-vectors, as the 100k-node benchmark's are, no HNSW library reached 0.95). Cosine, because
+measurements in docs/notes/2026-11-embedding-release-measurements.md
+(``benchmarks/embedding_ann.py``). The release measures its recall@10 against exact search
+(:func:`measure_recall`); below :data:`RECALL_TARGET` the answers use usearch's exact search
+over the same memory-mapped vectors instead (on noise-dominated vectors, as the 100k-node
+benchmark's are, no HNSW library reached 0.95). Cosine, because
 InstantEmbedding is feature hashing, which preserves inner products in expectation, and the
 Laplace noise is zero-mean, independent between nodes and of the same scale on every row, so
 the normalized inner product compares two nodes' log-mass vectors without their overall scale.

@@ -22,6 +22,7 @@ guarantee (spec-embeddings.md, "All-node releases"), so their exposure is "not c
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,21 +32,27 @@ import numpy as np
 from service.embeddings.dp import EMBEDDING_BETA, EMBEDDING_ROUNDS, dp_instant_embedding
 from service.embeddings.free import free_embedding, stored_top
 from service.embeddings.hashing import EmbeddingHashes, embedding_hashes, new_salt
-from service.embeddings.instant import instant_embedding
-from service.evaluation.classification import FractionScore, Labels, classify
+from service.embeddings.noise_free import noise_free_embeddings
+from service.evaluation.classification import (
+    FractionScore,
+    Labels,
+    _split_scores,
+    classify,
+    default_jobs,
+    standardize,
+)
 from service.evaluation.options import ROWS
 from service.graph.model import Graph
 from service.mechanisms.blended import blended_ranking
 from service.mechanisms.diffusion import noise_free_prefix, noisy_diffusion
 from service.mechanisms.popular import noisy_degrees
-from service.mechanisms.pushflowcap import pushflowcap
 from service.mechanisms.randomness import fresh_generator
 from service.privacy.accountant import RdpCurve
 from service.privacy.calibration import plan_diffusion
 from service.privacy.laplace import DEGREE_SENSITIVITY, plan_laplace, plan_two_scale
 from service.privacy.modes import Mode
 
-__all__ = ["ROWS", "EmbeddingRow", "capped_support", "evaluate_embeddings"]
+__all__ = ["ROWS", "EmbeddingRow", "capped_support", "estimate_seconds", "evaluate_embeddings"]
 
 #: Thresholds that never bind: PushFlowCap is then the paper's plain PushFlow.
 UNCAPPED_SIGMA = 1e12
@@ -93,6 +100,103 @@ def capped_support(graph: Graph, capped: np.ndarray, seed: int) -> int:
     return int(above.sum() - (1 if above[seed] else 0))
 
 
+def estimate_seconds(
+    graph: Graph,
+    labels: Labels,
+    hashes: EmbeddingHashes,
+    rows: Sequence[str],
+    sigmas: Sequence[float],
+    epsilons: Sequence[float],
+    fractions: Sequence[float],
+    splits: int,
+    n_jobs: int | None,
+    *,
+    beta: float,
+    steps: int,
+    eta: float,
+    delta: float,
+) -> float:
+    """The expected duration of :func:`evaluate_embeddings` with these arguments, from timing
+    a sample: one PushFlowCap block of up to 16 labelled nodes, one classifier fit at a
+    training fraction of at most 0.5 on random features (fit time taken
+    as proportional to the training part), two of each replayed release (after one untimed
+    call). Releases nothing:
+    the noise it draws is thrown away, and the estimate is printed before any row."""
+    jobs = n_jobs or default_jobs()
+    nodes = labels.nodes
+    count = int(nodes.shape[0])
+    sample = nodes[: min(16, count)]
+    start = time.perf_counter()
+    noise_free_embeddings(graph, hashes, sample, 1e-3, Mode.EDGE, beta=EMBEDDING_BETA,
+                          rounds=EMBEDDING_ROUNDS, threads=1)  # fmt: skip
+    per_capped = (time.perf_counter() - start) / sample.size
+    passes = ("instant_embedding" in rows) + len(sigmas) * (
+        ("dp_ie_edge" in rows) + ("dp_ie_personalized" in rows)
+    )
+    seconds = passes * count * per_capped / min(jobs, max(1, -(-count // 16)))
+    if "free_noisy_diffusion" in rows:
+        plan = plan_diffusion(max(epsilons), delta, steps, beta, eta, Mode.EDGE)
+        per_node = _per_node(
+            sample, lambda s: noisy_diffusion(graph, s, plan.config, rng=fresh_generator())
+        )
+        seconds += len(epsilons) * count * per_node
+    if "free_blended" in rows:
+        degree_plan = plan_laplace(0.1, DEGREE_SENSITIVITY)
+        degrees_released = noisy_degrees(graph, degree_plan, fresh_generator())
+        per_node = _per_node(
+            sample,
+            lambda s: blended_ranking(graph, s, plan_two_scale(max(epsilons)), degrees_released,
+                                      degree_plan.scale, fresh_generator(), Mode.PERSONALIZED),
+        )  # fmt: skip
+        seconds += len(epsilons) * count * per_node
+    matrices = ("random" in rows) + ("instant_embedding" in rows) + len(epsilons) * (
+        len(sigmas) * (("dp_ie_edge" in rows) + ("dp_ie_personalized" in rows))
+        + ("free_noisy_diffusion" in rows) + ("free_blended" in rows)
+    )  # fmt: skip
+    if matrices:
+        local = np.random.default_rng(0)  # not the splits' generator
+        probe = min(max(fractions), 0.5)
+        train_size = min(max(round(probe * count), 1), count - 1)
+        order = local.permutation(count)
+        features = standardize(local.standard_normal((count, hashes.k)))
+        start = time.perf_counter()
+        _split_scores(features, labels.matrix, order[:train_size], order[train_size:])
+        per_node = (time.perf_counter() - start) / train_size
+        fits = sum(min(max(round(f * count), 1), count - 1) for f in fractions) * per_node
+        seconds += matrices * splits * fits / min(jobs, len(fractions) * splits)
+    return seconds
+
+
+def _per_node(sample: np.ndarray, run: Callable[[int], object]) -> float:
+    """Seconds per node of ``run``: one untimed call (compiling, warming caches), then two."""
+    run(int(sample[0]))
+    timed = sample[1:3] if sample.size > 1 else sample[:1]
+    start = time.perf_counter()
+    for s in timed:
+        run(int(s))
+    return (time.perf_counter() - start) / timed.size
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _counting(progress: Callable[[str], None], name: str) -> Callable[[int, int], None]:
+    """A progress line about every tenth of the nodes."""
+    shown = [0]
+
+    def tick(done: int, total: int) -> None:
+        if done == total or done * 10 >= (shown[0] + 1) * total:
+            shown[0] = done * 10 // max(total, 1)
+            progress(f"{name}: {done}/{total} nodes")
+
+    return tick
+
+
 def _exposure(curve: RdpCurve, count: int, delta: float) -> tuple[float, float]:
     total = curve * count
     return total.epsilon(delta), total.pure
@@ -108,21 +212,26 @@ def _dp_ie_rows(
     delta: float,
     score: Callable[[np.ndarray], list[FractionScore]],
     progress: Callable[[str], None],
+    threads: int | None = None,
 ) -> list[EmbeddingRow]:
     name = f"dp_ie_{mode.value}"
     progress(f"{name}: PushFlowCap at sigma {sigma:g}")
-    capped = [
-        pushflowcap(graph, int(s), EMBEDDING_BETA, EMBEDDING_ROUNDS, sigma, mode) for s in nodes
-    ]
-    support = float(
-        np.mean([capped_support(graph, p, int(s)) for p, s in zip(capped, nodes, strict=True)])
-    )
+    supports = np.zeros(nodes.shape[0])
+
+    def count(i: int, p: np.ndarray) -> None:
+        supports[i] = capped_support(graph, p, int(nodes[i]))
+
+    embedded = noise_free_embeddings(
+        graph, hashes, nodes, sigma, mode, beta=EMBEDDING_BETA, rounds=EMBEDDING_ROUNDS,
+        progress=_counting(progress, name), inspect=count, threads=threads,
+    )  # fmt: skip
+    support = float(np.mean(supports))
     rows: list[EmbeddingRow] = []
     for eps in epsilons:
         progress(f"{name} sigma {sigma:g} eps {eps:g}")
         released = [
-            dp_instant_embedding(graph, int(s), hashes, eps, sigma, mode, capped=p)
-            for p, s in zip(capped, nodes, strict=True)
+            dp_instant_embedding(graph, int(s), hashes, eps, sigma, mode, embedded=w)
+            for w, s in zip(embedded, nodes, strict=True)
         ]
         features = np.array([r.values for r in released])
         plan = released[0].plan
@@ -156,17 +265,30 @@ def evaluate_embeddings(
     rng: np.random.Generator | None = None,
     hashes: EmbeddingHashes | None = None,
     progress: Callable[[str], None] = lambda _text: None,
+    n_jobs: int | None = None,
+    estimate: bool = False,
 ) -> list[EmbeddingRow]:
     """Every requested row at every eps. ``rng`` draws the splits and the random row only;
-    every privacy noise draw uses a fresh OS-entropy generator."""
+    every privacy noise draw uses a fresh OS-entropy generator. ``n_jobs``: threads for the
+    PushFlowCap blocks and the classifier fits (default: every core). ``estimate``: first
+    time a sample and report the expected duration through ``progress``."""
     rng = rng if rng is not None else np.random.default_rng()
     hashes = hashes if hashes is not None else embedding_hashes(graph.node_ids, new_salt(), k)
     nodes = labels.nodes
     count = int(nodes.shape[0])
     out: list[EmbeddingRow] = []
+    if estimate:
+        seconds = estimate_seconds(
+            graph, labels, hashes, rows, sigmas, epsilons, fractions, splits, n_jobs,
+            beta=beta, steps=steps, eta=eta, delta=delta,
+        )  # fmt: skip
+        progress(
+            f"expected time: about {_duration(seconds)} ({len(fractions)} fraction(s) x "
+            f"{splits} split(s), {n_jobs or default_jobs()} thread(s); timed on a sample)"
+        )
 
     def score(features: np.ndarray) -> list[FractionScore]:
-        return classify(features, labels, fractions, splits, rng)
+        return classify(features, labels, fractions, splits, rng, n_jobs=n_jobs)
 
     if "random" in rows:
         progress("random")
@@ -175,14 +297,11 @@ def evaluate_embeddings(
         )
     if "instant_embedding" in rows:
         progress("instant_embedding (non-private)")
-        features = np.array([
-            instant_embedding(
-                pushflowcap(graph, int(s), EMBEDDING_BETA, EMBEDDING_ROUNDS, UNCAPPED_SIGMA,
-                            Mode.EDGE),
-                hashes,
-            )
-            for s in nodes
-        ])  # fmt: skip
+        features = noise_free_embeddings(
+            graph, hashes, nodes, UNCAPPED_SIGMA, Mode.EDGE, beta=EMBEDDING_BETA,
+            rounds=EMBEDDING_ROUNDS, progress=_counting(progress, "instant_embedding"),
+            threads=n_jobs,
+        )  # fmt: skip
         out.append(EmbeddingRow("instant_embedding", None, None, score(features), None, None,
                                 "not private"))  # fmt: skip
     for mode in (Mode.EDGE, Mode.PERSONALIZED):
@@ -191,7 +310,9 @@ def evaluate_embeddings(
             continue
         for sigma in sigmas:
             out.extend(
-                _dp_ie_rows(graph, nodes, hashes, mode, sigma, epsilons, delta, score, progress)
+                _dp_ie_rows(
+                    graph, nodes, hashes, mode, sigma, epsilons, delta, score, progress, n_jobs
+                )
             )
     if "free_noisy_diffusion" in rows:
         for eps in epsilons:

@@ -30,6 +30,7 @@ from service.mechanisms.kernels import (
     step_kernels,
     warm_up,
 )
+from service.mechanisms.pushflowcap import warm_up_kernel
 from service.mechanisms.randomness import fresh_generator
 
 #: An empty noise block: a step without noisy columns.
@@ -112,6 +113,7 @@ class WalkOperator:
         self._blocks: list[tuple[int, int, sp.csr_matrix]] = []
         if self._kernel is not None:
             warm_up(graph.indptr, graph.indices)
+            warm_up_kernel(graph.indptr, graph.indices)  # PushFlowCap's (DP-IE answers)
             rounded_laplace(fresh_generator(), 1, 1 << 20, 4)  # compiles the noise sampler once
         else:  # pragma: no cover - numba is a dependency
             for lo, hi in self._rows:

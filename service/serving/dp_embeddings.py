@@ -22,6 +22,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from service.embeddings.dp import (
     EMBEDDING_BETA,
     EMBEDDING_ROUNDS,
@@ -30,6 +32,7 @@ from service.embeddings.dp import (
     plan_dp_instant_embedding,
 )
 from service.embeddings.hashing import EmbeddingHashes
+from service.embeddings.noise_free import NoiseFreeEmbeddings
 from service.embeddings.release import (
     DP_IE,
     embedding_key_mechanism,
@@ -45,7 +48,6 @@ from service.ledger.records import (
     ReleaseKey,
     StoredRelease,
 )
-from service.mechanisms.pushflowcap import pushflowcap
 from service.mechanisms.randomness import fresh_generator
 from service.privacy.laplace import LaplacePlan
 from service.serving.embedding_schemas import EmbeddingAnswer, EmbeddingRequest
@@ -113,6 +115,8 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
         self.ledger = queries.ledger
         self.spaces = spaces
         self._validate = validate  # (k, sigma, epsilon), or the 4xx for a bad one
+        # the noise-free vectors last computed in this process (never released as they are)
+        self.noise_free = NoiseFreeEmbeddings()
         # the ranking pipeline's stages this path shares
         self._preparing = queries.preparing
         self._replaying = queries.replaying
@@ -210,8 +214,11 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
 
     # -- after admission ----------------------------------------------------------------------
 
-    def _draw(self, p: EmbeddingPending, receipt: ChargeReceipt) -> StoredRelease:
-        """The admitted request's release, not yet stored (it must be, before answering)."""
+    def _draw(
+        self, p: EmbeddingPending, receipt: ChargeReceipt, embedded: np.ndarray | None = None
+    ) -> StoredRelease:
+        """The admitted request's release, not yet stored (it must be, before answering).
+        ``embedded``: its noise-free vector, if the group computed it already."""
         charge_id = receipt.charge_id
         # the ranking path's replays on this worker show the budget after this charge
         self._replaying.note_budget(p.account_id, receipt.budget)
@@ -223,16 +230,18 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
                 self.ledger.settlement.refund(charge_id, reason=reason)
                 raise
         try:
-            capped = pushflowcap(
-                p.graph, p.seed, EMBEDDING_BETA, EMBEDDING_ROUNDS, p.sigma, p.req.mode
-            )
+            if embedded is None:
+                embedded = self.noise_free.vector(
+                    p.graph, p.seed, p.hashes, p.sigma, p.req.mode, EMBEDDING_BETA,
+                    EMBEDDING_ROUNDS,
+                )  # fmt: skip
             rng = fresh_generator()
         except BaseException:
             self.ledger.settlement.refund(charge_id, reason="failed before any noise was drawn")
             raise
         drawn = dp_instant_embedding(
             p.graph, p.seed, p.hashes, p.epsilon, p.sigma, p.req.mode, EMBEDDING_BETA,
-            EMBEDDING_ROUNDS, rng=rng, capped=capped,
+            EMBEDDING_ROUNDS, rng=rng, embedded=embedded,
         )  # fmt: skip
         return StoredRelease(
             p.key, charge_id, stored_embedding(drawn.values), p.mechanism, p.req.request_id
@@ -296,15 +305,38 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
         self, admitted: list[tuple[int, EmbeddingPending, ChargeReceipt]], run: Run
     ) -> list[EmbeddingAnswer | StoredRelease | BaseException]:
         """Every release drawn concurrently on ``run``; a request that joined a twin admitted
-        earlier waits for its release (or, refunded, is admitted again and answered alone)."""
-        return run([functools.partial(self._draw_or_join, p, r) for _, p, r in admitted])
+        earlier waits for its release (or, refunded, is admitted again and answered alone).
+        The noise-free vectors of the fresh ones are computed first, a block of seeds per pass
+        over the graph (a failure there leaves each to its own draw, which refunds it)."""
+        fresh: dict[tuple[Graph, int, str, float], list[EmbeddingPending]] = {}
+        for _, p, r in admitted:
+            if not (r.reused or r.joined):
+                key = (p.graph, p.hashes.k, p.req.mode.value, p.sigma)
+                fresh.setdefault(key, []).append(p)
+        embedded: dict[int, np.ndarray] = {}
+        for group in fresh.values():
+            if len(group) < 2:
+                continue
+            first = group[0]
+            try:
+                vectors = self.noise_free.vectors(
+                    first.graph, [p.seed for p in group], first.hashes, first.sigma,
+                    first.req.mode, EMBEDDING_BETA, EMBEDDING_ROUNDS,
+                )  # fmt: skip
+            except Exception:  # each item then computes (and refunds) on its own
+                continue
+            embedded.update((id(p), w) for p, w in zip(group, vectors, strict=True))
+        return run([
+            functools.partial(self._draw_or_join, p, r, embedded.get(id(p)))
+            for _, p, r in admitted
+        ])  # fmt: skip
 
     def _draw_or_join(
-        self, p: EmbeddingPending, receipt: ChargeReceipt
+        self, p: EmbeddingPending, receipt: ChargeReceipt, embedded: np.ndarray | None = None
     ) -> EmbeddingAnswer | StoredRelease:
         if receipt.reused or receipt.joined:
             return self._after_admission(p, receipt)
-        return self._draw(p, receipt)
+        return self._draw(p, receipt, embedded)
 
     def from_twin_in_group(
         self, p: EmbeddingPending, twin: StoredRelease | BaseException | None
