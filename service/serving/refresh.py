@@ -9,7 +9,7 @@ is worth its charge:
   reload draws (the release key includes the version);
 * ``max_age:<n><unit>`` (``s``, ``m``, ``h``, ``d``, ``w``; e.g. ``max_age:7d``): as
   ``on_new_version``, and also draw once the stored release is older than that;
-* ``always``: draw every time (``fresh=true``).
+* ``always``: draw every time (as ``fresh=true``, which wins over any policy).
 
 The policy reads only public facts (the graph version, the release's time), never the edges.
 """
@@ -61,9 +61,9 @@ class RefreshPolicy:
 
 
 def parse_refresh(text: str | None, *, fresh: bool = False, name: str = "refresh") -> RefreshPolicy:
-    """The policy named by ``text`` (None: the default, or ``always`` with ``fresh``).
-
-    ``fresh=true`` with another policy is a contradiction, refused rather than guessed."""
+    """The policy named by ``text`` (None: the default); ``always`` whatever it says with
+    ``fresh`` (``fresh=true`` asks for new noise, the strongest request, and every combination
+    the API's schema allows is a valid request)."""
     if text is None:
         return RefreshPolicy(ALWAYS) if fresh else RefreshPolicy()
     if not isinstance(text, str) or re.fullmatch(REFRESH_PATTERN, text) is None:
@@ -78,6 +78,4 @@ def parse_refresh(text: str | None, *, fresh: bool = False, name: str = "refresh
         policy = RefreshPolicy(MAX_AGE, seconds)
     else:
         policy = RefreshPolicy(text)
-    if fresh and not policy.always:
-        raise InvalidParameter(name, f"fresh=true draws every time; it contradicts {text}")
-    return policy
+    return RefreshPolicy(ALWAYS) if fresh else policy

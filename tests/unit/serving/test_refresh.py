@@ -44,10 +44,9 @@ def test_anything_else_is_refused_by_name(text: str) -> None:
     assert refused.value.parameter == "refresh"
 
 
-@pytest.mark.parametrize("text", ["on_new_version", "max_age:7d"])
-def test_fresh_with_another_policy_is_a_contradiction(text: str) -> None:
-    with pytest.raises(InvalidParameter, match="contradicts"):
-        parse_refresh(text, fresh=True)
+@pytest.mark.parametrize("text", ["on_new_version", "max_age:7d", "always"])
+def test_fresh_wins_over_any_policy(text: str) -> None:
+    assert parse_refresh(text, fresh=True) == RefreshPolicy("always")
 
 
 def test_the_default_is_on_new_version() -> None:
