@@ -133,7 +133,7 @@ def _top_labels(scores: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return predicted
 
 
-def _split_scores(
+def split_scores(
     standardized: np.ndarray, matrix: np.ndarray, train: np.ndarray, test: np.ndarray
 ) -> tuple[float, float]:
     from sklearn.linear_model import LogisticRegression
@@ -193,11 +193,11 @@ def classify(
     results: dict[int, tuple[float, float]] = {}
     if jobs == 1:
         for i in by_size:
-            results[i] = _split_scores(standardized, labels.matrix, tasks[i][1], tasks[i][2])
+            results[i] = split_scores(standardized, labels.matrix, tasks[i][1], tasks[i][2])
     else:
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             futures = {
-                i: pool.submit(_split_scores, standardized, labels.matrix, tasks[i][1], tasks[i][2])
+                i: pool.submit(split_scores, standardized, labels.matrix, tasks[i][1], tasks[i][2])
                 for i in by_size
             }
             results = {i: future.result() for i, future in futures.items()}

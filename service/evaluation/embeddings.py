@@ -36,9 +36,9 @@ from service.embeddings.noise_free import noise_free_embeddings
 from service.evaluation.classification import (
     FractionScore,
     Labels,
-    _split_scores,
     classify,
     default_jobs,
+    split_scores,
     standardize,
 )
 from service.evaluation.options import ROWS
@@ -160,7 +160,7 @@ def estimate_seconds(
         order = local.permutation(count)
         features = standardize(local.standard_normal((count, hashes.k)))
         start = time.perf_counter()
-        _split_scores(features, labels.matrix, order[:train_size], order[train_size:])
+        split_scores(features, labels.matrix, order[:train_size], order[train_size:])
         per_node = (time.perf_counter() - start) / train_size
         fits = sum(min(max(round(f * count), 1), count - 1) for f in fractions) * per_node
         seconds += matrices * splits * fits / min(jobs, len(fractions) * splits)
