@@ -203,8 +203,8 @@ class AdmissionRules(LedgerPart):
                 released = self._release_row(session, a.release_key)
                 if (
                     released is not None
-                    and a.released_since is not None
-                    and as_utc(released.created_at) < a.released_since
+                    and a.released_after is not None
+                    and as_utc(released.created_at) <= a.released_after
                 ):
                     released = None  # too old for the query's refresh policy
                 twin = None if released is None else released.charge_id
@@ -246,7 +246,7 @@ class AdmissionRules(LedgerPart):
                 return ChargeReceipt(
                     charge_id=twin.id, budget=budget_view(account, account), joined=True
                 )
-            released = reads.released(a.release_key, a.released_since)
+            released = reads.released(a.release_key, a.released_after)
             if released is not None:
                 self._bind_joined(a, released, a.charged_account_id, writes, reads)
                 view = budget_view(account, account)

@@ -131,11 +131,11 @@ class GroupReads:
         """The newest in-flight charge made before this group for an identical query."""
         return self._twins.get((account_id, digest))
 
-    def released(self, key: ReleaseKey, since: datetime | None = None) -> int | None:
+    def released(self, key: ReleaseKey, after: datetime | None = None) -> int | None:
         """The charge of the newest stored release of ``key`` (epsilon compared exactly), if
-        it was made at or after ``since`` (None: whenever)."""
+        it was made after ``after`` (None: whenever)."""
         found = self._released.get(key)
-        if found is None or (since is not None and found[1] < since):
+        if found is None or (after is not None and found[1] <= after):
             return None
         return found[0]
 

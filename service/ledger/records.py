@@ -158,9 +158,9 @@ class Admission:
     request_id: str
     idempotency_key: str | None = None
     release_key: ReleaseKey | None = None
-    #: With a ``release_key``: a stored release joins only if made at or after this time (the
+    #: With a ``release_key``: a stored release joins only if made after this time (the
     #: refresh policy's max age); an identical query in flight joins whatever its age.
-    released_since: datetime | None = None
+    released_after: datetime | None = None
     quota_epsilon: float | None = None
     #: The version's degree release, when the answer is built on it (``blended``): charged
     #: with the query, in the same transaction, if the account has not paid for it yet.

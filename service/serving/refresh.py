@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from service.errors import InvalidParameter
 
@@ -58,6 +59,14 @@ class RefreshPolicy:
             if seconds % _UNIT_SECONDS[unit] == 0:
                 return f"{MAX_AGE}:{seconds // _UNIT_SECONDS[unit]}{unit}"
         return f"{MAX_AGE}:{seconds}s"
+
+
+def replayable_after(max_age_seconds: int | None) -> datetime | None:
+    """Under a max age, a stored release made at or before this time is due (drawn anew) and
+    one made after it is replayed or joined; None: any release, whatever its age."""
+    if max_age_seconds is None:
+        return None
+    return datetime.now(UTC) - timedelta(seconds=max_age_seconds)
 
 
 def parse_refresh(text: str | None, *, fresh: bool = False, name: str = "refresh") -> RefreshPolicy:

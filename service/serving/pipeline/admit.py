@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import numpy as np
@@ -31,6 +30,7 @@ from service.serving.pipeline.items import Pending, Prepared
 from service.serving.pipeline.policy import AdmissionPolicy
 from service.serving.planner import DiffusionPlanner
 from service.serving.rankings import RankingPlan
+from service.serving.refresh import replayable_after
 from service.serving.schemas import Principal
 
 #: A query of any kind prepared for admission (a ranking's :class:`Pending`, an embedding's).
@@ -85,7 +85,7 @@ class Admitter:
             request_id=p.req.request_id,
             idempotency_key=p.req.idempotency_key,
             release_key=p.key if p.join_twins else None,
-            released_since=_released_since(p.req.max_age_seconds),
+            released_after=replayable_after(p.req.max_age_seconds),
             quota_epsilon=quota,
             degree=_degree_charge(p.plan),
         )
@@ -210,10 +210,3 @@ def _degree_charge(plan: DiffusionPlan | RankingPlan) -> DegreeCharge | None:
     if degrees is None:
         return None
     return DegreeCharge(degrees.graph_version, degrees.plan.epsilon, degrees.curve)
-
-
-def _released_since(max_age_seconds: int | None) -> datetime | None:
-    """The oldest stored release a query under a max-age refresh policy may join (None: any)."""
-    if max_age_seconds is None:
-        return None
-    return datetime.now(UTC) - timedelta(seconds=max_age_seconds)

@@ -28,6 +28,7 @@ from service.serving.pipeline.policy import AdmissionPolicy
 from service.serving.pipeline.reads import ReadFigure
 from service.serving.pipeline.results import post_process
 from service.serving.rankings import degree_release_name
+from service.serving.refresh import replayable_after
 from service.serving.schemas import Answer, QueryRequest
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,8 @@ class Replayer:
 
     def is_due(self, stored: StoredRelease, max_age_seconds: int | None) -> bool:
         """True when ``stored`` is at least ``max_age_seconds`` old (None: never due)."""
-        if max_age_seconds is None:
+        cutoff = replayable_after(max_age_seconds)
+        if cutoff is None:
             return False
         released_at = stored.released_at
         if released_at is None:  # an entry cached without its time: the ledger row has it
@@ -117,7 +119,7 @@ class Replayer:
             released_at = None if row is None else row.released_at
         if released_at is None:
             return True  # its release is gone: draw anew
-        return (datetime.now(UTC) - released_at).total_seconds() >= max_age_seconds
+        return released_at <= cutoff
 
     def note_budget(self, account_id: int, budget: BudgetView) -> None:
         """A fresh receipt's budget, shown with this account's replays for a while."""
