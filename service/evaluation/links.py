@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from service.errors import InvalidParameter
-from service.evaluation.metrics import mean_ci
+from service.evaluation.metrics import json_interval, json_number, mean_ci
 from service.evaluation.options import DEFAULT_ETA, DEFAULT_POPULAR_EPSILON, LINK_ROWS
 from service.evaluation.runner import default_delta
 from service.graph.build import build_graph
@@ -121,16 +121,13 @@ class LinkRow:
     seeds: int
 
     def to_dict(self) -> dict[str, Any]:
-        def num(x: float) -> float | None:
-            return None if math.isnan(x) else float(x)
-
         return {
             "mechanism": self.mechanism,
             "epsilon": self.epsilon,
-            "recall": num(self.recall),
-            "recall_ci": [num(self.recall_ci[0]), num(self.recall_ci[1])],
-            "ndcg": num(self.ndcg),
-            "ndcg_ci": [num(self.ndcg_ci[0]), num(self.ndcg_ci[1])],
+            "recall": json_number(self.recall),
+            "recall_ci": json_interval(self.recall_ci),
+            "ndcg": json_number(self.ndcg),
+            "ndcg_ci": json_interval(self.ndcg_ci),
             "seeds": self.seeds,
         }
 

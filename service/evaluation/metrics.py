@@ -117,3 +117,13 @@ def mean_ci(
     sem = float(v.std(ddof=1)) / math.sqrt(v.shape[0])
     half = float(stats.t.ppf(0.5 + confidence / 2.0, v.shape[0] - 1)) * sem
     return mean, (mean - half, mean + half)
+
+
+def json_number(x: float) -> float | None:
+    """A metric for JSON: NaN (undefined, e.g. no seed had a hidden edge) becomes None."""
+    return None if math.isnan(x) else float(x)
+
+
+def json_interval(ci: tuple[float, float]) -> list[float | None]:
+    """An interval for JSON, as [low, high] (NaN ends become None)."""
+    return [json_number(ci[0]), json_number(ci[1])]

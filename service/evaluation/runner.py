@@ -39,7 +39,14 @@ from typing import Any
 import numpy as np
 
 from service.errors import InvalidParameter
-from service.evaluation.metrics import mean_ci, ndcg_at_k, private_ranking, recall_at_k
+from service.evaluation.metrics import (
+    json_interval,
+    json_number,
+    mean_ci,
+    ndcg_at_k,
+    private_ranking,
+    recall_at_k,
+)
 from service.evaluation.options import DEFAULT_ETA, DEFAULT_POPULAR_EPSILON, MECHANISMS
 from service.graph.model import Graph
 from service.mechanisms.blended import blended_ranking
@@ -104,20 +111,17 @@ class EvaluationRow:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict; NaN (undefined) becomes None, intervals become [low, high]."""
 
-        def num(x: float) -> float | None:
-            return None if math.isnan(x) else float(x)
-
         return {
             "mechanism": self.mechanism,
             "epsilon": self.epsilon,
-            "ndcg": num(self.ndcg),
-            "ndcg_ci": [num(self.ndcg_ci[0]), num(self.ndcg_ci[1])],
-            "recall": num(self.recall),
-            "recall_ci": [num(self.recall_ci[0]), num(self.recall_ci[1])],
-            "ndcg_beyond": num(self.ndcg_beyond),
-            "ndcg_beyond_ci": [num(self.ndcg_beyond_ci[0]), num(self.ndcg_beyond_ci[1])],
-            "recall_beyond": num(self.recall_beyond),
-            "recall_beyond_ci": [num(self.recall_beyond_ci[0]), num(self.recall_beyond_ci[1])],
+            "ndcg": json_number(self.ndcg),
+            "ndcg_ci": json_interval(self.ndcg_ci),
+            "recall": json_number(self.recall),
+            "recall_ci": json_interval(self.recall_ci),
+            "ndcg_beyond": json_number(self.ndcg_beyond),
+            "ndcg_beyond_ci": json_interval(self.ndcg_beyond_ci),
+            "recall_beyond": json_number(self.recall_beyond),
+            "recall_beyond_ci": json_interval(self.recall_beyond_ci),
             "seeds": self.seeds,
         }
 
