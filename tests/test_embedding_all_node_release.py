@@ -1,5 +1,5 @@
 """The all-node edge-mode embedding release and the similar-nodes index over it (the single
-DP-IE release of `GET /v1/embeddings/{node}` is tests/test_embedding_release.py).
+DP-IE release of `GET /v1/embeddings/{node}` is tests/unit/embeddings/test_release.py).
 
 - the compiled all-node computation is Algorithm 2 + InstantEmbedding, seed by seed;
 - the index's recall@10 against exact cosine search;

@@ -11,7 +11,7 @@ from service.graph import build_graph, demo_graph, generate_graph, load_edge_lis
 from service.graph.demo import DEMO_EDGES, DEMO_NODES
 from service.graph.generate import _format_int_pairs, generate_edge_keys
 from service.graph.model import Graph
-from tests.test_graph_loading import assert_csr_invariants
+from tests.unit.graph.test_loader import assert_csr_invariants
 
 # Pinned so a change to the generator (or to numpy's random stream) is noticed: the demo graph
 # is the embedded default, and its version keys caches and released answers.

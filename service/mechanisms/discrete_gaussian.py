@@ -39,7 +39,7 @@ Privacy (CKS, Proposition 5 and Theorem 15's proof): for integer vectors ``mu``,
 independent coordinates, ``D_alpha(N_Z(mu, sigma^2 I) || N_Z(nu, sigma^2 I)) <= alpha ||mu -
 nu||_2^2 / (2 sigma^2)`` at every order, the continuous Gaussian's curve: a release ``q + Z``
 of an integer vector ``q`` whose l2 sensitivity is at most ``Delta`` is ``alpha Delta^2 / (2
-sigma^2)``-RDP (``tests/test_discrete_gaussian.py`` checks the law and the curve).
+sigma^2)``-RDP (``tests/unit/mechanisms/test_discrete_gaussian.py`` checks the law and the curve).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ most three edges: {x, y} may appear, {x, z} and {y, z'} may disappear; every oth
 its membership on both sides. In a graph of maximum degree D an edge lies in at most D - 1
 triangles, so the count moves by at most D - 1 up (the new edge) and 2 (D - 1) down (the two
 lost edges): **global l1 sensitivity 2 (D - 1)**, for every graph and every priority order
-(``tests/test_synthetic_triangles.py`` checks it by brute force on all graphs of 5 nodes).
+(``tests/unit/synthetic/test_triangles.py`` checks it by brute force on all graphs of 5 nodes).
 
 The generator (service.synthetic.blocks) fits its affinity blocks so that the synthetic
 graph's own truncated count (same D, the same priority order) matches the released one.

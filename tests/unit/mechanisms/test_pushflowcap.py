@@ -21,7 +21,7 @@ from service.mechanisms.randomness import fresh_generator
 from service.privacy.curves import laplace_curve
 from service.privacy.modes import Mode
 from tests.graph_helpers import graph_from_edges, random_graph
-from tests.test_exact_ppr import dense_walk
+from tests.unit.mechanisms.test_exact import dense_walk
 
 P, E = Mode.PERSONALIZED, Mode.EDGE
 HUGE = 1e12  # thresholds that never bind

@@ -1,5 +1,5 @@
 """The float64 Laplace sampler of the evaluation's baselines: KS against the Laplace CDF, tails,
-sign. (The served noise is drawn by the exact sampler: tests/test_exact_laplace.py.)
+sign. (The served noise is drawn by the exact sampler: tests/unit/mechanisms/test_exact_laplace.py.)
 
 Draws come from a fixed test generator (the serving path seeds from the OS); the sample is
 large enough that a truncated tail (e.g. an exponential built from a 24-bit uniform, which
