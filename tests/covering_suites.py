@@ -309,16 +309,13 @@ COVERING_SUITES: dict[str, tuple[str, ...]] = {
         "tests/test_ranking_sensitivity.py",
         "tests/test_laplace_mechanisms.py",
     ),
-    "service/mechanisms/engine.py": (
-        "tests/test_engine.py",
-        "tests/unit/privacy/test_state_grid.py",
-    ),
     # the Bernoulli draws under the exact Laplace sampler
     "service/mechanisms/exact_bernoulli.py": ("tests/unit/mechanisms/test_exact_laplace.py",),
     "service/mechanisms/friends_of_friends.py": ("tests/test_ranking_sensitivity.py",),
-    "service/mechanisms/grid_noise.py": ("tests/test_engine.py",),
+    # the grid step the engine runs, checked bit for bit there
+    "service/mechanisms/grid_noise.py": ("tests/unit/mechanisms/test_engine.py",),
     "service/mechanisms/operator.py": (
-        "tests/test_engine.py",
+        "tests/unit/mechanisms/test_engine.py",
         "tests/unit/privacy/test_state_grid.py",
         "tests/test_float_safety.py",
     ),
