@@ -2,7 +2,7 @@
 
 The layout (checked by tests/test_tests_layout.py): the unit tests of ``service/<path>/<name>.py``
 are in ``tests/unit/<path>/test_<name>.py``, which imports it. A module without that file has an
-entry here: the test files that exercise it, the first the one to read first. Most such modules
+entry here naming the test files that exercise it, the most direct first. Most such modules
 are reached through an entry point rather than imported by a test: a route through the API suites
 that call it, a command through the suite that runs it, a part of the ledger through the
 ``Ledger`` those suites use. A comment gives the reason where a suite's name does not. An
@@ -10,6 +10,8 @@ that call it, a command through the suite that runs it, a part of the ledger thr
 
 Found by the test files' imports and, for the modules reached only through the app, the CLI or the
 ledger, by ``coverage run`` of one test file at a time (lines run inside the module's functions).
+A module that runs only in a process a suite starts (``serve``, ``loadtest``, ``soak``, the batch
+pool and Ray workers, the prefix table builder) is listed with the suites that start it.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ COVERING_SUITES: dict[str, tuple[str, ...]] = {
     ),
     # the /metrics counters and request log lines
     "service/api/observability.py": ("tests/test_api.py", "tests/test_api_limits.py"),
-    # the open-file limit serve raises, seen by a connection flood
+    # serve's start-up warning when the open-file limit is too low
     "service/api/open_files.py": ("tests/test_http_connections.py",),
     # the served schema
     "service/api/openapi.py": ("tests/test_api_strict.py", "tests/test_openapi_clients.py"),
@@ -431,9 +433,10 @@ COVERING_SUITES: dict[str, tuple[str, ...]] = {
         "tests/test_degree_and_read_charges.py",
     ),
     "service/serving/reconciler.py": ("tests/test_synthesis_jobs.py", "tests/test_promise.py"),
+    # the last serves it from uvicorn worker processes
     "service/serving/sandbox.py": (
-        "tests/test_api_sandbox.py",
         "tests/test_sandbox_charges.py",
+        "tests/test_api_sandbox.py",
         "tests/test_structural_sandbox.py",
     ),
     "service/serving/schemas.py": ("tests/test_coalescer.py", "tests/test_embedding_batch_api.py"),
