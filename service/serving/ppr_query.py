@@ -5,6 +5,9 @@ mechanism (fresh OS-entropy noise) -> post-processing -> stored release -> answe
 Nothing noisy is drawn before the charge is committed. A failure before the first noise draw
 is refunded with a compensating ledger row; after it, the charge stays.
 
+The API runtime, the batch worker and the batch run's parameter check all build the service
+with :func:`build_ppr_query_service`.
+
 :class:`PprQueryService` is the coordinator; each stage is a module of
 :mod:`service.serving.pipeline` (prepare, admit, draw, store, answer, replay). A group of
 queries (a batch, or the single queries the coalescer gathers) is answered by
@@ -16,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 
-from service.cache.caches import ReplayCache
-from service.config import MechanismSettings
+from service.cache.caches import Caches, ReplayCache
+from service.config import MechanismSettings, Settings
 from service.ledger.ledger import Ledger
 from service.ledger.records import Admission, ChargeReceipt, StoredRelease
 from service.mechanisms.engine import DiffusionEngine
@@ -36,10 +39,47 @@ from service.serving.pipeline.refusals import RefusalLog
 from service.serving.pipeline.replay import Replayer
 from service.serving.pipeline.store import Storer
 from service.serving.planner import DiffusionPlanner
+from service.serving.prefix_tables import SharedPrefixTables
 from service.serving.rankings import DegreeReleases
 from service.serving.schemas import Answer, QueryRequest
 
-__all__ = ["AdmissionPolicy", "PprQueryService", "PrefixProvider"]
+__all__ = ["PprQueryService", "build_ppr_query_service"]
+
+
+def build_ppr_query_service(
+    settings: Settings,
+    *,
+    graphs: GraphHolder,
+    ledger: Ledger,
+    caches: Caches | None,
+    create_seed_accounts: bool,
+    group_commit: bool,
+    prefix_tables: SharedPrefixTables | None = None,
+    engine: DiffusionEngine | None = None,
+) -> PprQueryService:
+    """The query service as every entry point builds it, from ``settings``.
+
+    What differs between them is named here: ``caches`` (None: none, for a service that only
+    checks parameters), ``create_seed_accounts`` (the API: as configured; a batch run creates
+    its accounts itself), ``group_commit`` (concurrent lone queries share admission and
+    storing transactions, up to ``ledger_group_max``), ``prefix_tables`` (the machine-wide
+    noise-free prefixes, the API's) and ``engine`` (None: a default one)."""
+    return PprQueryService(
+        graphs=graphs,
+        ledger=ledger,
+        replays=None if caches is None else caches.replay,
+        mechanism=settings,
+        prefixes=PrefixProvider(None if caches is None else caches.prefixes, prefix_tables),
+        planner=DiffusionPlanner(None if caches is None else caches.calibration),
+        replay_store_top=settings.replay_store_top,
+        create_seed_accounts=create_seed_accounts,
+        policy=AdmissionPolicy.from_settings(settings),
+        degree_releases=DegreeReleases(
+            ledger, settings.popular_epsilon, None if caches is None else caches.released_degrees
+        ),
+        engine=engine,
+        ledger_group_max=settings.ledger_group_max if group_commit else 1,
+    )
 
 
 class PprQueryService(GroupAnswers[QueryRequest, Pending, ToBind, Answer]):
