@@ -38,9 +38,9 @@ STAGES: dict[str, list[str]] = {
     # the query pipeline's stages (service/serving/pipeline), by the attribute of the service
     "preparing": ["prepare"],
     "replaying": ["find_release", "replay"],
-    "admitting": ["admit", "admit_many"],
+    "admitting": ["admit"],
     "drawing": ["draw", "draw_group"],
-    "storing": ["store", "store_many"],
+    "storing": ["store_many"],
     "engine": ["compute"],
     "prefixes": ["lookup", "remember"],
 }  # fmt: skip

@@ -344,7 +344,7 @@ def test_a_dead_workers_batch_is_reconciled_and_retried(backend: Backend) -> Non
         )  # fmt: skip
         dp = client.app.state.runtime.embeddings.dp  # type: ignore[attr-defined]
         items = [request.item(i) for i in range(len(nodes))]
-        pending = dp.prepare_many(items, _no_settle)
+        pending = dp.prepare_group(items, _no_settle).to_admit
         receipts = ledger_of(client).admission.admit_and_charge_many(
             [dp.admission(p) for _, p in pending]
         )

@@ -28,8 +28,7 @@ from service.serving.embedding_query import EmbeddingQueryService
 from service.serving.graph_holder import GraphHolder
 from service.serving.graph_identity import serving_loader
 from service.serving.limits import EngineGate, RateLimiter
-from service.serving.planner import DiffusionPlanner
-from service.serving.ppr_query import AdmissionPolicy, PprQueryService, PrefixProvider
+from service.serving.ppr_query import PprQueryService, build_ppr_query_service
 from service.serving.prefix_tables import SharedPrefixTables
 from service.serving.rankings import DegreeReleases
 from service.serving.reconciler import Reconciler
@@ -286,21 +285,15 @@ def build_runtime(
         engine = DiffusionEngine(
             settings.engine_max_batch, window_seconds=settings.engine_batch_window_ms / 1000.0
         )
-        queries = PprQueryService(
+        queries = build_ppr_query_service(
+            settings,
             graphs=graphs,
             ledger=ledger,
-            replays=caches.replay,
-            mechanism=settings,
-            prefixes=PrefixProvider(caches.prefixes, tables),
-            planner=DiffusionPlanner(caches.calibration),
-            replay_store_top=settings.replay_store_top,
+            caches=caches,
             create_seed_accounts=settings.create_seed_accounts,
-            policy=AdmissionPolicy.from_settings(settings),
-            degree_releases=DegreeReleases(
-                ledger, settings.popular_epsilon, caches.released_degrees
-            ),
+            group_commit=True,
+            prefix_tables=tables,
             engine=engine,
-            ledger_group_max=settings.ledger_group_max,
         )
         limiter = RateLimiter(
             settings.rate_limit_per_second,

@@ -397,14 +397,16 @@ def _mechanism(options: BatchOptions, settings: Settings) -> str:
 def _check_query(spec: BatchSpec, graph: Graph, ledger: Ledger) -> None:
     """k, epsilon and the mode's options, checked as the API checks them (nothing charged)."""
     from service.serving.graph_holder import GraphHolder
-    from service.serving.ppr_query import PprQueryService, PrefixProvider
+    from service.serving.ppr_query import build_ppr_query_service
     from service.serving.schemas import QueryRequest
 
-    checker = PprQueryService(
+    checker = build_ppr_query_service(
+        spec.settings,
         graphs=GraphHolder(None, loader=lambda _path: graph),
         ledger=ledger,
-        mechanism=spec.settings,
-        prefixes=PrefixProvider(),
+        caches=None,  # it only checks parameters: nothing is answered
+        create_seed_accounts=False,
+        group_commit=False,
     )
     # asked as the run asks: its service account, or each seed's own user account
     probe = (

@@ -1,11 +1,11 @@
 """Answering one block of seeds in a worker process, on the service's own query path.
 
 Each worker process holds one :class:`BlockAnswerer` per (run settings, graph version): the
-graph, a ledger connection pool, the caches and a :class:`PprQueryService` built exactly as
-the API builds it, with one prefix cache shared by all blocks the process answers. Every seed
-goes through :meth:`PprQueryService.answer`: authorize, admit and charge in one transaction,
-noisy diffusion with fresh OS-entropy noise, stored release, answer; with ``--output
-embeddings`` through :meth:`EmbeddingQueryService.answer`, the path of
+graph, a ledger connection pool, the caches and a :class:`PprQueryService` built as the API
+builds it (:func:`build_ppr_query_service`), with one prefix cache shared by all blocks the
+process answers. Every seed goes through :meth:`PprQueryService.answer`: authorize, admit
+and charge in one transaction, noisy diffusion with fresh OS-entropy noise, stored release,
+answer; with ``--output embeddings`` through :meth:`EmbeddingQueryService.answer`, the path of
 ``GET /v1/embeddings/{node}`` (the same ledger calls; PushFlowCap, InstantEmbedding, fresh
 OS-entropy Laplace noise). Only then is the answer returned to the driver (and written to the
 sink).
@@ -62,8 +62,7 @@ from service.serving.embedding_query import (
 )
 from service.serving.graph_holder import GraphHolder
 from service.serving.graph_identity import as_served
-from service.serving.planner import DiffusionPlanner
-from service.serving.ppr_query import AdmissionPolicy, PprQueryService, PrefixProvider
+from service.serving.ppr_query import build_ppr_query_service
 from service.serving.schemas import Answer, ChargedAnswer, Principal, QueryRequest
 
 log = logging.getLogger(__name__)
@@ -165,16 +164,13 @@ class BlockAnswerer:
         walk_operator(graph, threads=1)  # one query per core: the pool is the parallelism
         holder = GraphHolder(None, loader=lambda _path: graph)
         holder.load()
-        self.queries = PprQueryService(
+        self.queries = build_ppr_query_service(
+            settings,
             graphs=holder,
             ledger=self.ledger,
-            replays=caches.replay,
-            mechanism=settings,
-            prefixes=PrefixProvider(caches.prefixes),
-            planner=DiffusionPlanner(caches.calibration),
-            replay_store_top=settings.replay_store_top,
+            caches=caches,
             create_seed_accounts=False,  # accounts are created here, labelled with the run
-            policy=AdmissionPolicy.from_settings(settings),
+            group_commit=False,  # each query in transactions of its own
         )
         # DP-IE (``--output embeddings``): the embedding endpoint's path on the same stages
         self.embeddings = EmbeddingQueryService(self.queries, settings)

@@ -7,11 +7,11 @@ before anything is drawn, twins joined) -> the service account's read figure ->
 PushFlowCap, InstantEmbedding, fresh OS-entropy Laplace noise -> the release stored (its
 charge marked released) -> the answer. A failure before the noise draw refunds the charge.
 
-One request is admitted in its own transaction (:meth:`DpEmbeddings.answer`). A group (the
-embedding batch) is answered by the rankings' group path (:class:`GroupAnswers`): its keyed
-replays bind their keys in one transaction, its items are admitted in one
-(``admit_and_charge_many``, each item all-or-nothing, in order, against what the earlier
-items left), drawn concurrently, stored in one, and none is answered before all are stored.
+One request is a group of one. A group (the embedding batch) runs the rankings' stages in
+their order (:class:`GroupAnswers`): its keyed replays bind their keys in one transaction, its
+items are admitted in one (:meth:`Admitter.admit`, each item all-or-nothing, in order, against
+what the earlier items left), drawn concurrently, stored in one, and none is answered before
+all are stored.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ from service.privacy.laplace import LaplacePlan
 from service.serving.embedding_schemas import EmbeddingAnswer, EmbeddingRequest
 from service.serving.embedding_spaces import EmbeddingSpaces
 from service.serving.pipeline.errors import IdempotencyKeyReused
-from service.serving.pipeline.group import GroupAnswers, Run, own_charges
+from service.serving.pipeline.group import GroupAnswers, Run
+from service.serving.pipeline.items import Admitted, Ready, Step, ToAdmit, ToBind
 from service.serving.ppr_query import PprQueryService
 from service.serving.schemas import QueryRequest
 
@@ -75,7 +76,7 @@ class _Authorized:
 
 
 @dataclass(frozen=True)
-class _ToBind:
+class _KeyedReplay:
     """A keyed request a stored release answers once its Idempotency-Key is bound to it."""
 
     asked: _Authorized
@@ -98,12 +99,8 @@ class EmbeddingPending:
     mechanism: dict[str, Any]  # what the answer states and the charge records
 
 
-class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, EmbeddingAnswer]):
+class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _KeyedReplay, EmbeddingAnswer]):
     """DP-IE answers on the stages of ``queries`` (the ranking path's)."""
-
-    answer_type = EmbeddingAnswer
-    pending_type = EmbeddingPending
-    to_bind_type = _ToBind
 
     def __init__(
         self,
@@ -119,40 +116,17 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
         self.noise_free = NoiseFreeEmbeddings()
         # the ranking pipeline's stages this path shares
         self._preparing = queries.preparing
-        self._replaying = queries.replaying
+        self.replaying = queries.replaying
         self.admitting = queries.admitting
         self.storing = queries.storing
         self.live = queries.live
         self.refusals = queries.refusals
 
-    # -- one request --------------------------------------------------------------------------
-
-    def answer(self, req: EmbeddingRequest) -> EmbeddingAnswer:
-        prepared = self.prepare_one(req)
-        if isinstance(prepared, EmbeddingAnswer):
-            return prepared
-        return self._after_admission(prepared, self._admit(prepared))
-
-    def _admit(self, p: EmbeddingPending) -> ChargeReceipt:
-        return self.ledger.admission.admit_and_charge(
-            self.admission(p),
-            graph_cap=self.admitting.graph_cap(p.graph),
-            stale_after_seconds=self.queries.policy.stale_after_seconds,
-        )
-
-    def _after_admission(self, p: EmbeddingPending, receipt: ChargeReceipt) -> EmbeddingAnswer:
-        """A twin's release (waiting for it), or this request's own release once stored."""
-        joined = self._replaying.join_twin_of(p, receipt, self._admit, self._replay_pending)
-        if isinstance(joined, EmbeddingAnswer):
-            return joined
-        with self.live.holding(own_charges([joined])):
-            stored = self._draw(p, joined)
-            self.storing.store(stored, p.req)  # before the answer leaves the process, or none
-        return self.fresh_answer(p, joined, stored)
-
     # -- before admission ---------------------------------------------------------------------
 
-    def prepare(self, req: EmbeddingRequest) -> EmbeddingAnswer | EmbeddingPending | _ToBind:
+    def prepare(
+        self, req: EmbeddingRequest
+    ) -> Step[EmbeddingAnswer, _KeyedReplay, EmbeddingPending]:
         """Everything before admission: validation, the charged account, replays of stored
         releases (a keyed request's only once its key is bound to the release), the plan."""
         k, sigma, epsilon = self._validate(req)
@@ -167,18 +141,18 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
             _as_query(req, epsilon), graph, seed, account_id, key, k, sigma, epsilon
         )
         if req.idempotency_key is not None:
-            stored = self._replaying.release_for_idempotency_key(asked.req)
+            stored = self.replaying.release_for_idempotency_key(asked.req)
             if stored is not None:
                 if stored.key != key:
                     raise IdempotencyKeyReused()
-                return self._replay(stored, asked)
+                return Ready(self._replay(stored, asked))
         if not req.fresh:
-            stored = self._replaying.find_release(key)
+            stored = self.replaying.find_release(key)
             if stored is not None:
                 if req.idempotency_key is not None:
-                    return _ToBind(asked, stored)
-                return self._replay(stored, asked)
-        return self._plan(asked)
+                    return ToBind(_KeyedReplay(asked, stored))
+                return Ready(self._replay(stored, asked))
+        return ToAdmit(self._plan(asked))
 
     def _plan(self, asked: _Authorized) -> EmbeddingPending:
         """The request prepared for admission: the hash functions (not noise: before
@@ -209,7 +183,7 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
             request_id=p.req.request_id,
             idempotency_key=p.req.idempotency_key,
             release_key=None if p.req.fresh else p.key,
-            quota_epsilon=self.admitting.quota_for(principal, p.account_id),
+            quota_epsilon=self.queries.policy.quota_for(principal, p.account_id),
         )
 
     # -- after admission ----------------------------------------------------------------------
@@ -221,10 +195,10 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
         ``embedded``: its noise-free vector, if the group computed it already."""
         charge_id = receipt.charge_id
         # the ranking path's replays on this worker show the budget after this charge
-        self._replaying.note_budget(p.account_id, receipt.budget)
+        self.replaying.note_budget(p.account_id, receipt.budget)
         if p.req.principal.type == "service":
             try:  # before any noise is drawn: a refused read refunds the fresh charge
-                self._replaying.reads.record(p.req, p.graph.version, charge_id, None)
+                self.replaying.reads.record(p.req, p.graph.version, charge_id, None)
             except ReadCapExhausted:
                 reason = "refused by the service account's read cap before any noise was drawn"
                 self.ledger.settlement.refund(charge_id, reason=reason)
@@ -267,7 +241,7 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
     ) -> EmbeddingAnswer:
         query = asked.req
         if query.principal.type == "service":  # counted before the replay is sent
-            self._replaying.reads.record(query, stored.key.graph_version, stored.charge_id, None)
+            self.replaying.reads.record(query, stored.key.graph_version, stored.charge_id, None)
         return EmbeddingAnswer(
             node=query.node,
             graph_version=asked.graph.version,
@@ -283,7 +257,7 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
             extra={"original_request_id": stored.request_id},
         )
 
-    def _replay_pending(self, stored: StoredRelease, p: EmbeddingPending) -> EmbeddingAnswer:
+    def replay_admitted(self, stored: StoredRelease, p: EmbeddingPending) -> EmbeddingAnswer:
         return self._replay(stored, p)
 
     # -- a group (GroupAnswers.answer_many): DP-IE's steps ------------------------------------
@@ -292,27 +266,25 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
         return self._preparing.seed_accounts([(r.principal, r.node, r.mode) for r in reqs])
 
     def bind(
-        self, items: list[_ToBind]
-    ) -> list[EmbeddingAnswer | EmbeddingPending | BaseException]:
-        return self._replaying.bind(
+        self, items: list[_KeyedReplay]
+    ) -> list[Ready[EmbeddingAnswer] | ToAdmit[EmbeddingPending] | BaseException]:
+        return self.replaying.bind(
             items,
             keyed=lambda b: (b.asked.req, b.stored),
-            replay=lambda b: self._replay(b.stored, b.asked),
-            plan=lambda b: self._plan(b.asked),
+            replay=lambda b: Ready(self._replay(b.stored, b.asked)),
+            plan=lambda b: ToAdmit(self._plan(b.asked)),
         )
 
     def draw_group(
-        self, admitted: list[tuple[int, EmbeddingPending, ChargeReceipt]], run: Run
-    ) -> list[EmbeddingAnswer | StoredRelease | BaseException]:
-        """Every release drawn concurrently on ``run``; a request that joined a twin admitted
-        earlier waits for its release (or, refunded, is admitted again and answered alone).
-        The noise-free vectors of the fresh ones are computed first, a block of seeds per pass
-        over the graph (a failure there leaves each to its own draw, which refunds it)."""
+        self, admitted: list[Admitted[EmbeddingPending]], run: Run
+    ) -> list[StoredRelease | BaseException]:
+        """Every release drawn concurrently on ``run``. The noise-free vectors are computed
+        first, a block of seeds per pass over the graph (a failure there leaves each to its
+        own draw, which refunds it)."""
         fresh: dict[tuple[Graph, int, str, float], list[EmbeddingPending]] = {}
-        for _, p, r in admitted:
-            if not (r.reused or r.joined):
-                key = (p.graph, p.hashes.k, p.req.mode.value, p.sigma)
-                fresh.setdefault(key, []).append(p)
+        for _, p, _ in admitted:
+            key = (p.graph, p.hashes.k, p.req.mode.value, p.sigma)
+            fresh.setdefault(key, []).append(p)
         embedded: dict[int, np.ndarray] = {}
         for group in fresh.values():
             if len(group) < 2:
@@ -327,21 +299,8 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _ToBind, Emb
                 continue
             embedded.update((id(p), w) for p, w in zip(group, vectors, strict=True))
         return run([
-            functools.partial(self._draw_or_join, p, r, embedded.get(id(p)))
-            for _, p, r in admitted
+            functools.partial(self._draw, p, r, embedded.get(id(p))) for _, p, r in admitted
         ])  # fmt: skip
-
-    def _draw_or_join(
-        self, p: EmbeddingPending, receipt: ChargeReceipt, embedded: np.ndarray | None = None
-    ) -> EmbeddingAnswer | StoredRelease:
-        if receipt.reused or receipt.joined:
-            return self._after_admission(p, receipt)
-        return self._draw(p, receipt, embedded)
-
-    def from_twin_in_group(
-        self, p: EmbeddingPending, twin: StoredRelease | BaseException | None
-    ) -> EmbeddingAnswer | BaseException:
-        return self._replaying.from_twin_in_group_of(p, twin, self._replay_pending)
 
 
 def _as_query(req: EmbeddingRequest, epsilon: float) -> QueryRequest:

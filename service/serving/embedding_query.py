@@ -1,8 +1,8 @@
 """Serving node embeddings: DP-IE answers and the free embedding of a stored release.
 
 A DP-IE answer follows the same path as a ranking, through the same ledger calls and stages
-(:mod:`service.serving.dp_embeddings`): one request admitted in its own transaction, or a
-group (the embedding batch) admitted in one and stored in one, as a ranking batch.
+(:mod:`service.serving.dp_embeddings`): one request is a group of one, a group (the embedding
+batch) is admitted in one transaction and stored in one, as a ranking batch.
 
 The free embedding of a stored release is post-processing: the caller names a query whose
 release it may replay (node, mode, epsilon, ranking mechanism); the answer is the
@@ -124,7 +124,7 @@ class EmbeddingQueryService:
     # -- DP-IE (DpEmbeddings) ------------------------------------------------------------------
 
     def answer(self, req: EmbeddingRequest) -> EmbeddingAnswer:
-        """A DP-IE answer, admitted in its own transaction."""
+        """A DP-IE answer: a group of one through the stages."""
         return self.dp.answer(req)
 
     def answer_many(

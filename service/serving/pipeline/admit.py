@@ -1,118 +1,134 @@
-"""Admission: the ledger's atomic admit-and-charge, for one query or a group.
+"""The admit stage: the ledger's atomic admit-and-charge, the one way into admission.
 
-A query is admitted alone (one transaction), group-committed with the queries that reach the
-worker while the previous admission transaction runs (``ledger_group_max`` > 1), or with the
-whole group of :meth:`~service.serving.pipeline.group.GroupAnswers.answer_many` (rankings,
-DP-IE embeddings) in one transaction per graph-wide cap in force. The checks are the
-ledger's; here a ranking becomes its :class:`Admission` (quota, graph-wide cap, twin key,
-degree release); another kind states its own.
+:meth:`Admitter.admit` takes the prepare stage's :class:`PreparedGroup` (a lone query is a
+group of one) and returns an :class:`AdmittedGroup`. Every kind of charge goes through it:
+
+- ``popular``: the graph version's degree release, charged once per account and version
+  (``quota_and_degree.admit_degree_release``, one transaction each, first);
+- every other query: its :class:`Admission` (a kind states its own; :func:`ranking_admission`
+  a ranking's), all of the group in one transaction per graph-wide cap in force
+  (``admission.admit_and_charge_many``). A group of one is admitted in the single-query
+  transaction (``admission.admit_and_charge``), group-committed with the lone queries that
+  reach the worker while the previous admission transaction runs (``ledger_group_max`` > 1).
+
+The checks are the ledger's: a refused query writes nothing (its refusal row aside).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-import numpy as np
-
-from service.config import MechanismSettings
 from service.errors import ServiceError
-from service.graph.model import Graph
 from service.ledger.ledger import Ledger
-from service.ledger.records import Admission, ChargeReceipt, DegreeCharge, GraphCap
-from service.privacy.accountant import RdpCurve
+from service.ledger.records import (
+    Admission,
+    ChargeReceipt,
+    DegreeCharge,
+    DegreeReceipt,
+    GraphCap,
+)
 from service.privacy.calibration import DiffusionPlan
-from service.privacy.laplace import count_release_curve
-from service.privacy.modes import Mode
 from service.serving.group_commit import GroupCommitter
-from service.serving.pipeline.items import Pending, Prepared
+from service.serving.pipeline.graph_caps import GraphCaps
+from service.serving.pipeline.items import (
+    Admitted,
+    AdmittedGroup,
+    P,
+    Pending,
+    PopularPending,
+    PreparedGroup,
+)
 from service.serving.pipeline.policy import AdmissionPolicy
-from service.serving.planner import DiffusionPlanner
 from service.serving.rankings import RankingPlan
 from service.serving.refresh import replayable_after
-from service.serving.schemas import Principal
 
-#: A query of any kind prepared for admission (a ranking's :class:`Pending`, an embedding's).
-P = TypeVar("P", bound=Prepared)
+#: One query's admission and the graph-wide cap it is checked against.
+_Ask = tuple[Admission, GraphCap | None]
 
 
 class Admitter:
     """Turns prepared queries into charges (or refusals) in the ledger."""
 
     def __init__(
-        self,
-        ledger: Ledger,
-        policy: AdmissionPolicy,
-        mechanism: MechanismSettings,
-        planner: DiffusionPlanner,
-        group_max: int,
+        self, ledger: Ledger, policy: AdmissionPolicy, caps: GraphCaps, group_max: int
     ) -> None:
         self.ledger = ledger
         self.policy = policy
-        self.mechanism = mechanism
-        self.planner = planner
-        # Group commit (group_max > 1): concurrent admissions share one transaction;
-        # 1: one transaction per query.
-        self._admitting: GroupCommitter[tuple[Admission, GraphCap | None], ChargeReceipt] | None
-        self._admitting = None
+        self.caps = caps
+        # Group commit (group_max > 1): concurrent lone admissions share one transaction.
+        self._admitting: GroupCommitter[_Ask, ChargeReceipt] | None = None
         if group_max > 1:
             self._admitting = GroupCommitter(self._admit_together, max_group=group_max)
-        self._max_charge: dict[str, RdpCurve] = {}
-        self._exposure_delta: tuple[float, float] | None = None  # (value, read at monotonic)
 
-    # -- one query ------------------------------------------------------------------------
+    def admit(
+        self, group: PreparedGroup[P], admission: Callable[[P], Admission]
+    ) -> AdmittedGroup[P]:
+        """Admit a prepared group (``admission`` states what each query is charged, and to
+        whom): each query's receipt, sorted by what it does next, or its refusal."""
+        out: AdmittedGroup[P] = AdmittedGroup()
+        for i, popular in group.popular:
+            try:
+                out.popular.append((i, popular, self._pay_degree_release(popular)))
+            except Exception as exc:
+                out.refused.append((i, exc))
+        asked: list[tuple[int, P]] = []
+        asks: list[_Ask] = []
+        for i, p in group.to_admit:
+            try:
+                asks.append((admission(p), self.caps.for_graph(p.graph)))
+            except Exception as exc:
+                out.refused.append((i, exc))
+                continue
+            asked.append((i, p))
+        admitted: list[Admitted[P]] = []
+        for (i, p), receipt in zip(asked, self._charge(asks), strict=True):
+            if isinstance(receipt, BaseException):
+                out.refused.append((i, receipt))
+            else:
+                admitted.append((i, p, receipt))
+        out.own, out.joined_earlier, out.joined_here = split_twins(admitted)
+        return out
 
-    def admit(self, p: Pending) -> ChargeReceipt:
-        a = self.admission(p)
-        if self._admitting is not None:
-            return self._admitting.submit((a, self.graph_cap(p.graph)))
-        return self._admit_alone(a, self.graph_cap(p.graph))
-
-    def admission(self, p: Pending) -> Admission:
-        principal = p.req.principal
-        quota = self.quota_for(principal, p.account_id)
-        return Admission(
+    def _pay_degree_release(self, p: PopularPending) -> DegreeReceipt:
+        """``popular``: the version's degree release, charged to the account if it has not
+        paid for it yet; an Idempotency-Key is bound in the same transaction."""
+        degrees = p.degrees
+        return self.ledger.quota_and_degree.admit_degree_release(
             charged_account_id=p.account_id,
-            principal_account_id=principal.account_id,
+            principal_account_id=p.req.principal.account_id,
             seed=p.req.node,
-            mechanism=str(p.mechanism["name"]),
             mode=p.req.mode.value,
-            params=p.mechanism,
-            query_curve=p.plan.curve,
-            query_epsilon=p.plan.epsilon,
-            graph_version=p.graph.version,
+            degree=DegreeCharge(p.graph.version, degrees.plan.epsilon, degrees.curve),
             request_id=p.req.request_id,
+            quota_epsilon=self.policy.quota_for(p.req.principal, p.account_id),
             idempotency_key=p.req.idempotency_key,
-            release_key=p.key if p.join_twins else None,
-            released_after=replayable_after(p.req.max_age_seconds),
-            quota_epsilon=quota,
-            degree=_degree_charge(p.plan),
         )
 
-    def quota_for(self, principal: Principal, account_id: int) -> float | None:
-        """The 24-hour quota to check when a service account charges another account."""
-        if principal.type == "service" and account_id != principal.account_id:
-            if principal.quota_epsilon is not None:
-                return principal.quota_epsilon
-            return self.policy.service_quota_epsilon
-        return None
+    def _charge(self, asks: list[_Ask]) -> list[ChargeReceipt | BaseException]:
+        if len(asks) == 1 and self._admitting is not None:
+            try:
+                return [self._admitting.submit(asks[0])]
+            except Exception as exc:
+                return [exc]
+        return self._admit_together(asks)
 
-    def _admit_alone(self, a: Admission, graph_cap: GraphCap | None) -> ChargeReceipt:
-        return self.ledger.admission.admit_and_charge(
-            a, graph_cap=graph_cap, stale_after_seconds=self.policy.stale_after_seconds
-        )
-
-    def _admit_together(
-        self, items: list[tuple[Admission, GraphCap | None]]
-    ) -> list[ChargeReceipt | BaseException]:
-        """One group of concurrent admissions: one transaction per graph-wide cap in force
-        (normally one); a lone admission: the single-query transaction."""
+    def _admit_together(self, items: list[_Ask]) -> list[ChargeReceipt | BaseException]:
+        """One group of admissions: one transaction per graph-wide cap in force (normally
+        one); a lone admission: the single-query transaction."""
+        if not items:
+            return []
         if len(items) == 1:
             admission, cap = items[0]
             try:
-                return [self._admit_alone(admission, cap)]
-            except ServiceError as exc:
+                return [
+                    self.ledger.admission.admit_and_charge(
+                        admission,
+                        graph_cap=cap,
+                        stale_after_seconds=self.policy.stale_after_seconds,
+                    )
+                ]
+            except Exception as exc:
                 return [exc]
         out: list[ChargeReceipt | BaseException | None] = [None] * len(items)
         parts: dict[Any, list[int]] = {}
@@ -133,75 +149,46 @@ class Admitter:
                 out[i] = outcome
         return [outcome for outcome in out if outcome is not None]
 
-    # -- a group of queries ---------------------------------------------------------------
 
-    def admit_many(
-        self,
-        pending: list[tuple[int, P]],
-        settle: Callable[[int, BaseException], None],
-        admission: Callable[[P], Admission],
-    ) -> list[tuple[int, P, ChargeReceipt]]:
-        """Admit a group of prepared queries (of any kind: ``admission`` states each one's
-        charge, :meth:`admission` a ranking's) in one transaction per graph version served
-        (normally one); a refused query (or a failed transaction) is settled with its error."""
-        graph_caps = {id(p.graph): self.graph_cap(p.graph) for _, p in pending}
-        by_cap: dict[int, list[tuple[int, P]]] = {}
-        for i, p in pending:
-            by_cap.setdefault(id(p.graph), []).append((i, p))
-        admitted: list[tuple[int, P, ChargeReceipt]] = []
-        for graph_id, group in by_cap.items():
-            try:
-                receipts = self.ledger.admission.admit_and_charge_many(
-                    [admission(p) for _, p in group],
-                    graph_cap=graph_caps[graph_id],
-                    stale_after_seconds=self.policy.stale_after_seconds,
-                )
-            except Exception as exc:
-                for i, _ in group:
-                    settle(i, exc)
-                continue
-            for (i, p), receipt in zip(group, receipts, strict=True):
-                if isinstance(receipt, BaseException):
-                    settle(i, receipt)
-                else:
-                    admitted.append((i, p, receipt))
-        return admitted
+def ranking_admission(p: Pending, policy: AdmissionPolicy) -> Admission:
+    """What a ranking is charged, and to whom: its quota, twin key and degree release."""
+    principal = p.req.principal
+    return Admission(
+        charged_account_id=p.account_id,
+        principal_account_id=principal.account_id,
+        seed=p.req.node,
+        mechanism=str(p.mechanism["name"]),
+        mode=p.req.mode.value,
+        params=p.mechanism,
+        query_curve=p.plan.curve,
+        query_epsilon=p.plan.epsilon,
+        graph_version=p.graph.version,
+        request_id=p.req.request_id,
+        idempotency_key=p.req.idempotency_key,
+        release_key=p.key if p.join_twins else None,
+        released_after=replayable_after(p.req.max_age_seconds),
+        quota_epsilon=policy.quota_for(principal, p.account_id),
+        degree=_degree_charge(p.plan),
+    )
 
-    # -- the graph-wide cap ---------------------------------------------------------------
 
-    def graph_cap(self, graph: Graph) -> GraphCap | None:
-        cap = self.policy.graph_cap_epsilon
-        if cap is None:
-            return None
-        return GraphCap(cap, self._current_exposure_delta(), self._max_charge_curve(graph))
-
-    def _current_exposure_delta(self) -> float:
-        if self.policy.exposure_delta is not None:
-            return self.policy.exposure_delta
-        cached = self._exposure_delta
-        if cached is None or time.monotonic() - cached[1] > 10.0:
-            cached = (self.ledger.reports.smallest_delta(), time.monotonic())
-            self._exposure_delta = cached
-        return cached[0]
-
-    def _max_charge_curve(self, graph: Graph) -> RdpCurve:
-        """Order by order, the largest curve a query at the largest epsilon can have (at the
-        graph's default delta). A charge above it is still admitted exactly, only slower."""
-        hit = self._max_charge.get(graph.version)
-        if hit is None:
-            m = self.mechanism
-            delta = m.account_delta
-            curves = [
-                self.planner.plan(m.epsilon_max, delta, m.steps, m.beta, m.eta, mode).curve
-                for mode in Mode
-            ] + [count_release_curve(m.epsilon_max)]
-            hit = RdpCurve(
-                np.max([c.rdp for c in curves], axis=0),
-                max(c.pure for c in curves),
-                max(c.sampler_tv for c in curves),
-            )
-            self._max_charge = {graph.version: hit}
-        return hit
+def split_twins(
+    admitted: list[Admitted[P]],
+) -> tuple[list[Admitted[P]], list[Admitted[P]], list[Admitted[P]]]:
+    """A group's admitted queries: its own charges, those that joined a twin (or a key's
+    charge) admitted before the group, and those that joined a twin admitted in this group
+    (answered from its release once stored: waiting for it would wait for ourselves)."""
+    own_ids = {r.charge_id for _, _, r in admitted if not (r.reused or r.joined)}
+    own: list[Admitted[P]] = []
+    earlier: list[Admitted[P]] = []
+    here: list[Admitted[P]] = []
+    for item in admitted:
+        r = item[2]
+        if not (r.reused or r.joined):
+            own.append(item)
+        else:
+            (here if r.charge_id in own_ids else earlier).append(item)
+    return own, earlier, here
 
 
 def _degree_charge(plan: DiffusionPlan | RankingPlan) -> DegreeCharge | None:

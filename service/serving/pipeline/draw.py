@@ -1,4 +1,4 @@
-"""Drawing: the admitted query's noisy release, never before its charge is committed.
+"""The draw stage: each admitted query's noisy release, never before its charge is committed.
 
 A diffusion is handed to the engine, which runs it in a block with concurrent queries (a
 group's diffusions all go to the engine before the first is waited for, so they share one
@@ -30,11 +30,7 @@ from service.serving.pipeline.items import Admitted, Pending, Started
 from service.serving.pipeline.prefixes import PrefixProvider
 from service.serving.pipeline.reads import ReadFigure
 from service.serving.rankings import RankingPlan, degree_release_name, draw_ranking
-from service.serving.schemas import Answer, QueryRequest
-
-#: What a group's query that joined a twin does instead of drawing (the coordinator's path
-#: after admission): the twin's release, or its own answer if the twin was refunded.
-Join = Callable[[Pending, ChargeReceipt], Answer | StoredRelease]
+from service.serving.schemas import QueryRequest
 
 
 class Drawer:
@@ -152,26 +148,25 @@ class Drawer:
 
     def draw_group(
         self,
-        admitted: list[Admitted],
+        admitted: list[Admitted[Pending]],
         run: Callable[[list[Callable[[], Any]]], list[Any]],
-        join: Join,
-    ) -> list[Answer | StoredRelease | BaseException]:
-        """Each admitted query's release (or a twin's answer through ``join``, or its error),
-        in order. Every diffusion goes to the engine before the first is waited for, so they
-        share a block without a thread each; the rest run on ``run``."""
+    ) -> list[StoredRelease | BaseException]:
+        """Each admitted query's release (charged to it: no twin's), or its error, in order.
+        Every diffusion goes to the engine before the first is waited for, so they share a
+        block without a thread each; the rest run on ``run``."""
         started: dict[int, Started | StoredRelease | BaseException] = {}
         thunks: list[Callable[[], Any]] = []
         with self.engine.together():  # an idle engine starts them as one block
             for j, (_, p, r) in enumerate(admitted):
-                if isinstance(p.plan, DiffusionPlan) and not (r.reused or r.joined):
+                if isinstance(p.plan, DiffusionPlan):
                     try:
                         started[j] = self.start(p, r)
                     except Exception as exc:
                         started[j] = exc
                 else:
-                    thunks.append(functools.partial(self._draw_or_join, p, r, join))
+                    thunks.append(functools.partial(self.draw, p, r))
         ran = iter(run(thunks) if thunks else [])
-        drawn: list[Answer | StoredRelease | BaseException] = []
+        drawn: list[StoredRelease | BaseException] = []
         for j, (_, p, _) in enumerate(admitted):
             if j not in started:
                 drawn.append(next(ran))
@@ -182,13 +177,6 @@ class Drawer:
             except Exception as exc:
                 drawn.append(exc)
         return drawn
-
-    def _draw_or_join(
-        self, p: Pending, receipt: ChargeReceipt, join: Join
-    ) -> Answer | StoredRelease:
-        if receipt.reused or receipt.joined:
-            return join(p, receipt)  # an earlier twin's release
-        return self.draw(p, receipt)
 
 
 def _degree_release_of(plan: DiffusionPlan | RankingPlan) -> str | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from service.serving.schemas import Principal
+
 
 @dataclass(frozen=True)
 class AdmissionPolicy:
@@ -17,6 +19,14 @@ class AdmissionPolicy:
     stale_after_seconds: float = 60.0  # an in-flight twin older than this is reconciled
     twin_wait_seconds: float = 10.0  # how long to wait for an in-flight twin's release
     heartbeat_seconds: float = 5.0  # how often charges still being answered beat
+
+    def quota_for(self, principal: Principal, account_id: int) -> float | None:
+        """The 24-hour quota to check when a service account charges another account."""
+        if principal.type == "service" and account_id != principal.account_id:
+            if principal.quota_epsilon is not None:
+                return principal.quota_epsilon
+            return self.service_quota_epsilon
+        return None
 
     @classmethod
     def from_settings(cls, settings: Any) -> AdmissionPolicy:

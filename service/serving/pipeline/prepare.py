@@ -1,9 +1,17 @@
-"""Preparing: everything before admission.
+"""The prepare stage: everything before admission, for one request.
 
 Validate the request, find the account it charges, answer it from a stored release when one
-can (a keyed query's release only once its Idempotency-Key is bound to it), answer
-``popular`` from the graph version's degree release, else plan the query: its calibration
-and the mechanism description its answer carries (:class:`Pending`).
+can (:class:`Ready`; a keyed query's release only once its Idempotency-Key is bound to it:
+:class:`ToBind`, bound by :meth:`Preparer.bind`), else plan the query: its calibration and the
+mechanism description its answer carries (:class:`ToAdmit` of a :class:`Pending`). ``popular``
+is prepared as a :class:`PopularPending`: the admit stage charges its degree release.
+
+Nothing here charges: admission is the next stage's. The ledger writes made here are the
+preparation's own, and none of them is a charge: a seed account created on first use, a
+refusal row (a mode not granted, a read cap reached), a replay's (or ``popular``'s) read
+figure counted before the stored release it reads is sent, a keyed replay's key bound to its
+release (kept here with the replay it answers, rather than split across stages), and the
+graph version's degree release, made once per version (``popular``, ``blended``).
 """
 
 from __future__ import annotations
@@ -25,14 +33,27 @@ from service.mechanisms.registry import RankingMechanism, resolve_mechanism
 from service.privacy.calibration import DiffusionPlan
 from service.privacy.modes import Mode
 from service.serving.graph_holder import GraphHolder
-from service.serving.pipeline.admit import Admitter
-from service.serving.pipeline.answer import PopularAnswers
 from service.serving.pipeline.errors import IdempotencyKeyReused
-from service.serving.pipeline.items import Pending, ToBind
+from service.serving.pipeline.graph_caps import GraphCaps
+from service.serving.pipeline.items import (
+    KeyedReplay,
+    Pending,
+    PopularPending,
+    Ready,
+    Step,
+    ToAdmit,
+    ToBind,
+)
+from service.serving.pipeline.reads import ReadFigure
 from service.serving.pipeline.refusals import RefusalLog
 from service.serving.pipeline.replay import Replayer, covers
 from service.serving.planner import DiffusionPlanner
-from service.serving.rankings import DegreeReleases, RankingPlan, plan_ranking
+from service.serving.rankings import (
+    DegreeReleases,
+    RankingPlan,
+    degree_release_name,
+    plan_ranking,
+)
 from service.serving.schemas import Answer, Principal, QueryRequest
 
 #: How long an account's delta (calibration only) is reused.
@@ -50,10 +71,10 @@ class Preparer:
         mechanism: MechanismSettings,
         planner: DiffusionPlanner,
         degree_releases: DegreeReleases,
+        caps: GraphCaps,
         create_seed_accounts: bool,
-        admitter: Admitter,
         replayer: Replayer,
-        popular: PopularAnswers,
+        reads: ReadFigure,
         refusals: RefusalLog,
     ) -> None:
         self.graphs = graphs
@@ -63,10 +84,10 @@ class Preparer:
         self.mechanism = mechanism
         self.planner = planner
         self.degree_releases = degree_releases
+        self.caps = caps
         self.create_seed_accounts = create_seed_accounts
-        self.admitter = admitter
         self.replayer = replayer
-        self.popular = popular
+        self.reads = reads
         self._deltas: dict[int, tuple[float, float]] = {}  # account -> (delta, read at)
 
     # -- validation and authorization -----------------------------------------------------
@@ -153,18 +174,18 @@ class Preparer:
 
     # -- before admission -----------------------------------------------------------------
 
-    def prepare(self, req: QueryRequest) -> Answer | Pending | ToBind:
+    def prepare(self, req: QueryRequest) -> Step[Answer, KeyedReplay, Pending]:
         """Everything before admission: validation, the charged account, replays from stored
-        releases, the plan. An Answer when a stored release (or ``popular``) answers; a
-        keyed query a stored release can answer is that release once its key is bound to it
-        (:meth:`Replayer.bind`), so every retry under the key gets the same one."""
+        releases, the plan. :class:`Ready` when a stored release answers; a keyed query a
+        stored release can answer is that release once its key is bound to it
+        (:meth:`bind`), so every retry under the key gets the same one."""
         graph = self.graphs.current  # one version for the whole request
         epsilon = self._validate(req)
         name = self._mechanism_for(req)
         seed = graph.index_of(req.node)
         account_id = self._charged_account(req.principal, req.node, req.mode, graph)
         if name is RankingMechanism.POPULAR:
-            return self.popular.answer(req, graph, seed, account_id)
+            return self._popular(req, graph, seed, account_id)
         key = ReleaseKey(account_id, req.node, graph.version, req.mode.value, epsilon, name.value)
 
         if req.idempotency_key is not None:
@@ -172,7 +193,7 @@ class Preparer:
             if stored is not None:
                 if stored.key != key:
                     raise IdempotencyKeyReused()
-                return self.replayer.replay(stored, req, graph, seed, account_id)
+                return Ready(self.replayer.replay(stored, req, graph, seed, account_id))
         join_twins = not req.fresh
         if not req.fresh:
             stored = self.replayer.find_release(key)
@@ -183,27 +204,52 @@ class Preparer:
             if stored is not None:
                 if covers(stored, req, graph, seed):
                     if req.idempotency_key is not None:
-                        return ToBind(req, graph, seed, account_id, key, name, epsilon, stored)
-                    return self.replayer.replay(stored, req, graph, seed, account_id)
+                        return ToBind(
+                            KeyedReplay(req, graph, seed, account_id, key, name, epsilon, stored)
+                        )
+                    return Ready(self.replayer.replay(stored, req, graph, seed, account_id))
                 join_twins = False  # the stored release is too short for this query: draw anew
-        return self._plan(req, graph, seed, account_id, key, name, epsilon, join_twins)
+        return ToAdmit(self._plan(req, graph, seed, account_id, key, name, epsilon, join_twins))
+
+    def _popular(
+        self, req: QueryRequest, graph: Graph, seed: int, account_id: int
+    ) -> PopularPending:
+        """``popular``: the graph version's one degree release (made, once per version, if it
+        is not yet), counted in a service account's read figure before it is sent; the admit
+        stage charges it to the account, once per version. An Idempotency-Key bound to a
+        charged query is refused here (422); one bound to ``popular`` is checked at
+        admission, in the transaction that binds it."""
+        if req.idempotency_key is not None:
+            stored = self.replayer.release_for_idempotency_key(req)
+            if stored is not None:  # the key belongs to a charged query
+                raise IdempotencyKeyReused()
+        degrees = self.degree_releases.get(graph, self.caps.for_graph(graph))
+        if req.principal.type == "service":
+            self.reads.record(req, graph.version, None, degree_release_name(degrees.plan.scale))
+        return PopularPending(req, graph, seed, account_id, degrees)
 
     # -- the plan -------------------------------------------------------------------------
 
-    def bind(self, items: list[ToBind]) -> list[Answer | Pending | BaseException]:
+    def bind(
+        self, items: list[KeyedReplay]
+    ) -> list[Ready[Answer] | ToAdmit[Pending] | BaseException]:
         """Bind the keyed queries' keys to their stored releases in one transaction
         (:meth:`Replayer.bind`): each one's replay, or, its key bound to another charge, the
         query planned to be admitted as that charge's twin."""
         return self.replayer.bind(
             items,
             keyed=lambda b: (b.req, b.stored),
-            replay=lambda b: self.replayer.replay(b.stored, b.req, b.graph, b.seed, b.account_id),
+            replay=lambda b: Ready(
+                self.replayer.replay(b.stored, b.req, b.graph, b.seed, b.account_id)
+            ),
             plan=self._plan_bound,
         )
 
-    def _plan_bound(self, b: ToBind) -> Pending:
+    def _plan_bound(self, b: KeyedReplay) -> ToAdmit[Pending]:
         """A keyed query whose key was bound already: planned, to be admitted as a twin."""
-        return self._plan(b.req, b.graph, b.seed, b.account_id, b.key, b.name, b.epsilon, True)
+        return ToAdmit(
+            self._plan(b.req, b.graph, b.seed, b.account_id, b.key, b.name, b.epsilon, True)
+        )
 
     def _plan(
         self,
@@ -229,7 +275,7 @@ class Preparer:
             # (once per version) in the query's own admission
             degrees = None
             if name is RankingMechanism.BLENDED:
-                degrees = self.degree_releases.get(graph, self.admitter.graph_cap(graph))
+                degrees = self.degree_releases.get(graph, self.caps.for_graph(graph))
             plan = plan_ranking(name, epsilon, req.mode, degrees)
             mechanism = plan.describe()
         return Pending(req, graph, seed, account_id, key, join_twins, plan, mechanism)

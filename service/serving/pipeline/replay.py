@@ -23,7 +23,7 @@ from service.graph.model import Graph
 from service.ledger.ledger import Ledger
 from service.ledger.records import BudgetView, ChargeReceipt, ReleaseKey, StoredRelease
 from service.serving.pipeline.errors import IdempotencyKeyReused, RequestInProgress
-from service.serving.pipeline.items import A, Pending, Prepared
+from service.serving.pipeline.items import A, P
 from service.serving.pipeline.policy import AdmissionPolicy
 from service.serving.pipeline.reads import ReadFigure
 from service.serving.pipeline.results import post_process
@@ -33,11 +33,11 @@ from service.serving.schemas import Answer, QueryRequest
 
 log = logging.getLogger(__name__)
 
-#: A query of any kind prepared for admission, one of a group admitted with its receipt, and a
-#: keyed query a stored release answers once its key is bound to it.
-P = TypeVar("P", bound=Prepared)
-G = TypeVar("G", bound=tuple[int, Prepared, ChargeReceipt])
+#: A keyed query a stored release answers once its key is bound to it, and what binding its
+#: key makes of it: its replay, or (the key bound to another charge) the query to admit.
 K = TypeVar("K")
+R = TypeVar("R")
+Q = TypeVar("Q")
 
 #: How long a replay's budget view is reused.
 _REPLAY_BUDGET_TTL_SECONDS = 1.0
@@ -143,9 +143,9 @@ class Replayer:
         self,
         items: Sequence[K],
         keyed: Callable[[K], tuple[QueryRequest, StoredRelease]],
-        replay: Callable[[K], A],
-        plan: Callable[[K], P],
-    ) -> list[A | P | BaseException]:
+        replay: Callable[[K], R],
+        plan: Callable[[K], Q],
+    ) -> list[R | Q | BaseException]:
         """Bind each keyed query's Idempotency-Key to the stored release found for it
         (``keyed``: the query and that release), all in one ledger transaction, and answer
         with that release (``replay``). A key bound already (by an earlier or a concurrent
@@ -166,7 +166,7 @@ class Replayer:
                 if is_bound
             ]
         )
-        out: list[A | P | BaseException] = []
+        out: list[R | Q | BaseException] = []
         for item, is_bound in zip(items, bound, strict=True):
             try:  # a service account's replay may be refused by its read cap
                 out.append(replay(item) if is_bound else plan(item))
@@ -187,22 +187,18 @@ class Replayer:
     # -- twins: an identical query admitted first -----------------------------------------
 
     def join_twin(
-        self, p: Pending, receipt: ChargeReceipt, admit: Callable[[Pending], ChargeReceipt]
-    ) -> Answer | ChargeReceipt:
-        """A twin's release (waiting for it), or the receipt of this query's own charge."""
-        return self.join_twin_of(p, receipt, admit, self._replay_pending)
-
-    def join_twin_of(
         self,
         p: P,
         receipt: ChargeReceipt,
         admit: Callable[[P], ChargeReceipt],
         replay: Callable[[StoredRelease, P], A],
-    ) -> A | ChargeReceipt:
-        """:meth:`join_twin` for a query of any kind, answered from a release by ``replay``."""
+        own: Callable[[P, ChargeReceipt], A],
+    ) -> A:
+        """A twin's release (waiting for it), answered by ``replay``; or, the twin refunded,
+        this query admitted again (``admit``) and, charged, answered by ``own``."""
         for _ in range(_MAX_ADMISSIONS):
             if not (receipt.reused or receipt.joined):
-                return receipt
+                return own(p, receipt)
             # An identical query (or a retry with the same Idempotency-Key) was admitted
             # first: its release is the answer, once stored. If it is refunded instead (its
             # worker died and it was reconciled), admission runs again and may charge.
@@ -216,9 +212,6 @@ class Replayer:
         raise RequestInProgress(
             "an identical request is still being answered; retry shortly", retry_after=1
         )
-
-    def _replay_pending(self, stored: StoredRelease, p: Pending) -> Answer:
-        return self.replay(stored, p.req, p.graph, p.seed, p.account_id)
 
     def _wait_for_release(self, charge_id: int) -> StoredRelease | None:
         """The release of ``charge_id`` once stored; None once it is refunded. A charge still
@@ -240,19 +233,13 @@ class Replayer:
             pause = min(pause * 2, 0.1)
 
     def from_twin_in_group(
-        self, p: Pending, twin: StoredRelease | BaseException | None
-    ) -> Answer | BaseException:
-        """A group's query that joined a twin of the same group: the twin's release as
-        stored (or the error that discarded it)."""
-        return self.from_twin_in_group_of(p, twin, self._replay_pending)
-
-    def from_twin_in_group_of(
         self,
         p: P,
         twin: StoredRelease | BaseException | None,
         replay: Callable[[StoredRelease, P], A],
     ) -> A | BaseException:
-        """:meth:`from_twin_in_group` for a query of any kind, answered by ``replay``."""
+        """A group's query that joined a twin of the same group: the twin's release as
+        stored, answered by ``replay`` (or the error that discarded it)."""
         if twin is None or isinstance(twin, BaseException):
             return twin or RequestInProgress(
                 "an identical request failed before its answer was stored; retry",
@@ -275,19 +262,6 @@ def covers(stored: StoredRelease, req: QueryRequest, graph: Graph, seed: int) ->
     return available >= min(
         req.k, graph.n - 1 - (int(graph.degrees[seed]) if req.exclude_neighbors else 0)
     )
-
-
-def split_twins(admitted: list[G]) -> tuple[list[G], list[G]]:
-    """A group's admitted queries (position, query, receipt): those to draw (or to wait for a
-    twin admitted earlier), and those that joined a twin admitted in this same group, answered
-    from its release once it is stored (waiting for it in the pool would wait for ourselves)."""
-    own = {r.charge_id for _, _, r in admitted if not (r.reused or r.joined)}
-    later: list[G] = []
-    now: list[G] = []
-    for item in admitted:
-        r = item[2]
-        (later if (r.reused or r.joined) and r.charge_id in own else now).append(item)
-    return now, later
 
 
 def release_age(stored: StoredRelease) -> dict[str, Any]:

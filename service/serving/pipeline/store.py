@@ -1,5 +1,6 @@
-"""Storing releases: a release is stored, and its charge marked released, before its answer
-may leave the process; alone, group-committed, or a whole group's in one transaction.
+"""The store stage: a release is stored, and its charge marked released, before its answer
+may leave the process; a group's in one transaction (:meth:`Storer.store_many`); a group of
+one group-committed with the lone releases stored at the same time (``ledger_group_max`` > 1).
 
 If storing fails the answer is discarded and the client gets 503 ``ledger_unavailable``:
 nothing was released, the charge stays admitted and is refunded by reconciliation. The replay
@@ -30,46 +31,19 @@ class Storer:
         if group_max > 1:
             self._storing = GroupCommitter(self._store_together, max_group=group_max)
 
-    def store(self, stored: StoredRelease, req: QueryRequest) -> None:
-        """Store the release and mark its charge released; only then may the answer leave.
-
-        If storing fails the answer is discarded and the client gets 503 ``ledger_unavailable``:
-        nothing was released, the charge stays admitted and is refunded by reconciliation.
-        """
-        try:
-            if self._storing is not None:
-                self._storing.submit((stored, req.idempotency_key, req.principal.account_id))
-            else:
-                self.ledger.settlement.store_release(
-                    stored,
-                    idempotency_key=req.idempotency_key,
-                    principal_account_id=req.principal.account_id,
-                )
-        except LedgerUnavailable:
-            log.warning(
-                "storing a release failed; the answer was discarded",
-                extra={"request_id": req.request_id, "charge_id": stored.charge_id},
-            )
-            raise
-        except ChargeSettled as exc:
-            raise settled_before_stored(stored, req) from exc
-        if self.replays is not None and self._storing is None:  # a group caches its own
-            self._cache_release(stored, req)
-
-    def _cache_release(self, stored: StoredRelease, req: QueryRequest) -> None:
-        assert self.replays is not None
-        self.replays.put(stored)
-        if req.idempotency_key is not None:
-            self.replays.put_for_idempotency(req.principal.account_id, req.idempotency_key, stored)
-
     def store_many(
         self, items: list[tuple[QueryRequest, StoredRelease]]
     ) -> list[BaseException | None]:
         """Store the releases in one transaction and cache them (:meth:`_store_together`,
-        before any is answered); per item None or the error that discards its answer (as
-        :meth:`store`)."""
+        before any is answered); per item None or the error that discards its answer.
+
+        If storing fails the answer is discarded and the client gets 503
+        ``ledger_unavailable``: nothing was released, the charge stays admitted and is
+        refunded by reconciliation."""
         if not items:
             return []
+        if len(items) == 1 and self._storing is not None:
+            return [self._store_one(*items[0], self._storing)]
         try:
             settled = self._store_together(
                 [(stored, req.idempotency_key, req.principal.account_id) for req, stored in items]
@@ -81,6 +55,25 @@ class Storer:
             None if outcome is None else settled_before_stored(stored, req)
             for (req, stored), outcome in zip(items, settled, strict=True)
         ]
+
+    def _store_one(
+        self,
+        req: QueryRequest,
+        stored: StoredRelease,
+        storing: GroupCommitter[tuple[StoredRelease, str | None, int], None],
+    ) -> BaseException | None:
+        """A lone release, in one transaction with those stored concurrently."""
+        try:
+            storing.submit((stored, req.idempotency_key, req.principal.account_id))
+        except LedgerUnavailable as exc:
+            log.warning(
+                "storing a release failed; the answer was discarded",
+                extra={"request_id": req.request_id, "charge_id": stored.charge_id},
+            )
+            return exc
+        except ChargeSettled:
+            return settled_before_stored(stored, req)
+        return None
 
     def _store_together(
         self, items: list[tuple[StoredRelease, str | None, int]]

@@ -1,0 +1,133 @@
+"""The draw stage (:meth:`Drawer.draw_group`): each admitted query's own release, the group's
+diffusions handed to the engine together before any is waited for, the other rankings drawn
+on ``run``; a failure before any noise is drawn refunds that query's charge alone.
+
+The graph, the plans and the ranking draws are real; the engine, the prefixes and the ledger
+are fakes that record what they are asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from typing import Any, cast
+
+import numpy as np
+
+from service.config import MechanismSettings
+from service.graph.build import build_graph
+from service.ledger.records import BudgetView, ChargeReceipt, ReleaseKey, StoredRelease
+from service.mechanisms.engine import EngineResult
+from service.mechanisms.registry import RankingMechanism
+from service.privacy.modes import Mode
+from service.serving.pipeline.draw import Drawer
+from service.serving.pipeline.items import Admitted, Pending
+from service.serving.planner import DiffusionPlanner
+from service.serving.rankings import plan_ranking
+from service.serving.schemas import Principal, QueryRequest
+
+GRAPH = build_graph(np.array([0, 1, 2, 3, 0]), np.array([1, 2, 3, 4, 2]))
+USER = Principal(account_id=4, type="user", node_id="2", modes=("personalized",))
+BUDGET = BudgetView(account_id=4, spent_epsilon=0.0, cap_epsilon=1.0, remaining_epsilon=1.0,
+                    delta=1e-6)  # fmt: skip
+
+
+class FakeEngine:
+    def __init__(self, log: list[str], failing: set[int]) -> None:
+        self.log = log
+        self.failing = failing
+        self.futures: list[Future[EngineResult]] = []
+
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        self.log.append("together")
+        yield
+        self.log.append("end together")
+
+    def submit(self, graph: Any, seed: int, config: Any, **kwargs: Any) -> Future[EngineResult]:
+        if seed in self.failing:
+            raise MemoryError("no room for this block")
+        self.log.append(f"submit {seed}")
+        future: Future[EngineResult] = Future()
+        future.set_result(EngineResult(np.arange(graph.n, dtype=np.float64)))
+        self.futures.append(future)
+        return future
+
+
+class FakePrefixes:
+    def lookup(self, *where: Any) -> None:
+        return None
+
+    def remember(self, *where: Any) -> None:
+        pass
+
+
+class FakeSettlement:
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def refund(self, charge_id: int, *, reason: str) -> None:
+        self.log.append(f"refund {charge_id}: {reason}")
+
+
+class FakeLedger:
+    def __init__(self, log: list[str]) -> None:
+        self.settlement = FakeSettlement(log)
+
+
+def drawer(log: list[str], failing: set[int] | None = None) -> Drawer:
+    return Drawer(
+        engine=cast(Any, FakeEngine(log, failing or set())), prefixes=cast(Any, FakePrefixes()),
+        ledger=cast(Any, FakeLedger(log)), reads=cast(Any, None),
+        note_budget=lambda account, budget: None, replay_store_top=3,
+    )  # fmt: skip
+
+
+def admitted(i: int, node: str, mechanism: RankingMechanism) -> Admitted[Pending]:
+    req = QueryRequest(USER, node, 2, 0.5, Mode.PERSONALIZED, mechanism=mechanism.value)
+    if mechanism is RankingMechanism.NOISY_DIFFUSION:
+        m = MechanismSettings()
+        plan: Any = DiffusionPlanner().plan(0.5, 1e-6, m.steps, m.beta, m.eta, Mode.PERSONALIZED)
+        described: dict[str, Any] = {"name": mechanism.value}
+    else:
+        plan = plan_ranking(mechanism, 0.5, Mode.PERSONALIZED, None)
+        described = plan.describe()
+    key = ReleaseKey(4, node, GRAPH.version, "personalized", 0.5, mechanism.value)
+    p = Pending(req, GRAPH, GRAPH.index_of(node), 4, key, True, plan, described)
+    return (i, p, ChargeReceipt(100 + i, BUDGET))
+
+
+def in_order(log: list[str]) -> Callable[[list[Callable[[], Any]]], list[Any]]:
+    def run(thunks: list[Callable[[], Any]]) -> list[Any]:
+        log.append(f"run {len(thunks)}")
+        return [thunk() for thunk in thunks]
+
+    return run
+
+
+def test_diffusions_go_to_the_engine_together_and_the_rest_run_on_run() -> None:
+    log: list[str] = []
+    group = [
+        admitted(0, "0", RankingMechanism.NOISY_DIFFUSION),
+        admitted(1, "1", RankingMechanism.COMMON_NEIGHBOURS),
+        admitted(2, "3", RankingMechanism.NOISY_DIFFUSION),
+    ]
+    drawn = drawer(log).draw_group(group, in_order(log))
+    assert log == ["together", "submit 0", "submit 3", "end together", "run 1"]
+    assert all(isinstance(release, StoredRelease) for release in drawn)
+    assert [cast(StoredRelease, r).charge_id for r in drawn] == [100, 101, 102]
+    assert [cast(StoredRelease, r).key.node for r in drawn] == ["0", "1", "3"]
+
+
+def test_a_failure_before_any_noise_refunds_that_charge_alone() -> None:
+    log: list[str] = []
+    group = [
+        admitted(0, "0", RankingMechanism.NOISY_DIFFUSION),
+        admitted(1, "3", RankingMechanism.NOISY_DIFFUSION),
+    ]
+    drawn = drawer(log, failing={GRAPH.index_of("0")}).draw_group(group, in_order(log))
+    assert isinstance(drawn[0], MemoryError) and isinstance(drawn[1], StoredRelease)
+    assert [entry for entry in log if entry.startswith("refund")] == [
+        "refund 100: failed before any noise was drawn"
+    ]
