@@ -402,6 +402,11 @@ COVERING_SUITES: dict[str, tuple[str, ...]] = {
         "tests/test_promise.py",
         "tests/test_embedding_batch_api.py",
     ),
+    # the graph-wide cap read by the degree release (prepare) and by every admission (admit)
+    "service/serving/pipeline/graph_caps.py": (
+        "tests/test_ranking_api.py",
+        "tests/test_promise.py",
+    ),
     "service/serving/pipeline/group.py": ("tests/test_api.py", "tests/test_refused_batches.py"),
     "service/serving/pipeline/items.py": ("tests/test_api.py",),
     # the admission policy read from the settings
