@@ -21,7 +21,7 @@ serve: $(STAMP)
 	$(BIN)/python -m service serve
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --durations=10 $(PYTEST_ARGS)
 
 # Schemathesis over every endpoint with user, service and admin keys, on SQLite and on
 # PostgreSQL + Redis, with many more examples than the suite's run (FUZZ_EXAMPLES per mode).
