@@ -27,6 +27,7 @@ from service.serving.pipeline.admit import Admitter, split_twins
 from service.serving.pipeline.items import Pending, PopularPending, PreparedGroup
 from service.serving.pipeline.policy import AdmissionPolicy
 from service.serving.schemas import Principal, QueryRequest
+from tests.unit.serving.pipeline.lone_arrivals import first_alone_then_two_together
 
 BUDGET = BudgetView(account_id=1, spent_epsilon=0.0, cap_epsilon=1.0, remaining_epsilon=1.0,
                     delta=1e-6)  # fmt: skip
@@ -191,17 +192,12 @@ def test_lone_admissions_arriving_together_share_one_transaction() -> None:
 
         return run
 
-    first = threading.Thread(target=admit("a"))
-    first.start()
-    assert ledger.admission.inside.wait(5)
-    later = [threading.Thread(target=admit(node)) for node in ("b", "c")]
-    for thread in later:
-        thread.start()
-    while stage._admitting is not None and len(stage._admitting._queue) < 2:
-        threading.Event().wait(0.01)
-    ledger.admission.hold.set()
-    for thread in [first, *later]:
-        thread.join(5)
+    first_alone_then_two_together(
+        [admit(node) for node in "abc"],
+        inside=ledger.admission.inside,
+        hold=ledger.admission.hold,
+        queued=lambda: 0 if stage._admitting is None else len(stage._admitting._queue),
+    )
     assert ledger.log[0] == ("alone", "a")
     assert ledger.log[1][0] == "together" and sorted(ledger.log[1][1]) == ["b", "c"]
     assert all(len(results[node].own) == 1 for node in "abc")

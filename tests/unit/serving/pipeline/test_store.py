@@ -7,6 +7,7 @@ The ledger's settlement and the replay cache are fakes that record what they are
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any, cast
 
 from service.ledger.ledger import LedgerUnavailable
@@ -14,6 +15,7 @@ from service.ledger.records import ChargeSettled, ReleaseKey, StoredRelease
 from service.privacy.modes import Mode
 from service.serving.pipeline.store import Storer
 from service.serving.schemas import Principal, QueryRequest
+from tests.unit.serving.pipeline.lone_arrivals import first_alone_then_two_together
 
 USER = Principal(account_id=4, type="user", node_id="n", modes=("personalized",))
 
@@ -110,20 +112,18 @@ def test_lone_releases_stored_at_the_same_time_share_one_transaction() -> None:
     ledger.settlement.hold.clear()  # the first lone store runs alone and waits
     outcomes: dict[int, Any] = {}
 
-    def store(i: int) -> None:
-        outcomes[i] = stage.store_many([(request(str(i)), release(i))])
+    def store(i: int) -> Callable[[], None]:
+        def run() -> None:
+            outcomes[i] = stage.store_many([(request(str(i)), release(i))])
 
-    first = threading.Thread(target=store, args=(1,))
-    first.start()
-    assert ledger.settlement.inside.wait(5)
-    later = [threading.Thread(target=store, args=(i,)) for i in (2, 3)]
-    for thread in later:
-        thread.start()
-    while stage._storing is not None and len(stage._storing._queue) < 2:
-        threading.Event().wait(0.01)
-    ledger.settlement.hold.set()
-    for thread in [first, *later]:
-        thread.join(5)
+        return run
+
+    first_alone_then_two_together(
+        [store(i) for i in (1, 2, 3)],
+        inside=ledger.settlement.inside,
+        hold=ledger.settlement.hold,
+        queued=lambda: 0 if stage._storing is None else len(stage._storing._queue),
+    )
     assert outcomes == {1: [None], 2: [None], 3: [None]}
     stored = [entry for entry in ledger.log if entry[0] in ("one", "many")]
     assert stored[0] == ("one", 1, None) and stored[1][0] == "many"
