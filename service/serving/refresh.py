@@ -30,7 +30,9 @@ MAX_AGE = "max_age"
 REFRESH_PATTERN = r"^(on_new_version|always|max_age:[1-9][0-9]{0,8}[smhdw])$"
 
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
-#: The longest max_age accepted: ten years (a larger one is on_new_version in effect).
+#: The longest max_age in effect: ten years. A longer one (any the pattern allows is a valid
+#: request) is read as this: a release that old is due either way, and the date arithmetic
+#: stays in range.
 MAX_AGE_LIMIT_SECONDS = 10 * 365 * 86_400
 
 REFRESH_HELP = (
@@ -81,9 +83,7 @@ def parse_refresh(text: str | None, *, fresh: bool = False, name: str = "refresh
         )
     if text.startswith(MAX_AGE):
         amount = text.split(":", 1)[1]
-        seconds = int(amount[:-1]) * _UNIT_SECONDS[amount[-1]]
-        if seconds > MAX_AGE_LIMIT_SECONDS:
-            raise InvalidParameter(name, "max_age is at most ten years (3650d)")
+        seconds = min(int(amount[:-1]) * _UNIT_SECONDS[amount[-1]], MAX_AGE_LIMIT_SECONDS)
         policy = RefreshPolicy(MAX_AGE, seconds)
     else:
         policy = RefreshPolicy(text)
