@@ -103,7 +103,7 @@ def test_bad_policies_are_refused_with_nothing_charged(
     for params in (
         {"refresh": "weekly"},
         {"refresh": "max_age:0d"},
-        {"refresh": "max_age:3651d"},
+        {"refresh": "max_age:1234567890s"},
     ):
         response = query(client, key, "5", k=10, **params)
         assert response.status_code == 422, (params, response.text)
