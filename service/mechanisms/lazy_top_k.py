@@ -220,7 +220,7 @@ def range_levels(
         elif b is not None and b <= 0:
             g = np.abs(z[z != 0]) - 1
             x = (b - 1) - (g if a is None else g % (b - a))
-        else:  # across 0: rejection from N itself (only ranges of probability >= 1/2 here)
+        else:  # across 0: rejection from N itself
             keep = np.ones(z.shape[0], dtype=bool)
             if a is not None:
                 keep &= z >= a
