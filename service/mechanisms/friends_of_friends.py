@@ -92,6 +92,7 @@ def friends_of_friends_top(
     s_f, t_f = gamma_ratio(grid, dyadic_scale(plan.friend_scale))
     s_c, t_c = gamma_ratio(grid, dyadic_scale(plan.candidate_scale))
     friends = np.unique(graph.neighbors(seed).astype(np.int64))
+    friends = friends[friends != seed]  # no self-loops in a Graph; the seed is never ranked
     at = np.searchsorted(nodes, friends)  # every friend has the seed as a common neighbour...
     found = at < nodes.shape[0]
     found[found] = nodes[at[found]] == friends[found]
