@@ -118,6 +118,35 @@ def test_the_chi_square_test_rejects_level_counts_off_by_one(
     assert homogeneity_p(_samples(_lazy_statistic, 1), _samples(_full_statistic, 2)) < ALPHA
 
 
+def test_the_thresholds_change_the_cost_not_the_law(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any choice of thresholds gives the same law: here narrow steps down through 0 (the
+    ranges ``[4, +inf)``, ``[2, 4)``, ``[1, 2)``, ``[0, 1)``, ``[-2, 0)``, ``[-4, -2)``, ...,
+    and the minimum's above a threshold), for the top 7 of 12, often below 0."""
+    m, need = 12, 7
+
+    def narrow(
+        law: lazy_top_k._Law, top: int | None, lower: int | None, remaining: int, wanted: int
+    ) -> int:
+        below = 4 if top is None else {4: 2, 2: 1, 1: 0}.get(top, top - 2)
+        return below if lower is None else max(below, lower)
+
+    monkeypatch.setattr(lazy_top_k, "_next_threshold", narrow)
+
+    def full(rng: np.random.Generator) -> tuple[int, ...]:
+        levels = rounded_laplace(rng, S, T, m)
+        order = np.lexsort((np.arange(m), -levels))[:need]
+        top = levels[order]
+        return (_bucket(int(top[0]) - 2), _bucket(int(top[-1])), _bucket(int(levels.min()) + 3))
+
+    def lazy(rng: np.random.Generator) -> tuple[int, ...]:
+        drawn = lazy_top(rng, S, T, m, need, minimum=True)
+        top = drawn.levels[np.lexsort((drawn.ranks, -drawn.levels))[:need]]
+        assert drawn.minimum is not None
+        return (_bucket(int(top[0]) - 2), _bucket(int(top[-1])), _bucket(drawn.minimum + 3))
+
+    assert homogeneity_p(_samples(lazy, 11), _samples(full, 12)) > ALPHA
+
+
 # -- the rankings on a small graph ----------------------------------------------------------
 
 
