@@ -310,10 +310,14 @@ COVERING_SUITES: dict[str, tuple[str, ...]] = {
     "service/mechanisms/common_neighbours.py": (
         "tests/test_ranking_sensitivity.py",
         "tests/test_laplace_mechanisms.py",
+        "tests/unit/mechanisms/test_lazy_top_k.py",
     ),
     # the Bernoulli draws under the exact Laplace sampler
     "service/mechanisms/exact_bernoulli.py": ("tests/unit/mechanisms/test_exact_laplace.py",),
-    "service/mechanisms/friends_of_friends.py": ("tests/test_ranking_sensitivity.py",),
+    "service/mechanisms/friends_of_friends.py": (
+        "tests/test_ranking_sensitivity.py",
+        "tests/unit/mechanisms/test_lazy_top_k.py",
+    ),
     # the grid step the engine runs, checked bit for bit there
     "service/mechanisms/grid_noise.py": ("tests/unit/mechanisms/test_engine.py",),
     "service/mechanisms/operator.py": (

@@ -294,12 +294,14 @@ def test_count_noise_is_on_the_grid_and_added_exactly() -> None:
 
 
 COUNT_MECHANISMS = ["popular", "common_neighbours", "friends_of_friends", "blended"]
+#: The lazy top-k the service stores for common_neighbours and friends_of_friends.
+LAZY_TOP_K = ["common_neighbours_top", "friends_of_friends_top"]
 
 
 def _draw_count_release(name: str, rng: np.random.Generator) -> None:
     from service.mechanisms.blended import blended_ranking
-    from service.mechanisms.common_neighbours import noisy_common_neighbours
-    from service.mechanisms.friends_of_friends import friends_of_friends
+    from service.mechanisms.common_neighbours import common_neighbours_top, noisy_common_neighbours
+    from service.mechanisms.friends_of_friends import friends_of_friends, friends_of_friends_top
     from service.mechanisms.popular import noisy_degrees
     from service.privacy.laplace import plan_laplace, plan_two_scale
 
@@ -310,6 +312,10 @@ def _draw_count_release(name: str, rng: np.random.Generator) -> None:
         noisy_common_neighbours(graph, 5, plan_laplace(0.1, 2.0), rng)
     elif name == "friends_of_friends":
         friends_of_friends(graph, 5, plan_two_scale(0.1), rng)
+    elif name == "common_neighbours_top":
+        common_neighbours_top(graph, 5, plan_laplace(0.1, 2.0), 30, rng)
+    elif name == "friends_of_friends_top":
+        friends_of_friends_top(graph, 5, plan_two_scale(0.1), 30, rng)
     elif name == "blended":
         degrees = np.asarray(graph.degrees, dtype=np.float64)  # stands in for the release
         blended_ranking(graph, 5, plan_two_scale(0.1), degrees, 20.0, rng)
@@ -322,7 +328,7 @@ def _draw_count_release(name: str, rng: np.random.Generator) -> None:
         dp_instant_embedding(graph, 5, hashes, 1.0, 1e-3, Mode.EDGE, rng=rng)
 
 
-@pytest.mark.parametrize("name", [*COUNT_MECHANISMS, "dp_instant_embedding"])
+@pytest.mark.parametrize("name", [*COUNT_MECHANISMS, *LAZY_TOP_K, "dp_instant_embedding"])
 def test_count_releases_and_dp_ie_never_draw_floats(name: str) -> None:
     """Neither the float64 ziggurat (``standard_exponential``, behind ``laplace_noise``) nor any
     other float sampler: only raw 64-bit words (the exact sampler). Fails on the float

@@ -18,7 +18,13 @@ import numpy as np
 
 from service.errors import InvalidParameter
 from service.graph.model import Graph
-from service.mechanisms.exact_laplace import grid_laplace
+from service.mechanisms.exact_laplace import (
+    dyadic_scale,
+    gamma_ratio,
+    grid_laplace,
+    rounded_laplace,
+)
+from service.mechanisms.lazy_top_k import lazy_rank_to_index, lazy_top
 from service.mechanisms.operator import walk_operator
 from service.mechanisms.postprocess import checked_count_grid
 from service.mechanisms.randomness import fresh_generator
@@ -27,8 +33,11 @@ from service.privacy.modes import Mode
 
 __all__ = [
     "common_neighbour_counts",
+    "common_neighbours_top",
     "count_noise_scales",
+    "neighbourhood_counts",
     "noisy_common_neighbours",
+    "ranked_candidates",
     "require_personalized",
     "two_scale_common_neighbours",
 ]
@@ -112,3 +121,74 @@ def two_scale_common_neighbours(
     released: np.ndarray = counts + grid_laplace(rng, count_noise_scales(graph, seed, plan), grid)
     released[seed] = 0.0
     return released
+
+
+def neighbourhood_counts(graph: Graph, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The nonzero entries of :func:`common_neighbour_counts`: (nodes, counts), the nodes sorted
+    (the seed among them when it has a friend), from the seed's friends' neighbour lists only."""
+    if not 0 <= seed < graph.n:
+        raise InvalidParameter("seed", f"internal index {seed} is outside [0, {graph.n})")
+    friends = graph.neighbors(seed).astype(np.int64)
+    starts = graph.indptr[friends].astype(np.int64)
+    lengths = graph.indptr[friends + 1].astype(np.int64) - starts
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+    offsets = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    reached = graph.indices[offsets + np.arange(total, dtype=np.int64)]
+    nodes, counts = np.unique(reached, return_counts=True)
+    return nodes.astype(np.int64), counts.astype(np.float64)
+
+
+def ranked_candidates(
+    indices: np.ndarray, values: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``k`` of ``indices`` by ``values`` clipped at 0, ties by index, as
+    :func:`service.mechanisms.postprocess.top_k` ranks them: (indices, clipped values)."""
+    clipped = np.maximum(np.asarray(values, dtype=np.float64), 0.0)
+    order = np.lexsort((indices, -clipped))[:k]
+    return indices[order], clipped[order]
+
+
+def common_neighbours_top(
+    graph: Graph,
+    seed: int,
+    plan: LaplacePlan,
+    k: int,
+    rng: np.random.Generator | None = None,
+    mode: Mode | str = Mode.PERSONALIZED,
+    *,
+    grid: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The top ``k`` of :func:`noisy_common_neighbours` (without the seed), ranked as
+    :func:`service.mechanisms.postprocess.ranked_indices` ranks it (clipped at 0, ties by
+    index): (indices, scores), with exactly the law of ranking the full draw, drawing noise only
+    for the nodes with a common neighbour and the top of the others
+    (:func:`service.mechanisms.lazy_top_k.lazy_top`; docs/privacy.md, "The lazy top-k")."""
+    require_personalized(mode, "common_neighbours")
+    if plan.sensitivity < COMMON_NEIGHBOUR_SENSITIVITY:
+        raise InvalidParameter(
+            "sensitivity",
+            f"common-neighbour counts have sensitivity {COMMON_NEIGHBOUR_SENSITIVITY}",
+        )
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    nodes, counts = neighbourhood_counts(graph, seed)
+    rng = rng if rng is not None else fresh_generator()
+    grid = checked_count_grid(grid, plan.scale)
+    s, t = gamma_ratio(grid, dyadic_scale(plan.scale))
+    keep = nodes != seed
+    explicit, counts = nodes[keep], counts[keep]
+    values = counts + rounded_laplace(rng, s, t, explicit.shape[0]).astype(np.float64) * grid
+    excluded = np.union1d(explicit, np.array([seed], dtype=np.int64))
+    lazy_count = graph.n - excluded.shape[0]
+    k = min(int(k), graph.n - 1)
+    lazy = lazy_top(rng, s, t, lazy_count, k, floor=1)
+    indices = np.concatenate([explicit, lazy_rank_to_index(excluded, lazy.ranks)])
+    values = np.concatenate([values, lazy.levels.astype(np.float64) * grid])
+    if lazy.floored:  # every other lazy node scores 0 once clipped: the first k by index
+        span = np.arange(min(lazy_count, k + lazy.ranks.shape[0]), dtype=np.int64)
+        zeros = lazy_rank_to_index(excluded, np.setdiff1d(span, lazy.ranks)[:k])
+        indices = np.concatenate([indices, zeros])
+        values = np.concatenate([values, np.zeros(zeros.shape[0])])
+    return ranked_candidates(indices, values, k)

@@ -19,12 +19,20 @@ import numpy as np
 
 from service.errors import InvalidParameter
 from service.graph.model import Graph
-from service.mechanisms.common_neighbours import require_personalized, two_scale_common_neighbours
+from service.mechanisms.common_neighbours import (
+    neighbourhood_counts,
+    ranked_candidates,
+    require_personalized,
+    two_scale_common_neighbours,
+)
+from service.mechanisms.exact_laplace import dyadic_scale, gamma_ratio, rounded_laplace
+from service.mechanisms.lazy_top_k import lazy_rank_to_index, lazy_top
+from service.mechanisms.postprocess import checked_count_grid
 from service.mechanisms.randomness import fresh_generator
 from service.privacy.laplace import TwoScalePlan
 from service.privacy.modes import Mode
 
-__all__ = ["friends_first", "friends_of_friends"]
+__all__ = ["friends_first", "friends_of_friends", "friends_of_friends_top"]
 
 
 def friends_first(graph: Graph, seed: int, counts: np.ndarray) -> np.ndarray:
@@ -57,3 +65,55 @@ def friends_of_friends(
     require_personalized(mode, "friends_of_friends")
     rng = rng if rng is not None else fresh_generator()
     return friends_first(graph, seed, two_scale_common_neighbours(graph, seed, plan, rng, mode))
+
+
+def friends_of_friends_top(
+    graph: Graph,
+    seed: int,
+    plan: TwoScalePlan,
+    k: int,
+    rng: np.random.Generator | None = None,
+    mode: Mode | str = Mode.PERSONALIZED,
+    *,
+    grid: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The top ``k`` of :func:`friends_first` of the two-scale counts (without the seed), as
+    :func:`service.mechanisms.postprocess.ranked_indices` ranks it: (indices, scores), with
+    exactly the law of ranking the full draw. Noise is drawn for the friends, the candidates
+    with a common neighbour, and, of the other candidates (count 0, the same Lap(b_c) noise:
+    i.i.d.), only the top and the minimum (the shift ``low``)
+    (:func:`service.mechanisms.lazy_top_k.lazy_top`; docs/privacy.md, "The lazy top-k")."""
+    require_personalized(mode, "friends_of_friends")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    nodes, counts = neighbourhood_counts(graph, seed)
+    rng = rng if rng is not None else fresh_generator()
+    grid = checked_count_grid(grid, min(plan.friend_scale, plan.candidate_scale))
+    s_f, t_f = gamma_ratio(grid, dyadic_scale(plan.friend_scale))
+    s_c, t_c = gamma_ratio(grid, dyadic_scale(plan.candidate_scale))
+    friends = np.unique(graph.neighbors(seed).astype(np.int64))
+    friends = friends[friends != seed]  # no self-loops in a Graph; the seed is never ranked
+    at = np.searchsorted(nodes, friends)  # every friend has the seed as a common neighbour...
+    found = at < nodes.shape[0]
+    found[found] = nodes[at[found]] == friends[found]
+    friend_counts = np.zeros(friends.shape[0])
+    friend_counts[found] = counts[at[found]]  # ...but the seed is no friend of itself
+    others = ~np.isin(nodes, friends) & (nodes != seed)
+    explicit, counts = nodes[others], counts[others]
+    # the candidates' noise first, then the friends' (grid_laplace's order of scales)
+    candidate_values = counts + rounded_laplace(rng, s_c, t_c, explicit.shape[0]) * grid
+    friend_values = friend_counts + rounded_laplace(rng, s_f, t_f, friends.shape[0]) * grid
+    excluded = np.union1d(np.union1d(explicit, friends), np.array([seed], dtype=np.int64))
+    lazy_count = graph.n - excluded.shape[0]
+    k = min(int(k), graph.n - 1)
+    lazy = lazy_top(rng, s_c, t_c, lazy_count, max(1, k - friends.shape[0]), minimum=True)
+    lazy_values = lazy.levels.astype(np.float64) * grid
+    values = np.concatenate([friend_values, candidate_values, lazy_values])
+    low = float(values.min(initial=0.0))
+    if lazy.minimum is not None:
+        low = min(low, float(lazy.minimum) * grid)
+    high = float(values.max(initial=0.0))
+    scores = values - low + 1.0
+    scores[: friends.shape[0]] += high - low + 1.0
+    indices = np.concatenate([friends, explicit, lazy_rank_to_index(excluded, lazy.ranks)])
+    return ranked_candidates(indices, scores, k)

@@ -13,6 +13,9 @@
   ``friends_of_friends`` and ``blended``.
 - :func:`draw_ranking` draws the query's noise (OS entropy) and post-processes it; released
   scores are rounded to ``score_grid`` of the noise behind them and ranked as rounded.
+  :func:`draw_ranked` is its ranked top (what the service stores): for ``common_neighbours``
+  and ``friends_of_friends`` drawn lazily, with the same law, in time that does not grow with
+  the graph (:mod:`service.mechanisms.lazy_top_k`; docs/privacy.md, "The lazy top-k").
 
 Proofs of the sensitivities and of what is charged to whom: docs/ranking.md.
 """
@@ -32,12 +35,13 @@ from service.ledger.records import GraphCap
 from service.mechanisms.blended import blend
 from service.mechanisms.charges import count_release, degree_release
 from service.mechanisms.common_neighbours import (
+    common_neighbours_top,
     noisy_common_neighbours,
     two_scale_common_neighbours,
 )
-from service.mechanisms.friends_of_friends import friends_first
+from service.mechanisms.friends_of_friends import friends_first, friends_of_friends_top
 from service.mechanisms.popular import degrees_from_bytes, degrees_to_bytes, noisy_degrees
-from service.mechanisms.postprocess import count_grid, round_to_grid, score_grid
+from service.mechanisms.postprocess import count_grid, ranked_indices, round_to_grid, score_grid
 from service.mechanisms.randomness import fresh_generator
 from service.mechanisms.registry import RankingMechanism
 from service.privacy.accountant import RdpCurve
@@ -57,6 +61,7 @@ __all__ = [
     "ReleasedDegrees",
     "counts_grid",
     "degree_release_name",
+    "draw_ranked",
     "draw_ranking",
     "plan_ranking",
 ]
@@ -284,3 +289,29 @@ def draw_ranking(
             "counts_signal": ranking.counts_signal,
         },
     )
+
+
+def draw_ranked(
+    graph: Graph, seed: int, plan: RankingPlan, rng: np.random.Generator, top: int
+) -> tuple[np.ndarray, np.ndarray, float, dict[str, Any]]:
+    """The ranked top ``top`` of :func:`draw_ranking` (without the seed), as
+    :func:`service.mechanisms.postprocess.ranked_indices` ranks it: (indices, scores, grid,
+    extra). ``common_neighbours`` and ``friends_of_friends`` are drawn by their lazy top-k,
+    whose output has exactly the law of ranking the full draw (docs/privacy.md, "The lazy
+    top-k"); ``blended``, whose hold-out statistics read every node's count, draws them all."""
+    grid = counts_grid(plan.release)
+    if plan.name is RankingMechanism.COMMON_NEIGHBOURS:
+        assert isinstance(plan.release, LaplacePlan)
+        best, scores = common_neighbours_top(
+            graph, seed, plan.release, top, rng, plan.mode, grid=grid
+        )
+        return best, scores, grid, {}
+    if plan.name is RankingMechanism.FRIENDS_OF_FRIENDS:
+        assert isinstance(plan.release, TwoScalePlan)
+        best, scores = friends_of_friends_top(
+            graph, seed, plan.release, top, rng, plan.mode, grid=grid
+        )
+        return best, scores, grid, {}
+    drawn = draw_ranking(graph, seed, plan, rng)
+    best, scores = ranked_indices(graph, seed, drawn.scores, top, grid=drawn.grid)
+    return best, scores, drawn.grid, drawn.extra

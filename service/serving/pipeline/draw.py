@@ -29,7 +29,7 @@ from service.privacy.modes import Mode
 from service.serving.pipeline.items import Admitted, Pending, Started
 from service.serving.pipeline.prefixes import PrefixProvider
 from service.serving.pipeline.reads import ReadFigure
-from service.serving.rankings import RankingPlan, degree_release_name, draw_ranking
+from service.serving.rankings import RankingPlan, degree_release_name, draw_ranked
 from service.serving.schemas import QueryRequest
 
 
@@ -138,11 +138,10 @@ class Drawer:
         except BaseException:
             self.ledger.settlement.refund(charge_id, reason="failed before any noise was drawn")
             raise
-        drawn = draw_ranking(graph, seed, plan, rng)
         keep = self.replay_store_top + int(graph.degrees[seed])
-        ranked = ranked_indices(graph, seed, drawn.scores, keep, grid=drawn.grid)
-        results = stored_results(graph, *ranked)
-        return results, {**mechanism, **drawn.extra}
+        best, scores, _, extra = draw_ranked(graph, seed, plan, rng, keep)
+        results = stored_results(graph, best, scores)
+        return results, {**mechanism, **extra}
 
     # -- a group --------------------------------------------------------------------------
 

@@ -1,0 +1,384 @@
+"""The top of m i.i.d. rounded-Laplace draws, sampled exactly without drawing the other ones.
+
+A count ranking adds ``g N_v`` (``N_v = round(L_v / gamma)``, the exact sampler of
+:mod:`service.mechanisms.exact_laplace`) to every node's count, nearly all of them 0. Those m
+zero-count nodes ("lazy" nodes) all have the same public baseline, so what they contribute to a
+top-k ranked with ties by index is only: which of them have the largest levels ``N_v``, those
+levels, and (for ``friends_of_friends``' shift) the smallest level. :func:`lazy_top` samples
+exactly those, from the exact joint law of "draw all m, sort", in time that does not grow with
+m but for ``2 m / 64`` raw words per binomial count (docs/privacy.md, "The lazy top-k").
+
+The law. Write ``S(j) = P(N >= j)``: ``S(j) = h^(2j - 1) / 2`` for ``j >= 1`` and
+``S(j) = 1 - h^(1 - 2j) / 2`` for ``j <= 0``, with ``h = exp(-gamma / 2)`` (``|N| >= j`` iff
+``|L| >= (j - 1/2) gamma``, and the sign is an independent fair bit). Levels are integers; a
+range ``[a, b)`` may have ``a = -inf`` or ``b = +inf`` (None).
+
+The descent. Start with the R = m nodes, i.i.d. ``N | lower <= N < T`` with ``T = +inf``.
+Choose ``T' < T`` (any function of what was drawn so far: the choice only affects the cost).
+The number of the R nodes in ``[T', T)`` is ``Binomial(R, p)`` with
+``p = (S(T') - S(T)) / (S(lower) - S(T))``; which nodes they are is a uniform subset of the R;
+their levels are i.i.d. ``N | T' <= N < T``; and the other ones are, given all that, i.i.d.
+``N | lower <= N < T'``. Repeat with ``T = T'`` until at least ``need`` nodes are drawn (or a
+``floor`` level is reached, below which the ranking cannot tell the levels apart). Every node
+not drawn is then below every drawn one.
+
+Exactness. ``Binomial(R, p)`` is the number of R uniforms below ``p``, found digit by digit:
+the uniforms whose first i - 1 binary digits equal p's are undecided; their i-th digits are
+``Binomial(u, 1/2)`` ones (the popcount of u fresh raw bits); those with digit 0 where p has a 1
+are below p, those with digit 1 where p has a 0 are above it, and the rest stay undecided. p's
+digits are computed with rigorous interval arithmetic on integers (``exp(-x)`` for rational x
+by its alternating Taylor series, which brackets it, then squarings rounded outwards), with more
+precision whenever an interval does not settle a digit (p is irrational: a non-constant rational
+function of the transcendental h). A level given ``[a, b)`` with ``a >= 1`` is
+``a + ((|N| - 1) mod (b - a))`` with N drawn given ``N != 0`` (``|N| - 1`` given ``|N| >= 1`` is
+geometric with ratio ``exp(-gamma)``, memorylessness of the exponential; a geometric reduced
+mod L is the geometric truncated to ``[0, L)``); with ``b <= 0`` the mirror image; a range
+across 0 is drawn by rejection from N itself. The nodes are the first distinct values of a
+stream of exactly uniform integers (64-bit words below the largest multiple of R, mod R): a
+uniformly random sequence of distinct nodes, split into the ranges' blocks in drawing order.
+No floating-point value enters the law: floats only choose the thresholds.
+
+The randomness is the caller's generator (a fresh OS-entropy one in the service).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+
+import numpy as np
+
+from service.mechanisms.exact_laplace import rounded_laplace
+
+__all__ = [
+    "LazyTop",
+    "binomial_count",
+    "distinct_uniform",
+    "exp_neg_bounds",
+    "lazy_rank_to_index",
+    "lazy_top",
+    "range_levels",
+    "range_probability_bits",
+]
+
+#: Bits of the first interval computation of a probability (doubled when a digit is unsettled).
+START_PRECISION = 128
+#: Beyond this precision a digit still unsettled is an error (p would be rational: never).
+MAX_PRECISION = 1 << 14
+
+
+def exp_neg_bounds(x: Fraction, precision: int) -> tuple[int, int]:
+    """(lo, hi) with ``lo <= 2^precision exp(-x) <= hi``, for a rational ``x >= 0``."""
+    return _exp_neg_bounds(x.numerator, x.denominator, precision)
+
+
+@lru_cache(maxsize=8192)
+def _exp_neg_bounds(num: int, den: int, precision: int) -> tuple[int, int]:
+    if num < 0 or den <= 0:
+        raise ValueError("x must be a non-negative rational")
+    if num == 0:
+        return 1 << precision, 1 << precision
+    x = Fraction(num, den)
+    # exp(-x) = exp(-y)^(2^r) with y = x / 2^r <= 1/2
+    r = max(0, math.ceil(math.log2(float(x)) + 1.0)) if x > Fraction(1, 2) else 0
+    while x / (1 << r) > Fraction(1, 2):  # float log2 only guesses r
+        r += 1
+    y = x / (1 << r)
+    work = precision + r + 32  # squaring r times multiplies the relative error by about 2^r
+    # alternating series with decreasing terms: the partial sum is within the next term
+    total = Fraction(1)
+    term = Fraction(1)
+    i = 0
+    bound = Fraction(1, 1 << (work + 2))
+    while True:
+        i += 1
+        term = term * y / i
+        if term < bound:
+            break
+        total += term if i % 2 == 0 else -term
+    scale = 1 << work
+    lo_f, hi_f = (total - term) * scale, (total + term) * scale
+    lo = max(0, lo_f.numerator // lo_f.denominator)
+    hi = -((-hi_f.numerator) // hi_f.denominator)
+    for _ in range(r):
+        lo = (lo * lo) >> work
+        hi = -((-(hi * hi)) >> work)
+    shift = work - precision
+    lo >>= shift
+    hi = -((-hi) >> shift)
+    return lo, min(hi, 1 << precision)
+
+
+@dataclass(frozen=True)
+class _Law:
+    """N = round(L / gamma), L ~ Lap(1), gamma = s / t."""
+
+    s: int
+    t: int
+
+    def tail(self, j: int | None, precision: int, *, lower: bool) -> tuple[int, int]:
+        """S(j) = P(N >= j) as (lo, hi) over 2^precision; j None is -inf (``lower``: 1) or
+        +inf (0)."""
+        one = 1 << precision
+        if j is None:
+            return (one, one) if lower else (0, 0)
+        if j >= 1:  # h^(2j - 1) / 2 = exp(-(2j - 1) gamma / 2) / 2
+            lo, hi = exp_neg_bounds(Fraction((2 * j - 1) * self.s, 2 * self.t), precision)
+            return lo >> 1, (hi + 1) >> 1
+        lo, hi = exp_neg_bounds(Fraction((1 - 2 * j) * self.s, 2 * self.t), precision)
+        return one - ((hi + 1) >> 1), one - (lo >> 1)
+
+
+class range_probability_bits:  # noqa: N801 - used like a function returning digits
+    """The binary digits of ``p = P(a2 <= N < b2) / P(a <= N < b)`` (``[a2, b2)`` inside
+    ``[a, b)``, None for an infinite end), computed exactly, on demand."""
+
+    def __init__(
+        self, law: _Law, a: int | None, b: int | None, a2: int | None, b2: int | None
+    ) -> None:
+        self.law = law
+        self.ends = (a, b, a2, b2)
+        self.precision = 0
+        self.lo = 0
+        self.hi = 0
+        self._compute(START_PRECISION)
+
+    def _compute(self, precision: int) -> None:
+        a, b, a2, b2 = self.ends
+        while True:
+            if precision > MAX_PRECISION:  # pragma: no cover - p is irrational
+                raise RuntimeError("a probability's digits did not settle")
+            s_a = self.law.tail(a, precision, lower=True)
+            s_b = self.law.tail(b, precision, lower=False)
+            s_a2 = self.law.tail(a2, precision, lower=True)
+            s_b2 = self.law.tail(b2, precision, lower=False)
+            num_lo, num_hi = max(0, s_a2[0] - s_b2[1]), s_a2[1] - s_b2[0]
+            den_lo, den_hi = s_a[0] - s_b[1], s_a[1] - s_b[0]
+            if den_lo > 0:
+                break
+            precision *= 2  # pragma: no cover - a range of tiny probability
+        one = 1 << precision
+        self.precision = precision
+        self.lo = min(one, (num_lo << precision) // den_hi)
+        self.hi = min(one, -((-(num_hi << precision)) // den_lo))
+
+    def bit(self, i: int) -> int:
+        """Digit i >= 1 of p (p = 0.d1 d2 d3 ... in binary)."""
+        while True:
+            shift = self.precision - i
+            if shift >= 8:
+                lo, hi = self.lo >> shift, self.hi >> shift
+                if lo == hi:
+                    return lo & 1
+            self._compute(2 * self.precision)
+
+
+def _binomial_half(rng: np.random.Generator, u: int) -> int:
+    """Binomial(u, 1/2): the number of ones among u fresh raw bits."""
+    words = rng.bit_generator.random_raw((u + 63) // 64)
+    spare = (-u) % 64
+    if spare:
+        words[-1] &= np.uint64((1 << (64 - spare)) - 1)
+    return int(np.bitwise_count(words).sum())
+
+
+def binomial_count(rng: np.random.Generator, trials: int, digits: range_probability_bits) -> int:
+    """Binomial(``trials``, p) exactly: how many of ``trials`` uniforms are below p, decided
+    digit by digit (module docstring)."""
+    below = 0
+    undecided = trials
+    i = 0
+    while undecided:
+        i += 1
+        ones = _binomial_half(rng, undecided)
+        if digits.bit(i):
+            below += undecided - ones
+            undecided = ones
+        else:
+            undecided -= ones
+    return below
+
+
+def range_levels(
+    rng: np.random.Generator, law: _Law, count: int, a: int | None, b: int | None
+) -> np.ndarray:
+    """``count`` i.i.d. draws of N given ``a <= N < b`` (None: an infinite end), int64."""
+    if count <= 0:
+        return np.zeros(0, dtype=np.int64)
+    if a is not None and b is not None and b - a == 1:
+        return np.full(count, a, dtype=np.int64)
+    parts: list[np.ndarray] = []
+    have = 0
+    while have < count:
+        batch = max(16, 2 * (count - have))
+        z = rounded_laplace(rng, law.s, law.t, batch)
+        if a is not None and a >= 1:
+            g = np.abs(z[z != 0]) - 1  # geometric, ratio exp(-gamma)
+            x = a + (g if b is None else g % (b - a))
+        elif b is not None and b <= 0:
+            g = np.abs(z[z != 0]) - 1
+            x = (b - 1) - (g if a is None else g % (b - a))
+        else:  # across 0: rejection from N itself
+            keep = np.ones(z.shape[0], dtype=bool)
+            if a is not None:
+                keep &= z >= a
+            if b is not None:
+                keep &= z < b
+            x = z[keep]
+        parts.append(x.astype(np.int64))
+        have += x.shape[0]
+    return np.concatenate(parts)[:count]
+
+
+def distinct_uniform(rng: np.random.Generator, m: int, count: int) -> np.ndarray:
+    """The first ``count`` distinct values of a stream of i.i.d. uniform integers in [0, m),
+    in stream order: a uniformly random sequence of ``count`` distinct values (int64)."""
+    if count > m:
+        raise ValueError(f"cannot draw {count} distinct values below {m}")
+    if count <= 0:
+        return np.zeros(0, dtype=np.int64)
+    limit = (1 << 64) - ((1 << 64) % m)  # accept words below the largest multiple of m
+    stream = np.zeros(0, dtype=np.int64)
+    while True:
+        words = rng.bit_generator.random_raw(count + count // 4 + 16)
+        if limit < 1 << 64:
+            words = words[words < np.uint64(limit)]
+        stream = np.concatenate([stream, (words % np.uint64(m)).astype(np.int64)])
+        values, first = np.unique(stream, return_index=True)
+        if values.shape[0] >= count:
+            return stream[np.sort(first)[:count]]
+
+
+def lazy_rank_to_index(excluded: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """The node index of each lazy rank: the ``ranks``-th (0-based) index of [0, n) not in the
+    sorted, distinct ``excluded``."""
+    excluded = np.asarray(excluded, dtype=np.int64)
+    below = excluded - np.arange(excluded.shape[0], dtype=np.int64)  # lazy nodes below each
+    ranks = np.asarray(ranks, dtype=np.int64)
+    return ranks + np.searchsorted(below, ranks, side="right")
+
+
+def _next_threshold(
+    law: _Law, top: int | None, lower: int | None, remaining: int, wanted: int
+) -> int | None:
+    """A threshold below ``top`` whose range holds about ``wanted`` of the ``remaining``
+    nodes, by float estimates (the choice only affects the cost, never the law); None: take
+    them all (the threshold -inf)."""
+    gamma = law.s / law.t
+
+    def tail(j: int | None) -> float:
+        if j is None:
+            return 0.0
+        if j >= 1:
+            return 0.5 * math.exp(-gamma * (j - 0.5))
+        return 1.0 - 0.5 * math.exp(-gamma * (0.5 - j))
+
+    base_top = tail(top)
+    base_low = 1.0 if lower is None else tail(lower)
+    v = base_top + min(1.0, wanted / max(remaining, 1)) * (base_low - base_top)
+    if wanted >= remaining or v >= 1.0 - 1e-9:
+        return None
+    if v <= 0.5:
+        guess = math.floor(0.5 + math.log(1.0 / (2.0 * max(v, 1e-300))) / gamma)
+    else:
+        guess = math.floor(0.5 - math.log(1.0 / (2.0 * (1.0 - v))) / gamma)
+    if top is not None:
+        if top >= 2:
+            guess = max(1, min(guess, top - 1))
+        elif top == 1:
+            guess = 0
+        else:
+            guess = min(guess, top - 1)
+    if lower is not None:
+        guess = max(guess, lower)
+    return guess
+
+
+@dataclass(frozen=True)
+class LazyTop:
+    """What the lazy nodes contribute: ``ranks`` (lazy ranks, a uniformly random sequence of
+    distinct ones) and their ``levels``, every lazy node not listed being below ``threshold``
+    (and at or above ``lower``); ``floored``: the descent stopped at the floor level before
+    ``need`` nodes, so the unlisted ones are all below the floor; ``minimum``: the smallest
+    level of all m nodes (None unless asked for, or m = 0)."""
+
+    ranks: np.ndarray
+    levels: np.ndarray
+    threshold: int | None
+    floored: bool
+    minimum: int | None = None
+
+
+def _descend(
+    rng: np.random.Generator,
+    law: _Law,
+    m: int,
+    need: int,
+    lower: int | None,
+    floor: int | None,
+) -> tuple[list[np.ndarray], int | None, bool]:
+    """The levels of the top of m i.i.d. N | N >= lower, by ranges from the top, until at
+    least min(need, m) are drawn or the threshold reaches ``floor``."""
+    need = min(need, m)
+    top: int | None = None
+    drawn: list[np.ndarray] = []
+    have = 0
+    while have < need:
+        if floor is not None and top is not None and top <= floor:
+            return drawn, top, True
+        remaining = m - have
+        deficit = need - have
+        wanted = deficit + 2.0 * math.sqrt(deficit) + 4.0
+        below = _next_threshold(law, top, lower, remaining, math.ceil(wanted))
+        if below is None or (lower is not None and below <= lower):
+            below = lower
+            count = remaining  # the whole rest of the range
+        else:
+            count = binomial_count(
+                rng, remaining, range_probability_bits(law, lower, top, below, top)
+            )
+        drawn.append(range_levels(rng, law, count, below, top))
+        have += count
+        if below is None:  # pragma: no cover - the loop ends: every node is drawn
+            break
+        top = below
+    return drawn, top, False
+
+
+def lazy_top(
+    rng: np.random.Generator,
+    s: int,
+    t: int,
+    m: int,
+    need: int,
+    *,
+    floor: int | None = None,
+    minimum: bool = False,
+) -> LazyTop:
+    """The top ``need`` (at least; ties kept whole) of m i.i.d. levels N = round(L / gamma),
+    gamma = s / t, as an exact sample of the joint law of the full draw's order statistics
+    (module docstring).
+
+    ``floor``: stop descending once the threshold is at or below it (levels below ``floor``
+    are indistinguishable to the caller: the clipped ranking). ``minimum``: also draw the
+    smallest of the m levels (by the same descent on -N over the nodes left below the
+    threshold)."""
+    law = _Law(int(s), int(t))
+    if m <= 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return LazyTop(empty, empty, None, False, None)
+    drawn, threshold, floored = _descend(rng, law, m, max(need, 1 if minimum else 0), None, floor)
+    levels = np.concatenate(drawn) if drawn else np.zeros(0, dtype=np.int64)
+    ranks = distinct_uniform(rng, m, levels.shape[0])
+    smallest: int | None = None
+    if minimum:
+        rest = m - levels.shape[0]
+        if rest == 0:
+            smallest = int(levels.min())
+        else:  # the rest are i.i.d. N | N < threshold: their minimum is -max of -N | -N >= 1 - T
+            assert threshold is not None and not floored
+            mirrored, _, _ = _descend(rng, law, rest, 1, 1 - threshold, None)
+            smallest = -int(np.concatenate(mirrored).max())
+    return LazyTop(ranks, levels, threshold, floored, smallest)
