@@ -1,12 +1,13 @@
 """Schemathesis over every operation of the served OpenAPI schema, with each kind of key.
 
-Used by the suite (``tests/test_api_fuzz.py``, one example per operation, mode and key) and by the
-longer run (``make fuzz``: ``PPR_FUZZ_EXAMPLES`` examples). Requests go through the real app
-(its lifespan open: ledger, graph, caches) by Schemathesis's ASGI transport. Each case is
-generated from the schema, valid (``positive``) or not (``negative``), sent with one account's
-key, and its response checked: never a 5xx, and status code, content type, headers and body
-as the schema documents them. Failures are collected, not raised one by one, so one run shows
-every kind of failure at once.
+Used by the suite (``tests/test_api_fuzz.py``: one generated example per operation, mode and key,
+each operation's coverage cases with one key it is not refused to) and by the longer run
+(``make fuzz``: ``PPR_FUZZ_EXAMPLES`` examples, every coverage case with every key). Requests go
+through the real app (its lifespan open: ledger, graph, caches) by Schemathesis's ASGI transport.
+Each case is generated from the schema, valid (``positive``) or not (``negative``), sent with one
+account's key, and its response checked: never a 5xx, and status code, content type, headers and
+body as the schema documents them. Failures are collected, not raised one by one, so one run
+shows every kind of failure at once.
 """
 
 from __future__ import annotations
@@ -130,53 +131,72 @@ def fuzz_app(
     *,
     examples: int,
     own_nodes: Mapping[str, str] | None = None,
+    coverage_with_every_key: bool = True,
 ) -> FuzzReport:
     """Send Schemathesis's coverage cases (boundary values, both modes) and ``examples``
     generated cases per operation, generation mode and key through ``client``.
 
     ``keys`` maps a role (``user``, ``service``, ``admin``) to its API key; ``own_nodes`` maps a
     role to a node it may query, so that answers (not only refusals) are checked as well.
-    ``client`` is a ``TestClient`` whose context (the app's lifespan) is open.
+    ``client`` is a ``TestClient`` whose context (the app's lifespan) is open. Without
+    ``coverage_with_every_key``, an operation's coverage cases after its first go with one key
+    only: one of the roles its first case was not refused to (401, 403), taken in turn over
+    the operations (a refused role's cases would all stop at the same refusal); the first case
+    and the generated ones still go with every key.
     """
     app = client.app
     schema = schemathesis.openapi.from_dict(app.openapi())  # type: ignore[attr-defined]
     report = FuzzReport()
     modes = [GenerationMode.POSITIVE, GenerationMode.NEGATIVE]
     transport = _InLoop(client)
+    senders = {role: _Sender(transport, key, report, role) for role, key in keys.items()}
     try:
-        _fuzz_operations(schema, modes, transport, keys, report, examples, own_nodes)
+        for number, result in enumerate(schema.get_all_operations()):
+            operation = result.ok()
+            coverage = list(
+                schema.iter_coverage_cases(
+                    operation,
+                    generation_modes=modes,
+                    generation_config=schema.config.generation_for(operation=operation),
+                )
+            )[:COVERAGE_CASES_MAX]
+            _send_coverage(coverage, senders, number, every_key=coverage_with_every_key)
+            for role, sender in senders.items():
+                _generate_for(operation, modes, examples, sender, (own_nodes or {}).get(role))
     finally:
         transport.close()
     return report
 
 
-def _fuzz_operations(
-    schema: Any,
-    modes: list[GenerationMode],
-    transport: _InLoop,
-    keys: Mapping[str, str],
-    report: FuzzReport,
-    examples: int,
-    own_nodes: Mapping[str, str] | None,
-) -> None:
-    for result in schema.get_all_operations():
-        operation = result.ok()
-        coverage = list(
-            schema.iter_coverage_cases(
-                operation,
-                generation_modes=modes,
-                generation_config=schema.config.generation_for(operation=operation),
-            )
-        )
-        for role, key in keys.items():
-            sender = _Sender(transport, key, report, role)
-            for case in coverage[:COVERAGE_CASES_MAX]:
+#: Statuses that refuse a key for who it is, whatever the request says.
+REFUSED_KEY = (401, 403)
+
+
+def _send_coverage(
+    coverage: list[schemathesis.Case], senders: Mapping[str, _Sender], number: int, *,
+    every_key: bool,
+) -> None:  # fmt: skip
+    if not coverage:
+        return
+    if every_key:
+        for sender in senders.values():
+            for case in coverage:
                 sender.send(case)
-            strategies = [operation.as_strategy(generation_mode=mode) for mode in modes]
-            node = (own_nodes or {}).get(role)
-            if node is not None and "{node_id}" in operation.path:
-                strategies.append(operation.as_strategy(path_parameters={"node_id": node}))
-            _generate(st.one_of(strategies), examples * len(strategies), sender)
+        return
+    allowed = [sender for sender in senders.values() if sender.send(coverage[0]) not in REFUSED_KEY]
+    chosen = allowed or list(senders.values())
+    sender = chosen[number % len(chosen)]
+    for case in coverage[1:]:
+        sender.send(case)
+
+
+def _generate_for(
+    operation: Any, modes: list[GenerationMode], examples: int, sender: _Sender, node: str | None
+) -> None:
+    strategies = [operation.as_strategy(generation_mode=mode) for mode in modes]
+    if node is not None and "{node_id}" in operation.path:
+        strategies.append(operation.as_strategy(path_parameters={"node_id": node}))
+    _generate(st.one_of(strategies), examples * len(strategies), sender)
 
 
 class _InLoop:
@@ -220,7 +240,7 @@ class _Sender:
     report: FuzzReport
     role: str
 
-    def send(self, case: schemathesis.Case) -> None:
+    def send(self, case: schemathesis.Case) -> int:
         headers = {"Authorization": f"Bearer {self.key}"}
         kwargs = case.as_transport_kwargs(base_url=str(self.client.base_url), headers=headers)
         content = kwargs.pop("data", None)
@@ -249,6 +269,7 @@ class _Sender:
                     f"{self.role}: {case.as_curl_command()} :: "
                     f"{str(failure).splitlines()[0][:300]} :: {response.text[:300]}",
                 )
+        return response.status_code
 
 
 def _generate(strategy: st.SearchStrategy[Any], examples: int, sender: _Sender) -> None:

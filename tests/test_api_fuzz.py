@@ -1,7 +1,8 @@
 """Schemathesis over every endpoint with a user, a service and an admin key, on the embedded
 default (SQLite, in-process caches) and on PostgreSQL + Redis: no 5xx, and every response as
-the schema documents it. Every boundary-value (coverage) case, and one generated example per
-operation, mode and key here; ``make fuzz`` runs many more (``PPR_FUZZ_EXAMPLES``)."""
+the schema documents it. Every boundary-value (coverage) case, each with one key the operation is
+not refused to, and one generated example per operation, mode and key here; ``make fuzz``
+(``PPR_FUZZ_EXAMPLES`` set) sends every coverage case with every key and many more examples."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from tests.conftest import SUMMARY_PROPERTY
 from tests.test_api import Accounts, backend  # fixtures by name
 
 EXAMPLES = int(os.environ.get("PPR_FUZZ_EXAMPLES", "1"))
+#: ``make fuzz``: every coverage case with every key, not only with one the operation allows.
+FULL = "PPR_FUZZ_EXAMPLES" in os.environ
 
 
 @pytest.mark.slow
@@ -35,8 +38,13 @@ def test_no_5xx_and_every_response_matches_the_schema(
             keys,
             examples=EXAMPLES,
             own_nodes={"user": "5", "service": "7"},
+            coverage_with_every_key=FULL,
         )
-    title = f"schemathesis on {backend.name}, {EXAMPLES} examples per operation, mode and key"
+    coverage = "every coverage case with every key" if FULL else "coverage cases with one key"
+    title = (
+        f"schemathesis on {backend.name}, {EXAMPLES} examples per operation, mode and key, "
+        f"{coverage}"
+    )
     record_property(SUMMARY_PROPERTY, report.table(title))
     assert report.requests > 0
     assert report.server_errors == 0, report.table(backend.name)
