@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from fractions import Fraction
 
 from service.privacy.floating import UNIT_ROUNDOFF, float64_distortion_margin, gamma
@@ -120,6 +121,9 @@ def float_contraction_slack(n: int, max_degree: int, eta: float, beta: float) ->
     return 2.0 * (gamma(big_d + 5) * (1.0 + mass) + conversion) * (1.0 + UNIT_ROUNDOFF)
 
 
+# Plans are kept, one per (scale, graph size, degree bound, eta, beta, steps) in use: a plan is an
+# immutable value of public figures, and a batch of queries would compute the same one each.
+@lru_cache(maxsize=1024)
 def step_noise_plan(
     noise_scale: float, *, n: int, max_degree: int, eta: float, beta: float, noisy_steps: int
 ) -> StepNoise:
