@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.errors import ServiceError
-from service.ledger.budget_rule import curve_fits_under_cap, fits_under_cap
+from service.ledger.budget_rule import fits_under_cap
 from service.ledger.idempotency import PopularQuery, bound_query
 from service.ledger.ledger_rows import (
     aware_utc,
@@ -23,8 +23,9 @@ from service.ledger.ledger_rows import (
     spent_curve,
 )
 from service.ledger.locked_rows import AdmissionWrites, NewCharge
+from service.ledger.period_spend import PeriodAdmission, locked_view
+from service.ledger.periods import day_start
 from service.ledger.records import (
-    BudgetExhausted,
     DegreeCharge,
     DegreeReceipt,
     IdempotencyKeyReused,
@@ -84,9 +85,12 @@ class _DegreeAsk:
 class QuotaAndDegree(LedgerPart):
     """The principal's quota check, and each account's one charge per degree release."""
 
-    def __init__(self, transactions: LedgerTransactions, reports: Reports) -> None:
+    def __init__(
+        self, transactions: LedgerTransactions, reports: Reports, periods: PeriodAdmission
+    ) -> None:
         super().__init__(transactions)
         self._reports = reports
+        self._periods = periods
 
     def check_quota(
         self,
@@ -175,6 +179,7 @@ class QuotaAndDegree(LedgerPart):
         curve = degree.curve
         charge = writes.add_charge(
             created_at=now,
+            period_start=day_start(now),
             charged_account_id=account_id,
             principal_account_id=principal_id,
             seed=seed,
@@ -250,7 +255,7 @@ class QuotaAndDegree(LedgerPart):
                         epsilon=float(degree.epsilon),
                     )  # fmt: skip
             writes = AdmissionWrites()
-            now = utcnow()
+            now = self._periods.now(session, account, utcnow(), writes)
             paid = self._degree_charge_id(session, a.charged_account_id, degree)
             if paid is not None:
                 self._bind_popular(writes, a.principal_account_id, a.idempotency_key, paid, query)
@@ -260,8 +265,10 @@ class QuotaAndDegree(LedgerPart):
                 )
             spent = spent_curve(account)
             composed = spent + degree.curve
-            if not curve_fits_under_cap(composed, account.delta, account.cap_epsilon):
-                raise BudgetExhausted(budget_view(account, account, spent), float(degree.epsilon))
+            window = self._periods.admit(
+                session, account, spent, composed, (degree.curve,), float(degree.epsilon), now,
+                writes,
+            )  # fmt: skip
             if a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id:
                 self.check_quota(
                     session, a.principal_account_id, a.quota_epsilon, float(degree.epsilon), now
@@ -273,10 +280,11 @@ class QuotaAndDegree(LedgerPart):
             self._bind_popular(writes, a.principal_account_id, a.idempotency_key, charge, query)
             set_spend(account, account, composed, account.charges + 1)
             account.last_charge_at = now
+            account.period_spent = window
             writes.changed_account(account)
             writes.finish(session)
             return DegreeReceipt(
-                budget_view(account, account, composed), charged=True, epsilon=float(degree.epsilon)
+                locked_view(account, composed), charged=True, epsilon=float(degree.epsilon)
             )
 
     @staticmethod
@@ -380,14 +388,16 @@ class QuotaAndDegree(LedgerPart):
             curve = RdpCurve.from_json(row.rdp)
             spent = spent_curve(account)
             composed = spent + curve
-            if not curve_fits_under_cap(composed, account.delta, account.cap_epsilon):
-                raise BudgetExhausted(budget_view(account, account, spent), epsilon)
-            now = utcnow()
+            writes = AdmissionWrites()
+            now = self._periods.now(session, account, utcnow(), writes)
+            window = self._periods.admit(
+                session, account, spent, composed, (curve,), epsilon, now, writes
+            )
             if quota_epsilon is not None and principal_account_id != charged_account_id:
                 self.check_quota(session, principal_account_id, quota_epsilon, epsilon, now)
-            writes = AdmissionWrites()
             writes.add_charge(
                 created_at=now,
+                period_start=day_start(now),
                 charged_account_id=charged_account_id,
                 principal_account_id=principal_account_id,
                 seed=seed,
@@ -408,8 +418,7 @@ class QuotaAndDegree(LedgerPart):
             )
             set_spend(account, account, composed, account.charges + 1)
             account.last_charge_at = now
+            account.period_spent = window
             writes.changed_account(account)
             writes.finish(session)
-            return DegreeReceipt(
-                budget_view(account, account, composed), charged=True, epsilon=epsilon
-            )
+            return DegreeReceipt(locked_view(account, composed), charged=True, epsilon=epsilon)
