@@ -191,3 +191,41 @@ def test_verify_checks_every_charges_period(ledger: Ledger) -> None:
     report = ledger.reports.verify()
     assert not report.ok
     assert {m["kind"] for m in report.mismatches} == {"period_start"}
+
+
+def test_a_charge_whose_worker_died_holds_its_period_until_it_is_reconciled(
+    ledger: Ledger,
+) -> None:
+    """A worker killed between charge and answer leaves its charge ``admitted``: it counts in
+    its period (nothing is given back on a guess), and the reconciler's refund frees it."""
+    _moved_clock(ledger)
+    account = _daily_account(ledger)
+    for i in range(3):  # admitted, never released: their workers died
+        admit_and_charge(ledger, **_admission(account, i))
+    with pytest.raises(BudgetExhausted):
+        admit_and_charge(ledger, **_admission(account, 3))
+    refunded = ledger.settlement.reconcile(older_than_seconds=0.0)
+    assert len(refunded) == 3
+    assert admit_and_charge(ledger, **_admission(account, 4)).budget.charges == 1
+    assert ledger.reports.verify().ok
+
+
+def test_new_accounts_get_the_default_period() -> None:
+    from service.settings.mechanism import MechanismSettings
+
+    settings = MechanismSettings(default_period="week", default_period_cap_epsilon=0.5)
+    assert settings.default_budget_period == ("week", 0.5)
+    assert MechanismSettings().default_budget_period is None  # off by default
+    with pytest.raises(ValueError, match="go together"):
+        MechanismSettings(default_period="day")
+
+
+def test_the_default_period_is_given_to_new_accounts(ledger: Ledger) -> None:
+    ledger.accounts.default_period = ("month", 0.5)
+    account = ledger.accounts.create_account("user", node_id="7", cap_epsilon=2.0, delta=DELTA)
+    view = ledger.budgets.budget(account.account_id)
+    assert view.period is not None and view.period.period == "month"
+    assert view.period.period_cap_epsilon == 0.5
+    ledger.accounts.default_period = None
+    other = ledger.accounts.create_account("user", node_id="8", cap_epsilon=2.0, delta=DELTA)
+    assert ledger.budgets.budget(other.account_id).period is None
