@@ -384,8 +384,8 @@
     // With a budget period, the lifetime figure and the current period's side by side.
     const periodStat = (bv) => bv.period ? h("div", { class: "stat", id: "period-spent" },
       h("div", { class: "stat-label" }, `This ${bv.period}: spent ε (composed)`),
-      h("div", { class: "stat-value", "data-testid": "period-spent-value" }, `${eps(bv.period_spent_epsilon)} of ${eps(bv.period_cap_epsilon)}`),
-      h("div", { class: "stat-note", "data-testid": "period-resets" }, `period cap renews ${when(bv.period_resets_at)} (UTC windows)`)) : null;
+      h("div", { class: "stat-value", "data-testid": "period-spent-value" }, eps(bv.period_spent_epsilon)),
+      h("div", { class: "stat-note", "data-testid": "period-resets" }, `of its cap ${eps(bv.period_cap_epsilon)}; renews ${when(bv.period_resets_at)}`)) : null;
     const renderBudget = (bv, flag) => budgetStats.replaceChildren(...[
       stat(bv.period ? "Lifetime spent ε (composed)" : "Spent ε (composed)", eps(bv.spent_epsilon), `at δ ${bv.delta.toExponential(2)}`),
       periodStat(bv),
