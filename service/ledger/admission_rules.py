@@ -26,7 +26,7 @@ from service.ledger.locked_rows import (
 )
 from service.ledger.period_spend import PeriodAdmission, locked_view
 from service.ledger.periods import day_start
-from service.ledger.quota_and_degree import QuotaAndDegree
+from service.ledger.quota_and_degree import QuotaAndDegree, add_degree_charge
 from service.ledger.records import (
     Admission,
     BudgetView,
@@ -170,7 +170,7 @@ class AdmissionRules(LedgerPart):
         charges = account.charges + 1
         if degree is not None:
             charge.degree_epsilon = float(degree.epsilon)
-            self._quota_and_degree.add_degree_charge(
+            add_degree_charge(
                 writes, a.charged_account_id, a.principal_account_id, a.seed, a.mode, degree,
                 a.request_id, now,
             )  # fmt: skip

@@ -82,6 +82,58 @@ class _DegreeAsk:
         )
 
 
+def add_degree_charge(
+    writes: AdmissionWrites,
+    account_id: int,
+    principal_id: int,
+    seed: str,
+    mode: str,
+    degree: DegreeCharge,
+    request_id: str,
+    now: Any,
+) -> NewCharge:
+    """The account's charge for the version's degree release. It is ``released`` at once
+    (the release is stored in ``graph_releases`` before any answer built on it) and never
+    refunded; it is not added to an exposure shard (the release is there once already)."""
+    curve = degree.curve
+    charge = writes.add_charge(
+        created_at=now,
+        period_start=day_start(now),
+        charged_account_id=account_id,
+        principal_account_id=principal_id,
+        seed=seed,
+        mechanism=DEGREE_RELEASE_CHARGE,
+        mode=mode,
+        params=writes.json(degree, lambda: {"epsilon": float(degree.epsilon)}),
+        epsilon=float(degree.epsilon),
+        rdp=writes.json(curve, curve.to_json),
+        pure_epsilon=curve.pure,
+        grid_version=GRID_VERSION,
+        graph_version=degree.graph_version,
+        request_id=request_id,
+        idempotency_key=None,
+        state="released",
+        release_key=None,
+        exposure_shard=0,
+    )
+    writes.degree_paid.add((account_id, degree.graph_version, float(degree.epsilon)))
+    return charge
+
+
+def bind_popular(
+    writes: AdmissionWrites,
+    principal: int,
+    idempotency_key: str | None,
+    charge: NewCharge | int,
+    query: PopularQuery | None,
+) -> None:
+    """Bind a popular query's Idempotency-Key (if any) to the account's degree charge."""
+    if idempotency_key is None or query is None:
+        return
+    popular = (query.seed, query.mode)
+    writes.bind(principal, idempotency_key, charge, POPULAR_BINDING, utcnow(), popular)
+
+
 class QuotaAndDegree(LedgerPart):
     """The principal's quota check, and each account's one charge per degree release."""
 
@@ -162,44 +214,6 @@ class QuotaAndDegree(LedgerPart):
             return True
         return QuotaAndDegree._degree_charge_id(session, account_id, degree) is not None
 
-    @staticmethod
-    def add_degree_charge(
-        writes: AdmissionWrites,
-        account_id: int,
-        principal_id: int,
-        seed: str,
-        mode: str,
-        degree: DegreeCharge,
-        request_id: str,
-        now: Any,
-    ) -> NewCharge:
-        """The account's charge for the version's degree release. It is ``released`` at once
-        (the release is stored in ``graph_releases`` before any answer built on it) and never
-        refunded; it is not added to an exposure shard (the release is there once already)."""
-        curve = degree.curve
-        charge = writes.add_charge(
-            created_at=now,
-            period_start=day_start(now),
-            charged_account_id=account_id,
-            principal_account_id=principal_id,
-            seed=seed,
-            mechanism=DEGREE_RELEASE_CHARGE,
-            mode=mode,
-            params=writes.json(degree, lambda: {"epsilon": float(degree.epsilon)}),
-            epsilon=float(degree.epsilon),
-            rdp=writes.json(curve, curve.to_json),
-            pure_epsilon=curve.pure,
-            grid_version=GRID_VERSION,
-            graph_version=degree.graph_version,
-            request_id=request_id,
-            idempotency_key=None,
-            state="released",
-            release_key=None,
-            exposure_shard=0,
-        )
-        writes.degree_paid.add((account_id, degree.graph_version, float(degree.epsilon)))
-        return charge
-
     def admit_degree_release(
         self,
         *,
@@ -258,7 +272,7 @@ class QuotaAndDegree(LedgerPart):
             now = self._periods.now(session, account, utcnow(), writes)
             paid = self._degree_charge_id(session, a.charged_account_id, degree)
             if paid is not None:
-                self._bind_popular(writes, a.principal_account_id, a.idempotency_key, paid, query)
+                bind_popular(writes, a.principal_account_id, a.idempotency_key, paid, query)
                 writes.finish(session)
                 return DegreeReceipt(
                     budget_view(account, account), charged=False, epsilon=float(degree.epsilon)
@@ -273,11 +287,11 @@ class QuotaAndDegree(LedgerPart):
                 self.check_quota(
                     session, a.principal_account_id, a.quota_epsilon, float(degree.epsilon), now
                 )
-            charge = self.add_degree_charge(
+            charge = add_degree_charge(
                 writes, a.charged_account_id, a.principal_account_id, a.seed, a.mode, degree,
                 a.request_id, now,
             )  # fmt: skip
-            self._bind_popular(writes, a.principal_account_id, a.idempotency_key, charge, query)
+            bind_popular(writes, a.principal_account_id, a.idempotency_key, charge, query)
             set_spend(account, account, composed, account.charges + 1)
             account.last_charge_at = now
             account.period_spent = window
@@ -286,19 +300,6 @@ class QuotaAndDegree(LedgerPart):
             return DegreeReceipt(
                 locked_view(account, composed), charged=True, epsilon=float(degree.epsilon)
             )
-
-    @staticmethod
-    def _bind_popular(
-        writes: AdmissionWrites,
-        principal: int,
-        idempotency_key: str | None,
-        charge: NewCharge | int,
-        query: PopularQuery | None,
-    ) -> None:
-        if idempotency_key is None or query is None:
-            return
-        popular = (query.seed, query.mode)
-        writes.bind(principal, idempotency_key, charge, POPULAR_BINDING, utcnow(), popular)
 
     @staticmethod
     def _degree_charge_id(session: Session, account_id: int, degree: DegreeCharge) -> int | None:
