@@ -22,6 +22,7 @@ from service.api.params import (
     NodeIdField,
     QuotaEpsilonField,
 )
+from service.bounds import BudgetPeriod
 from service.ledger.records import (
     AccountRecord,
     ApiKeyRecord,
@@ -150,7 +151,7 @@ class Mechanism(BaseModel):
     )
 
 
-Period = Literal["day", "week", "month"]
+Period = BudgetPeriod
 #: The budget's fields present only when the account has a budget period.
 PERIOD_FIELDS = (
     "period", "period_cap_epsilon", "period_spent_epsilon", "period_remaining_epsilon",

@@ -13,13 +13,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from service.bounds import ACCOUNT_TYPES
+from service.bounds import ACCOUNT_TYPES, BUDGET_PERIODS
 from service.cli import arg_types
 from service.cli.arg_types import budget_delta, cap_epsilon, positive_float
 from service.cli.common import print_json, print_table
 from service.cli.db import Handler, add_database_argument, database_url
 from service.errors import InvalidParameter
-from service.ledger.periods import PERIODS
 
 if TYPE_CHECKING:
     from service.ledger.ledger import Ledger
@@ -89,7 +88,7 @@ def register(subparsers: Any) -> None:
     set_budget.add_argument("--cap", type=cap_epsilon, help="new cap epsilon")
     set_budget.add_argument("--delta", type=budget_delta, help="new delta")
     set_budget.add_argument(
-        "--period", choices=PERIODS,
+        "--period", choices=BUDGET_PERIODS,
         help="a cap per UTC day, week or month on top of the lifetime cap (with --period-cap)",
     )  # fmt: skip
     set_budget.add_argument(

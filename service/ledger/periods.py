@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime, timedelta
-from typing import Literal
 
+from service.bounds import BUDGET_PERIODS, BudgetPeriod
 from service.errors import InvalidParameter
 
-Period = Literal["day", "week", "month"]
+Period = BudgetPeriod
 #: The periods an account's period cap may renew over.
-PERIODS: tuple[Period, ...] = ("day", "week", "month")
+PERIODS: tuple[Period, ...] = BUDGET_PERIODS
 
 
 def as_aware_utc(moment: datetime) -> datetime:

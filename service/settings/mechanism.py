@@ -7,12 +7,10 @@ taken from clients. :class:`MechanismSettings` also stands alone
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from service.bounds import CAP_EPSILON_MAX, CAP_EPSILON_MIN, DELTA_MAX, DELTA_MIN
+from service.bounds import CAP_EPSILON_MAX, CAP_EPSILON_MIN, DELTA_MAX, DELTA_MIN, BudgetPeriod
 from service.embeddings.parameters import DEFAULT_EMBEDDING_SIGMA
 from service.embeddings.parameters import DEFAULT_K as DP_IE_DEFAULT_K
 from service.embeddings.parameters import MAX_K as DP_IE_MAX_K
@@ -52,7 +50,7 @@ class MechanismSettings(BaseSettings):
     default_cap_epsilon: float = Field(
         1.0, ge=CAP_EPSILON_MIN, le=CAP_EPSILON_MAX, description="Budget cap of new accounts."
     )
-    default_period: Literal["day", "week", "month"] | None = Field(
+    default_period: BudgetPeriod | None = Field(
         None,
         description="Budget period of new accounts (UTC windows): with "
         "PPR_DEFAULT_PERIOD_CAP_EPSILON, a cap per period on top of the lifetime cap; unset: "
