@@ -23,6 +23,7 @@ import json
 import statistics
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,7 @@ from service.edge_report.shifts import prefix_shifts, toggled_graph
 from service.graph.loader import load_edge_list
 from service.graph.model import Graph
 from service.ledger import Ledger, upgrade
+from service.ledger.periods import day_start
 from service.ledger.tables import Charge
 from service.mechanisms.registry import RankingMechanism
 from service.privacy.calibration import DiffusionPlan, plan_diffusion
@@ -52,12 +54,15 @@ def _seed_ledger(url: str, graph: Graph, plans: list[DiffusionPlan], releases: i
     public = ledger.graph_versions.public_graph_version(graph.fingerprint)
     rng = np.random.default_rng()
     seeds = rng.choice(graph.n, size=releases, replace=releases > graph.n)
+    now = datetime.now(UTC)
     with Session(ledger.engine) as session, session.begin():
         for i, seed in enumerate(seeds):
             plan = plans[i % len(plans)]
             c = plan.config
             session.add(
                 Charge(
+                    created_at=now,
+                    period_start=day_start(now),  # as every charge records (its UTC day)
                     charged_account_id=account.account_id,
                     principal_account_id=account.account_id,
                     seed=graph.external_ids(np.array([seed]))[0],

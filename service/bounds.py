@@ -16,6 +16,9 @@ from typing import Literal
 
 AccountType = Literal["user", "service", "admin"]
 ACCOUNT_TYPES: tuple[AccountType, ...] = ("user", "service", "admin")
+#: The budget periods an account's renewing cap may have (UTC windows; service/ledger/periods.py).
+BudgetPeriod = Literal["day", "week", "month"]
+BUDGET_PERIODS: tuple[BudgetPeriod, ...] = ("day", "week", "month")
 
 #: Largest id of a ledger row (the ``integer`` columns of PostgreSQL).
 ID_MAX = 2**31 - 1

@@ -60,6 +60,11 @@ RULES_BEYOND_THE_SCHEMA = {
     # a quota (read cap) given together with "back to the default quota (read cap)"
     ("PUT /v1/admin/accounts/{account_id}/scopes", "quota_epsilon"),
     ("PUT /v1/admin/accounts/{account_id}/scopes", "read_cap_epsilon"),
+    # a budget period's cap without a period (or a period without a cap) for an account that
+    # has none, or a period given with clear_period
+    ("PUT /v1/admin/accounts/{account_id}/budget", "period"),
+    ("PUT /v1/admin/accounts/{account_id}/budget", "period_cap_epsilon"),
+    ("PUT /v1/admin/accounts/{account_id}/budget", "clear_period"),
     # an Idempotency-Key the caller already used for another query (the ledger's state)
     ("GET /v1/ppr/{node_id}", "Idempotency-Key"),
     ("POST /v1/ppr/batch", "Idempotency-Key"),

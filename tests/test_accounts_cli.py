@@ -106,6 +106,15 @@ def test_accounts_lifecycle(capsys: pytest.CaptureFixture[str], ledger_url: str)
     assert run_json(capsys, "accounts", "budget", account, *db) == budget
     code, out, _ = run(capsys, "accounts", "budget", account, *db)
     assert code == 0 and "remaining_epsilon" in out
+    daily = run_json(
+        capsys, "accounts", "set-budget", account, "--period", "day", "--period-cap", "0.1", *db
+    )
+    assert daily["period"] == "day" and daily["period_cap_epsilon"] == 0.1
+    assert daily["period_spent_epsilon"] == 0.0 and daily["period_resets_at"].endswith("+00:00")
+    weekly = run_json(capsys, "accounts", "set-budget", account, "--period", "week", *db)
+    assert weekly["period"] == "week" and weekly["period_cap_epsilon"] == 0.1
+    cleared = run_json(capsys, "accounts", "set-budget", account, "--clear-period", *db)
+    assert "period" not in cleared and cleared == budget
 
     new = run_json(capsys, "accounts", "new-key", account, *db)
     assert new["api_key"].startswith("ppr_")
@@ -121,7 +130,7 @@ def test_accounts_lifecycle(capsys: pytest.CaptureFixture[str], ledger_url: str)
         assert ledger.api_keys.authenticate(created["api_key"]) is None
         assert ledger.api_keys.authenticate(new["api_key"]) is not None
         actions = [row["action"] for row in ledger.reports.list_audit()]
-        assert actions.count("account.create") == 2 and actions.count("budget.set") == 2
+        assert actions.count("account.create") == 2 and actions.count("budget.set") == 5
         assert all(row["actor_account_id"] is None for row in ledger.reports.list_audit())
     finally:
         ledger.dispose()

@@ -66,6 +66,8 @@ class Seeded:
                 )
                 key, _ = ledger.api_keys.create_api_key(user.account_id)
                 self.users[node] = (user.account_id, key)
+            # node 20 has a daily cap besides its lifetime cap: its page shows both figures
+            ledger.budgets.set_period(self.users["20"][0], period="day", period_cap_epsilon=1.0)
             for node, cap in (("23", 0.5), ("24", 0.6)):  # near their caps, at two rates
                 user = ledger.accounts.create_account(
                     "user", node_id=node, cap_epsilon=cap, delta=1e-6, label=f"member {node}"
@@ -244,6 +246,16 @@ def test_admin_dashboard_in_chromium(served: tuple[str, Seeded]) -> None:
             assert "cap below spent" in page.locator("#budget-saved").inner_text()
             assert page.locator("[data-testid=remaining-value]").inner_text() == "0.0000"
 
+            # an account with a daily period: the lifetime figure and the day's side by side
+            page.goto(f"{base}/admin#/accounts/{seeded.users['20'][0]}")
+            period = page.locator("#period-spent")
+            period.wait_for()
+            stats = page.locator("#budget-stats").inner_text()
+            assert "Lifetime spent ε (composed)" in stats and "This day: spent ε" in stats
+            shown = period.inner_text()
+            assert "0.5000" in shown and "of its cap 1.0000; renews" in shown
+            _shot(page, "05b-account-period")
+
             # a service account: its modes, quota and what it charged to others
             page.goto(f"{base}/admin#/accounts/{seeded.service_id}")
             usage = page.locator("#service-usage")
@@ -280,7 +292,8 @@ def test_admin_dashboard_in_chromium(served: tuple[str, Seeded]) -> None:
             page.wait_for_selector("#audit-results table")
             page.select_option("#audit-action", "budget.set")
             page.click("#audit-filters button[type=submit]")
-            expect(page.locator("[data-testid=page-info]").first).to_have_text("1–2 of 2")
+            # the two cap changes above, and node 20's daily period set up
+            expect(page.locator("[data-testid=page-info]").first).to_have_text("1–3 of 3")
             _shot(page, "08-audit-log")
 
             assert problems == [], problems  # no CSP violation, no script error

@@ -142,6 +142,10 @@ def test_admin_calls(service: Service) -> None:
         assert len(admin.list_accounts(limit=1)) == 1
 
         assert admin.set_budget(user.account_id, cap_epsilon=0.7).cap_epsilon == 0.7
+        daily = admin.set_budget(user.account_id, period="day", period_cap_epsilon=0.2)
+        assert daily.model_extra is not None and daily.model_extra["period"] == "day"
+        cleared = admin.set_budget(user.account_id, clear_period=True)
+        assert not cleared.model_extra or "period" not in cleared.model_extra
         scoped = admin.set_scopes(
             created.account_id, modes=["edge", "personalized"], quota_epsilon=2.0
         )

@@ -45,6 +45,7 @@ OLD_REVISIONS = [
     "0009_embedding_salts",
     "0010_sampler_share",
     "0011_synthetic_release_charges",
+    "0012_charge_heartbeat",
 ]
 
 

@@ -365,6 +365,7 @@ PARTIES = {
     "anyone, with or without a key": "anyone",
     "the seed user": "seed user",
     "anyone receiving `popular`": "degree release",
+    "budget period": "budget period",
     "`edge` mode": "service account, edge",
     "`personalized` mode": "service account, personalized",
     "coalition": "coalition",
@@ -401,6 +402,7 @@ def test_the_who_learns_what_tables_agree_row_by_row() -> None:
         assert "once" in rows["sandbox"] and "budget_exhausted" in rows["sandbox"]
         assert "chung_lu" in rows["sandbox"] and "chung_lu" in rows["degree release"]
         assert "charging off" not in rows["sandbox"] and "free" not in rows["sandbox"]
+        assert "renewal weakens the lifetime promise" in rows["budget period"]
     synthetic = (REPO / "docs/synthetic.md").read_text()
     sandbox = synthetic[synthetic.index("## The sandbox") :]
     sandbox = sandbox[: sandbox.index("\n## ", 1)]

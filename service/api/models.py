@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 from service.api.figures import ComposedFigure
 from service.api.params import (
@@ -16,6 +22,7 @@ from service.api.params import (
     NodeIdField,
     QuotaEpsilonField,
 )
+from service.bounds import BudgetPeriod
 from service.ledger.records import (
     AccountRecord,
     ApiKeyRecord,
@@ -144,7 +151,18 @@ class Mechanism(BaseModel):
     )
 
 
+Period = BudgetPeriod
+#: The budget's fields present only when the account has a budget period.
+PERIOD_FIELDS = (
+    "period", "period_cap_epsilon", "period_spent_epsilon", "period_remaining_epsilon",
+    "period_started_at", "period_resets_at",
+)  # fmt: skip
+
+
 class Budget(BaseModel):
+    """An account's budget: the lifetime figure (``spent_epsilon``, every live charge
+    composed) and, only when the account has a budget period, the current period's."""
+
     account_id: int
     spent_epsilon: ComposedFigure = Field(
         description="Composed by the RDP accountant at `delta` (null: infinite)."
@@ -153,6 +171,28 @@ class Budget(BaseModel):
     remaining_epsilon: float
     delta: float
     charges: int
+    period: Period | None = Field(
+        None, description="Budget period (UTC windows); absent: none, the lifetime cap alone."
+    )
+    period_cap_epsilon: float | None = Field(None, description="Cap per period.")
+    period_spent_epsilon: ComposedFigure | None = Field(
+        None, description="The live charges of the current period composed at `delta`."
+    )
+    period_remaining_epsilon: float | None = None
+    period_started_at: str | None = Field(None, description="ISO 8601, UTC.")
+    period_resets_at: str | None = Field(
+        None, description="When the period cap renews (ISO 8601, UTC)."
+    )
+
+    # No return annotation: with one, pydantic would describe the serialized budget by it (an
+    # empty schema for Any) instead of by the fields above.
+    @model_serializer(mode="wrap")
+    def _period_only_if_set(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        data = handler(self)
+        if self.period is None and isinstance(data, dict):
+            for name in PERIOD_FIELDS:
+                data.pop(name, None)
+        return data
 
     @classmethod
     def of(cls, view: BudgetView) -> Budget:
@@ -345,6 +385,17 @@ class SetBudget(BaseModel):
 
     cap_epsilon: CapEpsilonField | None = None
     delta: DeltaField | None = None
+    period: Period | None = Field(
+        None,
+        description="Give the account a cap per UTC day, week or month on top of its lifetime "
+        "cap (with `period_cap_epsilon`, or alone to change the period of the cap it has).",
+    )
+    period_cap_epsilon: CapEpsilonField | None = Field(
+        None, description="The cap per period (alone: change the cap of the period it has)."
+    )
+    clear_period: bool = Field(
+        False, description="Remove the account's budget period (the lifetime cap alone)."
+    )
 
 
 class Charge(BaseModel):

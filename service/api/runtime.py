@@ -158,6 +158,7 @@ def open_ledger(settings: Settings, *, wait_seconds: float | None = None) -> Led
                 ping_idle_seconds=settings.ledger_ping_idle_seconds,
             )
             _ = ledger.ledger_id  # read once now, while the database answers
+            ledger.accounts.default_period = settings.default_budget_period
             return ledger
         except LedgerUnavailable as exc:
             if ledger is not None:

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from service.bounds import ACCOUNT_TYPES
+from service.bounds import ACCOUNT_TYPES, BUDGET_PERIODS
 from service.cli import arg_types
 from service.cli.arg_types import budget_delta, cap_epsilon, positive_float
 from service.cli.common import print_json, print_table
@@ -81,10 +81,22 @@ def register(subparsers: Any) -> None:
     listing.add_argument("--limit", type=arg_types.limit, default=100, help="1..1000")
     listing.add_argument("--offset", type=arg_types.offset, default=0)
 
-    set_budget = action("set-budget", "change an account's cap and/or delta", _set_budget)
+    set_budget = action(
+        "set-budget", "change an account's cap and/or delta, and its budget period", _set_budget
+    )
     set_budget.add_argument("account_id", type=arg_types.account_id, metavar="ACCOUNT_ID")
     set_budget.add_argument("--cap", type=cap_epsilon, help="new cap epsilon")
     set_budget.add_argument("--delta", type=budget_delta, help="new delta")
+    set_budget.add_argument(
+        "--period", choices=BUDGET_PERIODS,
+        help="a cap per UTC day, week or month on top of the lifetime cap (with --period-cap)",
+    )  # fmt: skip
+    set_budget.add_argument(
+        "--period-cap", type=cap_epsilon, help="the cap per period (epsilon at the delta)"
+    )
+    set_budget.add_argument(
+        "--clear-period", action="store_true", help="remove the budget period (lifetime cap alone)"
+    )
 
     scopes = action(
         "set-scopes", "change a service account's modes, seed-account right and quota", _set_scopes
@@ -330,10 +342,16 @@ def _reads(args: argparse.Namespace) -> int:
 
 
 def _set_budget(args: argparse.Namespace) -> int:
-    if args.cap is None and args.delta is None:
-        raise InvalidParameter("--cap/--delta", "give a new cap, a new delta, or both")
+    changes = (args.cap, args.delta, args.period, args.period_cap)
+    if all(value is None for value in changes) and not args.clear_period:
+        raise InvalidParameter(
+            "--cap/--delta/--period", "give a new cap, delta, period or period cap"
+        )
     with _ledger(args) as ledger:
-        budget = ledger.budgets.set_budget(args.account_id, cap_epsilon=args.cap, delta=args.delta)
+        budget = ledger.budgets.set_budget(
+            args.account_id, cap_epsilon=args.cap, delta=args.delta, period=args.period,
+            period_cap_epsilon=args.period_cap, clear_period=args.clear_period,
+        )  # fmt: skip
     if args.json:
         print_json(budget.to_dict())
     else:

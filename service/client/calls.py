@@ -239,10 +239,21 @@ def create_account(
 
 
 def set_budget(
-    account_id: int, *, cap_epsilon: float | None = None, delta: float | None = None
+    account_id: int,
+    *,
+    cap_epsilon: float | None = None,
+    delta: float | None = None,
+    period: str | None = None,
+    period_cap_epsilon: float | None = None,
+    clear_period: bool = False,
 ) -> Call[Budget]:
-    """``PUT /v1/admin/accounts/{account_id}/budget``: a new cap and/or delta."""
-    body = _given(cap_epsilon=cap_epsilon, delta=delta)
+    """``PUT /v1/admin/accounts/{account_id}/budget``: a new cap and/or delta, and a budget
+    period (``day``, ``week`` or ``month`` with ``period_cap_epsilon``; ``clear_period``
+    removes it). The budget's period figures are in ``model_extra``."""
+    body = _given(
+        cap_epsilon=cap_epsilon, delta=delta, period=period,
+        period_cap_epsilon=period_cap_epsilon, clear_period=clear_period,
+    )  # fmt: skip
     return Call(
         "PUT", f"/v1/admin/accounts/{int(account_id)}/budget", Budget.model_validate_json, body=body
     )

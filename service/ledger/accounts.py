@@ -16,6 +16,7 @@ from service.ledger.ledger_rows import (
     valid_modes,
     valid_quota,
 )
+from service.ledger.periods import valid_period, valid_period_cap
 from service.ledger.records import AccountRecord, UnknownAccount
 from service.ledger.tables import (
     Account,
@@ -29,10 +30,28 @@ from service.ledger.transactions import (
 )
 from service.privacy.accountant import RdpCurve
 from service.privacy.orders import GRID_VERSION
+from service.settings.mechanism import MechanismSettings
+
+_UNREAD = ("", 0.0)
 
 
 class Accounts(LedgerPart):
     """The accounts table, with each new account's budget and zero spend."""
+
+    #: The budget period new accounts get, (period, cap) or None: PPR_DEFAULT_PERIOD and
+    #: PPR_DEFAULT_PERIOD_CAP_EPSILON, read once from the environment unless the process
+    #: set it from its settings (``ledger.accounts.default_period = ...``, as the server does).
+    _default_period: tuple[str, float] | None = _UNREAD
+
+    @property
+    def default_period(self) -> tuple[str, float] | None:
+        if self._default_period is _UNREAD:
+            self._default_period = MechanismSettings().default_budget_period
+        return self._default_period
+
+    @default_period.setter
+    def default_period(self, value: tuple[str, float] | None) -> None:
+        self._default_period = value
 
     def create_account(
         self,
@@ -56,6 +75,9 @@ class Accounts(LedgerPart):
             raise InvalidParameter("node_id", f"only user accounts have a node, not {type}")
         cap = valid_cap(cap_epsilon)
         dlt = valid_delta(delta)
+        period = self.default_period
+        if period is not None:
+            period = (valid_period(period[0]), valid_period_cap(period[1]))
         scoped = valid_modes(modes)
         quota = valid_quota(quota_epsilon)
         if type != "service" and (may_create_seed_accounts or quota is not None):
@@ -80,7 +102,14 @@ class Accounts(LedgerPart):
                 session.add(account)
                 session.flush()
                 session.add(
-                    Budget(account_id=account.id, cap_epsilon=cap, delta=dlt, updated_at=now)
+                    Budget(
+                        account_id=account.id,
+                        cap_epsilon=cap,
+                        delta=dlt,
+                        updated_at=now,
+                        period=None if period is None else period[0],
+                        period_cap_epsilon=None if period is None else period[1],
+                    )
                 )
                 zero = RdpCurve.zero()
                 session.add(
@@ -108,6 +137,11 @@ class Accounts(LedgerPart):
                         "may_create_seed_accounts": bool(may_create_seed_accounts),
                         "modes": list(scoped),
                         "quota_epsilon": quota,
+                        **(
+                            {}
+                            if period is None
+                            else {"period": period[0], "period_cap_epsilon": period[1]}
+                        ),
                     },
                 )
                 session.flush()

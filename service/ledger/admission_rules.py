@@ -8,7 +8,6 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.ledger.budget_rule import curve_fits_under_cap
 from service.ledger.group_reads import GroupReads, ReceiptOfNewCharge
 from service.ledger.idempotency import (
     EarlierCharge,
@@ -25,10 +24,11 @@ from service.ledger.locked_rows import (
     LockedAccount,
     NewCharge,
 )
-from service.ledger.quota_and_degree import QuotaAndDegree
+from service.ledger.period_spend import PeriodAdmission, locked_view
+from service.ledger.periods import day_start
+from service.ledger.quota_and_degree import QuotaAndDegree, add_degree_charge
 from service.ledger.records import (
     Admission,
-    BudgetExhausted,
     BudgetView,
     ChargeReceipt,
     IdempotencyKeyReused,
@@ -73,9 +73,15 @@ def _refuse_stale_twin(charge_id: int, last_sign: Any, stale_after_seconds: floa
 class AdmissionRules(LedgerPart):
     """What admits a query, alone or in a group, under the locks the caller holds."""
 
-    def __init__(self, transactions: LedgerTransactions, quota_and_degree: QuotaAndDegree) -> None:
+    def __init__(
+        self,
+        transactions: LedgerTransactions,
+        quota_and_degree: QuotaAndDegree,
+        periods: PeriodAdmission,
+    ) -> None:
         super().__init__(transactions)
         self._quota_and_degree = quota_and_degree
+        self._periods = periods
 
     def admit_locked(
         self,
@@ -125,12 +131,15 @@ class AdmissionRules(LedgerPart):
         spent = spent_curve(account)
         composed = spent + query_curve
         epsilon = float(a.query_epsilon)
+        parts: tuple[RdpCurve, ...] = (query_curve,)
         if degree is not None:  # composed with the query's curve, admitted as one
             composed = composed + degree.curve
             epsilon += float(degree.epsilon)
-        if not curve_fits_under_cap(composed, account.delta, account.cap_epsilon):
-            raise BudgetExhausted(budget_view(account, account, spent), epsilon)
-        now = utcnow()
+            parts = (query_curve, degree.curve)
+        now = self._periods.now(session, account, utcnow(), writes)
+        period_window = self._periods.admit(
+            session, account, spent, composed, parts, epsilon, now, writes
+        )  # the budget rule on the lifetime cap and, with a period, the period cap
         if a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id:
             self._quota_and_degree.check_quota(
                 session, a.principal_account_id, a.quota_epsilon, epsilon, now,
@@ -140,6 +149,7 @@ class AdmissionRules(LedgerPart):
         shard = add_exposure(query_curve)
         charge = writes.add_charge(
             created_at=now,
+            period_start=day_start(now),
             charged_account_id=a.charged_account_id,
             principal_account_id=a.principal_account_id,
             seed=a.seed,
@@ -160,7 +170,7 @@ class AdmissionRules(LedgerPart):
         charges = account.charges + 1
         if degree is not None:
             charge.degree_epsilon = float(degree.epsilon)
-            self._quota_and_degree.add_degree_charge(
+            add_degree_charge(
                 writes, a.charged_account_id, a.principal_account_id, a.seed, a.mode, degree,
                 a.request_id, now,
             )  # fmt: skip
@@ -177,10 +187,12 @@ class AdmissionRules(LedgerPart):
                 reads.bound(a.principal_account_id, a.idempotency_key, charge)
         set_spend(account, account, composed, charges)
         account.last_charge_at = now
+        if period_window is not None:
+            account.period_spent = period_window
         writes.changed_account(account)
         if reads is not None:
             reads.added(charge, a, digest)
-        return charge, budget_view(account, account, composed)
+        return charge, locked_view(account, composed)
 
     def _earlier_alone(
         self,

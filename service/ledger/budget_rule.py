@@ -28,3 +28,31 @@ def fits_under_cap(epsilon: float, cap_epsilon: float) -> bool:
 def curve_fits_under_cap(curve: RdpCurve, delta: float, cap_epsilon: float) -> bool:
     """Whether the composed ``curve``, converted at ``delta``, fits under ``cap_epsilon``."""
     return fits_under_cap(curve.epsilon(delta), cap_epsilon)
+
+
+#: Which of an account's caps a spend would exceed (:func:`account_cap_exceeded`).
+LIFETIME_CAP = "cap"
+PERIOD_CAP = "period_cap"
+
+
+def account_cap_exceeded(
+    lifetime: RdpCurve,
+    delta: float,
+    cap_epsilon: float,
+    period: RdpCurve | None = None,
+    period_cap_epsilon: float | None = None,
+) -> str | None:
+    """The budget rule of an account: which cap the composed spend would exceed, or None.
+
+    ``lifetime`` is the composition of every live charge (the query's included), ``period``
+    that of the live charges of the current period (likewise), both converted at the
+    account's ``delta``. The lifetime cap is checked first (it does not renew: waiting for
+    the period's reset would not help); without a period cap (``None``) only it is checked,
+    exactly as :func:`curve_fits_under_cap`."""
+    if not curve_fits_under_cap(lifetime, delta, cap_epsilon):
+        return LIFETIME_CAP
+    if period_cap_epsilon is not None:
+        assert period is not None, "a period cap is checked against the period's spend"
+        if not curve_fits_under_cap(period, delta, period_cap_epsilon):
+            return PERIOD_CAP
+    return None

@@ -48,6 +48,7 @@ from service.ledger.exposure_shards import ExposureShards
 from service.ledger.graph_releases import GraphReleases
 from service.ledger.graph_versions import GraphVersions
 from service.ledger.ledger_rows import MODES as MODES
+from service.ledger.period_spend import PeriodAdmission
 from service.ledger.quota_and_degree import QUOTA_WINDOW as QUOTA_WINDOW
 from service.ledger.quota_and_degree import QuotaAndDegree
 from service.ledger.read_figures import ReadFigures
@@ -87,7 +88,9 @@ class Ledger(LedgerPart):
         self.read_figures = ReadFigures(self._transactions)
         self.api_keys = ApiKeys(self._transactions)
         self.accounts = Accounts(self._transactions)
-        self.budgets = Budgets(self._transactions, self.api_keys)
+        #: Budget periods' clock (``periods.clock``) and windows, shared by every admission.
+        self.periods = PeriodAdmission()
+        self.budgets = Budgets(self._transactions, self.api_keys, self.periods)
         self.graph_versions = GraphVersions(self._transactions)
         self.embedding_salts = EmbeddingSalts(self._transactions)
         self.shards = ExposureShards(self._transactions)
@@ -95,8 +98,10 @@ class Ledger(LedgerPart):
         self.synthesis = SynthesisJobs(self._transactions, self.graph_releases)
         self.settlement = Settlement(self._transactions, self.graph_releases, self.synthesis)
         self.stored_releases = StoredReleases(self._transactions)
-        self.quota_and_degree = QuotaAndDegree(self._transactions, self.reports)
-        self.admission_rules = AdmissionRules(self._transactions, self.quota_and_degree)
+        self.quota_and_degree = QuotaAndDegree(self._transactions, self.reports, self.periods)
+        self.admission_rules = AdmissionRules(
+            self._transactions, self.quota_and_degree, self.periods
+        )
         self.admission = Admissions(
             self._transactions, self.admission_rules, self.shards, self.settlement, self.reports
         )

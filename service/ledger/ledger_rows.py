@@ -25,6 +25,7 @@ from service.ledger.records import (
     ChargeRecord,
     GraphBudgetExhausted,
     GraphCap,
+    PeriodFigures,
     ReleaseKey,
     StoredRelease,
 )
@@ -163,8 +164,12 @@ def spent_curve(spend: Spend | LockedAccount) -> RdpCurve:
 
 
 def budget_view(
-    budget: Budget | LockedAccount, spend: Spend | LockedAccount, spent: RdpCurve | None = None
+    budget: Budget | LockedAccount,
+    spend: Spend | LockedAccount,
+    spent: RdpCurve | None = None,
+    period: PeriodFigures | None = None,
 ) -> BudgetView:
+    """The budget as callers see it; ``period``: the current period's figures, if any."""
     curve = spent_curve(spend) if spent is None else spent
     spent_epsilon = curve.epsilon(budget.delta)
     return BudgetView(
@@ -174,6 +179,7 @@ def budget_view(
         remaining_epsilon=max(0.0, budget.cap_epsilon - spent_epsilon),
         delta=budget.delta,
         charges=spend.charges,
+        period=period,
     )
 
 

@@ -37,8 +37,14 @@ BUDGETS = cast(Table, Budget.__table__)
 SHARDS = cast(Table, ExposureShard.__table__)
 BINDINGS = cast(Table, IdempotencyBinding.__table__)
 
+_BUDGET_COLUMNS = (
+    BUDGETS.c.cap_epsilon,
+    BUDGETS.c.delta,
+    BUDGETS.c.period,
+    BUDGETS.c.period_cap_epsilon,
+)
 _LOCK_ACCOUNT = (
-    select(SPEND, BUDGETS.c.cap_epsilon, BUDGETS.c.delta)
+    select(SPEND, *_BUDGET_COLUMNS)
     .join_from(SPEND, BUDGETS, BUDGETS.c.account_id == SPEND.c.account_id)
     .where(SPEND.c.account_id == bindparam("account_id"))
     .with_for_update(of=SPEND)
@@ -119,7 +125,8 @@ class LockedAccount:
 
     __slots__ = (
         "account_id", "cap_epsilon", "charges", "delta", "epsilon", "grid_version",
-        "last_charge_at", "pure_epsilon", "rdp", "updated_at",
+        "last_charge_at", "period", "period_cap_epsilon", "period_spent", "pure_epsilon", "rdp",
+        "updated_at",
     )  # fmt: skip
 
     def __init__(self, row: Any) -> None:
@@ -133,6 +140,12 @@ class LockedAccount:
         self.updated_at: datetime = row.updated_at
         self.cap_epsilon: float = row.cap_epsilon
         self.delta: float = row.delta
+        #: The account's budget period and its cap (None: no period, as by default).
+        self.period: str | None = row.period
+        self.period_cap_epsilon: float | None = row.period_cap_epsilon
+        #: With a period: (window start, composed live charges of that window so far, this
+        #: transaction's included), read once per transaction (service/ledger/period_spend.py).
+        self.period_spent: tuple[datetime, Any] | None = None
 
 
 class LockedShard:
@@ -155,7 +168,7 @@ def lock_account(session: Session, account_id: int) -> LockedAccount | None:
 
 
 _LOCK_ACCOUNTS = (
-    select(SPEND, BUDGETS.c.cap_epsilon, BUDGETS.c.delta)
+    select(SPEND, *_BUDGET_COLUMNS)
     .join_from(SPEND, BUDGETS, BUDGETS.c.account_id == SPEND.c.account_id)
     .where(SPEND.c.account_id.in_(bindparam("account_ids", expanding=True)))
     .order_by(SPEND.c.account_id)
@@ -226,6 +239,9 @@ class AdmissionWrites:
         self._encoded: dict[int, tuple[object, EncodedJson]] = {}
         #: (account, graph version, epsilon) of the degree releases this transaction charged.
         self.degree_paid: set[tuple[int, str, float]] = set()
+        #: The database's clock, read once when the transaction admits to an account with a
+        #: budget period (service/ledger/period_spend.py); None until then.
+        self.period_now: datetime | None = None
 
     def json(self, owner: object, value: Callable[[], Any]) -> EncodedJson:
         """The encoded JSON of ``value()``, computed once per ``owner`` object (kept alive

@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.errors import ServiceError
-from service.ledger.budget_rule import curve_fits_under_cap, fits_under_cap
+from service.ledger.budget_rule import fits_under_cap
 from service.ledger.idempotency import PopularQuery, bound_query
 from service.ledger.ledger_rows import (
     aware_utc,
@@ -23,8 +23,9 @@ from service.ledger.ledger_rows import (
     spent_curve,
 )
 from service.ledger.locked_rows import AdmissionWrites, NewCharge
+from service.ledger.period_spend import PeriodAdmission, locked_view
+from service.ledger.periods import day_start
 from service.ledger.records import (
-    BudgetExhausted,
     DegreeCharge,
     DegreeReceipt,
     IdempotencyKeyReused,
@@ -81,12 +82,67 @@ class _DegreeAsk:
         )
 
 
+def add_degree_charge(
+    writes: AdmissionWrites,
+    account_id: int,
+    principal_id: int,
+    seed: str,
+    mode: str,
+    degree: DegreeCharge,
+    request_id: str,
+    now: Any,
+) -> NewCharge:
+    """The account's charge for the version's degree release. It is ``released`` at once
+    (the release is stored in ``graph_releases`` before any answer built on it) and never
+    refunded; it is not added to an exposure shard (the release is there once already)."""
+    curve = degree.curve
+    charge = writes.add_charge(
+        created_at=now,
+        period_start=day_start(now),
+        charged_account_id=account_id,
+        principal_account_id=principal_id,
+        seed=seed,
+        mechanism=DEGREE_RELEASE_CHARGE,
+        mode=mode,
+        params=writes.json(degree, lambda: {"epsilon": float(degree.epsilon)}),
+        epsilon=float(degree.epsilon),
+        rdp=writes.json(curve, curve.to_json),
+        pure_epsilon=curve.pure,
+        grid_version=GRID_VERSION,
+        graph_version=degree.graph_version,
+        request_id=request_id,
+        idempotency_key=None,
+        state="released",
+        release_key=None,
+        exposure_shard=0,
+    )
+    writes.degree_paid.add((account_id, degree.graph_version, float(degree.epsilon)))
+    return charge
+
+
+def bind_popular(
+    writes: AdmissionWrites,
+    principal: int,
+    idempotency_key: str | None,
+    charge: NewCharge | int,
+    query: PopularQuery | None,
+) -> None:
+    """Bind a popular query's Idempotency-Key (if any) to the account's degree charge."""
+    if idempotency_key is None or query is None:
+        return
+    popular = (query.seed, query.mode)
+    writes.bind(principal, idempotency_key, charge, POPULAR_BINDING, utcnow(), popular)
+
+
 class QuotaAndDegree(LedgerPart):
     """The principal's quota check, and each account's one charge per degree release."""
 
-    def __init__(self, transactions: LedgerTransactions, reports: Reports) -> None:
+    def __init__(
+        self, transactions: LedgerTransactions, reports: Reports, periods: PeriodAdmission
+    ) -> None:
         super().__init__(transactions)
         self._reports = reports
+        self._periods = periods
 
     def check_quota(
         self,
@@ -158,43 +214,6 @@ class QuotaAndDegree(LedgerPart):
             return True
         return QuotaAndDegree._degree_charge_id(session, account_id, degree) is not None
 
-    @staticmethod
-    def add_degree_charge(
-        writes: AdmissionWrites,
-        account_id: int,
-        principal_id: int,
-        seed: str,
-        mode: str,
-        degree: DegreeCharge,
-        request_id: str,
-        now: Any,
-    ) -> NewCharge:
-        """The account's charge for the version's degree release. It is ``released`` at once
-        (the release is stored in ``graph_releases`` before any answer built on it) and never
-        refunded; it is not added to an exposure shard (the release is there once already)."""
-        curve = degree.curve
-        charge = writes.add_charge(
-            created_at=now,
-            charged_account_id=account_id,
-            principal_account_id=principal_id,
-            seed=seed,
-            mechanism=DEGREE_RELEASE_CHARGE,
-            mode=mode,
-            params=writes.json(degree, lambda: {"epsilon": float(degree.epsilon)}),
-            epsilon=float(degree.epsilon),
-            rdp=writes.json(curve, curve.to_json),
-            pure_epsilon=curve.pure,
-            grid_version=GRID_VERSION,
-            graph_version=degree.graph_version,
-            request_id=request_id,
-            idempotency_key=None,
-            state="released",
-            release_key=None,
-            exposure_shard=0,
-        )
-        writes.degree_paid.add((account_id, degree.graph_version, float(degree.epsilon)))
-        return charge
-
     def admit_degree_release(
         self,
         *,
@@ -250,47 +269,37 @@ class QuotaAndDegree(LedgerPart):
                         epsilon=float(degree.epsilon),
                     )  # fmt: skip
             writes = AdmissionWrites()
-            now = utcnow()
+            now = self._periods.now(session, account, utcnow(), writes)
             paid = self._degree_charge_id(session, a.charged_account_id, degree)
             if paid is not None:
-                self._bind_popular(writes, a.principal_account_id, a.idempotency_key, paid, query)
+                bind_popular(writes, a.principal_account_id, a.idempotency_key, paid, query)
                 writes.finish(session)
                 return DegreeReceipt(
                     budget_view(account, account), charged=False, epsilon=float(degree.epsilon)
                 )
             spent = spent_curve(account)
             composed = spent + degree.curve
-            if not curve_fits_under_cap(composed, account.delta, account.cap_epsilon):
-                raise BudgetExhausted(budget_view(account, account, spent), float(degree.epsilon))
+            window = self._periods.admit(
+                session, account, spent, composed, (degree.curve,), float(degree.epsilon), now,
+                writes,
+            )  # fmt: skip
             if a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id:
                 self.check_quota(
                     session, a.principal_account_id, a.quota_epsilon, float(degree.epsilon), now
                 )
-            charge = self.add_degree_charge(
+            charge = add_degree_charge(
                 writes, a.charged_account_id, a.principal_account_id, a.seed, a.mode, degree,
                 a.request_id, now,
             )  # fmt: skip
-            self._bind_popular(writes, a.principal_account_id, a.idempotency_key, charge, query)
+            bind_popular(writes, a.principal_account_id, a.idempotency_key, charge, query)
             set_spend(account, account, composed, account.charges + 1)
             account.last_charge_at = now
+            account.period_spent = window
             writes.changed_account(account)
             writes.finish(session)
             return DegreeReceipt(
-                budget_view(account, account, composed), charged=True, epsilon=float(degree.epsilon)
+                locked_view(account, composed), charged=True, epsilon=float(degree.epsilon)
             )
-
-    @staticmethod
-    def _bind_popular(
-        writes: AdmissionWrites,
-        principal: int,
-        idempotency_key: str | None,
-        charge: NewCharge | int,
-        query: PopularQuery | None,
-    ) -> None:
-        if idempotency_key is None or query is None:
-            return
-        popular = (query.seed, query.mode)
-        writes.bind(principal, idempotency_key, charge, POPULAR_BINDING, utcnow(), popular)
 
     @staticmethod
     def _degree_charge_id(session: Session, account_id: int, degree: DegreeCharge) -> int | None:
@@ -380,14 +389,16 @@ class QuotaAndDegree(LedgerPart):
             curve = RdpCurve.from_json(row.rdp)
             spent = spent_curve(account)
             composed = spent + curve
-            if not curve_fits_under_cap(composed, account.delta, account.cap_epsilon):
-                raise BudgetExhausted(budget_view(account, account, spent), epsilon)
-            now = utcnow()
+            writes = AdmissionWrites()
+            now = self._periods.now(session, account, utcnow(), writes)
+            window = self._periods.admit(
+                session, account, spent, composed, (curve,), epsilon, now, writes
+            )
             if quota_epsilon is not None and principal_account_id != charged_account_id:
                 self.check_quota(session, principal_account_id, quota_epsilon, epsilon, now)
-            writes = AdmissionWrites()
             writes.add_charge(
                 created_at=now,
+                period_start=day_start(now),
                 charged_account_id=charged_account_id,
                 principal_account_id=principal_account_id,
                 seed=seed,
@@ -408,8 +419,7 @@ class QuotaAndDegree(LedgerPart):
             )
             set_spend(account, account, composed, account.charges + 1)
             account.last_charge_at = now
+            account.period_spent = window
             writes.changed_account(account)
             writes.finish(session)
-            return DegreeReceipt(
-                budget_view(account, account, composed), charged=True, epsilon=epsilon
-            )
+            return DegreeReceipt(locked_view(account, composed), charged=True, epsilon=epsilon)

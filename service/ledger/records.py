@@ -60,15 +60,44 @@ class BudgetView:
     remaining_epsilon: float
     delta: float
     charges: int = 0
+    #: The account's budget period, where it has one (and the view was read with it).
+    period: PeriodFigures | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        view = {
             "account_id": self.account_id,
             "spent_epsilon": self.spent_epsilon,
             "cap_epsilon": self.cap_epsilon,
             "remaining_epsilon": self.remaining_epsilon,
             "delta": self.delta,
             "charges": self.charges,
+        }
+        if self.period is not None:  # absent, not null, without a period: today's shape
+            view.update(self.period.to_dict())
+        return view
+
+
+@dataclass(frozen=True)
+class PeriodFigures:
+    """An account's current budget period: the composition of its live charges since
+    ``started_at`` at the account's delta, and its cap, which renews at ``resets_at``."""
+
+    period: str  # day | week | month (UTC windows)
+    period_cap_epsilon: float
+    period_spent_epsilon: float
+    started_at: datetime
+    resets_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "period": self.period,
+            "period_cap_epsilon": self.period_cap_epsilon,
+            "period_spent_epsilon": self.period_spent_epsilon,
+            "period_remaining_epsilon": max(
+                0.0, self.period_cap_epsilon - self.period_spent_epsilon
+            ),
+            "period_started_at": self.started_at.isoformat(),
+            "period_resets_at": self.resets_at.isoformat(),
         }
 
 
@@ -239,14 +268,31 @@ class BudgetExhausted(ServiceError):
     code = "budget_exhausted"
     status = 403
 
-    def __init__(self, budget: BudgetView, query_epsilon: float) -> None:
-        super().__init__(
-            f"this query (epsilon {query_epsilon:.4g}) would take the account's spend past its "
-            f"cap of {budget.cap_epsilon:.4g}; remaining budget {budget.remaining_epsilon:.4g}. "
-            "Ask for a smaller epsilon, replay an earlier answer, or ask an admin to raise the cap",
-            details={"budget": budget.to_dict(), "query_epsilon": query_epsilon},
-        )
+    def __init__(
+        self, budget: BudgetView, query_epsilon: float, *, retry_after: int | None = None
+    ) -> None:
+        """``retry_after`` (seconds until the period's reset): refused by the period cap."""
+        period = budget.period
+        details: dict[str, Any] = {"budget": budget.to_dict(), "query_epsilon": query_epsilon}
+        if retry_after is None or period is None:
+            message = (
+                f"this query (epsilon {query_epsilon:.4g}) would take the account's spend past "
+                f"its cap of {budget.cap_epsilon:.4g}; remaining budget "
+                f"{budget.remaining_epsilon:.4g}. Ask for a smaller epsilon, replay an earlier "
+                "answer, or ask an admin to raise the cap"
+            )
+        else:
+            resets = period.resets_at.isoformat()
+            message = (
+                f"this query (epsilon {query_epsilon:.4g}) would take the account's spend this "
+                f"{period.period} past its period cap of {period.period_cap_epsilon:.4g} "
+                f"(spent {period.period_spent_epsilon:.4g}); the period cap renews at {resets}. "
+                "Replay an earlier answer, or ask again after the reset"
+            )
+            details.update(cap="period_cap", resets_at=resets, retry_after_seconds=retry_after)
+        super().__init__(message, details=details)
         self.budget = budget
+        self.retry_after = retry_after
 
 
 class IdempotencyKeyReused(InvalidParameter):

@@ -152,6 +152,9 @@ class Budget(Base):
     cap_epsilon: Mapped[float] = mapped_column(Double, nullable=False)
     delta: Mapped[float] = mapped_column(Double, nullable=False)
     updated_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
+    #: A cap per UTC ``day``, ``week`` or ``month`` on top of ``cap_epsilon`` (both NULL: none).
+    period: Mapped[str | None] = mapped_column(String(8), nullable=True)
+    period_cap_epsilon: Mapped[float | None] = mapped_column(Double, nullable=True)
 
 
 class Spend(Base):
@@ -215,6 +218,7 @@ class Charge(Base):
         Index("ix_charges_release_key", "charged_account_id", "release_key"),
         Index("ix_charges_principal_created_at", "principal_account_id", "created_at"),
         Index("ix_charges_created_at", "created_at"),
+        Index("ix_charges_period", "charged_account_id", "period_start"),
         # An account pays for a graph version's degree release at most once (per scale).
         Index(
             "uq_charges_degree_release_live",
@@ -269,6 +273,8 @@ class Charge(Base):
     #: finding it in flight, refund an admitted charge only once this (or ``created_at``, if
     #: it never beat) is older than their limit.
     heartbeat_at: Mapped[datetime | None] = mapped_column(Timestamp, nullable=True)
+    #: 00:00 UTC of the day of ``created_at`` (service/ledger/periods.py); set on every charge.
+    period_start: Mapped[datetime | None] = mapped_column(Timestamp, nullable=True)
 
 
 class Refund(Base):

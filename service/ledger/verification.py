@@ -7,7 +7,9 @@ release is stored, ``refunded`` iff a refund row exists). Every live keyed charg
 Idempotency-Key's binding, and no binding names a refunded charge. Admitted charges without a
 release are counted by age: they are in flight, or their process died and ``ledger reconcile``
 settles them. The exposure shards must bound the composition of every live charge and graph-wide
-release (they are rounded up on refunds, never down).
+release (they are rounded up on refunds, never down). Every charge records the UTC day it
+was admitted on, and an account with a budget period composes each window of it (since its
+budget last changed) under its period cap.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import numpy as np
 from sqlalchemy import Engine, func, or_, select
 from sqlalchemy.orm import Session
 
+from service.ledger.budget_rule import fits_under_cap
+from service.ledger.periods import PERIODS, as_aware_utc, day_start, period_start
 from service.ledger.tables import (
     DEGREE_RELEASE_CHARGE,
     EXPOSURE_SHARDS,
@@ -55,6 +59,8 @@ class VerifyReport:
     charges_checked: int = 0
     mismatches: list[dict[str, Any]] = field(default_factory=list)
     admitted_without_release: dict[str, Any] = field(default_factory=dict)
+    #: Accounts with a budget period whose windows were recomposed.
+    periods_checked: int = 0
 
     @property
     def ok(self) -> bool:
@@ -77,7 +83,52 @@ def verify_ledger(engine: Engine) -> VerifyReport:
         _check_admitted(session, report)
         _check_exposure(session, report)
         _check_synthesis(session, report)
+        _check_periods(session, report)
     return report
+
+
+def _check_periods(session: Session, report: VerifyReport) -> None:
+    """Every charge records the UTC day of its admission (``period_start``); and for every
+    account with a budget period, every window of that period since its budget last changed
+    composes its live charges under the period cap (a window that began before the change
+    was admitted under the settings then, so it is not held to the new ones)."""
+    days = select(Charge.id, Charge.created_at, Charge.period_start).execution_options(
+        yield_per=2000
+    )
+    for charge_id, created_at, start in session.execute(days):
+        if start is None or as_aware_utc(start) != day_start(created_at):
+            report.mismatches.append({
+                "kind": "period_start", "charge_id": charge_id,
+                "detail": f"period_start {start} is not the UTC day of created_at {created_at}",
+            })  # fmt: skip
+    budgets = session.scalars(select(Budget).where(Budget.period.is_not(None))).all()
+    for budget in budgets:
+        report.periods_checked += 1
+        if budget.period not in PERIODS or budget.period_cap_epsilon is None:
+            report.mismatches.append({
+                "kind": "period", "account_id": budget.account_id,
+                "detail": f"period {budget.period!r} with cap {budget.period_cap_epsilon!r}",
+            })  # fmt: skip
+            continue
+        changed = as_aware_utc(budget.updated_at)
+        windows: dict[Any, RdpCurve] = {}
+        rows: Any = session.execute(
+            select(Charge.created_at, Charge.rdp)
+            .where(Charge.charged_account_id == budget.account_id, Charge.state != "refunded")
+            .order_by(Charge.id)
+        )
+        for created_at, rdp in rows:
+            start = period_start(budget.period, created_at)
+            if start >= changed:
+                windows[start] = windows.get(start, RdpCurve.zero()) + RdpCurve.from_json(rdp)
+        for start, spent in sorted(windows.items()):
+            used = spent.epsilon(budget.delta)
+            if not fits_under_cap(used, budget.period_cap_epsilon):
+                report.mismatches.append({
+                    "kind": "period_cap", "account_id": budget.account_id,
+                    "detail": f"the {budget.period} from {start.isoformat()} composes to "
+                    f"{used:.6g}, over its cap {budget.period_cap_epsilon:.6g}",
+                })  # fmt: skip
 
 
 #: A synthesis job's state and the state its graph release must be in.

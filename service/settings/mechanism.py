@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from service.bounds import CAP_EPSILON_MAX, CAP_EPSILON_MIN, DELTA_MAX, DELTA_MIN
+from service.bounds import CAP_EPSILON_MAX, CAP_EPSILON_MIN, DELTA_MAX, DELTA_MIN, BudgetPeriod
 from service.embeddings.parameters import DEFAULT_EMBEDDING_SIGMA
 from service.embeddings.parameters import DEFAULT_K as DP_IE_DEFAULT_K
 from service.embeddings.parameters import MAX_K as DP_IE_MAX_K
@@ -50,6 +50,16 @@ class MechanismSettings(BaseSettings):
     default_cap_epsilon: float = Field(
         1.0, ge=CAP_EPSILON_MIN, le=CAP_EPSILON_MAX, description="Budget cap of new accounts."
     )
+    default_period: BudgetPeriod | None = Field(
+        None,
+        description="Budget period of new accounts (UTC windows): with "
+        "PPR_DEFAULT_PERIOD_CAP_EPSILON, a cap per period on top of the lifetime cap; unset: "
+        "no period (the lifetime cap alone).",
+    )
+    default_period_cap_epsilon: float | None = Field(
+        None, ge=CAP_EPSILON_MIN, le=CAP_EPSILON_MAX,
+        description="Cap per PPR_DEFAULT_PERIOD of new accounts (set both or neither).",
+    )  # fmt: skip
     max_k: int = Field(1000, ge=1, le=10_000, description="Largest k a query may ask for.")
     default_k: int = Field(20, ge=1, description="k of a query that names none.")
     default_mechanism: RankingMechanism = Field(
@@ -92,6 +102,8 @@ class MechanismSettings(BaseSettings):
             raise ValueError("PPR_DEFAULT_EPSILON must lie in [PPR_EPSILON_MIN, PPR_EPSILON_MAX]")
         if self.default_k > self.max_k:
             raise ValueError("PPR_DEFAULT_K must not exceed PPR_MAX_K")
+        if (self.default_period is None) != (self.default_period_cap_epsilon is None):
+            raise ValueError("PPR_DEFAULT_PERIOD and PPR_DEFAULT_PERIOD_CAP_EPSILON go together")
         if self.embedding_default_k > self.max_k:
             raise ValueError("PPR_EMBEDDING_DEFAULT_K must not exceed PPR_MAX_K")
         if not (
@@ -102,6 +114,13 @@ class MechanismSettings(BaseSettings):
                 "[PPR_EMBEDDING_MIN_SIGMA, PPR_EMBEDDING_MAX_SIGMA]"
             )
         return self
+
+    @property
+    def default_budget_period(self) -> tuple[str, float] | None:
+        """(period, cap) of new accounts, or None (no period)."""
+        if self.default_period is None or self.default_period_cap_epsilon is None:
+            return None
+        return (self.default_period, self.default_period_cap_epsilon)
 
     @property
     def account_delta(self) -> float:

@@ -119,13 +119,18 @@ def get_account(
 def set_budget(
     account_id: AccountIdPath, body: SetBudget, runtime: RuntimeDep, admin: AdminDep
 ) -> BudgetChange:
-    """Change an account's cap and/or delta (audited). The spend is kept as an RDP curve, so
-    it is re-converted at a new delta; a cap below the spend is allowed (flagged as
-    `cap_below_spent`) and simply refuses further queries."""
+    """Change an account's cap and/or delta, and its budget period (audited). The spend is
+    kept as an RDP curve, so it is re-converted at a new delta; a cap below the spend is
+    allowed (flagged as `cap_below_spent`) and simply refuses further queries. A period
+    (`day`, `week`, `month`: UTC windows) with `period_cap_epsilon` caps what the account
+    spends per period on top of the lifetime cap; `clear_period` removes it."""
     view = runtime.ledger.budgets.set_budget(
         account_id,
         cap_epsilon=body.cap_epsilon,
         delta=body.delta,
+        period=body.period,
+        period_cap_epsilon=body.period_cap_epsilon,
+        clear_period=body.clear_period,
         actor_account_id=admin.account_id,
     )
     return BudgetChange(**view.to_dict(), cap_below_spent=view.cap_epsilon < view.spent_epsilon)

@@ -381,13 +381,19 @@
       h("p", {}, h("a", { href: "#/accounts" }, "‹ All accounts"))));
 
     const budgetStats = h("div", { class: "stats", id: "budget-stats" });
-    const renderBudget = (bv, flag) => budgetStats.replaceChildren(
-      stat("Spent ε (composed)", eps(bv.spent_epsilon), `at δ ${bv.delta.toExponential(2)}`),
-      stat("Cap ε", eps(bv.cap_epsilon)),
+    // With a budget period, the lifetime figure and the current period's side by side.
+    const periodStat = (bv) => bv.period ? h("div", { class: "stat", id: "period-spent" },
+      h("div", { class: "stat-label" }, `This ${bv.period}: spent ε (composed)`),
+      h("div", { class: "stat-value", "data-testid": "period-spent-value" }, eps(bv.period_spent_epsilon)),
+      h("div", { class: "stat-note", "data-testid": "period-resets" }, `of its cap ${eps(bv.period_cap_epsilon)}; renews ${when(bv.period_resets_at)}`)) : null;
+    const renderBudget = (bv, flag) => budgetStats.replaceChildren(...[
+      stat(bv.period ? "Lifetime spent ε (composed)" : "Spent ε (composed)", eps(bv.spent_epsilon), `at δ ${bv.delta.toExponential(2)}`),
+      periodStat(bv),
+      stat(bv.period ? "Lifetime cap ε" : "Cap ε", eps(bv.cap_epsilon)),
       h("div", { class: "stat " + (flag ? "bad" : ""), id: "remaining" }, h("div", { class: "stat-label" }, "Remaining ε"),
         h("div", { class: "stat-value", "data-testid": "remaining-value" }, eps(bv.remaining_epsilon)),
         flag ? h("div", { class: "stat-note" }, "cap is below what is already spent: every further query is refused") : null),
-      stat("Charges", String(bv.charges)));
+      stat("Charges", String(bv.charges))].filter(Boolean));
     renderBudget(b, b.cap_epsilon < b.spent_epsilon);
     const chart = h("div", { class: "chart-box", id: "chart-curve" });
     const note = h("p", { class: "muted", id: "curve-note" });

@@ -7,8 +7,16 @@ import math
 import numpy as np
 import pytest
 
-from service.ledger.budget_rule import ADMISSION_RTOL, curve_fits_under_cap, fits_under_cap
+from service.ledger.budget_rule import (
+    ADMISSION_RTOL,
+    LIFETIME_CAP,
+    PERIOD_CAP,
+    account_cap_exceeded,
+    curve_fits_under_cap,
+    fits_under_cap,
+)
 from service.privacy.accountant import RdpCurve
+from service.privacy.curves import laplace_curve
 from service.privacy.orders import ORDERS
 
 CAP = 2.0
@@ -38,3 +46,18 @@ def test_a_curve_fits_as_its_epsilon_at_the_delta_does(delta: float) -> None:
     assert not curve_fits_under_cap(base, delta, at)  # exactly at the cap
     assert not curve_fits_under_cap(base, delta, at * (1.0 - ADMISSION_RTOL))
     assert curve_fits_under_cap(base, delta, at) == fits_under_cap(at, at)
+
+
+def test_an_account_is_decided_on_its_lifetime_cap_then_its_period_cap() -> None:
+    one = laplace_curve(0.3)
+    two = one + one
+    at_one, at_two = one.epsilon(1e-6), two.epsilon(1e-6)
+    assert 0.29 < at_one < at_two < 0.61
+    assert account_cap_exceeded(one, 1e-6, 1.0) is None
+    assert account_cap_exceeded(two, 1e-6, 0.5) == LIFETIME_CAP
+    assert account_cap_exceeded(two, 1e-6, 1.0, one, 0.5) is None
+    assert account_cap_exceeded(two, 1e-6, 1.0, two, 0.5) == PERIOD_CAP
+    assert account_cap_exceeded(two, 1e-6, 0.5, two, 0.5) == LIFETIME_CAP  # does not renew
+    # the same rule as every other cap, at the same boundary
+    assert account_cap_exceeded(two, 1e-6, 1.0, one, at_one) == PERIOD_CAP
+    assert account_cap_exceeded(two, 1e-6, 1.0, one, at_one * (1 + 2 * ADMISSION_RTOL)) is None
