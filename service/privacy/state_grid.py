@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 from fractions import Fraction
+from functools import lru_cache
 
 from service.privacy.floating import UNIT_ROUNDOFF, float64_distortion_margin, gamma
 
