@@ -97,7 +97,7 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 def pytest_configure(config: pytest.Config) -> None:
     config._ppr_started = time.time()  # type: ignore[attr-defined]
-    # With pytest-xdist (make test: -n 2), hand tests to the workers one at a time in the
+    # With pytest-xdist (make test: -n 3), hand tests to the workers one at a time in the
     # order below rather than in long runs of consecutive tests: each worker takes the next
     # test when it is free, so the slow tests, first, spread over both and the run ends on
     # short ones. The tests of a module that shares one expensive fixture (a server, a Ray
