@@ -21,8 +21,9 @@ serve: $(STAMP)
 	$(BIN)/python -m service serve
 
 # Three xdist workers on two cores: a third of the suite's time is spent waiting (on servers
-# starting, subprocesses, sleeps), and a third worker fills it (quiet 2-core machine, one run
-# each: 761 s of test time with two workers, 542 s with three). TEST_WORKERS changes it.
+# starting, subprocesses, sleeps), and a third worker fills it. Quiet 2-core machine, one run
+# each: a rerun in a checkout took 805 s of test time with two workers, 542 s with three; a
+# fresh clone (.ci/run) 761 s with two, 743 s with three. TEST_WORKERS changes it.
 TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=10 $(PYTEST_ARGS)
