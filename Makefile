@@ -22,8 +22,8 @@ serve: $(STAMP)
 
 # Three xdist workers on two cores: a third of the suite's time is spent waiting (on servers
 # starting, subprocesses, sleeps), and a third worker fills it. Quiet 2-core machine, one run
-# each: a rerun in a checkout took 805 s of test time with two workers, 542 s with three; a
-# fresh clone (.ci/run) 761 s with two, 743 s with three. TEST_WORKERS changes it.
+# each: a fresh clone (.ci/run) took 761 s of test time with two workers, 743 s with three; a
+# rerun in a checkout with three, 542 s. TEST_WORKERS changes it.
 TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=10 $(PYTEST_ARGS)
