@@ -25,7 +25,6 @@ from service.ledger.locked_rows import (
     NewCharge,
 )
 from service.ledger.period_spend import PeriodAdmission, locked_view
-from service.ledger.periods import day_start
 from service.ledger.quota_and_degree import QuotaAndDegree, add_degree_charge
 from service.ledger.records import (
     Admission,
@@ -149,7 +148,6 @@ class AdmissionRules(LedgerPart):
         shard = add_exposure(query_curve)
         charge = writes.add_charge(
             created_at=now,
-            period_start=day_start(now),
             charged_account_id=a.charged_account_id,
             principal_account_id=a.principal_account_id,
             seed=a.seed,

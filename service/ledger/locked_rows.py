@@ -19,6 +19,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, Table, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
+from service.ledger.periods import day_start
 from service.ledger.tables import (
     Budget,
     Charge,
@@ -253,7 +254,8 @@ class AdmissionWrites:
         return hit[1]
 
     def add_charge(self, **values: Any) -> NewCharge:
-        charge = NewCharge(values)
+        """A charge of this transaction; its ``period_start`` is the UTC day of ``created_at``."""
+        charge = NewCharge({**values, "period_start": day_start(values["created_at"])})
         self._charges.append(charge)
         return charge
 

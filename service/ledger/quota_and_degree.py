@@ -24,7 +24,6 @@ from service.ledger.ledger_rows import (
 )
 from service.ledger.locked_rows import AdmissionWrites, NewCharge
 from service.ledger.period_spend import PeriodAdmission, locked_view
-from service.ledger.periods import day_start
 from service.ledger.records import (
     DegreeCharge,
     DegreeReceipt,
@@ -98,7 +97,6 @@ def add_degree_charge(
     curve = degree.curve
     charge = writes.add_charge(
         created_at=now,
-        period_start=day_start(now),
         charged_account_id=account_id,
         principal_account_id=principal_id,
         seed=seed,
@@ -398,7 +396,6 @@ class QuotaAndDegree(LedgerPart):
                 self.check_quota(session, principal_account_id, quota_epsilon, epsilon, now)
             writes.add_charge(
                 created_at=now,
-                period_start=day_start(now),
                 charged_account_id=charged_account_id,
                 principal_account_id=principal_account_id,
                 seed=seed,
