@@ -255,7 +255,8 @@ class AdmissionWrites:
 
     def add_charge(self, **values: Any) -> NewCharge:
         """A charge of this transaction; its ``period_start`` is the UTC day of ``created_at``."""
-        charge = NewCharge({**values, "period_start": day_start(values["created_at"])})
+        values["period_start"] = day_start(values["created_at"])
+        charge = NewCharge(values)
         self._charges.append(charge)
         return charge
 
