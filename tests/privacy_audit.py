@@ -15,12 +15,13 @@ confidence. :func:`audit` computes it, in both directions, maximised over a fami
    them (each coordinate alone; the smallest and the largest of their rank-transformed values,
    i.e. "all of them above / below a level", which is how a shift spread over two or three
    coordinates is seen; a linear score weighting every coordinate by its mean difference over
-   its variance), thresholds at quantiles of the pooled selection draws. Each statistic's best
-   event (threshold, side and direction) by its lower bound on the selection draws is found,
-   and the ``keep`` best statistics are kept.
+   its variance), thresholds at quantiles of the pooled selection draws. Each statistic puts
+   forward its best event (threshold, side and direction) by its lower bound on the selection
+   draws, and its best event that the favoured graph lands in at least ``CENTRAL_MASS`` of the
+   time (a guard against a lucky tail event); the ``keep`` best of those are kept.
 2. ``draws`` fresh draws on G and on G' evaluate only those events: Clopper-Pearson bounds at
-   level ``alpha / (2 keep)`` each (Bonferroni over the kept events and the two bounds of
-   each), so the maximum is a lower bound with confidence at least 1 - alpha.
+   level ``alpha / (2 m)`` each for the m <= ``keep`` kept events (Bonferroni over the events
+   and the two bounds of each), so the maximum is a lower bound with confidence at least 1 - alpha.
 
 A correct mechanism therefore shows ``epsilon_lb > claimed`` with probability at most alpha;
 a mis-scaled one is caught when its true loss exceeds the claim by more than the bound's
@@ -107,6 +108,9 @@ TOP_COORDINATES = 3
 CLEAR_SHIFT = 4.0
 #: One-sided level of the bounds that rank events on the selection draws.
 SELECTION_LEVEL = 1e-3
+#: Each statistic also puts forward its best event that the favoured graph lands in at least
+#: this often (see ``_select_events``).
+CENTRAL_MASS = 0.1
 
 
 @dataclass(frozen=True)
@@ -247,11 +251,18 @@ class _Event:
 def _select_events(
     on_graph: np.ndarray, on_neighbour: np.ndarray, delta: float, keep: int
 ) -> list[_Event]:
-    """The best event (threshold, side and direction) of each statistic on the selection
-    draws, scored by its Clopper-Pearson bound at SELECTION_LEVEL (strict, so that a rare event
-    that looks good by chance scores low), and the ``keep`` best of those."""
+    """Events chosen on the selection draws, each scored by its Clopper-Pearson bound at
+    SELECTION_LEVEL (strict, so that a rare event that looks good by chance scores low): each
+    statistic's best event (threshold, side and direction) and its best event among those the
+    favoured graph lands in at least CENTRAL_MASS of the time, then the ``keep`` best of those.
+
+    The second event is there because of the winner's curse: among some fifty thresholds, a
+    tail event whose selection counts were lucky can outscore the central one that shows the
+    loss reliably (a Laplace shift has the same likelihood ratio at every threshold past it,
+    so the central event's bound is the tightest), and then fail on the fresh draws. The
+    central event has counts in the thousands, which luck cannot move far."""
     trials = on_graph.shape[0]
-    scored: list[tuple[float, _Event]] = []
+    scored: dict[_Event, float] = {}
     for statistic in _statistics(on_graph, on_neighbour):
         t_graph, t_neighbour = statistic.compute(on_graph), statistic.compute(on_neighbour)
         thresholds = np.unique(
@@ -259,7 +270,7 @@ def _select_events(
         )
         above_graph = (t_graph[:, None] > thresholds[None, :]).sum(axis=0)
         above_neighbour = (t_neighbour[:, None] > thresholds[None, :]).sum(axis=0)
-        best: tuple[float, _Event] | None = None
+        candidates: list[tuple[float, float, _Event]] = []  # (bound, favoured mass, event)
         for above, k_graph, k_neighbour in (
             (True, above_graph, above_neighbour),
             (False, trials - above_graph, trials - above_neighbour),
@@ -267,14 +278,16 @@ def _select_events(
             for graph_favoured, fav, oth in ((True, k_graph, k_neighbour),
                                              (False, k_neighbour, k_graph)):  # fmt: skip
                 bounds = epsilon_lower_bounds(fav, oth, trials, delta, SELECTION_LEVEL)
-                j = int(np.argmax(bounds))
-                if best is None or bounds[j] > best[0]:
+                for j in range(thresholds.shape[0]):
                     event = _Event(statistic, float(thresholds[j]), above, graph_favoured)
-                    best = (float(bounds[j]), event)
-        if best is not None:
-            scored.append(best)
-    scored.sort(key=lambda item: -item[0])
-    return [event for _, event in scored[:keep]]
+                    candidates.append((float(bounds[j]), float(fav[j]) / trials, event))
+        central = [item for item in candidates if item[1] >= CENTRAL_MASS]
+        for pool in (candidates, central):
+            if pool:
+                bound, _, event = max(pool, key=lambda item: item[0])
+                scored[event] = bound
+    ranked = sorted(scored.items(), key=lambda item: -item[1])
+    return [event for event, _ in ranked[:keep]]
 
 
 def _draw(sampler: Sampler, rng: np.random.Generator, count: int) -> np.ndarray:
