@@ -79,7 +79,7 @@ def _prefetch_row() -> Callable[..., None] | None:
         ir: Any = importlib.import_module("llvmlite.ir")
         cgutils: Any = importlib.import_module("numba.core.cgutils")
         extending: Any = importlib.import_module("numba.extending")
-        from numba import njit, types
+        from numba import types
     except ImportError:  # pragma: no cover
         return None
     name = "llvm.prefetch.p0" if llvm.llvm_version_info[0] >= 15 else "llvm.prefetch.p0i8"
@@ -106,17 +106,14 @@ def _prefetch_row() -> Callable[..., None] | None:
 
         return sig, codegen
 
-    hint: Any = extending.intrinsic(prefetch_row)
+    hint: Callable[..., None] = extending.intrinsic(prefetch_row)
+    return hint
 
-    def probe(z: Any) -> None:  # pragma: no cover - compiled
-        hint(z, 0)
 
-    try:
-        njit(probe)(np.zeros((1, 2)))
-    except Exception:  # pragma: no cover - an LLVM without the intrinsic's name
-        return None
-    compiled: Callable[..., None] = hint
-    return compiled
+def _probe_prefetch(z: Any) -> None:  # pragma: no cover - compiled
+    """Calls the prefetch hint once: compiled (with numba's on-disk cache, so a process whose
+    cache holds it does not compile it again) to check that this LLVM builds the hint."""
+    _PREFETCH(z, 0)  # type: ignore[misc]  # set by _compile_step before it compiles this
 
 
 def _no_prefetch() -> Callable[..., None]:  # pragma: no cover - see _prefetch_row
@@ -164,7 +161,13 @@ def _compile_step() -> StepKernels | None:
         from numba import njit
     except ImportError:  # pragma: no cover
         return None
-    _PREFETCH = _prefetch_row() or _no_prefetch()
+    _PREFETCH = _prefetch_row()
+    if _PREFETCH is not None:
+        try:
+            njit(cache=True)(_probe_prefetch)(np.zeros((1, 2)))
+        except Exception:  # pragma: no cover - an LLVM without the intrinsic's name
+            _PREFETCH = None
+    _PREFETCH = _PREFETCH or _no_prefetch()
     ahead = PREFETCH_DISTANCE
     input_clamp = INPUT_CLAMP
 
