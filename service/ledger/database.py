@@ -13,6 +13,7 @@ flight answers 503 and the next ones reconnect; admission locks the spend row wi
 
 from __future__ import annotations
 
+import ast
 import functools
 import sqlite3
 import threading
@@ -20,13 +21,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, create_engine, event, make_url, select
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, make_url, select, text
 from sqlalchemy.exc import DisconnectionError, OperationalError, ProgrammingError
 
 import service
@@ -34,12 +31,17 @@ from service.ledger.records import LedgerNotMigrated
 from service.ledger.tables import META_GRID_FINGERPRINT, META_GRID_VERSION, LedgerMeta
 from service.privacy.orders import GRID_VERSION, grid_fingerprint
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+
 #: Execution option naming how SQLAlchemy begins a SQLite transaction.
 SQLITE_BEGIN = "sqlite_begin"
 _SQLITE_BEGIN_MODES = ("DEFERRED", "IMMEDIATE", "EXCLUSIVE")
 SQLITE_BUSY_TIMEOUT_SECONDS = 30.0
 
 UPGRADE_COMMAND = "python -m service db upgrade"
+#: Alembic's version table (its default name; migrations/env.py does not change it).
+VERSION_TABLE = "alembic_version"
 _PG_MIGRATION_LOCK = 0x70707200  # advisory lock id serialising concurrent upgrades
 _PROCESS_MIGRATION_LOCK = threading.Lock()
 
@@ -172,10 +174,17 @@ def write_engine(engine: Engine) -> Engine:
 
 
 # --- Alembic ----------------------------------------------------------------------------------
+#
+# Alembic is imported only to migrate (and to name an unknown revision in an error): checking
+# that a ledger is at head reads the version table with one query and the heads from the
+# migration files' ``revision`` / ``down_revision`` lines, which spares every command and
+# server start that opens a migrated ledger the import (about 0.2 s).
 
 
 def alembic_config(url: str | None = None) -> Config:
     """An Alembic config for the repository's migrations; the URL never comes from a file."""
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(migrations_dir()))
     if url is not None:
@@ -191,11 +200,49 @@ def head_revisions() -> set[str]:
 
 @functools.cache
 def _heads() -> frozenset[str]:
-    return frozenset(ScriptDirectory.from_config(alembic_config()).get_heads())
+    """The revisions no migration names as its ``down_revision``, read from the scripts'
+    module-level assignments (tests/unit/ledger/test_database.py checks them against
+    Alembic's own ``ScriptDirectory.get_heads``)."""
+    revisions: set[str] = set()
+    parents: set[str] = set()
+    for script in sorted((migrations_dir() / "versions").glob("*.py")):
+        assigned = script_assignments(script, ("revision", "down_revision"))
+        revision = assigned.get("revision")
+        if not isinstance(revision, str):
+            continue
+        revisions.add(revision)
+        down = assigned.get("down_revision")
+        if isinstance(down, str):
+            parents.add(down)
+        elif isinstance(down, tuple | list):
+            parents.update(str(parent) for parent in down)
+    return frozenset(revisions - parents)
+
+
+def script_assignments(path: Path, names: tuple[str, ...]) -> dict[str, Any]:
+    """The literal values assigned to ``names`` at the top level of a Python file."""
+    found: dict[str, Any] = {}
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            target, value = node.target.id, node.value
+        elif (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
+            target, value = node.targets[0].id, node.value
+        else:
+            continue
+        if target in names and value is not None:
+            found[target] = ast.literal_eval(value)
+    return found
 
 
 def current_revisions(conn: Connection) -> set[str]:
-    return set(MigrationContext.configure(conn).get_current_heads())
+    """The revisions stamped in the database's ``alembic_version`` table (none without it)."""
+    if not inspect(conn).has_table(VERSION_TABLE):
+        return set()
+    return {str(row[0]) for row in conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}"))}
 
 
 @contextmanager
@@ -217,6 +264,8 @@ def upgrade(url: str, revision: str = "head") -> None:
 
 
 def upgrade_engine(engine: Engine, revision: str = "head") -> None:
+    from alembic import command
+
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
     # Alembic's migration context is process-global: one upgrade at a time per process; the
     # database lock below serialises processes.
@@ -275,6 +324,8 @@ def check_migrated(engine: Engine) -> None:
 
 
 def _known_revision(revision: str) -> bool:
+    from alembic.script import ScriptDirectory
+
     script = ScriptDirectory.from_config(alembic_config())
     try:
         return script.get_revision(revision) is not None
@@ -344,13 +395,17 @@ def describe_status(engine: Engine) -> dict[str, Any]:
 
 __all__ = [
     "UPGRADE_COMMAND",
+    "VERSION_TABLE",
     "LedgerGridMismatch",
     "alembic_config",
     "check_grid",
     "check_migrated",
+    "current_revisions",
     "describe_status",
+    "head_revisions",
     "make_engine",
     "migrations_dir",
+    "script_assignments",
     "upgrade",
     "upgrade_engine",
     "write_engine",

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from alembic.util import CommandError
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import InterfaceError, OperationalError
 
@@ -165,6 +164,8 @@ class Ledger(LedgerPart):
             except LedgerNotMigrated:
                 if not auto_migrate:
                     raise
+                from alembic.util import CommandError  # imported only to migrate
+
                 try:
                     upgrade_engine(engine)
                 except CommandError as exc:
