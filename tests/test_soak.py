@@ -28,8 +28,9 @@ def test_a_short_soak_reports_errors_memory_per_worker_and_verifies(tmp_path: Pa
     graph = tmp_path / "graph.txt"
     write_generated_edge_list(graph, 300, 1500, seed=3)
     command = [
-        sys.executable, "-m", "service", "soak", "--minutes", "0.1", "--interval", "2",
-        "--measure-seconds", "2", "--concurrency", "4", "--workers", "2",
+        sys.executable, "-m", "service", "soak", "--minutes", "0.05", "--interval", "1",
+        "--warmup", "0.5", "--measure-seconds", "1", "--load-fraction", "0.25",
+        "--concurrency", "4", "--workers", "2",
         "--port", str(free_port()), "--graph", str(graph),
         "--database-url", f"sqlite:///{tmp_path / 'ledger.db'}",
     ]  # fmt: skip
@@ -39,7 +40,7 @@ def test_a_short_soak_reports_errors_memory_per_worker_and_verifies(tmp_path: Pa
     )
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    assert re.search(r"^requests: [\d,]+ in 6 s .* errors: 0 ", out, re.M), out
+    assert re.search(r"^requests: [\d,]+ in 3 s .* errors: 0 ", out, re.M), out
     workers = re.findall(r"^\| (\d+) \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [+-][\d.]+ \|$", out, re.M)
     assert len(workers) == 2, out
     assert "mismatches 0, admitted without release 0: ledger OK" in out

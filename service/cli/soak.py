@@ -43,6 +43,8 @@ def register(subparsers: Any) -> None:
                         help="share of the measured throughput to send (default 0.8)")  # fmt: skip
     parser.add_argument("--measure-seconds", type=positive_float, default=30.0,
                         help="closed-loop measurement before the soak (default 30)")  # fmt: skip
+    parser.add_argument("--warmup", type=float, default=5.0,
+                        help="closed-loop warm-up before the measurement (default 5)")  # fmt: skip
     parser.add_argument("--concurrency", type=positive_int, default=16,
                         help="connections of the throughput measurement (default 16)")  # fmt: skip
     parser.add_argument("--interval", type=positive_float, default=60.0,
@@ -112,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
             key = service_account_key(database_url, delta=MechanismSettings().account_delta)
             (workload,) = workloads(plan, key)
             store_replay_releases(base_url, workload)
-            run_httpx(base_url, workload, concurrency=args.concurrency, seconds=5.0)  # warm-up
+            if args.warmup > 0:
+                run_httpx(base_url, workload, concurrency=args.concurrency, seconds=args.warmup)
             measured = run_httpx(
                 base_url, workload, concurrency=args.concurrency, seconds=args.measure_seconds
             )
