@@ -144,7 +144,8 @@ def test_the_first_example_answer_is_the_default_answer(
 ) -> None:
     """The README's first query, asked of a live server on the embedded default (SQLite
     ledger, in-process caches, demo graph, default settings) with the key the accounts block
-    printed, answers in the shape and with the mechanism the README shows."""
+    printed, answers in the shape and with the mechanism the README shows; with the quick
+    start's accounts in the ledger, ``serve`` does not print the quick start."""
     block = _quick_start()
     url = f"sqlite:///{tmp_path / 'ppr-ledger.db'}"
     upgrade(url)
@@ -197,6 +198,8 @@ def test_the_first_example_answer_is_the_default_answer(
     finally:
         server.terminate()
         server.wait(timeout=30)
+    out = log.read_text()
+    assert f"http://127.0.0.1:{port}/v1/me/budget" not in out, out  # accounts: no quick start
     assert response.status_code == 200, response.text
     real = response.json()
 
@@ -277,7 +280,8 @@ def test_the_readme_is_for_users() -> None:
 @pytest.mark.slow
 def test_serve_prints_the_readme_quick_start_on_an_empty_ledger(tmp_path: Path) -> None:
     """The quick start ``make serve`` prints (``serve`` on a ledger with no accounts) is the
-    README's, command for command; with an account in the ledger it is not printed."""
+    README's, command for command (with accounts in the ledger it is not printed:
+    test_the_first_example_answer_is_the_default_answer's server shows that)."""
     from service.cli.quickstart import QUICK_START, quick_start
 
     assert QUICK_START.format(base="http://127.0.0.1:8000") == _quick_start()
@@ -287,26 +291,20 @@ def test_serve_prints_the_readme_quick_start_on_an_empty_ledger(tmp_path: Path) 
     env = {name: value for name, value in os.environ.items() if not name.startswith("PPR_")}
     env.update(PPR_DATABASE_URL=url, PPR_GRAPH_SNAPSHOT_DIR=str(tmp_path / "snapshots"),
                PPR_PREFIX_TABLE_BYTES="0")  # fmt: skip
-    for accounts, shown in ((0, True), (1, False)):
-        if accounts:
-            subprocess.run(
-                [sys.executable, "-m", "service", "accounts", "create", "--type", "admin"],
-                env=env, check=True, capture_output=True,
-            )  # fmt: skip
-        port = free_port()
-        log = tmp_path / f"serve-{accounts}.log"
-        with open(log, "wb") as sink:
-            server = subprocess.Popen(
-                [sys.executable, "-m", "service", "serve", "--port", str(port)],
-                cwd=tmp_path, env=env, stdout=sink, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        try:
-            _wait_ready(server, f"http://127.0.0.1:{port}")
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
-        out = log.read_text()
-        assert (f"http://127.0.0.1:{port}/v1/me/budget" in out) is shown, out
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as sink:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "service", "serve", "--port", str(port)],
+            cwd=tmp_path, env=env, stdout=sink, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        _wait_ready(server, f"http://127.0.0.1:{port}")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    out = log.read_text()
+    assert f"http://127.0.0.1:{port}/v1/me/budget" in out, out
 
 
 def _wait_ready(server: subprocess.Popen[bytes], base: str) -> None:
