@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import dp_accounting
+from dp_accounting import rdp as dp_rdp
 from sqlalchemy import func, select
 
 from service.ledger.admission import DEFAULT_STALE_AFTER_SECONDS
 from service.ledger.ledger import Ledger
 from service.ledger.records import Admission, ChargeReceipt, GraphCap
 from service.ledger.tables import Charge, GraphVersion
+from service.privacy.orders import ORDERS
 
 
 def count_charges(ledger: Ledger, account_id: int | None = None) -> int:
@@ -40,3 +43,12 @@ def admit_and_charge(
     return ledger.admission.admit_and_charge(
         Admission(**fields), graph_cap=graph_cap, stale_after_seconds=stale_after_seconds
     )
+
+
+def independent_laplace_epsilon(per_query: float, charges: int, delta: float) -> float:
+    """``charges`` Laplace releases of pure epsilon ``per_query`` composed by dp_accounting (not
+    the service's accountant) on the service's orders, converted at ``delta``; the pure figure
+    (their sum) where it is smaller, as the service's conversion takes the better of the two."""
+    accountant = dp_rdp.RdpAccountant(orders=list(ORDERS))
+    accountant.compose(dp_accounting.LaplaceDpEvent(noise_multiplier=1.0 / per_query), charges)
+    return min(float(accountant.get_epsilon(delta)), charges * per_query)

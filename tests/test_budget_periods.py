@@ -10,9 +10,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import dp_accounting
 import pytest
-from dp_accounting import rdp as dp_rdp
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
@@ -24,8 +22,7 @@ from service.ledger.records import Admission, ChargeReceipt
 from service.ledger.tables import Charge
 from service.privacy.accountant import compose
 from service.privacy.curves import laplace_curve
-from service.privacy.orders import ORDERS
-from tests.ledger_support import admit_and_charge
+from tests.ledger_support import admit_and_charge, independent_laplace_epsilon
 
 DELTA = 1e-6
 PER_QUERY = 0.03
@@ -57,12 +54,7 @@ def _moved_clock(ledger: Ledger) -> Callable[[timedelta], None]:
 
 
 def _independent_epsilon(charges: int) -> float:
-    """``charges`` Laplace releases at PER_QUERY composed by dp_accounting on the service's
-    orders, converted at DELTA; the pure-DP figure (their sum) where it is smaller, as the
-    service's conversion takes the better of the two."""
-    accountant = dp_rdp.RdpAccountant(orders=list(ORDERS))
-    accountant.compose(dp_accounting.LaplaceDpEvent(noise_multiplier=1.0 / PER_QUERY), charges)
-    return min(float(accountant.get_epsilon(DELTA)), charges * PER_QUERY)
+    return independent_laplace_epsilon(PER_QUERY, charges, DELTA)
 
 
 def _daily_account(ledger: Ledger, cap: float = 10.0) -> int:
