@@ -12,6 +12,7 @@ import pytest
 from service.graph.generate import write_generated_edge_list
 from service.ledger import upgrade
 from tests.api_support import GRAPH_EDGES, GRAPH_NODES, Backend, bearer, open_ledger, uvicorn_server
+from tests.connection_support import new_connection_each
 
 
 @pytest.mark.postgres
@@ -27,11 +28,10 @@ def test_a_reload_on_one_worker_reaches_the_other(postgres_url: str, tmp_path: P
     env = {"PPR_GRAPH_VERSION_CHECK_MS": "200"}
 
     def versions(server_url: str, count: int = 40) -> set[str]:
-        def ask(_: int) -> str:
-            with httpx.Client(base_url=server_url, timeout=30) as http:  # a new connection each
-                return str(http.get("/v1/admin/graph", headers=bearer(admin_key)).json()["version"])
+        def ask(_: int) -> str:  # a new connection each
+            return str(fresh.get("/v1/admin/graph", headers=bearer(admin_key)).json()["version"])
 
-        with ThreadPoolExecutor(max_workers=16) as pool:
+        with new_connection_each(server_url, timeout=30) as fresh, ThreadPoolExecutor(16) as pool:
             return set(pool.map(ask, range(count)))
 
     with uvicorn_server(backend, workers=2, extra_env=env) as server:

@@ -34,6 +34,7 @@ from service.mechanisms.common_neighbours import common_neighbour_counts
 from service.mechanisms.operator import WalkOperator
 from service.serving.graph_holder import GraphHolder
 from tests.api_support import GRAPH_EDGES, GRAPH_NODES, Backend, bearer, open_ledger, uvicorn_server
+from tests.connection_support import new_connection_each
 
 
 class CountingParser:
@@ -262,11 +263,10 @@ def _mapping(pid: int, path: Path) -> dict[str, int]:
 
 
 def _ask_all(base_url: str, path: str, key: str, count: int = 40) -> list[httpx.Response]:
-    def ask(_: int) -> httpx.Response:
-        with httpx.Client(base_url=base_url, timeout=30) as http:  # a new connection each
-            return http.get(path, headers=bearer(key))
+    def ask(_: int) -> httpx.Response:  # a new connection each
+        return fresh.get(path, headers=bearer(key))
 
-    with ThreadPoolExecutor(max_workers=8) as pool:
+    with new_connection_each(base_url, timeout=30) as fresh, ThreadPoolExecutor(8) as pool:
         return list(pool.map(ask, range(count)))
 
 

@@ -30,6 +30,7 @@ from tests.api_support import (
     user_with_key,
     uvicorn_server,
 )
+from tests.connection_support import new_connection_each
 
 # one server for the module (served): its tests run on one xdist worker
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_http_connections")]
@@ -381,13 +382,14 @@ def test_a_flood_of_idle_connections_beyond_the_file_limit_leaves_every_new_clie
             stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=low_limit, env=env,
         )  # fmt: skip
     idle: list[socket.socket] = []
+    # every request below is a new client's: a new connection each (none kept alive)
+    fresh = new_connection_each(f"http://127.0.0.1:{port}", timeout=WAIT_SECONDS)
     try:
-        base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while True:
             assert proc.poll() is None, log_path.read_text()
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                if fresh.get("/healthz", timeout=2).status_code == 200:
                     break
             assert time.monotonic() < deadline, "server not ready in 120 s"
             time.sleep(0.2)
@@ -396,7 +398,7 @@ def test_a_flood_of_idle_connections_beyond_the_file_limit_leaves_every_new_clie
         outcomes: Counter[str] = Counter()
         for _ in range(50):
             try:
-                response = httpx.get(f"{base}/healthz", timeout=WAIT_SECONDS)
+                response = fresh.get("/healthz")
             except httpx.HTTPError as exc:
                 outcomes[type(exc).__name__] += 1
                 continue
@@ -409,9 +411,10 @@ def test_a_flood_of_idle_connections_beyond_the_file_limit_leaves_every_new_clie
             line for line in log_path.read_text().splitlines() if "at its connection bound" in line
         ]
         assert shed, "shedding is logged"
-        metrics = httpx.get(f"{base}/metrics", timeout=WAIT_SECONDS).text
+        metrics = fresh.get("/metrics").text
         assert 'ppr_http_connections_shed_total{action="shed"}' in metrics
     finally:
+        fresh.close()
         for sock in idle:
             sock.close()
         proc.terminate()

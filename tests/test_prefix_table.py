@@ -46,6 +46,7 @@ from tests.api_support import (
     running_app,
     uvicorn_server,
 )
+from tests.connection_support import new_connection_each
 
 MODES = (Mode.EDGE, Mode.PERSONALIZED)
 
@@ -369,16 +370,18 @@ def test_two_workers_map_one_table_file_built_by_one_process(
                 max_degree_bound=10_000,
             )
 
-    with uvicorn_server(backend, workers=2, extra_env=env) as server:
+    with (
+        uvicorn_server(backend, workers=2, extra_env=env) as server,
+        new_connection_each(server.base_url, timeout=30) as fresh,
+    ):
         graph = served()
         specs, _ = planned_specs(graph, graph_fingerprint(graph), Settings(steps=30), 2**30)
         paths = [spec.path(directory) for spec in specs]
         assert len(paths) == 2
 
-        def ask(_: int) -> dict[str, Any]:
-            with httpx.Client(base_url=server.base_url, timeout=30) as http:  # new connection
-                body: dict[str, Any] = http.get("/readyz", headers=bearer(admin_key)).json()
-                return body
+        def ask(_: int) -> dict[str, Any]:  # a new connection each
+            body: dict[str, Any] = fresh.get("/readyz", headers=bearer(admin_key)).json()
+            return body
 
         def both_map_both() -> bool:
             with ThreadPoolExecutor(max_workers=4) as pool:

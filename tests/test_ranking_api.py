@@ -41,6 +41,7 @@ from tests.api_support import (
     user_with_key,
     uvicorn_server,
 )
+from tests.connection_support import new_connection_each
 from tests.test_api import Accounts, charge_count, query
 
 backend = test_api.backend
@@ -343,9 +344,12 @@ def test_two_workers_make_one_degree_release(postgres_url: str, tmp_path: Path) 
     users = [user_with_key(postgres_url, str(node)) for node in range(20, 36)]
     backend = Backend("postgres+redis", postgres_url, test_api.REDIS_URL, graph_path)
     try:
-        with uvicorn_server(
-            backend, workers=2, extra_env={"PPR_DEFAULT_MECHANISM": "blended"}
-        ) as server:
+        with (
+            uvicorn_server(
+                backend, workers=2, extra_env={"PPR_DEFAULT_MECHANISM": "blended"}
+            ) as server,
+            new_connection_each(server.base_url) as fresh,
+        ):
 
             def ask(i: int) -> httpx.Response:
                 _, key = users[i % len(users)]
@@ -353,8 +357,8 @@ def test_two_workers_make_one_degree_release(postgres_url: str, tmp_path: Path) 
                 params: dict[str, Any] = {"k": 5}
                 if i % 2:
                     params["mechanism"] = "popular"
-                with httpx.Client(base_url=server.base_url, timeout=60) as http:
-                    return http.get(f"/v1/ppr/{node}", params=params, headers=bearer(key))
+                # a new connection each
+                return fresh.get(f"/v1/ppr/{node}", params=params, headers=bearer(key))
 
             with ThreadPoolExecutor(max_workers=32) as pool:
                 responses = list(pool.map(ask, range(32)))

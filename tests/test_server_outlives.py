@@ -31,6 +31,7 @@ from tests.api_support import (
     user_with_key,
     uvicorn_server,
 )
+from tests.connection_support import new_connection_each
 from tests.own_postgres import OwnPostgres, can_run
 
 pytestmark = [
@@ -72,11 +73,14 @@ def messages(server: Server, text: str) -> list[int]:
     return [int(line["pid"]) for line in server.log_lines() if text in str(line.get("message"))]
 
 
+#: Opens a new connection for every request.
+_FRESH = new_connection_each(timeout=30)
+
+
 def ask(server: Server, path: str, key: str | None = None) -> httpx.Response:
     """One request on a new connection (so the kernel may hand it to either worker)."""
     headers = bearer(key) if key is not None else {}
-    with httpx.Client(base_url=server.base_url, timeout=30) as http:
-        return http.get(path, headers=headers)
+    return _FRESH.get(f"{server.base_url}{path}", headers=headers)
 
 
 def test_the_server_outlives_a_database_outage_with_a_worker_killed_during_it(

@@ -35,6 +35,7 @@ from tests.api_support import (
     user_with_key,
     uvicorn_server,
 )
+from tests.connection_support import new_connection_each
 
 
 @pytest.fixture
@@ -61,11 +62,10 @@ def test_fifty_concurrent_queries_on_two_workers_never_pass_the_cap(
     with uvicorn_server(backend, workers=2, extra_env={"TMPDIR": str(tmp)}) as server:
         assert [p.name[:12] for p in tmp.iterdir()] == ["ppr-metrics-"]
 
-        def ask(i: int) -> httpx.Response:
-            with httpx.Client(base_url=server.base_url, timeout=60) as http:
-                return http.get("/v1/ppr/17", params={"fresh": "true", "k": 5}, headers=bearer(key))
+        def ask(i: int) -> httpx.Response:  # a new connection each
+            return fresh.get("/v1/ppr/17", params={"fresh": "true", "k": 5}, headers=bearer(key))
 
-        with ThreadPoolExecutor(max_workers=50) as pool:
+        with new_connection_each(server.base_url) as fresh, ThreadPoolExecutor(50) as pool:
             responses = list(pool.map(ask, range(50)))
         log = server.log_lines()
 
@@ -104,11 +104,13 @@ def test_two_workers_never_pass_a_daily_cap(postgres_url: str, graph_path: Path)
     fits = max(q for q in range(1, 50) if fits_under_cap((one * q).epsilon(1e-6), 0.1))
     assert fits == 3
     params = {"fresh": "true", "k": 5, "epsilon": 0.03, "mechanism": "common_neighbours"}
-    with uvicorn_server(backend, workers=2) as server:
+    with (
+        uvicorn_server(backend, workers=2) as server,
+        new_connection_each(server.base_url) as fresh,
+    ):
 
-        def ask(i: int) -> httpx.Response:
-            with httpx.Client(base_url=server.base_url, timeout=60) as http:
-                return http.get("/v1/ppr/18", params=params, headers=bearer(key))
+        def ask(i: int) -> httpx.Response:  # a new connection each
+            return fresh.get("/v1/ppr/18", params=params, headers=bearer(key))
 
         with ThreadPoolExecutor(max_workers=24) as pool:
             responses = list(pool.map(ask, range(24)))
@@ -221,11 +223,10 @@ def test_concurrent_retries_with_one_idempotency_key_charge_once(
     with uvicorn_server(backend, workers=2, extra_env={"TMPDIR": str(tmp)}) as server:
         assert [p.name[:12] for p in tmp.iterdir()] == ["ppr-metrics-"]
 
-        def ask(i: int) -> httpx.Response:
-            with httpx.Client(base_url=server.base_url, timeout=60) as http:
-                return http.get("/v1/ppr/23", params={"fresh": "true", "k": 5}, headers=headers)
+        def ask(i: int) -> httpx.Response:  # a new connection each
+            return fresh.get("/v1/ppr/23", params={"fresh": "true", "k": 5}, headers=headers)
 
-        with ThreadPoolExecutor(max_workers=12) as pool:
+        with new_connection_each(server.base_url) as fresh, ThreadPoolExecutor(12) as pool:
             responses = list(pool.map(ask, range(12)))
         with httpx.Client(base_url=server.base_url, timeout=60) as http:
             settled = http.get("/v1/ppr/23", params={"fresh": "true", "k": 5}, headers=headers)
