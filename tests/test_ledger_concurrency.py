@@ -140,7 +140,10 @@ def test_processes_never_overspend(
         "user", node_id="n1", cap_epsilon=cap, delta=DELTA
     ).account_id
 
-    ctx = multiprocessing.get_context("spawn")
+    # Separate processes, each opening its own engine, forked from a server process that
+    # imported this module (and the ledger) once, rather than each importing them anew (spawn).
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
     barrier = ctx.Barrier(PROCESSES)
     results = ctx.Queue()
     procs = [
