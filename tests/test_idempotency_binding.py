@@ -11,6 +11,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from tests.api_support import (
     GRAPH_EDGES,
     GRAPH_NODES,
     Backend,
+    Server,
     bearer,
     ledger_of,
     open_ledger,
@@ -34,6 +37,7 @@ from tests.api_support import (
     user_with_key,
     uvicorn_server,
 )
+from tests.connection_support import new_connection_each
 from tests.ledger_support import admit_and_charge
 from tests.test_api import REDIS_URL, redis_answers
 
@@ -70,14 +74,16 @@ def results(response: Any) -> list[dict[str, Any]]:
     return found
 
 
-def bindings(ledger: Ledger) -> list[tuple[str, str, int, bool]]:
+def bindings(ledger: Ledger, principal: int | None = None) -> list[tuple[str, str, int, bool]]:
+    """The ledger's bindings (``principal``'s only if given), oldest first."""
+    query = select(
+        IdempotencyBinding.idempotency_key, IdempotencyBinding.kind,
+        IdempotencyBinding.charge_id, IdempotencyBinding.freed_at.is_(None),
+    ).order_by(IdempotencyBinding.id)  # fmt: skip
+    if principal is not None:
+        query = query.where(IdempotencyBinding.principal_account_id == principal)
     with ledger.engine.connect() as conn:
-        rows = conn.execute(
-            select(
-                IdempotencyBinding.idempotency_key, IdempotencyBinding.kind,
-                IdempotencyBinding.charge_id, IdempotencyBinding.freed_at.is_(None),
-            ).order_by(IdempotencyBinding.id)
-        )  # fmt: skip
+        rows = conn.execute(query)
         return [(str(r[0]), str(r[1]), int(r[2]), bool(r[3])) for r in rows]
 
 
@@ -211,71 +217,89 @@ def test_ledger_binds_each_key_once_and_a_refund_frees_it(ledger: Ledger) -> Non
 # -- real server processes: two workers, concurrent clients ------------------------------
 
 
-def _two_worker_backend(name: str, tmp_path: Path, request: pytest.FixtureRequest) -> Backend:
+@dataclass
+class TwoWorkers:
+    """A ``serve --workers 2`` shared by the module's two-worker tests on one backend: each
+    test asks as its own user, under its own keys, and reads its own part of the log."""
+
+    backend: Backend
+    server: Server
+
+    def log_since(self, start: int) -> list[dict[str, Any]]:
+        return self.server.log_lines()[start:]
+
+
+@pytest.fixture(
+    scope="module",
+    params=["sqlite", pytest.param("postgres+redis", marks=[pytest.mark.postgres])],
+)
+def two_workers(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TwoWorkers]:
+    from tests.conftest import postgres_database
+
+    tmp_path = tmp_path_factory.mktemp("two-workers")
     graph_path = tmp_path / "graph.txt"
     write_generated_edge_list(graph_path, GRAPH_NODES, GRAPH_EDGES, seed=7)
-    if name == "sqlite":
-        url, redis_url = f"sqlite:///{tmp_path / 'ledger.db'}", None
-    else:
-        if not redis_answers():
-            pytest.skip(f"Redis does not answer at {REDIS_URL}")
-        url, redis_url = request.getfixturevalue("postgres_url"), REDIS_URL
-    upgrade(url)
-    return Backend(name, url, redis_url, graph_path)
+    with ExitStack() as stack:
+        if request.param == "sqlite":
+            url, redis_url = f"sqlite:///{tmp_path / 'ledger.db'}", None
+        else:
+            if not redis_answers():
+                pytest.skip(f"Redis does not answer at {REDIS_URL}")
+            url, redis_url = stack.enter_context(postgres_database()), REDIS_URL
+        upgrade(url)
+        backend = Backend(request.param, url, redis_url, graph_path)
+        yield TwoWorkers(backend, stack.enter_context(uvicorn_server(backend, workers=2)))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name", ["sqlite", pytest.param("postgres+redis", marks=[pytest.mark.postgres])]
-)
-def test_two_workers_bind_keys_under_concurrent_fresh_draws(
-    name: str, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
+@pytest.mark.xdist_group("test_idempotency_binding")  # one server per backend: one worker
+def test_two_workers_bind_keys_under_concurrent_fresh_draws(two_workers: TwoWorkers) -> None:
     """Many threads re-ask keyed queries on two worker processes while others keep making
     newer releases of the same queries with fresh=true: every keyed answer, first or retried,
     is the one that key first returned; a key raced by two first requests binds once."""
-    backend = _two_worker_backend(name, tmp_path, request)
-    _, key = user_with_key(backend.database_url, "7", cap_epsilon=50.0)
-    with uvicorn_server(backend, workers=2) as server:
+    backend, server = two_workers.backend, two_workers.server
+    start = len(server.log_lines())
+    principal, key = user_with_key(backend.database_url, "7", cap_epsilon=50.0)
+    with httpx.Client(base_url=server.base_url, timeout=60) as http:
+        the_issue_sequence(http, key, "7", mechanism="noisy_diffusion")
+
+    keys = [f"K-{i}" for i in range(12)]
+    first: dict[str, list[Any]] = {}
+    seen: dict[str, list[list[Any]]] = {k: [] for k in keys}
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def fresh_draws() -> int:
+        made = 0
         with httpx.Client(base_url=server.base_url, timeout=60) as http:
-            the_issue_sequence(http, key, "7", mechanism="noisy_diffusion")
+            while not stop.is_set():
+                response = get(http, key, "7", fresh="true", mechanism="noisy_diffusion")
+                assert response.status_code == 200, response.text
+                made += 1
+        return made
 
-        keys = [f"K-{i}" for i in range(12)]
-        first: dict[str, list[Any]] = {}
-        seen: dict[str, list[list[Any]]] = {k: [] for k in keys}
-        lock = threading.Lock()
-        stop = threading.Event()
+    def ask(idem: str) -> None:
+        # a new connection per request: the kernel hands it to either worker
+        response = fresh.get(
+            "/v1/ppr/7",
+            params={"k": 5, "epsilon": 0.05, "mechanism": "noisy_diffusion"},
+            headers={**bearer(key), "Idempotency-Key": idem},
+        )
+        if response.status_code == 409:  # the key's first request still in flight
+            return
+        with lock:
+            seen[idem].append(results(response))
 
-        def fresh_draws() -> int:
-            made = 0
-            with httpx.Client(base_url=server.base_url, timeout=60) as http:
-                while not stop.is_set():
-                    response = get(http, key, "7", fresh="true", mechanism="noisy_diffusion")
-                    assert response.status_code == 200, response.text
-                    made += 1
-            return made
-
-        def ask(idem: str) -> None:
-            # a new connection per request: the kernel hands it to either worker
-            response = httpx.get(
-                f"{server.base_url}/v1/ppr/7",
-                params={"k": 5, "epsilon": 0.05, "mechanism": "noisy_diffusion"},
-                headers={**bearer(key), "Idempotency-Key": idem},
-                timeout=60,
-            )
-            if response.status_code == 409:  # the key's first request still in flight
-                return
-            with lock:
-                seen[idem].append(results(response))
-
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            drawers = [pool.submit(fresh_draws) for _ in range(2)]
-            # two racing first requests per key, then retries mixed with the fresh draws
-            for _ in range(4):
-                list(pool.map(ask, [k for k in keys for _ in range(2)]))
-            stop.set()
-            made = sum(d.result() for d in drawers)
-        log = server.log_lines()
+    with new_connection_each(server.base_url) as fresh, ThreadPoolExecutor(8) as pool:
+        drawers = [pool.submit(fresh_draws) for _ in range(2)]
+        # two racing first requests per key, then retries mixed with the fresh draws
+        for _ in range(4):
+            list(pool.map(ask, [k for k in keys for _ in range(2)]))
+        stop.set()
+        made = sum(d.result() for d in drawers)
+    log = two_workers.log_since(start)
 
     assert made >= 1
     for idem in keys:
@@ -286,7 +310,7 @@ def test_two_workers_bind_keys_under_concurrent_fresh_draws(
     pids = {line["pid"] for line in log if line.get("route") == "/v1/ppr/{node_id}"}
     assert len(pids) == 2, "both workers should have answered"
     with open_ledger(backend.database_url) as ledger:
-        bound = {k: c for k, _, c, live in bindings(ledger) if live and k in first}
+        bound = {k: c for k, _, c, live in bindings(ledger, principal) if live and k in first}
         assert set(bound) == set(keys)
         for idem in keys:
             release = ledger.stored_releases.release_for_charge(bound[idem])
@@ -374,16 +398,22 @@ def test_a_key_joined_to_an_in_flight_twin_is_freed_when_the_twin_is_refunded(
 # -- popular answers bind their keys too ------------------------------------------------
 
 
-def popular_bindings(ledger: Ledger) -> list[tuple[str, str | None, str | None, int]]:
+def popular_bindings(
+    ledger: Ledger, principal: int | None = None
+) -> list[tuple[str, str | None, str | None, int]]:
+    """The ledger's popular bindings (``principal``'s only if given), oldest first."""
+    query = (
+        select(
+            IdempotencyBinding.idempotency_key, IdempotencyBinding.seed,
+            IdempotencyBinding.mode, IdempotencyBinding.charge_id,
+        )
+        .where(IdempotencyBinding.kind == "popular")
+        .order_by(IdempotencyBinding.id)
+    )  # fmt: skip
+    if principal is not None:
+        query = query.where(IdempotencyBinding.principal_account_id == principal)
     with ledger.engine.connect() as conn:
-        rows = conn.execute(
-            select(
-                IdempotencyBinding.idempotency_key, IdempotencyBinding.seed,
-                IdempotencyBinding.mode, IdempotencyBinding.charge_id,
-            )
-            .where(IdempotencyBinding.kind == "popular")
-            .order_by(IdempotencyBinding.id)
-        )  # fmt: skip
+        rows = conn.execute(query)
         return [(str(r[0]), r[1], r[2], int(r[3])) for r in rows]
 
 
@@ -479,17 +509,17 @@ def test_a_batch_of_popular_items_binds_each_item_key(backend: Backend) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name", ["sqlite", pytest.param("postgres+redis", marks=[pytest.mark.postgres])]
-)
+@pytest.mark.xdist_group("test_idempotency_binding")  # one server per backend: one worker
 def test_two_workers_give_a_key_to_popular_or_to_a_charged_query_never_both(
-    name: str, tmp_path: Path, request: pytest.FixtureRequest
+    two_workers: TwoWorkers,
 ) -> None:
     """On two worker processes, each key is raced by a popular request (with or without
     exclude_neighbors) and a charged one: exactly one of them is answered, the other is 422,
     and every retry of the winner returns its first answer."""
-    backend = _two_worker_backend(name, tmp_path, request)
-    _, key = user_with_key(backend.database_url, "7", cap_epsilon=50.0)
+    backend, server = two_workers.backend, two_workers.server
+    start = len(server.log_lines())
+    # node 9's user: the other two-worker test on this server asks as node 7's
+    principal, key = user_with_key(backend.database_url, "9", cap_epsilon=50.0)
     keys = [f"R-{i}" for i in range(10)]
     queries = {
         "popular": {"mechanism": "popular"},
@@ -498,26 +528,24 @@ def test_two_workers_give_a_key_to_popular_or_to_a_charged_query_never_both(
     }
 
     def ask(idem: str, which: str) -> tuple[str, str, int, Any]:
-        response = httpx.get(
-            f"{server.base_url}/v1/ppr/7",
+        response = fresh.get(
+            "/v1/ppr/9",
             params={"k": 5, "epsilon": 0.05, **queries[which]},
             headers={**bearer(key), "Idempotency-Key": idem},
-            timeout=60,
         )  # a new connection per request: the kernel hands it to either worker
         body = response.json()
         return idem, which, response.status_code, body.get("results", body)
 
-    with uvicorn_server(backend, workers=2) as server:
-        with ThreadPoolExecutor(max_workers=6) as pool:
-            races = [(k, "popular-excluding" if i % 2 else "popular") for i, k in enumerate(keys)]
-            firsts = list(
-                pool.map(
-                    lambda pair: ask(*pair),
-                    [(k, w) for k, w in races] + [(k, "charged") for k in keys],
-                )
+    with new_connection_each(server.base_url) as fresh, ThreadPoolExecutor(6) as pool:
+        races = [(k, "popular-excluding" if i % 2 else "popular") for i, k in enumerate(keys)]
+        firsts = list(
+            pool.map(
+                lambda pair: ask(*pair),
+                [(k, w) for k, w in races] + [(k, "charged") for k in keys],
             )
-            retries = list(pool.map(lambda f: ask(f[0], f[1]), firsts * 2))
-        log = server.log_lines()
+        )
+        retries = list(pool.map(lambda f: ask(f[0], f[1]), firsts * 2))
+    log = two_workers.log_since(start)
     winners: dict[str, tuple[str, Any]] = {}
     for idem, which, status, found in firsts:
         assert status in (200, 422), (idem, which, status, found)
@@ -533,7 +561,7 @@ def test_two_workers_give_a_key_to_popular_or_to_a_charged_query_never_both(
     pids = {line["pid"] for line in log if line.get("route") == "/v1/ppr/{node_id}"}
     assert len(pids) == 2, "both workers should have answered"
     with open_ledger(backend.database_url) as ledger:
-        popular = {k for k, _, _, _ in popular_bindings(ledger)}
+        popular = {k for k, _, _, _ in popular_bindings(ledger, principal)}
         assert popular == {k for k, (w, _) in winners.items() if w != "charged"}
         report = ledger.reports.verify()
         assert report.ok, report.mismatches
