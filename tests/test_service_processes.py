@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import create_engine, text
 
 from service.graph.generate import write_generated_edge_list
 from service.ledger import upgrade
@@ -36,6 +37,7 @@ from tests.api_support import (
     uvicorn_server,
 )
 from tests.connection_support import new_connection_each
+from tests.ledger_support import independent_laplace_epsilon
 
 
 @pytest.fixture
@@ -94,7 +96,8 @@ def test_two_workers_never_pass_a_daily_cap(postgres_url: str, graph_path: Path)
     """A user with a daily cap of 0.1 asks 24 fresh answers at once through two workers on
     PostgreSQL: exactly as many as fit in the day are answered, the others are refused with the
     reset time and a Retry-After, the period's figure is under its cap and ledger verify
-    passes. Then a worker is SIGKILLed while more are asked (below)."""
+    passes. Then a worker is SIGKILLed while more are asked, and the next day the user is
+    answered again (below)."""
     upgrade(postgres_url)
     backend = Backend("postgres", postgres_url, None, graph_path)
     account_id, key = user_with_key(postgres_url, "18", cap_epsilon=5.0)
@@ -133,6 +136,7 @@ def test_two_workers_never_pass_a_daily_cap(postgres_url: str, graph_path: Path)
         served_by = {line["pid"] for line in log if line.get("route") == "/v1/ppr/{node_id}"}
         assert len(served_by) >= 2, "both worker processes should have answered"
         _a_worker_killed_while_asked(postgres_url, account_id, server, ask)
+        _answered_again_after_the_reset(postgres_url, account_id, ask)
 
 
 def _a_worker_killed_while_asked(
@@ -166,6 +170,51 @@ def _a_worker_killed_while_asked(
         assert answered <= {c.request_id for c in charges if c.state == "released"}
         ledger.settlement.reconcile(older_than_seconds=0.0)
         report = ledger.reports.verify()
+    assert report.ok, report.mismatches
+
+
+def _answered_again_after_the_reset(
+    postgres_url: str, account_id: int, ask: Callable[[int], httpx.Response]
+) -> None:
+    """The next day the same server answers the user again. The day passes in the ledger, the
+    one clock admission reads (the database's): every charge of the account moves back one
+    day, its created_at and period_start together, as if admitted yesterday. Of 24 concurrent
+    asks exactly as many as fit in a fresh day (cap 0.2) are answered, the rest refused with
+    the period cap; the lifetime figure keeps every live charge of both days, grows, and equals
+    their independent (dp_accounting) composition; ledger verify passes."""
+    engine = create_engine(postgres_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "UPDATE charges SET created_at = created_at - interval '1 day', "
+                    "period_start = period_start - interval '1 day' "
+                    "WHERE charged_account_id = :account"
+                ),
+                {"account": account_id},
+            )
+    finally:
+        engine.dispose()
+    with open_ledger(postgres_url) as ledger:
+        yesterday = ledger.budgets.budget(account_id)
+    assert yesterday.period is not None and yesterday.period.period_spent_epsilon == 0.0
+    one = count_release(RankingMechanism.COMMON_NEIGHBOURS, 0.03).curve
+    fits = max(q for q in range(1, 50) if fits_under_cap((one * q).epsilon(1e-6), 0.2))
+    with ThreadPoolExecutor(max_workers=24) as pool:
+        responses = list(pool.map(ask, range(24)))
+    refused = [r for r in responses if r.status_code != 200]
+    assert len(responses) - len(refused) == fits, [r.text for r in refused]
+    assert {r.json()["error"]["details"]["cap"] for r in refused} == {"period_cap"}
+    with open_ledger(postgres_url) as ledger:
+        today = ledger.budgets.budget(account_id)
+        live = [c for c in ledger.reports.list_charges(account_id, limit=1000) if not c.refunded]
+        report = ledger.reports.verify()
+    assert today.period is not None
+    assert today.period.period_spent_epsilon == pytest.approx((one * fits).epsilon(1e-6))
+    assert today.spent_epsilon > yesterday.spent_epsilon
+    assert today.spent_epsilon == pytest.approx(
+        independent_laplace_epsilon(0.03, len(live), today.delta), rel=1e-6
+    )
     assert report.ok, report.mismatches
 
 
