@@ -7,7 +7,6 @@ edges as internal indices ``(u, v)`` with ``u < v``: self-loops and repeated pai
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import isotonic_regression
 
 from service.synthetic.deconvolve import deconvolved_degrees
 
@@ -59,6 +58,9 @@ def denoise_degrees(
     if noise_scale is not None:
         out = deconvolved_degrees(noisy, noise_scale, floor)
     else:
+        from scipy.optimize import isotonic_regression  # imported here: scipy.optimize costs
+        # every process that imports the synthetic package (each server) 0.14 s
+
         fitted = isotonic_regression(np.sort(noisy, kind="stable")).x
         out = handed_out_by_rank(np.maximum(fitted, float(floor)), noisy)
     if rank_by is not None:
