@@ -7,14 +7,25 @@ that start together all compile the same kernels at once. Run this once after in
 image build, a deployment step, or the test run's start, see ``tests/conftest.py``) and every
 later process loads the kernels in milliseconds. Nothing here touches a served graph: the
 kernels are compiled on the built-in demo graph, and the noise drawn is discarded.
+
+numba compiles one variant of a kernel per argument type, read-only flags included, so the
+graph kernels are compiled for each kind of graph the service holds: in memory and mapped from
+a snapshot (every worker's), each with int32 row offsets and with int64 ones (a graph of more
+than 2^31 stored entries; test graphs built through scipy).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
+
+from service.graph.model import Graph
 
 
 def compile_kernels() -> dict[str, float]:
@@ -42,8 +53,10 @@ def compile_kernels() -> dict[str, float]:
             uniform_below(rng, 5),
         ),
         "discrete Gaussian": lambda: discrete_gaussian(rng, 1, 0, 8),
-        "diffusion engine": lambda: warm_engine(graph),
-        "PushFlowCap": lambda: warm_up_kernel(graph.indptr, graph.indices),
+        "diffusion engine": lambda: _on_every_kind(graph, warm_engine),
+        "PushFlowCap": lambda: _on_every_kind(
+            graph, lambda kind: warm_up_kernel(kind.indptr, kind.indices)
+        ),
     }
     seconds = {}
     for name, step in steps.items():
@@ -51,6 +64,26 @@ def compile_kernels() -> dict[str, float]:
         step()
         seconds[name] = time.perf_counter() - started
     return seconds
+
+
+def _on_every_kind(graph: Graph, warm: Callable[[Graph], object]) -> None:
+    """``warm`` on ``graph`` with int32 and int64 row offsets, in memory and snapshot-mapped."""
+    wide = dataclasses.replace(graph, indptr=graph.indptr.astype(np.int64))
+    for kind in (graph, wide):
+        warm(kind)
+        with _mapped(kind) as mapped:
+            warm(mapped)
+
+
+@contextmanager
+def _mapped(graph: Graph) -> Iterator[Graph]:
+    """``graph`` written to a snapshot in a temporary directory and mapped back (read-only)."""
+    from service.graph.snapshot import open_snapshot, write_snapshot
+
+    with tempfile.TemporaryDirectory(prefix="ppr-kernels-") as folder:
+        path = Path(folder) / "graph.snapshot"
+        write_snapshot(graph, path, graph.fingerprint)
+        yield open_snapshot(path, graph.fingerprint)
 
 
 def main() -> None:

@@ -132,7 +132,12 @@ def warm_up(indptr: np.ndarray, indices: np.ndarray) -> None:
         return
     z = np.zeros((1, 2), dtype=np.float64)
     out = np.zeros((1, 2), dtype=np.float64)
-    _KERNEL(indptr[:2] * 0, indices[:0], z, out, 0, 1)
+    # numba compiles one variant per dtype and read-only flag: the tiny arrays carry the
+    # graph's (a graph's arrays are read-only), so this compiles the variant queries use
+    tiny_indptr, tiny_indices = indptr[:2] * 0, indices[:0].copy()
+    tiny_indptr.setflags(write=indptr.flags.writeable)
+    tiny_indices.setflags(write=indices.flags.writeable)
+    _KERNEL(tiny_indptr, tiny_indices, z, out, 0, 1)
     steps = _compile_step_once()
     if steps is not None:
         clip_rows, walk_rows = steps
