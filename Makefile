@@ -20,10 +20,10 @@ serve: $(STAMP)
 	$(BIN)/python -m service db upgrade
 	$(BIN)/python -m service serve
 
-# Three xdist workers on two cores: a third of the suite's time is spent waiting (on servers
-# starting, subprocesses, sleeps), and a third worker fills it. Quiet 2-core machine, one run
-# each: a fresh clone (.ci/run) took 761 s of test time with two workers, 743 s with three; a
-# rerun in a checkout with three, 542 s. TEST_WORKERS changes it.
+# Three xdist workers on two cores: a part of the suite's time is spent waiting (on servers
+# starting, subprocesses, sleeps), and a third worker fills it; a fourth does not (the suite is
+# CPU-bound: quiet 2-core machine, one checkout, 391.7 s with three workers, 393.3 s with four).
+# TEST_WORKERS changes it.
 TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=10 $(PYTEST_ARGS)
