@@ -10,10 +10,8 @@ only if the server does not answer), ``ledger_url`` (both, ids "sqlite" and "pos
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -107,52 +105,14 @@ def pytest_configure(config: pytest.Config) -> None:
     # each other test is a unit of its own).
     if getattr(config.option, "dist", "no") == "load":
         config.option.dist = "loadgroup"
-    # numba's kernels compiled once into its on-disk cache before any test runs: on a fresh
-    # clone every worker and every server a test starts would otherwise compile the same
-    # kernels at once (about 20 CPU seconds each). The controller starts the compile and the
-    # workers collect meanwhile; each waits for it before its first test (below).
+    # Before the workers start: numba's kernels compiled once into its on-disk cache. On a
+    # fresh clone every worker and every server a test starts would otherwise compile the same
+    # kernels at once (about 25 CPU seconds each).
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
-        status = Path(tempfile.mkdtemp(prefix="ppr-test-kernels-")) / "status"
-        os.environ[KERNELS_STATUS] = str(status)  # the workers inherit it
-        subprocess.Popen(
-            [sys.executable, "-c", _COMPILE_KERNELS, str(status)], stdout=subprocess.DEVNULL
-        )
-
-
-#: Where the compile started by the controller reports ("ok" or its error).
-KERNELS_STATUS = "PPR_TEST_KERNELS_STATUS"
-_COMPILE_KERNELS = """
-import os, sys, traceback
-from pathlib import Path
-status = Path(sys.argv[1])
-try:
-    from service.mechanisms.compile_kernels import compile_kernels
-    compile_kernels()
-    text = "ok"
-except BaseException:
-    text = traceback.format_exc()
-staged = status.with_suffix(".tmp")
-staged.write_text(text)
-os.replace(staged, status)
-"""
-#: How long a worker waits for the kernels (a fresh compile takes about 20 s).
-KERNELS_WAIT_SECONDS = 600.0
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """A worker waits, after collecting, for the kernels the controller is compiling."""
-    path = os.environ.get(KERNELS_STATUS)
-    if not path or not hasattr(session.config, "workerinput"):
-        return
-    status = Path(path)
-    deadline = time.monotonic() + KERNELS_WAIT_SECONDS
-    while not status.exists():
-        if time.monotonic() > deadline:
-            pytest.exit(f"numba's kernels were not compiled in {KERNELS_WAIT_SECONDS:.0f} s", 3)
-        time.sleep(0.1)
-    text = status.read_text()
-    if text != "ok":
-        pytest.exit(f"compiling numba's kernels failed:\n{text}", 3)
+        subprocess.run(
+            [sys.executable, "-m", "service.mechanisms.compile_kernels"],
+            check=True, stdout=subprocess.DEVNULL,
+        )  # fmt: skip
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -163,11 +123,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Drop the databases this process kept for reuse (tests/postgres_pool.py); the
-    controller also removes the kernels' status file."""
-    status = os.environ.get(KERNELS_STATUS)
-    if status and not hasattr(session.config, "workerinput"):
-        shutil.rmtree(Path(status).parent, ignore_errors=True)
+    """Drop the databases this process kept for reuse (tests/postgres_pool.py)."""
     if _postgres_unreachable is not None:
         return
     admin = create_engine(
