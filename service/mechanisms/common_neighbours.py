@@ -63,6 +63,17 @@ def common_neighbour_counts(graph: Graph, seed: int) -> np.ndarray:
     return walk_operator(graph).adjacency_product(indicator)
 
 
+def _require_count_release(plan: LaplacePlan, mode: Mode | str) -> None:
+    """``common_neighbours`` is offered in personalized mode only, and its plan must be
+    calibrated to the counts' sensitivity (an edge moves two counts by one)."""
+    require_personalized(mode, "common_neighbours")
+    if plan.sensitivity < COMMON_NEIGHBOUR_SENSITIVITY:
+        raise InvalidParameter(
+            "sensitivity",
+            f"common-neighbour counts have sensitivity {COMMON_NEIGHBOUR_SENSITIVITY}",
+        )
+
+
 def noisy_common_neighbours(
     graph: Graph,
     seed: int,
@@ -76,12 +87,7 @@ def noisy_common_neighbours(
     sampler, :func:`service.mechanisms.exact_laplace.grid_laplace`). ``grid``: a power of two
     at most 1 (default :func:`service.mechanisms.postprocess.count_grid` of the scale); ``rng``
     defaults to a fresh OS-entropy generator."""
-    require_personalized(mode, "common_neighbours")
-    if plan.sensitivity < COMMON_NEIGHBOUR_SENSITIVITY:
-        raise InvalidParameter(
-            "sensitivity",
-            f"common-neighbour counts have sensitivity {COMMON_NEIGHBOUR_SENSITIVITY}",
-        )
+    _require_count_release(plan, mode)
     counts = common_neighbour_counts(graph, seed)
     rng = rng if rng is not None else fresh_generator()
     grid = checked_count_grid(grid, plan.scale)
@@ -165,12 +171,7 @@ def common_neighbours_top(
     index): (indices, scores), with exactly the law of ranking the full draw, drawing noise only
     for the nodes with a common neighbour and the top of the others
     (:func:`service.mechanisms.lazy_top_k.lazy_top`; docs/privacy.md, "The lazy top-k")."""
-    require_personalized(mode, "common_neighbours")
-    if plan.sensitivity < COMMON_NEIGHBOUR_SENSITIVITY:
-        raise InvalidParameter(
-            "sensitivity",
-            f"common-neighbour counts have sensitivity {COMMON_NEIGHBOUR_SENSITIVITY}",
-        )
+    _require_count_release(plan, mode)
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     nodes, counts = neighbourhood_counts(graph, seed)
