@@ -14,6 +14,8 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -173,33 +175,13 @@ def test_the_first_example_answer_is_the_default_answer(
         PPR_GRAPH_SNAPSHOT_DIR=str(tmp_path / "snapshots"),
         PPR_PREFIX_TABLE_BYTES="0",
     )
-    port = free_port()
     log = tmp_path / "server.log"
-    with open(log, "wb") as sink:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "service", "serve", "--port", str(port)],
-            cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 180
-        while True:
-            assert server.poll() is None, log.read_text()
-            try:
-                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.3)
+    with _serving(env, REPO, log) as base:
         response = httpx.get(
             base + target[1], headers={"Authorization": f"Bearer {key}"}, timeout=60
         )
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     out = log.read_text()
-    assert f"http://127.0.0.1:{port}/v1/me/budget" not in out, out  # accounts: no quick start
+    assert f"{base}/v1/me/budget" not in out, out  # accounts: no quick start
     assert response.status_code == 200, response.text
     real = response.json()
 
@@ -291,30 +273,37 @@ def test_serve_prints_the_readme_quick_start_on_an_empty_ledger(tmp_path: Path) 
     env = {name: value for name, value in os.environ.items() if not name.startswith("PPR_")}
     env.update(PPR_DATABASE_URL=url, PPR_GRAPH_SNAPSHOT_DIR=str(tmp_path / "snapshots"),
                PPR_PREFIX_TABLE_BYTES="0")  # fmt: skip
-    port = free_port()
     log = tmp_path / "serve.log"
+    with _serving(env, tmp_path, log) as base:
+        pass
+    out = log.read_text()
+    assert f"{base}/v1/me/budget" in out, out
+
+
+@contextmanager
+def _serving(env: dict[str, str], cwd: Path, log: Path) -> Iterator[str]:
+    """``python -m service serve`` on a free port with ``env``, its output in ``log``: its base
+    URL once ``/readyz`` answers (the log in the failure if it stops or is not ready within
+    180 s); terminated on exit."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
     with open(log, "wb") as sink:
         server = subprocess.Popen(
             [sys.executable, "-m", "service", "serve", "--port", str(port)],
-            cwd=tmp_path, env=env, stdout=sink, stderr=subprocess.STDOUT,
+            cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        _wait_ready(server, f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + 180
+        while True:
+            assert server.poll() is None, log.read_text()
+            try:
+                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.3)
+        yield base
     finally:
         server.terminate()
         server.wait(timeout=30)
-    out = log.read_text()
-    assert f"http://127.0.0.1:{port}/v1/me/budget" in out, out
-
-
-def _wait_ready(server: subprocess.Popen[bytes], base: str) -> None:
-    deadline = time.monotonic() + 180
-    while True:
-        assert server.poll() is None, "the server stopped"
-        try:
-            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "the server did not become ready"
-        time.sleep(0.3)
