@@ -7,6 +7,7 @@ import logging
 import math
 import os
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from tests.api_support import (
     open_ledger,
     running_app,
 )
+from tests.conftest import postgres_database
 
 #: Redis for the PostgreSQL + Redis variant (PPR_TEST_REDIS_URL picks another server or db).
 REDIS_URL = os.environ.get("PPR_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -49,20 +51,29 @@ def redis_answers(url: str = REDIS_URL) -> bool:
     ]
 )
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    graph_path = tmp_path / "graph.txt"
+    with backend_on(request.param, tmp_path) as made:
+        yield made
+
+
+@contextmanager
+def backend_on(name: str, folder: Path) -> Iterator[Backend]:
+    """The generated test graph and a migrated ledger for the backend ``name``: "sqlite" (a
+    file in ``folder``) or "postgres+redis" (a fresh PostgreSQL database, given back on exit,
+    and the shared Redis, skipped if it does not answer; this ledger's keys are removed from
+    it on exit)."""
+    graph_path = folder / "graph.txt"
     write_generated_edge_list(graph_path, GRAPH_NODES, GRAPH_EDGES, seed=7)
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'ledger.db'}"
-        redis_url = None
-    else:
-        if not redis_answers():
-            pytest.skip(f"Redis does not answer at {REDIS_URL}")
-        url = request.getfixturevalue("postgres_url")
-        redis_url = REDIS_URL
-    upgrade(url)
-    yield Backend(request.param, url, redis_url, graph_path)
-    if redis_url is not None:
-        forget_cached_keys(url, redis_url)
+    with ExitStack() as stack:
+        if name == "sqlite":
+            url, redis_url = f"sqlite:///{folder / 'ledger.db'}", None
+        else:
+            if not redis_answers():
+                pytest.skip(f"Redis does not answer at {REDIS_URL}")
+            url, redis_url = stack.enter_context(postgres_database()), REDIS_URL
+        upgrade(url)
+        yield Backend(name, url, redis_url, graph_path)
+        if redis_url is not None:
+            forget_cached_keys(url, redis_url)
 
 
 def forget_cached_keys(database_url: str, redis_url: str) -> None:

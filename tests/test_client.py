@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,8 +34,6 @@ from service.client import (
     UnknownAccount,
     UnknownNode,
 )
-from service.graph.generate import write_generated_edge_list
-from service.ledger import upgrade
 from service.ledger.records import ChargeRecord
 from tests.api_support import (
     GRAPH_EDGES,
@@ -45,9 +43,8 @@ from tests.api_support import (
     open_ledger,
     uvicorn_server,
 )
-from tests.conftest import postgres_database
 from tests.tcp_proxy import FlakyProxy
-from tests.test_api import REDIS_URL, forget_cached_keys, redis_answers
+from tests.test_api import backend_on
 
 #: Retries without the production waits, so that tests stay fast.
 # one server per backend for the module (service, tight_service): its tests run on one xdist
@@ -85,27 +82,15 @@ class Service:
 def running_service(
     tmp: Path, name: str, extra_env: dict[str, str] | None = None
 ) -> Iterator[Service]:
-    graph = tmp / "graph.txt"
-    write_generated_edge_list(graph, GRAPH_NODES, GRAPH_EDGES, seed=7)
-    with ExitStack() as stack:
-        if name == "sqlite":
-            url, redis_url = f"sqlite:///{tmp / 'ledger.db'}", None
-        else:
-            if not redis_answers():
-                pytest.skip(f"Redis does not answer at {REDIS_URL}")
-            url, redis_url = stack.enter_context(postgres_database()), REDIS_URL
-        upgrade(url)
-        with open_ledger(url) as ledger:
+    with backend_on(name, tmp) as backend:
+        with open_ledger(backend.database_url) as ledger:
             admin = ledger.accounts.create_account(
                 "admin", cap_epsilon=1.0, delta=1e-6, label="ops"
             )
             admin_key, _ = ledger.api_keys.create_api_key(admin.account_id)
-        backend = Backend(name, url, redis_url, graph)
         env = {"PPR_DEFAULT_CAP_EPSILON": "1.0", **(extra_env or {})}
-        server = stack.enter_context(uvicorn_server(backend, extra_env=env))
-        yield Service(backend, server, admin_key)
-        if redis_url is not None:
-            forget_cached_keys(url, redis_url)
+        with uvicorn_server(backend, extra_env=env) as server:
+            yield Service(backend, server, admin_key)
 
 
 @pytest.fixture(

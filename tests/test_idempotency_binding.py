@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from tests.api_support import (
 )
 from tests.connection_support import new_connection_each
 from tests.ledger_support import admit_and_charge
-from tests.test_api import REDIS_URL, redis_answers
+from tests.test_api import backend_on
 
 
 @pytest.fixture(
@@ -49,16 +48,8 @@ from tests.test_api import REDIS_URL, redis_answers
     ]
 )
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    graph_path = tmp_path / "graph.txt"
-    write_generated_edge_list(graph_path, GRAPH_NODES, GRAPH_EDGES, seed=7)
-    if request.param == "sqlite":
-        url, redis_url = f"sqlite:///{tmp_path / 'ledger.db'}", None
-    else:
-        if not redis_answers():
-            pytest.skip(f"Redis does not answer at {REDIS_URL}")
-        url, redis_url = request.getfixturevalue("postgres_url"), REDIS_URL
-    upgrade(url)
-    yield Backend(request.param, url, redis_url, graph_path)
+    with backend_on(request.param, tmp_path) as made:
+        yield made
 
 
 def get(http: Any, key: str, node: str, idem: str | None = None, **params: Any) -> Any:
@@ -236,21 +227,12 @@ class TwoWorkers:
 def two_workers(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[TwoWorkers]:
-    from tests.conftest import postgres_database
-
-    tmp_path = tmp_path_factory.mktemp("two-workers")
-    graph_path = tmp_path / "graph.txt"
-    write_generated_edge_list(graph_path, GRAPH_NODES, GRAPH_EDGES, seed=7)
-    with ExitStack() as stack:
-        if request.param == "sqlite":
-            url, redis_url = f"sqlite:///{tmp_path / 'ledger.db'}", None
-        else:
-            if not redis_answers():
-                pytest.skip(f"Redis does not answer at {REDIS_URL}")
-            url, redis_url = stack.enter_context(postgres_database()), REDIS_URL
-        upgrade(url)
-        backend = Backend(request.param, url, redis_url, graph_path)
-        yield TwoWorkers(backend, stack.enter_context(uvicorn_server(backend, workers=2)))
+    folder = tmp_path_factory.mktemp("two-workers")
+    with (
+        backend_on(request.param, folder) as backend,
+        uvicorn_server(backend, workers=2) as server,
+    ):
+        yield TwoWorkers(backend, server)
 
 
 @pytest.mark.slow
