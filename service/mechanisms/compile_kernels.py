@@ -19,8 +19,7 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -43,47 +42,47 @@ def compile_kernels() -> dict[str, float]:
     from service.mechanisms.pushflowcap import warm_up_kernel
 
     rng = np.random.default_rng()  # draws are discarded
-    graph = demo_graph()
-    steps: dict[str, Callable[[], object]] = {
-        "exact Laplace": lambda: rounded_laplace(rng, 1, 1, 8),
-        "exact Bernoulli": lambda: (
-            bernoulli_exp(rng, 1, 2),
-            bernoulli_ratio(rng, 1, 3),
-            bernoulli_scaled(rng, 1, 3, 1),
-            uniform_below(rng, 5),
-        ),
-        "discrete Gaussian": lambda: discrete_gaussian(rng, 1, 0, 8),
-        "diffusion engine": lambda: _on_every_kind(graph, warm_engine),
-        "PushFlowCap": lambda: _on_every_kind(
-            graph, lambda kind: warm_up_kernel(kind.indptr, kind.indices)
-        ),
-    }
-    seconds = {}
-    for name, step in steps.items():
-        started = time.perf_counter()
-        step()
-        seconds[name] = time.perf_counter() - started
+    with tempfile.TemporaryDirectory(prefix="ppr-kernels-") as folder:
+        kinds = _graph_kinds(demo_graph(), Path(folder))
+        steps: dict[str, Callable[[], object]] = {
+            "exact Laplace": lambda: rounded_laplace(rng, 1, 1, 8),
+            "exact Bernoulli": lambda: (
+                bernoulli_exp(rng, 1, 2),
+                bernoulli_ratio(rng, 1, 3),
+                bernoulli_scaled(rng, 1, 3, 1),
+                uniform_below(rng, 5),
+            ),
+            "discrete Gaussian": lambda: discrete_gaussian(rng, 1, 0, 8),
+            "diffusion engine": lambda: _warm_each(kinds, warm_engine),
+            "PushFlowCap": lambda: _warm_each(
+                kinds, lambda kind: warm_up_kernel(kind.indptr, kind.indices)
+            ),
+        }
+        seconds = {}
+        for name, step in steps.items():
+            started = time.perf_counter()
+            step()
+            seconds[name] = time.perf_counter() - started
     return seconds
 
 
-def _on_every_kind(graph: Graph, warm: Callable[[Graph], object]) -> None:
-    """``warm`` on ``graph`` with int32 and int64 row offsets, in memory and snapshot-mapped."""
-    wide = dataclasses.replace(graph, indptr=graph.indptr.astype(np.int64))
-    for kind in (graph, wide):
+def _warm_each(kinds: list[Graph], warm: Callable[[Graph], None]) -> None:
+    for kind in kinds:
         warm(kind)
-        with _mapped(kind) as mapped:
-            warm(mapped)
 
 
-@contextmanager
-def _mapped(graph: Graph) -> Iterator[Graph]:
-    """``graph`` written to a snapshot in a temporary directory and mapped back (read-only)."""
+def _graph_kinds(graph: Graph, folder: Path) -> list[Graph]:
+    """``graph`` with int32 and with int64 row offsets, each in memory and mapped (read-only)
+    from a snapshot written in ``folder``."""
     from service.graph.snapshot import open_snapshot, write_snapshot
 
-    with tempfile.TemporaryDirectory(prefix="ppr-kernels-") as folder:
-        path = Path(folder) / "graph.snapshot"
-        write_snapshot(graph, path, graph.fingerprint)
-        yield open_snapshot(path, graph.fingerprint)
+    wide = dataclasses.replace(graph, indptr=graph.indptr.astype(np.int64))
+    kinds = []
+    for number, kind in enumerate((graph, wide)):
+        path = folder / f"graph-{number}.snapshot"
+        write_snapshot(kind, path, kind.fingerprint)
+        kinds += [kind, open_snapshot(path, kind.fingerprint)]
+    return kinds
 
 
 def main() -> None:
