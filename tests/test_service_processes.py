@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
 from service.graph.generate import write_generated_edge_list
 from service.ledger import upgrade
@@ -182,9 +182,8 @@ def _answered_again_after_the_reset(
     asks exactly as many as fit in a fresh day (cap 0.2) are answered, the rest refused with
     the period cap; the lifetime figure keeps every live charge of both days, grows, and equals
     their independent (dp_accounting) composition; ledger verify passes."""
-    engine = create_engine(postgres_url)
-    try:
-        with engine.begin() as conn:
+    with open_ledger(postgres_url) as ledger:
+        with ledger.engine.begin() as conn:
             conn.execute(
                 text(
                     "UPDATE charges SET created_at = created_at - interval '1 day', "
@@ -193,9 +192,6 @@ def _answered_again_after_the_reset(
                 ),
                 {"account": account_id},
             )
-    finally:
-        engine.dispose()
-    with open_ledger(postgres_url) as ledger:
         yesterday = ledger.budgets.budget(account_id)
     assert yesterday.period is not None and yesterday.period.period_spent_epsilon == 0.0
     one = count_release(RankingMechanism.COMMON_NEIGHBOURS, 0.03).curve
