@@ -107,10 +107,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.dist = "loadgroup"
     # Before the workers start: numba's kernels compiled once into its on-disk cache. On a
     # fresh clone every worker and every server a test starts would otherwise compile the same
-    # kernels at once (about 25 CPU seconds each).
+    # kernels at once (about 25 CPU seconds each). In two processes: nothing else runs yet.
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         subprocess.run(
-            [sys.executable, "-m", "service.mechanisms.compile_kernels"],
+            [sys.executable, "-m", "service.mechanisms.compile_kernels", "--parallel"],
             check=True, stdout=subprocess.DEVNULL,
         )  # fmt: skip
 

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from service.mechanisms.compile_kernels import compile_kernels
 
 
-def test_every_kernel_family_is_compiled_and_timed() -> None:
-    seconds = compile_kernels()
+@pytest.mark.parametrize("parallel", [False, True], ids=["one process", "two processes"])
+def test_every_kernel_family_is_compiled_and_timed(parallel: bool) -> None:
+    seconds = compile_kernels(parallel)
     assert set(seconds) == {
         "exact Laplace",
         "exact Bernoulli",
