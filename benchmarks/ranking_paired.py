@@ -11,7 +11,7 @@ seed 1). For every sampled seed and epsilon, every mechanism is scored on the sa
   ``common_neighbours`` (Lap(2/eps) on every count);
 - ``friends_of_friends`` (the two-scale counts: Lap(1/eps) on the candidates, Lap(2/eps) on
   the friends), ``blended`` (the two-scale counts blended with the degrees) and
-  ``blended_one_scale`` (the same blend of one-scale counts: the previous default).
+  ``blended_one_scale`` (the same blend of one-scale counts: an earlier default).
 
 The printed differences ``X - best baseline`` (the baseline with the best mean at that eps;
 mean and 95% half-width over seeds) do not carry the seed-to-seed spread that the

@@ -43,12 +43,14 @@ def options(
     block_size: int = 40,
     k: int = 10,
     workers: int = 2,
+    mechanism: str | None = None,
 ) -> BatchOptions:
     return BatchOptions(
         sink=str(out),
         mode=mode,
         epsilon=0.1,
         k=k,
+        mechanism=mechanism,
         accounts_file=seeds,
         graph_path=graph,
         run_id=run_id,

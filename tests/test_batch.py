@@ -54,7 +54,10 @@ def test_a_worker_killed_mid_run_then_a_rerun_charges_every_user_exactly_once(
     # noise drawn, release not stored. The pool breaks; with no retries every block in flight
     # fails, and the run refunds what they left admitted.
     kill = FailureInjection(block=3, after=5, kill=True, marker=str(tmp_path / "fired"))
-    first = run_batch(options(url, graph, seeds, out, run_id="nightly", failure=kill))
+    # blended: each seed's first answer also pays the graph version's degree release
+    first = run_batch(
+        options(url, graph, seeds, out, run_id="nightly", failure=kill, mechanism="blended")
+    )
     assert first.failed >= 40 and first.failures == {"block_failed": first.failed}
     assert first.answered + first.failed == SEEDS
     assert first.reconciled >= 1  # at least the killed seed's admitted charge
@@ -64,9 +67,9 @@ def test_a_worker_killed_mid_run_then_a_rerun_charges_every_user_exactly_once(
     assert len(refunded) == first.reconciled
     stored_in_failed_blocks = sum(1 for c in charges if c[1] == "released") - first.answered
     assert stored_in_failed_blocks >= 5
-    paid_release = degree_charge_count(url)  # every seed admitted so far (blended, the default)
+    paid_release = degree_charge_count(url)  # every seed admitted so far
 
-    second = run_batch(options(url, graph, seeds, out, run_id="nightly"))
+    second = run_batch(options(url, graph, seeds, out, run_id="nightly", mechanism="blended"))
     assert second.failed == 0 and answered_or_replayed(second) == SEEDS
     assert second.replayed == first.answered + stored_in_failed_blocks  # free, not recharged
     assert second.answered == first.failed - stored_in_failed_blocks
@@ -103,6 +106,7 @@ def test_a_retried_block_replays_its_stored_seeds_and_refunds_the_dead_charge(
             failure=kill,
             retries=2,
             block_size=20,
+            mechanism="blended",
         )
     )
     assert summary.failed == 0 and summary.reconciled >= 1
@@ -194,10 +198,10 @@ def test_a_service_account_is_the_principal_within_its_modes_and_quota(
     ledger.dispose()
     seeds = seeds_file(tmp_path, 5)
     # Personalized: each seed user's account is charged, within the backend's 24-hour quota
-    # (0.2 per seed: the blended answer at 0.1 and the seed's degree release at 0.1).
+    # (0.2 per seed: a blended answer at 0.1 and the seed's degree release at 0.1).
     summary = run_batch(
         options(url, graph, seeds, f"{url}?table=recs", run_id="svc",
-                service_account_id=backend.account_id, block_size=2)
+                service_account_id=backend.account_id, block_size=2, mechanism="blended")
     )  # fmt: skip
     assert (summary.answered, summary.skipped_budget) == (3, 2)
     assert summary.skipped == {"service_quota_exhausted": 2}
@@ -336,9 +340,8 @@ def test_the_command_prints_a_summary(
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
     assert (summary["answered"], summary["failed"], summary["run_id"]) == (2, 0, "cli")
-    # the default ranking (blended) at 0.2, and each seed's first answer built on the degree
-    # release pays for it once (eps_d 0.1)
-    assert summary["epsilon_charged"] == pytest.approx(0.6, rel=1e-4)
+    # the default ranking (friends_of_friends) at 0.2 per seed, and no degree release
+    assert summary["epsilon_charged"] == pytest.approx(0.4, rel=1e-4)
     assert summary["seeds_per_second"] > 0
     ledger = Ledger.from_url(cli_ledger)
     actions = [row["action"] for row in ledger.reports.list_audit(20)]
@@ -347,7 +350,10 @@ def test_the_command_prints_a_summary(
     assert actions.count("account.create") == 3  # the admin and the two users
 
 
-@pytest.mark.parametrize(("flag", "expected"), [([], "blended"), (["noisy_diffusion"], None)])
+@pytest.mark.parametrize(
+    ("flag", "expected"),
+    [([], "friends_of_friends"), (["noisy_diffusion"], None), (["blended"], None)],
+)
 def test_batch_charges_the_mechanism_it_names(
     flag: list[str],
     expected: str | None,
@@ -356,7 +362,7 @@ def test_batch_charges_the_mechanism_it_names(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Without --mechanism a run gets what a GET without one gets (the served default:
-    blended); with it, what it names. The summary names it, and so does every charge."""
+    friends_of_friends); with it, what it names. The summary names it, and so does every charge."""
     mechanism = expected or flag[0]
     seeds = tmp_path / "s.txt"
     seeds.write_text("10\n11\n")

@@ -124,7 +124,11 @@ def test_a_killed_task_a_rerun_and_a_retried_task_charge_every_user_exactly_once
     # Run 1: block 4's worker dies on its 8th seed (charge admitted, release not stored); no
     # retries, so the block fails and the run refunds what it left admitted.
     kill = FailureInjection(block=4, after=7, kill=True, marker=str(tmp_path / "first"))
-    first = run_batch(options(url, graph, seeds, out, run_id="ray-1", engine="ray", failure=kill))
+    # blended: each seed's first answer also pays the graph version's degree release
+    first = run_batch(
+        options(url, graph, seeds, out, run_id="ray-1", engine="ray", failure=kill,
+                mechanism="blended")
+    )  # fmt: skip
     assert first.failed == 40 and first.answered == SEEDS - 40
     assert first.reconciled == 1
     charges = run_charges(url, "ray-1")
@@ -135,12 +139,13 @@ def test_a_killed_task_a_rerun_and_a_retried_task_charge_every_user_exactly_once
     # retries the task, whose new attempt refunds the dead charge and replays what was stored.
     again = FailureInjection(block=4, after=20, kill=True, marker=str(tmp_path / "second"))
     second = run_batch(
-        options(url, graph, seeds, out, run_id="ray-1", engine="ray", failure=again, retries=2)
-    )
+        options(url, graph, seeds, out, run_id="ray-1", engine="ray", failure=again, retries=2,
+                mechanism="blended")
+    )  # fmt: skip
     assert second.failed == 0 and answered_or_replayed(second) == SEEDS
     # The 20 the dead attempt stored are replayed by the retry but were charged by this run.
     assert (second.answered, second.replayed, second.reconciled) == (40 - 7, SEEDS - 33, 1)
-    # Each seed also paid the degree release (the default ranking is blended) exactly once,
+    # Each seed also paid the degree release (the run asks for blended) exactly once,
     # with its first admitted charge; the summary counts it where this run paid it.
     assert degree_charge_count(url) == SEEDS
     assert 0.1 * 33 < second.epsilon_charged <= 0.1 * 33 * 2 + 1e-9
@@ -151,6 +156,6 @@ def test_a_killed_task_a_rerun_and_a_retried_task_charge_every_user_exactly_once
 
     # Run 3: nothing left to charge.
     third = run_batch(options(url, graph, seeds, tmp_path / "3.parquet", run_id="ray-1",
-                              engine="ray"))  # fmt: skip
+                              engine="ray", mechanism="blended"))  # fmt: skip
     assert (third.answered, third.replayed, third.epsilon_charged) == (0, SEEDS, 0.0)
     assert_exactly_once(url, "ray-1", nodes)

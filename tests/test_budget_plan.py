@@ -104,10 +104,20 @@ def test_a_year_of_daily_answers_agrees_with_dp_accounting(mechanism: str, relea
     assert best.epsilon == pytest.approx(plan.spent_epsilon, rel=1e-12)
 
 
-def test_the_default_plan_for_a_year_is_below_the_query_minimum() -> None:
+def test_the_default_plan_for_a_year_is_friends_of_friends() -> None:
+    """cap 1, 365 daily answers of the default ranking (friends_of_friends) over 4 versions:
+    0.0116 per answer, within the query range, no degree release."""
+    plan = plan_budget(1.0, 365, 1, graph_versions=4)
+    assert plan.mechanism == "friends_of_friends"
+    assert plan.epsilon == pytest.approx(0.0116005, abs=1e-8)
+    assert plan.within_query_range and plan.notes == []
+    assert plan.degree_releases == 0 and plan.degrees_spent_epsilon == 0.0
+
+
+def test_a_year_of_blended_is_below_the_query_minimum() -> None:
     """cap 1, 365 daily answers of blended over 4 versions: ~0.0083 per answer, below
     PPR_EPSILON_MIN 0.01, and the plan says so."""
-    plan = plan_budget(1.0, 365, 1, graph_versions=4)
+    plan = plan_budget(1.0, 365, 1, mechanism="blended", graph_versions=4)
     assert plan.mechanism == "blended"
     assert plan.epsilon == pytest.approx(0.00829366, abs=1e-8)
     assert not plan.within_query_range
@@ -182,7 +192,8 @@ def test_a_large_cap_is_clamped_to_the_query_maximum() -> None:
         ({"mechanism": "pagerank"}, "mechanism"),
         ({"mechanism": "blended", "mode": "edge"}, "mechanism"),
         ({"mode": "joint"}, "mode"),
-        ({"cap_epsilon": 0.3, "graph_versions": 4}, "cap_epsilon"),  # degree releases alone
+        # blended's four degree releases alone pass the cap
+        ({"cap_epsilon": 0.3, "graph_versions": 4, "mechanism": "blended"}, "cap_epsilon"),
         (
             {
                 "answers_per_day": 10**6,
@@ -273,7 +284,8 @@ def _fails(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["--cap", "1", "--days", "365", "--answers-per-day", "1", "--mechanism", "blended",
           "--mode", "edge"], "error [invalid_parameter]: mechanism: blended is offered in "
          "personalized mode only"),
-        (["--cap", "0.3", "--days", "365", "--answers-per-day", "1", "--graph-versions", "4"],
+        (["--cap", "0.3", "--days", "365", "--answers-per-day", "1", "--graph-versions", "4",
+          "--mechanism", "blended"],
          "error [invalid_parameter]: cap_epsilon: the 4 degree releases blended is built on"),
     ],
 )  # fmt: skip
@@ -288,9 +300,13 @@ def test_plan_command_prints_the_plan(capsys: pytest.CaptureFixture[str]) -> Non
             "4", "--delta", "1e-6"]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
+    assert out.startswith("plan: friends_of_friends, personalized mode")  # the default
+    assert "largest per-answer epsilon: 0.0116005" in out and "query range: ok" in out
+    assert main([*argv, "--mechanism", "blended"]) == 0
+    out = capsys.readouterr().out
     assert "largest per-answer epsilon: 0.00829366" in out
     assert "query range: OUTSIDE" in out and "order" in out and "inf (pure)" in out
-    assert main([*argv, "--json"]) == 0
+    assert main([*argv, "--mechanism", "blended", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["epsilon"] == pytest.approx(0.00829366) and data["mechanism"] == "blended"
     assert data["curve"][-1]["order"] is None and data["quality"] is None

@@ -90,7 +90,7 @@ def test_rows_shape_and_ranges() -> None:
     assert [(r.mechanism, r.epsilon) for r in rows] == [
         (m, e) for e in (0.5, 2.0) for m in MECHANISMS
     ]
-    assert notes == ["default = blended (the service's default in personalized mode)"]
+    assert notes == ["default = friends_of_friends (the service's default in personalized mode)"]
     for row in rows:
         assert row.seeds == 5
         for value, ci in (
@@ -180,12 +180,12 @@ def test_default_row_is_the_services_default() -> None:
     graph = two_communities(30)
     rows = evaluate(
         graph, [0.5, 1.0], seeds_count=4, k=5, rng=np.random.default_rng(2),
-        mechanisms=["common_neighbours", "blended", "default"],
+        mechanisms=["common_neighbours", "friends_of_friends", "default"],
     )  # fmt: skip
     by = {(r.mechanism, r.epsilon): r for r in rows}
-    assert [r.mechanism for r in rows] == ["common_neighbours", "blended", "default"] * 2
+    assert [r.mechanism for r in rows] == ["common_neighbours", "friends_of_friends", "default"] * 2
     for eps in (0.5, 1.0):  # the same draws, reported under the default's name
-        assert _same_numbers(by[("default", eps)], by[("blended", eps)])
+        assert _same_numbers(by[("default", eps)], by[("friends_of_friends", eps)])
     # another configured default, not asked for by name: computed, shown as `default` only
     notes: list[str] = []
     rows = evaluate(

@@ -102,8 +102,12 @@ def test_each_mechanism_is_named_calibrated_and_charged(
     assert fof["epsilon_charged"] == 0.2
     spent = laplace_curve(0.2) * 2
     assert fof["budget"]["spent_epsilon"] == pytest.approx(spent.epsilon(delta))
+    # friends_of_friends is the default: a query that names no mechanism replays its release
+    default = query(client, key, "5", k=30, epsilon=0.2).json()
+    assert default["mechanism"] == fof["mechanism"] and default["replayed"] is True
+    assert default["results"] == fof["results"] and default["epsilon_charged"] == 0.0
 
-    blended = query(client, key, "5", k=30, epsilon=0.2).json()  # the default
+    blended = query(client, key, "5", k=30, epsilon=0.2, mechanism="blended").json()
     mech = blended["mechanism"]
     assert mech["name"] == "blended" and mech["epsilon"] == 0.2 and mech["noise_scale"] == 10.0
     assert mech["friend_noise_scale"] == 10.0 and mech["candidate_noise_scale"] == 5.0
@@ -230,9 +234,10 @@ def test_replays_key_on_the_mechanism(client: TestClient, accounts: Accounts) ->
         assert again["replayed"] is True and again["results"] == body["results"]
         assert again["mechanism"] == body["mechanism"]
     assert charge_count(client) == 5
-    # the default (blended) replays blended's release
+    # the default (friends_of_friends) replays friends_of_friends' release
     default = query(client, key, "9", k=20, epsilon=0.1).json()
-    assert default["replayed"] is True and default["results"] == first["blended"]["results"]
+    assert default["replayed"] is True
+    assert default["results"] == first["friends_of_friends"]["results"]
     # an Idempotency-Key belongs to one mechanism
     ok = query(client, key, "9", k=5, mechanism="blended", fresh="true", idempotency_key="a-1")
     assert ok.status_code == 200 and charge_count(client) == 6
@@ -405,7 +410,7 @@ def test_openapi_states_the_mechanism(client: TestClient) -> None:
 def test_service_default_is_the_new_ranking() -> None:
     from service.config import Settings
 
-    assert Settings().default_mechanism.value == "blended"
+    assert Settings().default_mechanism.value == "friends_of_friends"
     assert Mode.PERSONALIZED.value == "personalized"
 
 
@@ -430,18 +435,23 @@ def test_the_degree_release_respects_the_graph_cap(backend: Backend) -> None:
         assert ledger_of(client).reports.exposure(delta=1e-6).graph_releases == 1
 
 
-def test_friends_of_friends_can_be_the_configured_default(backend: Backend) -> None:
-    """PPR_DEFAULT_MECHANISM=friends_of_friends (the advice for clustered graphs): a query that
-    names no mechanism uses it in personalized mode and the diffusion in edge mode."""
-    with running_app(backend, default_mechanism="friends_of_friends") as client:
+@pytest.mark.parametrize("default", ["friends_of_friends", "blended"])
+def test_a_two_scale_ranking_can_be_the_configured_default(backend: Backend, default: str) -> None:
+    """PPR_DEFAULT_MECHANISM=friends_of_friends (the service's default) or blended (the advice
+    for well-mixed graphs): a query that names no mechanism uses it in personalized mode (a
+    blended one also pays the degree release) and the diffusion in edge mode."""
+    with running_app(backend, default_mechanism=default) as client:
         accounts = Accounts(client)
         _, key = accounts.user("6")
         body = query(client, key, "6", k=5, epsilon=0.3).json()
-        assert body["mechanism"]["name"] == "friends_of_friends"
+        assert body["mechanism"]["name"] == default
         assert body["mechanism"]["candidate_noise_scale"] == plan_laplace(0.3, 2.0).scale / 2
-        again = query(client, key, "6", k=5, epsilon=0.3, mechanism="friends_of_friends").json()
+        degree = 1 if default == "blended" else 0
+        charged = plan_laplace(0.3, 2.0).epsilon + 0.1 * degree
+        assert body["epsilon_charged"] == pytest.approx(charged)
+        again = query(client, key, "6", k=5, epsilon=0.3, mechanism=default).json()
         assert again["replayed"] is True and again["results"] == body["results"]
         _, service_key = accounts.service(modes=["edge"])
         edge = query(client, service_key, "6", mode="edge", k=5)
         assert edge.status_code == 200 and edge.json()["mechanism"]["name"] == "noisy_diffusion"
-        assert charge_count(client) == 2
+        assert charge_count(client) == 2 + degree

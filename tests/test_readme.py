@@ -32,7 +32,9 @@ README = (REPO / "README.md").read_text()
 #: Where the user docs' shell blocks are: the README, docs/ (notes included) and CONTRIBUTING.md.
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), REPO / "CONTRIBUTING.md"]
 PREFIX = ".venv/bin/python -m service "
-#: Fields of a ``blended`` answer's mechanism block computed from that answer's noisy counts.
+#: Fields of a ``blended`` answer's mechanism block computed from that answer's noisy counts
+#: (the example is the default, ``friends_of_friends``, which states none: kept should it be a
+#: ``blended`` answer again).
 ANSWER_DEPENDENT = frozenset(
     {"weight", "reliability_counts", "reliability_degrees", "counts_signal", "score_grid"}
 )
@@ -190,7 +192,7 @@ def test_the_first_example_answer_is_the_default_answer(
     # the public version id is random per ledger (never a hash of the edges): same form only
     assert re.fullmatch(r"[0-9a-f]{20}", real["graph_version"]), real["graph_version"]
     assert re.fullmatch(r"[0-9a-f]{20}", shown["graph_version"]), shown["graph_version"]
-    # the mechanism block: the same fields; the same values, but for what the blend reads off
+    # the mechanism block: the same fields; the same values, but for what a blend would read off
     # this answer's own noisy counts
     assert list(real["mechanism"]) == list(shown["mechanism"])
     for field, value in real["mechanism"].items():

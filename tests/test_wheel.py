@@ -128,9 +128,18 @@ def test_the_wheel_migrates_creates_accounts_and_serves(tmp_path: Path) -> None:
         assert answer.status_code == 200, answer.text
         body = answer.json()
         assert body["node"] == "42" and len(body["results"]) == 5
-        # the default ranking (blended) reads the degree release: its first answer on a
-        # version is two charges, the query's and the release's
-        assert body["mechanism"]["name"] == "blended" and body["budget"]["charges"] == 2
+        # the default ranking (friends_of_friends): one charge, the query's
+        assert body["mechanism"]["name"] == "friends_of_friends"
+        assert body["budget"]["charges"] == 1
+        # blended reads the degree release: its first answer on a version is two charges more,
+        # the query's and the release's
+        blended = httpx.get(
+            f"{base}/v1/ppr/42", params={"k": 5, "epsilon": 0.1, "mechanism": "blended"},
+            headers=bearer(key), timeout=60,
+        )  # fmt: skip
+        assert blended.status_code == 200, blended.text
+        assert blended.json()["mechanism"]["name"] == "blended"
+        assert blended.json()["budget"]["charges"] == 3
     finally:
         server.terminate()
         server.wait(timeout=30)

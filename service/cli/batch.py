@@ -9,13 +9,13 @@ user itself, on the operator's authority, with the run id on every charge's requ
 run in the audit log (``batch.start`` / ``batch.finish``).
 
 What each seed gets and is charged for: the ranking ``--mechanism`` names, by default the one a
-``GET /v1/ppr/{node}`` without ``mechanism`` gets (``PPR_DEFAULT_MECHANISM``: ``blended`` unless
-set; in edge mode a personalized-only default becomes ``noisy_diffusion``). The summary's first
-line names it. With ``--output embeddings`` each seed gets a DP-IE embedding instead
-(``dp_instant_embedding``, dimension ``--k``, ``--sigma``), answered and charged exactly as
-``GET /v1/embeddings/{node}``: a Parquet column ``embedding`` of fixed-size lists, a Redis field
-``embedding`` (JSON array) under ``ppr:emb:<user>``, or a ``float8[]`` column of table
-``ppr_embeddings``, with the release's metadata on every row.
+``GET /v1/ppr/{node}`` without ``mechanism`` gets (``PPR_DEFAULT_MECHANISM``:
+``friends_of_friends`` unless set; in edge mode a personalized-only default becomes
+``noisy_diffusion``). The summary's first line names it. With ``--output embeddings`` each seed
+gets a DP-IE embedding instead (``dp_instant_embedding``, dimension ``--k``, ``--sigma``),
+answered and charged exactly as ``GET /v1/embeddings/{node}``: a Parquet column ``embedding`` of
+fixed-size lists, a Redis field ``embedding`` (JSON array) under ``ppr:emb:<user>``, or a
+``float8[]`` column of table ``ppr_embeddings``, with the release's metadata on every row.
 
 A Parquet output is written under a temporary name beside it, readable by its owner only, and
 removed if the run stops (an error, Ctrl-C, SIGTERM, SIGHUP); a driver killed outright leaves
@@ -92,7 +92,7 @@ def register(subparsers: Any) -> None:
         metavar="NAME",
         help="one of " + ", ".join(m.value for m in RankingMechanism) + "; the ranking each "
         "seed gets and is charged for (default: what a GET without 'mechanism' gets: "
-        "PPR_DEFAULT_MECHANISM, blended unless set, noisy_diffusion in edge mode)",
+        "PPR_DEFAULT_MECHANISM, friends_of_friends unless set, noisy_diffusion in edge mode)",
     )
     parser.add_argument(
         "--out",

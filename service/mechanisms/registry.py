@@ -52,7 +52,7 @@ PERSONALIZED_ONLY = frozenset(
 #: Per-query rankings released from the two-scale common-neighbour counts.
 TWO_SCALE = frozenset({RankingMechanism.FRIENDS_OF_FRIENDS, RankingMechanism.BLENDED})
 #: The service's default ranking (``PPR_DEFAULT_MECHANISM``).
-DEFAULT_MECHANISM = RankingMechanism.BLENDED
+DEFAULT_MECHANISM = RankingMechanism.FRIENDS_OF_FRIENDS
 #: What a personalized-only default becomes in edge mode.
 EDGE_FALLBACK = RankingMechanism.NOISY_DIFFUSION
 

@@ -34,7 +34,7 @@ from service.bounds import (
 )
 from service.errors import InvalidParameter
 from service.mechanisms.charges import BUILT_ON_DEGREES, answer_curve, version_curve
-from service.mechanisms.registry import RankingMechanism, resolve_mechanism
+from service.mechanisms.registry import DEFAULT_MECHANISM, RankingMechanism, resolve_mechanism
 from service.privacy.accountant import RdpCurve
 from service.privacy.horizon import OrderRow, conversion_table, fits, largest_fitting
 from service.privacy.modes import Mode
@@ -55,7 +55,7 @@ class Deployment:
     popular_epsilon: float = 0.1
     epsilon_min: float = 0.01
     epsilon_max: float = 2.0
-    default_mechanism: str = RankingMechanism.BLENDED.value
+    default_mechanism: str = DEFAULT_MECHANISM.value
     delta: float = 1e-6
 
     @classmethod

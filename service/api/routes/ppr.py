@@ -76,7 +76,7 @@ async def ppr(
             description="The ranking: `noisy_diffusion`, `popular`, `common_neighbours`, "
             "`friends_of_friends` or `blended` (the last three personalized mode only: 422 in "
             "edge mode). Default "
-            "PPR_DEFAULT_MECHANISM (blended), or noisy_diffusion in edge mode when the "
+            "PPR_DEFAULT_MECHANISM (friends_of_friends), or noisy_diffusion in edge mode when the "
             "default is personalized-only."
         ),
     ] = None,
