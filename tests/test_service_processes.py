@@ -3,17 +3,19 @@ a Redis that can fail; and the start-up checks of ``python -m service serve``.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 
 from service.graph.generate import write_generated_edge_list
 from service.ledger import upgrade
@@ -96,8 +98,9 @@ def test_two_workers_never_pass_a_daily_cap(postgres_url: str, graph_path: Path)
     """A user with a daily cap of 0.1 asks 24 fresh answers at once through two workers on
     PostgreSQL: exactly as many as fit in the day are answered, the others are refused with the
     reset time and a Retry-After, the period's figure is under its cap and ledger verify
-    passes. Then a worker is SIGKILLed while more are asked, and the next day the user is
-    answered again (below)."""
+    passes. Then, while more are asked, the worker storing an admitted charge's release is
+    SIGKILLed before that release commits, and the next day the user is answered again by the
+    same server (below)."""
     upgrade(postgres_url)
     backend = Backend("postgres", postgres_url, None, graph_path)
     account_id, key = user_with_key(postgres_url, "18", cap_epsilon=5.0)
@@ -142,35 +145,113 @@ def test_two_workers_never_pass_a_daily_cap(postgres_url: str, graph_path: Path)
 def _a_worker_killed_while_asked(
     postgres_url: str, account_id: int, server: Server, ask: Callable[[int], httpx.Response]
 ) -> None:
-    """With room for more in the day (its cap raised to 0.2), one worker is SIGKILLed while 24
-    requests are in flight: whatever it held, the day's live charges (admitted ones included:
-    nothing is given back on a guess) stay under the cap, every answer has its charge, and once
-    the reconciler refunds what the dead worker left admitted, ledger verify passes. The kill
-    is not synchronised with a charge (the worker may hold none when it dies);
-    tests/test_budget_periods.py leaves charges admitted on purpose."""
+    """With room for more in the day (its cap raised to 0.2) and 24 requests in flight, the
+    worker storing the release of an admitted charge is SIGKILLed before that release commits,
+    every time. The test holds the ``releases`` table locked (SHARE: reads go on, inserts wait)
+    until a worker's ledger session waits on it: that worker has admitted a charge, drawn its
+    answer and marked the charge released in a transaction that cannot commit. The worker is
+    found by the client port of that session (every worker if it has none: a Unix socket),
+    killed, and the lock is let go only once it is dead; its transaction rolls back, so its
+    charge stays admitted, while the other worker stores and answers its own. Then the day's
+    live charges (admitted ones included: nothing is given back on a guess) are under the cap,
+    every answer has its released charge, at least one charge is left admitted, the reconciler
+    refunds exactly those, ledger verify passes, and uvicorn's supervisor forks a worker in
+    place of the dead one."""
     with open_ledger(postgres_url) as ledger:
         ledger.budgets.set_period(account_id, period="day", period_cap_epsilon=0.2)
-    victim = worker_pids(server.pid)[0]
-
-    def ask_or_lost(i: int) -> httpx.Response | None:
-        if i == 2:
-            os.kill(victim, signal.SIGKILL)
-        try:
-            return ask(i)
-        except httpx.HTTPError:
-            return None  # the connection died with its worker
-
-    with ThreadPoolExecutor(max_workers=24) as pool:
-        responses = list(pool.map(ask_or_lost, range(24)))
-    answered = {r.json()["request_id"] for r in responses if r is not None and r.status_code == 200}
-    with open_ledger(postgres_url) as ledger:
+        # the lock goes first on the way out: the requests it holds are then answered
+        with ThreadPoolExecutor(max_workers=24) as pool, ledger.engine.connect() as lock:
+            lock.execute(text("LOCK TABLE releases IN SHARE MODE"))  # until lock.rollback()
+            futures = [pool.submit(_or_lost, ask, i) for i in range(24)]
+            port = _client_port_storing_a_release(ledger.engine)
+            workers = worker_pids(server.pid)
+            victims = [p for p in workers if _has_client_port(p, port)] or workers
+            for pid in victims:  # [all workers] only where the connection is not TCP
+                os.kill(pid, signal.SIGKILL)
+            for pid in victims:
+                _wait_gone(pid)
+            lock.rollback()
+            responses = [future.result() for future in futures]
+        answered = {
+            r.json()["request_id"] for r in responses if r is not None and r.status_code == 200
+        }
         during = ledger.budgets.budget(account_id)
         charges = ledger.reports.list_charges(account_id, limit=1000)
+        left = {c.charge_id for c in charges if c.state == "admitted"}
+        assert left, "the kill left no charge admitted"
         assert during.period is not None and during.period.period_spent_epsilon <= 0.2
         assert answered <= {c.request_id for c in charges if c.state == "released"}
-        ledger.settlement.reconcile(older_than_seconds=0.0)
+        assert set(ledger.settlement.reconcile(older_than_seconds=0.0)) == left
         report = ledger.reports.verify()
     assert report.ok, report.mismatches
+    _wait_replaced(server, victims)
+
+
+def _or_lost(ask: Callable[[int], httpx.Response], i: int) -> httpx.Response | None:
+    try:
+        return ask(i)
+    except httpx.HTTPError:
+        return None  # the connection died with its worker
+
+
+def _client_port_storing_a_release(engine: Engine) -> int:
+    """The client port of the first ledger session of this database found waiting for the
+    ``releases`` table's lock (-1 over a Unix socket)."""
+    deadline = time.monotonic() + 30
+    with engine.connect() as conn:
+        while True:
+            port = conn.execute(
+                text(
+                    "SELECT coalesce(a.client_port, -1) FROM pg_locks l "
+                    "JOIN pg_stat_activity a ON a.pid = l.pid "
+                    "WHERE a.datname = current_database() AND l.locktype = 'relation' "
+                    "AND l.relation = 'releases'::regclass AND NOT l.granted LIMIT 1"
+                )
+            ).scalar()
+            conn.rollback()  # a new snapshot of pg_stat_activity each time
+            if port is not None:
+                return int(port)
+            assert time.monotonic() < deadline, "no worker came to store a release"
+            time.sleep(0.005)
+
+
+def _has_client_port(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds the TCP socket whose local port is ``port``."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{fields[9]}]")
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if os.readlink(fd) in inodes:
+                return True
+    return False
+
+
+def _wait_gone(pid: int) -> None:
+    """Until process ``pid`` runs no more: exited (a zombie: its sockets closed) or reaped."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return
+        if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} still runs 30 s after SIGKILL")
+
+
+def _wait_replaced(server: Server, dead: list[int]) -> None:
+    """Until uvicorn's supervisor has forked a worker in place of each of ``dead`` (it looks
+    for dead workers every 0.5 s)."""
+    deadline = time.monotonic() + 30
+    while len(workers := worker_pids(server.pid)) < 2 or set(workers) & set(dead):
+        assert time.monotonic() < deadline, f"no worker in place of {dead}: {workers}"
+        time.sleep(0.02)
 
 
 def _answered_again_after_the_reset(
