@@ -40,6 +40,7 @@ from tests.api_support import (
 )
 from tests.connection_support import new_connection_each
 from tests.ledger_support import independent_laplace_epsilon
+from tests.test_api import REDIS_URL, forget_cached_keys, redis_answers
 
 
 @pytest.fixture
@@ -96,13 +97,15 @@ def test_fifty_concurrent_queries_on_two_workers_never_pass_the_cap(
 @pytest.mark.slow
 def test_two_workers_never_pass_a_daily_cap(postgres_url: str, graph_path: Path) -> None:
     """A user with a daily cap of 0.1 asks 24 fresh answers at once through two workers on
-    PostgreSQL: exactly as many as fit in the day are answered, the others are refused with the
-    reset time and a Retry-After, the period's figure is under its cap and ledger verify
-    passes. Then, while more are asked, the worker storing an admitted charge's release is
+    PostgreSQL + Redis: exactly as many as fit in the day are answered, the others are refused
+    with the reset time and a Retry-After, the period's figure is under its cap and ledger
+    verify passes. Then, while more are asked, the worker storing an admitted charge's release is
     SIGKILLed before that release commits, and the next day the user is answered again by the
     same server (below)."""
+    if not redis_answers():
+        pytest.skip(f"Redis does not answer at {REDIS_URL}")
     upgrade(postgres_url)
-    backend = Backend("postgres", postgres_url, None, graph_path)
+    backend = Backend("postgres+redis", postgres_url, REDIS_URL, graph_path)
     account_id, key = user_with_key(postgres_url, "18", cap_epsilon=5.0)
     with open_ledger(postgres_url) as ledger:
         ledger.budgets.set_period(account_id, period="day", period_cap_epsilon=0.1)
@@ -140,6 +143,7 @@ def test_two_workers_never_pass_a_daily_cap(postgres_url: str, graph_path: Path)
         assert len(served_by) >= 2, "both worker processes should have answered"
         _a_worker_killed_while_asked(postgres_url, account_id, server, ask)
         _answered_again_after_the_reset(postgres_url, account_id, ask)
+    forget_cached_keys(postgres_url, REDIS_URL)
 
 
 def _a_worker_killed_while_asked(
