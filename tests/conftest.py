@@ -115,6 +115,7 @@ def pytest_configure(config: pytest.Config) -> None:
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
         _write_bytecode()
+        _write_rewritten_tests(config)
         assert kernels.wait() == 0, "python -m service.mechanisms.compile_kernels failed"
 
 
@@ -126,6 +127,35 @@ def _write_bytecode() -> None:
     root = Path(__file__).resolve().parent.parent
     for folder in ("service", "tests"):
         compileall.compile_dir(root / folder, quiet=1)
+
+
+def _write_rewritten_tests(config: pytest.Config) -> None:
+    """pytest's assertion-rewritten bytecode of every test module, written once (4 s). pytest
+    keeps none where PYTHONDONTWRITEBYTECODE is set, so each worker would rewrite every test
+    module at collection (4.4 CPU-s each). Written with pytest's own rewrite and cache format
+    (hash-checked: a changed module is rewritten again); these are pytest's private functions,
+    so a pytest without them skips this and the workers rewrite as before."""
+    try:
+        from _pytest.assertion.rewrite import (
+            PYC_TAIL,
+            _read_pyc,
+            _rewrite_test,
+            _write_pyc,
+            assertstate_key,
+            get_cache_dir,
+        )
+
+        state = config.stash[assertstate_key]
+    except (ImportError, KeyError):  # another pytest, or --assert=plain
+        return
+    tests = Path(__file__).resolve().parent
+    for module in [*tests.rglob("test_*.py"), *tests.rglob("conftest.py")]:
+        cache = get_cache_dir(module)
+        pyc = cache / (module.name[:-3] + PYC_TAIL)
+        if _read_pyc(module, pyc) is None:
+            cache.mkdir(exist_ok=True)
+            source_hash, code = _rewrite_test(module, config)
+            _write_pyc(state, code, source_hash, pyc)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
