@@ -37,8 +37,8 @@ FAMILIES = (
     "PushFlowCap",
 )
 #: What a second process compiles with ``parallel``: the families that share no kernel with
-#: the others (about half of the compile time; measured: 21 CPU-s in two processes against 19 in
-#: one, the first process finishing in about half the wall time).
+#: the others (measured on a fresh install, quiet 2-core machine: 11.5 s of wall time against
+#: 19.0 s in one process, for the same 19 CPU-s).
 SECOND_PROCESS = ("exact Bernoulli", "discrete Gaussian")
 
 
