@@ -88,7 +88,9 @@ def test_every_phase_runs_against_a_started_server(
 def test_a_started_server_is_measured_once_its_prefix_table_is_ready(tmp_path: Path) -> None:
     path = tmp_path / "bigger.txt"
     write_generated_edge_list(path, 1500, 9000, seed=4)
-    env = {"PPR_GRAPH_SNAPSHOT_DIR": str(tmp_path / "snap")}  # nothing built yet
+    # nothing built yet; at K 30 (a third of the default) the run still waits for the build,
+    # about 3 s
+    env = {"PPR_GRAPH_SNAPSHOT_DIR": str(tmp_path / "snap"), "PPR_STEPS": "30"}
     out = loadtest(path, tmp_path, "--phases", "healthz,fresh", env=env)
     assert out["prefix_table"] == "ready"
     assert len(list((tmp_path / "snap").glob("prefixes-*.prefixes"))) == 2
