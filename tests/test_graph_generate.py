@@ -7,9 +7,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.graph import build_graph, demo_graph, generate_graph, load_edge_list, write_edge_list
-from service.graph.demo import DEMO_EDGES, DEMO_NODES
-from service.graph.generate import _format_int_pairs, generate_edge_keys
+from service.graph.build import build_graph
+from service.graph.demo import DEMO_EDGES, DEMO_NODES, demo_graph
+from service.graph.generate import (
+    _format_int_pairs,
+    generate_edge_keys,
+    generate_graph,
+    write_edge_list,
+)
+from service.graph.loader import load_edge_list
 from service.graph.model import Graph
 from tests.unit.graph.test_loader import assert_csr_invariants
 

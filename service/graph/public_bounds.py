@@ -9,8 +9,12 @@ on the number of edges (``PPR_EDGE_COUNT_BOUND``), when delta is derived from it
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from service.errors import GraphLoadError
-from service.graph.model import Graph
+
+if TYPE_CHECKING:  # a type only: the settings read these bounds without loading scipy
+    from service.graph.model import Graph
 
 #: Default PPR_MAX_DEGREE_BOUND. kappa at 10,000 (eta 1e-7, beta 0.8) is 2.3e-4: the noise
 #: grows by 0.023%; the demo graph (largest degree 266), ego-Facebook (1,045) and the

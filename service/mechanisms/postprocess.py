@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from service.errors import InvalidParameter
-from service.graph.model import Graph
+
+if TYPE_CHECKING:  # a type only: the ledger reads RankedNode without loading graphs (scipy)
+    from service.graph.model import Graph
 
 
 def top_k(scores: np.ndarray, k: int, exclude: np.ndarray | None = None) -> np.ndarray:

@@ -17,8 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service.errors import GraphLoadError, UnknownNode
-from service.graph import Graph, build_graph, load_edge_list
-from service.graph.loader import MAX_ID_BYTES
+from service.graph.build import build_graph
+from service.graph.loader import MAX_ID_BYTES, load_edge_list
+from service.graph.model import Graph
 from tests.shared_data import shared_file
 
 TRIANGLE_PLUS = [("1", "2"), ("2", "3"), ("3", "1"), ("3", "4"), ("10", "4")]
