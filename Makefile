@@ -24,8 +24,8 @@ serve: $(STAMP)
 
 # Three xdist workers on two cores: a part of the suite's time is spent waiting (on servers
 # starting, subprocesses, sleeps), and a third worker fills it; a fourth does not (the suite is
-# CPU-bound: quiet 2-core machine, one checkout, 391.7 s with three workers, 393.3 s with four).
-# TEST_WORKERS changes it.
+# CPU-bound). Quiet 2-core machine, a fresh clone's tests, 2026-11-29: 378.3 s with two
+# workers, 340.2 s with three, 351.4 s with four. TEST_WORKERS changes it.
 TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=10 $(PYTEST_ARGS)
