@@ -9,11 +9,13 @@ STAMP := $(VENV)/.installed
 .PHONY: install serve test fuzz lint typecheck check bench clean
 
 # uv installs the project and its pinned ranges in about 15 s where pip took 35 s (both from a
-# warm cache; the same versions), compiling bytecode as pip does. pip stays in the venv.
+# warm cache; the same versions), compiling bytecode as pip does. pip stays in the venv, and
+# installs instead where uv cannot (uv reads PyPI, not pip's configured indexes).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet "uv>=0.5,<1"
-	$(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode -e ".[dev]"
+	$(BIN)/python -m pip install --quiet "uv>=0.5,<1" \
+		&& $(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode -e ".[dev]" \
+		|| $(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
