@@ -29,6 +29,7 @@ from tests.test_api import (  # fixtures by name
     accounts,
     backend,
     client,
+    forget_cached_keys,
     query,
     redis_answers,
 )
@@ -152,11 +153,8 @@ def test_rate_limit_is_shared_by_processes_through_redis(postgres_url: str, tmp_
             (one if i % 2 else two).get("/v1/me/budget", headers=bearer(key)).status_code
             for i in range(6)
         ]
-        ledger_id = ledger_of(one).ledger_id
     assert statuses == [200, 200, 200, 200, 429, 429]
-    import redis
-
-    redis.Redis.from_url(REDIS_URL).delete(f"ppr:{ledger_id}:rate:1")
+    forget_cached_keys(postgres_url, REDIS_URL)  # the bucket and the cached degrees
 
 
 def test_engine_gate_bounds_the_queue() -> None:
