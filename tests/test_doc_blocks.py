@@ -27,6 +27,7 @@ every one has a reason, so nothing is skipped silently.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -42,8 +43,11 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy.exc import OperationalError
 
+from service.ledger import LedgerNotMigrated
 from tests.api_support import free_port
+from tests.test_api import REDIS_URL, forget_cached_keys, redis_answers
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), REPO / "CONTRIBUTING.md"]
@@ -226,6 +230,12 @@ def run(tmp_path: Path) -> Iterator[Run]:
         for started in state.servers:
             _stop(started)
         for name in state.databases:
+            # what the block's server cached in the shared Redis, under this ledger's id (none
+            # where the block made no ledger there)
+            url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+            with contextlib.suppress(OperationalError, LedgerNotMigrated):
+                if redis_answers():
+                    forget_cached_keys(url, REDIS_URL)
             subprocess.run(
                 ["dropdb", "-h", "127.0.0.1", "-U", "postgres", "--if-exists", "--force", name],
                 capture_output=True,
