@@ -22,12 +22,13 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import insert
+from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 
 from service.ledger import BudgetExhausted, DegreeCharge, Ledger, ReadCapExhausted, upgrade
 from service.ledger.records import Admission
 from service.ledger.tables import DEGREE_RELEASE_CHARGE, Charge
+from service.privacy.accountant import RdpCurve
 from service.privacy.curves import laplace_curve
 from service.privacy.laplace import plan_laplace
 from service.serving.rankings import degree_release_name
@@ -358,6 +359,60 @@ def test_a_service_accounts_read_figure_and_cap(client: TestClient, accounts: Ac
     assert excluded.status_code == 422
     assert excluded.json()["error"]["details"]["parameter"] == "exclude_neighbors"
     assert client.get("/v1/me/reads", headers=bearer(accounts.user("20")[1])).status_code == 403
+
+
+def test_a_batch_counts_its_reads_together_and_past_the_read_cap_item_by_item(
+    client: TestClient, accounts: Accounts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service account's batch is counted in its read figure in one transaction when it fits
+    its read cap as a whole; where it does not, item by item, exactly as without that step:
+    the items that fit are answered, the rest refused before any noise with their charges
+    refunded."""
+    service_id, service = accounts.service(modes=["edge"])
+    ledger = ledger_of(client)
+    calls: list[int] = []
+    record_reads = ledger.read_figures.record_reads
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(len(kwargs.get("charge_ids", ())))
+        return record_reads(*args, **kwargs)
+
+    monkeypatch.setattr(ledger.read_figures, "record_reads", counted)
+
+    def batch(nodes: list[str]) -> list[dict[str, Any]]:
+        body = {"nodes": nodes, "mode": "edge", "epsilon": 0.1, "k": 5}
+        response = client.post("/v1/ppr/batch", json=body, headers=bearer(service))
+        assert response.status_code == 200, response.text
+        items: list[dict[str, Any]] = response.json()["items"]
+        return items
+
+    first = batch(["1", "2", "3", "4"])
+    assert all("results" in item for item in first), first
+    assert calls == [4]  # one transaction for the four
+    assert ledger.read_figures.read_view(service_id).releases == 4
+    # a cap with room for two more of the same release: the next four are counted one by one
+    with ledger.engine.connect() as conn:  # the four charges' curve (one plan for all)
+        rdp = conn.execute(
+            select(Charge.rdp).where(Charge.principal_account_id == service_id).limit(1)
+        ).scalar_one()
+    one = RdpCurve.from_json(rdp)
+    cap = ((one * 6).epsilon(DELTA) + (one * 7).epsilon(DELTA)) / 2
+    capped = client.put(
+        f"/v1/admin/accounts/{service_id}/scopes",
+        json={"read_cap_epsilon": cap},
+        headers=bearer(accounts.admin_key),
+    )
+    assert capped.status_code == 200, capped.text
+    calls.clear()
+    second = batch(["5", "6", "7", "8"])
+    answered = [item for item in second if "results" in item]
+    refused = [item["error"]["code"] for item in second if "error" in item]
+    assert len(answered) == 2 and refused == ["read_cap_exhausted"] * 2
+    assert calls[0] == 4 and sorted(calls[1:]) == [1, 1, 1, 1]  # the group, then each item
+    assert ledger.read_figures.read_view(service_id).releases == 6
+    states = [c.state for c in ledger.reports.list_charges(service_id)]
+    assert states.count("refunded") == 2
+    assert ledger.reports.verify().ok
 
 
 def test_a_service_account_reads_the_degree_release_once_per_version(

@@ -155,6 +155,15 @@ class Drawer:
         block without a thread each; the rest run on ``run``."""
         started: dict[int, Started | StoredRelease | BaseException] = {}
         thunks: list[Callable[[], Any]] = []
+        # a service account's reads of the group counted together (each start() then finds
+        # its own counted), before any noise is drawn
+        reads = [
+            (p.req, p.graph.version, r.charge_id, _degree_release_of(p.plan))
+            for _, p, r in admitted
+            if p.req.principal.type == "service"
+        ]
+        if len(reads) > 1:
+            self.reads.record_group(reads)
         with self.engine.together():  # an idle engine starts them as one block
             for j, (_, p, r) in enumerate(admitted):
                 if isinstance(p.plan, DiffusionPlan):

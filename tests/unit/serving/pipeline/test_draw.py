@@ -76,16 +76,31 @@ class FakeLedger:
         self.settlement = FakeSettlement(log)
 
 
+class FakeReads:
+    """Records what the draw counts in a service account's read figure."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def record_group(self, reads: list[tuple[QueryRequest, str, int, str | None]]) -> None:
+        self.log.append(f"reads {[charge_id for _, _, charge_id, _ in reads]}")
+
+    def record(self, req: QueryRequest, version: str, charge_id: int, degree: Any) -> None:
+        self.log.append(f"read {charge_id}")
+
+
 def drawer(log: list[str], failing: set[int] | None = None) -> Drawer:
     return Drawer(
         engine=cast(Any, FakeEngine(log, failing or set())), prefixes=cast(Any, FakePrefixes()),
-        ledger=cast(Any, FakeLedger(log)), reads=cast(Any, None),
+        ledger=cast(Any, FakeLedger(log)), reads=cast(Any, FakeReads(log)),
         note_budget=lambda account, budget: None, replay_store_top=3,
     )  # fmt: skip
 
 
-def admitted(i: int, node: str, mechanism: RankingMechanism) -> Admitted[Pending]:
-    req = QueryRequest(USER, node, 2, 0.5, Mode.PERSONALIZED, mechanism=mechanism.value)
+def admitted(
+    i: int, node: str, mechanism: RankingMechanism, principal: Principal = USER
+) -> Admitted[Pending]:
+    req = QueryRequest(principal, node, 2, 0.5, Mode.PERSONALIZED, mechanism=mechanism.value)
     if mechanism is RankingMechanism.NOISY_DIFFUSION:
         m = MechanismSettings()
         plan: Any = DiffusionPlanner().plan(0.5, 1e-6, m.steps, m.beta, m.eta, Mode.PERSONALIZED)
@@ -131,3 +146,18 @@ def test_a_failure_before_any_noise_refunds_that_charge_alone() -> None:
     assert [entry for entry in log if entry.startswith("refund")] == [
         "refund 100: failed before any noise was drawn"
     ]
+
+
+def test_a_service_accounts_reads_are_counted_together_before_any_draw() -> None:
+    """The group's releases to a service account go to its read figure in one call before the
+    engine or any draw starts; each draw still asks for its own (then already counted)."""
+    service = Principal(account_id=9, type="service", modes=("personalized",))
+    log: list[str] = []
+    group = [
+        admitted(0, "0", RankingMechanism.NOISY_DIFFUSION, service),
+        admitted(1, "1", RankingMechanism.COMMON_NEIGHBOURS, service),
+        admitted(2, "3", RankingMechanism.NOISY_DIFFUSION),  # a user's: no read figure
+    ]
+    drawer(log).draw_group(group, in_order(log))
+    assert log[:3] == ["reads [100, 101]", "together", "read 100"]
+    assert log.count("read 101") == 1 and "read 102" not in log
