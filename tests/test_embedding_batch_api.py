@@ -234,12 +234,14 @@ def test_a_repeated_seed_is_charged_once_within_the_batch(
 
 
 class _Transactions:
-    """The ledger's committed transactions that inserted charges, and releases."""
+    """The ledger's committed transactions that inserted charges, releases, and reads (a
+    service account's read figure)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.charging = 0
         self.storing = 0
+        self.reading = 0
         event.listen(engine, "begin", self._begin)
         event.listen(engine, "before_cursor_execute", self._statement)
         event.listen(engine, "commit", self._commit)
@@ -254,20 +256,22 @@ class _Transactions:
 
     def _statement(self, conn: Connection, _cursor: Any, statement: str, *_: Any) -> None:
         words = " ".join(statement.split()[:3]).lower()
-        if words in ("insert into charges", "insert into releases"):
+        if words in ("insert into charges", "insert into releases", "insert into service_reads"):
             conn.info.setdefault("inserted", set()).add(words.rsplit(" ", 1)[1])
 
     def _commit(self, conn: Connection) -> None:
         inserted = conn.info.pop("inserted", set())
         self.charging += "charges" in inserted
         self.storing += "releases" in inserted
+        self.reading += "service_reads" in inserted
 
 
 def test_the_batch_is_admitted_in_one_transaction_and_stored_in_one(
     client: TestClient, accounts: Accounts
 ) -> None:
     """Six items charged (one replay left out), each as a single request: the charges are
-    written by one ledger transaction and the releases by one, whatever the item count."""
+    written by one ledger transaction, the service account's reads of them by one and the
+    releases by one, whatever the item count."""
     service_id, key = accounts.service(modes=["edge"])
     assert embed_batch(client, key, ["3"], mode="edge", k=4).status_code == 200
     ledger = ledger_of(client)
@@ -280,7 +284,7 @@ def test_the_batch_is_admitted_in_one_transaction_and_stored_in_one(
     assert answer.status_code == 200, answer.text
     assert [item["replayed"] for item in answer.json()["items"]] == [True] + [False] * 6
     assert len(ledger.reports.list_charges(service_id)) == 7
-    assert (counted.charging, counted.storing) == (1, 1)
+    assert (counted.charging, counted.reading, counted.storing) == (1, 1, 1)
 
 
 # -- two clients at once -----------------------------------------------------------------------

@@ -280,7 +280,15 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _KeyedReplay
     ) -> list[StoredRelease | BaseException]:
         """Every release drawn concurrently on ``run``. The noise-free vectors are computed
         first, a block of seeds per pass over the graph (a failure there leaves each to its
-        own draw, which refunds it)."""
+        own draw, which refunds it). A service account's reads of the group are counted
+        together first (:meth:`ReadFigure.record_group`), before any noise is drawn."""
+        reads = [
+            (p.req, p.graph.version, r.charge_id, None)
+            for _, p, r in admitted
+            if p.req.principal.type == "service"
+        ]
+        if len(reads) > 1:
+            self.replaying.reads.record_group(reads)
         fresh: dict[tuple[Graph, int, str, float], list[EmbeddingPending]] = {}
         for _, p, _ in admitted:
             key = (p.graph, p.hashes.k, p.req.mode.value, p.sigma)
