@@ -138,6 +138,23 @@ class Server:
         return lines
 
 
+def wait_until_ready(
+    process: subprocess.Popen[bytes], base_url: str, log: Path, *, seconds: float
+) -> None:
+    """Until ``process`` (a server writing to ``log``) answers ``/readyz`` with 200 at
+    ``base_url``; fails with the log's end if it exits or is not ready within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        assert process.poll() is None, log.read_text()[-4000:]
+        try:
+            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, log.read_text()[-4000:]
+        time.sleep(0.2)
+
+
 def _healthz_pids(server: Server) -> set[int]:
     return {int(line["pid"]) for line in server.log_lines() if line.get("route") == "/healthz"}
 

@@ -34,19 +34,17 @@ import re
 import shlex
 import signal
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy.exc import OperationalError
 
 from service.ledger import LedgerNotMigrated
-from tests.api_support import free_port
+from tests.api_support import free_port, wait_until_ready
 from tests.test_api import REDIS_URL, forget_cached_keys, redis_answers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -193,16 +191,7 @@ def _environment(tmp_path: Path, url: str) -> dict[str, str]:
 
 
 def _wait_ready(server: subprocess.Popen[bytes], port: int, log: Path) -> None:
-    deadline = time.monotonic() + 240
-    while True:
-        assert server.poll() is None, log.read_text()[-4000:]
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, log.read_text()[-4000:]
-        time.sleep(0.3)
+    wait_until_ready(server, f"http://127.0.0.1:{port}", log, seconds=240)
 
 
 def _stop(server: subprocess.Popen[bytes]) -> None:

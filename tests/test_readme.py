@@ -13,7 +13,6 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,7 +24,7 @@ import pytest
 from service.cli import build_parser, main
 from service.config import Settings
 from service.ledger import upgrade
-from tests.api_support import free_port
+from tests.api_support import free_port, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
@@ -295,16 +294,7 @@ def _serving(env: dict[str, str], cwd: Path, log: Path) -> Iterator[str]:
             cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert server.poll() is None, log.read_text()
-            try:
-                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.3)
+        wait_until_ready(server, base, log, seconds=180)
         yield base
     finally:
         server.terminate()

@@ -15,14 +15,13 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import time
 import zipfile
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.api_support import bearer, free_port
+from tests.api_support import bearer, free_port, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[1]
 #: What a release is built from (the sdist's contents).
@@ -112,16 +111,7 @@ def test_the_wheel_migrates_creates_accounts_and_serves(tmp_path: Path) -> None:
         )  # fmt: skip
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, log_path.read_text()
-            try:
-                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.2)
+        wait_until_ready(server, base, log_path, seconds=120)
         answer = httpx.get(
             f"{base}/v1/ppr/42", params={"k": 5, "epsilon": 0.1}, headers=bearer(key), timeout=60
         )
