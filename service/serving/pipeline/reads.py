@@ -51,11 +51,10 @@ class ReadFigure:
         read, where they fit its read cap together. Where they do not (or the transaction
         fails), nothing is counted here and each item's :meth:`record` decides in turn, as
         without this step: the composition only grows, so a group that fits as a whole fits
-        item by item, in any order, and a counted release is known to :meth:`record`."""
+        item by item, in any order, and a counted release is known to :meth:`record`. The
+        caller passes service accounts' reads only, as it calls :meth:`record` for them only."""
         groups: dict[tuple[int, str, str | None], list[int]] = {}
         for req, version, charge_id, degree in reads:
-            if req.principal.type != "service":
-                continue
             known = (req.principal.account_id, version, charge_id, degree)
             if known not in self._known_reads:
                 groups.setdefault((req.principal.account_id, version, degree), []).append(charge_id)
