@@ -138,6 +138,18 @@ class Server:
         return lines
 
 
+def wait_for(
+    check: Callable[[], bool], what: str, seconds: float = 120.0, every: float = 0.1
+) -> None:
+    """Until ``check()`` holds, looking every ``every`` seconds; fails naming ``what`` after
+    ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {seconds} s: {what}")
+        time.sleep(every)
+
+
 def wait_until_ready(
     process: subprocess.Popen[bytes], base_url: str, log: Path, *, seconds: float
 ) -> None:

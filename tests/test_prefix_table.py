@@ -6,7 +6,6 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ from tests.api_support import (
     open_ledger,
     running_app,
     uvicorn_server,
+    wait_for,
 )
 from tests.connection_support import new_connection_each
 
@@ -65,16 +65,6 @@ def graph(graph_file: Path, tmp_path: Path) -> Graph:
 
 def spec_of(graph: Graph, mode: Mode = Mode.EDGE, m: int = 94) -> TableSpec:
     return TableSpec(graph.version, graph_fingerprint(graph), graph.n, mode.value, 0.8, 1e-7, m)
-
-
-def wait_for(
-    check: Callable[[], bool], what: str, seconds: float = 120.0, every: float = 0.1
-) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {seconds} s: {what}")
-        time.sleep(every)
 
 
 # --------------------------------------------------------------------------- the rows

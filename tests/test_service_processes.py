@@ -37,6 +37,7 @@ from tests.api_support import (
     running_app,
     user_with_key,
     uvicorn_server,
+    wait_for,
 )
 from tests.connection_support import new_connection_each
 from tests.ledger_support import independent_laplace_epsilon
@@ -237,25 +238,26 @@ def _has_client_port(pid: int, port: int) -> bool:
 
 def _wait_gone(pid: int) -> None:
     """Until process ``pid`` runs no more: exited (a zombie: its sockets closed) or reaped."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def gone() -> bool:
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
-            return
-        if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-            return
-        time.sleep(0.005)
-    raise AssertionError(f"process {pid} still runs 30 s after SIGKILL")
+            return True
+        return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+    wait_for(gone, f"process {pid} gone after SIGKILL", seconds=30, every=0.005)
 
 
 def _wait_replaced(server: Server, dead: list[int]) -> None:
     """Until uvicorn's supervisor has forked a worker in place of each of ``dead`` (it looks
     for dead workers every 0.5 s)."""
-    deadline = time.monotonic() + 30
-    while len(workers := worker_pids(server.pid)) < 2 or set(workers) & set(dead):
-        assert time.monotonic() < deadline, f"no worker in place of {dead}: {workers}"
-        time.sleep(0.02)
+
+    def replaced() -> bool:
+        workers = worker_pids(server.pid)
+        return len(workers) >= 2 and not set(workers) & set(dead)
+
+    wait_for(replaced, f"a worker in place of {dead}", seconds=30, every=0.02)
 
 
 def _answered_again_after_the_reset(
