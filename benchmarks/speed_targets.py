@@ -20,13 +20,14 @@ Everything it creates is removed at the end: the PostgreSQL database (named
 ``ppr_speed_targets_<pid>_<time>``, created on ``--postgres-url``'s server and dropped), the
 Redis keys the server wrote under that ledger's id (``ppr:<ledger id>:*``), and the graph
 snapshots and prefix table (in a temporary directory, ``PPR_GRAPH_SNAPSHOT_DIR``). The server
-listens on a free port of 127.0.0.1, and the whole run takes about four minutes on a 2-core
+listens on a free port of 127.0.0.1, and the whole run takes two to three minutes on a 2-core
 machine (``--generate`` and ``--duration`` shorten it).
 
 It is a report: the exit status is 0 when targets are missed, and 1 only when a measurement
 failed (a tool gave no report, or a report lacked a figure) or what it created could not be
 removed. Run it with nothing else on the machine: figures drop with the load, which is why the
-load average is printed beside them.
+load average is printed beside them (the one at the end includes the run's own load: the server,
+wrk and bench keep both cores of a 2-core machine busy).
 
     make bench
     make bench BENCH_ARGS="--json"
@@ -201,7 +202,9 @@ def load_rows(report: Mapping[str, Any]) -> list[Row]:
     calls = int(_number(batch, "requests", "batch phase"))
     batch_errors = int(batch.get("errors", 0)) + int(batch.get("item_errors", 0))
     shown_batch = f"{seeds:,.0f} seeds/s ({calls:,} calls finished"
-    if not calls:
+    if calls:
+        shown_batch += f", p50 {_number(batch, 'p50_ms', 'batch phase') / 1000:,.1f} s a call"
+    else:
         shown_batch += " within the phase: give a longer --duration"
     shown_batch += f", {batch_errors:,} errors)" if batch_errors else ")"
 
@@ -501,7 +504,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--concurrency", type=int, default=32, help="load test connections (default 32)"
     )
     parser.add_argument(
-        "--duration", type=float, default=8.0, help="seconds per load phase (default 8)"
+        "--duration", type=float, default=10.0, help="seconds per load phase (default 10)"
     )
     parser.add_argument(
         "--warmup",
@@ -573,8 +576,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         }, indent=2, allow_nan=False))  # fmt: skip
     else:
         print(f"speed targets; commit {head}; {cpus} CPUs")
-        print(f"load average at the start {load_text(load_start)}, at the end "
-              f"{load_text(load_end)}")  # fmt: skip
+        print(f"load average at the start {load_text(load_start)}; at the end, this run's own "
+              f"load included, {load_text(load_end)}")  # fmt: skip
         if load_start[0] > 0.75 * cpus:
             print("(the machine was busy at the start: figures are lower than on a quiet one)")
         print(setup["load"])
