@@ -254,7 +254,10 @@ def not_measured_rows() -> list[Row]:
 
 
 def failed_rows(targets: Sequence[Target], reason: str) -> list[Row]:
-    return [Row(target, None, f"measurement failed: {reason}", "failed") for target in targets]
+    """Rows for ``targets`` whose measurement failed; the reason's first line, kept to one table
+    cell (the whole reason is printed after the table)."""
+    first = (reason.strip().splitlines() or ["(no reason given)"])[0].replace("|", "/")
+    return [Row(target, None, f"measurement failed: {first}", "failed") for target in targets]
 
 
 def finite(value: Any) -> Any:
@@ -468,10 +471,11 @@ def describe_setup(args: argparse.Namespace, load_report: Mapping[str, Any]) -> 
         if args.generate == DEFAULT_GENERATE
         else f" (targets: {DEFAULT_GENERATE[0]:,} / {DEFAULT_GENERATE[1]:,})"
     )
+    size = f"{graph['nodes']:,} nodes / {graph['edges']:,} edges" if graph else "no report"
     return {
         "load": (
             f"loadtest: PostgreSQL + Redis, {args.workers} workers, {args.graph.name} "
-            f"({graph.get('nodes', 0):,} nodes / {graph.get('edges', 0):,} edges{stated}), "
+            f"({size}{stated}), "
             f"edge mode, epsilon {EPSILON:g}, driver {load_report.get('driver', '-')}, "
             f"{args.concurrency} connections, {args.duration:g} s a phase, prefix table "
             f"{load_report.get('prefix_table', '-')}"

@@ -175,6 +175,8 @@ def test_the_table_the_tally_and_the_rows_not_measured() -> None:
         "4 of 5 measured targets met; 2 not measured here; 2 FAILED to measure"
     )
     assert [row.to_dict()["met"] for row in st.not_measured_rows()] == [None, None]
+    (failed,) = st.failed_rows([st.WARM_BLOCK], "cannot connect | refused\n(Background: ...)")
+    assert failed.shown == "measurement failed: cannot connect / refused"
 
 
 def test_the_json_report_is_strict() -> None:
