@@ -1,12 +1,14 @@
 # Two commands on a fresh machine:
 #   make serve   start the service on its embedded default (SQLite ledger, in-process cache, demo graph)
 #   make test    run the whole test suite
+# and, with PostgreSQL and Redis on 127.0.0.1, `make bench` prints the speed targets beside
+# this machine's figures.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test fuzz lint typecheck check bench clean
+.PHONY: install serve test fuzz lint typecheck check bench bench-ab clean
 
 # uv installs the project and its pinned ranges in about 15 s where pip took 35 s (both from a
 # warm cache; the same versions), compiling bytecode as pip does. The venv is made without pip
@@ -42,12 +44,22 @@ FUZZ_EXAMPLES ?= 60
 fuzz: $(STAMP)
 	PPR_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -n 2 -q tests/test_api_fuzz.py
 
+# Every speed target beside this checkout's figure, measured in one run of two to three minutes
+# (benchmarks/speed_targets.py): loadtest on PostgreSQL + Redis with two workers on ego-Facebook
+# (../shared/data/facebook_combined.txt) and bench on a generated 100k-node / 2M-edge graph,
+# with the machine's load average at the start and the end. It creates and drops a database of
+# its own and removes its Redis keys; it exits 0 when targets are missed (a report), 1 when a
+# measurement failed. BENCH_ARGS passes options (--json, --duration, --generate, --graph, ...).
+# Run it on a quiet machine (load average under 1.5).
+bench: $(STAMP)
+	$(BIN)/python benchmarks/speed_targets.py $(BENCH_ARGS)
+
 # The whole request path before and after a change, side by side in one run, on PostgreSQL +
 # Redis with two workers per side (benchmarks/ab_load.py). Run it on a quiet machine (load
 # average under 1.5): BEFORE is the older commit (default: the parent of HEAD), its checkout
-# made once in ../bench-before-<commit>.
+# made once in ../bench-before-<commit>; BENCH_ARGS passes options to ab_load.py.
 BEFORE ?= HEAD~1
-bench: $(STAMP)
+bench-ab: $(STAMP)
 	$(BIN)/python benchmarks/ab_load.py --before $(BEFORE) \
 		--before-dir ../bench-before-$$(git rev-parse --short $(BEFORE)) $(BENCH_ARGS)
 
