@@ -23,6 +23,7 @@ load test's own account and key, a few rows, are counted in it too.)
     .venv/bin/python benchmarks/ab_load.py --before-dir ../before --rounds 6 --duration 8
     .venv/bin/python benchmarks/ab_load.py --before-dir ../before --count-database 10
 
+At the end each side's Redis keys (``ppr:<ledger id>:*``) are removed and its database dropped.
 Both sides run with prefix tables off (``PPR_PREFIX_TABLE_BYTES=0``), so that neither is
 measured while a table is being built. Sends traffic only to 127.0.0.1. Not part of the tests.
 """
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from speed_targets import forget_redis_keys  # this directory: the same key removal
 
 HERE = Path(__file__).resolve().parent.parent
 
@@ -295,8 +297,12 @@ def main() -> int:
                 if args.count_database > 0:
                     counted = [count_database(s, args, graph, names[s.name]) for s in sides]
         finally:
+            failures: list[str] = []
             for side in sides:
+                forget_redis_keys(side.database_url, args.redis_url, failures)
                 drop_database(args.base_url, names[side.name])
+            for failure in failures:
+                print(f"ab_load: {failure}", file=sys.stderr)
     phases = [p for p in args.phases.split(",") if p and p != "healthz"]
     print(
         f"graph {nodes:,} nodes / {edges:,} edges; {args.workers} workers per side; "
