@@ -55,6 +55,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from service.cli.bench import generate_spec
+
 HERE = Path(__file__).resolve().parent.parent
 #: ego-Facebook, where the load targets are stated (a copy shared next to the checkouts).
 DEFAULT_GRAPH = HERE.parent / "shared" / "data" / "facebook_combined.txt"
@@ -455,16 +457,6 @@ def measure_engine(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def _size(text: str) -> tuple[int, int]:
-    try:
-        nodes, edges = (int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError("give NODES,EDGES, e.g. 100000,2000000") from None
-    if nodes < 2 or edges < 1:
-        raise argparse.ArgumentTypeError("NODES >= 2 and EDGES >= 1")
-    return nodes, edges
-
-
 def describe_setup(args: argparse.Namespace, load_report: Mapping[str, Any]) -> dict[str, str]:
     """What each tool measured on, one line each (with where the targets are stated, when the
     run was made elsewhere)."""
@@ -523,7 +515,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--generate",
-        type=_size,
+        type=generate_spec,
         default=DEFAULT_GENERATE,
         metavar="NODES,EDGES",
         help="bench's generated graph (default 100000,2000000, where the "

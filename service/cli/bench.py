@@ -36,7 +36,9 @@ if TYPE_CHECKING:
     from service.privacy.calibration import DiffusionConfig
 
 
-def _generate_spec(text: str) -> tuple[int, int]:
+def generate_spec(text: str) -> tuple[int, int]:
+    """``NODES,EDGES`` of a generated graph, checked (``--generate`` here and in
+    benchmarks/speed_targets.py)."""
     try:
         nodes, edges = (int(part) for part in text.split(","))
     except ValueError:
@@ -54,7 +56,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("bench", help="latency of the mechanisms", description=__doc__)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--graph", type=Path, metavar="FILE", help="edge-list file")
-    source.add_argument("--generate", type=_generate_spec, metavar="NODES,EDGES",
+    source.add_argument("--generate", type=generate_spec, metavar="NODES,EDGES",
                         help="a generated power-law graph of this size")  # fmt: skip
     source.add_argument("--demo", action="store_true", help="the built-in demo graph")
     parser.add_argument("--queries", type=positive_int, default=10, help="seeds to time")
