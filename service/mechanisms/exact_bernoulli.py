@@ -17,7 +17,10 @@ comparisons of uniforms instead, and these remain exact building blocks with the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from fractions import Fraction
+from functools import lru_cache
 from typing import Any, TypeVar
 
 import numpy as np
@@ -25,7 +28,13 @@ from numba import njit
 
 from service.errors import InvalidParameter
 
-__all__ = ["bernoulli_exp", "bernoulli_ratio", "bernoulli_scaled", "uniform_below"]
+__all__ = [
+    "bernoulli_exp",
+    "bernoulli_ratio",
+    "bernoulli_scaled",
+    "exp_neg_bounds",
+    "uniform_below",
+]
 
 _U64_MAX = (1 << 64) - 1
 
@@ -241,3 +250,48 @@ def bernoulli_exp(rng: np.random.Generator, a: int, b: int) -> bool:
     return bool(
         _run(rng, lambda w, st, bi: bernoulli_exp_kernel(w, st, bi, np.uint64(a), np.uint64(b)))
     )
+
+
+# --- exp(-x) to any precision, by integer interval arithmetic --------------------------
+
+
+def exp_neg_bounds(x: Fraction, precision: int) -> tuple[int, int]:
+    """(lo, hi) with ``lo <= 2^precision exp(-x) <= hi``, for a rational ``x >= 0``."""
+    return _exp_neg_bounds(x.numerator, x.denominator, precision)
+
+
+@lru_cache(maxsize=8192)
+def _exp_neg_bounds(num: int, den: int, precision: int) -> tuple[int, int]:
+    if num < 0 or den <= 0:
+        raise ValueError("x must be a non-negative rational")
+    if num == 0:
+        return 1 << precision, 1 << precision
+    x = Fraction(num, den)
+    # exp(-x) = exp(-y)^(2^r) with y = x / 2^r <= 1/2
+    r = max(0, math.ceil(math.log2(float(x)) + 1.0)) if x > Fraction(1, 2) else 0
+    while x / (1 << r) > Fraction(1, 2):  # float log2 only guesses r
+        r += 1
+    y = x / (1 << r)
+    work = precision + r + 32  # squaring r times multiplies the relative error by about 2^r
+    # alternating series with decreasing terms: the partial sum is within the next term
+    total = Fraction(1)
+    term = Fraction(1)
+    i = 0
+    bound = Fraction(1, 1 << (work + 2))
+    while True:
+        i += 1
+        term = term * y / i
+        if term < bound:
+            break
+        total += term if i % 2 == 0 else -term
+    scale = 1 << work
+    lo_f, hi_f = (total - term) * scale, (total + term) * scale
+    lo = max(0, lo_f.numerator // lo_f.denominator)
+    hi = -((-hi_f.numerator) // hi_f.denominator)
+    for _ in range(r):
+        lo = (lo * lo) >> work
+        hi = -((-(hi * hi)) >> work)
+    shift = work - precision
+    lo >>= shift
+    hi = -((-hi) >> shift)
+    return lo, min(hi, 1 << precision)

@@ -46,10 +46,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import lru_cache
 
 import numpy as np
 
+from service.mechanisms.exact_bernoulli import exp_neg_bounds
 from service.mechanisms.exact_laplace import rounded_laplace
 
 __all__ = [
@@ -67,48 +67,6 @@ __all__ = [
 START_PRECISION = 128
 #: Beyond this precision a digit still unsettled is an error (p would be rational: never).
 MAX_PRECISION = 1 << 14
-
-
-def exp_neg_bounds(x: Fraction, precision: int) -> tuple[int, int]:
-    """(lo, hi) with ``lo <= 2^precision exp(-x) <= hi``, for a rational ``x >= 0``."""
-    return _exp_neg_bounds(x.numerator, x.denominator, precision)
-
-
-@lru_cache(maxsize=8192)
-def _exp_neg_bounds(num: int, den: int, precision: int) -> tuple[int, int]:
-    if num < 0 or den <= 0:
-        raise ValueError("x must be a non-negative rational")
-    if num == 0:
-        return 1 << precision, 1 << precision
-    x = Fraction(num, den)
-    # exp(-x) = exp(-y)^(2^r) with y = x / 2^r <= 1/2
-    r = max(0, math.ceil(math.log2(float(x)) + 1.0)) if x > Fraction(1, 2) else 0
-    while x / (1 << r) > Fraction(1, 2):  # float log2 only guesses r
-        r += 1
-    y = x / (1 << r)
-    work = precision + r + 32  # squaring r times multiplies the relative error by about 2^r
-    # alternating series with decreasing terms: the partial sum is within the next term
-    total = Fraction(1)
-    term = Fraction(1)
-    i = 0
-    bound = Fraction(1, 1 << (work + 2))
-    while True:
-        i += 1
-        term = term * y / i
-        if term < bound:
-            break
-        total += term if i % 2 == 0 else -term
-    scale = 1 << work
-    lo_f, hi_f = (total - term) * scale, (total + term) * scale
-    lo = max(0, lo_f.numerator // lo_f.denominator)
-    hi = -((-hi_f.numerator) // hi_f.denominator)
-    for _ in range(r):
-        lo = (lo * lo) >> work
-        hi = -((-(hi * hi)) >> work)
-    shift = work - precision
-    lo >>= shift
-    hi = -((-hi) >> shift)
-    return lo, min(hi, 1 << precision)
 
 
 @dataclass(frozen=True)
