@@ -1,16 +1,18 @@
 """Draws per second of the exact rounded-Laplace sampler next to numpy's float sampler.
 
-For gamma = grid / scale = 1/256 (a count release's grid) and gamma ~ 1e-9 (a fine grid),
-``rounded_laplace`` (service/mechanisms/exact_laplace.py: raw 64-bit words, exact integer
-comparisons) against ``laplace_noise`` (numpy's float64 ziggurat exponential and sign words),
-best of ``--repeats`` runs of ``--count`` draws each, on a fresh OS-entropy generator, plus the
-raw words each exact draw consumed on average. Rates are per second of wall-clock time and per
-second of this process's CPU time (the latter is less sensitive to other load on the machine);
-the last exact row draws ``--count`` in calls of ``--call`` draws (2n for a noisy diffusion
-step on n nodes).
+For gamma = grid / scale = 2^-43 (the noisy diffusion's state grid on a large graph), ~1e-9
+(a fine grid), 1/256 (a count release's grid), 1, 5/2 and 7, ``rounded_laplace``
+(service/mechanisms/exact_laplace.py: raw 64-bit words, exact integer comparisons) against
+``laplace_noise`` (numpy's float64 ziggurat exponential and sign words), best of ``--repeats``
+runs of ``--count`` draws each, on a fresh OS-entropy generator, plus the raw words each exact
+draw consumed on average. Rates are per second of wall-clock time and per second of this
+process's CPU time (the latter is less sensitive to other load on the machine); the rows "per
+call" draw ``--count`` in calls of ``--call`` draws (2n for a noisy diffusion step on n nodes:
+the engine's calls). The script measures whichever checkout it sits in, so the same file
+copied into an older checkout measures that one.
 
     .venv/bin/python benchmarks/exact_laplace_speed.py [--count 2000000] [--repeats 3] \
-        [--call 40000]
+        [--call 200000]
 """
 
 from __future__ import annotations
@@ -75,12 +77,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=2_000_000)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--call", type=int, default=40_000)
+    parser.add_argument("--call", type=int, default=200_000)
     args = parser.parse_args(argv)
     rounded_laplace(fresh_generator(), 1, 3, 10)  # compile (or load the cache) first
     cases = {
-        "1/256": (1, 256),
+        "2^-43": (1, 2**43),
         "1e-9": gamma_ratio(2.0**-30, dyadic_scale(2.0**-30 * 1e9)),
+        "1/256": (1, 256),
+        "1": (1, 1),
+        "5/2": (5, 2),
+        "7": (7, 1),
     }
     print(f"{args.count:,} draws, best of {args.repeats}")
     print("| sampler | gamma | draws/s | draws/CPU-s | raw words drawn per draw |")
@@ -97,12 +103,15 @@ def main(argv: list[str] | None = None) -> int:
             f"| exact rounded_laplace | {label} ({s}/{t}) | {wall:,.0f} | {cpu:,.0f} "
             f"| {per_draw:.2f} |"
         )
-    s, t = cases["1e-9"]
-    wall, cpu = best_rate(in_calls(fresh_generator(), s, t, args.call), args.count, args.repeats)
-    print(
-        f"| exact rounded_laplace, {args.call:,} per call | 1e-9 ({s}/{t}) | {wall:,.0f} "
-        f"| {cpu:,.0f} | - |"
-    )
+    for label in ("2^-43", "1/256"):
+        s, t = cases[label]
+        wall, cpu = best_rate(
+            in_calls(fresh_generator(), s, t, args.call), args.count, args.repeats
+        )
+        print(
+            f"| exact rounded_laplace, {args.call:,} per call | {label} ({s}/{t}) "
+            f"| {wall:,.0f} | {cpu:,.0f} | - |"
+        )
     rng = fresh_generator()
     wall, cpu = best_rate(lambda n: laplace_noise(rng, 1.0, n), args.count, args.repeats)
     print(f"| numpy ziggurat laplace_noise (float) | - | {wall:,.0f} | {cpu:,.0f} | - |")

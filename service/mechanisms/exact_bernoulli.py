@@ -11,8 +11,10 @@ raw 64-bit words. Every decision is an exact integer comparison.
 as the product of the independent ``Bernoulli(a / b)`` and ``Bernoulli(1 / k)``, which is exact.
 
 These are the exact primitives of the rounded-Laplace sampler's first version; the sampler
-(:mod:`service.mechanisms.exact_laplace`) now draws its exponential with von Neumann's
-comparisons of uniforms instead, and these remain exact building blocks with their own tests.
+(:mod:`service.mechanisms.exact_laplace`) now draws its exponential by inversion against exact
+thresholds and von Neumann's comparisons of uniforms instead, and these remain exact building
+blocks with their own tests. :func:`exp_neg_bounds` (integer bounds on ``exp(-x)`` for a
+rational ``x``) gives the sampler's thresholds and the lazy top-k's probabilities their digits.
 """
 
 from __future__ import annotations

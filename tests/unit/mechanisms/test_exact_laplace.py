@@ -5,14 +5,23 @@ expected mass, computed from the Laplace CDF (P(N <= n) = F((n + 1/2) gamma)), f
 gammas, and at gamma ~ 1e-9 by the whole and fractional parts of |N| / t and |N| mod small m;
 the Bernoulli helpers by their exact expectations; the buffering by drawing the same stream
 with very different buffer sizes. The compiled kernel is checked to be the same function of the
-word stream as a plain Python reference, on random words and on words from a tiny alphabet
-that tie (several words deep) and sit on cell boundaries, so every rare path runs. Tests use
-seeded generators; the service never does.
+word stream as a plain Python reference (thresholds computed on their own, uniforms as
+unbounded lists of words), on random words and on words from a small alphabet that tie with
+each other and with the thresholds (several words deep, past a one-word table), gate to zero
+and sit on cell boundaries, so every rare path runs; uniforms equal to a threshold on whole
+words are checked to go on with their own next word. The law is also checked on every path
+with small tables (2 fraction bits: chains in a quarter of the remainders; few thresholds: the
+tail), at the fine and coarse gammas on either side of 2^-6, and against controls (a wrong
+table, a uniform remainder) that the same tests reject. Tests use seeded generators; the
+service never does.
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
 import io
+import itertools
 import math
 import re
 from fractions import Fraction
@@ -25,6 +34,7 @@ from scipy import stats
 from service.errors import InvalidParameter
 from service.mechanisms import exact_bernoulli
 from service.mechanisms import exact_laplace as el
+from service.mechanisms.exact_bernoulli import exp_neg_bounds
 from service.mechanisms.exact_laplace import (
     bernoulli_exp,
     bernoulli_ratio,
@@ -268,42 +278,101 @@ class ScriptedWords:
         self.bit_generator = Bits()
 
 
-def reference_draws(words: list[int], s: int, t: int, count: int) -> list[int]:
+@functools.cache
+def threshold_word(i: int, m: int, d: int) -> int:
+    """Word d (0 = the first) of the binary expansion of exp(-i / 2^m), computed on its own
+    from exp_neg_bounds (not from the sampler's table)."""
+    precision = 64 * (d + 1) + 64
+    while True:
+        lo, hi = exp_neg_bounds(Fraction(i, 1 << m), precision)
+        shift = precision - 64 * (d + 1)
+        if lo >> shift == hi >> shift:
+            return (lo >> shift) & (2**64 - 1)
+        precision *= 2
+
+
+def reference_draws(
+    words: list[int], s: int, t: int, count: int, m: int = el.FRACTION_BITS,
+    length: int = el.TABLE_LENGTH,
+) -> list[int]:  # fmt: skip
     """The sampler written out with Python integers and unbounded lists (module docstring):
-    the same words in the same order, floor(2 t x) decided from the interval of x's words."""
+    the same words in the same order. z = floor(2^m E) counts the thresholds T_i = exp(-i /
+    2^m), i = 1..J, above a uniform U (compared word by word, drawing U's further words on a
+    tie), a fresh U adding J when U < T_J; |N| from z alone when every E in [z, z + 1) / 2^m
+    gives it and gamma > 2^-m; otherwise a remainder y accepted by its gate or its chain, and
+    floor(2 t E) = floor((2 t z + floor(2 t y)) / 2^m), floor(2 t y) from the interval of y's
+    words; the sign bit last."""
     stream = iter(words)
-    out = []
     reservoir = left = 0
-    for _ in range(count):
-        k = 0
-        while True:  # von Neumann trials
-            x = [next(stream)]
-            previous, index = x, 1
-            while True:
-                new = [next(stream)]
-                depth = 0
-                while new[depth] == previous[depth]:
-                    depth += 1
-                    if len(previous) <= depth:
-                        previous.append(next(stream))
-                    new.append(next(stream))
-                if new[depth] > previous[depth]:
-                    break
-                previous, index = new, index + 1
-            if index % 2 == 1:
-                break
-            k += 1
-        while True:  # floor(2 t x) from x in [X / 2^(64d), (X + 1) / 2^(64d))
-            bits = 64 * len(x)
-            value = int.from_bytes(b"".join(w.to_bytes(8, "big") for w in x), "big")
-            low, high = (2 * t * value) >> bits, (2 * t * (value + 1) - 1) >> bits
-            if low == high:
-                break
-            x.append(next(stream))
-        if left == 0:
+
+    def take(bits: int) -> int:
+        nonlocal reservoir, left
+        if left < bits:
             reservoir, left = next(stream), 64
-        negative, reservoir, left = reservoir & 1, reservoir >> 1, left - 1
-        magnitude = (2 * t * k + low + s) // (2 * s)
+        value = reservoir & ((1 << bits) - 1)
+        reservoir, left = reservoir >> bits, left - bits
+        return value
+
+    def below(u: list[int], i: int) -> bool:  # U < T_i, U's words drawn as needed
+        d = 0
+        while True:
+            if d == len(u):
+                u.append(next(stream))
+            digit = threshold_word(i, m, d)
+            if u[d] != digit:
+                return u[d] < digit
+            d += 1
+
+    def less(new: list[int], old: list[int]) -> bool:  # the kernel's order of words on a tie
+        d = 0
+        while new[d] == old[d]:
+            d += 1
+            if len(old) <= d:
+                old.append(next(stream))
+            new.append(next(stream))
+        return new[d] < old[d]
+
+    out = []
+    for _ in range(count):
+        z = 0
+        while True:
+            u = [next(stream)]
+            i = 0
+            while i < length and below(u, i + 1):
+                i += 1
+            z += i
+            if i < length:
+                break
+        magnitude = None
+        if (s << m) > t:
+            lo = ((2 * t * z >> m) + s) // (2 * s)
+            hi = (((2 * t * z + 2 * t - 1) >> m) + s) // (2 * s)
+            if lo == hi:
+                magnitude = lo
+        if magnitude is None:
+            while True:  # the remainder
+                y = [next(stream)]
+                if take(m) != 0:
+                    break
+                previous, odd = y, True  # u_1's gate was 0: compare v_1 with y
+                while True:
+                    v = [next(stream)]
+                    if not less(v, previous):
+                        break  # the chain breaks at this odd or even index
+                    previous, odd = v, not odd
+                    if take(m) != 0:
+                        break  # u_j >= 2^-m > u_(j-1): the chain breaks at this index
+                if odd:
+                    break
+            while True:  # floor(2 t y) from y in [Y / 2^(64d), (Y + 1) / 2^(64d))
+                bits = 64 * len(y)
+                value = int.from_bytes(b"".join(w.to_bytes(8, "big") for w in y), "big")
+                low, high = (2 * t * value) >> bits, (2 * t * (value + 1) - 1) >> bits
+                if low == high:
+                    break
+                y.append(next(stream))
+            magnitude = (((2 * t * z + low) >> m) + s) // (2 * s)
+        negative = take(1)
         out.append(-magnitude if negative else magnitude)
     return out
 
@@ -313,9 +382,15 @@ def script_words(alphabet: list[int], length: int, seed: int) -> list[int]:
     return [alphabet[i] for i in picks]
 
 
-@pytest.mark.parametrize(("s", "t"), [(1, 1_000_000_512), (1, 256), (5, 2), (7, 3), (3, 2**51 + 1)])
+REFERENCE_GAMMAS = [
+    (1, 1_000_000_512), (1, 256), (5, 2), (7, 3), (3, 2**51 + 1), (1, 2**43), (65, 4096),
+    (1, 64), (2**40, 1),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("s", "t"), REFERENCE_GAMMAS)
 def test_the_kernel_is_the_reference_on_random_words(s: int, t: int) -> None:
-    words = np.random.PCG64(s * 7 + t % 1000).random_raw(40_000).tolist()
+    words = np.random.PCG64(s % 1000 * 7 + t % 1000).random_raw(20_000).tolist()
     ours = rounded_laplace(ScriptedWords(words, 0), s, t, 4000)  # type: ignore[arg-type]
     assert ours.tolist() == reference_draws(words, s, t, 4000)
 
@@ -323,21 +398,190 @@ def test_the_kernel_is_the_reference_on_random_words(s: int, t: int) -> None:
 THIRD, SIXTH = 0x5555555555555555, 0x2AAAAAAAAAAAAAAA  # 1/3 and 1/6 to 64 bits, truncated
 
 
+def tie_alphabet() -> list[int]:
+    """Words that tie with each other, with the first and second words of thresholds (the
+    table's first entries, the guide's wide cells, T_J at the table's end), that are zero
+    gates, and that sit on the cells of floor(2 t y) (1/3, 1/6 for t = 3, 6)."""
+    table = el._exp_table()
+    picks = [1, 2, 63, 64, 65, 300, 700, el.TABLE_LENGTH - 1, el.TABLE_LENGTH]
+    firsts = [int(table.first[i]) for i in picks]
+    seconds = [int(table.deeper[i, 0]) for i in picks]
+    return [0, 1, 2**63, 2**64 - 1, THIRD, THIRD + 1, SIXTH, SIXTH + 1, 2**64 - 2, *firsts,
+            *(w + 1 for w in firsts), *seconds]  # fmt: skip
+
+
 @pytest.mark.parametrize("scratch", [1, 2, el._SCRATCH_WORDS])
-@pytest.mark.parametrize(("s", "t"), [(1, 3), (1, 6), (2, 3), (1, 1_000_000_512)])
+@pytest.mark.parametrize(("s", "t"), [(1, 3), (1, 6), (2, 3), (1, 1_000_000_512), (65, 4096)])
 def test_the_kernel_is_the_reference_when_words_tie(scratch: int, s: int, t: int) -> None:
-    """Words from a tiny alphabet tie all the time, often on several words in a row (deeper
-    than the scratch holds at first), and sit on the cells of floor(2 t x) (1/3, 1/6 are cell
-    boundaries for t = 3, 6): every rare path, against the reference, whatever the buffer and
-    scratch sizes."""
-    alphabet = [0, 1, 2**63, 2**64 - 1, THIRD, THIRD + 1, SIXTH, SIXTH + 1, 2**64 - 2]
-    words = script_words(alphabet, 60_000, s * 100 + t % 97 + scratch)
-    expected = reference_draws(words, s, t, 2000)
-    for chunk in (3, 64, 4096):
-        out = np.empty(2000, dtype=np.int64)
-        el._fill(ScriptedWords(words, 0), s, t, out, chunk, scratch=scratch)  # type: ignore[arg-type]
+    """Words from a small alphabet tie all the time, often on several words in a row (deeper
+    than the scratch holds at first), tie with thresholds (deeper than a one-word table
+    holds: the table is extended), gate to zero (so chains run) and sit on the cells of
+    floor(2 t y): every rare path, against the reference, whatever the buffer, scratch and
+    table sizes."""
+    words = script_words(tie_alphabet(), 60_000, s * 100 + t % 97 + scratch)
+    expected = reference_draws(words, s, t, 1500)
+    for chunk, table in ((3, el._exp_table(words=1)), (64, None), (4096, el._exp_table(words=1))):
+        out = np.empty(1500, dtype=np.int64)
+        stub: np.random.Generator = ScriptedWords(words, 0)  # type: ignore[assignment]
+        el._fill(stub, s, t, out, chunk, scratch=scratch, table=table)
         assert out.tolist() == expected
     assert len({abs(x) for x in expected}) > 10  # not a degenerate stream
+
+
+@pytest.mark.parametrize("i", [1, 2, 64, 777, el.TABLE_LENGTH - 1, el.TABLE_LENGTH])
+@pytest.mark.parametrize("depth", [1, 2, 3])
+@pytest.mark.parametrize("above", [False, True])
+def test_a_uniform_equal_to_a_threshold_on_whole_words_goes_on(
+    i: int, depth: int, above: bool
+) -> None:
+    """A uniform whose first ``depth`` words are those of T_i: the comparison goes on with the
+    same uniform's next word against T_i's next word (drawn from a table extended as far as
+    needed), and z is i (the uniform below T_i) or i - 1, as the reference says; at T_J a
+    uniform below it takes the tail (a fresh uniform)."""
+    m = el.FRACTION_BITS
+    digits = [threshold_word(i, m, d) for d in range(depth + 1)]
+    next_word = digits[depth] + 1 if above else digits[depth] - 1
+    words = [*digits[:depth], next_word, *np.random.PCG64(i + depth).random_raw(64).tolist()]
+    s, t = 1, 2**20  # gamma 2^-20: |N| carries z
+    expected = reference_draws(words, s, t, 8)
+    for table in (el._exp_table(words=1), None):
+        out = np.empty(8, dtype=np.int64)
+        el._fill(ScriptedWords(words, 0), s, t, out, 8, table=table)  # type: ignore[arg-type]
+        assert out.tolist() == expected
+    z_from_first = abs(expected[0]) * 2**m // t  # floor(2^m E) up to the rounding to a cell
+    if i < el.TABLE_LENGTH:
+        assert z_from_first in ((i - 2, i - 1, i) if above else (i - 1, i, i + 1))
+    else:
+        assert (z_from_first >= i) != above
+
+
+def test_the_table_is_the_binary_expansion_and_its_guide_brackets_every_word() -> None:
+    table = el._exp_table()
+    m, length = table.fraction_bits, table.first.shape[0] - 1
+    assert (m, length) == (el.FRACTION_BITS, el.TABLE_LENGTH)
+    for i in (1, 2, 3, 63, 64, 500, length):
+        assert int(table.first[i]) == threshold_word(i, m, 0)
+        assert int(table.deeper[i, 0]) == threshold_word(i, m, 1)
+    deep = el._exp_table(words=5)
+    for i in (1, 777, length):
+        assert [int(w) for w in deep.deeper[i]] == [threshold_word(i, m, d) for d in (1, 2, 3, 4)]
+    np.testing.assert_array_equal(deep.first, table.first)
+    first = [int(w) for w in table.first[1:]]
+    assert all(a > b for a, b in itertools.pairwise(first))
+    ascending = first[::-1]
+    shift = 64 - table.guide_bits
+    for cell, packed in enumerate(table.guide.tolist()):
+        lo, hi = packed & 0xFFFF, packed >> 16
+        assert 0 <= lo <= hi <= length - 1
+        for w in (cell << shift, ((cell + 1) << shift) - 1, (cell << shift) + 12345):
+            if w >= first[-1]:
+                above = length - bisect.bisect_right(ascending, w)
+                assert lo <= above <= hi, (cell, w)
+
+
+# --- the law on every path: small tables, the coarse and fine gammas, a control -----------
+
+
+LAW_GAMMAS = [(1, 2**43), (1, 2**20), (1, 64), (65, 4096), (2, 3), (1, 1), (12, 1)]
+
+
+@pytest.mark.parametrize(("s", "t"), LAW_GAMMAS)
+def test_law_at_fine_coarse_and_large_gammas(s: int, t: int) -> None:
+    """Chi-square against the exact pmf at gamma 2^-43 (the diffusion's), 2^-20, 2^-6 (the
+    last fine gamma), 65/4096 (the first coarse one), 2/3, 1 and 12 (N != 0 with probability
+    e^-6); and P(N = 0) = 1 - e^{-gamma/2}."""
+    gamma = s / t
+    count = 400_000
+    draws = rounded_laplace(np.random.default_rng(20261129 + s + t % 1000), s, t, count)
+    if gamma < 2:
+        assert chi_square_pvalue(draws, gamma) > 1e-4
+    else:
+        cells = np.bincount(np.minimum(np.abs(draws), 2), minlength=3)
+        p = np.array([-math.expm1(-gamma / 2), 0.0, 0.0])
+        p[1] = math.exp(-gamma / 2) * -math.expm1(-gamma)
+        p[2] = 1 - p[0] - p[1]
+        assert stats.chisquare(cells, p * count).pvalue > 1e-4
+    p0 = -math.expm1(-gamma / 2)
+    zeros = int(np.count_nonzero(draws == 0))
+    assert abs(zeros - count * p0) < 6 * math.sqrt(count * p0 * (1 - p0)) + 1
+
+
+def fine_cells_pvalue(draws: np.ndarray, t: int, m: int, parts: int = 8) -> float:
+    """At gamma = 1/t, t a multiple of 2^m * parts: chi-square of (floor(2^m E), the eighth of
+    its cell E falls in), E ~ |N| / t, for E < 4, and the rest; the exact law of |N| gives
+    each cell's mass (P(|N| >= j) = e^{-(j - 1/2) / t}). The shape inside a cell is where a
+    remainder drawn uniform instead of with density e^{-y / 2^m} would show."""
+    step = t // (2**m * parts)
+    edges = np.arange(1, 4 * 2**m * parts + 1) * step  # cells [edges[i-1], edges[i])
+    magnitude = np.abs(draws)
+    cells = np.bincount(np.searchsorted(edges, magnitude, side="right"), minlength=edges.size + 1)
+    starts = np.concatenate([[0], edges])
+    at_least = magnitude_at_least(starts, 1 / t)
+    p = np.append(-np.diff(at_least), at_least[-1])
+    return float(stats.chisquare(cells, p / p.sum() * draws.size).pvalue)
+
+
+@pytest.mark.parametrize(
+    ("m", "length"), [(2, 8), (2, 40), (el.FRACTION_BITS, 64), (el.FRACTION_BITS, 200)]
+)
+@pytest.mark.parametrize(("s", "t"), [(1, 2**16), (1, 3), (5, 2)])
+def test_law_with_small_tables_takes_every_path(m: int, length: int, s: int, t: int) -> None:
+    """Tables of 2 fraction bits (a zero gate, so a chain, in a quarter of the remainders)
+    and of few thresholds (the tail, z >= J and a fresh uniform, with probability e^{-J/2^m}
+    up to e^-2): the law is still exact."""
+    table = el._exp_table(m, length)
+    out = np.empty(300_000, dtype=np.int64)
+    el._fill(np.random.default_rng(m * 1000 + length + t), s, t, out, 4096, table=table)
+    assert chi_square_pvalue(out, s / t) > 1e-4
+    if t == 2**16:
+        assert fine_cells_pvalue(out, t, m) > 1e-4
+
+
+def test_a_wrong_table_is_rejected_by_the_same_tests() -> None:
+    """Controls: the kernel with thresholds exp(-1.03 i / 2^m) (E of a 3% smaller scale) and
+    a sampler whose remainder is uniform instead of density e^{-y / 2^m} (2 fraction bits,
+    numpy) are rejected by the chi-square tests above; the right table passes them."""
+    m, length = el.FRACTION_BITS, 256
+    wrong = el._table_from(
+        m,
+        [[int(math.exp(-1.03 * i / 2**m) * 2**64), 0] for i in range(1, length + 1)],
+        el.GUIDE_BITS,
+    )
+    out = np.empty(300_000, dtype=np.int64)
+    el._fill(np.random.default_rng(3), 1, 3, out, 4096, table=wrong)
+    assert chi_square_pvalue(out, 1 / 3) < 1e-6
+    # the remainder drawn uniform (no gate, no chain), z by the right table of 2 fraction bits
+    right = el._exp_table(2, 40)
+    rng = np.random.default_rng(4)
+    u = rng.bit_generator.random_raw(out.size)
+    z = (right.first[1:][None, :] > u[:, None]).sum(axis=1).astype(np.int64)  # ties: 2^-64
+    y = rng.bit_generator.random_raw(out.size) >> np.uint64(47)  # floor(2 t y), 2t = 2^17
+    uniform_remainder = ((2**17 * z + y.astype(np.int64)) >> 2) + 1 >> 1
+    assert fine_cells_pvalue(uniform_remainder, 2**16, 2) < 1e-6
+    el._fill(np.random.default_rng(4), 1, 2**16, out, 4096, table=right)
+    assert fine_cells_pvalue(out, 2**16, 2) > 1e-4
+
+
+@pytest.mark.parametrize(("s", "t"), [(1, 2**43), (1, 256), (1, 1), (5, 2)])
+def test_words_per_draw(s: int, t: int) -> None:
+    """About 2.1 raw words a draw when the remainder is needed (gamma <= 2^-6), about 1 when
+    z alone decides |N| (gamma 1, 5/2): half the von Neumann sampler's 4.3 or less."""
+    count = 100_000
+    words = np.random.PCG64(5).random_raw(5 * count)
+    state = np.zeros(3, dtype=np.int64)
+    table = el._exp_table()
+    out = np.empty(count, dtype=np.int64)
+    two_s = 2 * s
+    done = el._rounded_laplace_kernel(
+        words, state, np.zeros(1, dtype=np.uint64), np.zeros((3, 4), dtype=np.uint64),
+        table.first, table.deeper, table.guide, np.uint64(table.fraction_bits),
+        np.uint64(64 - table.guide_bits), np.uint64(s), np.uint64(t),
+        np.int64(two_s.bit_length() - 1 if two_s & (two_s - 1) == 0 else -1),
+        (s << table.fraction_bits) > t, np.uint64(el._max_k(s, t)), out, np.int64(0),
+    )  # fmt: skip
+    assert done == count and state[2] == 0
+    per_draw = int(state[0]) / count
+    assert (2.0 < per_draw < 2.2) if s / t <= 2**-6 else (per_draw < 1.2), per_draw
 
 
 # --- the law at a tiny gamma --------------------------------------------------------------
@@ -402,9 +646,45 @@ def test_no_float_in_the_compiled_integer_path() -> None:
     compiled afresh here, since a copy loaded from numba's cache carries no type listing)."""
     u64, i64 = numba.types.uint64, numba.types.int64
     words, ints, table = u64[::1], i64[::1], u64[:, ::1]
+    guide = numba.types.int32[::1]
     signatures = {
-        el._rounded_laplace_kernel: (words, ints, words, table, u64, u64, u64, ints, i64),
-        el._trial: (words, i64, table),
+        el._rounded_laplace_kernel: (
+            words,
+            ints,
+            words,
+            table,
+            words,
+            table,
+            guide,
+            u64,
+            u64,
+            u64,
+            u64,
+            i64,
+            numba.types.boolean,
+            u64,
+            ints,
+            i64,
+        ),
+        el._draw: (
+            words,
+            i64,
+            u64,
+            i64,
+            table,
+            words,
+            table,
+            guide,
+            u64,
+            u64,
+            u64,
+            u64,
+            i64,
+            numba.types.boolean,
+            u64,
+        ),
+        el._chain: (words, i64, table, u64, u64, i64, u64),
+        el._threshold_tie: (words, i64, table, i64),
         el._tie: (words, i64, table, i64, i64, i64),
         el._carry: (words, i64, table, i64, u64, u64),
         exact_bernoulli.bernoulli_exp_unit_kernel: (words, ints, words, u64, u64),
