@@ -31,8 +31,8 @@ def _seeds(tmp_path: Path) -> Path:
     return path
 
 
-def _children(pid: int) -> list[int]:
-    """Pool processes of ``pid`` (spawned multiprocessing workers), from /proc."""
+def _children(pid: int, marker: bytes) -> list[int]:
+    """Child processes of ``pid`` whose command line holds ``marker``, from /proc."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -45,9 +45,16 @@ def _children(pid: int) -> list[int]:
         ppid = next(
             (int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:")), -1
         )
-        if ppid == pid and b"spawn_main" in cmdline:
+        if ppid == pid and marker in cmdline:
             found.append(int(entry.name))
     return found
+
+
+def _pool(driver: int) -> tuple[int, list[int]]:
+    """The driver's fork server and the pool processes it forked (their command line is the
+    fork server's)."""
+    (server,) = _children(driver, b"multiprocessing.forkserver")
+    return server, _children(server, b"multiprocessing.forkserver")
 
 
 def _alive(pid: int) -> bool:
@@ -101,19 +108,20 @@ def _tmp_outputs(out: Path) -> list[Path]:
 def _running_with_a_private_tmp(
     url: str, run_id: str, out: Path, driver: subprocess.Popen[bytes], pids: list[int]
 ) -> list[int]:
-    """Wait until the run has charged a few seeds; check its temporary output; its pool."""
+    """Wait until the run has charged a few seeds; check its temporary output; its pool
+    processes and the fork server that forked them."""
     _wait_for(
         lambda: len(run_charges(url, run_id)) >= 3 or driver.poll() is not None,
         120,
         "the first charges",
     )
     assert driver.poll() is None, driver.stderr.read().decode() if driver.stderr else ""
-    pool = _children(driver.pid)
-    pids.extend(pool)
+    server, pool = _pool(driver.pid)
+    pids.extend([server, *pool])
     assert len(pool) == 2
     (tmp,) = _tmp_outputs(out)
     assert stat.S_IMODE(tmp.stat().st_mode) == 0o600, "users' recommendations, owner only"
-    return pool
+    return [server, *pool]
 
 
 @pytest.mark.slow

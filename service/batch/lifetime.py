@@ -2,13 +2,20 @@
 
 A pool process answers seeds for a driver that writes the answers to the sink. If the driver
 dies (killed, even with SIGKILL, which it cannot catch), a pool process that went on would
-charge users for answers nobody receives. So each pool process asks the kernel to kill it when
-its parent dies: Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)``. Why this and not a watch of the
-parent: the kernel delivers the signal the moment the parent is gone, with no thread, no polling
-interval and no pipe to keep open, and it covers a driver killed by any means. The request is
-made after the process started, so a driver that died in between is caught by comparing the
-parent pid with the driver's. Where ``prctl`` does not exist (not Linux), a daemon thread polls
-the parent pid twice a second instead.
+charge users for answers nobody receives. So each pool process, first thing, has the kernel
+tell it when the driver is gone:
+
+- it opens a pidfd on the driver (Linux ``pidfd_open``), which becomes readable the moment the
+  driver exits, however it was killed; a daemon thread waits on it and ends the process. No
+  polling interval and no pipe to keep open. The driver need not be the process's parent:
+  pool processes are forked by the fork server the driver started
+  (:func:`service.batch.engines.pool_context`);
+- it asks for ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` as well, so it also ends with its parent
+  (the fork server, which ends with the driver; or the driver itself, for a spawned pool).
+
+The pidfd is opened after the process started, so a driver that died in between is caught
+then (no such process). Where pidfds do not exist (not Linux, or a kernel before 5.3), a daemon
+thread polls the driver's pid twice a second instead.
 
 A process killed mid-seed leaves at most that seed's charge admitted, with nothing released:
 the next run with the same run id refunds it before answering the seed (see
@@ -20,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import select
 import signal
 import sys
 import threading
@@ -30,8 +38,8 @@ from types import FrameType
 
 #: ``PR_SET_PDEATHSIG`` from <linux/prctl.h>.
 _PR_SET_PDEATHSIG = 1
-#: Seconds between two looks at the parent pid where prctl is not available.
-PARENT_POLL_SECONDS = 0.5
+#: Seconds between two looks at the driver's pid where pidfds are not available.
+DRIVER_POLL_SECONDS = 0.5
 
 
 def _set_parent_death_signal(signum: int) -> bool:
@@ -45,22 +53,43 @@ def _set_parent_death_signal(signum: int) -> bool:
         return False
 
 
-def _watch_parent(parent_pid: int) -> None:
+def _exit_when_readable(pidfd: int) -> None:
+    select.select([pidfd], [], [])  # readable once the process has exited
+    os._exit(1)
+
+
+def _watch_by_pidfd(driver_pid: int) -> bool:
+    """Exit once ``driver_pid`` has (at once if it already has); False without pidfds."""
+    try:
+        pidfd = os.pidfd_open(driver_pid)
+    except ProcessLookupError:  # the driver died before the pool process got here
+        os._exit(1)
+    except (AttributeError, OSError):
+        return False
+    threading.Thread(target=_exit_when_readable, args=(pidfd,), daemon=True).start()
+    return True
+
+
+def _poll_driver(driver_pid: int) -> None:
     while True:
-        time.sleep(PARENT_POLL_SECONDS)
-        if os.getppid() != parent_pid:
+        try:
+            os.kill(driver_pid, 0)
+        except ProcessLookupError:
             os._exit(1)
+        except PermissionError:  # it exists (owned by another user)
+            pass
+        time.sleep(DRIVER_POLL_SECONDS)
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Make this (worker) process end as soon as ``parent_pid``, its parent, is gone.
+def die_with_driver(driver_pid: int) -> None:
+    """Make this (pool) process end as soon as ``driver_pid``, the driver that started its
+    pool, is gone, or its own parent is.
 
     Called first in every pool process (the pool's ``initializer``).
     """
-    if not _set_parent_death_signal(signal.SIGKILL):
-        threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
-    if os.getppid() != parent_pid:  # the driver died before the request was made
-        os._exit(1)
+    _set_parent_death_signal(signal.SIGKILL)
+    if not _watch_by_pidfd(driver_pid):
+        threading.Thread(target=_poll_driver, args=(driver_pid,), daemon=True).start()
 
 
 class Terminated(SystemExit):
