@@ -4,57 +4,56 @@ the polling fallback, and at once when the driver is already gone."""
 
 from __future__ import annotations
 
+import multiprocessing
 import subprocess
-import sys
 import time
 
 import pytest
 
-#: A pool process stand-in: it watches the given driver pid, then idles.
-WATCHER = """
-import sys, time
 from service.batch import lifetime
-if sys.argv[2] == "poll":
-    lifetime._watch_by_pidfd = lambda pid: False
-lifetime.die_with_driver(int(sys.argv[1]))
-print("watching", flush=True)
-time.sleep(120)
-"""
+
+FORK = multiprocessing.get_context("fork")
 
 
-def _watcher(driver_pid: int, how: str) -> subprocess.Popen[str]:
-    process = subprocess.Popen(
-        [sys.executable, "-c", WATCHER, str(driver_pid), how], stdout=subprocess.PIPE, text=True
-    )
-    return process
+def _pool_process(driver_pid: int) -> None:
+    """A pool process stand-in: it watches the driver, then idles (exit 0 if never ended)."""
+    lifetime.die_with_driver(driver_pid)
+    time.sleep(60)
 
 
 @pytest.mark.parametrize("how", ["pidfd", "poll"])
-def test_a_watcher_that_is_not_the_drivers_child_ends_when_the_driver_dies(how: str) -> None:
-    driver = subprocess.Popen(["sleep", "120"])  # a sibling, not the watcher's parent
-    watcher = _watcher(driver.pid, how)
+def test_a_pool_process_that_is_not_the_drivers_child_ends_when_the_driver_dies(
+    how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if how == "poll":  # as where pidfds do not exist
+        monkeypatch.setattr(lifetime, "_watch_by_pidfd", lambda pid: False)
+    driver = subprocess.Popen(["sleep", "120"])  # a sibling, not the pool process's parent
+    pool_process = FORK.Process(target=_pool_process, args=(driver.pid,))
+    pool_process.start()
     try:
-        assert watcher.stdout is not None and watcher.stdout.readline() == "watching\n"
-        time.sleep(0.2)
-        assert watcher.poll() is None, "the watcher ended while its driver was alive"
+        time.sleep(3 * lifetime.DRIVER_POLL_SECONDS)
+        assert pool_process.is_alive(), "it ended while its driver was alive"
         driver.kill()
         driver.wait()
-        assert watcher.wait(timeout=30) == 1
+        pool_process.join(timeout=30)
+        assert pool_process.exitcode == 1
     finally:
-        for process in (driver, watcher):
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+        driver.kill()
+        driver.wait()
+        if pool_process.is_alive():
+            pool_process.kill()
+            pool_process.join()
 
 
-def test_a_watcher_whose_driver_is_already_gone_ends_at_once() -> None:
+def test_a_pool_process_whose_driver_is_already_gone_ends_at_once() -> None:
     driver = subprocess.Popen(["true"])
     driver.wait()
-    watcher = _watcher(driver.pid, "pidfd")
+    pool_process = FORK.Process(target=_pool_process, args=(driver.pid,))
+    pool_process.start()
+    pool_process.join(timeout=30)
     try:
-        assert watcher.wait(timeout=30) == 1
-        assert watcher.stdout is not None and watcher.stdout.read() == ""
+        assert pool_process.exitcode == 1
     finally:
-        if watcher.poll() is None:
-            watcher.kill()
-            watcher.wait()
+        if pool_process.is_alive():
+            pool_process.kill()
+            pool_process.join()
