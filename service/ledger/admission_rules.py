@@ -175,10 +175,10 @@ class AdmissionRules(LedgerPart):
             charges += 1
         if quota and reads is not None:  # what the group charged counts in its window
             window = reads.quota_windows.get(a.principal_account_id)
-            if window is not None:  # as the rows would read: the query's, its degree charge
-                window.append((now, float(a.query_epsilon)))
+            if window is not None:  # as the sum would read: the query's, its degree charge
+                window.add(float(a.query_epsilon))
                 if degree is not None:
-                    window.append((now, float(degree.epsilon)))
+                    window.add(float(degree.epsilon))
         if a.idempotency_key is not None:
             writes.bind(a.principal_account_id, a.idempotency_key, charge, "charged", now)
             if reads is not None:

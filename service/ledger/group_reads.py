@@ -26,7 +26,13 @@ from sqlalchemy.orm import Session
 
 from service.ledger.idempotency import EarlierCharge, bound_charges
 from service.ledger.locked_rows import NewCharge, charge_last_sign
-from service.ledger.records import Admission, BudgetView, ChargeReceipt, ReleaseKey
+from service.ledger.records import (
+    Admission,
+    BudgetView,
+    ChargeReceipt,
+    QuotaWindow,
+    ReleaseKey,
+)
 from service.ledger.tables import Charge, Release, as_utc
 
 CHARGES = cast(Table, Charge.__table__)
@@ -101,9 +107,9 @@ class GroupReads:
         self._by_key = by_key
         self._new_twins: dict[tuple[int, str], NewCharge] = {}
         self._new_by_key: dict[tuple[int, str], NewCharge | EarlierCharge] = {}
-        #: Each quota-checked principal's 24-hour window (charge time, epsilon), read at its
-        #: first check in the group and added to as the group charges under its lock.
-        self.quota_windows: dict[int, list[tuple[datetime, float]]] = {}
+        #: Each quota-checked principal's 24-hour window, read at its first check in the
+        #: group and added to as the group charges under its lock.
+        self.quota_windows: dict[int, QuotaWindow] = {}
 
     @classmethod
     def read(cls, session: Session, admissions: Iterable[Admission]) -> GroupReads:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, and_, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -28,6 +28,7 @@ from service.ledger.records import (
     DegreeCharge,
     DegreeReceipt,
     IdempotencyKeyReused,
+    QuotaWindow,
     ServiceQuotaExhausted,
     SyntheticCharge,
 )
@@ -151,48 +152,38 @@ class QuotaAndDegree(LedgerPart):
         now: Any,
         *,
         lock: bool = True,
-        windows: dict[int, list[tuple[Any, float]]] | None = None,
+        windows: dict[int, QuotaWindow] | None = None,
     ) -> None:
         """Refuse when the principal's eps charged to others in the last 24 h would pass its
         quota. Locks the principal's spend row (unless the caller holds it), so the check and
         the charge are atomic.
 
+        The window's sum is one aggregate the database computes over the charges index
+        (``ix_charges_principal_created_at``), not rows read into the process: a busy backend
+        charges hundreds of thousands of queries a day, and every check would otherwise read
+        them all. The charges themselves are read, in order, only to say when a refused query
+        would fit (``Retry-After``).
+
         ``windows`` (a group's admission, which holds the principal's lock throughout): each
         principal's window as read at its first check in the group, to which the group adds
         what it charges (:meth:`AdmissionRules.admit_locked`), so a group of many queries
-        reads it once, not once per query."""
+        reads it once, not once per query. A charge that leaves the window during the group's
+        transaction (milliseconds) still counts in it until the group ends: the check errs
+        toward refusing, never toward passing the quota."""
         if lock:
             self._lock_principal(session, principal)
         since = now - QUOTA_WINDOW
-        known = None if windows is None else windows.get(principal)
-        if known is not None:
-            rows = [(at, eps) for at, eps in known if at > since]
-        else:
-            read = session.execute(
-                select(Charge.created_at, Charge.epsilon)
-                .where(
-                    Charge.principal_account_id == principal,
-                    Charge.charged_account_id != principal,
-                    Charge.state != "refunded",
-                    Charge.created_at > since,
-                )
-                .order_by(Charge.created_at)
-            ).all()
-            rows = [(aware_utc(at), float(eps)) for at, eps in read]
+        window = None if windows is None else windows.get(principal)
+        if window is None:
+            window = QuotaWindow(self._window_sum(session, principal, since))
             if windows is not None:
-                windows[principal] = list(rows)
-        used = math.fsum(float(e) for _, e in rows)
+                windows[principal] = window
+        used = window.used
         if fits_under_cap(used + epsilon, quota):
             return
-        # When will enough of the window have expired for this query to fit?
-        excess, retry_after = used + epsilon - quota, QUOTA_WINDOW.total_seconds()
-        freed = 0.0
-        for created_at, eps in rows:
-            freed += float(eps)
-            if freed >= excess:
-                expires = aware_utc(created_at) + QUOTA_WINDOW
-                retry_after = max(1.0, (expires - now).total_seconds())
-                break
+        retry_after = self._seconds_until_freed(
+            session, principal, since, used + epsilon - quota, now
+        )
         raise ServiceQuotaExhausted(
             f"this service account has charged {used:.4g} epsilon to other accounts in the "
             f"last 24 hours; its quota is {quota:.4g}. Retry after {math.ceil(retry_after)} s, "
@@ -200,6 +191,50 @@ class QuotaAndDegree(LedgerPart):
             retry_after=math.ceil(retry_after),
             details={"used_epsilon": used, "quota_epsilon": quota, "query_epsilon": epsilon},
         )
+
+    @staticmethod
+    def _in_window(principal: int, since: Any) -> ColumnElement[bool]:
+        """The principal's live charges to other accounts since ``since``."""
+        return and_(
+            Charge.principal_account_id == principal,
+            Charge.charged_account_id != principal,
+            Charge.state != "refunded",
+            Charge.created_at > since,
+        )
+
+    @classmethod
+    def _window_sum(cls, session: Session, principal: int, since: Any) -> float:
+        used = session.scalar(
+            select(func.coalesce(func.sum(Charge.epsilon), 0.0)).where(
+                cls._in_window(principal, since)
+            )
+        )
+        return float(used or 0.0)
+
+    @classmethod
+    def _seconds_until_freed(
+        cls, session: Session, principal: int, since: Any, excess: float, now: Any
+    ) -> float:
+        """Seconds until the oldest charges of the window, which together free ``excess``,
+        have left it (the whole window where none do: the query alone passes the quota)."""
+        freed = (
+            func.sum(Charge.epsilon).over(order_by=(Charge.created_at, Charge.id)).label("freed")
+        )
+        running = (
+            select(Charge.created_at.label("created_at"), freed)
+            .where(cls._in_window(principal, since))
+            .subquery()
+        )
+        oldest = session.scalar(
+            select(running.c.created_at)
+            .where(running.c.freed >= excess)
+            .order_by(running.c.freed, running.c.created_at)
+            .limit(1)
+        )
+        if oldest is None:
+            return QUOTA_WINDOW.total_seconds()
+        expires = aware_utc(oldest) + QUOTA_WINDOW
+        return max(1.0, float((expires - now).total_seconds()))
 
     @staticmethod
     def paid_degree(

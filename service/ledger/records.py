@@ -101,6 +101,18 @@ class PeriodFigures:
         }
 
 
+@dataclass
+class QuotaWindow:
+    """A service account's live charges to other accounts in its 24-hour quota window, as one
+    admission transaction sees them: their sum, read once by the database, plus what the
+    transaction has charged since under the account's lock."""
+
+    used: float
+
+    def add(self, epsilon: float) -> None:
+        self.used += epsilon
+
+
 @dataclass(frozen=True)
 class DegreeCharge:
     """A graph version's DP degree release, as an account pays for it: once per version (and
