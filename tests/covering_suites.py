@@ -314,6 +314,9 @@ COVERING_SUITES: dict[str, tuple[str, ...]] = {
     ),
     # the Bernoulli draws under the exact Laplace sampler
     "service/mechanisms/exact_bernoulli.py": ("tests/unit/mechanisms/test_exact_laplace.py",),
+    # the rare paths of the exact Laplace sampler (ties on whole words, the chain of a zero
+    # gate, a cell boundary inside y's first word), run against the sampler's reference
+    "service/mechanisms/exact_words.py": ("tests/unit/mechanisms/test_exact_laplace.py",),
     "service/mechanisms/friends_of_friends.py": (
         "tests/test_ranking_sensitivity.py",
         "tests/unit/mechanisms/test_lazy_top_k.py",

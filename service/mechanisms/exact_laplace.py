@@ -4,114 +4,75 @@ For a rational ``gamma = s / t`` (positive Python ints) :func:`rounded_laplace` 
 ``N = round(L / gamma)`` with ``L ~ Lap(1)`` (density ``exp(-|x|) / 2``). So ``g * N`` has exactly
 the law of ``round_g(b L)``, ``b L ~ Lap(b)`` rounded to the nearest multiple of ``g``, when
 ``gamma = g / b``: a count release ``c + g N`` (``c`` a multiple of ``g``) has exactly the law of
-``round_g(c + Lap(b))``, post-processing of the exact Laplace mechanism (docs/privacy.md,
-"The Laplace sampler and its stated delta").
+``round_g(c + Lap(b))``, post-processing of the exact Laplace mechanism. The proof is in full in
+docs/privacy.md, "The Laplace sampler and its stated delta"; in short:
 
-The algorithm draws ``|L| = E ~ Exp(1)`` itself, exactly, with only as many binary digits as a
-decision needs, then rounds: ``N = +-|N|`` with a uniform sign bit and
+- ``|L| = E ~ Exp(1)`` is drawn exactly, with only the binary digits a decision needs, then
+  ``|N| = floor((floor(2 t E) + s) / (2 s))`` and a uniform sign bit.
+- ``z = floor(2^m E)`` (``m = FRACTION_BITS``, 6) is ``#{i in 1..J: U < T_i}`` for one uniform
+  ``U`` and the thresholds ``T_i = exp(-i / 2^m)`` (``J = TABLE_LENGTH``, 1280; exact binary
+  expansions, :mod:`service.mechanisms.exp_thresholds`); when ``U < T_J`` (probability
+  ``e^-20``) the draw adds ``J`` and inverts a fresh uniform (memorylessness).
+- the remainder ``y = 2^m E - z``, independent of ``z``, has density ``e^(-y / 2^m) / const`` on
+  [0, 1): a uniform ``y`` accepted when von Neumann's chain ``y 2^-m > u_1 > u_2 > ...`` breaks
+  at an odd index, each ``u_j`` led by an ``m``-bit gate from a reservoir (a nonzero gate
+  breaks it: ``y`` is accepted at its first gate with probability ``1 - 2^-m``); a rejected
+  ``y`` is drawn again, ``z`` kept.
+- with ``z = 2^m k + r``, ``floor(2 t E) = 2 t k + floor((2 t r + floor(2 t y)) / 2^m)``; when
+  ``gamma > 2^-m`` and every ``E`` in ``[z, z + 1) / 2^m`` gives the same ``|N|``, ``y`` is not
+  drawn. ``floor(2 t y)`` is ``h`` or ``h + 1`` with ``2 t w1 = h 2^64 + l`` (``w1`` the first word
+  of ``y``): ``h`` when ``l <= 2^64 - 2t``, otherwise (probability ``2t / 2^64``) ``h + 1`` exactly
+  when ``0.w2 w3 ... >= (2^64 - l) / (2t)``.
 
-    |N| = floor(E t / s + 1/2) = floor((floor(2 t E) + s) / (2 s))
+Every comparison is exact: a uniform is the binary expansion ``0.w1 w2 ...`` of raw 64-bit
+words drawn lazily, and a comparison whose first words are equal goes on with the SAME
+uniform's next words, never a fresh uniform's (:mod:`service.mechanisms.exact_words`). No
+floating-point value enters the law, and there is no floating-point fast path (the obvious one
+is not exact).
+The guide to the table only chooses which comparisons to make; the kernel's branch-free usual
+draw and :func:`_draw`, which handles every draw, read the same words in the same order and
+compute the same function. A draw reads about 2.14 raw words when ``y`` is needed (gamma <=
+2^-6), about 1.02 when ``z`` alone decides (gamma 1 or 5/2).
 
-(``floor(z / m) = floor(floor(z) / m)`` for a positive integer ``m``; ties ``|L| = (j + 1/2)
-gamma`` have measure zero). ``E`` is drawn in two independent parts, with ``m =
-FRACTION_BITS`` (6):
-
-- ``z = floor(2^m E)``, geometric: ``P(z >= i) = T_i = exp(-i / 2^m)``. It is read off one
-  uniform ``U`` by inversion, ``z = #{i in 1..J: U < T_i}`` (``J = TABLE_LENGTH``, 1280):
-  ``P(z >= i) = P(U < T_i) = T_i`` for ``i <= J``. When ``U < T_J`` (``z >= J``, probability
-  ``e^-20``) the draw adds ``J`` and reads a fresh uniform: ``z - J`` given ``z >= J`` is again
-  the same geometric (memorylessness).
-- the remainder ``y = 2^m E - z`` in [0, 1), independent of ``z``, with density
-  ``e^(-y / 2^m) / const``: a uniform ``y`` accepted with probability ``e^(-y / 2^m)`` by von
-  Neumann's chain ``y 2^-m > u_1 > u_2 > ...`` (accept when the first ``u_n`` not below its
-  predecessor has an odd index ``n``: ``P(n > j | y) = (y 2^-m)^j / j!``, so ``P(n odd | y) =
-  e^(-y / 2^m)``); a rejected ``y`` is replaced by a fresh one, ``z`` kept. Each
-  ``u_j = 2^-m (g_j + v_j)`` is ``m`` bits ``g_j`` of a bit reservoir (its gate) followed by a
-  uniform ``v_j`` of fresh words. A gate that is not all zero puts ``u_j >= 2^-m``, above
-  ``y 2^-m`` and above every earlier ``u``, so the chain breaks there: ``y`` is accepted at its
-  first gate with probability ``1 - 2^-m``, reading ``m`` bits and no word. With a zero gate,
-  ``u_j < u_(j-1)`` exactly when ``v_j < v_(j-1)`` (``v_0 = y``).
-
-Then ``E = (z + y) / 2^m`` has density ``e^-E`` and, with ``z = 2^m k + r``,
-
-    floor(2 t E) = 2 t k + floor((2 t r + floor(2 t y)) / 2^m).
-
-When ``gamma > 2^-m`` the draw first checks whether every ``E`` in ``[z, z + 1) / 2^m`` gives
-the same ``|N|`` (``floor(2 t y)`` ranges over ``0 .. 2t - 1``); then ``y`` is not drawn at all
-(it is independent of ``z`` and not needed). ``floor(2 t y)`` is ``h`` or ``h + 1`` with ``2 t
-w1 = h 2^64 + l`` (128-bit product, ``w1`` the first word of ``y``): it is ``h`` when ``l <=
-2^64 - 2t``, and otherwise (probability ``2t / 2^64``) ``h + 1`` exactly when ``0.w2 w3 ... >=
-(2^64 - l) / (2t)``, a comparison of the same uniform's further words with a rational, digit by
-digit.
-
-Every comparison is exact. A uniform is the binary expansion ``0.w1 w2 w3 ...`` of raw 64-bit
-words drawn lazily; a threshold ``T_i`` is its exact binary expansion, whose words the table
-holds (``_exp_table``: integer interval bounds on ``exp(-1 / 2^m)`` and its powers, rounded
-outward, at a precision that settles every word held). ``U < T_i`` is decided on the first
-words when they differ (``w1 < first[i]`` gives ``U < (w1 + 1) / 2^64 <= T_i``; ``w1 >
-first[i]`` gives ``U >= w1 / 2^64 > T_i``); when they are equal it goes on with the SAME
-uniform's next word against ``T_i``'s next word, and so on (each further tie has probability
-``2^-64``; ``T_i`` is irrational, Lindemann-Weierstrass, so they always differ in the end). A
-draw that needs more of ``T_i``'s words than the table holds is rewound and drawn again, from
-the same words, with a table twice as deep. Two uniforms are compared the same way, drawing
-further words of both while they are equal. Deciding an undecided comparison with a fresh
-uniform instead would not be exact: it would give ``U < T_i`` probability ``(first[i] + T_i) /
-2^64`` instead of ``T_i = (first[i] + f_i) / 2^64``, ``f_i`` the fractional part of ``2^64
-T_i``. So the only randomness is the generator's raw 64-bit words and every decision is an
-exact integer comparison: no floating-point value enters the law. The guide to the table (the
-range of thresholds a word's top 11 bits put it between) only chooses which comparisons to
-make; the kernel's branch-free usual draw and :func:`_draw`, which handles every draw, read the
-same words in the same order and compute the same function.
-
-No floating-point fast path is used. The obvious one (accept when ``u / 2^64 < p - e``, reject
-when ``u / 2^64 >= p + e`` for a float ``p ~ exp(-r)`` with error at most ``e``, and otherwise run
-the exact loop on fresh words) is NOT exact: it accepts with probability
-``(p - e) + 2 e p = p - e (1 - 2p)``. Here an undecided comparison always continues with more
-words of the SAME uniforms.
-
-A draw reads about 2.14 raw words when ``y`` is needed (``U``, ``y``, and ``m + 1`` bits of the
-reservoir, its gate and its sign: gamma <= 2^-6, the diffusion's and the count releases'
-grids), about 1.02 when ``z`` alone decides (gamma 1 or 5/2: a cell of ``E`` rarely straddles a
-boundary of ``|N|``); the von Neumann sampler this replaces read 4.3.
+Buffering. When the buffer of raw words, a uniform's scratch of further words or the table's
+words of a threshold runs out in the middle of a draw, the draw is rewound to its first word
+and drawn again from the same words with more of what ran out: every draw is a deterministic
+function of one stream of raw words, and the law is that of an infinite stream.
 
 Guards. ``2 t (k + 1) + s`` must fit in 64 bits: ``k`` above ``(2^64 - 1 - s) / (2t) - 1 >= 1534``
 (probability below ``e^-1534`` per draw) makes :func:`rounded_laplace` raise
 :class:`OverflowError` rather than return a value off the law. Values of ``|N|`` at or above
 ``2^53`` (probability ``e^{-gamma 2^53}``, below ``e^{-8}`` only when gamma is within a factor 1000
 of the smallest allowed ``2^-50``) are exact int64s but not exact float64s.
-
-Buffering. The kernel consumes a buffer of raw words. When the buffer runs out in the middle of
-a draw, the kernel rewinds to the first word of that draw and returns; the wrapper keeps the
-unused tail, appends fresh words, and the kernel draws again from there, reading the same words
-again. The words of a uniform beyond its first are kept in a small scratch array; a draw that
-would need more of them than it holds (ties on several whole words), or more words of a
-threshold than the table holds, is rewound the same way and drawn again with a larger one.
-Every draw is a deterministic function of one stream of raw words, whatever the buffer, scratch
-and table sizes, so the law is that of an infinite stream (restarting a draw with fresh words
-instead would favour draws that consume few words).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from fractions import Fraction
-from functools import lru_cache
-from typing import Any, TypeVar
 
 import numpy as np
-from numba import njit
 
 from service.errors import InvalidParameter
 from service.mechanisms.exact_bernoulli import (
     bernoulli_exp,
     bernoulli_ratio,
     bernoulli_scaled,
-    exp_neg_bounds,
     mul_high_low,
     uniform_below,
 )
+from service.mechanisms.exact_words import (
+    DEEP,
+    DIGITS,
+    EXHAUSTED,
+    OK,
+    carry,
+    jit,
+    threshold_tie,
+    von_neumann_chain,
+)
+from service.mechanisms.exp_thresholds import ExpTable, exp_table
 
 __all__ = [
     "MAX_DENOMINATOR",
@@ -139,22 +100,9 @@ SCALE_BITS = 20
 
 _U64_MAX = (1 << 64) - 1
 
-# kernel status codes (state[2])
-_OK = 0
-_EXHAUSTED = 1
+# kernel status codes (state[2]): those of exact_words (OK 0, EXHAUSTED 1, DEEP 3, DIGITS 4)
+# and this one
 _OVERFLOW = 2
-_DEEP = 3
-_DIGITS = 4
-
-#: E ~ Exp(1) is drawn as z = floor(2^FRACTION_BITS E) and a remainder (module docstring).
-FRACTION_BITS = 6
-#: Thresholds in the table: z below TABLE_LENGTH is read from one uniform, at or above it
-#: (probability e^-20 = 2.1e-9) the draw adds TABLE_LENGTH and reads a fresh uniform.
-TABLE_LENGTH = 20 << FRACTION_BITS
-#: Top bits of a uniform's first word that index the guide to the table.
-GUIDE_BITS = 11
-#: Words of each threshold's binary expansion the table holds at first (doubled on demand).
-_TABLE_WORDS = 2
 
 #: Raw words per draw the wrapper asks for (a draw reads about 2.1 at small gamma, fewer at
 #: large gamma).
@@ -165,258 +113,19 @@ _MAX_CHUNK = 1 << 16
 _SCRATCH_WORDS = 4
 
 
-# --- the table of thresholds ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _ExpTable:
-    """The thresholds ``T_i = exp(-i / 2^m)``, i = 0..J, as exact binary expansions, and the
-    guide to them. ``first[i]`` is the first word of ``T_i`` (``floor(T_i 2^64)``; ``first[0]``,
-    for ``T_0 = 1``, is never read), ``deeper[i, d]`` its word ``d + 2``; ``guide[c]`` packs
-    ``lo + (hi << 16)``: every word ``w`` with ``w >> (64 - guide_bits) == c`` and ``w >=
-    first[J]`` has ``lo <= #{i in 1..J: first[i] > w} <= hi``."""
-
-    fraction_bits: int  # m
-    first: np.ndarray  # uint64[J + 1]
-    deeper: np.ndarray  # uint64[J + 1, words - 1]
-    guide: np.ndarray  # int32[2^guide_bits]
-    guide_bits: int
-
-    @property
-    def words(self) -> int:
-        return int(self.deeper.shape[1]) + 1
-
-
-def _threshold_words(fraction_bits: int, length: int, words: int) -> list[list[int]]:
-    """The first ``words`` 64-bit words of the binary expansions of ``T_i = exp(-i / 2^m)``,
-    i = 1..J: integer bounds ``lo_i <= 2^p T_i <= hi_i`` (``exp_neg_bounds`` for ``T_1``, then
-    ``T_i = T_(i-1) T_1`` rounded outward), at a precision doubled until the bounds of every
-    ``T_i`` agree on all those words (each ``T_i`` is irrational: they always do in the end)."""
-    bits = 64 * words
-    precision = bits + 64
-    while True:
-        lo_1, hi_1 = exp_neg_bounds(Fraction(1, 1 << fraction_bits), precision)
-        lo, hi = lo_1, hi_1
-        shift = precision - bits
-        expansions = []
-        for i in range(1, length + 1):
-            if i > 1:
-                lo = (lo * lo_1) >> precision
-                hi = -((-(hi * hi_1)) >> precision)
-            if lo >> shift != hi >> shift:
-                break  # pragma: no cover - the first precision settles every table entry
-            value = lo >> shift  # floor(T_i 2^bits): T_i < 1
-            expansions.append([(value >> (64 * (words - 1 - d))) & _U64_MAX for d in range(words)])
-        if len(expansions) == length:
-            return expansions
-        precision *= 2  # pragma: no cover
-
-
-@lru_cache(maxsize=16)
-def _exp_table(
-    fraction_bits: int = FRACTION_BITS, length: int = TABLE_LENGTH, guide_bits: int = GUIDE_BITS,
-    words: int = _TABLE_WORDS,
-) -> _ExpTable:  # fmt: skip
-    """The table for ``m = fraction_bits``, ``J = length`` thresholds, ``words`` words each."""
-    if not (1 <= fraction_bits <= 10 and 1 <= length < 1 << 15 and 1 <= guide_bits <= 16):
-        raise ValueError("table parameters out of range")
-    return _table_from(fraction_bits, _threshold_words(fraction_bits, length, words), guide_bits)
-
-
-def _table_from(fraction_bits: int, expansions: list[list[int]], guide_bits: int) -> _ExpTable:
-    """The table of the thresholds whose expansions (words, first first) are given, i = 1..J,
-    and its guide (tests build deliberately wrong tables with it)."""
-    length = len(expansions)
-    words = len(expansions[0])
-    first = np.array([_U64_MAX] + [e[0] for e in expansions], dtype=np.uint64)
-    deeper = np.zeros((length + 1, words - 1), dtype=np.uint64)
-    for i, expansion in enumerate(expansions, start=1):
-        deeper[i, :] = expansion[1:]
-    below = first[1:]
-    if not (np.all(below[:-1] > below[1:]) and below[-1] > 0):
-        # strictly decreasing first words: a word ties with at most one threshold
-        raise ValueError("thresholds share a first word: use fewer fraction bits")
-    ascending = below[::-1]
-    shift = 64 - guide_bits
-    cells = np.arange(1 << guide_bits, dtype=np.uint64)
-    smallest = cells << np.uint64(shift)
-    largest = smallest | np.uint64((1 << shift) - 1)
-    # #{i: first[i] > w} = J - #{i: first[i] <= w}, decreasing in w
-    lo = np.minimum(length - np.searchsorted(ascending, largest, side="right"), length - 1)
-    hi = np.minimum(length - np.searchsorted(ascending, smallest, side="right"), length - 1)
-    hi = np.maximum(hi, lo)  # (cells wholly below first[J]: only indices kept in range)
-    guide = (lo + (hi << 16)).astype(np.int32)
-    for array in (first, deeper, guide):
-        array.flags.writeable = False  # shared by every draw (and thread): never written
-    return _ExpTable(fraction_bits, first, deeper, guide, guide_bits)
-
-
 # --- the kernel -------------------------------------------------------------------------
 # Compiled without numba's reference counting (``_nrt=False``): the kernel allocates nothing.
 # The draw loop keeps its state (buffer position, bit reservoir) in local variables and reads
 # the state arrays only at entry and on return. The rare paths (a uniform's first word equal
 # to a threshold's, a remainder whose gate bits are all zero, a cell boundary of floor(2 t y)
-# inside y's first word) are separate calls. All integer arithmetic on words is in uint64
-# (numba would turn a uint64/int64 mix into float64).
-_Function = TypeVar("_Function", bound=Callable[..., Any])
-_NJIT: Any = njit
-
-
-def _jit(function: _Function) -> _Function:
-    compiled: _Function = _NJIT(nogil=True, cache=True, _nrt=False, error_model="numpy")(function)
-    return compiled
-
-
-@_jit
-def _threshold_tie(
-    words: np.ndarray, pos: np.int64, deeper: np.ndarray, i: np.int64
-) -> tuple[bool, np.int64, np.int64]:  # pragma: no cover
-    """The uniform's first word equals the first word of threshold ``i``: compare the
-    uniform's further words (fresh ones) with the threshold's further words. Returns (uniform
-    < threshold, position, status); ``_DIGITS`` when the table holds too few words."""
-    n = words.shape[0]
-    for d in range(deeper.shape[1]):
-        if pos >= n:
-            return False, pos, np.int64(_EXHAUSTED)
-        word = words[pos]
-        pos += 1
-        digit = deeper[i, d]
-        if word != digit:
-            return word < digit, pos, np.int64(_OK)
-    return False, pos, np.int64(_DIGITS)
-
-
-@_jit
-def _tie(
-    words: np.ndarray, pos: np.int64, scratch: np.ndarray, p: np.int64, p_depth: np.int64,
-    c: np.int64,
-) -> tuple[bool, np.int64, np.int64, np.int64, np.int64]:  # fmt: skip  # pragma: no cover
-    """The new uniform (slot ``c``) equals the previous one (slot ``p``, ``p_depth`` words
-    known) on the first word: compare their further words, drawing those not yet drawn.
-    Word ``i >= 1`` of slot j is ``scratch[j, i - 1]``. Returns (new < previous, the new
-    one's known words, the previous one's known words, position, status)."""
-    cap = scratch.shape[1]
-    n = words.shape[0]
-    i = 1
-    while True:
-        if i > cap:
-            return False, np.int64(0), p_depth, pos, np.int64(_DEEP)
-        if i >= p_depth:
-            if pos >= n:
-                return False, np.int64(0), p_depth, pos, np.int64(_EXHAUSTED)
-            scratch[p, i - 1] = words[pos]
-            pos += 1
-            p_depth = np.int64(i + 1)
-        if pos >= n:
-            return False, np.int64(0), p_depth, pos, np.int64(_EXHAUSTED)
-        new = words[pos]
-        pos += 1
-        scratch[c, i - 1] = new
-        old = scratch[p, i - 1]
-        if new != old:
-            return new < old, np.int64(i + 1), p_depth, pos, np.int64(_OK)
-        i += 1
-
-
-@_jit
-def _carry(
-    words: np.ndarray, pos: np.int64, scratch: np.ndarray, y_depth: np.int64, low: np.uint64,
-    two_t: np.uint64,
-) -> tuple[bool, np.int64, np.int64]:  # fmt: skip  # pragma: no cover
-    """Whether f = 0.w2 w3 ... (the words of y after the first: ``scratch[0]`` for the
-    ``y_depth - 1`` already drawn, then fresh ones) is >= (2^64 - low) / (2t), given
-    low > 2^64 - 2t. Returns (the answer, position, status)."""
-    n = words.shape[0]
-    one = np.uint64(1)
-    c = np.uint64(0) - low  # in (0, 2t): compare f with c / (2t)
-    i = 1
-    while True:
-        if c == np.uint64(0):
-            return True, pos, np.int64(_OK)
-        q = np.uint64(0)  # q, c = divmod(c 2^64, 2t), bit by bit (c < 2t < 2^53)
-        for _ in range(64):
-            c = c << one
-            q = q << one
-            if c >= two_t:
-                c -= two_t
-                q |= one
-        if i < y_depth:
-            w = scratch[0, i - 1]
-        else:
-            if pos >= n:
-                return False, pos, np.int64(_EXHAUSTED)
-            w = words[pos]
-            pos += 1
-        if w != q:
-            return w > q, pos, np.int64(_OK)
-        i += 1
-
-
-#: (accepted, y's known words, position, reservoir, bits left, status)
-_ChainResult = tuple[bool, np.int64, np.int64, np.uint64, np.int64, np.int64]
-
-
-@_jit
-def _chain(
-    words: np.ndarray, pos: np.int64, scratch: np.ndarray, y: np.uint64, reservoir: np.uint64,
-    left: np.int64, m: np.uint64,
-) -> _ChainResult:  # fmt: skip  # pragma: no cover
-    """The remainder y (first word ``y``, its further words in ``scratch[0]``) whose first
-    gate was all zero: von Neumann's chain ``y 2^-m > u_1 > u_2 > ...``, u_j = 2^-m (gate_j
-    + v_j) with gate_j m bits of the reservoir and v_j a uniform of fresh words (slots 1, 2
-    of the scratch alternate). u_j < u_(j-1) when gate_j is 0 and v_j < v_(j-1) (v_0 = y).
-    Returns (accepted: the chain broke at an odd index, y's known words, position,
-    reservoir, bits left, status)."""
-    n_words = words.shape[0]
-    mask = (np.uint64(1) << m) - np.uint64(1)
-    gate_bits = np.int64(m)
-    y_depth = np.int64(1)
-    previous = y  # first word of v_(j-1)
-    p = np.int64(0)  # its scratch slot (0: y itself)
-    p_depth = np.int64(1)
-    odd = True  # the index j of the uniform being compared is odd (j = 1 here)
-    while True:
-        # gate_j was 0: compare v_j with v_(j-1)
-        if pos >= n_words:
-            return False, y_depth, pos, reservoir, left, np.int64(_EXHAUSTED)
-        word = words[pos]
-        pos += 1
-        if word > previous:
-            return odd, y_depth, pos, reservoir, left, np.int64(_OK)
-        if word < previous:
-            previous = word
-            p = np.int64(1)
-            p_depth = np.int64(1)
-        else:
-            c = np.int64(2) if p == 1 else np.int64(1)
-            less, c_depth, p_depth, pos, status = _tie(words, pos, scratch, p, p_depth, c)
-            if status != _OK:
-                return False, y_depth, pos, reservoir, left, status
-            if p == 0:
-                y_depth = p_depth
-            if not less:
-                return odd, y_depth, pos, reservoir, left, np.int64(_OK)
-            p = c
-            p_depth = c_depth
-        odd = not odd  # u_j < u_(j-1): the chain goes on to u_(j+1)
-        if left < gate_bits:
-            if pos >= n_words:
-                return False, y_depth, pos, reservoir, left, np.int64(_EXHAUSTED)
-            reservoir = words[pos]
-            pos += 1
-            left = np.int64(64)
-        gate = reservoir & mask
-        reservoir = reservoir >> m
-        left -= gate_bits
-        if gate != np.uint64(0):  # u_(j+1) >= 2^-m > u_j: the chain breaks at j + 1
-            return odd, y_depth, pos, reservoir, left, np.int64(_OK)
-
+# inside y's first word) are separate calls, to the kernels of exact_words. All integer
+# arithmetic on words is in uint64 (numba would turn a uint64/int64 mix into float64).
 
 #: (the signed draw, position, reservoir, bits left, status)
 _DrawResult = tuple[np.int64, np.int64, np.uint64, np.int64, np.int64]
 
 
-@_jit
+@jit
 def _draw(
     words: np.ndarray, pos: np.int64, reservoir: np.uint64, left: np.int64, scratch: np.ndarray,
     first: np.ndarray, deeper: np.ndarray, guide: np.ndarray, m: np.uint64,
@@ -426,7 +135,7 @@ def _draw(
     """One draw from word ``pos`` (module docstring), every path: the tail of z, ties with a
     threshold's first word, the chain of a remainder whose gate is zero, a cell boundary of
     floor(2 t y) inside y's first word. The kernel's fast path computes the same thing when
-    none of them occurs. A status other than ``_OK`` leaves the draw unfinished."""
+    none of them occurs. A status other than ``OK`` leaves the draw unfinished."""
     n_words = words.shape[0]
     one = np.uint64(1)
     zero = np.uint64(0)
@@ -440,12 +149,12 @@ def _draw(
     length = np.int64(first.shape[0] - 1)
     length_u = np.uint64(length)
     edge = first[length]
-    status = np.int64(_OK)
+    status = np.int64(OK)
     # z = floor(2^m E): the index of the uniform among the thresholds T_i = exp(-i / 2^m)
     z = zero
     while True:
         if pos >= n_words:
-            return np.int64(0), pos, reservoir, left, np.int64(_EXHAUSTED)
+            return np.int64(0), pos, reservoir, left, np.int64(EXHAUSTED)
         w = words[pos]
         pos += 1
         if w < edge:  # U < T_J: z >= J, and z - J is drawn afresh (memoryless)
@@ -464,8 +173,8 @@ def _draw(
             else:
                 b = mid - np.int64(1)
         if first[a + 1] == w:  # a + 1 <= J since w >= first[J]
-            less, pos, status = _threshold_tie(words, pos, deeper, a + np.int64(1))
-            if status != _OK:
+            less, pos, status = threshold_tie(words, pos, deeper, a + np.int64(1))
+            if status != OK:
                 return np.int64(0), pos, reservoir, left, status
             if less:
                 a += np.int64(1)
@@ -494,13 +203,13 @@ def _draw(
         # its gate (m bits of the reservoir) is not all zero, else by the chain
         while True:
             if pos >= n_words:
-                return np.int64(0), pos, reservoir, left, np.int64(_EXHAUSTED)
+                return np.int64(0), pos, reservoir, left, np.int64(EXHAUSTED)
             y = words[pos]
             pos += 1
             y_depth = np.int64(1)
             if left < gate_bits:
                 if pos >= n_words:
-                    return np.int64(0), pos, reservoir, left, np.int64(_EXHAUSTED)
+                    return np.int64(0), pos, reservoir, left, np.int64(EXHAUSTED)
                 reservoir = words[pos]
                 pos += 1
                 left = np.int64(64)
@@ -509,17 +218,17 @@ def _draw(
             left -= gate_bits
             if gate != zero:
                 break
-            accepted, y_depth, pos, reservoir, left, status = _chain(
+            accepted, y_depth, pos, reservoir, left, status = von_neumann_chain(
                 words, pos, scratch, y, reservoir, left, m
             )
-            if status != _OK:
+            if status != OK:
                 return np.int64(0), pos, reservoir, left, status
             if accepted:
                 break
         high, low = mul_high_low(two_t, y)
         if low > room:
-            up, pos, status = _carry(words, pos, scratch, y_depth, low, two_t)
-            if status != _OK:
+            up, pos, status = carry(words, pos, scratch, y_depth, low, two_t)
+            if status != OK:
                 return np.int64(0), pos, reservoir, left, status
             if up:
                 high += one
@@ -527,17 +236,17 @@ def _draw(
         magnitude = np.int64(total >> shift_s) if by_shift else np.int64(total // two_s)
     if left == 0:
         if pos >= n_words:
-            return np.int64(0), pos, reservoir, left, np.int64(_EXHAUSTED)
+            return np.int64(0), pos, reservoir, left, np.int64(EXHAUSTED)
         reservoir = words[pos]
         pos += 1
         left = np.int64(64)
     negative = np.int64(reservoir & one)  # the sign: -magnitude when 1
     reservoir = reservoir >> one
     left -= 1
-    return (magnitude ^ -negative) + negative, pos, reservoir, left, np.int64(_OK)
+    return (magnitude ^ -negative) + negative, pos, reservoir, left, np.int64(OK)
 
 
-@_jit
+@jit
 def _rounded_laplace_kernel(
     words: np.ndarray, state: np.ndarray, bits: np.ndarray, scratch: np.ndarray,
     first: np.ndarray, deeper: np.ndarray, guide: np.ndarray, m: np.uint64,
@@ -572,7 +281,7 @@ def _rounded_laplace_kernel(
     small_k = (np.uint64(length) >> m) <= max_k  # no z of the table leaves the guard
     count = out.shape[0]
     i = start
-    status = np.int64(_OK)
+    status = np.int64(OK)
     fine = small_k and not coarse
     while i < count:
         if fine and pos + 4 <= n_words:
@@ -686,7 +395,7 @@ def _rounded_laplace_kernel(
             words, pos, reservoir, left, scratch, first, deeper, guide, m, guide_shift, s, t,
             s_shift, coarse, max_k,
         )  # fmt: skip
-        if status != _OK:
+        if status != OK:
             break  # the state stays at the draw's first word (pos, reservoir, left)
         out[i] = value
         pos, reservoir, left = next_pos, next_reservoir, next_left
@@ -739,9 +448,9 @@ class _Stream:
         """Keep the unread tail (the unfinished draw's words) and append fresh words; a draw
         that ran out of scratch gets twice as much (one that ran out of threshold words is
         handled by the caller, with a deeper table)."""
-        if self.state[2] == _DEEP:
+        if self.state[2] == DEEP:
             self.scratch = np.zeros((3, 2 * self.scratch.shape[1]), dtype=np.uint64)
-        elif self.state[2] == _EXHAUSTED:
+        elif self.state[2] == EXHAUSTED:
             start = int(self.state[0])
             kept = self.words.shape[0] - start
             if kept + self.chunk != self.words.shape[0]:
@@ -752,7 +461,7 @@ class _Stream:
                 self.words[:kept] = self.words[start:].copy()
             _raw_words(self.rng, self.words[kept:])
             self.state[0] = 0
-        self.state[2] = _OK
+        self.state[2] = OK
 
 
 def _chunk_for(count: int) -> int:
@@ -766,7 +475,7 @@ def _max_k(s: int, t: int) -> int:
 
 def _fill(
     rng: np.random.Generator, s: int, t: int, out: np.ndarray, chunk: int,
-    max_k: int | None = None, scratch: int = _SCRATCH_WORDS, table: _ExpTable | None = None,
+    max_k: int | None = None, scratch: int = _SCRATCH_WORDS, table: ExpTable | None = None,
 ) -> None:  # fmt: skip
     """Fill ``out`` with draws from chunks of ``chunk`` raw words; ``max_k`` (tests only)
     lowers the overflow guard on k, ``scratch`` (tests only) the scratch words at first,
@@ -776,7 +485,7 @@ def _fill(
     stream = _Stream(rng, chunk)
     stream.scratch = np.zeros((3, scratch), dtype=np.uint64)
     if table is None:
-        table = _exp_table()
+        table = exp_table()
     bound = _max_k(s, t)
     limit = bound if max_k is None else min(max_k, bound)
     m = table.fraction_bits
@@ -799,8 +508,8 @@ def _fill(
             )
         if done == out.shape[0]:
             return
-        if stream.state[2] == _DIGITS:
-            table = _exp_table(
+        if stream.state[2] == DIGITS:
+            table = exp_table(
                 table.fraction_bits, table.first.shape[0] - 1, table.guide_bits, 2 * table.words
             )
         stream.refill()

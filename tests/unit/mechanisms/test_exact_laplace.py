@@ -8,20 +8,18 @@ with very different buffer sizes. The compiled kernel is checked to be the same 
 word stream as a plain Python reference (thresholds computed on their own, uniforms as
 unbounded lists of words), on random words and on words from a small alphabet that tie with
 each other and with the thresholds (several words deep, past a one-word table), gate to zero
-and sit on cell boundaries, so every rare path runs; uniforms equal to a threshold on whole
-words are checked to go on with their own next word. The law is also checked on every path
-with small tables (2 fraction bits: chains in a quarter of the remainders; few thresholds: the
-tail), at the fine and coarse gammas on either side of 2^-6, and against controls (a wrong
-table, a uniform remainder) that the same tests reject. Tests use seeded generators; the
-service never does.
+and sit on cell boundaries, so every rare path runs (the kernels of exact_words.py); uniforms
+equal to a threshold on whole words are checked to go on with their own next word. The law is
+also checked on every path with small tables (2 fraction bits: chains in a quarter of the
+remainders; few thresholds: the tail), at the fine and coarse gammas on either side of 2^-6,
+and against controls (a wrong table, a uniform remainder) that the same tests reject. The
+table itself (exp_thresholds.py) is checked in test_exp_thresholds.py. Tests use seeded
+generators; the service never does.
 """
 
 from __future__ import annotations
 
-import bisect
-import functools
 import io
-import itertools
 import math
 import re
 from fractions import Fraction
@@ -32,9 +30,9 @@ import pytest
 from scipy import stats
 
 from service.errors import InvalidParameter
-from service.mechanisms import exact_bernoulli
+from service.mechanisms import exact_bernoulli, exact_words
 from service.mechanisms import exact_laplace as el
-from service.mechanisms.exact_bernoulli import exp_neg_bounds
+from service.mechanisms import exp_thresholds as et
 from service.mechanisms.exact_laplace import (
     bernoulli_exp,
     bernoulli_ratio,
@@ -45,6 +43,7 @@ from service.mechanisms.exact_laplace import (
     rounded_laplace,
     uniform_below,
 )
+from tests.unit.mechanisms.test_exp_thresholds import threshold_word
 
 GAMMAS = [(1, 256), (1, 3), (1, 1), (5, 2), (7, 1)]
 
@@ -278,22 +277,9 @@ class ScriptedWords:
         self.bit_generator = Bits()
 
 
-@functools.cache
-def threshold_word(i: int, m: int, d: int) -> int:
-    """Word d (0 = the first) of the binary expansion of exp(-i / 2^m), computed on its own
-    from exp_neg_bounds (not from the sampler's table)."""
-    precision = 64 * (d + 1) + 64
-    while True:
-        lo, hi = exp_neg_bounds(Fraction(i, 1 << m), precision)
-        shift = precision - 64 * (d + 1)
-        if lo >> shift == hi >> shift:
-            return (lo >> shift) & (2**64 - 1)
-        precision *= 2
-
-
 def reference_draws(
-    words: list[int], s: int, t: int, count: int, m: int = el.FRACTION_BITS,
-    length: int = el.TABLE_LENGTH,
+    words: list[int], s: int, t: int, count: int, m: int = et.FRACTION_BITS,
+    length: int = et.TABLE_LENGTH,
 ) -> list[int]:  # fmt: skip
     """The sampler written out with Python integers and unbounded lists (module docstring):
     the same words in the same order. z = floor(2^m E) counts the thresholds T_i = exp(-i /
@@ -402,8 +388,8 @@ def tie_alphabet() -> list[int]:
     """Words that tie with each other, with the first and second words of thresholds (the
     table's first entries, the guide's wide cells, T_J at the table's end), that are zero
     gates, and that sit on the cells of floor(2 t y) (1/3, 1/6 for t = 3, 6)."""
-    table = el._exp_table()
-    picks = [1, 2, 63, 64, 65, 300, 700, el.TABLE_LENGTH - 1, el.TABLE_LENGTH]
+    table = et.exp_table()
+    picks = [1, 2, 63, 64, 65, 300, 700, et.TABLE_LENGTH - 1, et.TABLE_LENGTH]
     firsts = [int(table.first[i]) for i in picks]
     seconds = [int(table.deeper[i, 0]) for i in picks]
     return [0, 1, 2**63, 2**64 - 1, THIRD, THIRD + 1, SIXTH, SIXTH + 1, 2**64 - 2, *firsts,
@@ -420,7 +406,7 @@ def test_the_kernel_is_the_reference_when_words_tie(scratch: int, s: int, t: int
     table sizes."""
     words = script_words(tie_alphabet(), 60_000, s * 100 + t % 97 + scratch)
     expected = reference_draws(words, s, t, 1500)
-    for chunk, table in ((3, el._exp_table(words=1)), (64, None), (4096, el._exp_table(words=1))):
+    for chunk, table in ((3, et.exp_table(words=1)), (64, None), (4096, et.exp_table(words=1))):
         out = np.empty(1500, dtype=np.int64)
         stub: np.random.Generator = ScriptedWords(words, 0)  # type: ignore[assignment]
         el._fill(stub, s, t, out, chunk, scratch=scratch, table=table)
@@ -428,7 +414,7 @@ def test_the_kernel_is_the_reference_when_words_tie(scratch: int, s: int, t: int
     assert len({abs(x) for x in expected}) > 10  # not a degenerate stream
 
 
-@pytest.mark.parametrize("i", [1, 2, 64, 777, el.TABLE_LENGTH - 1, el.TABLE_LENGTH])
+@pytest.mark.parametrize("i", [1, 2, 64, 777, et.TABLE_LENGTH - 1, et.TABLE_LENGTH])
 @pytest.mark.parametrize("depth", [1, 2, 3])
 @pytest.mark.parametrize("above", [False, True])
 def test_a_uniform_equal_to_a_threshold_on_whole_words_goes_on(
@@ -438,45 +424,21 @@ def test_a_uniform_equal_to_a_threshold_on_whole_words_goes_on(
     same uniform's next word against T_i's next word (drawn from a table extended as far as
     needed), and z is i (the uniform below T_i) or i - 1, as the reference says; at T_J a
     uniform below it takes the tail (a fresh uniform)."""
-    m = el.FRACTION_BITS
+    m = et.FRACTION_BITS
     digits = [threshold_word(i, m, d) for d in range(depth + 1)]
     next_word = digits[depth] + 1 if above else digits[depth] - 1
     words = [*digits[:depth], next_word, *np.random.PCG64(i + depth).random_raw(64).tolist()]
     s, t = 1, 2**20  # gamma 2^-20: |N| carries z
     expected = reference_draws(words, s, t, 8)
-    for table in (el._exp_table(words=1), None):
+    for table in (et.exp_table(words=1), None):
         out = np.empty(8, dtype=np.int64)
         el._fill(ScriptedWords(words, 0), s, t, out, 8, table=table)  # type: ignore[arg-type]
         assert out.tolist() == expected
     z_from_first = abs(expected[0]) * 2**m // t  # floor(2^m E) up to the rounding to a cell
-    if i < el.TABLE_LENGTH:
+    if i < et.TABLE_LENGTH:
         assert z_from_first in ((i - 2, i - 1, i) if above else (i - 1, i, i + 1))
     else:
         assert (z_from_first >= i) != above
-
-
-def test_the_table_is_the_binary_expansion_and_its_guide_brackets_every_word() -> None:
-    table = el._exp_table()
-    m, length = table.fraction_bits, table.first.shape[0] - 1
-    assert (m, length) == (el.FRACTION_BITS, el.TABLE_LENGTH)
-    for i in (1, 2, 3, 63, 64, 500, length):
-        assert int(table.first[i]) == threshold_word(i, m, 0)
-        assert int(table.deeper[i, 0]) == threshold_word(i, m, 1)
-    deep = el._exp_table(words=5)
-    for i in (1, 777, length):
-        assert [int(w) for w in deep.deeper[i]] == [threshold_word(i, m, d) for d in (1, 2, 3, 4)]
-    np.testing.assert_array_equal(deep.first, table.first)
-    first = [int(w) for w in table.first[1:]]
-    assert all(a > b for a, b in itertools.pairwise(first))
-    ascending = first[::-1]
-    shift = 64 - table.guide_bits
-    for cell, packed in enumerate(table.guide.tolist()):
-        lo, hi = packed & 0xFFFF, packed >> 16
-        assert 0 <= lo <= hi <= length - 1
-        for w in (cell << shift, ((cell + 1) << shift) - 1, (cell << shift) + 12345):
-            if w >= first[-1]:
-                above = length - bisect.bisect_right(ascending, w)
-                assert lo <= above <= hi, (cell, w)
 
 
 # --- the law on every path: small tables, the coarse and fine gammas, a control -----------
@@ -522,14 +484,14 @@ def fine_cells_pvalue(draws: np.ndarray, t: int, m: int, parts: int = 8) -> floa
 
 
 @pytest.mark.parametrize(
-    ("m", "length"), [(2, 8), (2, 40), (el.FRACTION_BITS, 64), (el.FRACTION_BITS, 200)]
+    ("m", "length"), [(2, 8), (2, 40), (et.FRACTION_BITS, 64), (et.FRACTION_BITS, 200)]
 )
 @pytest.mark.parametrize(("s", "t"), [(1, 2**16), (1, 3), (5, 2)])
 def test_law_with_small_tables_takes_every_path(m: int, length: int, s: int, t: int) -> None:
     """Tables of 2 fraction bits (a zero gate, so a chain, in a quarter of the remainders)
     and of few thresholds (the tail, z >= J and a fresh uniform, with probability e^{-J/2^m}
     up to e^-2): the law is still exact."""
-    table = el._exp_table(m, length)
+    table = et.exp_table(m, length)
     out = np.empty(300_000, dtype=np.int64)
     el._fill(np.random.default_rng(m * 1000 + length + t), s, t, out, 4096, table=table)
     assert chi_square_pvalue(out, s / t) > 1e-4
@@ -541,17 +503,17 @@ def test_a_wrong_table_is_rejected_by_the_same_tests() -> None:
     """Controls: the kernel with thresholds exp(-1.03 i / 2^m) (E of a 3% smaller scale) and
     a sampler whose remainder is uniform instead of density e^{-y / 2^m} (2 fraction bits,
     numpy) are rejected by the chi-square tests above; the right table passes them."""
-    m, length = el.FRACTION_BITS, 256
-    wrong = el._table_from(
+    m, length = et.FRACTION_BITS, 256
+    wrong = et.table_from(
         m,
         [[int(math.exp(-1.03 * i / 2**m) * 2**64), 0] for i in range(1, length + 1)],
-        el.GUIDE_BITS,
+        et.GUIDE_BITS,
     )
     out = np.empty(300_000, dtype=np.int64)
     el._fill(np.random.default_rng(3), 1, 3, out, 4096, table=wrong)
     assert chi_square_pvalue(out, 1 / 3) < 1e-6
     # the remainder drawn uniform (no gate, no chain), z by the right table of 2 fraction bits
-    right = el._exp_table(2, 40)
+    right = et.exp_table(2, 40)
     rng = np.random.default_rng(4)
     u = rng.bit_generator.random_raw(out.size)
     z = (right.first[1:][None, :] > u[:, None]).sum(axis=1).astype(np.int64)  # ties: 2^-64
@@ -569,7 +531,7 @@ def test_words_per_draw(s: int, t: int) -> None:
     count = 100_000
     words = np.random.PCG64(5).random_raw(5 * count)
     state = np.zeros(3, dtype=np.int64)
-    table = el._exp_table()
+    table = et.exp_table()
     out = np.empty(count, dtype=np.int64)
     two_s = 2 * s
     done = el._rounded_laplace_kernel(
@@ -683,10 +645,10 @@ def test_no_float_in_the_compiled_integer_path() -> None:
             numba.types.boolean,
             u64,
         ),
-        el._chain: (words, i64, table, u64, u64, i64, u64),
-        el._threshold_tie: (words, i64, table, i64),
-        el._tie: (words, i64, table, i64, i64, i64),
-        el._carry: (words, i64, table, i64, u64, u64),
+        exact_words.von_neumann_chain: (words, i64, table, u64, u64, i64, u64),
+        exact_words.threshold_tie: (words, i64, table, i64),
+        exact_words.tie: (words, i64, table, i64, i64, i64),
+        exact_words.carry: (words, i64, table, i64, u64, u64),
         exact_bernoulli.bernoulli_exp_unit_kernel: (words, ints, words, u64, u64),
         exact_bernoulli.bernoulli_exp_kernel: (words, ints, words, u64, u64),
     }
