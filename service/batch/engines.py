@@ -83,7 +83,10 @@ def pool_context() -> multiprocessing.context.BaseContext:
     imports this module, and with it everything a block needs, before it forks. A pool process
     is then ready in milliseconds, where a spawned one imports the service anew (one to two
     CPU seconds each, paid again by every fresh pool after a worker died). The fork server ends
-    when the driver does. Spawned where the platform has no fork server."""
+    once the driver and every pool process have ended (each holds the end of the pipe the
+    server waits on), and the pool processes end with the driver
+    (:func:`service.batch.lifetime.die_with_driver`). Spawned where the platform has no fork
+    server."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")

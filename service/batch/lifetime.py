@@ -9,9 +9,11 @@ tell it when the driver is gone:
   driver exits, however it was killed; a daemon thread waits on it and ends the process. No
   polling interval and no pipe to keep open. The driver need not be the process's parent:
   pool processes are forked by the fork server the driver started
-  (:func:`service.batch.engines.pool_context`);
+  (:func:`service.batch.engines.pool_context`). This watch is what ends them: the fork
+  server itself waits for the driver AND every process it forked to close its pipe, so it
+  outlives a dead driver for as long as its pool processes do;
 - it asks for ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` as well, so it also ends with its parent
-  (the fork server, which ends with the driver; or the driver itself, for a spawned pool).
+  (the fork server, should it be killed; or the driver itself, for a spawned pool).
 
 The pidfd is opened after the process started, so a driver that died in between is caught
 then (no such process). Where pidfds do not exist (not Linux, or a kernel before 5.3), a daemon
