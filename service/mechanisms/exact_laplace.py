@@ -69,6 +69,7 @@ from service.mechanisms.exact_words import (
     OK,
     carry,
     jit,
+    jit_inline,
     threshold_tie,
     von_neumann_chain,
 )
@@ -121,6 +122,29 @@ _SCRATCH_WORDS = 4
 # inside y's first word) are separate calls, to the kernels of exact_words. All integer
 # arithmetic on words is in uint64 (numba would turn a uint64/int64 mix into float64).
 
+
+@jit_inline
+def _thresholds_above(
+    w: np.uint64, guide: np.ndarray, guide_shift: np.uint64, first: np.ndarray
+) -> np.int64:  # pragma: no cover
+    """``a = #{i in 1..J: first[i] > w}`` for a word ``w >= first[J]``: the guide's cell of
+    ``w`` bounds it, ``lo <= a <= hi <= J - 1``, and a binary search finds the largest ``a`` in
+    ``[lo, hi]`` with ``first[a] > w`` (``first[lo] > w``; ``first`` strictly decreasing). Most
+    cells are one or two thresholds wide (``hi <= lo + 1``): one comparison decides them."""
+    packed = np.int64(guide[w >> guide_shift])
+    lo = packed & np.int64(0xFFFF)
+    b = packed >> np.int64(16)
+    a = lo + np.int64(first[lo + np.int64(1)] > w)  # lo <= J - 1
+    if b > lo + np.int64(1):  # about 2% of the words: a wider cell
+        while a < b:  # the largest a in [a, b] with first[a] > w
+            mid = (a + b + np.int64(1)) >> np.int64(1)
+            if first[mid] > w:
+                a = mid
+            else:
+                b = mid - np.int64(1)
+    return a
+
+
 #: (the signed draw, position, reservoir, bits left, status)
 _DrawResult = tuple[np.int64, np.int64, np.uint64, np.int64, np.int64]
 
@@ -162,16 +186,7 @@ def _draw(
             if (z >> m) > max_k:
                 return np.int64(0), pos, reservoir, left, np.int64(_OVERFLOW)
             continue
-        # a = #{i in 1..J: first[i] > w}, in [lo, hi] by the guide
-        packed = np.int64(guide[w >> guide_shift])
-        a = packed & np.int64(0xFFFF)
-        b = packed >> np.int64(16)
-        while a < b:  # the largest a in [lo, hi] with first[a] > w (first[lo] > w)
-            mid = (a + b + np.int64(1)) >> np.int64(1)
-            if first[mid] > w:
-                a = mid
-            else:
-                b = mid - np.int64(1)
+        a = _thresholds_above(w, guide, guide_shift, first)
         if first[a + 1] == w:  # a + 1 <= J since w >= first[J]
             less, pos, status = threshold_tie(words, pos, deeper, a + np.int64(1))
             if status != OK:
@@ -289,17 +304,7 @@ def _rounded_laplace_kernel(
             w = words[pos]
             y = words[pos + 1]
             p = pos + 2
-            packed = np.int64(guide[w >> guide_shift])
-            lo = packed & np.int64(0xFFFF)
-            b = packed >> np.int64(16)
-            a = lo + np.int64(first[lo + np.int64(1)] > w)  # lo <= J - 1
-            if b > lo + np.int64(1):  # about 2% of the words: a wider cell
-                while a < b:  # the largest a in [a, b] with first[a] > w
-                    mid = (a + b + np.int64(1)) >> np.int64(1)
-                    if first[mid] > w:
-                        a = mid
-                    else:
-                        b = mid - np.int64(1)
+            a = _thresholds_above(w, guide, guide_shift, first)
             res = reservoir
             bits_left = left
             if bits_left < gate_bits:
@@ -334,17 +339,7 @@ def _rounded_laplace_kernel(
                 continue
         elif small_k and pos + 4 <= n_words:
             w = words[pos]
-            packed = np.int64(guide[w >> guide_shift])
-            lo = packed & np.int64(0xFFFF)
-            b = packed >> np.int64(16)
-            a = lo + np.int64(first[lo + np.int64(1)] > w)  # lo <= J - 1
-            if b > lo + np.int64(1):  # about 2% of the words: a wider cell
-                while a < b:  # the largest a in [a, b] with first[a] > w
-                    mid = (a + b + np.int64(1)) >> np.int64(1)
-                    if first[mid] > w:
-                        a = mid
-                    else:
-                        b = mid - np.int64(1)
+            a = _thresholds_above(w, guide, guide_shift, first)
             if w >= edge and first[a + np.int64(1)] != w:  # a <= J - 1 since w >= first[J]
                 z = np.uint64(a)
                 p = pos + 1

@@ -40,6 +40,7 @@ __all__ = [
     "OK",
     "carry",
     "jit",
+    "jit_inline",
     "threshold_tie",
     "tie",
     "von_neumann_chain",
@@ -60,6 +61,15 @@ def jit(function: _Function) -> _Function:
     """numba's njit as the exact Laplace sampler's kernels use it: no GIL, cached on disk, no
     reference counting, numpy's error model."""
     compiled: _Function = _NJIT(nogil=True, cache=True, _nrt=False, error_model="numpy")(function)
+    return compiled
+
+
+def jit_inline(function: _Function) -> _Function:
+    """:func:`jit`, and inlined into every kernel that calls it (numba's ``inline="always"``):
+    one copy of a few lines the hot loop runs, at no call's cost."""
+    compiled: _Function = _NJIT(
+        nogil=True, cache=True, _nrt=False, error_model="numpy", inline="always"
+    )(function)
     return compiled
 
 
