@@ -70,6 +70,7 @@ from service.mechanisms.exact_words import (
     carry,
     jit,
     jit_inline,
+    next_gate,
     threshold_tie,
     von_neumann_chain,
 )
@@ -145,6 +146,32 @@ def _thresholds_above(
     return a
 
 
+@jit_inline
+def _magnitude(
+    z: np.uint64, high: np.uint64, m: np.uint64, two_t: np.uint64, s: np.uint64,
+    s_shift: np.int64,
+) -> np.int64:  # fmt: skip  # pragma: no cover
+    """|N| = floor((floor(2 t E) + s) / (2 s)) for E in the cell ``z`` of width 2^-m with
+    ``floor(2 t y) = high``: floor(2 t E) = 2 t k + floor((2 t r + high) / 2^m), z = 2^m k + r
+    (floor(2 t E) + s < 2^64 under the guard on k); a shift when 2s is a power of two."""
+    one = np.uint64(1)
+    total = (z >> m) * two_t + (((z & ((one << m) - one)) * two_t + high) >> m) + s
+    if s_shift >= 0:
+        return np.int64(total >> np.uint64(s_shift))
+    return np.int64(total // (s + s))
+
+
+@jit_inline
+def _cell_magnitude(
+    z: np.uint64, m: np.uint64, two_t: np.uint64, s: np.uint64, s_shift: np.int64
+) -> np.int64:  # pragma: no cover
+    """|N| when every E in the cell ``z`` gives the same one (floor(2 t y) takes the values
+    0 .. 2t - 1 and |N| is monotone in it), else -1: y need not be drawn."""
+    low_end = _magnitude(z, np.uint64(0), m, two_t, s, s_shift)
+    high_end = _magnitude(z, two_t - np.uint64(1), m, two_t, s, s_shift)
+    return low_end if low_end == high_end else np.int64(-1)
+
+
 #: (the signed draw, position, reservoir, bits left, status)
 _DrawResult = tuple[np.int64, np.int64, np.uint64, np.int64, np.int64]
 
@@ -165,11 +192,6 @@ def _draw(
     zero = np.uint64(0)
     two_t = t + t
     room = zero - two_t  # 2^64 - 2t
-    two_s = s + s
-    shift_s = np.uint64(s_shift if s_shift >= 0 else 0)
-    by_shift = s_shift >= 0
-    mask = (one << m) - one
-    gate_bits = np.int64(m)
     length = np.int64(first.shape[0] - 1)
     length_u = np.uint64(length)
     edge = first[length]
@@ -198,21 +220,7 @@ def _draw(
             return np.int64(0), pos, reservoir, left, np.int64(_OVERFLOW)
         if a < length:
             break
-    # floor(2 t E) = 2 t k + floor((2 t r + floor(2 t y)) / 2^m), z = 2^m k + r
-    base = (z >> m) * two_t
-    part = (z & mask) * two_t  # < 2^(53 + m)
-    magnitude = np.int64(-1)
-    if coarse:
-        low_end = base + (part >> m) + s
-        high_end = base + ((part + two_t - one) >> m) + s
-        if by_shift:
-            low_end = low_end >> shift_s
-            high_end = high_end >> shift_s
-        else:
-            low_end = low_end // two_s
-            high_end = high_end // two_s
-        if low_end == high_end:
-            magnitude = np.int64(low_end)
+    magnitude = _cell_magnitude(z, m, two_t, s, s_shift) if coarse else np.int64(-1)
     if magnitude < 0:
         # the remainder y, density e^(-y / 2^m) / const on [0, 1): a uniform accepted when
         # its gate (m bits of the reservoir) is not all zero, else by the chain
@@ -222,15 +230,9 @@ def _draw(
             y = words[pos]
             pos += 1
             y_depth = np.int64(1)
-            if left < gate_bits:
-                if pos >= n_words:
-                    return np.int64(0), pos, reservoir, left, np.int64(EXHAUSTED)
-                reservoir = words[pos]
-                pos += 1
-                left = np.int64(64)
-            gate = reservoir & mask
-            reservoir = reservoir >> m
-            left -= gate_bits
+            gate, pos, reservoir, left, drawn = next_gate(words, pos, reservoir, left, m)
+            if not drawn:
+                return np.int64(0), pos, reservoir, left, np.int64(EXHAUSTED)
             if gate != zero:
                 break
             accepted, y_depth, pos, reservoir, left, status = von_neumann_chain(
@@ -247,8 +249,7 @@ def _draw(
                 return np.int64(0), pos, reservoir, left, status
             if up:
                 high += one
-        total = base + ((part + high) >> m) + s  # floor(2 t E) + s < 2^64
-        magnitude = np.int64(total >> shift_s) if by_shift else np.int64(total // two_s)
+        magnitude = _magnitude(z, high, m, two_t, s, s_shift)
     if left == 0:
         if pos >= n_words:
             return np.int64(0), pos, reservoir, left, np.int64(EXHAUSTED)
@@ -286,11 +287,6 @@ def _rounded_laplace_kernel(
     zero = np.uint64(0)
     two_t = t + t
     room = zero - two_t  # 2^64 - 2t
-    two_s = s + s
-    shift_s = np.uint64(s_shift if s_shift >= 0 else 0)
-    by_shift = s_shift >= 0
-    mask = (one << m) - one
-    gate_bits = np.int64(m)
     length = np.int64(first.shape[0] - 1)
     edge = first[length]
     small_k = (np.uint64(length) >> m) <= max_k  # no z of the table leaves the guard
@@ -305,23 +301,14 @@ def _rounded_laplace_kernel(
             y = words[pos + 1]
             p = pos + 2
             a = _thresholds_above(w, guide, guide_shift, first)
-            res = reservoir
-            bits_left = left
-            if bits_left < gate_bits:
-                res = words[p]
-                p += 1
-                bits_left = np.int64(64)
-            gate = res & mask
-            res = res >> m
-            bits_left -= gate_bits
+            gate, p, res, bits_left, _ = next_gate(words, p, reservoir, left, m)
             if bits_left == 0:
                 res = words[p]
                 p += 1
                 bits_left = np.int64(64)
             z = np.uint64(a)
             high, low = mul_high_low(two_t, y)
-            total = (z >> m) * two_t + (((z & mask) * two_t + high) >> m) + s
-            magnitude = np.int64(total >> shift_s) if by_shift else np.int64(total // two_s)
+            magnitude = _magnitude(z, high, m, two_t, s, s_shift)
             # not the usual draw: U < T_J, a tie with a threshold, a zero gate, a boundary
             usual = (
                 (w >= edge)
@@ -345,35 +332,15 @@ def _rounded_laplace_kernel(
                 p = pos + 1
                 res = reservoir
                 bits_left = left
-                base = (z >> m) * two_t
-                part = (z & mask) * two_t
-                magnitude = np.int64(-1)
+                magnitude = _cell_magnitude(z, m, two_t, s, s_shift) if coarse else np.int64(-1)
                 usual = True
-                if coarse:
-                    low_end = base + (part >> m) + s
-                    high_end = base + ((part + two_t - one) >> m) + s
-                    if by_shift:
-                        low_end = low_end >> shift_s
-                        high_end = high_end >> shift_s
-                    else:
-                        low_end = low_end // two_s
-                        high_end = high_end // two_s
-                    if low_end == high_end:
-                        magnitude = np.int64(low_end)
                 if magnitude < 0:
                     y = words[p]
                     p += 1
-                    if bits_left < gate_bits:
-                        res = words[p]
-                        p += 1
-                        bits_left = np.int64(64)
-                    gate = res & mask
-                    res = res >> m
-                    bits_left -= gate_bits
+                    gate, p, res, bits_left, _ = next_gate(words, p, res, bits_left, m)
                     high, low = mul_high_low(two_t, y)
                     usual = (gate != zero) & (low <= room)
-                    total = base + ((part + high) >> m) + s
-                    magnitude = np.int64(total >> shift_s) if by_shift else np.int64(total // two_s)
+                    magnitude = _magnitude(z, high, m, two_t, s, s_shift)
                 if usual:
                     if bits_left == 0:
                         res = words[p]

@@ -41,6 +41,7 @@ __all__ = [
     "carry",
     "jit",
     "jit_inline",
+    "next_gate",
     "threshold_tie",
     "tie",
     "von_neumann_chain",
@@ -71,6 +72,23 @@ def jit_inline(function: _Function) -> _Function:
         nogil=True, cache=True, _nrt=False, error_model="numpy", inline="always"
     )(function)
     return compiled
+
+
+@jit_inline
+def next_gate(
+    words: np.ndarray, pos: np.int64, reservoir: np.uint64, left: np.int64, m: np.uint64
+) -> tuple[np.uint64, np.int64, np.uint64, np.int64, bool]:  # pragma: no cover
+    """The next ``m`` bits of the reservoir of raw bits, a fresh word taken first when fewer
+    than ``m`` are left (those are never read). Returns (the gate, position, reservoir, bits
+    left, False when the words ran out before it)."""
+    if left < np.int64(m):
+        if pos >= words.shape[0]:
+            return np.uint64(0), pos, reservoir, left, False
+        reservoir = words[pos]
+        pos += 1
+        left = np.int64(64)
+    gate = reservoir & ((np.uint64(1) << m) - np.uint64(1))
+    return gate, pos, reservoir >> m, left - np.int64(m), True
 
 
 @jit
@@ -174,8 +192,6 @@ def von_neumann_chain(
     Returns (accepted: the chain broke at an odd index, y's known words, position,
     reservoir, bits left, status)."""
     n_words = words.shape[0]
-    mask = (np.uint64(1) << m) - np.uint64(1)
-    gate_bits = np.int64(m)
     y_depth = np.int64(1)
     previous = y  # first word of v_(j-1)
     p = np.int64(0)  # its scratch slot (0: y itself)
@@ -205,14 +221,8 @@ def von_neumann_chain(
             p = c
             p_depth = c_depth
         odd = not odd  # u_j < u_(j-1): the chain goes on to u_(j+1)
-        if left < gate_bits:
-            if pos >= n_words:
-                return False, y_depth, pos, reservoir, left, np.int64(EXHAUSTED)
-            reservoir = words[pos]
-            pos += 1
-            left = np.int64(64)
-        gate = reservoir & mask
-        reservoir = reservoir >> m
-        left -= gate_bits
+        gate, pos, reservoir, left, drawn = next_gate(words, pos, reservoir, left, m)
+        if not drawn:
+            return False, y_depth, pos, reservoir, left, np.int64(EXHAUSTED)
         if gate != np.uint64(0):  # u_(j+1) >= 2^-m > u_j: the chain breaks at j + 1
             return odd, y_depth, pos, reservoir, left, np.int64(OK)
