@@ -609,42 +609,11 @@ def test_no_float_in_the_compiled_integer_path() -> None:
     u64, i64 = numba.types.uint64, numba.types.int64
     words, ints, table = u64[::1], i64[::1], u64[:, ::1]
     guide = numba.types.int32[::1]
+    # scratch, first, deeper, guide, m, guide_shift, s, t, s_shift, coarse, max_k
+    shared = (table, words, table, guide, u64, u64, u64, u64, i64, numba.types.boolean, u64)
     signatures = {
-        el._rounded_laplace_kernel: (
-            words,
-            ints,
-            words,
-            table,
-            words,
-            table,
-            guide,
-            u64,
-            u64,
-            u64,
-            u64,
-            i64,
-            numba.types.boolean,
-            u64,
-            ints,
-            i64,
-        ),
-        el._draw: (
-            words,
-            i64,
-            u64,
-            i64,
-            table,
-            words,
-            table,
-            guide,
-            u64,
-            u64,
-            u64,
-            u64,
-            i64,
-            numba.types.boolean,
-            u64,
-        ),
+        el._rounded_laplace_kernel: (words, ints, words, *shared, ints, i64),
+        el._draw: (words, i64, u64, i64, *shared),
         exact_words.von_neumann_chain: (words, i64, table, u64, u64, i64, u64),
         exact_words.threshold_tie: (words, i64, table, i64),
         exact_words.tie: (words, i64, table, i64, i64, i64),
