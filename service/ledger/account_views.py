@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import func, select
 
 from service.errors import InvalidParameter
 from service.ledger.admin_records import (
@@ -25,7 +25,7 @@ from service.ledger.admin_records import (
     ServiceUsage,
     naive_utc,
 )
-from service.ledger.quota_and_degree import QUOTA_WINDOW
+from service.ledger.quota_and_degree import QUOTA_WINDOW, charges_to_others, quota_window_sum
 from service.ledger.tables import Charge, Spend, iso
 from service.ledger.transactions import LedgerPart
 from service.privacy.accountant import RdpCurve, curve_key
@@ -157,11 +157,7 @@ class AccountViews(LedgerPart):
             account = self._account(session, account_id)
             if account.type != "service":
                 raise InvalidParameter("account_id", "only service accounts charge others")
-            others = and_(
-                Charge.principal_account_id == account_id,
-                Charge.charged_account_id != account_id,
-                Charge.state != "refunded",
-            )
+            others = charges_to_others(account_id)
             count, eps, distinct = session.execute(
                 select(
                     func.count(Charge.id),
@@ -169,12 +165,7 @@ class AccountViews(LedgerPart):
                     func.count(func.distinct(Charge.charged_account_id)),
                 ).where(others)
             ).one()
-            since = naive_utc(now - QUOTA_WINDOW, session)
-            used = session.scalar(
-                select(func.coalesce(func.sum(Charge.epsilon), 0.0)).where(
-                    others, Charge.created_at > since
-                )
-            )
+            used = quota_window_sum(session, account_id, naive_utc(now - QUOTA_WINDOW, session))
             top = session.execute(
                 select(
                     Charge.charged_account_id,
@@ -195,7 +186,7 @@ class AccountViews(LedgerPart):
             may_create_seed_accounts=may_create,
             quota_epsilon=float(default_quota if quota is None else quota),
             quota_is_default=quota is None,
-            used_24h_epsilon=float(used or 0.0),
+            used_24h_epsilon=used,
             charges_to_others=int(count),
             epsilon_to_others=float(eps),
             accounts_charged=int(distinct),

@@ -51,6 +51,26 @@ from service.privacy.orders import GRID_VERSION
 QUOTA_WINDOW = timedelta(hours=24)
 
 
+def charges_to_others(principal: int) -> ColumnElement[bool]:
+    """A service account's live charges to other accounts: what its quota counts."""
+    return and_(
+        Charge.principal_account_id == principal,
+        Charge.charged_account_id != principal,
+        Charge.state != "refunded",
+    )
+
+
+def quota_window_sum(session: Session, principal: int, since: Any) -> float:
+    """The epsilon of ``principal``'s live charges to other accounts made after ``since``, summed
+    by the database (over ``ix_charges_principal_created_at``)."""
+    used = session.scalar(
+        select(func.coalesce(func.sum(Charge.epsilon), 0.0)).where(
+            charges_to_others(principal), Charge.created_at > since
+        )
+    )
+    return float(used or 0.0)
+
+
 class UnknownSyntheticRelease(ServiceError):
     """The synthetic release a sandbox serves is not a live release of this ledger."""
 
@@ -175,7 +195,7 @@ class QuotaAndDegree(LedgerPart):
         since = now - QUOTA_WINDOW
         window = None if windows is None else windows.get(principal)
         if window is None:
-            window = QuotaWindow(self._window_sum(session, principal, since))
+            window = QuotaWindow(quota_window_sum(session, principal, since))
             if windows is not None:
                 windows[principal] = window
         used = window.used
@@ -193,27 +213,8 @@ class QuotaAndDegree(LedgerPart):
         )
 
     @staticmethod
-    def _in_window(principal: int, since: Any) -> ColumnElement[bool]:
-        """The principal's live charges to other accounts since ``since``."""
-        return and_(
-            Charge.principal_account_id == principal,
-            Charge.charged_account_id != principal,
-            Charge.state != "refunded",
-            Charge.created_at > since,
-        )
-
-    @classmethod
-    def _window_sum(cls, session: Session, principal: int, since: Any) -> float:
-        used = session.scalar(
-            select(func.coalesce(func.sum(Charge.epsilon), 0.0)).where(
-                cls._in_window(principal, since)
-            )
-        )
-        return float(used or 0.0)
-
-    @classmethod
     def _seconds_until_freed(
-        cls, session: Session, principal: int, since: Any, excess: float, now: Any
+        session: Session, principal: int, since: Any, excess: float, now: Any
     ) -> float:
         """Seconds until the oldest charges of the window, which together free ``excess``,
         have left it (the whole window where none do: the query alone passes the quota)."""
@@ -222,7 +223,7 @@ class QuotaAndDegree(LedgerPart):
         )
         running = (
             select(Charge.created_at.label("created_at"), freed)
-            .where(cls._in_window(principal, since))
+            .where(charges_to_others(principal), Charge.created_at > since)
             .subquery()
         )
         oldest = session.scalar(
