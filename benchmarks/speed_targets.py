@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from service.cli.arg_types import positive_float, positive_int, seconds
 from service.cli.bench import generate_spec
 
 HERE = Path(__file__).resolve().parent.parent
@@ -500,16 +501,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="PostgreSQL server on which a database of the run's own is created and dropped",
     )
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    parser.add_argument("--workers", type=int, default=2, help="server workers (default 2)")
     parser.add_argument(
-        "--concurrency", type=int, default=32, help="load test connections (default 32)"
+        "--workers", type=positive_int, default=2, help="server workers (default 2)"
     )
     parser.add_argument(
-        "--duration", type=float, default=10.0, help="seconds per load phase (default 10)"
+        "--concurrency", type=positive_int, default=32, help="load test connections (default 32)"
+    )
+    parser.add_argument(
+        "--duration", type=positive_float, default=10.0, help="seconds per load phase (default 10)"
     )
     parser.add_argument(
         "--warmup",
-        type=float,
+        type=seconds,
         default=3.0,
         help="unreported seconds before each query phase (default 3)",
     )
@@ -522,16 +525,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "engine targets are stated; smaller runs faster)",
     )
     parser.add_argument(
-        "--queries", type=int, default=5, help="seeds bench times one at a time (default 5)"
+        "--queries",
+        type=positive_int,
+        default=5,
+        help="seeds bench times one at a time (default 5)",
     )
     parser.add_argument(
         "--batch-repeats",
-        type=int,
+        type=positive_int,
         default=3,
         help="blocks of 32 bench times per engine (default 3)",
     )
     parser.add_argument(
-        "--timeout", type=float, default=1200.0, help="seconds each tool may take (default 1200)"
+        "--timeout",
+        type=positive_float,
+        default=1200.0,
+        help="seconds each tool may take (default 1200)",
     )
     args = parser.parse_args(argv)
 
