@@ -405,12 +405,15 @@ def _seed_shared_copies(edges: tuple[Edge, ...], copies: int) -> tuple[Graph, np
     return graph_from_edges(union, 1 + copies * (NODES - 1)), index
 
 
-def _in_rounds(draw_round: Callable[[np.random.Generator], np.ndarray]) -> Sampler:
+def _in_rounds(draw_round: Callable[[np.random.Generator, int], np.ndarray]) -> Sampler:
+    """``count`` draws from rounds of ``draw_round(rng, wanted)``, which returns at least one
+    draw and may return more than the ``wanted`` still missing (the extra are dropped)."""
+
     def sample(rng: np.random.Generator, count: int) -> np.ndarray:
         rounds: list[np.ndarray] = []
         total = 0
         while total < count:
-            rounds.append(draw_round(rng))
+            rounds.append(draw_round(rng, count - total))
             total += rounds[-1].shape[0]
         return np.concatenate(rounds)[:count]
 
@@ -424,7 +427,7 @@ def degree_release_sampler(edges: tuple[Edge, ...], scale: float) -> Sampler:
     draws on G: each copy's degrees are G's and the noise is i.i.d. per node."""
     plan = laplace_plan_for_scale(DEGREE_SENSITIVITY, scale)
 
-    def draw_round(rng: np.random.Generator) -> np.ndarray:
+    def draw_round(rng: np.random.Generator, wanted: int) -> np.ndarray:
         union = _disjoint_copies(edges, UNION_COPIES)
         return np.asarray(noisy_degrees(union, plan, rng)).reshape(UNION_COPIES, NODES)
 
@@ -444,7 +447,7 @@ def count_release_sampler(edges: tuple[Edge, ...], release: CountRelease) -> Sam
     |N(s) & N(v)| and whether v is a friend of s are those of G, and the noise is independent
     per node with the scale fixed by that status."""
 
-    def draw_round(rng: np.random.Generator) -> np.ndarray:
+    def draw_round(rng: np.random.Generator, wanted: int) -> np.ndarray:
         union, index = _seed_shared_copies(edges, UNION_COPIES)
         draws: np.ndarray = np.asarray(release(union, rng), dtype=np.float64)[index]
         draws[:, SEED] = 0.0
@@ -466,18 +469,19 @@ def two_scale_counts(friend_scale: float, candidate_scale: float) -> CountReleas
 
 
 def diffusion_sampler(edges: tuple[Edge, ...], config: DiffusionConfig) -> Sampler:
-    """The noisy diffusion's x_K for SEED on G with ``config``, DIFFUSION_BATCH queries at a
-    time through the batched engine that serves it (``run_jobs``: each query one column with
-    its own noise; ``noisy_diffusion`` runs one such column). As in serving, every query has
-    its own generator (children of a seed sequence drawn from ``rng``), so the draws do not
-    depend on how the engine's threads share out the columns."""
+    """The noisy diffusion's x_K for SEED on G with ``config``, up to DIFFUSION_BATCH queries
+    at a time (never more than the draws still wanted) through the batched engine that serves
+    it (``run_jobs``: each query one column with its own noise; ``noisy_diffusion`` runs one
+    such column). As in serving, every query has its own generator (children of a seed
+    sequence drawn from ``rng``), so the draws do not depend on how the engine's threads share
+    out the columns."""
 
-    def draw_round(rng: np.random.Generator) -> np.ndarray:
+    def draw_round(rng: np.random.Generator, wanted: int) -> np.ndarray:
         graph = audit_graph(edges)
         parent = np.random.SeedSequence([int(word) for word in rng.integers(0, 2**63, size=4)])
         generators = [
             np.random.Generator(np.random.PCG64DXSM(child))
-            for child in parent.spawn(DIFFUSION_BATCH)
+            for child in parent.spawn(min(wanted, DIFFUSION_BATCH))
         ]
         jobs = [DiffusionJob(SEED, config, own, keep_prefix=False) for own in generators]
         run_jobs(graph, jobs)

@@ -5,35 +5,69 @@ caught, then a verdict line."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+
+import pytest
 
 from tests.privacy_audit import CASES
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "privacy_audit.py"
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300
-    )
+def _load() -> ModuleType:
+    """The command's module, loaded once: its ``main`` is what ``python privacy_audit.py`` runs
+    (the script ends with ``raise SystemExit(main())``)."""
+    spec = importlib.util.spec_from_file_location("privacy_audit_command", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+COMMAND = _load()
+
+
+@dataclass(frozen=True)
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def run(capsys: pytest.CaptureFixture[str]) -> Callable[..., Done]:
+    def command(*args: str) -> Done:
+        code = COMMAND.main(list(args))
+        out, err = capsys.readouterr()
+        return Done(code, out, err)
+
+    return command
 
 
 def test_it_lists_every_case_of_the_suite() -> None:
-    done = _run("--list")
+    """As a command (the other tests call its ``main`` in this process)."""
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--list"], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [spec.name for spec in CASES]
 
 
-def test_bad_arguments_exit_2() -> None:
+def test_bad_arguments_exit_2(run: Callable[..., Done]) -> None:
     for args in (("--only", "no-such-case"), ("--draws", "0"), ("--alpha", "1")):
-        done = _run(*args)
+        done = run(*args)
         assert done.returncode == 2 and done.stdout.startswith("privacy_audit:"), args
 
 
-def test_one_case_prints_its_row_and_a_verdict() -> None:
-    done = _run("--only", "popular/both/friend-friend", "--draws", "3000", "--selection", "1000")
+def test_one_case_prints_its_row_and_a_verdict(run: Callable[..., Done]) -> None:
+    done = run("--only", "popular/both/friend-friend", "--draws", "3000", "--selection", "1000")
     assert done.returncode in (0, 1), done.stderr  # 1: the control not caught at 3,000 draws
     rows = [line for line in done.stdout.splitlines() if line.startswith("| popular ")]
     assert len(rows) == 2  # as it runs, and in the final table
