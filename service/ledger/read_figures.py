@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Text, insert, select, type_coerce
 
 from service.ledger.budget_rule import fits_under_cap
 from service.ledger.records import (
@@ -14,12 +16,25 @@ from service.ledger.records import (
 )
 from service.ledger.tables import (
     Charge,
+    EncodedJson,
     ReadTotal,
     ServiceRead,
     utcnow,
 )
 from service.ledger.transactions import LedgerPart
 from service.privacy.accountant import RdpCurve
+
+
+@dataclass(frozen=True)
+class _NewRead:
+    """A release a reader is about to receive: its row's values and its parsed curve."""
+
+    charge_id: int | None
+    graph_release_id: int | None
+    epsilon: float
+    rdp: Any  # the stored JSON (a charge's curve: its text as stored)
+    pure_epsilon: float
+    curve: RdpCurve
 
 
 class ReadFigures(LedgerPart):
@@ -52,7 +67,7 @@ class ReadFigures(LedgerPart):
             total_row = session.get(ReadTotal, reader_account_id)
             total = RdpCurve.zero() if total_row is None else RdpCurve.from_json(total_row.rdp)
             count = 0 if total_row is None else total_row.releases
-            new: list[ServiceRead] = []
+            new: list[_NewRead] = []
             wanted = sorted(set(charge_ids))
             if wanted:
                 seen = set(
@@ -63,18 +78,20 @@ class ReadFigures(LedgerPart):
                         )
                     )
                 )
+                # the curves as stored (JSON text), parsed once per distinct curve (a group's
+                # charges mostly share one) and copied into the reads as they are
+                parsed: dict[str, RdpCurve] = {}
                 for charge_id, epsilon, rdp in session.execute(
-                    select(Charge.id, Charge.epsilon, Charge.rdp)
+                    select(Charge.id, Charge.epsilon, type_coerce(Charge.rdp, Text))
                     .where(Charge.id.in_([c for c in wanted if c not in seen]))
                     .order_by(Charge.id)
                 ):
+                    curve = parsed.get(rdp)
+                    if curve is None:
+                        curve = parsed[rdp] = RdpCurve.from_json(json.loads(rdp))
                     new.append(
-                        ServiceRead(
-                            reader_account_id=reader_account_id, charge_id=charge_id,
-                            epsilon=epsilon, rdp=rdp,
-                            pure_epsilon=RdpCurve.from_json(cast(dict[str, Any], rdp)).pure,
-                        )
-                    )  # fmt: skip
+                        _NewRead(charge_id, None, epsilon, EncodedJson(rdp), curve.pure, curve)
+                    )
             if graph_release is not None:
                 row = self._live_graph_release(session, *graph_release)
                 if (
@@ -87,25 +104,33 @@ class ReadFigures(LedgerPart):
                     )
                     is None
                 ):
+                    curve = RdpCurve.from_json(row.rdp)
                     new.append(
-                        ServiceRead(
-                            reader_account_id=reader_account_id, graph_release_id=row.id,
-                            epsilon=row.epsilon, rdp=row.rdp, pure_epsilon=row.pure_epsilon,
-                        )
-                    )  # fmt: skip
+                        _NewRead(None, row.id, row.epsilon, row.rdp, row.pure_epsilon, curve)
+                    )
             before = ReadView(reader_account_id, total.epsilon(delta), delta, count, cap)
             if not new:
                 return before
             composed = total
             for read in new:
-                composed = composed + RdpCurve.from_json(read.rdp)
+                composed = composed + read.curve
             after = composed.epsilon(delta)
             if cap is not None and not fits_under_cap(after, cap):
                 raise ReadCapExhausted(before, after)
             now = utcnow()
-            for read in new:
-                read.created_at = now
-                session.add(read)
+            # one prepared statement per row in a pipeline (a multi-row INSERT of many reads
+            # has too many parameters for psycopg's cache of parsed statements)
+            session.execute(
+                insert(ServiceRead),
+                [
+                    {
+                        "reader_account_id": reader_account_id, "charge_id": read.charge_id,
+                        "graph_release_id": read.graph_release_id, "epsilon": read.epsilon,
+                        "rdp": read.rdp, "pure_epsilon": read.pure_epsilon, "created_at": now,
+                    }
+                    for read in new
+                ],
+            )  # fmt: skip
             if total_row is None:
                 total_row = ReadTotal(account_id=reader_account_id)
                 session.add(total_row)
