@@ -32,14 +32,21 @@ import numpy as np
 
 from service.privacy.orders import GRID_VERSION, ORDERS
 
+#: The conversion's terms that depend on the order only, computed once (every order is finite
+#: and above 1, so none is infinite and no division is by 0): the conversion below does the
+#: same floating-point operations, in the same order, as computing them every time.
+_LOG1P_TERM = np.log1p(-1.0 / ORDERS)
+_LOG_ORDERS = np.log(ORDERS)
+_ORDERS_MINUS_ONE = ORDERS - 1.0
+assert np.all(np.isfinite(_LOG1P_TERM)) and np.all(_ORDERS_MINUS_ONE > 0.0)
+
 
 def rdp_to_epsilon(rdp: np.ndarray, pure: float, delta: float) -> float:
     """Smallest epsilon the curve certifies at ``delta`` (vectorised over the grid)."""
     if not 0.0 < delta < 1.0:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
     rdp = np.asarray(rdp, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        eps = rdp + np.log1p(-1.0 / ORDERS) - (np.log(delta) + np.log(ORDERS)) / (ORDERS - 1.0)
+    eps = rdp + _LOG1P_TERM - (np.log(delta) + _LOG_ORDERS) / _ORDERS_MINUS_ONE
     best = float(np.min(eps))
     return max(0.0, min(best, float(pure)))
 
