@@ -16,9 +16,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Table, bindparam, func, insert, select, text, update
+from sqlalchemy import CursorResult, Table, any_, bindparam, func, insert, select, text, update
 from sqlalchemy.orm import Session
 
+from service.ledger.id_lists import id_array, is_postgresql
 from service.ledger.periods import day_start
 from service.ledger.tables import (
     Budget,
@@ -176,13 +177,20 @@ def lock_account(session: Session, account_id: int) -> LockedAccount | None:
     return None if row is None else LockedAccount(row)
 
 
-_LOCK_ACCOUNTS = (
-    select(SPEND, *_BUDGET_COLUMNS)
-    .join_from(SPEND, BUDGETS, BUDGETS.c.account_id == SPEND.c.account_id)
-    .where(SPEND.c.account_id.in_(bindparam("account_ids", expanding=True)))
+_LOCK_ACCOUNTS_QUERY = select(SPEND, *_BUDGET_COLUMNS).join_from(
+    SPEND, BUDGETS, BUDGETS.c.account_id == SPEND.c.account_id
+)
+#: The accounts of a list (service/ledger/id_lists.py: one array on PostgreSQL, IN elsewhere).
+_LOCK_ACCOUNTS = {
+    postgresql: _LOCK_ACCOUNTS_QUERY.where(
+        SPEND.c.account_id == any_(id_array("account_ids"))
+        if postgresql
+        else SPEND.c.account_id.in_(bindparam("account_ids", expanding=True))
+    )
     .order_by(SPEND.c.account_id)
     .with_for_update(of=SPEND)
-)
+    for postgresql in (False, True)
+}
 
 
 def lock_accounts(session: Session, account_ids: list[int]) -> dict[int, LockedAccount]:
@@ -191,8 +199,9 @@ def lock_accounts(session: Session, account_ids: list[int]) -> dict[int, LockedA
     single admissions never deadlock); an unknown account is missing from the answer."""
     ordered = sorted(set(account_ids))
     locked: dict[int, LockedAccount] = {}
+    statement = _LOCK_ACCOUNTS[is_postgresql(session)]
     for start in range(0, len(ordered), 500):
-        rows = session.execute(_LOCK_ACCOUNTS, {"account_ids": ordered[start : start + 500]})
+        rows = session.execute(statement, {"account_ids": ordered[start : start + 500]})
         for row in rows:
             locked[int(row.account_id)] = LockedAccount(row)
     return locked
@@ -293,7 +302,7 @@ class AdmissionWrites:
         if self._charges:
             pending, self._charges = self._charges, []
             rows = [charge.values for charge in pending]
-            if len(rows) > 1 and session.get_bind().dialect.name == "postgresql":
+            if len(rows) > 1 and is_postgresql(session):
                 ids = sorted(session.scalars(_RESERVE_CHARGE_IDS, {"n": len(rows)}))
                 session.execute(
                     _INSERT_CHARGES_WITH_IDS,

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Text, insert, select, type_coerce
 
 from service.ledger.budget_rule import fits_under_cap
+from service.ledger.id_lists import one_of
 from service.ledger.records import (
     ReadCapExhausted,
     ReadView,
@@ -74,7 +75,7 @@ class ReadFigures(LedgerPart):
                     session.scalars(
                         select(ServiceRead.charge_id).where(
                             ServiceRead.reader_account_id == reader_account_id,
-                            ServiceRead.charge_id.in_(wanted),
+                            one_of(session, ServiceRead.charge_id, wanted),
                         )
                     )
                 )
@@ -83,7 +84,7 @@ class ReadFigures(LedgerPart):
                 parsed: dict[str, RdpCurve] = {}
                 for charge_id, epsilon, rdp in session.execute(
                     select(Charge.id, Charge.epsilon, type_coerce(Charge.rdp, Text))
-                    .where(Charge.id.in_([c for c in wanted if c not in seen]))
+                    .where(one_of(session, Charge.id, [c for c in wanted if c not in seen]))
                     .order_by(Charge.id)
                 ):
                     curve = parsed.get(rdp)

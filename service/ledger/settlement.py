@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from service.errors import InvalidParameter
 from service.ledger.graph_releases import GraphReleases
+from service.ledger.id_lists import one_of
 from service.ledger.idempotency import free_bindings
 from service.ledger.ledger_rows import (
     budget_view,
@@ -189,7 +190,7 @@ class Settlement(LedgerPart):
             moved = set(
                 session.scalars(
                     update(CHARGES)
-                    .where(CHARGES.c.id.in_(ids), CHARGES.c.state == "admitted")
+                    .where(one_of(session, CHARGES.c.id, ids), CHARGES.c.state == "admitted")
                     .values(state="released", settled_at=now)
                     .returning(CHARGES.c.id)
                 )
@@ -198,7 +199,9 @@ class Settlement(LedgerPart):
             states: dict[int, str] = {}
             if others:
                 rows = session.execute(
-                    select(CHARGES.c.id, CHARGES.c.state).where(CHARGES.c.id.in_(others))
+                    select(CHARGES.c.id, CHARGES.c.state).where(
+                        one_of(session, CHARGES.c.id, others)
+                    )
                 )
                 states = {int(row.id): str(row.state) for row in rows}
             outcomes: list[ChargeSettled | None] = []
