@@ -65,7 +65,7 @@ from service.mechanisms.randomness import fresh_generator
 from service.privacy.laplace import TwoScalePlan
 from service.privacy.modes import Mode
 
-__all__ = ["BlendedTop", "LazyCandidates", "blended_top"]
+__all__ = ["BlendedDraw", "BlendedTop", "LazyCandidates", "blended_draw", "blended_top"]
 
 #: The smallest number of nodes a move may draw (below it the fixed costs dominate).
 MIN_BLOCK = 256
@@ -270,6 +270,33 @@ def blended_top(
     on ``score_grid`` of its noise: exactly the law of the full draw, drawing noise for the
     friends, the candidates with a common neighbour and only as many other nodes as the
     statistics and the ranked top need (module docstring; docs/privacy.md)."""
+    return blended_draw(graph, seed, plan, degrees, degrees_scale, k, rng, mode, grid=grid).top
+
+
+@dataclass(frozen=True)
+class BlendedDraw:
+    """:func:`blended_top`'s answer (``top``) with what it drew: the friends' released counts
+    and the candidates' state (for tests that complete the draw and compare)."""
+
+    top: BlendedTop
+    friends: np.ndarray
+    friend_values: np.ndarray
+    candidates: LazyCandidates
+
+
+def blended_draw(
+    graph: Graph,
+    seed: int,
+    plan: TwoScalePlan,
+    degrees: np.ndarray,
+    degrees_scale: float,
+    k: int,
+    rng: np.random.Generator | None = None,
+    mode: Mode | str = Mode.PERSONALIZED,
+    *,
+    grid: float | None = None,
+) -> BlendedDraw:
+    """:func:`blended_top` with what it drew."""
     require_personalized(mode, "blended")
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -348,12 +375,5 @@ def blended_top(
         mixed = mix(a, state.values, b, state.z)
     ids = np.concatenate([friends, state.ids])
     first = ranked_first(every, ids, keep)
-    return BlendedTop(
-        ids[first],
-        every[first],
-        sgrid,
-        weight,
-        r_counts,
-        r_degrees,
-        signal,
-    )
+    answer = BlendedTop(ids[first], every[first], sgrid, weight, r_counts, r_degrees, signal)
+    return BlendedDraw(answer, friends, friend_values, state)

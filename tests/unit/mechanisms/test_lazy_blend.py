@@ -2,8 +2,9 @@
 :func:`blended_top` and ranking :func:`service.mechanisms.blended.blend` of every node's draw on
 a small graph whose seed has few common neighbours (so most candidates are lazy), at the
 service's grid and at a coarse one; two controls the same test rejects (each range's count
-taken one level too wide; the undrawn nodes' bound ignored); the bound itself; and that a large
-graph is served from a small share of its nodes."""
+taken one level too wide; the undrawn nodes' bound ignored); the bound itself; that any
+completion of what was drawn gives the full draw's answer bit for bit (and its control); and
+that a large graph is served from a small share of its nodes."""
 
 from __future__ import annotations
 
@@ -260,3 +261,59 @@ def test_levels_drawn_below_a_threshold_keep_the_law() -> None:
     reference = full[full < 2][: len(below)].tolist()
     assert max(below) <= 1
     assert homogeneity_p([max(-4, x) for x in below], [max(-4, x) for x in reference]) > ALPHA
+
+
+# -- what was drawn settles the answer: any completion gives the full draw's answer ----------
+
+
+@pytest.mark.parametrize("block", [1, 4, 256])
+def test_every_completion_of_the_draw_gives_the_same_answer(
+    monkeypatch: pytest.MonkeyPatch, block: int
+) -> None:
+    """The proof's second half, bit for bit: after ``blended_draw`` stops, draw every node left
+    (levels below T), assemble the full vector and run the full draw's ``blend`` and
+    ``ranked_indices`` on it: the same nodes, scores, grid, weight, R_c, R_d and signal, on
+    graphs, seeds, epsilons and depths where the lazy nodes matter."""
+    from service.mechanisms.lazy_blend import blended_draw
+
+    monkeypatch.setattr(lazy_blend, "MIN_BLOCK", block)
+    rng = np.random.default_rng(53)
+    graphs = [GRAPH, generate_graph(2000, 5000, seed=4), generate_graph(500, 4000, seed=6)]
+    for graph in graphs:
+        noisy = round_to_grid(
+            graph.degrees + rng.laplace(0.0, DEGREE_SCALE, graph.n), count_grid(DEGREE_SCALE)
+        )
+        noisy.setflags(write=False)
+        for _ in range(8):
+            seed = int(rng.choice(np.flatnonzero(graph.degrees > 0)))
+            epsilon = float(rng.choice([0.1, 0.5, 2.0]))
+            k = int(graph.degrees[seed]) + int(rng.choice([1, 5, 60]))
+            grid = float(rng.choice([1.0, count_grid(plan_two_scale(epsilon).candidate_scale)]))
+            plan = plan_two_scale(epsilon)
+            drawn = blended_draw(graph, seed, plan, noisy, DEGREE_SCALE, k, rng, grid=grid)
+            state = drawn.candidates
+            state.lower(None)  # a completion: every node left, from N | N < T
+            assert state.undrawn() == 0
+            counts = np.zeros(graph.n)
+            counts[state.ids] = state.values
+            counts[drawn.friends] = drawn.friend_values
+            full = blend(graph, seed, counts, noisy, plan.candidate_scale, DEGREE_SCALE,
+                         depth=k - drawn.friends.shape[0])  # fmt: skip
+            grid_out = score_grid(full.score_noise_scale)
+            best, scores = ranked_indices(graph, seed, full.scores, k, grid=grid_out)
+            top = drawn.top
+            assert np.array_equal(top.indices, best) and np.array_equal(top.scores, scores)
+            assert top.grid == grid_out and top.weight == full.weight
+            assert top.reliability_counts == full.reliability_counts
+            assert top.reliability_degrees == full.reliability_degrees
+            assert top.counts_signal == full.counts_signal
+
+
+def test_the_completion_check_fails_when_the_undrawn_nodes_are_ignored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Control: with the bound U taken as -inf the draw stops too early, and some completion
+    changes the answer."""
+    monkeypatch.setattr(LazyCandidates, "bound", lambda self, a, b: -math.inf)
+    with pytest.raises(AssertionError):
+        test_every_completion_of_the_draw_gives_the_same_answer(monkeypatch, 4)
