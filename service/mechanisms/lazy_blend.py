@@ -192,7 +192,7 @@ class LazyCandidates:
             return
         top = self.threshold
         s_top = _tail(self.law, top)
-        if math.isinf(kth):
+        if kth == -math.inf:
             wanted = s_top + min(1.0, budget / remaining) * (1.0 - s_top)
             self.lower(None if budget >= remaining else _level_at(self.law, wanted))
             return
@@ -229,6 +229,8 @@ def _settle(
 ) -> np.ndarray:
     """Draw until the top r of (``fixed`` scores and) the candidates under (a, b) are known;
     returns the known candidates' scores."""
+    if r <= 0:
+        return mix(a, state.values, b, state.z)
     while True:
         scores = mix(a, state.values, b, state.z)
         every = scores if fixed is None else np.concatenate([fixed, scores])
