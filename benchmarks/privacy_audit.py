@@ -44,7 +44,8 @@ from tests.privacy_audit import CASES, AuditCase, AuditResult, CaseSpec, Neighbo
 #: tests/test_embedding_api.py).
 POST_PROCESSING = (
     ("blended", "personalized", "friends_of_friends' counts and popular's degrees; claim "
-     "eps + eps_d, the sum of the two audited releases"),
+     "eps + eps_d, the sum of the two audited releases (served by its lazy top, of the same "
+     "law: tests/unit/mechanisms/test_lazy_blend.py)"),
     ("friends_of_friends ranking", "personalized", "friends_of_friends' two-scale counts"),
     ("embeddings/free", "edge, personalized", "the stored noisy_diffusion release it embeds"),
 )  # fmt: skip

@@ -304,6 +304,7 @@ COVERING_SUITES: dict[str, tuple[str, ...]] = {
     "service/logs.py": ("tests/test_http_connections.py",),
     "service/mechanisms/blended.py": (
         "tests/test_ranking_sensitivity.py",
+        "tests/unit/mechanisms/test_lazy_blend.py",
         "tests/test_ranking_api.py",
     ),
     "service/mechanisms/charges.py": ("tests/test_budget_plan.py",),

@@ -223,16 +223,41 @@ def test_friends_of_friends_ranks_friends_first_by_count_and_never_the_seed() ->
 
 
 def test_the_signal_test_has_its_level_and_finds_signal() -> None:
-    """Under "every candidate has the same count" the test fires about 5% of the time; counts
-    that differ by several noise scales are found."""
-    from service.mechanisms.blended import counts_carry_signal
+    """Under "every candidate has count 0" the test (the largest of m counts against the 95%
+    quantile of the maximum of m Laplace draws) fires about 5% of the time; counts that differ
+    by several noise scales are found. It reads the top of the counts only."""
+    from service.mechanisms.blended import TOP_DEPTH, counts_carry_signal
+
+    def top(values: np.ndarray) -> np.ndarray:
+        return np.sort(values)[::-1][:TOP_DEPTH]
 
     rng = np.random.default_rng(17)
-    fired = [counts_carry_signal(3.0 + rng.laplace(0.0, 4.0, 2000), 4.0) for _ in range(1000)]
-    assert 0.025 <= float(np.mean(fired)) <= 0.08
+    fired = [counts_carry_signal(top(rng.laplace(0.0, 4.0, 2000)), 4.0, 2000) for _ in range(2000)]
+    assert 0.035 <= float(np.mean(fired)) <= 0.065
     spread = rng.integers(0, 40, 2000).astype(float)
-    assert all(counts_carry_signal(spread + rng.laplace(0.0, 4.0, 2000), 4.0) for _ in range(20))
-    assert not counts_carry_signal(np.array([1.0]), 4.0)
+    assert all(
+        counts_carry_signal(top(spread + rng.laplace(0.0, 4.0, 2000)), 4.0, 2000) for _ in range(20)
+    )
+    assert not counts_carry_signal(np.zeros(0), 4.0, 0)
+
+
+def test_the_top_reliability_is_low_on_noise_and_high_on_signal() -> None:
+    """R_c from the top 50 of m counts: at the floor for pure noise (most draws), near 1 when
+    the top counts stand far above the noise."""
+    from service.mechanisms.blended import MIN_RELIABILITY, TOP_DEPTH, top_reliability
+
+    rng = np.random.default_rng(23)
+    m = 5000
+    noise = [
+        top_reliability(np.sort(rng.laplace(0.0, 2.0, m))[::-1][:TOP_DEPTH], 2.0, m)
+        for _ in range(200)
+    ]
+    assert np.median(noise) <= 0.1 and min(noise) >= MIN_RELIABILITY
+    counts = np.zeros(m)
+    counts[:200] = 60.0
+    signal = np.sort(counts + rng.laplace(0.0, 2.0, m))[::-1][:TOP_DEPTH]
+    assert top_reliability(signal, 2.0, m) > 0.9
+    assert top_reliability(np.zeros(0), 2.0, m) == MIN_RELIABILITY
 
 
 # --------------------------------------------------------------------------- two scales
@@ -359,12 +384,12 @@ def test_two_scale_counts_are_refused_in_edge_mode() -> None:
         two_scale_common_neighbours(graph, 0, plan_two_scale(1.0), mode="edge")
 
 
-def test_blended_tests_the_candidates_with_their_own_noise_variance() -> None:
+def test_blended_tests_the_candidates_with_their_own_noise_scale() -> None:
     """``blended`` on the two-scale counts measures the candidates' reliability and signal
-    against the candidates' noise, 2 b_c^2 = 2 / eps^2 (not the friends' 8 / eps^2): with the
-    same generator its statistics equal those computed from the candidates at scale b_c, and
-    differ from those at the friends' scale."""
-    from service.mechanisms.blended import counts_carry_signal, reliability
+    against the candidates' noise, b_c = 1 / eps (not the friends' 2 / eps), from the top of
+    the candidates' counts: with the same generator its statistics equal those computed from
+    the candidates at scale b_c, and differ from those at the friends' scale."""
+    from service.mechanisms.blended import TOP_DEPTH, counts_carry_signal, top_reliability
     from service.mechanisms.common_neighbours import two_scale_common_neighbours
 
     rng = np.random.default_rng(31)
@@ -377,7 +402,9 @@ def test_blended_tests_the_candidates_with_their_own_noise_variance() -> None:
     candidates = np.ones(graph.n, dtype=bool)
     candidates[seed] = False
     candidates[graph.neighbors(seed)] = False
-    own = reliability(counts[candidates], plan.candidate_scale)
+    m = int(candidates.sum())
+    top = np.sort(counts[candidates])[::-1][:TOP_DEPTH]
+    own = top_reliability(top, plan.candidate_scale, m)
     assert result.reliability_counts == own
-    assert own > reliability(counts[candidates], plan.friend_scale)
-    assert result.counts_signal == counts_carry_signal(counts[candidates], plan.candidate_scale)
+    assert own > top_reliability(top, plan.friend_scale, m)
+    assert result.counts_signal == counts_carry_signal(top, plan.candidate_scale, m)

@@ -132,15 +132,20 @@ class Mechanism(BaseModel):
         None, description="blended: weight of the common-neighbour signal the hold-out chose."
     )
     reliability_counts: float | None = Field(
-        None, description="blended: share of the counts' spread that is signal."
+        None,
+        description="blended: share of the top candidates' counts that is signal (above what "
+        "pure noise would give).",
     )
     reliability_degrees: float | None = Field(
-        None, description="blended: share of the degrees' spread that is signal."
+        None,
+        description="blended: share of the degree release's spread that is signal (public, "
+        "one value per graph version).",
     )
     counts_signal: bool | None = Field(
         None,
         description="blended: whether the counts carry signal among the candidates (a 5% "
-        "test); without it the weight of the counts is at most 0.5.",
+        "test on the largest candidate count); without it the weight of the counts is at most "
+        "0.5.",
     )
     score_grid: float | None = Field(
         default=None,

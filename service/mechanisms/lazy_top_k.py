@@ -54,6 +54,7 @@ from service.mechanisms.exact_laplace import rounded_laplace
 
 __all__ = [
     "LazyTop",
+    "LevelLaw",
     "binomial_count",
     "distinct_uniform",
     "exp_neg_bounds",
@@ -70,7 +71,7 @@ MAX_PRECISION = 1 << 14
 
 
 @dataclass(frozen=True)
-class _Law:
+class LevelLaw:
     """N = round(L / gamma), L ~ Lap(1), gamma = s / t."""
 
     s: int
@@ -89,12 +90,16 @@ class _Law:
         return one - ((hi + 1) >> 1), one - (lo >> 1)
 
 
+#: The name the module's tests use.
+_Law = LevelLaw
+
+
 class range_probability_bits:  # noqa: N801 - used like a function returning digits
     """The binary digits of ``p = P(a2 <= N < b2) / P(a <= N < b)`` (``[a2, b2)`` inside
     ``[a, b)``, None for an infinite end), computed exactly, on demand."""
 
     def __init__(
-        self, law: _Law, a: int | None, b: int | None, a2: int | None, b2: int | None
+        self, law: LevelLaw, a: int | None, b: int | None, a2: int | None, b2: int | None
     ) -> None:
         self.law = law
         self.ends = (a, b, a2, b2)
@@ -160,7 +165,7 @@ def binomial_count(rng: np.random.Generator, trials: int, digits: range_probabil
 
 
 def range_levels(
-    rng: np.random.Generator, law: _Law, count: int, a: int | None, b: int | None
+    rng: np.random.Generator, law: LevelLaw, count: int, a: int | None, b: int | None
 ) -> np.ndarray:
     """``count`` i.i.d. draws of N given ``a <= N < b`` (None: an infinite end), int64."""
     if count <= 0:
@@ -219,7 +224,7 @@ def lazy_rank_to_index(excluded: np.ndarray, ranks: np.ndarray) -> np.ndarray:
 
 
 def _next_threshold(
-    law: _Law, top: int | None, lower: int | None, remaining: int, wanted: int
+    law: LevelLaw, top: int | None, lower: int | None, remaining: int, wanted: int
 ) -> int | None:
     """A threshold below ``top`` whose range holds about ``wanted`` of the ``remaining``
     nodes, by float estimates (the choice only affects the cost, never the law); None: take
@@ -271,7 +276,7 @@ class LazyTop:
 
 def _descend(
     rng: np.random.Generator,
-    law: _Law,
+    law: LevelLaw,
     m: int,
     need: int,
     lower: int | None,
@@ -323,7 +328,7 @@ def lazy_top(
     are indistinguishable to the caller: the clipped ranking). ``minimum``: also draw the
     smallest of the m levels (by the same descent on -N over the nodes left below the
     threshold)."""
-    law = _Law(int(s), int(t))
+    law = LevelLaw(int(s), int(t))
     if m <= 0:
         empty = np.zeros(0, dtype=np.int64)
         return LazyTop(empty, empty, None, False, None)

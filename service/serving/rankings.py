@@ -13,9 +13,9 @@
   ``friends_of_friends`` and ``blended``.
 - :func:`draw_ranking` draws the query's noise (OS entropy) and post-processes it; released
   scores are rounded to ``score_grid`` of the noise behind them and ranked as rounded.
-  :func:`draw_ranked` is its ranked top (what the service stores): for ``common_neighbours``
-  and ``friends_of_friends`` drawn lazily, with the same law, in time that does not grow with
-  the graph (:mod:`service.mechanisms.lazy_top_k`; docs/privacy.md, "The lazy top-k").
+  :func:`draw_ranked` is its ranked top (what the service stores), drawn lazily, with the same
+  law, in time that does not grow with the graph (:mod:`service.mechanisms.lazy_top_k`, and
+  :mod:`service.mechanisms.lazy_blend` for ``blended``; docs/privacy.md, "The lazy top-k").
 
 Proofs of the sensitivities and of what is charged to whom: docs/ranking.md.
 """
@@ -32,7 +32,7 @@ from service.cache.caches import ReleasedDegreeCache
 from service.graph.model import Graph
 from service.ledger.ledger import Ledger
 from service.ledger.records import GraphCap
-from service.mechanisms.blended import blend
+from service.mechanisms.blended import SERVED_DEPTH, blend, degree_standard
 from service.mechanisms.charges import count_release, degree_release
 from service.mechanisms.common_neighbours import (
     common_neighbours_top,
@@ -40,8 +40,9 @@ from service.mechanisms.common_neighbours import (
     two_scale_common_neighbours,
 )
 from service.mechanisms.friends_of_friends import friends_first, friends_of_friends_top
+from service.mechanisms.lazy_blend import blended_top
 from service.mechanisms.popular import degrees_from_bytes, degrees_to_bytes, noisy_degrees
-from service.mechanisms.postprocess import count_grid, ranked_indices, round_to_grid, score_grid
+from service.mechanisms.postprocess import count_grid, round_to_grid, score_grid
 from service.mechanisms.randomness import fresh_generator
 from service.mechanisms.registry import RankingMechanism
 from service.privacy.accountant import RdpCurve
@@ -131,6 +132,7 @@ class DegreeReleases:
                     graph.version, degree_release_name(self.plan.scale)
                 )
                 hit = ReleasedDegrees(graph.version, values, self.plan, stored)
+                degree_standard(values, self.plan.scale)  # blended's, once per version
                 self._local = {graph.version: hit}  # the current version only
             return hit
 
@@ -253,14 +255,21 @@ class RankingDraw:
 
 
 def draw_ranking(
-    graph: Graph, seed: int, plan: RankingPlan, rng: np.random.Generator
+    graph: Graph,
+    seed: int,
+    plan: RankingPlan,
+    rng: np.random.Generator,
+    *,
+    depth: int = SERVED_DEPTH,
 ) -> RankingDraw:
-    """Draw this query's noisy common-neighbour counts with ``rng`` (a fresh OS-entropy
-    generator in the service) and post-process them.
+    """Draw this query's noisy common-neighbour counts for every node with ``rng`` (a fresh
+    OS-entropy generator in the service) and post-process them: the full draw, which
+    :func:`draw_ranked` samples the ranked top of.
 
     The counts are rounded to their grid as soon as they are drawn; ``friends_of_friends``
     ranks them with the seed's friends first; ``blended`` combines them with the stored degree
-    release (post-processing) and states the grid of its own score units.
+    release (post-processing; ``depth``: the candidates served, whose blends set its shift) and
+    states the grid of its own score units.
     """
     grid = counts_grid(plan.release)
     if isinstance(plan.release, TwoScalePlan):
@@ -275,7 +284,7 @@ def draw_ranking(
     assert plan.degrees is not None and isinstance(plan.release, TwoScalePlan)
     ranking = blend(
         graph, seed, counts, plan.degrees.values, plan.release.candidate_scale,
-        plan.degrees.plan.scale,
+        plan.degrees.plan.scale, depth=depth,
     )  # fmt: skip
     grid = score_grid(ranking.score_noise_scale)
     return RankingDraw(
@@ -296,9 +305,9 @@ def draw_ranked(
 ) -> tuple[np.ndarray, np.ndarray, float, dict[str, Any]]:
     """The ranked top ``top`` of :func:`draw_ranking` (without the seed), as
     :func:`service.mechanisms.postprocess.ranked_indices` ranks it: (indices, scores, grid,
-    extra). ``common_neighbours`` and ``friends_of_friends`` are drawn by their lazy top-k,
-    whose output has exactly the law of ranking the full draw (docs/privacy.md, "The lazy
-    top-k"); ``blended``, whose hold-out statistics read every node's count, draws them all."""
+    extra), drawn lazily: its output has exactly the law of ranking the full draw
+    (docs/privacy.md, "The lazy top-k"; for ``blended``, of ranking
+    ``draw_ranking(..., depth=top - d(seed))``)."""
     grid = counts_grid(plan.release)
     if plan.name is RankingMechanism.COMMON_NEIGHBOURS:
         assert isinstance(plan.release, LaplacePlan)
@@ -312,6 +321,16 @@ def draw_ranked(
             graph, seed, plan.release, top, rng, plan.mode, grid=grid
         )
         return best, scores, grid, {}
-    drawn = draw_ranking(graph, seed, plan, rng)
-    best, scores = ranked_indices(graph, seed, drawn.scores, top, grid=drawn.grid)
-    return best, scores, drawn.grid, drawn.extra
+    assert plan.degrees is not None and isinstance(plan.release, TwoScalePlan)
+    lazy = blended_top(
+        graph, seed, plan.release, plan.degrees.values, plan.degrees.plan.scale, top, rng,
+        plan.mode, grid=grid,
+    )  # fmt: skip
+    extra = {
+        "score_grid": lazy.grid,
+        "weight": lazy.weight,
+        "reliability_counts": lazy.reliability_counts,
+        "reliability_degrees": lazy.reliability_degrees,
+        "counts_signal": lazy.counts_signal,
+    }
+    return lazy.indices, lazy.scores, lazy.grid, extra

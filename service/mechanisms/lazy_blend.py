@@ -1,0 +1,381 @@
+"""``blended``'s ranked top, drawn lazily: exactly the law of :func:`service.mechanisms.blended.
+blend` on the full draw followed by the served ranking, without drawing every node's count.
+
+The nodes. Explicit: the seed, its friends, and the candidates with a common neighbour (their
+counts drawn as the full draw draws them). Lazy, the set Z of the others: count 0 and the
+candidates' noise scale, so their levels ``N_v`` are i.i.d. with the rounded Laplace law and
+their released counts are ``g N_v``. A blend scores v in Z as ``a g N_v + b z_v`` (a, b >= 0),
+``z_v`` the public standardized degree; :func:`service.mechanisms.blended.mix` computes it, and
+it is non-decreasing in each argument, also in floating point.
+
+The regions. The nodes are ordered by d~ (public, once per graph version:
+:func:`service.mechanisms.blended.degree_standard`). Positions ``[0, H)`` are the dense region:
+every node of Z there has been drawn. Positions ``[H, n)`` are the sparse region, with a
+threshold T: the nodes of Z there not drawn yet are exactly those with ``N_v < T``, and given
+everything drawn they are i.i.d. ``N | N < T`` (the lemma of docs/privacy.md, "The lazy top-k":
+a range's count is Binomial(R, p), which nodes a uniform subset, their levels i.i.d. in the
+range, the others i.i.d. below it). So every node not drawn scores at most
+``U(a, b) = a g (T - 1) + b z[order[H]]`` under every blend: below it, nothing can change
+which nodes lead.
+
+Two moves, chosen from what was drawn (they change the cost, never the law): lower T (a
+binomial count of the sparse region's undrawn nodes in ``[T', T)``, a uniform subset of them,
+their levels), or move H up (the nodes of Z that enter the dense region are drawn from
+``N | N < T``). A statistic that reads the top r of some set under a blend (a, b) is settled
+once r known nodes of that set score strictly above ``U(a, b)``, or nothing is left undrawn.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.graph.model import Graph
+from service.mechanisms.blended import (
+    NO_SIGNAL_WEIGHT_CAP,
+    TOP_DEPTH,
+    VALIDATION_DEPTH,
+    WEIGHTS,
+    DegreeStandard,
+    choose_weight,
+    coefficients,
+    counts_carry_signal,
+    degree_standard,
+    final_shift,
+    mix,
+    ranked_first,
+    recovery_gain,
+    score_noise,
+    top_reliability,
+)
+from service.mechanisms.common_neighbours import neighbourhood_counts, require_personalized
+from service.mechanisms.exact_laplace import dyadic_scale, gamma_ratio, rounded_laplace
+from service.mechanisms.lazy_top_k import (
+    LevelLaw,
+    binomial_count,
+    distinct_uniform,
+    lazy_rank_to_index,
+    range_levels,
+    range_probability_bits,
+)
+from service.mechanisms.postprocess import checked_count_grid, round_to_grid, score_grid
+from service.mechanisms.randomness import fresh_generator
+from service.privacy.laplace import TwoScalePlan
+from service.privacy.modes import Mode
+
+__all__ = ["BlendedDraw", "BlendedTop", "LazyCandidates", "blended_draw", "blended_top"]
+
+#: The smallest number of nodes a move may draw (below it the fixed costs dominate).
+MIN_BLOCK = 256
+
+
+def _tail(law: LevelLaw, j: int | None) -> float:
+    """A float estimate of S(j) = P(N >= j) (None: +inf); for choosing thresholds only."""
+    if j is None:
+        return 0.0
+    gamma = law.s / law.t
+    if j >= 1:
+        return 0.5 * math.exp(-gamma * (j - 0.5))
+    return 1.0 - 0.5 * math.exp(-gamma * (0.5 - j))
+
+
+def _level_at(law: LevelLaw, v: float) -> int:
+    """A level j with S(j) about ``v`` (float estimate, for choosing thresholds only)."""
+    gamma = law.s / law.t
+    v = min(max(v, 1e-300), 1.0 - 1e-16)
+    if v <= 0.5:
+        return math.floor(0.5 + math.log(1.0 / (2.0 * v)) / gamma)
+    return math.floor(0.5 - math.log(1.0 / (2.0 * (1.0 - v))) / gamma)
+
+
+class LazyCandidates:
+    """The candidates' released counts, drawn lazily: the explicit ones and the drawn nodes of
+    Z as ``ids`` / ``values`` (c~) / ``z`` (standardized d~), and the state (H, T) bounding the
+    rest (module docstring)."""
+
+    def __init__(
+        self,
+        rng: np.random.Generator,
+        law: LevelLaw,
+        grid: float,
+        standard: DegreeStandard,
+        excluded: np.ndarray,
+        ids: np.ndarray,
+        values: np.ndarray,
+    ) -> None:
+        self.rng = rng
+        self.law = law
+        self.grid = grid
+        self.standard = standard
+        self.n = standard.order.shape[0]
+        self.excluded = np.sort(standard.position[excluded]).astype(np.int64)  # not in Z
+        self.ids = ids.astype(np.int64)
+        self.values = values.astype(np.float64)
+        self.z = standard.z(self.ids)
+        self.head = 0  # H
+        self.threshold: int | None = None  # T (None: +inf, nothing drawn in the sparse region)
+        self.sparse_drawn = np.zeros(0, dtype=np.int64)  # positions >= H drawn, sorted
+
+    def undrawn(self) -> int:
+        """R: the nodes of Z in the sparse region not drawn yet."""
+        after = self.excluded.shape[0] - int(np.searchsorted(self.excluded, self.head))
+        return int((self.n - self.head) - after - self.sparse_drawn.shape[0])
+
+    def bound(self, a: float, b: float) -> float:
+        """U(a, b): no undrawn node scores above it under the blend (a, b); -inf if none is
+        left."""
+        if self.undrawn() == 0:
+            return -math.inf
+        z_head = self.standard.z(self.standard.order[self.head : self.head + 1])
+        if self.threshold is None:
+            if a > 0.0:
+                return math.inf
+            return float(mix(a, np.zeros(1), b, z_head)[0])
+        top = np.array([float(self.threshold - 1) * self.grid])
+        return float(mix(a, top, b, z_head)[0])
+
+    def _add(self, positions: np.ndarray, levels: np.ndarray) -> None:
+        nodes = self.standard.order[positions].astype(np.int64)
+        self.ids = np.concatenate([self.ids, nodes])
+        self.values = np.concatenate([self.values, levels.astype(np.float64) * self.grid])
+        self.z = np.concatenate([self.z, self.standard.z(nodes)])
+
+    def extend(self, head: int) -> None:
+        """Move H up to ``head``: draw the nodes of Z entering the dense region (i.i.d.
+        N | N < T, the law of every undrawn node of the sparse region)."""
+        head = min(int(head), self.n)
+        if head <= self.head:
+            return
+        span = np.arange(self.head, head, dtype=np.int64)
+        taken = np.union1d(self.excluded, self.sparse_drawn)
+        fresh = span[~np.isin(span, taken, assume_unique=True)]
+        levels = range_levels(self.rng, self.law, fresh.shape[0], None, self.threshold)
+        self._add(fresh, levels)
+        self.sparse_drawn = self.sparse_drawn[self.sparse_drawn >= head]
+        self.head = head
+
+    def lower(self, threshold: int | None) -> None:
+        """Lower T to ``threshold`` (None: -inf, draw every undrawn node): the number of the R
+        undrawn nodes in [T', T) is Binomial(R, P(T' <= N < T) / P(N < T)), exactly; which
+        ones a uniform subset; their levels i.i.d. in [T', T)."""
+        remaining = self.undrawn()
+        if threshold is not None and self.threshold is not None:
+            threshold = min(threshold, self.threshold - 1)
+        if remaining == 0:
+            self.threshold = threshold if threshold is not None else self.threshold
+            return
+        if threshold is None:
+            count = remaining
+        else:
+            digits = range_probability_bits(
+                self.law, None, self.threshold, threshold, self.threshold
+            )
+            count = binomial_count(self.rng, remaining, digits)
+        ranks = distinct_uniform(self.rng, remaining, count)
+        taken = np.union1d(self.excluded[self.excluded >= self.head], self.sparse_drawn)
+        positions = lazy_rank_to_index(taken - self.head, ranks) + self.head
+        levels = range_levels(self.rng, self.law, count, threshold, self.threshold)
+        self._add(positions, levels)
+        self.sparse_drawn = np.union1d(self.sparse_drawn, positions)
+        self.threshold = threshold
+
+    def advance(self, a: float, b: float, kth: float) -> None:
+        """One move towards ``U(a, b) < kth`` (``kth`` -inf: too few known nodes yet)."""
+        remaining = self.undrawn()
+        if remaining == 0:  # pragma: no cover - a settled statistic does not ask
+            return
+        budget = max(MIN_BLOCK, self.head)
+        if a <= 0.0:  # the noise does not move this blend: only the degrees' order does
+            self.extend(max(2 * self.head, MIN_BLOCK))
+            return
+        top = self.threshold
+        s_top = _tail(self.law, top)
+        if kth == -math.inf:
+            wanted = s_top + min(1.0, budget / remaining) * (1.0 - s_top)
+            self.lower(None if budget >= remaining else _level_at(self.law, wanted))
+            return
+        z_head = float(self.standard.z(self.standard.order[self.head : self.head + 1])[0])
+        needed = math.floor((kth - b * z_head) / (a * self.grid))  # a g (T' - 1) + b z_H < kth
+        if top is not None:
+            needed = min(needed, top - 1)
+        expected = remaining * (_tail(self.law, needed) - s_top) / max(1.0 - s_top, 1e-300)
+        if expected <= budget:
+            self.lower(needed)
+            return
+        # too many at once: draw a budget's worth from the top, and widen the dense region
+        wanted = s_top + min(1.0, budget / remaining) * (1.0 - s_top)
+        partial = _level_at(self.law, wanted)
+        if top is None or partial < top:
+            self.lower(partial)
+        if b > 0.0 and self.head < self.n:
+            self.extend(max(2 * self.head, MIN_BLOCK))
+        elif top is not None and partial >= top:
+            self.lower(top - 1)
+
+
+def _kth(scores: np.ndarray, r: int) -> float:
+    """The r-th largest of ``scores`` (-inf if there are fewer)."""
+    if r <= 0:
+        return math.inf
+    if scores.shape[0] < r:
+        return -math.inf
+    return float(np.partition(scores, scores.shape[0] - r)[scores.shape[0] - r])
+
+
+def _settle(
+    state: LazyCandidates, a: float, b: float, r: int, fixed: np.ndarray | None = None
+) -> np.ndarray:
+    """Draw until the top r of (``fixed`` scores and) the candidates under (a, b) are known;
+    returns the known candidates' scores."""
+    if r <= 0:
+        return mix(a, state.values, b, state.z)
+    while True:
+        scores = mix(a, state.values, b, state.z)
+        every = scores if fixed is None else np.concatenate([fixed, scores])
+        kth = _kth(every, r)
+        if state.undrawn() == 0 or kth > state.bound(a, b):
+            return scores
+        state.advance(a, b, kth)
+
+
+@dataclass(frozen=True)
+class BlendedTop:
+    """The served top: ``indices`` and ``scores`` (rounded to ``grid``, clipped at 0), best
+    first, as :func:`service.mechanisms.postprocess.ranked_indices` ranks the full draw's
+    :func:`service.mechanisms.blended.blend`; and the statistics the answer states."""
+
+    indices: np.ndarray
+    scores: np.ndarray
+    grid: float
+    weight: float
+    reliability_counts: float
+    reliability_degrees: float
+    counts_signal: bool
+
+
+def blended_top(
+    graph: Graph,
+    seed: int,
+    plan: TwoScalePlan,
+    degrees: np.ndarray,
+    degrees_scale: float,
+    k: int,
+    rng: np.random.Generator | None = None,
+    mode: Mode | str = Mode.PERSONALIZED,
+    *,
+    grid: float | None = None,
+) -> BlendedTop:
+    """The top ``k`` (the seed excluded) of ``blend(graph, seed, c~, degrees, b_c, b_d,
+    depth=k - d(seed))`` for this query's two-scale c~, ranked as ``ranked_indices`` ranks it
+    on ``score_grid`` of its noise: exactly the law of the full draw, drawing noise for the
+    friends, the candidates with a common neighbour and only as many other nodes as the
+    statistics and the ranked top need (module docstring; docs/privacy.md)."""
+    return blended_draw(graph, seed, plan, degrees, degrees_scale, k, rng, mode, grid=grid).top
+
+
+@dataclass(frozen=True)
+class BlendedDraw:
+    """:func:`blended_top`'s answer (``top``) with what it drew: the friends' released counts
+    and the candidates' state (for tests that complete the draw and compare)."""
+
+    top: BlendedTop
+    friends: np.ndarray
+    friend_values: np.ndarray
+    candidates: LazyCandidates
+
+
+def blended_draw(
+    graph: Graph,
+    seed: int,
+    plan: TwoScalePlan,
+    degrees: np.ndarray,
+    degrees_scale: float,
+    k: int,
+    rng: np.random.Generator | None = None,
+    mode: Mode | str = Mode.PERSONALIZED,
+    *,
+    grid: float | None = None,
+) -> BlendedDraw:
+    """:func:`blended_top` with what it drew."""
+    require_personalized(mode, "blended")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    n = graph.n
+    rng = rng if rng is not None else fresh_generator()
+    grid = checked_count_grid(grid, min(plan.friend_scale, plan.candidate_scale))
+    s_f, t_f = gamma_ratio(grid, dyadic_scale(plan.friend_scale))
+    s_c, t_c = gamma_ratio(grid, dyadic_scale(plan.candidate_scale))
+    standard = degree_standard(degrees, degrees_scale)
+    nodes, counts = neighbourhood_counts(graph, seed)
+    friends = np.unique(graph.neighbors(seed).astype(np.int64))
+    friends = friends[friends != seed]
+    at = np.searchsorted(nodes, friends)
+    found = at < nodes.shape[0]
+    found[found] = nodes[at[found]] == friends[found]
+    friend_counts = np.zeros(friends.shape[0])
+    friend_counts[found] = counts[at[found]]
+    others = ~np.isin(nodes, friends) & (nodes != seed)
+    explicit, counts = nodes[others], counts[others]
+    candidate_values = counts + rounded_laplace(rng, s_c, t_c, explicit.shape[0]) * grid
+    friend_values = friend_counts + rounded_laplace(rng, s_f, t_f, friends.shape[0]) * grid
+    excluded = np.union1d(np.union1d(explicit, friends), np.array([seed], dtype=np.int64))
+    state = LazyCandidates(
+        rng, LevelLaw(s_c, t_c), grid, standard, excluded, explicit, candidate_values
+    )
+    friend_z = standard.z(friends)
+    nf = friends.shape[0]
+    m = n - 1 - nf
+
+    # the counts' statistics: the top r candidates by c~ (a = 1, b = 0)
+    r = min(TOP_DEPTH, m)
+    top_counts = _settle(state, 1.0, 0.0, r)
+    top = np.sort(top_counts)[::-1][:r]
+    r_counts = top_reliability(top, plan.candidate_scale, m)
+    signal = counts_carry_signal(top, plan.candidate_scale, m)
+    r_degrees = standard.reliability
+
+    # the hold-out check: the top min(d_s, 50) of the pool under each weight
+    depth_h = min(nf, VALIDATION_DEPTH, n - 1)
+    weight = 0.5
+    if depth_h > 0:
+        gains = []
+        is_friend = np.zeros(0, dtype=bool)
+        for w in WEIGHTS:
+            a, b = coefficients(float(w), r_counts, r_degrees, plan.candidate_scale)
+            fixed = mix(a, friend_values, b, friend_z)
+            scores = np.concatenate([fixed, _settle(state, a, b, depth_h, fixed)])
+            ids = np.concatenate([friends, state.ids])
+            is_friend = np.arange(ids.shape[0]) < nf
+            gains.append(recovery_gain(is_friend[ranked_first(scores, ids, depth_h)]))
+        weight = choose_weight(np.array(gains))
+    if not signal:
+        weight = min(weight, NO_SIGNAL_WEIGHT_CAP)
+
+    # the served top: the raw top `depth` candidates set low; then the rounded ranking
+    a, b = coefficients(weight, r_counts, r_degrees, plan.candidate_scale)
+    depth = min(max(k - nf, 0), m)
+    friend_mixed = mix(a, friend_values, b, friend_z)
+    mixed = _settle(state, a, b, max(depth, 1)) if m > 0 else np.zeros(0)
+    served = ranked_first(mixed, state.ids, depth)
+    pool_max = float(np.concatenate([friend_mixed, mixed]).max(initial=-math.inf))
+    low, high = final_shift(friend_mixed, mixed[served], pool_max if n > 1 else 0.0)
+    noise = score_noise(a, b, plan.candidate_scale, degrees_scale, standard.spread)
+    sgrid = score_grid(noise)
+    friend_scores = round_to_grid(friend_mixed - low + 1.0 + (high - low + 1.0), sgrid)
+    keep = min(int(k), n - 1)
+    while True:  # ranked as served: rounded, clipped at 0, ties by index
+        rounded = round_to_grid(mixed - low + 1.0, sgrid)
+        every = np.maximum(np.concatenate([friend_scores, rounded]), 0.0)
+        kth = _kth(every, keep)
+        limit = state.bound(a, b)
+        ceiling = max(float(round_to_grid(np.array([limit - low + 1.0]), sgrid)[0]), 0.0)
+        if state.undrawn() == 0 or kth > ceiling:
+            break
+        state.advance(a, b, (kth - sgrid) + low - 1.0)  # a raw target below the rounded kth
+        mixed = mix(a, state.values, b, state.z)
+    ids = np.concatenate([friends, state.ids])
+    first = ranked_first(every, ids, keep)
+    answer = BlendedTop(ids[first], every[first], sgrid, weight, r_counts, r_degrees, signal)
+    return BlendedDraw(answer, friends, friend_values, state)
