@@ -90,10 +90,6 @@ class LevelLaw:
         return one - ((hi + 1) >> 1), one - (lo >> 1)
 
 
-#: The name the module's tests use.
-_Law = LevelLaw
-
-
 class range_probability_bits:  # noqa: N801 - used like a function returning digits
     """The binary digits of ``p = P(a2 <= N < b2) / P(a <= N < b)`` (``[a2, b2)`` inside
     ``[a, b)``, None for an infinite end), computed exactly, on demand."""

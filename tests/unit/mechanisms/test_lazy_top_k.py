@@ -108,7 +108,7 @@ def test_the_chi_square_test_rejects_level_counts_off_by_one(
     exact = lazy_top_k.range_probability_bits
 
     def off_by_one(
-        law: lazy_top_k._Law, a: int | None, b: int | None, a2: int | None, b2: int | None
+        law: lazy_top_k.LevelLaw, a: int | None, b: int | None, a2: int | None, b2: int | None
     ) -> lazy_top_k.range_probability_bits:
         if a2 is not None and (a is None or a2 - 1 >= a):
             a2 -= 1
@@ -125,7 +125,7 @@ def test_the_thresholds_change_the_cost_not_the_law(monkeypatch: pytest.MonkeyPa
     m, need = 12, 7
 
     def narrow(
-        law: lazy_top_k._Law, top: int | None, lower: int | None, remaining: int, wanted: int
+        law: lazy_top_k.LevelLaw, top: int | None, lower: int | None, remaining: int, wanted: int
     ) -> int:
         below = 4 if top is None else {4: 2, 2: 1, 1: 0}.get(top, top - 2)
         return below if lower is None else max(below, lower)
@@ -244,7 +244,7 @@ def test_exp_bounds_bracket_exp_tightly(x: Fraction) -> None:
 
 
 def test_digits_are_those_of_the_probability() -> None:
-    law = lazy_top_k._Law(1, 8)
+    law = lazy_top_k.LevelLaw(1, 8)
     p = 0.5 * math.exp(-(3 - 0.5) / 8) - 0.5 * math.exp(-(9 - 0.5) / 8)  # P(3 <= N < 9)
     digits = range_probability_bits(law, None, None, 3, 9)
     value = sum(digits.bit(i) * 2.0**-i for i in range(1, 53))
@@ -253,7 +253,7 @@ def test_digits_are_those_of_the_probability() -> None:
 
 
 def test_binomial_count_has_the_binomial_law() -> None:
-    law = lazy_top_k._Law(1, 4)
+    law = lazy_top_k.LevelLaw(1, 4)
     p = 0.5 * math.exp(-(2 - 0.5) / 4)  # P(N >= 2)
     digits = range_probability_bits(law, None, None, 2, None)
     rng = np.random.default_rng(8)
@@ -267,7 +267,7 @@ def test_binomial_count_has_the_binomial_law() -> None:
 
 
 def test_range_levels_stay_in_their_range_with_the_conditional_law() -> None:
-    law = lazy_top_k._Law(1, 2)
+    law = lazy_top_k.LevelLaw(1, 2)
     rng = np.random.default_rng(9)
     for a, b in ((3, 7), (None, -2), (-5, -1), (2, None), (-3, None), (None, 4)):
         x = range_levels(rng, law, 400, a, b)
