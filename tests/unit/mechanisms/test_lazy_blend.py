@@ -28,7 +28,9 @@ from service.mechanisms.popular import noisy_degrees
 from service.mechanisms.postprocess import count_grid, ranked_indices, round_to_grid, score_grid
 from service.privacy.laplace import DEGREE_SENSITIVITY, plan_laplace, plan_two_scale
 
-pytestmark = pytest.mark.slow
+#: On one worker together: the chi-square tests and their controls share the full draw's
+#: samples (``_full_samples``, computed once per process).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_lazy_blend")]
 
 #: Draws per side of each chi-square test (deterministic generators: the tests cannot flake).
 DRAWS = 2500
