@@ -48,9 +48,21 @@ BACKGROUND = {
 
 @dataclass
 class Counted:
+    """The request's statements, and its transactions that wrote (read-only ones are left out:
+    a worker re-reads values it caches for a few seconds, such as a key's account or the
+    graph-wide exposure's delta, whenever they are older than that, in whichever request
+    comes next; on a loaded machine that may fall into any of the batches)."""
+
     statements: list[str] = field(default_factory=list)
-    commits: int = 0
-    committed_by: list[str] = field(default_factory=list)  # the threads, for a failure's message
+    writes: int = 0
+    writing: set[int] = field(default_factory=set)  # connections whose transaction wrote
+
+    def clear(self) -> None:
+        self.statements.clear()
+        self.writes = 0
+
+
+WRITES = ("INSERT", "UPDATE", "DELETE")
 
 
 @pytest.fixture
@@ -63,21 +75,28 @@ def counted(client: TestClient) -> Iterator[Counted]:
     def statement(conn: Any, cursor: Any, text: str, *args: Any) -> None:
         if threading.current_thread().name not in BACKGROUND:
             seen.statements.append(text)
+            if text.lstrip().upper().startswith(WRITES):
+                seen.writing.add(id(conn))
 
     def commit(conn: Any) -> None:
-        if threading.current_thread().name not in BACKGROUND:
-            seen.commits += 1
-            seen.committed_by.append(threading.current_thread().name)
+        if threading.current_thread().name not in BACKGROUND and id(conn) in seen.writing:
+            seen.writing.discard(id(conn))
+            seen.writes += 1
+
+    def rollback(conn: Any) -> None:
+        seen.writing.discard(id(conn))
 
     for engine in engines:
         event.listen(engine, "before_cursor_execute", statement)
         event.listen(engine, "commit", commit)
+        event.listen(engine, "rollback", rollback)
     try:
         yield seen
     finally:
         for engine in engines:
             event.remove(engine, "before_cursor_execute", statement)
             event.remove(engine, "commit", commit)
+            event.remove(engine, "rollback", rollback)
 
 
 def _refused_batch(client: TestClient, key: str, nodes: list[str], mode: str) -> list[str]:
@@ -111,19 +130,18 @@ def test_an_all_refused_batch_costs_the_same_few_transactions_at_any_size(
     for node in range(60):  # the seed users a personalized batch charges
         ledger.accounts.create_account("user", node_id=str(node), cap_epsilon=10.0, delta=1e-6)
     _, key = accounts.service(**fields)
-    costs: dict[int, int] = {}
-    threads: dict[int, list[str]] = {}
+    costs: dict[int, tuple[int, int]] = {}  # size: (transactions that wrote, statements)
     for size in (5, 10, 60):  # the first also reads what is cached afterwards (the key, ...)
-        counted.statements.clear()
-        counted.commits = 0
-        counted.committed_by.clear()
+        counted.clear()
         codes = _refused_batch(client, key, [str(n) for n in range(size)], mode)
         assert codes == [way] * size
         inserts = [s for s in counted.statements if s.lstrip().upper().startswith("INSERT")]
         assert len(inserts) == 1 and "refusals" in inserts[0], inserts
-        costs[size] = counted.commits
-        threads[size] = list(counted.committed_by)
-    assert costs[60] == costs[10] <= 4, (costs, threads)  # before: one transaction per refused item
+        costs[size] = (counted.writes, len(counted.statements))
+    # before: one transaction per refused item; and no statement per item either (a cached
+    # value re-read on its expiry adds one or two to whichever batch it falls in)
+    assert costs[60][0] == costs[10][0] <= 2, costs
+    assert costs[60][1] <= costs[10][1] + 4, costs
     assert _refusals(client, accounts.admin_key) == {way: 75}
     assert not ledger.reports.list_charges(None, limit=10)
 

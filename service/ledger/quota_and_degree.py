@@ -201,9 +201,11 @@ class QuotaAndDegree(LedgerPart):
         used = window.used
         if fits_under_cap(used + epsilon, quota):
             return
-        retry_after = self._seconds_until_freed(
-            session, principal, since, used + epsilon - quota, now
-        )
+        excess = used + epsilon - quota
+        retry_after = window.retry_after.get(excess)
+        if retry_after is None:
+            retry_after = self._seconds_until_freed(session, principal, since, excess, now)
+            window.retry_after[excess] = retry_after
         raise ServiceQuotaExhausted(
             f"this service account has charged {used:.4g} epsilon to other accounts in the "
             f"last 24 hours; its quota is {quota:.4g}. Retry after {math.ceil(retry_after)} s, "

@@ -108,6 +108,10 @@ class QuotaWindow:
     transaction has charged since under the account's lock."""
 
     used: float
+    #: ``Retry-After`` seconds of a refusal, by the excess it must free: the charges that
+    #: leave the window first do not change while the transaction holds the account's lock,
+    #: so a group's refusals of one size are worked out once.
+    retry_after: dict[float, float] = field(default_factory=dict)
 
     def add(self, epsilon: float) -> None:
         self.used += epsilon
