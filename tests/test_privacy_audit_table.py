@@ -5,33 +5,22 @@ caught, then a verdict line."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from tests.privacy_audit import CASES
+from tests.script_support import BENCHMARKS, load_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "privacy_audit.py"
-
-
-def _load() -> ModuleType:
-    """The command's module, loaded once: its ``main`` is what ``python privacy_audit.py`` runs
-    (the script ends with ``raise SystemExit(main())``)."""
-    spec = importlib.util.spec_from_file_location("privacy_audit_command", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+SCRIPT = BENCHMARKS / "privacy_audit.py"
 
 
-COMMAND = _load()
+#: The command's module: its ``main`` is what ``python privacy_audit.py`` runs (the script ends
+#: with ``raise SystemExit(main())``).
+COMMAND = load_benchmark("privacy_audit", "privacy_audit_command")
 
 
 @dataclass(frozen=True)

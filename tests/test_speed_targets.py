@@ -3,30 +3,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from service.loadtest.report import PhaseResult
+from tests.script_support import load_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "speed_targets.py"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("speed_targets", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-st = _load()
+st = load_benchmark("speed_targets")
 
 
 def _phase(name: str, requests: int, *, p99: float = 50.0, items: int = 1, **extra: Any) -> Any:

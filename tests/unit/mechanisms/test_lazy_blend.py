@@ -9,13 +9,11 @@ that a large graph is served from a small share of its nodes."""
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Callable, Hashable
 from functools import cache
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from service.graph.generate import generate_graph
 from service.mechanisms import lazy_blend
@@ -27,6 +25,7 @@ from service.mechanisms.lazy_top_k import LevelLaw
 from service.mechanisms.popular import noisy_degrees
 from service.mechanisms.postprocess import count_grid, ranked_indices, round_to_grid, score_grid
 from service.privacy.laplace import DEGREE_SENSITIVITY, plan_laplace, plan_two_scale
+from tests.stats_support import homogeneity_p
 
 #: On one worker together: the chi-square tests and their controls share the full draw's
 #: samples (``_full_samples``, computed once per process).
@@ -38,21 +37,6 @@ DRAWS = 2500
 ALPHA = 1e-3
 #: Moves of at least this many nodes (the service's 256 would draw these graphs whole).
 SMALL_BLOCK = 4
-
-
-def homogeneity_p(first: list[Hashable], second: list[Hashable], floor: int = 10) -> float:
-    """p-value of the chi-square test that two samples of categories have one law; categories
-    with fewer than ``floor`` draws in both samples together are pooled into one."""
-    a, b = Counter(first), Counter(second)
-    keys = sorted(set(a) | set(b), key=repr)
-    big = [k for k in keys if a[k] + b[k] >= floor]
-    small = [k for k in keys if a[k] + b[k] < floor]
-    table = [[a[k] for k in big], [b[k] for k in big]]
-    if small:
-        table[0].append(sum(a[k] for k in small))
-        table[1].append(sum(b[k] for k in small))
-    assert len(table[0]) >= 5, "too few categories for a meaningful test"
-    return float(stats.chi2_contingency(np.array(table))[1])
 
 
 # -- a small graph, a seed with 3 friends and 16 nodes within two hops of 300 ------------------

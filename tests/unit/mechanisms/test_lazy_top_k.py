@@ -35,26 +35,12 @@ from service.mechanisms.lazy_top_k import (
 )
 from service.mechanisms.postprocess import count_grid, ranked_indices
 from service.privacy.laplace import plan_laplace, plan_two_scale
+from tests.stats_support import homogeneity_p
 
 #: Draws per side of each chi-square test (deterministic generators: the tests cannot flake).
 DRAWS = 2500
 #: Reject homogeneity below this p-value.
 ALPHA = 1e-3
-
-
-def homogeneity_p(first: list[Hashable], second: list[Hashable], floor: int = 10) -> float:
-    """p-value of the chi-square test that two samples of categories have one law; categories
-    with fewer than ``floor`` draws in both samples together are pooled into one."""
-    a, b = Counter(first), Counter(second)
-    keys = sorted(set(a) | set(b), key=repr)
-    big = [k for k in keys if a[k] + b[k] >= floor]
-    small = [k for k in keys if a[k] + b[k] < floor]
-    table = [[a[k] for k in big], [b[k] for k in big]]
-    if small:
-        table[0].append(sum(a[k] for k in small))
-        table[1].append(sum(b[k] for k in small))
-    assert len(table[0]) >= 5, "too few categories for a meaningful test"
-    return float(stats.chi2_contingency(np.array(table))[1])
 
 
 def _bucket(level: int, low: int = -4, high: int = 4) -> int:
