@@ -137,6 +137,7 @@ def fuzz_app(
     examples: int,
     own_nodes: Mapping[str, str] | None = None,
     coverage_with_every_key: bool = True,
+    coverage_share: tuple[int, int] = (0, 1),
 ) -> FuzzReport:
     """Send Schemathesis's coverage cases (boundary values, both modes) and ``examples``
     generated cases per operation, generation mode and key through ``client``.
@@ -147,8 +148,11 @@ def fuzz_app(
     ``coverage_with_every_key``, an operation's coverage cases after its first go with one key
     only: one of the roles its first case was not refused to (401, 403), taken in turn over
     the operations (a refused role's cases would all stop at the same refusal); the first case
-    and the generated ones still go with every key.
+    and the generated ones still go with every key. ``coverage_share`` ``(i, parts)``: only the
+    operations numbered ``i`` modulo ``parts`` send their coverage cases (two runs on two
+    backends with ``(0, 2)`` and ``(1, 2)`` send each case once between them).
     """
+    share, parts = coverage_share
     app = client.app
     schema = schemathesis.openapi.from_dict(app.openapi())  # type: ignore[attr-defined]
     report = FuzzReport()
@@ -158,14 +162,19 @@ def fuzz_app(
     try:
         for number, result in enumerate(schema.get_all_operations()):
             operation = result.ok()
-            coverage = list(
-                schema.iter_coverage_cases(
-                    operation,
-                    generation_modes=modes,
-                    generation_config=schema.config.generation_for(operation=operation),
-                )
-            )[:COVERAGE_CASES_MAX]
-            _send_coverage(coverage, senders, number, every_key=coverage_with_every_key)
+            if number % parts != share:
+                coverage: list[schemathesis.Case] = []
+            else:
+                coverage = list(
+                    schema.iter_coverage_cases(
+                        operation,
+                        generation_modes=modes,
+                        generation_config=schema.config.generation_for(operation=operation),
+                    )
+                )[:COVERAGE_CASES_MAX]
+            # the roles taken in turn over the operations that send their coverage cases
+            turn = number // parts
+            _send_coverage(coverage, senders, turn, every_key=coverage_with_every_key)
             for role, sender in senders.items():
                 _generate_for(operation, modes, examples, sender, (own_nodes or {}).get(role))
     finally:

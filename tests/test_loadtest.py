@@ -14,7 +14,7 @@ import pytest
 from service.graph.generate import write_generated_edge_list
 from service.loadtest.workload import Workload
 from service.loadtest.wrk_driver import lua_string, script_for, wrk_available
-from tests.api_support import free_port
+from tests.api_support import Backend, free_port, uvicorn_server
 
 #: The started server without its background prefix table: the phases and the refused key do
 #: not depend on it, and building it takes an interpreter and seconds per run; waiting for
@@ -141,28 +141,28 @@ def test_a_refused_key_is_named_with_its_code_and_fails_the_run(
         key, _ = ledger.api_keys.create_api_key(spent.account_id)
     finally:
         ledger.dispose()
-    command = [
-        sys.executable, "-m", "service", "loadtest", "--start", "--workers", "1",
-        "--port", str(free_port()), "--graph", str(graph_path), "--database-url", url,
-        "--duration", "0.5", "--warmup", "0", "--concurrency", "2", "--phases", "healthz,fresh",
-        "--driver", "httpx",
-    ]  # fmt: skip
-    env = {**os.environ, **NO_TABLE}
-    done = subprocess.run(
-        [*command, "--key", key], capture_output=True, text=True, timeout=300, check=False,
-        env=env,
-    )  # fmt: skip
-    assert done.returncode == 1, done.stderr
-    assert "answers by status:" in done.stdout
-    (fresh,) = [line for line in done.stdout.splitlines() if line.strip().startswith("fresh:")]
+    # one server for both runs (a run's own --start is the other tests' subject)
+    with uvicorn_server(Backend("sqlite", url, None, graph_path), extra_env=NO_TABLE) as server:
+        command = [
+            sys.executable, "-m", "service", "loadtest", "--url", server.base_url,
+            "--graph", str(graph_path), "--database-url", url, "--duration", "0.5",
+            "--warmup", "0", "--concurrency", "2", "--phases", "healthz,fresh", "--driver", "httpx",
+        ]  # fmt: skip
+        spent_run = subprocess.run(
+            [*command, "--key", key], capture_output=True, text=True, timeout=300, check=False
+        )
+        unknown_run = subprocess.run(
+            [*command, "--key", "ppr_not_a_key"], capture_output=True, text=True, timeout=300,
+            check=False,
+        )  # fmt: skip
+    assert spent_run.returncode == 1, spent_run.stderr
+    assert "answers by status:" in spent_run.stdout
+    (fresh,) = [line for line in spent_run.stdout.splitlines() if line.strip().startswith("fresh:")]
     assert "403 x" in fresh and "403 budget_exhausted" in fresh
     assert "error [key_refused]: the key was refused in the fresh phase: 403 budget_exhausted" in (
-        done.stderr
+        spent_run.stderr
     )
-
-    done = subprocess.run(
-        [*command, "--key", "ppr_not_a_key"], capture_output=True, text=True, timeout=300,
-        check=False, env=env,
-    )  # fmt: skip
-    assert done.returncode == 2
-    assert "error [key_refused]: the key was refused: GET /v1/me/budget answered 401" in done.stderr
+    assert unknown_run.returncode == 2
+    assert "error [key_refused]: the key was refused: GET /v1/me/budget answered 401" in (
+        unknown_run.stderr
+    )
