@@ -14,7 +14,7 @@ from service.embeddings.free import free_embedding, stored_top
 from service.embeddings.hashing import embedding_hashes, new_salt
 from service.embeddings.noise_free import noise_free_embeddings
 from service.evaluation.classification import InvalidLabels, _top_labels, classify, parse_labels
-from service.evaluation.embeddings import block_width, free_diffusion_embeddings
+from service.evaluation.embeddings import block_width, estimate_seconds, free_diffusion_embeddings
 from service.mechanisms.diffusion import noisy_diffusion
 from service.privacy.calibration import plan_diffusion
 from service.privacy.modes import Mode
@@ -159,3 +159,18 @@ def test_block_width_depends_on_the_node_count_only_and_not_the_vectors() -> Non
         for b in (16, 64)
     )
     assert np.array_equal(narrow, wide)
+
+
+def test_the_estimate_is_a_range_from_fits_without_and_with_signal() -> None:
+    graph = random_graph(60, 0.1, np.random.default_rng(11))
+    labels = parse_labels([f"{v} c{v % 3}" for v in range(60)], graph)
+    hashes = embedding_hashes(graph.node_ids, new_salt(), 8)
+    low, high = estimate_seconds(
+        graph, labels, hashes, ["random", "free_noisy_diffusion"], [1e-3], [1.0], [0.5], 2, 1,
+        beta=0.8, steps=20, eta=1e-3, delta=1e-6,
+    )  # fmt: skip
+    assert 0 < low <= high
+    assert estimate_seconds(
+        graph, labels, hashes, [], [1e-3], [1.0], [0.5], 2, 1, beta=0.8, steps=20, eta=1e-3,
+        delta=1e-6,
+    ) == (0.0, 0.0)  # fmt: skip

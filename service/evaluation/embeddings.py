@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,13 +188,15 @@ def estimate_seconds(
     steps: int,
     eta: float,
     delta: float,
-) -> float:
+) -> tuple[float, float]:
     """The expected duration of :func:`evaluate_embeddings` with these arguments, from timing
     a sample after one untimed call of each path (compiling or loading its kernels): one
     PushFlowCap block of labelled nodes on each thread, as the rows run them; one block of
-    noisy-diffusion releases with their free embeddings; two blended releases; one
-    classifier fit at a training fraction of at most 0.5 on random features (fit time taken
-    as proportional to the training part). Releases nothing: the noise it draws is thrown
+    noisy-diffusion releases with their free embeddings; two blended releases; two
+    classifier fits at a training fraction of at most 0.5 (fit time taken as proportional
+    to the training part), on random features and on features that separate the labels.
+    A range: the fits of a row take longer the better its features separate the labels,
+    which is what the evaluation measures. Releases nothing: the noise it draws is thrown
     away, and the estimate is printed before any row."""
     jobs = n_jobs or default_jobs()
     nodes = labels.nodes
@@ -232,18 +235,33 @@ def estimate_seconds(
         len(sigmas) * (("dp_ie_edge" in rows) + ("dp_ie_personalized" in rows))
         + ("free_noisy_diffusion" in rows) + ("free_blended" in rows)
     )  # fmt: skip
-    if matrices:
-        local = np.random.default_rng(0)  # not the splits' generator
-        probe = min(max(fractions), 0.5)
-        train_size = min(max(round(probe * count), 1), count - 1)
-        order = local.permutation(count)
-        features = standardize(local.standard_normal((count, hashes.k)))
+    if not matrices:
+        return seconds, seconds
+    local = np.random.default_rng(0)  # not the splits' generator
+    probe = min(max(fractions), 0.5)
+    train_size = min(max(round(probe * count), 1), count - 1)
+    order = local.permutation(count)
+    # features without signal, and features that separate the labels (a fit on them takes
+    # longer: liblinear needs more iterations the better the classes separate)
+    noise = local.standard_normal((count, hashes.k))
+    separating = labels.matrix.astype(np.float64) @ local.standard_normal(
+        (labels.matrix.shape[1], hashes.k)
+    ) + 0.01 * local.standard_normal((count, hashes.k))
+
+    def fit_seconds(features: np.ndarray) -> float:
+        standardized = standardize(features)
         start = time.perf_counter()
-        split_scores(features, labels.matrix, order[:train_size], order[train_size:])
-        per_node = (time.perf_counter() - start) / train_size
-        fits = sum(min(max(round(f * count), 1), count - 1) for f in fractions) * per_node
-        seconds += matrices * splits * fits / min(jobs, len(fractions) * splits)
-    return seconds
+        split_scores(standardized, labels.matrix, order[:train_size], order[train_size:])
+        return time.perf_counter() - start
+
+    with ThreadPoolExecutor(max_workers=min(jobs, 2)) as pool:  # side by side, as fits run
+        probes = list(pool.map(fit_seconds, (noise, separating)))
+    parts = sum(min(max(round(f * count), 1), count - 1) for f in fractions)
+    low, high = (
+        seconds + matrices * splits * parts * (t / train_size) / min(jobs, len(fractions) * splits)
+        for t in sorted(probes)
+    )
+    return low, high
 
 
 def _per_node(sample: np.ndarray, run: Callable[[int], object]) -> float:
@@ -262,6 +280,15 @@ def _duration(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def _span(low: float, high: float) -> str:
+    """``low`` to ``high`` in the larger one's unit ("3-5 min", "50 s to 2 min")."""
+    if high >= 5400 and low >= 5400:
+        return f"{low / 3600:.1f}-{high / 3600:.1f} h"
+    if low >= 90 and high < 5400:
+        return f"{low / 60:.0f}-{high / 60:.0f} min"
+    return f"{_duration(low)} to {_duration(high)}"
 
 
 def _counting(progress: Callable[[str], None], name: str) -> Callable[[int, int], None]:
@@ -359,13 +386,15 @@ def evaluate_embeddings(
     count = int(nodes.shape[0])
     out: list[EmbeddingRow] = []
     if estimate:
-        seconds = estimate_seconds(
+        low, high = estimate_seconds(
             graph, labels, hashes, rows, sigmas, epsilons, fractions, splits, n_jobs,
             beta=beta, steps=steps, eta=eta, delta=delta,
         )  # fmt: skip
+        span = _duration(low) if _duration(low) == _duration(high) else _span(low, high)
         progress(
-            f"expected time: about {_duration(seconds)} ({len(fractions)} fraction(s) x "
-            f"{splits} split(s), {n_jobs or default_jobs()} thread(s); timed on a sample)"
+            f"expected time: about {span} ({len(fractions)} fraction(s) x {splits} split(s), "
+            f"{n_jobs or default_jobs()} thread(s); timed on a sample, the longer if the "
+            "embeddings separate the labels well)"
         )
 
     def score(features: np.ndarray) -> list[FractionScore]:
