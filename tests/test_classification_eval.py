@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 
 from service.cli import main
+from service.embeddings.dp import EMBEDDING_BETA
+from service.embeddings.free import free_embedding, stored_top
+from service.embeddings.hashing import embedding_hashes, new_salt
+from service.embeddings.noise_free import noise_free_embeddings
 from service.evaluation.classification import InvalidLabels, _top_labels, classify, parse_labels
+from service.evaluation.embeddings import block_width, estimate_seconds, free_diffusion_embeddings
+from service.mechanisms.diffusion import noisy_diffusion
+from service.privacy.calibration import plan_diffusion
+from service.privacy.modes import Mode
 from tests.graph_helpers import random_graph
 
 
@@ -115,3 +123,54 @@ def test_cli_bad_labels_one_line_exit_2(
     err = capsys.readouterr().err.strip()
     assert status == 2
     assert err.count("\n") == 0 and err.startswith("error [invalid_labels]") and expected in err
+
+
+def test_free_diffusion_blocks_release_what_each_seed_alone_releases() -> None:
+    """The free_noisy_diffusion row's blocks (a last block not full, a seed twice): each row
+    is bit for bit the free embedding of the release ``noisy_diffusion`` gives that seed alone
+    for the same generator, full and as a replay's top entries; each seed's own generator."""
+    graph = random_graph(120, 0.06, np.random.default_rng(7))
+    hashes = embedding_hashes(graph.node_ids, new_salt(), 8)
+    config = plan_diffusion(1.0, 1e-6, 30, 0.8, 1e-3, Mode.EDGE).config
+    nodes = np.array([5, 0, 119, 5, 60, 33, 7], dtype=np.int64)
+    drawn = iter(range(100, 200))
+    ticks: list[tuple[int, int]] = []
+    full, top = free_diffusion_embeddings(
+        graph, nodes, config, hashes, 10, width=3, progress=lambda d, t: ticks.append((d, t)),
+        generator=lambda: np.random.default_rng(next(drawn)),
+    )  # fmt: skip
+    assert ticks == [(3, 7), (6, 7), (7, 7)]
+    for i, s in enumerate(nodes):
+        alone = noisy_diffusion(graph, int(s), config, rng=np.random.default_rng(100 + i))
+        assert np.array_equal(full[i], free_embedding(alone, hashes))
+        assert np.array_equal(top[i], free_embedding(stored_top(alone, 10), hashes))
+    assert not np.array_equal(full[0], full[3])  # the same seed twice: its own noise each time
+
+
+def test_block_width_depends_on_the_node_count_only_and_not_the_vectors() -> None:
+    assert block_width(10_312) == 64 and block_width(10_312, threads=2) == 64
+    assert block_width(1_000_000) == 3 and block_width(10**12) == 1
+    graph = random_graph(90, 0.08, np.random.default_rng(9))
+    hashes = embedding_hashes(graph.node_ids, new_salt(), 8)
+    seeds = np.arange(0, 90, 2)
+    args = {"beta": EMBEDDING_BETA, "rounds": 20}
+    narrow, wide = (
+        noise_free_embeddings(graph, hashes, seeds, 1e-2, Mode.EDGE, **args, block=b, threads=1)
+        for b in (16, 64)
+    )
+    assert np.array_equal(narrow, wide)
+
+
+def test_the_estimate_is_a_range_from_fits_without_and_with_signal() -> None:
+    graph = random_graph(60, 0.1, np.random.default_rng(11))
+    labels = parse_labels([f"{v} c{v % 3}" for v in range(60)], graph)
+    hashes = embedding_hashes(graph.node_ids, new_salt(), 8)
+    low, high = estimate_seconds(
+        graph, labels, hashes, ["random", "free_noisy_diffusion"], [1e-3], [1.0], [0.5], 2, 1,
+        beta=0.8, steps=20, eta=1e-3, delta=1e-6,
+    )  # fmt: skip
+    assert 0 < low <= high
+    assert estimate_seconds(
+        graph, labels, hashes, [], [1e-3], [1.0], [0.5], 2, 1, beta=0.8, steps=20, eta=1e-3,
+        delta=1e-6,
+    ) == (0.0, 0.0)  # fmt: skip

@@ -10,6 +10,8 @@ Rows (each a matrix with one k-dimensional embedding per labelled node, then
   thresholds, ln, Lap(sigma n / eps) on the k coordinates);
 - ``free_noisy_diffusion`` at each eps: the free embedding of an `edge`-mode noisy diffusion
   release at that eps, as a replay stores it (top ``store_top`` entries, negatives clipped);
+  the releases run as blocks of seeds on the ranking engine's block path
+  (:func:`free_diffusion_embeddings`), each seed's exactly the release it gets alone;
 - ``free_blended`` at each eps: the free embedding of a `blended` release (personalized only),
   scores clipped and normalized to sum 1.
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +35,7 @@ import numpy as np
 from service.embeddings.dp import EMBEDDING_BETA, EMBEDDING_ROUNDS, dp_instant_embedding
 from service.embeddings.free import free_embedding, stored_top
 from service.embeddings.hashing import EmbeddingHashes, embedding_hashes, new_salt
-from service.embeddings.noise_free import noise_free_embeddings
+from service.embeddings.noise_free import DEFAULT_BLOCK, noise_free_embeddings
 from service.evaluation.classification import (
     FractionScore,
     Labels,
@@ -44,18 +47,88 @@ from service.evaluation.classification import (
 from service.evaluation.options import ROWS
 from service.graph.model import Graph
 from service.mechanisms.blended import blended_ranking
-from service.mechanisms.diffusion import noise_free_prefix, noisy_diffusion
+from service.mechanisms.engine import DiffusionJob, run_jobs
 from service.mechanisms.popular import noisy_degrees
 from service.mechanisms.randomness import fresh_generator
 from service.privacy.accountant import RdpCurve
-from service.privacy.calibration import plan_diffusion
+from service.privacy.calibration import DiffusionConfig, plan_diffusion
 from service.privacy.laplace import DEGREE_SENSITIVITY, plan_laplace, plan_two_scale
 from service.privacy.modes import Mode
 
-__all__ = ["ROWS", "EmbeddingRow", "capped_support", "estimate_seconds", "evaluate_embeddings"]
+__all__ = [
+    "ROWS",
+    "EmbeddingRow",
+    "block_width",
+    "capped_support",
+    "estimate_seconds",
+    "evaluate_embeddings",
+    "free_diffusion_embeddings",
+]
 
 #: Thresholds that never bind: PushFlowCap is then the paper's plain PushFlow.
 UNCAPPED_SIGMA = 1e12
+#: Seeds per pass over the graph, at most: per seed, a block of 64 costs a fraction of one
+#: seed alone (the diffusion engine's default width; docs/embeddings.md, "How fast").
+MAX_BLOCK = 64
+#: What the blocks' state may take in all: about five float64 values per node and seed (the
+#: diffusion engine's block, scaled block, result, noise and copied columns; PushFlowCap's
+#: five vectors per seed).
+BLOCK_STATE_BYTES = 128 * 1024 * 1024
+
+
+def block_width(n: int, threads: int = 1) -> int:
+    """Seeds per pass over a graph of ``n`` nodes when ``threads`` blocks run at once: up to
+    :data:`MAX_BLOCK`, their state within :data:`BLOCK_STATE_BYTES`, at least 1. A function
+    of the public node count only; no output depends on it (every column of a block is bit
+    for bit the seed computed alone)."""
+    return max(1, min(MAX_BLOCK, BLOCK_STATE_BYTES // (40 * max(n, 1) * max(threads, 1))))
+
+
+def _pushflowcap_block(n: int, threads: int) -> int:
+    """PushFlowCap's block in the evaluation: :func:`block_width`, never below the default."""
+    return max(DEFAULT_BLOCK, block_width(n, threads))
+
+
+def free_diffusion_embeddings(
+    graph: Graph,
+    nodes: np.ndarray,
+    config: DiffusionConfig,
+    hashes: EmbeddingHashes,
+    store_top: int,
+    *,
+    width: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    generator: Callable[[], np.random.Generator] = fresh_generator,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The free embedding of one noisy-diffusion release per node of ``nodes`` (``config``,
+    a calibrated plan's), of the full vector and of its stored top ``store_top`` entries:
+    two matrices, one row per node in ``nodes`` order.
+
+    The releases run ``width`` (default :func:`block_width`) seeds at a time through the
+    ranking engine's block path (:func:`service.mechanisms.engine.run_jobs`: one
+    sparse-times-dense product per step for the whole block), each seed a cold job with its
+    own generator, freshly seeded from the OS entropy source (``generator``, called once per
+    seed; only tests pass another, to compare releases for the same noise). Column j of a
+    block is bit for bit the vector ``noisy_diffusion(graph, s_j, config, rng)`` returns for
+    the same generator (tests/unit/mechanisms/test_engine.py,
+    tests/test_classification_eval.py), so each release has the law of one query alone and
+    its noise is independent of every other seed's: the same release, and the same charge,
+    as one seed after the other. Only the two embeddings are kept."""
+    count = int(nodes.shape[0])
+    width = width if width is not None else block_width(graph.n)
+    full = np.zeros((count, hashes.k), dtype=np.float64)
+    top = np.zeros((count, hashes.k), dtype=np.float64)
+    for start in range(0, count, width):
+        part = nodes[start : start + width]
+        jobs = [DiffusionJob(int(s), config, generator(), keep_prefix=False) for s in part]
+        run_jobs(graph, jobs)
+        for i, job in enumerate(jobs):
+            x = job.future.result().scores
+            full[start + i] = free_embedding(x, hashes)
+            top[start + i] = free_embedding(stored_top(x, store_top), hashes)
+        if progress is not None:
+            progress(start + len(part), count)
+    return full, top
 
 
 @dataclass
@@ -115,31 +188,40 @@ def estimate_seconds(
     steps: int,
     eta: float,
     delta: float,
-) -> float:
+) -> tuple[float, float]:
     """The expected duration of :func:`evaluate_embeddings` with these arguments, from timing
-    a sample: one PushFlowCap block of up to 16 labelled nodes, one classifier fit at a
-    training fraction of at most 0.5 on random features (fit time taken
-    as proportional to the training part), two of each replayed release (after one untimed
-    call). Releases nothing:
-    the noise it draws is thrown away, and the estimate is printed before any row."""
+    a sample after one untimed call of each path (compiling or loading its kernels): one
+    PushFlowCap block of labelled nodes on each thread, as the rows run them; one block of
+    noisy-diffusion releases with their free embeddings; two blended releases; two
+    classifier fits at a training fraction of at most 0.5 (fit time taken as proportional
+    to the training part), on random features and on features that separate the labels.
+    A range: the fits of a row take longer the better its features separate the labels,
+    which is what the evaluation measures. Releases nothing: the noise it draws is thrown
+    away, and the estimate is printed before any row."""
     jobs = n_jobs or default_jobs()
     nodes = labels.nodes
     count = int(nodes.shape[0])
     sample = nodes[: min(16, count)]
-    start = time.perf_counter()
-    noise_free_embeddings(graph, hashes, sample, 1e-3, Mode.EDGE, beta=EMBEDDING_BETA,
-                          rounds=EMBEDDING_ROUNDS, threads=1)  # fmt: skip
-    per_capped = (time.perf_counter() - start) / sample.size
+    seconds = 0.0
     passes = ("instant_embedding" in rows) + len(sigmas) * (
         ("dp_ie_edge" in rows) + ("dp_ie_personalized" in rows)
     )
-    seconds = passes * count * per_capped / min(jobs, max(1, -(-count // 16)))
+    if passes:
+        block = _pushflowcap_block(graph.n, jobs)
+        noise_free_embeddings(graph, hashes, nodes[:1], 1e-3, Mode.EDGE, beta=EMBEDDING_BETA,
+                              rounds=1, threads=1)  # fmt: skip
+        blocks = nodes[: min(count, block * jobs)]
+        start = time.perf_counter()
+        noise_free_embeddings(graph, hashes, blocks, 1e-3, Mode.EDGE, beta=EMBEDDING_BETA,
+                              rounds=EMBEDDING_ROUNDS, block=block, threads=jobs)  # fmt: skip
+        seconds += passes * count * (time.perf_counter() - start) / blocks.size
     if "free_noisy_diffusion" in rows:
-        plan = plan_diffusion(max(epsilons), delta, steps, beta, eta, Mode.EDGE)
-        per_node = _per_node(
-            sample, lambda s: noisy_diffusion(graph, s, plan.config, rng=fresh_generator())
-        )
-        seconds += len(epsilons) * count * per_node
+        config = plan_diffusion(max(epsilons), delta, steps, beta, eta, Mode.EDGE).config
+        free_diffusion_embeddings(graph, nodes[:1], config, hashes, store_top=1)
+        block_nodes = nodes[: min(count, block_width(graph.n))]
+        start = time.perf_counter()
+        free_diffusion_embeddings(graph, block_nodes, config, hashes, store_top=1000)
+        seconds += len(epsilons) * count * (time.perf_counter() - start) / block_nodes.size
     if "free_blended" in rows:
         degree_plan = plan_laplace(0.1, DEGREE_SENSITIVITY)
         degrees_released = noisy_degrees(graph, degree_plan, fresh_generator())
@@ -153,18 +235,33 @@ def estimate_seconds(
         len(sigmas) * (("dp_ie_edge" in rows) + ("dp_ie_personalized" in rows))
         + ("free_noisy_diffusion" in rows) + ("free_blended" in rows)
     )  # fmt: skip
-    if matrices:
-        local = np.random.default_rng(0)  # not the splits' generator
-        probe = min(max(fractions), 0.5)
-        train_size = min(max(round(probe * count), 1), count - 1)
-        order = local.permutation(count)
-        features = standardize(local.standard_normal((count, hashes.k)))
+    if not matrices:
+        return seconds, seconds
+    local = np.random.default_rng(0)  # not the splits' generator
+    probe = min(max(fractions), 0.5)
+    train_size = min(max(round(probe * count), 1), count - 1)
+    order = local.permutation(count)
+    # features without signal, and features that separate the labels (a fit on them takes
+    # longer: liblinear needs more iterations the better the classes separate)
+    noise = local.standard_normal((count, hashes.k))
+    separating = labels.matrix.astype(np.float64) @ local.standard_normal(
+        (labels.matrix.shape[1], hashes.k)
+    ) + 0.01 * local.standard_normal((count, hashes.k))
+
+    def fit_seconds(features: np.ndarray) -> float:
+        standardized = standardize(features)
         start = time.perf_counter()
-        split_scores(features, labels.matrix, order[:train_size], order[train_size:])
-        per_node = (time.perf_counter() - start) / train_size
-        fits = sum(min(max(round(f * count), 1), count - 1) for f in fractions) * per_node
-        seconds += matrices * splits * fits / min(jobs, len(fractions) * splits)
-    return seconds
+        split_scores(standardized, labels.matrix, order[:train_size], order[train_size:])
+        return time.perf_counter() - start
+
+    with ThreadPoolExecutor(max_workers=min(jobs, 2)) as pool:  # side by side, as fits run
+        probes = list(pool.map(fit_seconds, (noise, separating)))
+    parts = sum(min(max(round(f * count), 1), count - 1) for f in fractions)
+    low, high = (
+        seconds + matrices * splits * parts * (t / train_size) / min(jobs, len(fractions) * splits)
+        for t in sorted(probes)
+    )
+    return low, high
 
 
 def _per_node(sample: np.ndarray, run: Callable[[int], object]) -> float:
@@ -183,6 +280,15 @@ def _duration(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def _span(low: float, high: float) -> str:
+    """``low`` to ``high`` in the larger one's unit ("3-5 min", "50 s to 2 min")."""
+    if high >= 5400 and low >= 5400:
+        return f"{low / 3600:.1f}-{high / 3600:.1f} h"
+    if low >= 90 and high < 5400:
+        return f"{low / 60:.0f}-{high / 60:.0f} min"
+    return f"{_duration(low)} to {_duration(high)}"
 
 
 def _counting(progress: Callable[[str], None], name: str) -> Callable[[int, int], None]:
@@ -221,9 +327,11 @@ def _dp_ie_rows(
     def count(i: int, p: np.ndarray) -> None:
         supports[i] = capped_support(graph, p, int(nodes[i]))
 
+    jobs = threads or default_jobs()
     embedded = noise_free_embeddings(
         graph, hashes, nodes, sigma, mode, beta=EMBEDDING_BETA, rounds=EMBEDDING_ROUNDS,
-        progress=_counting(progress, name), inspect=count, threads=threads,
+        block=_pushflowcap_block(graph.n, jobs), progress=_counting(progress, name),
+        inspect=count, threads=jobs,
     )  # fmt: skip
     support = float(np.mean(supports))
     rows: list[EmbeddingRow] = []
@@ -278,13 +386,15 @@ def evaluate_embeddings(
     count = int(nodes.shape[0])
     out: list[EmbeddingRow] = []
     if estimate:
-        seconds = estimate_seconds(
+        low, high = estimate_seconds(
             graph, labels, hashes, rows, sigmas, epsilons, fractions, splits, n_jobs,
             beta=beta, steps=steps, eta=eta, delta=delta,
         )  # fmt: skip
+        span = _duration(low) if _duration(low) == _duration(high) else _span(low, high)
         progress(
-            f"expected time: about {_duration(seconds)} ({len(fractions)} fraction(s) x "
-            f"{splits} split(s), {n_jobs or default_jobs()} thread(s); timed on a sample)"
+            f"expected time: about {span} ({len(fractions)} fraction(s) x {splits} split(s), "
+            f"{n_jobs or default_jobs()} thread(s); timed on a sample, the longer if the "
+            "embeddings separate the labels well)"
         )
 
     def score(features: np.ndarray) -> list[FractionScore]:
@@ -297,10 +407,11 @@ def evaluate_embeddings(
         )
     if "instant_embedding" in rows:
         progress("instant_embedding (non-private)")
+        jobs = n_jobs or default_jobs()
         features = noise_free_embeddings(
             graph, hashes, nodes, UNCAPPED_SIGMA, Mode.EDGE, beta=EMBEDDING_BETA,
-            rounds=EMBEDDING_ROUNDS, progress=_counting(progress, "instant_embedding"),
-            threads=n_jobs,
+            rounds=EMBEDDING_ROUNDS, block=_pushflowcap_block(graph.n, jobs),
+            progress=_counting(progress, "instant_embedding"), threads=jobs,
         )  # fmt: skip
         out.append(EmbeddingRow("instant_embedding", None, None, score(features), None, None,
                                 "not private"))  # fmt: skip
@@ -319,14 +430,10 @@ def evaluate_embeddings(
             progress(f"free_noisy_diffusion eps {eps:g}")
             plan = plan_diffusion(eps, delta, steps, beta, eta, Mode.EDGE)
             config = plan.config
-            full, top = [], []
-            for s in nodes:
-                prefix = noise_free_prefix(graph, int(s), Mode.EDGE, beta, eta,
-                                           config.noise_free_steps)  # fmt: skip
-                x = noisy_diffusion(graph, int(s), config, rng=fresh_generator(), prefix=prefix)
-                full.append(free_embedding(x, hashes))
-                top.append(free_embedding(stored_top(x, store_top), hashes))
-            full_m, top_m = np.array(full), np.array(top)
+            full_m, top_m = free_diffusion_embeddings(
+                graph, nodes, config, hashes, store_top,
+                progress=_counting(progress, "free_noisy_diffusion"),
+            )  # fmt: skip
             change = float(
                 np.mean(np.abs(full_m - top_m).sum(axis=1))
                 / max(float(np.mean(np.abs(full_m).sum(axis=1))), 1e-300)
