@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from service.graph.generate import write_generated_edge_list
+from service.loadtest.report import PhaseResult, refusals
 from service.loadtest.workload import Workload
 from service.loadtest.wrk_driver import lua_string, script_for, wrk_available
 from tests.api_support import free_port
@@ -159,6 +160,19 @@ def test_a_mechanism_the_mode_does_not_offer_is_refused_before_the_run() -> None
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert "--mechanism" in done.stdout
+
+
+def test_a_refused_budget_is_named_for_the_mode_it_was_charged_in() -> None:
+    refused = PhaseResult(
+        phase="fresh", driver="wrk", concurrency=4, seconds=1.0, requests=10, errors=1,
+        p50_ms=1.0, p90_ms=1.0, p99_ms=1.0, statuses={"200": 9, "403": 1},
+        error_codes={"403 budget_exhausted": 1},
+    )  # fmt: skip
+    (edge,) = refusals([refused])
+    (personalized,) = refusals([refused], personalized=True)
+    assert edge.startswith("the key was refused in the fresh phase: 403 budget_exhausted on 1")
+    assert "one service account" in edge and "seed user" not in edge
+    assert "seed user's account" in personalized and "--seeds" in personalized
 
 
 @pytest.mark.slow

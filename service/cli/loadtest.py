@@ -253,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
         print("answers by status:")
         for result in results:
             print(f"  {status_breakdown(result)}")
-    for line in refusals(results):
+    for line in refusals(results, personalized=args.mode == "personalized"):
         print(f"error [key_refused]: {line}", file=sys.stderr)
     if has_errors(results):
         print(
