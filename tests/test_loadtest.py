@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from service.graph.generate import write_generated_edge_list
+from service.loadtest.report import PhaseResult, refusals
 from service.loadtest.workload import Workload
 from service.loadtest.wrk_driver import lua_string, script_for, wrk_available
 from tests.api_support import Backend, free_port, uvicorn_server
@@ -123,6 +126,72 @@ def test_the_wrk_script_carries_any_node_id_and_the_key() -> None:
     assert '["Authorization"]="Bearer ppr_k"' in script
     assert '"\\034x\\092\\034y\\034"' in script  # the JSON-encoded id '"x\"y"'
     assert "local batch_size = 2" in script
+
+
+def test_the_mechanism_goes_with_every_ranking_request() -> None:
+    blended = Workload(
+        name="fresh", kind="ppr", seeds=("7",), mode="personalized", mechanism="blended"
+    )
+    assert "mechanism=blended" in blended.query_string(fresh=True)
+    assert "mechanism=blended" in blended.query_string(fresh=False)
+    assert blended.batch_body(["7"])["mechanism"] == "blended"
+    assert lua_string('"mechanism": "blended"')[1:-1] in script_for(replace(blended, kind="batch"))
+    assert "mechanism=blended" in script_for(blended)
+    default = replace(blended, mechanism=None)  # the server's default: nothing sent
+    assert "mechanism" not in default.query_string(fresh=True)
+    assert "mechanism" not in default.batch_body(["7"])
+
+
+def test_a_mechanism_the_mode_does_not_offer_is_refused_before_the_run() -> None:
+    command = [sys.executable, "-m", "service", "loadtest", "--url", "http://127.0.0.1:1"]
+    done = subprocess.run(
+        [*command, "--mechanism", "blended"], capture_output=True, text=True, check=False
+    )  # the default mode is edge
+    assert done.returncode == 2
+    assert done.stderr.startswith("error [invalid_parameter]: mechanism:")
+    assert "personalized mode only" in done.stderr
+    done = subprocess.run(
+        [*command, "--mechanism", "nope"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 2
+    assert "blended" in done.stderr  # argparse lists the choices
+    done = subprocess.run(
+        [sys.executable, "-m", "service", "loadtest", "--help"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "--mechanism" in done.stdout
+
+
+def test_a_refused_budget_is_named_for_the_mode_it_was_charged_in() -> None:
+    refused = PhaseResult(
+        phase="fresh", driver="wrk", concurrency=4, seconds=1.0, requests=10, errors=1,
+        p50_ms=1.0, p90_ms=1.0, p99_ms=1.0, statuses={"200": 9, "403": 1},
+        error_codes={"403 budget_exhausted": 1},
+    )  # fmt: skip
+    (edge,) = refusals([refused])
+    (personalized,) = refusals([refused], personalized=True)
+    assert edge.startswith("the key was refused in the fresh phase: 403 budget_exhausted on 1")
+    assert "one service account" in edge and "seed user" not in edge
+    assert "seed user's account" in personalized and "--seeds" in personalized
+
+
+@pytest.mark.slow
+def test_personalized_blended_load_on_a_started_server(graph_path: Path, tmp_path: Path) -> None:
+    out = loadtest(
+        graph_path, tmp_path, "--driver", "httpx", "--mode", "personalized",
+        "--mechanism", "blended", "--phases", "healthz,fresh,replay,batch", "--batch-size", "3",
+        "--batch-concurrency", "2", env=NO_TABLE,
+    )  # fmt: skip
+    assert (out["mode"], out["mechanism"]) == ("personalized", "blended")
+    for phase in out["phases"]:  # type: ignore[attr-defined]
+        assert phase["requests"] > 0, phase["phase"]
+        assert set(phase["statuses"]) == {"200"}, (phase["phase"], phase["statuses"])
+    # every answer the run stored is a blended one, charged to a seed user it created
+    with sqlite3.connect(tmp_path / "ledger.db") as db:
+        stored = set(db.execute("SELECT DISTINCT mechanism_name, mode FROM releases"))
+        users = db.execute("SELECT count(*) FROM accounts WHERE type = 'user'").fetchone()[0]
+    assert stored == {("blended", "personalized")}
+    assert users > 0
 
 
 @pytest.mark.slow

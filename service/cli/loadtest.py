@@ -9,6 +9,10 @@ on this machine at this moment, then the chosen query phases with the same conne
 phase). The load runs against a service account made for the run in
 the ledger at ``--database-url``, with a cap no run reaches; a ``--key`` of your own needs a
 cap as large (a run charges thousands of queries: ``accounts create --type service --cap 1000``).
+``--mechanism`` names the ranking every request asks for (default: the server's); the
+count rankings and ``blended`` exist in ``--mode personalized`` only, where each answer is
+charged to the seed user's account: with ``--start`` and no ``--key`` the run's account may
+create those accounts (its server is started with ``PPR_CREATE_SEED_ACCOUNTS=true``).
 After the table it prints each phase's answers by status (and error code); a refused key
 (401, 403, 429) is named with its code, and any error makes the exit status 1. With ``--start``
 the run first waits (at most ``--table-timeout`` seconds, saying so) while the server builds
@@ -20,6 +24,8 @@ Examples::
     python -m service loadtest --start --workers 2 --port 8601 \\
         --database-url postgresql+psycopg://postgres@127.0.0.1:5432/ppr \\
         --redis-url redis://127.0.0.1:6379/0 --graph edges.txt.gz
+    python -m service loadtest --start --graph edges.txt.gz --mode personalized \\
+        --mechanism blended --phases healthz,fresh
     python -m service loadtest --url http://127.0.0.1:8000 --key ppr_... --phases healthz,fresh
 """
 
@@ -36,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from service.cli.arg_types import open_unit_float, positive_float, positive_int
+from service.mechanisms.registry import RankingMechanism
 
 
 def _phases(text: str) -> tuple[str, ...]:
@@ -99,7 +106,16 @@ def register(subparsers: Any) -> None:
     load.add_argument("--batch-timeout", type=positive_float, default=300.0,
                       help="seconds one batch call may take before it counts as a timeout "
                       "(default 300)")  # fmt: skip
-    load.add_argument("--mode", choices=("edge", "personalized"), default="edge")
+    load.add_argument("--mode", choices=("edge", "personalized"), default="edge",
+                      help="privacy model of the ranking requests (default edge); "
+                      "personalized charges the seed users' accounts: with --start and no "
+                      "--key the run's service account may create them and its server allows "
+                      "it (PPR_CREATE_SEED_ACCOUNTS)")  # fmt: skip
+    load.add_argument("--mechanism", choices=[m.value for m in RankingMechanism], default=None,
+                      help="the ranking every fresh, replayed and batch request asks for (the "
+                      "API's mechanism parameter): " + ", ".join(m.value for m in
+                      RankingMechanism) + "; the last three in personalized mode only "
+                      "(default: the server's PPR_DEFAULT_MECHANISM for the mode)")  # fmt: skip
     load.add_argument("--epsilon", type=positive_float, default=0.1)
     load.add_argument("--k", type=positive_int, default=20)
     load.add_argument("--driver", choices=("auto", "wrk", "httpx"), default="auto",
@@ -131,13 +147,19 @@ def run(args: argparse.Namespace) -> int:
         wait_for_prefix_table,
     )
     from service.loadtest.wrk_driver import wrk_available
+    from service.mechanisms.registry import resolve_mechanism
+    from service.privacy.modes import Mode
 
     if args.url is None and not args.start:
         raise InvalidParameter("url", "give --url of a running service, or --start")
     if args.url is not None and args.start:
         raise InvalidParameter("start", "--start and --url exclude each other")
-    if args.key is None and args.mode != "edge":
-        raise InvalidParameter("mode", "personalized load needs --key of a scoped service account")
+    if args.key is None and args.mode != "edge" and not args.start:
+        raise InvalidParameter(
+            "mode", "personalized load on a running service needs --key of a scoped service account"
+        )
+    if args.mechanism is not None:  # 422 from every request otherwise: refused before the run
+        resolve_mechanism(args.mechanism, Mode(args.mode), default=args.mechanism)
     settings = Settings()
     graph_path = args.graph if args.graph is not None else settings.graph_path
     if graph_path is not None and not Path(graph_path).is_file():
@@ -159,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
         replay_seeds=replay_seeds,
         mixed_replay_fraction=args.replay_fraction,
         mode=args.mode,
+        mechanism=args.mechanism,
         epsilon=args.epsilon,
         k=args.k,
         batch_size=args.batch_size,
@@ -166,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
         batch_concurrency=args.batch_concurrency,
         batch_timeout_seconds=args.batch_timeout,
     )
+    personalized = args.mode == "personalized" and args.key is None
     table_status = "not checked"  # a server the run did not start
     with ExitStack() as stack:
         database_url = args.database_url or settings.database_url
@@ -183,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
                     database_url=database_url,
                     redis_url=args.redis_url or settings.redis_url,
                     log_path=log_path,
+                    # personalized load charges seed users: the run's key may create them
+                    extra_env={"PPR_CREATE_SEED_ACCOUNTS": "true"} if personalized else None,
                 )
             )
             if args.table_timeout > 0:
@@ -192,7 +218,9 @@ def run(args: argparse.Namespace) -> int:
                 )  # fmt: skip
         else:
             base_url = args.url.rstrip("/")
-        key = args.key or service_account_key(database_url, delta=MechanismSettings().account_delta)
+        key = args.key or service_account_key(
+            database_url, delta=MechanismSettings().account_delta, personalized=personalized
+        )
 
         if args.key is not None:
             check_key(base_url, key, say=lambda text: print(text, file=sys.stderr))
@@ -206,6 +234,8 @@ def run(args: argparse.Namespace) -> int:
         out = {
             "graph": {"nodes": graph.n, "edges": graph.m, "source": str(graph_path or "demo")},
             "driver": driver,
+            "mode": args.mode,
+            "mechanism": args.mechanism,
             "prefix_table": table_status,
             "concurrency": args.concurrency,
             "duration_s": args.duration,
@@ -216,13 +246,14 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"graph: {graph.n:,} nodes, {graph.m:,} edges; driver {driver}; "
             f"{args.concurrency} connections; {args.duration:g} s per phase; mode {args.mode}, "
-            f"epsilon {args.epsilon:g}, k {args.k}; prefix table {table_status}"
+            f"mechanism {args.mechanism or 'default'}, epsilon {args.epsilon:g}, k {args.k}; "
+            f"prefix table {table_status}"
         )
         print(table(results))
         print("answers by status:")
         for result in results:
             print(f"  {status_breakdown(result)}")
-    for line in refusals(results):
+    for line in refusals(results, personalized=args.mode == "personalized"):
         print(f"error [key_refused]: {line}", file=sys.stderr)
     if has_errors(results):
         print(

@@ -77,8 +77,10 @@ def status_breakdown(result: PhaseResult) -> str:
     return line
 
 
-def refusals(results: list[PhaseResult]) -> list[str]:
-    """One line per phase in which the service refused the key (401/403/429), naming the code."""
+def refusals(results: list[PhaseResult], *, personalized: bool = False) -> list[str]:
+    """One line per phase in which the service refused the key (401/403/429), naming the code.
+    ``personalized``: the answers were charged to the seed users' accounts, so a refused budget
+    is theirs."""
     lines = []
     for result in results:
         refused = {code: n for code, n in result.error_codes.items() if code.startswith(REFUSED)}
@@ -86,11 +88,16 @@ def refusals(results: list[PhaseResult]) -> list[str]:
             refused = {code: n for code, n in result.statuses.items() if code in REFUSED}
         if refused:
             what = ", ".join(f"{code} on {n:,} requests" for code, n in sorted(refused.items()))
-            lines.append(
-                f"the key was refused in the {result.phase} phase: {what}. The load runs "
-                "under one service account: give it a cap no run reaches (accounts create "
-                "--type service --cap 1000), or leave --key out to have one made"
+            advice = (
+                "In personalized mode each answer is charged to its seed user's account "
+                "(cap PPR_DEFAULT_CAP_EPSILON when the run creates it), and to the service "
+                "account's quota: draw from more seeds (--seeds) or give them larger caps"
+                if personalized
+                else "The load runs under one service account: give it a cap no run reaches "
+                "(accounts create --type service --cap 1000), or leave --key out to have one "
+                "made"
             )
+            lines.append(f"the key was refused in the {result.phase} phase: {what}. {advice}")
     return lines
 
 

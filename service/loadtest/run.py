@@ -29,6 +29,8 @@ class RunPlan:
     k: int
     batch_size: int
     driver: str  # "wrk" | "httpx"
+    #: ``mechanism=`` of every ranking request; None: the server's default for the mode.
+    mechanism: str | None = None
     #: Batch calls in flight at once (each carries batch_size seeds); None: ``concurrency``.
     batch_concurrency: int | None = None
     #: How long one batch call may take before the driver counts it as a timeout.
@@ -43,6 +45,7 @@ def workloads(plan: RunPlan, key: str) -> list[Workload]:
         seeds=plan.seeds,
         replay_seeds=plan.replay_seeds,
         mode=plan.mode,
+        mechanism=plan.mechanism,
         epsilon=plan.epsilon,
         k=plan.k,
         headers=headers,

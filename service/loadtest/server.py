@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -155,15 +156,27 @@ def wait_for_prefix_table(
         time.sleep(0.1 if status == "ready" else 0.5)
 
 
-def service_account_key(database_url: str, *, delta: float, cap_epsilon: float = 1e6) -> str:
+def service_account_key(
+    database_url: str, *, delta: float, cap_epsilon: float = 1e6, personalized: bool = False
+) -> str:
     """A new service account (edge mode, a cap no load run reaches) and its API key, made in
-    the ledger directly (the run names the ledger it loads)."""
+    the ledger directly (the run names the ledger it loads). ``personalized``: the account may
+    also query in personalized mode, charging the seed users' accounts, which it may create
+    (the server must allow that too: ``PPR_CREATE_SEED_ACCOUNTS``), under a quota no run
+    reaches."""
     from service.ledger.ledger import Ledger
 
+    scopes: dict[str, Any] = {}
+    if personalized:
+        scopes = {
+            "modes": ("edge", "personalized"),
+            "may_create_seed_accounts": True,
+            "quota_epsilon": cap_epsilon,
+        }
     ledger = Ledger.from_url(database_url)
     try:
         account = ledger.accounts.create_account(
-            "service", cap_epsilon=cap_epsilon, delta=delta, label="loadtest"
+            "service", cap_epsilon=cap_epsilon, delta=delta, label="loadtest", **scopes
         )
         key, _ = ledger.api_keys.create_api_key(account.account_id)
     finally:

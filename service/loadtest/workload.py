@@ -32,6 +32,8 @@ class Workload:
     replay_seeds: tuple[str, ...] = ()
     replay_fraction: float = 0.0
     mode: str = "edge"
+    #: The ranking asked for (``mechanism=``); None: the server's default for the mode.
+    mechanism: str | None = None
     epsilon: float = 0.1
     k: int = 20
     batch_size: int = 1
@@ -40,6 +42,8 @@ class Workload:
 
     def query_string(self, *, fresh: bool) -> str:
         params: dict[str, Any] = {"mode": self.mode, "epsilon": self.epsilon, "k": self.k}
+        if self.mechanism is not None:
+            params["mechanism"] = self.mechanism
         if fresh:
             params["fresh"] = "true"
         return "?" + urlencode(params)
@@ -48,13 +52,16 @@ class Workload:
         return f"/v1/ppr/{quote(seed, safe='')}{self.query_string(fresh=fresh)}"
 
     def batch_body(self, nodes: list[str]) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "nodes": nodes,
             "epsilon": self.epsilon,
             "k": self.k,
             "mode": self.mode,
             "fresh": self.batch_fresh,
         }
+        if self.mechanism is not None:
+            body["mechanism"] = self.mechanism
+        return body
 
     def next_request(self, rng: random.Random) -> tuple[str, str, bytes | None]:
         """(method, path, body) of one request (used by the httpx driver)."""

@@ -67,8 +67,19 @@ from service.privacy.modes import Mode
 
 __all__ = ["BlendedDraw", "BlendedTop", "LazyCandidates", "blended_draw", "blended_top"]
 
-#: The smallest number of nodes a move may draw (below it the fixed costs dominate).
-MIN_BLOCK = 256
+#: The smallest number of nodes a move may draw (below it the fixed costs dominate: each
+#: lowering of T is an exact binomial count of about 2 R / 64 raw words, R the sparse region's
+#: undrawn nodes, nearly n). At 2048 a default query on 100k to 1M nodes makes about one
+#: lowering instead of six (256: 256, 256, 256, 256, 512, 1024 nodes and four doublings of H)
+#: and draws as many nodes in all (docs/notes/performance-scale-http-2026-11-29.md). A cost,
+#: never the law: any move is.
+MIN_BLOCK = 2048
+
+
+def _merged(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """The sorted union of two disjoint arrays of distinct positions (``np.union1d`` without
+    its hashing: the callers' arrays never share a value)."""
+    return np.sort(np.concatenate([first, second]))
 
 
 def _tail(law: LevelLaw, j: int | None) -> float:
@@ -148,9 +159,11 @@ class LazyCandidates:
         head = min(int(head), self.n)
         if head <= self.head:
             return
-        span = np.arange(self.head, head, dtype=np.int64)
-        taken = np.union1d(self.excluded, self.sparse_drawn)
-        fresh = span[~np.isin(span, taken, assume_unique=True)]
+        free = np.ones(head - self.head, dtype=bool)  # the span's nodes of Z not drawn yet
+        for taken in (self.excluded, self.sparse_drawn):
+            inside = taken[(taken >= self.head) & (taken < head)]
+            free[inside - self.head] = False
+        fresh = np.flatnonzero(free).astype(np.int64) + self.head
         levels = range_levels(self.rng, self.law, fresh.shape[0], None, self.threshold)
         self._add(fresh, levels)
         self.sparse_drawn = self.sparse_drawn[self.sparse_drawn >= head]
@@ -174,11 +187,11 @@ class LazyCandidates:
             )
             count = binomial_count(self.rng, remaining, digits)
         ranks = distinct_uniform(self.rng, remaining, count)
-        taken = np.union1d(self.excluded[self.excluded >= self.head], self.sparse_drawn)
+        taken = _merged(self.excluded[self.excluded >= self.head], self.sparse_drawn)
         positions = lazy_rank_to_index(taken - self.head, ranks) + self.head
         levels = range_levels(self.rng, self.law, count, threshold, self.threshold)
         self._add(positions, levels)
-        self.sparse_drawn = np.union1d(self.sparse_drawn, positions)
+        self.sparse_drawn = _merged(self.sparse_drawn, positions)
         self.threshold = threshold
 
     def advance(self, a: float, b: float, kth: float) -> None:

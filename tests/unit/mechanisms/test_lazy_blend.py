@@ -254,7 +254,7 @@ def test_levels_drawn_below_a_threshold_keep_the_law() -> None:
 # -- what was drawn settles the answer: any completion gives the full draw's answer ----------
 
 
-@pytest.mark.parametrize("block", [1, 4, 256])
+@pytest.mark.parametrize("block", [1, 4, 256, lazy_blend.MIN_BLOCK])
 def test_every_completion_of_the_draw_gives_the_same_answer(
     monkeypatch: pytest.MonkeyPatch, block: int
 ) -> None:
