@@ -319,3 +319,46 @@ def test_a_stale_twin_is_refunded_in_a_transaction_of_its_own(
     assert not any("insert into charges" in s for s in refunding[0])
     assert ledger.budgets.budget(acct).charges == 1
     assert ledger.reports.verify().ok
+
+
+def test_requests_that_find_a_keys_lookup_expired_together_read_the_database_once(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sixteen threads ask at once for a key whose cached lookup has just expired: one of them
+    reads the database, the others wait for it and take its fresh answer. Revoked meanwhile,
+    none of them is answered from the expired entry (a failed lookup is not kept: each reads)."""
+    acct = ledger.accounts.create_account("service", cap_epsilon=1.0, delta=DELTA).account_id
+    key, record = ledger.api_keys.create_api_key(acct)
+    lookups: list[str] = []
+    read = ledger.api_keys.authenticate
+
+    def slow_read(api_key: str) -> Any:
+        lookups.append(api_key)
+        time.sleep(0.05)  # long enough for every thread to reach the lookup meanwhile
+        return read(api_key)
+
+    monkeypatch.setattr(ledger.api_keys, "authenticate", slow_read)
+    cache = ledger.api_keys._auth_cache
+    for revoked in (False, True):
+        assert ledger.api_keys.authenticate_cached(key, 60.0) is not None
+        digest, (account, _, generation) = next(iter(cache.items()))
+        cache[digest] = (account, time.monotonic() - 120.0, generation)  # expired
+        if revoked:
+            elsewhere = Ledger.from_url(str(ledger.engine.url.render_as_string(False)))
+            elsewhere.api_keys.revoke_api_key(record.key_id)  # another process
+            elsewhere.dispose()
+        lookups.clear()
+        start = threading.Barrier(16)
+        answers: list[Any] = []
+
+        def ask(start: threading.Barrier, answers: list[Any]) -> None:
+            start.wait()
+            answers.append(ledger.api_keys.authenticate_cached(key, 60.0))
+
+        threads = [threading.Thread(target=ask, args=(start, answers)) for _ in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(answers) == 16 and all((a is None) == revoked for a in answers)
+        assert len(lookups) == (16 if revoked else 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 from sqlalchemy import select
@@ -38,6 +39,9 @@ class ApiKeys(LedgerPart):
         # key hash -> (account, read at monotonic, generation); see authenticate_cached
         self._auth_cache: dict[str, tuple[AccountRecord, float, int]] = {}
         self._auth_generation = 0  # bumped by this process's key/scope changes
+        # key hash -> the lock its database lookup is made under (one lookup per key at once)
+        self._lookup_locks: dict[str, threading.Lock] = {}
+        self._lookup_locks_guard = threading.Lock()
 
     def create_api_key(
         self, account_id: int, *, actor_account_id: int | None = None
@@ -77,16 +81,32 @@ class ApiKeys(LedgerPart):
         hit = self._recent_authentication(digest, max_age_seconds)
         if hit is not None:
             return hit
-        now = time.monotonic()
-        generation = self._auth_generation
-        account = self.authenticate(api_key)
-        if account is None:
-            self._auth_cache.pop(digest, None)
-            return None
-        if len(self._auth_cache) >= _AUTH_CACHE_ENTRIES:
-            self._auth_cache.clear()
-        self._auth_cache[digest] = (account, now, generation)
-        return account
+        # One lookup per key at a time: the requests that find the entry expired together
+        # (every connection of a busy backend, once per max_age_seconds) wait for the first
+        # one's lookup and take its result, rather than each reading the database.
+        with self._lookup_lock(digest):
+            hit = self._recent_authentication(digest, max_age_seconds)
+            if hit is not None:
+                return hit
+            now = time.monotonic()
+            generation = self._auth_generation
+            account = self.authenticate(api_key)
+            if account is None:
+                self._auth_cache.pop(digest, None)
+                return None
+            if len(self._auth_cache) >= _AUTH_CACHE_ENTRIES:
+                self._auth_cache.clear()
+            self._auth_cache[digest] = (account, now, generation)
+            return account
+
+    def _lookup_lock(self, digest: str) -> threading.Lock:
+        with self._lookup_locks_guard:
+            lock = self._lookup_locks.get(digest)
+            if lock is None:
+                if len(self._lookup_locks) >= _AUTH_CACHE_ENTRIES:
+                    self._lookup_locks.clear()  # a lock in use stays with its holders
+                lock = self._lookup_locks[digest] = threading.Lock()
+            return lock
 
     def recent_authentication(self, api_key: str, max_age_seconds: float) -> AccountRecord | None:
         """The account of a key this process authenticated successfully in the last
