@@ -347,11 +347,11 @@ def test_a_service_accounts_read_figure_and_cap(client: TestClient, accounts: Ac
     assert "results" not in refused.json()
     known = query(client, service, seeds[0], k=10, epsilon=0.1, mechanism="friends_of_friends")
     assert known.status_code == 200
-    # a fresh draw past the cap: refused before noise, its charge refunded
+    # a fresh draw past the cap: refused by its admission, before any charge or noise
     fresh = query(client, service, "9", mode="edge", k=5, epsilon=0.1, fresh="true")
     assert fresh.json()["error"]["code"] == "read_cap_exhausted"
     ledger = ledger_of(client)
-    assert all(c.state == "refunded" for c in ledger.reports.list_charges(service_id))
+    assert ledger.reports.list_charges(service_id) == []
     assert ledger.read_figures.read_view(service_id).releases == 2
     assert ledger.reports.verify().ok
     # decided: exclude_neighbors is the seed user's only (it names the neighbour list)
@@ -361,13 +361,12 @@ def test_a_service_accounts_read_figure_and_cap(client: TestClient, accounts: Ac
     assert client.get("/v1/me/reads", headers=bearer(accounts.user("20")[1])).status_code == 403
 
 
-def test_a_batch_counts_its_reads_together_and_past_the_read_cap_item_by_item(
+def test_a_batch_counts_its_reads_in_its_admission_and_refuses_past_the_read_cap(
     client: TestClient, accounts: Accounts, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A service account's batch is counted in its read figure in one transaction when it fits
-    its read cap as a whole; where it does not, item by item, exactly as without that step:
-    the items that fit are answered, the rest refused before any noise with their charges
-    refunded."""
+    """A service account's batch is counted in its read figure by the batch's admission
+    transaction (no transaction of its own): the items that fit its read cap, in order, are
+    charged and answered; the rest are refused by admission, nothing charged, no noise drawn."""
     service_id, service = accounts.service(modes=["edge"])
     ledger = ledger_of(client)
     calls: list[int] = []
@@ -388,9 +387,9 @@ def test_a_batch_counts_its_reads_together_and_past_the_read_cap_item_by_item(
 
     first = batch(["1", "2", "3", "4"])
     assert all("results" in item for item in first), first
-    assert calls == [4]  # one transaction for the four
+    assert calls == []  # counted by the admission, in its transaction
     assert ledger.read_figures.read_view(service_id).releases == 4
-    # a cap with room for two more of the same release: the next four are counted one by one
+    # a cap with room for two more of the same release
     with ledger.engine.connect() as conn:  # the four charges' curve (one plan for all)
         rdp = conn.execute(
             select(Charge.rdp).where(Charge.principal_account_id == service_id).limit(1)
@@ -403,15 +402,14 @@ def test_a_batch_counts_its_reads_together_and_past_the_read_cap_item_by_item(
         headers=bearer(accounts.admin_key),
     )
     assert capped.status_code == 200, capped.text
-    calls.clear()
     second = batch(["5", "6", "7", "8"])
-    answered = [item for item in second if "results" in item]
+    answered = [item["node"] for item in second if "results" in item]
     refused = [item["error"]["code"] for item in second if "error" in item]
-    assert len(answered) == 2 and refused == ["read_cap_exhausted"] * 2
-    assert calls[0] == 4 and sorted(calls[1:]) == [1, 1, 1, 1]  # the group, then each item
+    assert answered == ["5", "6"] and refused == ["read_cap_exhausted"] * 2
+    assert calls == []
     assert ledger.read_figures.read_view(service_id).releases == 6
-    states = [c.state for c in ledger.reports.list_charges(service_id)]
-    assert states.count("refunded") == 2
+    charges = ledger.reports.list_charges(service_id)
+    assert len(charges) == 6 and all(c.state == "released" for c in charges)
     assert ledger.reports.verify().ok
 
 

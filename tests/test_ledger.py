@@ -45,7 +45,7 @@ TABLES = {
     "accounts", "api_keys", "budgets", "spend", "charges", "refunds", "releases", "audit_log",
     "ledger_meta", "alembic_version", "exposure_shards", "graph_releases", "refusals",
     "service_reads", "read_totals", "graph_versions", "synthesis_jobs",
-    "idempotency_bindings", "embedding_salts",
+    "idempotency_bindings", "embedding_salts", "quota_buckets",
 }  # fmt: skip
 
 

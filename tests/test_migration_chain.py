@@ -46,6 +46,7 @@ OLD_REVISIONS = [
     "0010_sampler_share",
     "0011_synthetic_release_charges",
     "0012_charge_heartbeat",
+    "0013_budget_periods",
 ]
 
 

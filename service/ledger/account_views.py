@@ -25,7 +25,8 @@ from service.ledger.admin_records import (
     ServiceUsage,
     naive_utc,
 )
-from service.ledger.quota_and_degree import QUOTA_WINDOW, charges_to_others, quota_window_sum
+from service.ledger.quota_and_degree import QUOTA_WINDOW
+from service.ledger.quota_buckets import charges_to_others, window_sum
 from service.ledger.tables import Charge, Spend, iso
 from service.ledger.transactions import LedgerPart
 from service.privacy.accountant import RdpCurve, curve_key
@@ -165,7 +166,7 @@ class AccountViews(LedgerPart):
                     func.count(func.distinct(Charge.charged_account_id)),
                 ).where(others)
             ).one()
-            used = quota_window_sum(session, account_id, naive_utc(now - QUOTA_WINDOW, session))
+            used = window_sum(session, account_id, naive_utc(now - QUOTA_WINDOW, session))
             top = session.execute(
                 select(
                     Charge.charged_account_id,

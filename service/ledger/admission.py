@@ -8,6 +8,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.errors import ServiceError
+from service.ledger.admission_reads import AdmissionReads
 from service.ledger.admission_rules import AdmissionRules, StaleTwin
 from service.ledger.exposure_shards import ExposureShards, NeedsExactCap
 from service.ledger.group_reads import GroupReads, ReceiptOfNewCharge
@@ -112,6 +113,7 @@ class Admissions(LedgerPart):
     ) -> ChargeReceipt:
         account = self._lock_account(session, a.charged_account_id)
         writes = AdmissionWrites()
+        figures = AdmissionReads()
         outcome = self._rules.admit_locked(
             session,
             a,
@@ -119,6 +121,7 @@ class Admissions(LedgerPart):
             lambda curve: self._shards.add_exposure(session, curve, graph_cap, exact_cap, writes),
             stale_after_seconds,
             writes,
+            figures=figures,
         )
         if isinstance(outcome, ChargeReceipt):
             writes.finish(session)  # the key it bound, if any
@@ -126,6 +129,7 @@ class Admissions(LedgerPart):
         assert isinstance(outcome, tuple)  # alone, no charge of a group answers it
         charge, view = outcome
         writes.finish(session)
+        figures.write(session)  # the principal's read of it, if it is a reader
         return ChargeReceipt(charge_id=charge.id, budget=view, degree_epsilon=charge.degree_epsilon)
 
     def admit_and_charge_many(
@@ -166,10 +170,12 @@ class Admissions(LedgerPart):
     ) -> list[ChargeReceipt | ServiceError]:
         with self._writing() as session:
             writes = AdmissionWrites()
+            figures = AdmissionReads()
             outcomes = self._admit_group(
-                session, admissions, graph_cap, stale_after_seconds, writes
+                session, admissions, graph_cap, stale_after_seconds, writes, figures
             )
             writes.finish(session)  # the charges' ids, the spend and the shards
+            figures.write(session)  # the service accounts' reads of them
             refused = [
                 _refusal_row(a, outcome)
                 for a, outcome in zip(admissions, outcomes, strict=True)
@@ -206,6 +212,7 @@ class Admissions(LedgerPart):
         graph_cap: GraphCap | None,
         stale_after_seconds: float,
         writes: AdmissionWrites,
+        figures: AdmissionReads,
     ) -> list[ChargeReceipt | ServiceError | ReceiptOfNewCharge | tuple[NewCharge, BudgetView]]:
         charged = sorted({a.charged_account_id for a in admissions})
         accounts = self._lock_accounts(session, charged)  # ascending, a few statements
@@ -213,13 +220,15 @@ class Admissions(LedgerPart):
             {
                 a.principal_account_id
                 for a in admissions
-                if a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id
+                if (a.quota_epsilon is not None or a.read is not None)
+                and a.principal_account_id != a.charged_account_id
             }
             - set(charged)
         )
         for principal in principals:
             self._lock_principal(session, principal)
-        # Every principal whose quota is checked is now locked (as a charged or a principal row).
+        # Every principal whose quota is checked, or who reads what it is charged, is now
+        # locked (as a charged or a principal row).
         add_exposure = self._shards.group_exposure(session, graph_cap, writes)
 
         # What the queries look for (keys, twins, releases), read once for the group under
@@ -234,6 +243,7 @@ class Admissions(LedgerPart):
                 outcome = self._rules.admit_locked(
                     session, a, accounts[a.charged_account_id], add_exposure,
                     stale_after_seconds, writes, principal_locked=True, reads=reads,
+                    figures=figures,
                 )  # fmt: skip
             except ADMISSION_REFUSALS as refusal:
                 outcomes.append(refusal)

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.ledger.admission_reads import AdmissionReads
 from service.ledger.group_reads import GroupReads, ReceiptOfNewCharge
 from service.ledger.idempotency import (
     EarlierCharge,
@@ -92,6 +93,7 @@ class AdmissionRules(LedgerPart):
         writes: AdmissionWrites,
         principal_locked: bool = False,
         reads: GroupReads | None = None,
+        figures: AdmissionReads | None = None,
     ) -> ChargeReceipt | ReceiptOfNewCharge | tuple[NewCharge, BudgetView]:
         """Admission of ``a`` under its charged account's spend lock (``account``, held):
         a receipt when an earlier charge answers it (``reused`` / ``joined``), else the new
@@ -101,6 +103,10 @@ class AdmissionRules(LedgerPart):
         group's locks) and learns the charges the group adds; alone, each is read here.
         A refusal raises before anything is written, so a group transaction may go on with
         the next query after one is refused.
+
+        With ``a.read`` (a service account receiving the release), the release is counted in
+        its read figure in ``figures`` after the quota check, refused past its read cap
+        (:mod:`service.ledger.admission_reads`); its spend row is locked here unless held.
         """
         query_curve = a.query_curve
         if not isinstance(query_curve, RdpCurve):
@@ -141,10 +147,21 @@ class AdmissionRules(LedgerPart):
         )  # the budget rule on the lifetime cap and, with a period, the period cap
         if a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id:
             self._quota_and_degree.check_quota(
-                session, a.principal_account_id, a.quota_epsilon, epsilon, now,
+                session, a.principal_account_id, a.quota_epsilon, epsilon, now, writes=writes,
                 lock=not principal_locked,
                 windows=None if reads is None else reads.quota_windows,
             )  # fmt: skip
+        read = None
+        if a.read is not None:
+            if figures is None:
+                raise ValueError("an admission with a read needs the transaction's reads")
+            principal = a.principal_account_id
+            if not principal_locked and principal != a.charged_account_id and not quota:
+                self._lock_principal(session, principal)  # before the shards, as always
+            rdp = writes.json(query_curve, query_curve.to_json)
+            read = figures.check(
+                session, principal, a.read, query_curve, float(a.query_epsilon), rdp
+            )
         shard = add_exposure(query_curve)
         charge = writes.add_charge(
             created_at=now,
@@ -179,6 +196,8 @@ class AdmissionRules(LedgerPart):
                 window.add(float(a.query_epsilon))
                 if degree is not None:
                     window.add(float(degree.epsilon))
+        if read is not None and figures is not None:
+            figures.keep(read, charge)
         if a.idempotency_key is not None:
             writes.bind(a.principal_account_id, a.idempotency_key, charge, "charged", now)
             if reads is not None:

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from service.ledger.id_lists import id_array, is_postgresql
 from service.ledger.periods import day_start
+from service.ledger.quota_buckets import ChargeFigures, add_to_buckets
 from service.ledger.tables import (
     Budget,
     Charge,
@@ -255,6 +256,9 @@ class AdmissionWrites:
         self._accounts: dict[int, LockedAccount] = {}
         self._shards: dict[int, LockedShard] = {}
         self._encoded: dict[int, tuple[object, EncodedJson]] = {}
+        #: The charges written so far, for their principals' quota buckets (added at the end,
+        #: after every other lock this transaction takes, in one order).
+        self._to_buckets: list[ChargeFigures] = []
         #: (account, graph version, epsilon) of the degree releases this transaction charged.
         self.degree_paid: set[tuple[int, str, float]] = set()
         #: The database's clock, read once when the transaction admits to an account with a
@@ -312,6 +316,11 @@ class AdmissionWrites:
                 ids = list(session.scalars(_INSERT_CHARGES, rows))
             for charge, charge_id in zip(pending, ids, strict=True):
                 charge.id = int(charge_id)
+            self._to_buckets.extend(
+                (r["principal_account_id"], r["charged_account_id"], r["created_at"],
+                 r["epsilon"])
+                for r in rows
+            )  # fmt: skip
         if self._bindings:
             bindings, self._bindings = self._bindings, []
             rows = []
@@ -327,6 +336,19 @@ class AdmissionWrites:
                     }
                 )  # fmt: skip
             session.execute(_INSERT_BINDINGS, rows)
+
+    def quota_pending(self, principal: int) -> float:
+        """The epsilon this transaction has charged to others for ``principal`` that its
+        quota buckets do not hold yet (they are written by :meth:`finish`)."""
+        return sum(
+            float(epsilon)
+            for p, charged, _, epsilon in self._to_buckets + [
+                (c.values["principal_account_id"], c.values["charged_account_id"], None,
+                 c.values["epsilon"])
+                for c in self._charges
+            ]
+            if p == principal and charged != principal
+        )  # fmt: skip
 
     def finish(self, session: Session) -> None:
         """Write everything still pending (before the transaction commits)."""
@@ -357,3 +379,6 @@ class AdmissionWrites:
                 ],
             )  # fmt: skip
             self._shards.clear()
+        if self._to_buckets:  # last: the bucket rows are the last locks a transaction takes
+            add_to_buckets(session, self._to_buckets)
+            self._to_buckets = []

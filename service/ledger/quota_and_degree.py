@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -24,6 +24,7 @@ from service.ledger.ledger_rows import (
 )
 from service.ledger.locked_rows import AdmissionWrites, NewCharge
 from service.ledger.period_spend import PeriodAdmission, locked_view
+from service.ledger.quota_buckets import oldest_freeing, window_sum
 from service.ledger.records import (
     DegreeCharge,
     DegreeReceipt,
@@ -49,26 +50,6 @@ from service.privacy.orders import GRID_VERSION
 
 #: The rolling window of a service account's spending quota.
 QUOTA_WINDOW = timedelta(hours=24)
-
-
-def charges_to_others(principal: int) -> ColumnElement[bool]:
-    """A service account's live charges to other accounts: what its quota counts."""
-    return and_(
-        Charge.principal_account_id == principal,
-        Charge.charged_account_id != principal,
-        Charge.state != "refunded",
-    )
-
-
-def quota_window_sum(session: Session, principal: int, since: Any) -> float:
-    """The epsilon of ``principal``'s live charges to other accounts made after ``since``, summed
-    by the database (over ``ix_charges_principal_created_at``)."""
-    used = session.scalar(
-        select(func.coalesce(func.sum(Charge.epsilon), 0.0)).where(
-            charges_to_others(principal), Charge.created_at > since
-        )
-    )
-    return float(used or 0.0)
 
 
 class UnknownSyntheticRelease(ServiceError):
@@ -171,6 +152,7 @@ class QuotaAndDegree(LedgerPart):
         epsilon: float,
         now: Any,
         *,
+        writes: AdmissionWrites,
         lock: bool = True,
         windows: dict[int, QuotaWindow] | None = None,
     ) -> None:
@@ -178,11 +160,12 @@ class QuotaAndDegree(LedgerPart):
         quota. Locks the principal's spend row (unless the caller holds it), so the check and
         the charge are atomic.
 
-        The window's sum is one aggregate the database computes over the charges index
-        (``ix_charges_principal_created_at``), not rows read into the process: a busy backend
-        charges hundreds of thousands of queries a day, and every check would otherwise read
-        them all. The charges themselves are read, in order, only to say when a refused query
-        would fit (``Retry-After``).
+        The window's sum reads the principal's quota buckets (a minute each) and the charges
+        of the one minute the window starts in (:func:`window_sum`), plus what this
+        transaction has charged that its buckets do not hold yet (``writes``): a busy backend
+        charges hundreds of thousands of queries a day, and a sum over the charges would read
+        them all, under this lock. A refusal's ``Retry-After`` reads the same buckets in order,
+        and the charges of the minute where enough is freed (:func:`oldest_freeing`).
 
         ``windows`` (a group's admission, which holds the principal's lock throughout): each
         principal's window as read at its first check in the group, to which the group adds
@@ -195,7 +178,9 @@ class QuotaAndDegree(LedgerPart):
         since = now - QUOTA_WINDOW
         window = None if windows is None else windows.get(principal)
         if window is None:
-            window = QuotaWindow(quota_window_sum(session, principal, since))
+            window = QuotaWindow(
+                window_sum(session, principal, since) + writes.quota_pending(principal)
+            )
             if windows is not None:
                 windows[principal] = window
         used = window.used
@@ -220,20 +205,7 @@ class QuotaAndDegree(LedgerPart):
     ) -> float:
         """Seconds until the oldest charges of the window, which together free ``excess``,
         have left it (the whole window where none do: the query alone passes the quota)."""
-        freed = (
-            func.sum(Charge.epsilon).over(order_by=(Charge.created_at, Charge.id)).label("freed")
-        )
-        running = (
-            select(Charge.created_at.label("created_at"), freed)
-            .where(charges_to_others(principal), Charge.created_at > since)
-            .subquery()
-        )
-        oldest = session.scalar(
-            select(running.c.created_at)
-            .where(running.c.freed >= excess)
-            .order_by(running.c.freed, running.c.created_at)
-            .limit(1)
-        )
+        oldest = oldest_freeing(session, principal, since, excess)
         if oldest is None:
             return QUOTA_WINDOW.total_seconds()
         expires = aware_utc(oldest) + QUOTA_WINDOW
@@ -321,8 +293,9 @@ class QuotaAndDegree(LedgerPart):
             )  # fmt: skip
             if a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id:
                 self.check_quota(
-                    session, a.principal_account_id, a.quota_epsilon, float(degree.epsilon), now
-                )
+                    session, a.principal_account_id, a.quota_epsilon, float(degree.epsilon), now,
+                    writes=writes,
+                )  # fmt: skip
             charge = add_degree_charge(
                 writes, a.charged_account_id, a.principal_account_id, a.seed, a.mode, degree,
                 a.request_id, now,
@@ -431,7 +404,9 @@ class QuotaAndDegree(LedgerPart):
                 session, account, spent, composed, (curve,), epsilon, now, writes
             )
             if quota_epsilon is not None and principal_account_id != charged_account_id:
-                self.check_quota(session, principal_account_id, quota_epsilon, epsilon, now)
+                self.check_quota(
+                    session, principal_account_id, quota_epsilon, epsilon, now, writes=writes
+                )
             writes.add_charge(
                 created_at=now,
                 charged_account_id=charged_account_id,

@@ -188,6 +188,19 @@ class ReadCapExhausted(ServiceError):
 
 
 @dataclass(frozen=True)
+class ReadAsk:
+    """The principal (a service account) reads the release its admission charges: the release
+    is counted in its read figure in the admission's own transaction, after a check against
+    its read cap (its ``read_cap_epsilon``, else ``default_cap_epsilon``; None: no cap) that
+    refuses the query with :class:`ReadCapExhausted` before anything is charged."""
+
+    default_cap_epsilon: float | None
+    #: ``(graph_version, mechanism)`` of the graph-wide release the answer is built on (the
+    #: degree release of ``blended``), counted too the first time this reader gets it.
+    graph_release: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
 class Admission:
     """One query to admit and charge (what ``Admissions.admit_and_charge`` is given)."""
 
@@ -210,6 +223,8 @@ class Admission:
     #: The version's degree release, when the answer is built on it (``blended``): charged
     #: with the query, in the same transaction, if the account has not paid for it yet.
     degree: DegreeCharge | None = None
+    #: Set when the principal is a service account that receives the release.
+    read: ReadAsk | None = None
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from service.ledger.records import (
     BudgetExhausted,
     ChargeRecord,
     GraphBudgetExhausted,
+    ReadCapExhausted,
     ServiceQuotaExhausted,
 )
 from service.ledger.tables import (
@@ -68,7 +69,9 @@ class RefusalRow(NamedTuple):
 
 #: The refusals of an admission the refusals table keeps a row of (a reused idempotency key is
 #: bad input, not a refusal).
-ADMISSION_REFUSALS = (BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted)
+ADMISSION_REFUSALS = (
+    BudgetExhausted, ServiceQuotaExhausted, GraphBudgetExhausted, ReadCapExhausted,
+)  # fmt: skip
 
 
 def insert_refusals(session: Session, refusals: Sequence[RefusalRow]) -> None:

@@ -26,6 +26,7 @@ from service.ledger.locked_rows import (
     charge_last_sign,
     settle,
 )
+from service.ledger.quota_buckets import add_to_buckets
 from service.ledger.records import (
     BudgetView,
     ChargeSettled,
@@ -134,6 +135,11 @@ class Settlement(LedgerPart):
         set_spend(spend, budget, total, len(curves))
         shard = self._lock_shard(session, charge.exposure_shard)
         remove_from_shard(shard, RdpCurve.from_json(charge.rdp))
+        add_to_buckets(
+            session,
+            [(charge.principal_account_id, account_id, charge.created_at, charge.epsilon)],
+            sign=-1,
+        )  # out of its principal's quota window (the last lock taken)
         self._audit(
             session,
             "charge.refund",

@@ -504,6 +504,20 @@ class ReadTotal(Base):
     updated_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
 
 
+class QuotaBucket(Base):
+    """A service account's live charges to other accounts, summed by the minute of their
+    ``created_at`` (``service/ledger/quota_buckets.py``): the 24-hour quota reads at most
+    1,440 of these rows and one minute's charges, not every charge of the day. Kept in the
+    transaction that inserts a charge or refunds it."""
+
+    __tablename__ = "quota_buckets"
+
+    principal_account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    bucket_start: Mapped[datetime] = mapped_column(Timestamp, primary_key=True)
+    epsilon: Mapped[float] = mapped_column(Double, nullable=False)
+    charges: Mapped[int] = mapped_column(Integer, nullable=False)
+
+
 class Refusal(Base):
     """A query the ledger refused (budget, quota, graph-wide cap or mode): kept so admins see
     refusals by reason across every worker and restart. Nothing was charged. A group's

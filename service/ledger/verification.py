@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from service.ledger.budget_rule import fits_under_cap
 from service.ledger.periods import PERIODS, as_aware_utc, day_start, period_start
+from service.ledger.quota_buckets import buckets_from_charges, stored_buckets
 from service.ledger.tables import (
     DEGREE_RELEASE_CHARGE,
     EXPOSURE_SHARDS,
@@ -84,7 +85,25 @@ def verify_ledger(engine: Engine) -> VerifyReport:
         _check_exposure(session, report)
         _check_synthesis(session, report)
         _check_periods(session, report)
+        _check_quota_buckets(session, report)
     return report
+
+
+def _check_quota_buckets(session: Session, report: VerifyReport) -> None:
+    """Every service account's quota bucket holds the sum and count of its live charges to
+    other accounts made in that minute (a charge never moves between buckets)."""
+    expected = buckets_from_charges(session)
+    stored = stored_buckets(session)
+    for key in sorted(expected.keys() | stored.keys()):
+        want_eps, want_count = expected.get(key, (0.0, 0))
+        have_eps, have_count = stored.get(key, (0.0, 0))
+        if have_count != want_count or not np.isclose(have_eps, want_eps, RTOL, atol=1e-12):
+            principal, start = key
+            report.mismatches.append({
+                "kind": "quota_bucket", "account_id": principal,
+                "detail": f"the bucket from {start.isoformat()} holds {have_count} charges, "
+                f"{have_eps!r} epsilon; its live charges to others: {want_count}, {want_eps!r}",
+            })  # fmt: skip
 
 
 def _check_periods(session: Session, report: VerifyReport) -> None:

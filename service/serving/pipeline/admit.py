@@ -40,7 +40,7 @@ from service.serving.pipeline.items import (
     PreparedGroup,
 )
 from service.serving.pipeline.policy import AdmissionPolicy
-from service.serving.rankings import RankingPlan
+from service.serving.rankings import RankingPlan, degree_release_name
 from service.serving.refresh import replayable_after
 
 #: One query's admission and the graph-wide cap it is checked against.
@@ -169,6 +169,7 @@ def ranking_admission(p: Pending, policy: AdmissionPolicy) -> Admission:
         released_after=replayable_after(p.req.max_age_seconds),
         quota_epsilon=policy.quota_for(principal, p.account_id),
         degree=_degree_charge(p.plan),
+        read=policy.read_for(principal, p.graph.version, degree_release_of(p.plan)),
     )
 
 
@@ -197,3 +198,9 @@ def _degree_charge(plan: DiffusionPlan | RankingPlan) -> DegreeCharge | None:
     if degrees is None:
         return None
     return DegreeCharge(degrees.graph_version, degrees.plan.epsilon, degrees.curve)
+
+
+def degree_release_of(plan: DiffusionPlan | RankingPlan) -> str | None:
+    """The graph release name of the degree vector an answer of ``plan`` is built on."""
+    degrees = plan.degrees if isinstance(plan, RankingPlan) else None
+    return None if degrees is None else degree_release_name(degrees.plan.scale)

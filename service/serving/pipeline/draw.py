@@ -19,17 +19,18 @@ import numpy as np
 
 from service.graph.model import Graph
 from service.ledger.ledger import Ledger
-from service.ledger.records import BudgetView, ChargeReceipt, ReadCapExhausted, StoredRelease
+from service.ledger.records import BudgetView, ChargeReceipt, StoredRelease
 from service.ledger.release_format import StoredResults
 from service.mechanisms.engine import DiffusionEngine, EngineFailure
 from service.mechanisms.postprocess import RankedNode, ranked_indices, score_grid
 from service.mechanisms.randomness import fresh_generator
 from service.privacy.calibration import DiffusionPlan
 from service.privacy.modes import Mode
+from service.serving.pipeline.admit import degree_release_of
 from service.serving.pipeline.items import Admitted, Pending, Started
 from service.serving.pipeline.prefixes import PrefixProvider
 from service.serving.pipeline.reads import ReadFigure
-from service.serving.rankings import RankingPlan, degree_release_name, draw_ranked
+from service.serving.rankings import RankingPlan, draw_ranked
 from service.serving.schemas import QueryRequest
 
 
@@ -61,14 +62,9 @@ class Drawer:
         """Begin the admitted query's release: a diffusion is handed to the engine and returns
         at once (:meth:`finish` waits for it); another ranking is drawn here."""
         self.note_budget(p.account_id, receipt.budget)  # for replays here
-        if p.req.principal.type == "service":
-            try:  # before any noise is drawn: a refused read refunds the fresh charge
-                degree = _degree_release_of(p.plan)
-                self.reads.record(p.req, p.graph.version, receipt.charge_id, degree)
-            except ReadCapExhausted:
-                reason = "refused by the service account's read cap before any noise was drawn"
-                self.ledger.settlement.refund(receipt.charge_id, reason=reason)
-                raise
+        if p.req.principal.type == "service":  # counted by its admission: replays need no write
+            degree = degree_release_of(p.plan)
+            self.reads.counted(p.req, p.graph.version, receipt.charge_id, degree)
         if isinstance(p.plan, DiffusionPlan):
             return self._start_diffusion(p.graph, p.seed, p.plan, receipt.charge_id)
         results, mechanism = self._draw_ranking(
@@ -155,15 +151,6 @@ class Drawer:
         block without a thread each; the rest run on ``run``."""
         started: dict[int, Started | StoredRelease | BaseException] = {}
         thunks: list[Callable[[], Any]] = []
-        # a service account's reads of the group counted together (each start() then finds
-        # its own counted), before any noise is drawn
-        reads = [
-            (p.req, p.graph.version, r.charge_id, _degree_release_of(p.plan))
-            for _, p, r in admitted
-            if p.req.principal.type == "service"
-        ]
-        if len(reads) > 1:
-            self.reads.record_group(reads)
         with self.engine.together():  # an idle engine starts them as one block
             for j, (_, p, r) in enumerate(admitted):
                 if isinstance(p.plan, DiffusionPlan):
@@ -185,12 +172,6 @@ class Drawer:
             except Exception as exc:
                 drawn.append(exc)
         return drawn
-
-
-def _degree_release_of(plan: DiffusionPlan | RankingPlan) -> str | None:
-    """The graph release name of the degree vector an answer of ``plan`` is built on."""
-    degrees = plan.degrees if isinstance(plan, RankingPlan) else None
-    return None if degrees is None else degree_release_name(degrees.plan.scale)
 
 
 def stored_results(graph: Graph, best: np.ndarray, scores: np.ndarray) -> StoredResults:

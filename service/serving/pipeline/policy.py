@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from service.ledger.records import ReadAsk
 from service.serving.schemas import Principal
 
 
@@ -27,6 +28,16 @@ class AdmissionPolicy:
                 return principal.quota_epsilon
             return self.service_quota_epsilon
         return None
+
+    def read_for(
+        self, principal: Principal, version: str, degree_release: str | None
+    ) -> ReadAsk | None:
+        """A service account's read of the release it is charged for, counted at admission
+        in its read figure (with the version's degree release the answer is built on)."""
+        if principal.type != "service":
+            return None
+        graph_release = None if degree_release is None else (version, degree_release)
+        return ReadAsk(self.service_read_cap_epsilon, graph_release)
 
     @classmethod
     def from_settings(cls, settings: Any) -> AdmissionPolicy:

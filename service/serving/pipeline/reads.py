@@ -45,6 +45,13 @@ class ReadFigure:
             raise
         self._remember(known)
 
+    def counted(
+        self, req: QueryRequest, version: str, charge_id: int, degree_release: str | None
+    ) -> None:
+        """Note a read its admission counted (the release of a charge admitted with a
+        :class:`~service.ledger.records.ReadAsk`), so a replay of it writes nothing."""
+        self._remember((req.principal.account_id, version, charge_id, degree_release))
+
     def record_group(self, reads: Sequence[tuple[QueryRequest, str, int, str | None]]) -> None:
         """Count a group's releases (``(req, version, charge_id, degree_release)`` each, as
         :meth:`record` takes them) in one transaction per service account and graph release

@@ -13,7 +13,9 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from service.ledger import Ledger
+from service.ledger.locked_rows import AdmissionWrites
 from service.ledger.quota_and_degree import QUOTA_WINDOW
+from service.ledger.quota_buckets import rebuild_buckets
 from service.ledger.records import QuotaWindow, ServiceQuotaExhausted
 from service.ledger.tables import Charge, utcnow
 from service.privacy.curves import laplace_curve
@@ -33,10 +35,12 @@ def _charge(ledger: Ledger, principal: int, charged: int, epsilon: float, i: int
 
 
 def _move(ledger: Ledger, charge_id: int, created_at: datetime, **values: Any) -> None:
-    with ledger.engine.begin() as conn:
-        conn.execute(
+    """Place a charge in time (or change its state) by hand, its quota buckets with it."""
+    with Session(ledger.engine) as session, session.begin():
+        session.execute(
             update(Charge).where(Charge.id == charge_id).values(created_at=created_at, **values)
         )
+        rebuild_buckets(session)
 
 
 @pytest.fixture
@@ -69,8 +73,9 @@ def _check(
 ) -> None:  # fmt: skip
     with Session(ledger.engine) as session, session.begin():
         ledger.quota_and_degree.check_quota(
-            session, service, 1.0, epsilon, now, lock=False, windows=windows
-        )
+            session, service, 1.0, epsilon, now, lock=False, windows=windows,
+            writes=AdmissionWrites(),
+        )  # fmt: skip
 
 
 def test_only_live_charges_to_others_in_the_last_24_hours_count(

@@ -1,0 +1,188 @@
+"""A service account's reads counted in the admission transaction that charges them.
+
+A service account that receives a release has it counted in its read figure (the composition
+of every distinct release it received, checked against its read cap: ``read_figures.py``).
+For a release it is charged for now, that count is made here, in the admission's own
+transaction and under the same lock (the reader's spend row): the read cap is one more check
+of admission, made before the charge is added, so a query past it is refused with
+``read_cap_exhausted`` writing nothing (no charge to refund, no noise drawn), and an admitted
+one is counted before any noise is drawn, with no transaction of its own.
+
+The release is a new charge's, so no reader can have counted it yet; the graph-wide release an
+answer is built on (``blended``'s degree release) is counted the first time this reader gets
+it, as :meth:`ReadFigures.record_reads` counts it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
+
+from service.ledger.budget_rule import fits_under_cap
+from service.ledger.locked_rows import NewCharge
+from service.ledger.records import ReadAsk, ReadCapExhausted, ReadView
+from service.ledger.tables import (
+    Account,
+    Budget,
+    EncodedJson,
+    GraphRelease,
+    ReadTotal,
+    ServiceRead,
+    utcnow,
+)
+from service.privacy.accountant import RdpCurve
+
+
+@dataclass
+class _Reader:
+    """One reader's figure as this transaction sees it, and the reads it adds."""
+
+    total: RdpCurve
+    releases: int
+    delta: float
+    cap: float | None
+    row: ReadTotal | None
+    #: Graph releases (ids) the reader has, counted before or in this transaction.
+    graph_releases: set[int] = field(default_factory=set)
+    #: (the charge, or None for a graph release; the graph release id; the read's row values)
+    added: list[tuple[NewCharge | None, dict[str, object]]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PendingRead:
+    """A read that fits under the cap, to be kept once its charge is added."""
+
+    reader: int
+    composed: RdpCurve
+    rows: list[dict[str, object]]
+    graph_release_id: int | None
+
+
+class AdmissionReads:
+    """The reads one admission transaction counts (:meth:`check`, then :meth:`keep` once
+    the query's charge is added; :meth:`write` before the commit). The caller holds each
+    reader's spend-row lock before its first :meth:`check`."""
+
+    def __init__(self) -> None:
+        self._readers: dict[int, _Reader] = {}
+
+    def check(
+        self,
+        session: Session,
+        reader: int,
+        ask: ReadAsk,
+        curve: RdpCurve,
+        epsilon: float,
+        rdp: EncodedJson,
+    ) -> PendingRead:
+        """The reader's figure with this release (and the graph-wide release the answer is
+        built on, if the reader has not got it yet), or :class:`ReadCapExhausted` past its
+        cap, changing nothing."""
+        state = self._reader(session, reader, ask)
+        now = utcnow()
+        composed = state.total + curve
+        rows: list[dict[str, object]] = [
+            {
+                "reader_account_id": reader, "charge_id": None, "graph_release_id": None,
+                "epsilon": float(epsilon), "rdp": rdp, "pure_epsilon": curve.pure,
+                "created_at": now,
+            }
+        ]  # fmt: skip
+        release_id = None
+        if ask.graph_release is not None:
+            release = _live_graph_release(session, *ask.graph_release)
+            if release is not None and release.id not in state.graph_releases:
+                if not _has_read(session, reader, release.id):
+                    release_id = release.id
+                    composed = composed + RdpCurve.from_json(release.rdp)
+                    rows.append({
+                        "reader_account_id": reader, "charge_id": None,
+                        "graph_release_id": release.id, "epsilon": release.epsilon,
+                        "rdp": release.rdp, "pure_epsilon": release.pure_epsilon,
+                        "created_at": now,
+                    })  # fmt: skip
+                else:
+                    state.graph_releases.add(release.id)
+        after = composed.epsilon(state.delta)
+        if state.cap is not None and not fits_under_cap(after, state.cap):
+            before = ReadView(
+                reader, state.total.epsilon(state.delta), state.delta, state.releases, state.cap
+            )
+            raise ReadCapExhausted(before, after)
+        return PendingRead(reader, composed, rows, release_id)
+
+    def keep(self, pending: PendingRead, charge: NewCharge) -> None:
+        """Count ``pending`` (checked by :meth:`check`) for ``charge``, added since."""
+        state = self._readers[pending.reader]
+        state.total = pending.composed
+        state.releases += len(pending.rows)
+        state.added.append((charge, pending.rows[0]))
+        for row in pending.rows[1:]:
+            state.added.append((None, row))
+        if pending.graph_release_id is not None:
+            state.graph_releases.add(pending.graph_release_id)
+
+    def write(self, session: Session) -> None:
+        """Insert the reads and write each reader's figure (the charges are written already,
+        so each read names its charge's id)."""
+        rows: list[dict[str, object]] = []
+        for reader, state in self._readers.items():
+            if not state.added:
+                continue
+            for charge, row in state.added:
+                if charge is not None:
+                    assert charge.id, "a charge is written before the reads of it"
+                    row = {**row, "charge_id": charge.id}
+                rows.append(row)
+            state.added = []
+            row_total = state.row
+            if row_total is None:
+                row_total = state.row = ReadTotal(account_id=reader)
+                session.add(row_total)
+            row_total.rdp = state.total.to_json()
+            row_total.pure_epsilon = state.total.pure
+            row_total.releases = state.releases
+            row_total.updated_at = utcnow()
+        if rows:
+            # one prepared statement per row in a pipeline, as ReadFigures.record_reads does
+            session.execute(insert(ServiceRead), rows)
+            session.flush()
+
+    def _reader(self, session: Session, reader: int, ask: ReadAsk) -> _Reader:
+        state = self._readers.get(reader)
+        if state is None:
+            account = session.get(Account, reader)
+            budget = session.get(Budget, reader)
+            if account is None or budget is None:
+                raise LookupError(f"reader account {reader} has no budget row")
+            cap = account.read_cap_epsilon
+            cap = ask.default_cap_epsilon if cap is None else cap
+            row = session.get(ReadTotal, reader)
+            total = RdpCurve.zero() if row is None else RdpCurve.from_json(row.rdp)
+            releases = 0 if row is None else row.releases
+            state = self._readers[reader] = _Reader(total, releases, budget.delta, cap, row)
+        return state
+
+
+def _live_graph_release(session: Session, version: str, mechanism: str) -> GraphRelease | None:
+    return session.scalars(
+        select(GraphRelease).where(
+            GraphRelease.graph_version == version,
+            GraphRelease.mechanism == mechanism,
+            GraphRelease.state != "refunded",
+        )
+    ).one_or_none()
+
+
+def _has_read(session: Session, reader: int, graph_release_id: int) -> bool:
+    return (
+        session.scalar(
+            select(ServiceRead.id).where(
+                ServiceRead.reader_account_id == reader,
+                ServiceRead.graph_release_id == graph_release_id,
+            )
+        )
+        is not None
+    )
