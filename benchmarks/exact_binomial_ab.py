@@ -3,13 +3,14 @@ popcount of u raw bits (as before service/mechanisms/exact_binomial.py) and by
 ``binomial_half`` (the rejection sampler above ``POPCOUNT_LIMIT``), interleaved query by query
 on one generated graph, in one process.
 
-The loop is ``bench``'s (the same seeds, ``default_rng(12345)`` over the nodes with an edge;
-epsilon 0.1; the ranked top ``1000 + d(s)`` the service stores; the degree release and its
-order made once before timing). Each seed is queried with one sampler, then the other, the
-order alternating from seed to seed, after one warm query of each; p50 and mean ms a query of
-each mechanism and sampler, and the ratio of the p50s. Both samplers have the exact law, so
-the two columns time the same mechanism. The graph is generated once, so the figures at 10M
-nodes cost one generation (about a minute) instead of one per side.
+The loop is ``bench``'s (``scale_where.bench_queries``: the same seeds, ``default_rng(12345)``
+over the nodes with an edge; epsilon 0.1; the ranked top ``1000 + d(s)`` the service stores;
+the degree release and its order made once before timing). Each seed is queried with one
+sampler, then the other, the order alternating from seed to seed, after one warm query of
+each; p50 and mean ms a query of each mechanism and sampler, and the ratio of the p50s. Both
+samplers have the exact law, so the two columns time the same mechanism. The graph is
+generated once, so the figures at 10M nodes cost one generation (about a minute) instead of
+one per side.
 
     .venv/bin/python benchmarks/exact_binomial_ab.py --generate 100000,1000000 1000000,10000000
 """
@@ -20,7 +21,6 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -28,40 +28,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import service.mechanisms.lazy_top_k as ltk
-from service.cli.bench import SERVED_TOP, generate_spec
+from benchmarks.scale_where import bench_queries
+from service.cli.bench import generate_spec
 from service.graph.generate import generate_graph
-from service.graph.model import Graph
-from service.mechanisms.blended import degree_standard
 from service.mechanisms.exact_binomial import binomial_half, binomial_half_popcount
-from service.mechanisms.friends_of_friends import friends_of_friends_top
-from service.mechanisms.lazy_blend import blended_top
-from service.mechanisms.popular import noisy_degrees
-from service.privacy.laplace import (
-    DEGREE_SENSITIVITY,
-    TwoScalePlan,
-    plan_laplace,
-    plan_two_scale,
-)
 
 SAMPLERS: dict[str, Callable[[np.random.Generator, int], int]] = {
     "popcount": binomial_half_popcount,
     "binomial_half": binomial_half,
 }
-
-
-def _query(
-    graph: Graph,
-    plan: TwoScalePlan,
-    degrees: np.ndarray,
-    degree_scale: float,
-    name: str,
-    seed: int,
-) -> None:
-    top = SERVED_TOP + int(graph.degrees[seed])  # what the service ranks and stores
-    if name == "friends_of_friends":
-        friends_of_friends_top(graph, seed, plan, top)
-    else:
-        blended_top(graph, seed, plan, degrees, degree_scale, top)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,14 +49,7 @@ def main(argv: list[str] | None = None) -> int:
           "| p50 ratio |")  # fmt: skip
     print("| --- | --- | ---: | ---: | ---: |")
     for nodes, edges in args.generate:
-        graph = generate_graph(nodes, edges, seed=0)
-        degree_plan = plan_laplace(0.1, DEGREE_SENSITIVITY)
-        degrees = noisy_degrees(graph, degree_plan)
-        degree_standard(degrees, degree_plan.scale)  # once per graph version in the service
-        pick = np.random.default_rng(12345)
-        seeds = pick.choice(np.flatnonzero(graph.degrees > 0), args.queries, replace=False)
-        plan = plan_two_scale(0.1)
-        query = partial(_query, graph, plan, degrees, degree_plan.scale)
+        seeds, query = bench_queries(generate_graph(nodes, edges, seed=0), args.queries)
 
         for name in ("friends_of_friends", "blended"):
             times: dict[str, list[float]] = {label: [] for label in SAMPLERS}

@@ -106,6 +106,18 @@ def _query(
         lb.blended_top(graph, seed, plan, degrees, degree_scale, top)
 
 
+def bench_queries(graph: Graph, queries: int) -> tuple[np.ndarray, Callable[[str, int], None]]:
+    """``bench``'s seeds on ``graph`` and a function querying one ``(mechanism, seed)`` as the
+    service ranks and stores it (the degree release and its order made once, here)."""
+    degree_plan = plan_laplace(0.1, DEGREE_SENSITIVITY)
+    degrees = noisy_degrees(graph, degree_plan)
+    degree_standard(degrees, degree_plan.scale)  # once per graph version in the service
+    pick = np.random.default_rng(12345)
+    seeds = pick.choice(np.flatnonzero(graph.degrees > 0), queries, replace=False)
+    plan = plan_two_scale(0.1)
+    return seeds, partial(_query, graph, plan, degrees, degree_plan.scale)
+
+
 def _report(label: str, times: list[float]) -> None:
     q = len(times)
     print(f"{label}: p50 {1000 * np.median(times):.2f} ms, mean {1000 * np.mean(times):.2f} ms")
@@ -133,14 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         graph = generate_graph(nodes, edges, seed=0)
         print(f"n {nodes:,} m {edges:,}: generated in {time.perf_counter() - started:.1f} s")
-        degree_plan = plan_laplace(0.1, DEGREE_SENSITIVITY)
-        degrees = noisy_degrees(graph, degree_plan)
-        degree_standard(degrees, degree_plan.scale)  # once per graph version in the service
-        pick = np.random.default_rng(12345)
-        seeds = pick.choice(np.flatnonzero(graph.degrees > 0), args.queries, replace=False)
-        plan = plan_two_scale(0.1)
-
-        query = partial(_query, graph, plan, degrees, degree_plan.scale)
+        seeds, query = bench_queries(graph, args.queries)
         runs = [(name, None) for name in args.mechanisms]
         runs += [("blended", block) for block in args.blocks]
         for name, block in runs:
