@@ -22,8 +22,8 @@ The acceptance is exact. It compares a uniform ``U = 0.w1 w2 ...`` (raw words) w
 ``A = r(d) 2^J``. The kernel computes ``r`` as a float product of the factors, each an exact
 quotient of integers below 2^50 rounded once and multiplied in with one more rounding, so the
 computed partial product of i factors is within a factor ``(1 +- 2^-53)^(2i)`` of the true one;
-it rejects once ``partial (1 + eta_i) < w1 2^-(64 + J)`` (the factors are below 1: the true
-A is below the partial product) and accepts at the end if ``product (1 - eta) >= (w1 + 1)
+it rejects once ``partial (1 + eta_i) < w1 2^-(64 + J)`` (the factors are below 1: r is at
+most every partial product) and accepts at the end if ``product (1 - eta) >= (w1 + 1)
 2^-(64 + J)``, with ``eta_i = (2 i + 8) 2^-52``, which covers those roundings and the three of
 the comparison. Anything else (and ``w1 = 0``, ``J > 900``, where a float could underflow) is
 decided by :func:`exact_accept` with Python integers: ``A = perm(M, a) 2^J / perm(M + a, a)``,
