@@ -6,8 +6,10 @@ the nodes with an edge; epsilon 0.1; the ranked top ``1000 + d(s)`` the service 
 degree release and its order made once before timing). Around it, the samplers' functions are
 wrapped with timers (the functions themselves run unchanged): per mechanism, the mean and p50
 ms a query, then the mean ms a query spent in each part (nested parts count in their callers
-too), how many calls a query made, and the raw 64-bit words a query drew for the exact
-binomial counts (the part that grows with n: about 2 n / 64 words a count).
+too), how many calls a query made, and for the exact binomial counts' Binomial(u, 1/2) draws
+the raw 64-bit words of the popcounts (u up to ``POPCOUNT_LIMIT``) and the number of rejection
+draws above it (service/mechanisms/exact_binomial.py; before it, the counts were popcounts of
+about 2 n / 64 words, the part that grew with n).
 ``--blocks`` times ``blended`` again for each value of ``lazy_blend.MIN_BLOCK``, interleaved
 on the same seeds (a cost, never the law).
 
@@ -37,6 +39,7 @@ from service.cli.bench import SERVED_TOP, generate_spec
 from service.graph.generate import generate_graph
 from service.graph.model import Graph
 from service.mechanisms.blended import degree_standard
+from service.mechanisms.exact_binomial import POPCOUNT_LIMIT
 from service.mechanisms.popular import noisy_degrees
 from service.privacy.laplace import (
     DEGREE_SENSITIVITY,
@@ -65,14 +68,17 @@ def _timed(owner: Any, name: str, label: str) -> None:
 
 
 def _instrument() -> None:
-    half = ltk._binomial_half  # instrumented in place, for its word count
+    half = ltk.binomial_half  # instrumented in place, for its word count
 
     def counted(rng: np.random.Generator, u: int) -> int:
-        WORDS["raw"] += (u + 63) // 64
+        if u <= POPCOUNT_LIMIT:
+            WORDS["raw"] += (u + 63) // 64
+        else:
+            WORDS["rejection"] += 1
         return half(rng, u)
 
-    ltk._binomial_half = counted
-    _timed(ltk, "_binomial_half", "binomial_half")
+    ltk.binomial_half = counted
+    _timed(ltk, "binomial_half", "binomial_half")
     for owner in (ltk, lb):
         _timed(owner, "binomial_count", "binomial_count")
         _timed(owner, "distinct_uniform", "distinct_uniform")
@@ -100,12 +106,28 @@ def _query(
         lb.blended_top(graph, seed, plan, degrees, degree_scale, top)
 
 
+def bench_queries(graph: Graph, queries: int) -> tuple[np.ndarray, Callable[[str, int], None]]:
+    """``bench``'s seeds on ``graph`` and a function querying one ``(mechanism, seed)`` as the
+    service ranks and stores it (the degree release and its order made once, here)."""
+    degree_plan = plan_laplace(0.1, DEGREE_SENSITIVITY)
+    degrees = noisy_degrees(graph, degree_plan)
+    degree_standard(degrees, degree_plan.scale)  # once per graph version in the service
+    pick = np.random.default_rng(12345)
+    seeds = pick.choice(np.flatnonzero(graph.degrees > 0), queries, replace=False)
+    plan = plan_two_scale(0.1)
+    return seeds, partial(_query, graph, plan, degrees, degree_plan.scale)
+
+
 def _report(label: str, times: list[float]) -> None:
     q = len(times)
     print(f"{label}: p50 {1000 * np.median(times):.2f} ms, mean {1000 * np.mean(times):.2f} ms")
     for part in sorted(SPENT, key=lambda p: -SPENT[p]):
         print(f"   {part:22s} {1000 * SPENT[part] / q:7.3f} ms/query ({CALLS[part] / q:.1f} calls)")
-    print(f"   raw words for binomial counts: {WORDS['raw'] / q:,.0f} a query", flush=True)
+    print(
+        f"   binomial counts: {WORDS['raw'] / q:,.0f} raw words of popcounts and"
+        f" {WORDS['rejection'] / q:,.1f} rejection draws a query",
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,14 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         graph = generate_graph(nodes, edges, seed=0)
         print(f"n {nodes:,} m {edges:,}: generated in {time.perf_counter() - started:.1f} s")
-        degree_plan = plan_laplace(0.1, DEGREE_SENSITIVITY)
-        degrees = noisy_degrees(graph, degree_plan)
-        degree_standard(degrees, degree_plan.scale)  # once per graph version in the service
-        pick = np.random.default_rng(12345)
-        seeds = pick.choice(np.flatnonzero(graph.degrees > 0), args.queries, replace=False)
-        plan = plan_two_scale(0.1)
-
-        query = partial(_query, graph, plan, degrees, degree_plan.scale)
+        seeds, query = bench_queries(graph, args.queries)
         runs = [(name, None) for name in args.mechanisms]
         runs += [("blended", block) for block in args.blocks]
         for name, block in runs:

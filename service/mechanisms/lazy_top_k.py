@@ -5,8 +5,9 @@ A count ranking adds ``g N_v`` (``N_v = round(L_v / gamma)``, the exact sampler 
 zero-count nodes ("lazy" nodes) all have the same public baseline, so what they contribute to a
 top-k ranked with ties by index is only: which of them have the largest levels ``N_v``, those
 levels, and (for ``friends_of_friends``' shift) the smallest level. :func:`lazy_top` samples
-exactly those, from the exact joint law of "draw all m, sort", in time that does not grow with
-m but for ``2 m / 64`` raw words per binomial count (docs/privacy.md, "The lazy top-k").
+exactly those, from the exact joint law of "draw all m, sort", in time that grows with m only
+through the binomial counts' Binomial(u, 1/2) draws, O(sqrt m) float work each (no longer
+``2 m / 64`` raw words; docs/privacy.md, "The lazy top-k").
 
 The law. Write ``S(j) = P(N >= j)``: ``S(j) = h^(2j - 1) / 2`` for ``j >= 1`` and
 ``S(j) = 1 - h^(1 - 2j) / 2`` for ``j <= 0``, with ``h = exp(-gamma / 2)`` (``|N| >= j`` iff
@@ -24,8 +25,10 @@ not drawn is then below every drawn one.
 
 Exactness. ``Binomial(R, p)`` is the number of R uniforms below ``p``, found digit by digit:
 the uniforms whose first i - 1 binary digits equal p's are undecided; their i-th digits are
-``Binomial(u, 1/2)`` ones (the popcount of u fresh raw bits); those with digit 0 where p has a 1
-are below p, those with digit 1 where p has a 0 are above it, and the rest stay undecided. p's
+``Binomial(u, 1/2)`` ones (:mod:`service.mechanisms.exact_binomial`: the popcount of u fresh
+raw bits for small u, an exact rejection sampler with O(sqrt u) float work above); those with
+digit 0 where p has a 1 are below p, those with digit 1 where p has a 0 are above it, and the
+rest stay undecided. p's
 digits are computed with rigorous interval arithmetic on integers (``exp(-x)`` for rational x
 by its alternating Taylor series, which brackets it, then squarings rounded outwards), with more
 precision whenever an interval does not settle a digit (p is irrational: a non-constant rational
@@ -50,6 +53,7 @@ from fractions import Fraction
 import numpy as np
 
 from service.mechanisms.exact_bernoulli import exp_neg_bounds
+from service.mechanisms.exact_binomial import binomial_half
 from service.mechanisms.exact_laplace import rounded_laplace
 
 __all__ = [
@@ -134,15 +138,6 @@ class range_probability_bits:  # noqa: N801 - used like a function returning dig
             self._compute(2 * self.precision)
 
 
-def _binomial_half(rng: np.random.Generator, u: int) -> int:
-    """Binomial(u, 1/2): the number of ones among u fresh raw bits."""
-    words = rng.bit_generator.random_raw((u + 63) // 64)
-    spare = (-u) % 64
-    if spare:
-        words[-1] &= np.uint64((1 << (64 - spare)) - 1)
-    return int(np.bitwise_count(words).sum())
-
-
 def binomial_count(rng: np.random.Generator, trials: int, digits: range_probability_bits) -> int:
     """Binomial(``trials``, p) exactly: how many of ``trials`` uniforms are below p, decided
     digit by digit (module docstring)."""
@@ -151,7 +146,7 @@ def binomial_count(rng: np.random.Generator, trials: int, digits: range_probabil
     i = 0
     while undecided:
         i += 1
-        ones = _binomial_half(rng, undecided)
+        ones = binomial_half(rng, undecided)
         if digits.bit(i):
             below += undecided - ones
             undecided = ones

@@ -14,6 +14,7 @@ def test_every_kernel_family_is_compiled_and_timed(parallel: bool) -> None:
     assert set(seconds) == {
         "exact Laplace",
         "exact Bernoulli",
+        "exact binomial",
         "discrete Gaussian",
         "diffusion engine",
         "PushFlowCap",

@@ -252,6 +252,22 @@ def test_binomial_count_has_the_binomial_law() -> None:
     assert stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > ALPHA
 
 
+def test_binomial_count_of_many_trials_has_the_binomial_law() -> None:
+    """200,000 trials: the first digits' Binomial(u, 1/2) draws are the rejection sampler's
+    (service/mechanisms/exact_binomial.py), the later ones popcounts."""
+    law = lazy_top_k.LevelLaw(1, 4)
+    trials = 200_000
+    p = 0.5 * math.exp(-(2 - 0.5) / 4)  # P(N >= 2)
+    digits = range_probability_bits(law, None, None, 2, None)
+    rng = np.random.default_rng(18)
+    draws = np.array([binomial_count(rng, trials, digits) for _ in range(DRAWS)])
+    cuts = np.unique(stats.binom.ppf(np.linspace(0, 1, 21)[1:-1], trials, p).astype(np.int64))
+    upper = np.append(cuts, trials)  # bin i: upper[i - 1] < k <= upper[i]
+    expected = np.diff(np.concatenate([[0.0], stats.binom.cdf(upper, trials, p)])) * DRAWS
+    observed = np.bincount(np.searchsorted(upper, draws), minlength=upper.shape[0])
+    assert stats.chisquare(observed, expected * DRAWS / expected.sum()).pvalue > ALPHA
+
+
 def test_range_levels_stay_in_their_range_with_the_conditional_law() -> None:
     law = lazy_top_k.LevelLaw(1, 2)
     rng = np.random.default_rng(9)
