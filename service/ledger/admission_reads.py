@@ -105,12 +105,14 @@ class AdmissionReads:
                     })  # fmt: skip
                 else:
                     state.graph_releases.add(release.id)
-        after = composed.epsilon(state.delta)
-        if state.cap is not None and not fits_under_cap(after, state.cap):
-            before = ReadView(
-                reader, state.total.epsilon(state.delta), state.delta, state.releases, state.cap
-            )
-            raise ReadCapExhausted(before, after)
+        if state.cap is not None:  # no cap: no conversion to epsilon per query
+            after = composed.epsilon(state.delta)
+            if not fits_under_cap(after, state.cap):
+                before = ReadView(
+                    reader, state.total.epsilon(state.delta), state.delta, state.releases,
+                    state.cap,
+                )  # fmt: skip
+                raise ReadCapExhausted(before, after)
         return PendingRead(reader, composed, rows, release_id)
 
     def keep(self, pending: PendingRead, charge: NewCharge) -> None:
