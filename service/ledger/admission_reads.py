@@ -17,21 +17,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sqlalchemy import insert, select
+from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
 from service.ledger.budget_rule import fits_under_cap
 from service.ledger.locked_rows import NewCharge
+from service.ledger.read_figures import ReaderFigure, has_read_graph_release, reader_figure
 from service.ledger.records import ReadAsk, ReadCapExhausted, ReadView
-from service.ledger.tables import (
-    Account,
-    Budget,
-    EncodedJson,
-    GraphRelease,
-    ReadTotal,
-    ServiceRead,
-    utcnow,
-)
+from service.ledger.tables import EncodedJson, ReadTotal, ServiceRead, utcnow
+from service.ledger.transactions import live_graph_release
 from service.privacy.accountant import RdpCurve
 
 
@@ -39,14 +33,10 @@ from service.privacy.accountant import RdpCurve
 class _Reader:
     """One reader's figure as this transaction sees it, and the reads it adds."""
 
-    total: RdpCurve
-    releases: int
-    delta: float
-    cap: float | None
-    row: ReadTotal | None
+    figure: ReaderFigure
     #: Graph releases (ids) the reader has, counted before or in this transaction.
     graph_releases: set[int] = field(default_factory=set)
-    #: (the charge, or None for a graph release; the graph release id; the read's row values)
+    #: (the charge, or None for a graph release; the read's row values)
     added: list[tuple[NewCharge | None, dict[str, object]]] = field(default_factory=list)
 
 
@@ -80,9 +70,14 @@ class AdmissionReads:
         """The reader's figure with this release (and the graph-wide release the answer is
         built on, if the reader has not got it yet), or :class:`ReadCapExhausted` past its
         cap, changing nothing."""
-        state = self._reader(session, reader, ask)
+        state = self._readers.get(reader)
+        if state is None:
+            state = self._readers[reader] = _Reader(
+                reader_figure(session, reader, ask.default_cap_epsilon)
+            )
+        figure = state.figure
         now = utcnow()
-        composed = state.total + curve
+        composed = figure.total + curve
         rows: list[dict[str, object]] = [
             {
                 "reader_account_id": reader, "charge_id": None, "graph_release_id": None,
@@ -92,9 +87,9 @@ class AdmissionReads:
         ]  # fmt: skip
         release_id = None
         if ask.graph_release is not None:
-            release = _live_graph_release(session, *ask.graph_release)
+            release = live_graph_release(session, *ask.graph_release)
             if release is not None and release.id not in state.graph_releases:
-                if not _has_read(session, reader, release.id):
+                if not has_read_graph_release(session, reader, release.id):
                     release_id = release.id
                     composed = composed + RdpCurve.from_json(release.rdp)
                     rows.append({
@@ -105,12 +100,12 @@ class AdmissionReads:
                     })  # fmt: skip
                 else:
                     state.graph_releases.add(release.id)
-        if state.cap is not None:  # no cap: no conversion to epsilon per query
-            after = composed.epsilon(state.delta)
-            if not fits_under_cap(after, state.cap):
+        if figure.cap is not None:  # no cap: no conversion to epsilon per query
+            after = composed.epsilon(figure.delta)
+            if not fits_under_cap(after, figure.cap):
                 before = ReadView(
-                    reader, state.total.epsilon(state.delta), state.delta, state.releases,
-                    state.cap,
+                    reader, figure.total.epsilon(figure.delta), figure.delta, figure.releases,
+                    figure.cap,
                 )  # fmt: skip
                 raise ReadCapExhausted(before, after)
         return PendingRead(reader, composed, rows, release_id)
@@ -118,8 +113,8 @@ class AdmissionReads:
     def keep(self, pending: PendingRead, charge: NewCharge) -> None:
         """Count ``pending`` (checked by :meth:`check`) for ``charge``, added since."""
         state = self._readers[pending.reader]
-        state.total = pending.composed
-        state.releases += len(pending.rows)
+        state.figure.total = pending.composed
+        state.figure.releases += len(pending.rows)
         state.added.append((charge, pending.rows[0]))
         for row in pending.rows[1:]:
             state.added.append((None, row))
@@ -139,52 +134,16 @@ class AdmissionReads:
                     row = {**row, "charge_id": charge.id}
                 rows.append(row)
             state.added = []
-            row_total = state.row
+            figure = state.figure
+            row_total = figure.row
             if row_total is None:
-                row_total = state.row = ReadTotal(account_id=reader)
+                row_total = figure.row = ReadTotal(account_id=reader)
                 session.add(row_total)
-            row_total.rdp = state.total.to_json()
-            row_total.pure_epsilon = state.total.pure
-            row_total.releases = state.releases
+            row_total.rdp = figure.total.to_json()
+            row_total.pure_epsilon = figure.total.pure
+            row_total.releases = figure.releases
             row_total.updated_at = utcnow()
         if rows:
             # one prepared statement per row in a pipeline, as ReadFigures.record_reads does
             session.execute(insert(ServiceRead), rows)
             session.flush()
-
-    def _reader(self, session: Session, reader: int, ask: ReadAsk) -> _Reader:
-        state = self._readers.get(reader)
-        if state is None:
-            account = session.get(Account, reader)
-            budget = session.get(Budget, reader)
-            if account is None or budget is None:
-                raise LookupError(f"reader account {reader} has no budget row")
-            cap = account.read_cap_epsilon
-            cap = ask.default_cap_epsilon if cap is None else cap
-            row = session.get(ReadTotal, reader)
-            total = RdpCurve.zero() if row is None else RdpCurve.from_json(row.rdp)
-            releases = 0 if row is None else row.releases
-            state = self._readers[reader] = _Reader(total, releases, budget.delta, cap, row)
-        return state
-
-
-def _live_graph_release(session: Session, version: str, mechanism: str) -> GraphRelease | None:
-    return session.scalars(
-        select(GraphRelease).where(
-            GraphRelease.graph_version == version,
-            GraphRelease.mechanism == mechanism,
-            GraphRelease.state != "refunded",
-        )
-    ).one_or_none()
-
-
-def _has_read(session: Session, reader: int, graph_release_id: int) -> bool:
-    return (
-        session.scalar(
-            select(ServiceRead.id).where(
-                ServiceRead.reader_account_id == reader,
-                ServiceRead.graph_release_id == graph_release_id,
-            )
-        )
-        is not None
-    )

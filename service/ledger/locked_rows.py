@@ -340,15 +340,16 @@ class AdmissionWrites:
     def quota_pending(self, principal: int) -> float:
         """The epsilon this transaction has charged to others for ``principal`` that its
         quota buckets do not hold yet (they are written by :meth:`finish`)."""
+        written = [(p, charged, epsilon) for p, charged, _, epsilon in self._to_buckets]
+        unwritten = [
+            (c.values["principal_account_id"], c.values["charged_account_id"], c.values["epsilon"])
+            for c in self._charges
+        ]
         return sum(
             float(epsilon)
-            for p, charged, _, epsilon in self._to_buckets + [
-                (c.values["principal_account_id"], c.values["charged_account_id"], None,
-                 c.values["epsilon"])
-                for c in self._charges
-            ]
+            for p, charged, epsilon in written + unwritten
             if p == principal and charged != principal
-        )  # fmt: skip
+        )
 
     def finish(self, session: Session) -> None:
         """Write everything still pending (before the transaction commits)."""

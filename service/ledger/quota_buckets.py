@@ -139,18 +139,27 @@ def oldest_freeing(
     return None
 
 
+def bucket_totals(
+    charges: Iterable[ChargeFigures], *, sign: int = 1
+) -> dict[tuple[int, datetime], tuple[float, int]]:
+    """``sign`` times the epsilon and the count of the charges to others, by
+    ``(principal, bucket_start)`` (a charge to its own principal counts in no quota)."""
+    totals: dict[tuple[int, datetime], tuple[float, int]] = {}
+    for principal, charged, created_at, epsilon in charges:
+        if principal == charged:
+            continue
+        key = (int(principal), bucket_start(created_at))
+        eps, count = totals.get(key, (0.0, 0))
+        totals[key] = (eps + sign * float(epsilon), count + sign)
+    return totals
+
+
 def add_to_buckets(session: Session, charges: Iterable[ChargeFigures], *, sign: int = 1) -> None:
     """Add (``sign`` 1: new charges) or take out (-1: refunded ones) charges' epsilon in their
     principals' buckets; a charge to its own principal counts in no quota and is skipped.
     One upsert per bucket, in ascending key order (so that concurrent transactions touching
     several buckets always lock them in one order)."""
-    totals: dict[tuple[int, datetime], tuple[float, int]] = {}
-    for principal, charged, created_at, epsilon in charges:
-        if principal == charged:
-            continue
-        key = (principal, bucket_start(created_at))
-        eps, count = totals.get(key, (0.0, 0))
-        totals[key] = (eps + sign * float(epsilon), count + sign)
+    totals = bucket_totals(charges, sign=sign)
     if not totals:
         return
     dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
@@ -180,12 +189,7 @@ def buckets_from_charges(session: Session) -> dict[tuple[int, datetime], tuple[f
         .where(Charge.state != "refunded")
         .execution_options(yield_per=5000)
     )  # fmt: skip
-    totals: dict[tuple[int, datetime], tuple[float, int]] = {}
-    for principal, _, created_at, epsilon in rows:
-        key = (int(principal), bucket_start(created_at))
-        eps, count = totals.get(key, (0.0, 0))
-        totals[key] = (eps + float(epsilon), count + 1)
-    return totals
+    return bucket_totals(rows)
 
 
 def stored_buckets(session: Session) -> dict[tuple[int, datetime], tuple[float, int]]:

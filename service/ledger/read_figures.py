@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Text, insert, select, type_coerce
+from sqlalchemy.orm import Session
 
 from service.ledger.budget_rule import fits_under_cap
 from service.ledger.id_lists import one_of
@@ -16,13 +17,15 @@ from service.ledger.records import (
     ReadView,
 )
 from service.ledger.tables import (
+    Account,
+    Budget,
     Charge,
     EncodedJson,
     ReadTotal,
     ServiceRead,
     utcnow,
 )
-from service.ledger.transactions import LedgerPart
+from service.ledger.transactions import LedgerPart, unknown_account
 from service.privacy.accountant import RdpCurve
 
 
@@ -36,6 +39,46 @@ class _NewRead:
     rdp: Any  # the stored JSON (a charge's curve: its text as stored)
     pure_epsilon: float
     curve: RdpCurve
+
+
+@dataclass
+class ReaderFigure:
+    """A service account's read figure as a transaction holding its spend-row lock reads it:
+    the composition and its count, the delta and cap it is checked at, and its row (None
+    before its first read)."""
+
+    total: RdpCurve
+    releases: int
+    delta: float
+    cap: float | None
+    row: ReadTotal | None
+
+
+def reader_figure(session: Session, reader: int, default_cap_epsilon: float | None) -> ReaderFigure:
+    """The reader's figure; its cap is its ``read_cap_epsilon``, else ``default_cap_epsilon``
+    (None: no cap). An unknown account is :class:`UnknownAccount`."""
+    account, budget = session.get(Account, reader), session.get(Budget, reader)
+    if account is None or budget is None:
+        raise unknown_account(reader)
+    delta = budget.delta
+    cap = account.read_cap_epsilon
+    cap = default_cap_epsilon if cap is None else cap
+    row = session.get(ReadTotal, reader)
+    total = RdpCurve.zero() if row is None else RdpCurve.from_json(row.rdp)
+    return ReaderFigure(total, 0 if row is None else row.releases, delta, cap, row)
+
+
+def has_read_graph_release(session: Session, reader: int, graph_release_id: int) -> bool:
+    """Whether the reader's figure counts the graph-wide release already."""
+    return (
+        session.scalar(
+            select(ServiceRead.id).where(
+                ServiceRead.reader_account_id == reader,
+                ServiceRead.graph_release_id == graph_release_id,
+            )
+        )
+        is not None
+    )
 
 
 class ReadFigures(LedgerPart):
@@ -61,13 +104,9 @@ class ReadFigures(LedgerPart):
         """
         with self._writing() as session:
             self._lock_principal(session, reader_account_id)
-            account = self._account(session, reader_account_id)
-            delta = self._budget_row(session, reader_account_id).delta
-            cap = account.read_cap_epsilon
-            cap = default_cap_epsilon if cap is None else cap
-            total_row = session.get(ReadTotal, reader_account_id)
-            total = RdpCurve.zero() if total_row is None else RdpCurve.from_json(total_row.rdp)
-            count = 0 if total_row is None else total_row.releases
+            figure = reader_figure(session, reader_account_id, default_cap_epsilon)
+            delta, cap, total_row = figure.delta, figure.cap, figure.row
+            total, count = figure.total, figure.releases
             new: list[_NewRead] = []
             wanted = sorted(set(charge_ids))
             if wanted:
@@ -95,15 +134,8 @@ class ReadFigures(LedgerPart):
                     )
             if graph_release is not None:
                 row = self._live_graph_release(session, *graph_release)
-                if (
-                    row is not None
-                    and session.scalar(
-                        select(ServiceRead.id).where(
-                            ServiceRead.reader_account_id == reader_account_id,
-                            ServiceRead.graph_release_id == row.id,
-                        )
-                    )
-                    is None
+                if row is not None and not has_read_graph_release(
+                    session, reader_account_id, row.id
                 ):
                     curve = RdpCurve.from_json(row.rdp)
                     new.append(

@@ -94,6 +94,17 @@ def unknown_account(account_id: int) -> UnknownAccount:
     )
 
 
+def live_graph_release(session: Session, version: str, mechanism: str) -> GraphRelease | None:
+    """The version's graph-wide release of ``mechanism`` that is not refunded, if any."""
+    return session.scalars(
+        select(GraphRelease).where(
+            GraphRelease.graph_version == version,
+            GraphRelease.mechanism == mechanism,
+            GraphRelease.state != "refunded",
+        )
+    ).one_or_none()
+
+
 def _known(row: RowT | None, account_id: int) -> RowT:
     """``row``, read for ``account_id``; None: :class:`UnknownAccount`."""
     if row is None:
@@ -207,15 +218,7 @@ class LedgerPart:
             ).one_or_none()
         )
 
-    @staticmethod
-    def _live_graph_release(session: Session, version: str, mechanism: str) -> GraphRelease | None:
-        return session.scalars(
-            select(GraphRelease).where(
-                GraphRelease.graph_version == version,
-                GraphRelease.mechanism == mechanism,
-                GraphRelease.state != "refunded",
-            )
-        ).one_or_none()
+    _live_graph_release = staticmethod(live_graph_release)
 
     @staticmethod
     def _release_row(session: Session, key: ReleaseKey) -> Release | None:
