@@ -46,6 +46,7 @@ from scipy import stats
 from service.embeddings.dp import (
     DEFAULT_EMBEDDING_SIGMA,
     EMBEDDING_BETA,
+    EMBEDDING_FLOOR,
     EMBEDDING_ROUNDS,
     exact_noisy_release,
     plan_dp_instant_embedding,
@@ -61,10 +62,10 @@ from service.mechanisms.common_neighbours import (
 )
 from service.mechanisms.diffusion import noise_free_prefix
 from service.mechanisms.engine import DiffusionJob, run_jobs
+from service.mechanisms.floored_pushflowcap import pushflowcap_with_floor
 from service.mechanisms.lazy_blend import blended_top
 from service.mechanisms.popular import noisy_degrees
 from service.mechanisms.postprocess import count_grid, round_to_grid
-from service.mechanisms.pushflowcap import pushflowcap
 from service.privacy.calibration import DiffusionConfig, plan_diffusion
 from service.privacy.laplace import (
     COMMON_NEIGHBOUR_SENSITIVITY,
@@ -706,12 +707,14 @@ def embedding_sampler(
     rows are independent draws of the served release on G; with one row and the same
     generator a draw is the served ``dp_instant_embedding`` bit for bit
     (tests/test_privacy_regression.py checks it). PushFlowCap is computed once by the
-    service's own ``pushflowcap`` (the ``capped`` the served function would compute) unless
-    given; the plan and the embedding are those the served function computes."""
+    service's own ``pushflowcap_with_floor`` (the ``capped`` the served function would
+    compute) unless given; the plan and the embedding are those the served function computes."""
     graph = audit_graph(edges)
     hashes = _audit_hashes(k)
     if capped is None:
-        capped = pushflowcap(graph, SEED, EMBEDDING_BETA, EMBEDDING_ROUNDS, sigma, mode)
+        capped = pushflowcap_with_floor(
+            graph, SEED, EMBEDDING_BETA, EMBEDDING_ROUNDS, sigma, mode, EMBEDDING_FLOOR
+        )
     plan = plan_dp_instant_embedding(epsilon, sigma, graph.n)
     embedded = instant_embedding(capped, hashes)
 
@@ -736,7 +739,15 @@ def embedding_case(mode: Mode, pair: str, factor: float) -> AuditCase:
         sigma, k = EMBEDDING_GRAPH_SIGMA, EMBEDDING_GRAPH_K
         on_graph, on_neighbour = pair_edges(pair)
         capped = tuple(
-            pushflowcap(audit_graph(e), SEED, EMBEDDING_BETA, EMBEDDING_ROUNDS, sigma, mode)
+            pushflowcap_with_floor(
+                audit_graph(e),
+                SEED,
+                EMBEDDING_BETA,
+                EMBEDDING_ROUNDS,
+                sigma,
+                mode,
+                EMBEDDING_FLOOR,
+            )
             for e in (on_graph, on_neighbour)
         )
     plan = plan_dp_instant_embedding(EPSILON, sigma, NODES)

@@ -34,6 +34,7 @@ from service.embeddings.all_node_release import (
 from service.embeddings.all_nodes import edge_embeddings, edge_instant_embeddings
 from service.embeddings.dp import (
     EMBEDDING_BETA,
+    EMBEDDING_FLOOR,
     dp_instant_embedding_curve,
     plan_dp_instant_embedding,
 )
@@ -46,6 +47,7 @@ from service.graph.model import Graph
 from service.ledger import GraphCap, Ledger
 from service.ledger.records import ChargeSettled, GraphBudgetExhausted
 from service.ledger.tables import GraphRelease
+from service.mechanisms.floored_pushflowcap import floored_pushflowcap
 from service.mechanisms.pushflowcap import pushflowcap, pushflowcap_dense
 from service.privacy.modes import Mode
 from service.release_payload import decode_payload
@@ -68,12 +70,28 @@ def test_all_node_computation_is_pushflowcap_then_instant_embedding(
             )
             for s in range(graph.n)
         ]
-    )  # the dense reference, bit for bit, whatever the block size and the threads
+    )  # at floor 0 the dense reference, bit for bit, whatever the block size and the threads
+    floored = np.array(
+        [
+            instant_embedding(
+                floored_pushflowcap(
+                    graph, s, EMBEDDING_BETA, rounds, sigma, Mode.EDGE, EMBEDDING_FLOOR
+                ),
+                hashes,
+            )
+            for s in range(graph.n)
+        ]
+    )  # with the floor (the default) the single query's vector, bit for bit
     for block, threads in ((16, 1), (7, 2), (1, 3)):
         got = edge_instant_embeddings(
+            graph, hashes, np.arange(graph.n), sigma, rounds=rounds, floor=0.0, block=block,
+            threads=threads,
+        )  # fmt: skip
+        assert np.array_equal(got, want), (block, threads)
+        by_default = edge_instant_embeddings(
             graph, hashes, np.arange(graph.n), sigma, rounds=rounds, block=block, threads=threads
         )
-        assert np.array_equal(got, want), (block, threads)
+        assert np.array_equal(by_default, floored), (block, threads)
     if sigma >= 0.01:
         assert np.count_nonzero(want) > 0  # the caps let mass through: not a vacuous check
 

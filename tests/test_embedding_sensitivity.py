@@ -9,6 +9,12 @@ against :func:`service.mechanisms.pushflowcap.pushflowcap` on sampled graphs. Th
 thresholds 2x too large (and sigma large enough for the caps to bind everywhere) exceeds sigma,
 so the search can fail.
 
+PushFlowCap with a floor (the service's DP-IE; docs/privacy.md): the same search over the
+recursion h = min(max(e_s + P h - tau, 0), c) for several floors tau, the same bound sigma; at
+tau 0 the recursion is Algorithm 2 (checked on every 5-node graph), and the batch copy agrees
+with the service's kernel. The control, thresholds too large with the floor, exceeds sigma, so
+this search can fail too.
+
 InstantEmbedding (Theorem 5.1): for every pair (p, p') the search above produced, and for every
 hash function into k = 2 buckets (all 2^n bucket maps times 2^n sign maps), ||w - w'||_1 <=
 m ln(1 + n ||p - p'||_1 / m) <= n ||p - p'||_1; and on vectors at the ln(n p) = 0 edge the
@@ -27,6 +33,10 @@ import pytest
 from service.embeddings.dp import EMBEDDING_BETA
 from service.embeddings.hashing import EmbeddingHashes
 from service.embeddings.instant import instant_embedding, log_mass, theorem_5_1_bound
+from service.mechanisms.floored_pushflowcap import (
+    floored_pushflowcap,
+    pushflowcap_with_floor,
+)
 from service.mechanisms.pushflowcap import edge_threshold, pushflowcap
 from service.privacy.modes import Mode
 from tests.graph_helpers import graph_from_edges
@@ -74,6 +84,36 @@ def batch_pushflowcap(
     return out
 
 
+def batch_floored(
+    adjacency: np.ndarray,
+    seed: int,
+    beta: float,
+    rounds: int,
+    threshold: float,
+    mode: Mode,
+    tau: float,
+) -> np.ndarray:
+    """PushFlowCap with a floor on a batch of dense graphs, as the recursion on cumulative
+    inflows: h = min(max(e_s + P h - tau, 0), c), R times; p = alpha h."""
+    alpha = 1.0 - beta
+    lazy = (1.0 - alpha) / 2.0
+    degrees = adjacency.sum(axis=2)
+    cap = degrees * threshold
+    if mode is P:
+        cap[:, seed] = math.inf
+    inv_degree = np.divide(1.0, degrees, out=np.zeros_like(degrees), where=degrees > 0)
+    keeps = (degrees == 0).astype(np.float64)
+    start = np.zeros_like(degrees)
+    start[:, seed] = 1.0
+    pushed = np.zeros_like(degrees)
+    for _ in range(rounds):
+        spread = np.einsum("gij,gj->gi", adjacency, pushed * inv_degree)
+        inflow = start + lazy * (pushed * (1.0 + keeps) + spread)
+        pushed = np.minimum(np.maximum(inflow - tau, 0.0), cap)
+    out: np.ndarray = alpha * pushed
+    return out
+
+
 def protected_pairs(n: int, seed: int, mode: Mode) -> list[tuple[int, int]]:
     return [
         (a, b) for a, b in itertools.combinations(range(n), 2) if mode is E or seed not in (a, b)
@@ -81,19 +121,33 @@ def protected_pairs(n: int, seed: int, mode: Mode) -> list[tuple[int, int]]:
 
 
 @cache
-def search(n: int, beta: float, sigma: float, mode: Mode, factor: float = 1.0) -> dict[str, float]:
+def search(
+    n: int,
+    beta: float,
+    sigma: float,
+    mode: Mode,
+    factor: float = 1.0,
+    tau: float | None = None,
+) -> dict[str, float]:
     """Worst ||p - p'||_1 / sigma over every graph on n nodes, seed and protected toggle, with
-    thresholds ``factor`` times the paper's; and how many toggles of each kind were seen."""
+    thresholds ``factor`` times the paper's (and the floor ``tau``, if given); and how many
+    toggles of each kind were seen."""
     adjacency = all_graphs(n)
     threshold = factor * edge_threshold(beta, sigma)
     found = {"ratio": 0.0, "added": 0, "removed": 0, "degree 0": 0, "degree 1": 0}
     degrees = adjacency.sum(axis=2)
+
+    def run(graphs: np.ndarray, seed: int) -> np.ndarray:
+        if tau is None:
+            return batch_pushflowcap(graphs, seed, beta, ROUNDS, threshold, mode)
+        return batch_floored(graphs, seed, beta, ROUNDS, threshold, mode, tau)
+
     for seed in range(n):
-        base = batch_pushflowcap(adjacency, seed, beta, ROUNDS, threshold, mode)
+        base = run(adjacency, seed)
         for a, b in protected_pairs(n, seed, mode):
             toggled = adjacency.copy()
             toggled[:, a, b] = toggled[:, b, a] = 1.0 - adjacency[:, a, b]
-            other = batch_pushflowcap(toggled, seed, beta, ROUNDS, threshold, mode)
+            other = run(toggled, seed)
             ratio = np.abs(base - other).sum(axis=1) / sigma
             found["ratio"] = max(found["ratio"], float(ratio.max()))
             present = adjacency[:, a, b] == 1
@@ -140,6 +194,70 @@ def test_sensitivity_search_catches_thresholds_too_large(mode: Mode, factor: flo
     mode, whose worst case at n = 5 is 0.37 sigma) break the bound on some 5-node graph."""
     assert search(5, 0.2, 0.01, mode)["ratio"] <= 1.0 + 1e-9
     assert search(5, 0.2, 0.01, mode, factor)["ratio"] > 1.1
+
+
+FLOORS = (0.02, 0.1, 0.4)  # tau, in units of the flow the seed starts with
+
+
+def test_floored_recursion_at_floor_zero_is_algorithm_2() -> None:
+    """The cumulative form h = min(e_s + P h, c) (Lemma 4.2) is Algorithm 2's rounds: on every
+    5-node graph, both modes, every setting."""
+    adjacency = all_graphs(5)
+    for mode in (P, E):
+        for beta, sigma in SETTINGS:
+            threshold = edge_threshold(beta, sigma)
+            for seed in (0, 3):
+                rounds = batch_pushflowcap(adjacency, seed, beta, ROUNDS, threshold, mode)
+                recursion = batch_floored(adjacency, seed, beta, ROUNDS, threshold, mode, 0.0)
+                np.testing.assert_allclose(recursion, rounds, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("mode", [P, E])
+def test_batch_floored_matches_service_kernel(mode: Mode) -> None:
+    adjacency = all_graphs(5)
+    rng = np.random.default_rng(9)
+    for beta, sigma in SETTINGS:
+        threshold = edge_threshold(beta, sigma)
+        for tau in FLOORS:
+            floor = tau * (1.0 - beta) * 5  # tau = floor / (alpha n)
+            for seed in (0, 2, 4):
+                batch = batch_floored(adjacency, seed, beta, ROUNDS, threshold, mode, tau)
+                for index in rng.choice(adjacency.shape[0], 8, replace=False):
+                    edges = {
+                        (u, v)
+                        for u, v in itertools.combinations(range(5), 2)
+                        if adjacency[index, u, v]
+                    }
+                    graph = graph_from_edges(edges, 5)
+                    ours = floored_pushflowcap(graph, seed, beta, ROUNDS, sigma, mode, floor)
+                    np.testing.assert_allclose(batch[index], ours, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("mode", [P, E])
+@pytest.mark.parametrize(("beta", "sigma"), SETTINGS)
+def test_floored_sensitivity_on_every_small_graph(mode: Mode, beta: float, sigma: float) -> None:
+    adjacency = all_graphs(5)
+    threshold = edge_threshold(beta, sigma)
+    worst = 0.0
+    for tau in FLOORS:
+        for n in (2, 3, 4, 5):
+            found = search(n, beta, sigma, mode, tau=tau)
+            assert found["ratio"] <= 1.0 + 1e-9, (n, tau, found)
+            worst = max(worst, found["ratio"])
+        # the floor mattered: it changes the output of some graph
+        plain = batch_pushflowcap(adjacency, 0, beta, ROUNDS, threshold, mode)
+        floored = batch_floored(adjacency, 0, beta, ROUNDS, threshold, mode, tau)
+        assert np.abs(plain - floored).sum(axis=1).max() > 1e-3
+    assert worst > 0.01, worst  # and the toggles moved the output (a high floor may stop all)
+
+
+@pytest.mark.parametrize(("mode", "factor"), [(P, 2.0), (E, 4.0)])
+def test_floored_search_catches_thresholds_too_large(mode: Mode, factor: float) -> None:
+    """Control: with the floor, thresholds too large (2x in joint mode, 4x in edge mode) break
+    the bound on some 5-node graph: the floor does not hide a sensitivity the search should
+    see."""
+    assert search(5, 0.2, 0.01, mode, tau=0.02)["ratio"] <= 1.0 + 1e-9
+    assert search(5, 0.2, 0.01, mode, factor, tau=0.02)["ratio"] > 1.1
 
 
 def pfc_pairs(limit: int = 400) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -278,11 +396,13 @@ def test_snapping_adds_at_most_k_h_and_that_much_is_reached() -> None:
     assert dp_ie_sensitivity(sigma, n) == sigma * n + MAX_K * h <= sigma * n * (1 + 2.0**-10)
 
 
+@pytest.mark.parametrize("floor", [0.0, 0.25])
 @pytest.mark.parametrize("mode", [P, E])
-def test_dp_ie_snapped_sensitivity_end_to_end(mode: Mode) -> None:
+def test_dp_ie_snapped_sensitivity_end_to_end(mode: Mode, floor: float) -> None:
     """The snapped pre-noise vector round_h(w), h = snap_grid(sigma, n), through the service's
-    own functions: within dp_ie_sensitivity(sigma, n) for every protected toggle of a few
-    5-node graphs and every k = 2 hash function."""
+    own functions (PushFlowCap with the floor, 0 being Algorithm 2): within
+    dp_ie_sensitivity(sigma, n) for every protected toggle of a few 5-node graphs and every
+    k = 2 hash function."""
     from service.embeddings.dp import dp_ie_sensitivity, snap_grid
 
     beta, sigma, n = 0.2, 0.2, 5
@@ -295,10 +415,12 @@ def test_dp_ie_snapped_sensitivity_end_to_end(mode: Mode) -> None:
     for index in rng.choice(adjacency.shape[0], 4, replace=False):
         edges = {(u, v) for u, v in itertools.combinations(range(n), 2) if adjacency[index, u, v]}
         for seed in range(n):
-            p = pushflowcap(graph_from_edges(edges, n), seed, beta, ROUNDS, sigma, mode)
+            p = pushflowcap_with_floor(
+                graph_from_edges(edges, n), seed, beta, ROUNDS, sigma, mode, floor
+            )
             for pair in protected_pairs(n, seed, mode):
-                q = pushflowcap(
-                    graph_from_edges(edges ^ {pair}, n), seed, beta, ROUNDS, sigma, mode
+                q = pushflowcap_with_floor(
+                    graph_from_edges(edges ^ {pair}, n), seed, beta, ROUNDS, sigma, mode, floor
                 )
                 for hf in hashes:
                     a = snapped(instant_embedding(p, hf), h)

@@ -6,7 +6,8 @@ change and stops when no seed has flow left. Theorem 4.3's bound is for the algo
 dense :func:`pushflowcap_dense` computes it, so the kernel must return the SAME float64 vector:
 ``np.array_equal``, no tolerance, on generated graphs, a real one, graphs with isolated nodes,
 every sigma regime (caps binding everywhere, nowhere, in between), both modes, several R; and
-the DP-IE release built on it equals the one built on the dense vector for the same noise.
+at floor 0 (the paper's Algorithm 2) the DP-IE release built on it equals the one built on the
+dense vector for the same noise.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from service.embeddings.noise_free import NoiseFreeEmbeddings
 from service.graph.generate import generate_graph
 from service.graph.loader import load_edge_list
 from service.graph.model import Graph
+from service.mechanisms.floored_pushflowcap import floored_pushflowcap
 from service.mechanisms.pushflowcap import (
     _capped_push_rounds,
-    _node_arrays,
     edge_threshold,
+    node_arrays,
     pushflowcap,
     pushflowcap_block,
     pushflowcap_dense,
@@ -121,7 +123,7 @@ def test_rounds_stop_only_when_nothing_can_push() -> None:
     def rounds_run(
         seed: int, sigma: float, mode: Mode, rounds: int, every_row: bool = False
     ) -> int:
-        inv_degree, keeps, degrees, order = _node_arrays(graph)
+        inv_degree, keeps, degrees, order = node_arrays(graph)
         cap = degrees * edge_threshold(beta, sigma)
         pushed = np.zeros((graph.n, 1))
         done = _capped_push_rounds(
@@ -140,8 +142,9 @@ def test_rounds_stop_only_when_nothing_can_push() -> None:
 
 @pytest.mark.parametrize("mode", [P, E])
 def test_dp_ie_release_is_the_same_for_the_same_noise(mode: Mode) -> None:
-    """The noise-free part (p, then w) and the released vector, for one noise seed, are the
-    same whether p comes from the kernel or from the dense reference."""
+    """At floor 0 (the paper's Algorithm 2) the noise-free part (p, then w) and the released
+    vector, for one noise seed, are the same whether p comes from the kernel or from the dense
+    reference."""
     graph = generate_graph(800, 9000, seed=3)
     hashes = embedding_hashes(graph.node_ids, b"salt-for-a-test!", 64)
     for seed in _seeds(graph, 5, 11):
@@ -152,15 +155,16 @@ def test_dp_ie_release_is_the_same_for_the_same_noise(mode: Mode) -> None:
             graph, seed, hashes, 1.0, 1e-3, mode, rng=np.random.default_rng(seed), capped=dense
         )
         b = dp_instant_embedding(
-            graph, seed, hashes, 1.0, 1e-3, mode, rng=np.random.default_rng(seed)
+            graph, seed, hashes, 1.0, 1e-3, mode, rng=np.random.default_rng(seed), floor=0.0
         )
         assert np.array_equal(a.values, b.values) and a.grid == b.grid
 
 
 def test_noise_free_vectors_are_the_dense_pipeline_and_kept_within_their_bytes() -> None:
-    """The kept noise-free DP-IE vectors: bit for bit InstantEmbedding of the dense vector,
-    one by one or as a group (repeats included), computed once while kept, evicted past the
-    byte budget, and keyed by everything they depend on (another sigma or mode is computed)."""
+    """The kept noise-free DP-IE vectors at floor 0: bit for bit InstantEmbedding of the dense
+    vector, one by one or as a group (repeats included), computed once while kept, evicted past
+    the byte budget, and keyed by everything they depend on (another sigma, mode or floor is
+    computed)."""
     graph = generate_graph(500, 4000, seed=9)
     hashes = embedding_hashes(graph.node_ids, b"another-salt!!!!", 32)
     cache = NoiseFreeEmbeddings(max_bytes=3 * 32 * 8, block=2)
@@ -170,20 +174,29 @@ def test_noise_free_vectors_are_the_dense_pipeline_and_kept_within_their_bytes()
         return instant_embedding(p, hashes)
 
     seeds = [4, 90, 4, 311, 7]
-    got = cache.vectors(graph, seeds, hashes, 1e-3, E, EMBEDDING_BETA, 100)
+    got = cache.vectors(graph, seeds, hashes, 1e-3, E, EMBEDDING_BETA, 100, 0.0)
     for seed, w in zip(seeds, got, strict=True):
         assert np.array_equal(w, dense(seed, 1e-3, E))
         assert not w.flags.writeable
     assert cache.misses == 4 and cache.hits == 0  # 4 distinct seeds; 3 fit the budget
-    again = cache.vector(graph, 7, hashes, 1e-3, E, EMBEDDING_BETA, 100)
+    again = cache.vector(graph, 7, hashes, 1e-3, E, EMBEDDING_BETA, 100, 0.0)
     assert again is got[4] and cache.hits == 1
-    cache.vector(graph, 4, hashes, 1e-3, E, EMBEDDING_BETA, 100)  # evicted: computed again
+    cache.vector(graph, 4, hashes, 1e-3, E, EMBEDDING_BETA, 100, 0.0)  # evicted: computed again
     assert cache.misses == 5
-    other = cache.vector(graph, 7, hashes, 1e-3, P, EMBEDDING_BETA, 100)
+    other = cache.vector(graph, 7, hashes, 1e-3, P, EMBEDDING_BETA, 100, 0.0)
     assert np.array_equal(other, dense(7, 1e-3, P)) and cache.misses == 6
     assert np.array_equal(
-        cache.vector(graph, 7, hashes, 1e-2, E, EMBEDDING_BETA, 100), dense(7, 1e-2, E)
+        cache.vector(graph, 7, hashes, 1e-2, E, EMBEDDING_BETA, 100, 0.0), dense(7, 1e-2, E)
     )
+    floored = cache.vector(graph, 7, hashes, 1e-3, P, EMBEDDING_BETA, 100, 0.25)
+    assert cache.misses == 8
+    assert np.array_equal(
+        floored,
+        instant_embedding(
+            floored_pushflowcap(graph, 7, EMBEDDING_BETA, 100, 1e-3, P, 0.25), hashes
+        ),
+    )
+    assert not np.array_equal(floored, other)
     # a DP-IE release from the kept vector is the release from the dense vector, same noise
     a = dp_instant_embedding(
         graph, 7, hashes, 0.5, 1e-3, E, rng=np.random.default_rng(1), embedded=got[4]
@@ -193,3 +206,9 @@ def test_noise_free_vectors_are_the_dense_pipeline_and_kept_within_their_bytes()
         capped=pushflowcap_dense(graph, 7, EMBEDDING_BETA, 100, 1e-3, E),
     )  # fmt: skip
     assert np.array_equal(a.values, b.values)
+    # and with the floor (the served default), the release from the kept vector
+    c = dp_instant_embedding(
+        graph, 7, hashes, 0.5, 1e-3, P, rng=np.random.default_rng(1), embedded=floored
+    )
+    d = dp_instant_embedding(graph, 7, hashes, 0.5, 1e-3, P, rng=np.random.default_rng(1))
+    assert np.array_equal(c.values, d.values)

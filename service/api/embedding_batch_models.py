@@ -25,6 +25,7 @@ _MECHANISM_EXAMPLE: JsonDict = {
     "score_grid": 0.0625,
     "alpha": 0.08108108108108103,
     "rounds": 100,
+    "floor": 0.25,
 }
 
 _ANSWER_EXAMPLE: JsonDict = {

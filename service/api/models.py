@@ -528,6 +528,11 @@ class EmbeddingMechanism(BaseModel):
     )
     alpha: float | None = Field(None, description="DP-IE: PushFlowCap's lazy teleport alpha.")
     rounds: int | None = Field(None, description="DP-IE: PushFlowCap's rounds R.")
+    floor: float | None = Field(
+        None,
+        description="DP-IE: PushFlowCap's floor: a node keeps the first floor / n of PPR mass "
+        "it receives before it pushes any (0: the paper's Algorithm 2; docs/privacy.md).",
+    )
     normalized: bool | None = Field(
         None,
         description="Free embedding: the clipped scores were scaled to sum 1 (scores that are "

@@ -46,6 +46,7 @@ from service.atomic_files import atomic_file, check_output_path, write_atomicall
 from service.embeddings.all_nodes import check_rounds, edge_embeddings
 from service.embeddings.dp import (
     EMBEDDING_BETA,
+    EMBEDDING_FLOOR,
     check_k,
     check_sigma,
     dp_instant_embedding_curve,
@@ -223,6 +224,7 @@ def release_embeddings(
                 "sigma": request.sigma,
                 "rounds": request.rounds,
                 "alpha": 1.0 - EMBEDDING_BETA,
+                "floor": EMBEDDING_FLOOR,
                 "noise_scale": plan.scale,
                 "grid": grid,
                 "salt": salt.hex(),

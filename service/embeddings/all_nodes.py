@@ -4,18 +4,19 @@ For every seed s in ``seeds``, exactly the pipeline of :func:`service.embeddings
 dp_instant_embedding` in `edge` mode:
 
 1. p_s = PushFlowCap(G, s, alpha, R, sigma, edge) with the paper's thresholds
-   T = sigma / (2 (2 - alpha)) for every node, the seed included (non-joint);
+   T = sigma / (2 (2 - alpha)) for every node, the seed included (non-joint), and the floor
+   (:mod:`service.mechanisms.floored_pushflowcap`);
 2. w_s = InstantEmbedding(p_s, k) under the version's hash functions;
 3. w_s snapped to the fine grid h, plus exact rounded Laplace noise at scale dyadic_scale(b) on
    it, b = Delta / eps rounded up with Delta = sigma n + MAX_K h
    (:func:`service.embeddings.dp.exact_noisy_release`, :func:`plan_dp_instant_embedding`),
    fresh noise per seed from one OS-entropy generator, rounded to the grid ``score_grid(b)``.
 
-Step 1 runs :func:`service.mechanisms.pushflowcap.pushflowcap_block`: a block of seeds per
-pass over the graph, each seed's vector bit for bit that of the dense PushFlowCap (the reference
-of tests/test_pushflowcap_kernel.py), so each row here is bit for bit what the single query
-computes before its noise. Blocks run on ``threads`` threads (the kernel releases the GIL);
-step 2 is :func:`service.embeddings.instant.instant_embedding` itself, per seed.
+Step 1 runs :func:`service.embeddings.noise_free.capped_block`: with the floor, each seed's
+local PushFlowCap, the single query's vector bit for bit; at floor 0 a block of seeds per pass
+over the graph (:func:`service.mechanisms.pushflowcap.pushflowcap_block`, bit for bit the dense
+Algorithm 2). Blocks of seeds run on ``threads`` threads (the kernels release the GIL); step 2
+is :func:`service.embeddings.instant.instant_embedding` itself, per seed.
 
 Each of the seeds' releases is pure eps-DP for one edge (any edge: Theorems 4.3 and 5.1 hold
 for every R >= 1); what the set costs is the caller's business (:mod:`service.embeddings.
@@ -28,6 +29,7 @@ import numpy as np
 
 from service.embeddings.dp import (
     EMBEDDING_BETA,
+    EMBEDDING_FLOOR,
     EMBEDDING_ROUNDS,
     check_k,
     check_sigma,
@@ -69,13 +71,15 @@ def edge_instant_embeddings(
     *,
     beta: float = EMBEDDING_BETA,
     rounds: int = EMBEDDING_ROUNDS,
+    floor: float = EMBEDDING_FLOOR,
     block: int = DEFAULT_BLOCK,
     threads: int | None = None,
     progress: Progress | None = None,
 ) -> np.ndarray:
     """InstantEmbedding of the edge-mode PushFlowCap vector of each seed (internal indices),
     one row per seed, BEFORE any noise: an exact function of the edges, never released.
-    Row i is bit for bit ``instant_embedding(pushflowcap(graph, seeds[i], ...), hashes)``."""
+    Row i is bit for bit ``instant_embedding(pushflowcap_with_floor(graph, seeds[i], ...,
+    floor), hashes)``, the single query's vector."""
     sigma = check_sigma(sigma)
     rounds = check_rounds(rounds)
     check_k(hashes.k)
@@ -91,8 +95,8 @@ def edge_instant_embeddings(
     ):
         raise InvalidParameter("threads", f"must be an integer >= 1, got {threads!r}")
     return noise_free_embeddings(
-        graph, hashes, seeds, sigma, Mode.EDGE, beta=beta, rounds=rounds, block=block,
-        threads=threads, progress=progress,
+        graph, hashes, seeds, sigma, Mode.EDGE, beta=beta, rounds=rounds, floor=floor,
+        block=block, threads=threads, progress=progress,
     )  # fmt: skip
 
 

@@ -1,8 +1,11 @@
 """DP-IE (Epasto et al., Section 5): PushFlowCap, then InstantEmbedding, then Lap(sigma n / eps)^k.
 
 1. p = PushFlowCap(G, s, alpha, R, sigma, mode) with the paper's proven thresholds
-   T = sigma / (2 (2 - alpha)) (:mod:`service.mechanisms.pushflowcap`): ||p - p'||_1 <= sigma
-   for one edge (Theorem 4.3; `personalized` = joint: edges not incident to s, answer to s only).
+   T = sigma / (2 (2 - alpha)) (:mod:`service.mechanisms.pushflowcap`) and the floor
+   ``EMBEDDING_FLOOR`` (:mod:`service.mechanisms.floored_pushflowcap`: a node keeps the first
+   floor / n of PPR mass it receives before it pushes any): ||p - p'||_1 <= sigma for one edge
+   (Theorem 4.3, whose proof holds with the floor, docs/privacy.md; `personalized` = joint:
+   edges not incident to s, answer to s only).
 2. w = InstantEmbedding(p, k) with the version's hash functions: ||w - w'||_1 <= sigma n
    (Theorem 5.1, natural log).
 3. w is snapped to the fine grid h = :func:`snap_grid` (the largest power of two <=
@@ -40,6 +43,7 @@ from service.embeddings.parameters import (
     DEFAULT_EMBEDDING_SIGMA,
     DEFAULT_K,
     EMBEDDING_BETA,
+    EMBEDDING_FLOOR,
     EMBEDDING_ROUNDS,
     MAX_K,
     MAX_SIGMA,
@@ -48,8 +52,8 @@ from service.embeddings.parameters import (
 from service.errors import InvalidParameter
 from service.graph.model import Graph
 from service.mechanisms.exact_laplace import grid_laplace
+from service.mechanisms.floored_pushflowcap import pushflowcap_with_floor
 from service.mechanisms.postprocess import round_to_grid, score_grid
-from service.mechanisms.pushflowcap import pushflowcap
 from service.mechanisms.randomness import fresh_generator
 from service.privacy.accountant import RdpCurve
 from service.privacy.curves import laplace_curve
@@ -60,6 +64,7 @@ __all__ = [
     "DEFAULT_EMBEDDING_SIGMA",
     "DEFAULT_K",
     "EMBEDDING_BETA",
+    "EMBEDDING_FLOOR",
     "EMBEDDING_ROUNDS",
     "MAX_K",
     "MAX_SIGMA",
@@ -158,10 +163,11 @@ def dp_instant_embedding(
     rng: np.random.Generator | None = None,
     capped: np.ndarray | None = None,
     embedded: np.ndarray | None = None,
+    floor: float = EMBEDDING_FLOOR,
 ) -> DpEmbedding:
     """DP-IE of ``seed`` (internal index). ``rng`` defaults to a fresh OS-entropy generator;
     the serving path never passes one. ``capped`` (the PushFlowCap vector of exactly these
-    graph, seed, beta, rounds, sigma and mode) skips recomputing it in evaluation loops;
+    graph, seed, beta, rounds, sigma, mode and floor) skips recomputing it in evaluation loops;
     ``embedded`` (its InstantEmbedding under ``hashes``: :mod:`service.embeddings.noise_free`)
     skips both."""
     sigma = check_sigma(sigma)
@@ -175,7 +181,11 @@ def dp_instant_embedding(
         if w.shape != (hashes.k,):
             raise InvalidParameter("embedded", f"expected {hashes.k} entries, got {w.shape}")
     else:
-        p = capped if capped is not None else pushflowcap(graph, seed, beta, rounds, sigma, mode)
+        p = (
+            capped
+            if capped is not None
+            else pushflowcap_with_floor(graph, seed, beta, rounds, sigma, mode, floor)
+        )
         w = instant_embedding(p, hashes)
     rng = rng if rng is not None else fresh_generator()
     released, grid = exact_noisy_release(w, plan, sigma, graph.n, rng)

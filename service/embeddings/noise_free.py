@@ -1,17 +1,20 @@
 """The noise-free part of DP-IE, w = InstantEmbedding(PushFlowCap(G, s), k), kept per graph.
 
 Everything in a DP-IE answer before the Laplace step is a deterministic function of the graph
-version, the seed and the public parameters (mode, sigma, beta, R, k and the version's salt):
-:class:`NoiseFreeEmbeddings` computes it (:func:`service.mechanisms.pushflowcap.
-pushflowcap_block`, bit for bit the dense PushFlowCap, then :func:`service.embeddings.instant.
-instant_embedding`) and keeps the last ones in memory, so that asking again for the same node
-costs only the noise. What it keeps is an exact function of the edges, like the graph it was
-computed from, in the same process; it is never released: every answer adds its own fresh
-noise to it and is charged as before (docs/embeddings.md, "How fast").
+version, the seed and the public parameters (mode, sigma, beta, R, the floor, k and the
+version's salt): :class:`NoiseFreeEmbeddings` computes it (:func:`capped_block`: PushFlowCap
+with the floor, :mod:`service.mechanisms.floored_pushflowcap`, then
+:func:`service.embeddings.instant.instant_embedding`) and keeps the last ones in memory, so
+that asking again for the same node costs only the noise. What it keeps is an exact function of
+the edges, like the graph it was computed from, in the same process; it is never released:
+every answer adds its own fresh noise to it and is charged as before (docs/embeddings.md, "How
+fast").
 
-A group (the embedding batch) computes its missing vectors together, up to ``block`` seeds per
-pass over the graph, every row in every round (no skip: the response time shows nothing of how
-the flow spreads).
+With the floor, a seed's PushFlowCap reads only the nodes the flow reaches above the floor, so
+how long it takes depends on the edges near the seed; response timing is outside the bounds of
+docs/privacy.md (section 2), as for the count rankings' lazy paths. At floor 0 (the paper's
+Algorithm 2) a group computes its missing vectors together, up to ``block`` seeds per pass over
+the graph, every row in every round.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ import numpy as np
 
 from service.embeddings.hashing import EmbeddingHashes
 from service.embeddings.instant import instant_embedding
+from service.embeddings.parameters import EMBEDDING_FLOOR
 from service.graph.model import Graph
+from service.mechanisms.floored_pushflowcap import pushflowcap_with_floor
 from service.mechanisms.pushflowcap import pushflowcap_block
 from service.privacy.modes import Mode
 
@@ -34,6 +39,7 @@ __all__ = [
     "DEFAULT_BLOCK",
     "DEFAULT_BYTES",
     "NoiseFreeEmbeddings",
+    "capped_block",
     "default_threads",
     "noise_free_embeddings",
 ]
@@ -55,6 +61,30 @@ def default_threads() -> int:
     return max(1, os.cpu_count() or 1)  # pragma: no cover - not Linux
 
 
+def capped_block(
+    graph: Graph,
+    seeds: np.ndarray,
+    sigma: float,
+    mode: Mode,
+    *,
+    beta: float,
+    rounds: int,
+    floor: float,
+    skip_idle: bool = False,
+) -> np.ndarray:
+    """DP-IE's PushFlowCap vector of each seed, as the columns of an n x B array: with a floor
+    (> 0), :func:`service.mechanisms.floored_pushflowcap.floored_pushflowcap` of each seed,
+    which reads only where the flow goes; at floor 0, the paper's Algorithm 2
+    (:func:`service.mechanisms.pushflowcap.pushflowcap_block`, every row in every round unless
+    ``skip_idle``)."""
+    if floor == 0:
+        return pushflowcap_block(graph, seeds, beta, rounds, sigma, mode, skip_idle=skip_idle)
+    out = np.empty((graph.n, seeds.size))
+    for column, seed in enumerate(seeds):
+        out[:, column] = pushflowcap_with_floor(graph, int(seed), beta, rounds, sigma, mode, floor)
+    return out
+
+
 def noise_free_embeddings(
     graph: Graph,
     hashes: EmbeddingHashes,
@@ -64,17 +94,19 @@ def noise_free_embeddings(
     *,
     beta: float,
     rounds: int,
+    floor: float = EMBEDDING_FLOOR,
     block: int = DEFAULT_BLOCK,
     threads: int | None = None,
     skip_idle: bool = True,
     progress: Progress | None = None,
     inspect: Callable[[int, np.ndarray], None] | None = None,
 ) -> np.ndarray:
-    """Row i: ``instant_embedding(pushflowcap(graph, seeds[i], beta, rounds, sigma, mode),
-    hashes)`` bit for bit, for offline runs (the all-node release, the evaluation): ``block``
-    seeds per pass, blocks on ``threads`` threads (the kernel releases the GIL), rows skipped
-    while the flow has not reached them (``skip_idle``). ``inspect(i, p)`` sees each
-    PushFlowCap vector (under a lock) before it is dropped. No argument checks here."""
+    """Row i: ``instant_embedding(p, hashes)`` of seeds[i]'s PushFlowCap vector p
+    (:func:`capped_block`) bit for bit, for offline runs (the all-node release, the
+    evaluation): ``block`` seeds per task, tasks on ``threads`` threads (the kernels release
+    the GIL); at floor 0 rows skipped while the flow has not reached them (``skip_idle``).
+    ``inspect(i, p)`` sees each PushFlowCap vector (under a lock) before it is dropped. No
+    argument checks here."""
     seeds = np.asarray(seeds, dtype=np.int64)
     threads = default_threads() if threads is None else threads
     out = np.zeros((seeds.size, hashes.k), dtype=np.float64)
@@ -85,7 +117,9 @@ def noise_free_embeddings(
     def one_block(start: int) -> None:
         nonlocal done
         part = seeds[start : start + block]
-        capped = pushflowcap_block(graph, part, beta, rounds, sigma, mode, skip_idle=skip_idle)
+        capped = capped_block(
+            graph, part, sigma, mode, beta=beta, rounds=rounds, floor=floor, skip_idle=skip_idle
+        )
         for column in range(part.size):
             out[start + column] = instant_embedding(capped[:, column], hashes)
         with lock:
@@ -106,7 +140,7 @@ def noise_free_embeddings(
     return out
 
 
-_Key = tuple[str, str, int, str, float, float, int, bytes, int]
+_Key = tuple[str, str, int, str, float, float, int, float, bytes, int]
 
 
 class NoiseFreeEmbeddings:
@@ -124,26 +158,26 @@ class NoiseFreeEmbeddings:
     @staticmethod
     def _key(
         graph: Graph, seed: int, hashes: EmbeddingHashes, sigma: float, mode: Mode,
-        beta: float, rounds: int,
+        beta: float, rounds: int, floor: float,
     ) -> _Key:  # fmt: skip
         return (
             graph.fingerprint, graph.version, int(seed), Mode(mode).value, float(sigma),
-            float(beta), int(rounds), hashes.salt, hashes.k,
+            float(beta), int(rounds), float(floor), hashes.salt, hashes.k,
         )  # fmt: skip
 
     def vector(
         self, graph: Graph, seed: int, hashes: EmbeddingHashes, sigma: float, mode: Mode,
-        beta: float, rounds: int,
+        beta: float, rounds: int, floor: float = EMBEDDING_FLOOR,
     ) -> np.ndarray:  # fmt: skip
         """w of one seed (read-only float64, k entries)."""
-        return self.vectors(graph, [seed], hashes, sigma, mode, beta, rounds)[0]
+        return self.vectors(graph, [seed], hashes, sigma, mode, beta, rounds, floor)[0]
 
     def vectors(
         self, graph: Graph, seeds: Sequence[int], hashes: EmbeddingHashes, sigma: float,
-        mode: Mode, beta: float, rounds: int,
+        mode: Mode, beta: float, rounds: int, floor: float = EMBEDDING_FLOOR,
     ) -> list[np.ndarray]:  # fmt: skip
         """w of each seed, in order; the missing ones computed together."""
-        keys = [self._key(graph, s, hashes, sigma, mode, beta, rounds) for s in seeds]
+        keys = [self._key(graph, s, hashes, sigma, mode, beta, rounds, floor) for s in seeds]
         found: dict[_Key, np.ndarray] = {}
         with self._lock:
             for key in keys:
@@ -155,9 +189,9 @@ class NoiseFreeEmbeddings:
         missing = list(dict.fromkeys(key for key in keys if key not in found))
         for start in range(0, len(missing), self._block):
             part = missing[start : start + self._block]
-            capped = pushflowcap_block(
-                graph, np.array([key[2] for key in part], dtype=np.int64), beta, rounds,
-                sigma, mode,
+            capped = capped_block(
+                graph, np.array([key[2] for key in part], dtype=np.int64), sigma, mode,
+                beta=beta, rounds=rounds, floor=floor,
             )  # fmt: skip
             for column, key in enumerate(part):
                 w = instant_embedding(capped[:, column], hashes)

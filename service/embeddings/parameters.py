@@ -20,6 +20,13 @@ MAX_K = 4096
 EMBEDDING_BETA = 1.0 - 0.15 / (2.0 - 0.15)
 #: The paper's R = 100 rounds.
 EMBEDDING_ROUNDS = 100
+#: PushFlowCap's floor: a node keeps the first EMBEDDING_FLOOR / n of PPR mass it receives
+#: before it pushes any (service.mechanisms.floored_pushflowcap; the same sensitivity sigma as
+#: the paper's Algorithm 2, docs/privacy.md). InstantEmbedding reads only p_v > 1 / n; at 0.25
+#: the flow stays near the seed (on a generated 100k-node / 2M-edge graph it reads about 3% of
+#: the edge entries Algorithm 2 reads) and the noise-free embedding keeps cosine 0.99 to the
+#: paper's (docs/embeddings.md). 0 is the paper's Algorithm 2.
+EMBEDDING_FLOOR = 0.25
 #: Bounds on sigma: below ~1e-5 nothing but the seed enters the embedding on graphs of a few
 #: thousand nodes (spec-embeddings.md, finding 1); above 1 the cap never binds on PPR mass.
 MIN_SIGMA = 1e-7

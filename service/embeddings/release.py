@@ -20,6 +20,7 @@ import numpy as np
 
 from service.embeddings.free import free_embedding
 from service.embeddings.hashing import EmbeddingHashes
+from service.embeddings.parameters import EMBEDDING_FLOOR
 from service.graph.model import Graph
 from service.ledger.release_format import StoredResults
 from service.mechanisms.postprocess import RankedNode, score_grid
@@ -70,7 +71,14 @@ def stored_values(results: Sequence[RankedNode]) -> list[float]:
 
 
 def mechanism_block(
-    plan: LaplacePlan, mode: Mode, sigma: float, k: int, beta: float, rounds: int, salt_hex: str
+    plan: LaplacePlan,
+    mode: Mode,
+    sigma: float,
+    k: int,
+    beta: float,
+    rounds: int,
+    salt_hex: str,
+    floor: float = EMBEDDING_FLOOR,
 ) -> dict[str, Any]:
     """What a DP-IE answer states (and its charge records): epsilon, the sampler's stated
     delta (one edge may move all k coordinates), sigma, k, the sensitivity sigma n and the
@@ -88,6 +96,7 @@ def mechanism_block(
         "score_grid": score_grid(plan.scale),
         "alpha": 1.0 - beta,
         "rounds": rounds,
+        "floor": floor,
         "hash_salt": salt_hex,
     }
 

@@ -112,9 +112,14 @@ def _diffusion_engine() -> None:
 
 
 def _pushflowcap() -> None:
+    from service.mechanisms.floored_pushflowcap import warm_up_floored_kernel
     from service.mechanisms.pushflowcap import warm_up_kernel
 
-    _warm_each_kind(lambda kind: warm_up_kernel(kind.indptr, kind.indices))
+    def warm(kind: Graph) -> None:
+        warm_up_kernel(kind.indptr, kind.indices)
+        warm_up_floored_kernel(kind.indptr, kind.indices)  # DP-IE's, with the floor
+
+    _warm_each_kind(warm)
 
 
 _STEPS: dict[str, Callable[[], None]] = {

@@ -24,6 +24,7 @@ import scipy.sparse as sp
 
 from service.graph.model import Graph
 from service.mechanisms.exact_laplace import rounded_laplace
+from service.mechanisms.floored_pushflowcap import warm_up_floored_kernel
 from service.mechanisms.kernels import (
     block_kernel,
     gather_kernel,
@@ -113,7 +114,8 @@ class WalkOperator:
         self._blocks: list[tuple[int, int, sp.csr_matrix]] = []
         if self._kernel is not None:
             warm_up(graph.indptr, graph.indices)
-            warm_up_kernel(graph.indptr, graph.indices)  # PushFlowCap's (DP-IE answers)
+            warm_up_kernel(graph.indptr, graph.indices)  # PushFlowCap's
+            warm_up_floored_kernel(graph.indptr, graph.indices)  # with the floor (DP-IE answers)
             rounded_laplace(fresh_generator(), 1, 1 << 20, 4)  # compiles the noise sampler once
         else:  # pragma: no cover - numba is a dependency
             for lo, hi in self._rows:

@@ -62,10 +62,12 @@ __all__ = [
     "add_laplace_noise",
     "dp_pushflowcap",
     "edge_threshold",
+    "node_arrays",
     "pushflowcap",
     "pushflowcap_block",
     "pushflowcap_curve",
     "pushflowcap_dense",
+    "validate_pushflowcap",
     "warm_up_kernel",
 ]
 
@@ -83,7 +85,7 @@ def _finite_positive(name: str, value: float) -> None:
         raise InvalidParameter(name, f"must be a finite number > 0, got {value!r}")
 
 
-def _check(graph: Graph, seed: int, beta: float, rounds: int, sigma: float) -> None:
+def validate_pushflowcap(graph: Graph, seed: int, beta: float, rounds: int, sigma: float) -> None:
     if not (isinstance(beta, int | float) and math.isfinite(beta) and 0.0 < beta < 1.0):
         raise InvalidParameter("beta", f"must be in (0, 1), got {beta!r}")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
@@ -113,7 +115,7 @@ def pushflowcap(
     type (T_s = T). ``seed`` is an internal index. Compiled (module docstring, "The kernel"):
     bit for bit the vector of :func:`pushflowcap_dense`.
     """
-    _check(graph, seed, beta, rounds, sigma)
+    validate_pushflowcap(graph, seed, beta, rounds, sigma)
     return pushflowcap_block(graph, np.array([seed]), beta, rounds, sigma, mode)[:, 0]
 
 
@@ -139,11 +141,11 @@ def pushflowcap_block(
     if seeds.ndim != 1 or seeds.size == 0:
         raise InvalidParameter("seeds", "must be a non-empty list of internal indices")
     for s in (int(seeds.min()), int(seeds.max())):
-        _check(graph, s, beta, rounds, sigma)
+        validate_pushflowcap(graph, s, beta, rounds, sigma)
     mode = Mode(mode)
     alpha = 1.0 - beta
     lazy = (1.0 - alpha) / 2.0
-    inv_degree, keeps, degrees, order = _node_arrays(graph)
+    inv_degree, keeps, degrees, order = node_arrays(graph)
     cap = degrees * edge_threshold(beta, sigma)  # total flow a node may push: d(v) T_v
     pushed = np.zeros((graph.n, seeds.size))
     _capped_push_rounds(
@@ -162,7 +164,7 @@ def warm_up_kernel(indptr: np.ndarray, indices: np.ndarray) -> None:
     tiny_indptr.setflags(write=indptr.flags.writeable)
     tiny_indices.setflags(write=indices.flags.writeable)
     inv_degree, keeps, order = np.ones(2), np.zeros(2), np.arange(2, dtype=np.int64)
-    for array in (inv_degree, keeps, order):  # as _node_arrays keeps them
+    for array in (inv_degree, keeps, order):  # as node_arrays keeps them
         array.setflags(write=False)
     _capped_push_rounds(
         tiny_indptr, tiny_indices, inv_degree, keeps, np.ones(2), np.zeros(1, dtype=np.int64),
@@ -180,7 +182,7 @@ _NODE_ARRAYS: weakref.WeakKeyDictionary[
 ROW_WINDOW = 256
 
 
-def _node_arrays(graph: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def node_arrays(graph: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(1 / d (0 where d = 0), [d = 0], d) in float64, as :func:`pushflowcap_dense` computes
     them, and the order the kernel visits every row in; kept per graph (they do not depend
     on the query)."""
@@ -401,7 +403,7 @@ def pushflowcap_dense(
     """The reference implementation of :func:`pushflowcap`: Algorithm 2 as numpy and scipy
     operations on whole n-vectors, one sparse product per round. The compiled kernel must
     equal it bit for bit (tests/test_pushflowcap_kernel.py); it is kept for that test."""
-    _check(graph, seed, beta, rounds, sigma)
+    validate_pushflowcap(graph, seed, beta, rounds, sigma)
     mode = Mode(mode)
     alpha = 1.0 - beta
     lazy = (1.0 - alpha) / 2.0
