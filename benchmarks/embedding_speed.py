@@ -1,16 +1,21 @@
 """DP-IE's speed in process: one query, a batch's block, the all-node release, per node.
 
 On one graph (``--generate NODES,EDGES``, the generator's graph with seed 0, or ``--graph
-FILE``), k 256, sigma 1e-3, R 100, `edge` mode, the same seeds for every row, interleaved:
+FILE``), k 256, sigma 1e-3, R 100, ``--mode`` (`edge` by default), the same seeds for every
+row, interleaved:
 
-* ``query, dense``: the reference path (the service's single query before issue 34):
-  ``pushflowcap_dense``, then ``dp_instant_embedding`` (InstantEmbedding, exact noise);
-* ``query, kernel``: what ``GET /v1/embeddings/{node}`` now runs for a node it has not
-  computed yet: the compiled kernel (every row, every round), then the same steps;
+* with ``--dense``, ``query, dense``: the reference path (the service's single query before
+  issue 34): ``pushflowcap_dense``, then ``dp_instant_embedding`` (InstantEmbedding, exact noise);
+* ``query, floor 0``: the paper's Algorithm 2 in its compiled kernel (every row, every round),
+  then the same steps: what ``GET /v1/embeddings/{node}`` ran before the floor;
+* ``query, floor F``: what it runs now for a node it has not computed yet: PushFlowCap with the
+  floor (``EMBEDDING_FLOOR``), then the same steps;
 * ``query, kept``: the same node again (the noise-free vector kept, fresh noise drawn);
 * ``block B``: ``NoiseFreeEmbeddings.vectors`` of B seeds at once (the batch endpoint), per seed;
 * ``release, T thread(s)``: ``edge_instant_embeddings`` (the all-node release's computation,
-  blocks of 16) on ``--release-nodes`` nodes, per node;
+  `edge` mode, with the floor) on ``--release-nodes`` nodes, per node; and ``release, floor 0``,
+  the same at floor 0 (Algorithm 2 in blocks of 16, what the release ran before) on an eighth
+  of them;
 * with ``--before REV``: ``release, REV kernel``: the all-node kernel of git revision REV
   (``git show REV:service/embeddings/all_nodes.py``), for a before/after in one run.
 
@@ -20,7 +25,7 @@ before and after: the machine is shared, and a figure taken at load > 1.5 is mar
 
     .venv/bin/python benchmarks/embedding_speed.py --generate 10312,333983
     .venv/bin/python benchmarks/embedding_speed.py --generate 100000,2000000 --queries 5 \\
-        --before main
+        --mode personalized
 
 ``--write-labelled DIR`` writes the generated graph (``graph.txt``) and its community of each
 node as a label (``labels.txt``, ``--communities`` blocks) for ``evaluate --task
@@ -44,18 +49,23 @@ from typing import Any
 import numpy as np
 
 from service.embeddings.all_nodes import edge_instant_embeddings
-from service.embeddings.dp import EMBEDDING_BETA, EMBEDDING_ROUNDS, dp_instant_embedding
+from service.embeddings.dp import (
+    EMBEDDING_BETA,
+    EMBEDDING_FLOOR,
+    EMBEDDING_ROUNDS,
+    dp_instant_embedding,
+)
 from service.embeddings.hashing import embedding_hashes, new_salt
 from service.embeddings.noise_free import NoiseFreeEmbeddings
 from service.graph.generate import generate_graph, write_edge_list
 from service.graph.loader import load_edge_list
 from service.graph.model import Graph
+from service.mechanisms.floored_pushflowcap import floored_pushflowcap
 from service.mechanisms.pushflowcap import pushflowcap, pushflowcap_dense
 from service.privacy.modes import Mode
 
 SIGMA = 1e-3
 EPSILON = 1.0
-MODE = Mode.EDGE
 
 
 def load() -> str:
@@ -118,7 +128,10 @@ def main() -> int:
     parser.add_argument("--k", type=int, default=256)
     parser.add_argument("--communities", type=int, default=39)
     parser.add_argument("--write-labelled", type=Path, metavar="DIR")
+    parser.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.EDGE.value)
+    parser.add_argument("--dense", action="store_true", help="also time the dense reference")
     args = parser.parse_args()
+    mode = Mode(args.mode)
 
     if args.generate:
         nodes, edges = (int(x) for x in args.generate.split(","))
@@ -133,39 +146,47 @@ def main() -> int:
     pick = np.random.default_rng(12345)
     seeds = [int(s) for s in pick.choice(graph.n, size=args.queries, replace=False)]
     print(f"graph: {graph.n} nodes, {graph.m} edges; k {args.k}, sigma {SIGMA:g}, "
-          f"R {EMBEDDING_ROUNDS}, {MODE.value} mode; load before {load()}")  # fmt: skip
+          f"R {EMBEDDING_ROUNDS}, {mode.value} mode, floor {EMBEDDING_FLOOR:g}; "
+          f"load before {load()}")  # fmt: skip
     print(f"{'row':<28} {'wall ms':>10} {'cpu ms':>10} {'nodes':>6}  (per node, median)")
 
     def query(capped: Callable[[int], np.ndarray]) -> Callable[[int], Any]:
         return lambda s: dp_instant_embedding(
-            graph, s, hashes, EPSILON, SIGMA, MODE, capped=capped(s)
+            graph, s, hashes, EPSILON, SIGMA, mode, capped=capped(s)
         )
 
-    dense = query(lambda s: pushflowcap_dense(graph, s, EMBEDDING_BETA, EMBEDDING_ROUNDS,
-                                              SIGMA, MODE))  # fmt: skip
-    kernel = query(lambda s: pushflowcap(graph, s, EMBEDDING_BETA, EMBEDDING_ROUNDS, SIGMA, MODE))
+    paths = {
+        "dense": query(lambda s: pushflowcap_dense(graph, s, EMBEDDING_BETA, EMBEDDING_ROUNDS,
+                                                   SIGMA, mode)),
+        "floor 0": query(lambda s: pushflowcap(graph, s, EMBEDDING_BETA, EMBEDDING_ROUNDS,
+                                               SIGMA, mode)),
+        f"floor {EMBEDDING_FLOOR:g}": query(lambda s: floored_pushflowcap(
+            graph, s, EMBEDDING_BETA, EMBEDDING_ROUNDS, SIGMA, mode, EMBEDDING_FLOOR)),
+    }  # fmt: skip
+    if not args.dense:
+        del paths["dense"]
     kept = NoiseFreeEmbeddings()
 
     def from_kept(s: int) -> Any:
-        w = kept.vector(graph, s, hashes, SIGMA, MODE, EMBEDDING_BETA, EMBEDDING_ROUNDS)
-        return dp_instant_embedding(graph, s, hashes, EPSILON, SIGMA, MODE, embedded=w)
+        w = kept.vector(graph, s, hashes, SIGMA, mode, EMBEDDING_BETA, EMBEDDING_ROUNDS)
+        return dp_instant_embedding(graph, s, hashes, EPSILON, SIGMA, mode, embedded=w)
 
-    kernel(seeds[0])  # compile (or load numba's cache) before timing
-    samples: dict[str, list[tuple[float, float]]] = {"dense": [], "kernel": [], "kept": []}
+    for path in paths.values():
+        path(seeds[0])  # compile (or load numba's cache) before timing
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in [*paths, "kept"]}
     for s in seeds:
-        samples["dense"].append(timed(lambda s=s: dense(s)))
-        samples["kernel"].append(timed(lambda s=s: kernel(s)))
+        for name, path in paths.items():
+            samples[name].append(timed(lambda s=s, path=path: path(s)))  # type: ignore[misc]
         from_kept(s)
-        samples["kept"].append(timed(lambda s=s: from_kept(s)))
-    row("query, dense (before)", samples["dense"])
-    row("query, kernel", samples["kernel"])
-    row("query, kept", samples["kept"])
+        samples["kept"].append(timed(lambda s=s: from_kept(s)))  # type: ignore[misc]
+    for name in samples:
+        row(f"query, {name}", samples[name])
 
     for size in args.blocks:
         block = [int(s) for s in pick.choice(graph.n, size=size, replace=False)]
         fresh = NoiseFreeEmbeddings(max_bytes=0, block=size)
         sample = timed(lambda b=block, f=fresh: f.vectors(  # type: ignore[misc]
-            graph, b, hashes, SIGMA, MODE, EMBEDDING_BETA, EMBEDDING_ROUNDS))  # fmt: skip
+            graph, b, hashes, SIGMA, mode, EMBEDDING_BETA, EMBEDDING_ROUNDS))  # fmt: skip
         row(f"block {size}", [sample], per=size)
 
     release = np.array(pick.choice(graph.n, size=args.release_nodes, replace=False))
@@ -175,11 +196,14 @@ def main() -> int:
         before.edge_instant_embeddings(graph, hashes, part[:1], SIGMA, rounds=2)  # compile
         sample = timed(lambda: before.edge_instant_embeddings(graph, hashes, part, SIGMA))
         row(f"release, {args.before} kernel", [sample], per=part.size)
-    for threads in args.threads:
-        wall, cpu = time.perf_counter(), time.process_time()
-        edge_instant_embeddings(graph, hashes, release, SIGMA, threads=threads)
-        sample = (time.perf_counter() - wall, time.process_time() - cpu)
-        row(f"release, {threads} thread(s)", [sample], per=release.size)
+    part = release[: max(4, args.release_nodes // 8)]
+    runs: list[tuple[float, np.ndarray]] = [(0.0, part), (EMBEDDING_FLOOR, release)]
+    for floor, chosen in runs:
+        for threads in args.threads:
+            wall, cpu = time.perf_counter(), time.process_time()
+            edge_instant_embeddings(graph, hashes, chosen, SIGMA, floor=floor, threads=threads)
+            sample = (time.perf_counter() - wall, time.process_time() - cpu)
+            row(f"release, floor {floor:g}, {threads} thr", [sample], per=chosen.size)
     print(f"load after {load()}")
     return 0
 

@@ -62,6 +62,10 @@ def positive_float(text: str) -> float:
     return _number("number", 0.0, math.inf, low_open=True, high_open=True, cast=float)(text)
 
 
+def non_negative_float(text: str) -> float:
+    return _number("number", 0.0, math.inf, low_open=False, high_open=True, cast=float)(text)
+
+
 def account_id(text: str) -> int:
     return int(_number("account id", 1, ID_MAX, low_open=False, high_open=False, cast=int)(text))
 

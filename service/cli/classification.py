@@ -69,7 +69,8 @@ def run_classification(args: argparse.Namespace) -> int:
     )
     rows = evaluate_embeddings(
         graph, labels, args.epsilon, rows=args.rows, k=args.dim, sigmas=args.embedding_sigma,
-        fractions=args.fractions, splits=args.splits, delta=delta, store_top=args.store_top,
+        floors=args.embedding_floor, fractions=args.fractions, splits=args.splits, delta=delta,
+        store_top=args.store_top,
         beta=args.beta, steps=args.steps, eta=args.eta, popular_epsilon=args.popular_epsilon,
         rng=np.random.default_rng(args.sample_seed), progress=_progress, n_jobs=args.jobs,
         estimate=True,
@@ -89,6 +90,8 @@ def run_classification(args: argparse.Namespace) -> int:
             cells += [_cell(score.micro, score.micro_ci), _cell(score.macro, score.macro_ci)]
         exposure = "n/a" if row.note.startswith("joint") else _num(row.exposure_epsilon)
         note = row.note
+        if "floor" in row.extra:
+            note = f"{note} floor {row.extra['floor']:g}".strip()
         if "mean_support" in row.extra:
             note = f"{note} support {row.extra['mean_support']:.1f}".strip()
         if "top_vs_full_l1_relative" in row.extra:

@@ -12,13 +12,18 @@ import math
 import sys
 from typing import TYPE_CHECKING, Any
 
-from service.cli.arg_types import open_unit_float, positive_float, positive_int
+from service.cli.arg_types import (
+    non_negative_float,
+    open_unit_float,
+    positive_float,
+    positive_int,
+)
 from service.cli.common import add_mechanism_arguments, print_json, print_table
 from service.cli.evaluate_links import LINK_K, LINK_SEEDS
 from service.cli.evaluate_links import add_arguments as add_link_arguments
 from service.cli.evaluate_synthetic import add_arguments as add_synthetic_arguments
 from service.cli.evaluate_synthetic import run_synthetic
-from service.embeddings.parameters import DEFAULT_EMBEDDING_SIGMA, DEFAULT_K
+from service.embeddings.parameters import DEFAULT_EMBEDDING_SIGMA, DEFAULT_K, EMBEDDING_FLOOR
 from service.errors import InvalidParameter
 from service.evaluation.options import (
     DEFAULT_ETA,
@@ -90,6 +95,10 @@ def add_classification_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--embedding-sigma", type=positive_float, nargs="+",
                        default=[DEFAULT_EMBEDDING_SIGMA], metavar="S",
                        help="DP-IE's PushFlowCap sigma(s); several make a sweep")  # fmt: skip
+    group.add_argument("--embedding-floor", type=non_negative_float, nargs="+",
+                       default=[EMBEDDING_FLOOR], metavar="F",
+                       help="DP-IE's PushFlowCap floor(s) (default %(default)s; 0 is the "
+                       "paper's Algorithm 2); several make a sweep")  # fmt: skip
     group.add_argument("--fractions", type=positive_float, nargs="+",
                        default=list(DEFAULT_FRACTIONS), help="training fractions")  # fmt: skip
     group.add_argument("--splits", type=positive_int, default=DEFAULT_SPLITS,

@@ -12,7 +12,7 @@ dp_instant_embedding` in `edge` mode:
    (:func:`service.embeddings.dp.exact_noisy_release`, :func:`plan_dp_instant_embedding`),
    fresh noise per seed from one OS-entropy generator, rounded to the grid ``score_grid(b)``.
 
-Step 1 runs :func:`service.embeddings.noise_free.capped_block`: with the floor, each seed's
+Step 1 runs :func:`service.embeddings.noise_free.capped_vectors`: with the floor, each seed's
 local PushFlowCap, the single query's vector bit for bit; at floor 0 a block of seeds per pass
 over the graph (:func:`service.mechanisms.pushflowcap.pushflowcap_block`, bit for bit the dense
 Algorithm 2). Blocks of seeds run on ``threads`` threads (the kernels release the GIL); step 2

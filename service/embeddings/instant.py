@@ -37,8 +37,12 @@ def instant_embedding(p: np.ndarray, hashes: EmbeddingHashes) -> np.ndarray:
         )
     if np.any(values < 0) or not np.all(np.isfinite(values)):
         raise InvalidParameter("p", "must be finite and non-negative (clip released vectors)")
-    z = log_mass(values)
-    out: np.ndarray = np.bincount(hashes.buckets, weights=hashes.signs * z, minlength=hashes.k)
+    # only the nodes with n p_v > 1 enter (in index order): the terms left out are +-0.0, and
+    # a sum that starts at +0.0 never becomes -0.0, so adding them changes no bit
+    big = np.flatnonzero(values * values.shape[0] > 1.0)
+    z = np.log(values[big] * values.shape[0])
+    weights = hashes.signs[big] * z
+    out: np.ndarray = np.bincount(hashes.buckets[big], weights=weights, minlength=hashes.k)
     return out
 
 

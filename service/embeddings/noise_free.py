@@ -2,7 +2,7 @@
 
 Everything in a DP-IE answer before the Laplace step is a deterministic function of the graph
 version, the seed and the public parameters (mode, sigma, beta, R, the floor, k and the
-version's salt): :class:`NoiseFreeEmbeddings` computes it (:func:`capped_block`: PushFlowCap
+version's salt): :class:`NoiseFreeEmbeddings` computes it (:func:`capped_vectors`: PushFlowCap
 with the floor, :mod:`service.mechanisms.floored_pushflowcap`, then
 :func:`service.embeddings.instant.instant_embedding`) and keeps the last ones in memory, so
 that asking again for the same node costs only the noise. What it keeps is an exact function of
@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -39,7 +39,7 @@ __all__ = [
     "DEFAULT_BLOCK",
     "DEFAULT_BYTES",
     "NoiseFreeEmbeddings",
-    "capped_block",
+    "capped_vectors",
     "default_threads",
     "noise_free_embeddings",
 ]
@@ -61,7 +61,7 @@ def default_threads() -> int:
     return max(1, os.cpu_count() or 1)  # pragma: no cover - not Linux
 
 
-def capped_block(
+def capped_vectors(
     graph: Graph,
     seeds: np.ndarray,
     sigma: float,
@@ -71,18 +71,19 @@ def capped_block(
     rounds: int,
     floor: float,
     skip_idle: bool = False,
-) -> np.ndarray:
-    """DP-IE's PushFlowCap vector of each seed, as the columns of an n x B array: with a floor
-    (> 0), :func:`service.mechanisms.floored_pushflowcap.floored_pushflowcap` of each seed,
-    which reads only where the flow goes; at floor 0, the paper's Algorithm 2
-    (:func:`service.mechanisms.pushflowcap.pushflowcap_block`, every row in every round unless
-    ``skip_idle``)."""
+) -> Iterator[np.ndarray]:
+    """DP-IE's PushFlowCap vector of each seed, in order: with a floor (> 0),
+    :func:`service.mechanisms.floored_pushflowcap.floored_pushflowcap` of each seed, which
+    reads only where the flow goes; at floor 0, the paper's Algorithm 2 for all the seeds in
+    one pass (:func:`service.mechanisms.pushflowcap.pushflowcap_block`, every row in every
+    round unless ``skip_idle``), column by column."""
     if floor == 0:
-        return pushflowcap_block(graph, seeds, beta, rounds, sigma, mode, skip_idle=skip_idle)
-    out = np.empty((graph.n, seeds.size))
-    for column, seed in enumerate(seeds):
-        out[:, column] = pushflowcap_with_floor(graph, int(seed), beta, rounds, sigma, mode, floor)
-    return out
+        block = pushflowcap_block(graph, seeds, beta, rounds, sigma, mode, skip_idle=skip_idle)
+        for column in range(seeds.size):
+            yield block[:, column]
+        return
+    for seed in seeds:
+        yield pushflowcap_with_floor(graph, int(seed), beta, rounds, sigma, mode, floor)
 
 
 def noise_free_embeddings(
@@ -102,7 +103,7 @@ def noise_free_embeddings(
     inspect: Callable[[int, np.ndarray], None] | None = None,
 ) -> np.ndarray:
     """Row i: ``instant_embedding(p, hashes)`` of seeds[i]'s PushFlowCap vector p
-    (:func:`capped_block`) bit for bit, for offline runs (the all-node release, the
+    (:func:`capped_vectors`) bit for bit, for offline runs (the all-node release, the
     evaluation): ``block`` seeds per task, tasks on ``threads`` threads (the kernels release
     the GIL); at floor 0 rows skipped while the flow has not reached them (``skip_idle``).
     ``inspect(i, p)`` sees each PushFlowCap vector (under a lock) before it is dropped. No
@@ -117,15 +118,15 @@ def noise_free_embeddings(
     def one_block(start: int) -> None:
         nonlocal done
         part = seeds[start : start + block]
-        capped = capped_block(
+        capped = capped_vectors(
             graph, part, sigma, mode, beta=beta, rounds=rounds, floor=floor, skip_idle=skip_idle
         )
-        for column in range(part.size):
-            out[start + column] = instant_embedding(capped[:, column], hashes)
-        with lock:
+        for column, p in enumerate(capped):
+            out[start + column] = instant_embedding(p, hashes)
             if inspect is not None:
-                for column in range(part.size):
-                    inspect(start + column, capped[:, column])
+                with lock:
+                    inspect(start + column, p)
+        with lock:
             done += part.size
             if progress is not None:
                 progress(done, seeds.size)
@@ -189,12 +190,12 @@ class NoiseFreeEmbeddings:
         missing = list(dict.fromkeys(key for key in keys if key not in found))
         for start in range(0, len(missing), self._block):
             part = missing[start : start + self._block]
-            capped = capped_block(
+            capped = capped_vectors(
                 graph, np.array([key[2] for key in part], dtype=np.int64), sigma, mode,
                 beta=beta, rounds=rounds, floor=floor,
             )  # fmt: skip
-            for column, key in enumerate(part):
-                w = instant_embedding(capped[:, column], hashes)
+            for key, p in zip(part, capped, strict=True):
+                w = instant_embedding(p, hashes)
                 w.setflags(write=False)
                 found[key] = w
                 self._keep(key, w)

@@ -32,7 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from service.embeddings.dp import EMBEDDING_BETA, EMBEDDING_ROUNDS, dp_instant_embedding
+from service.embeddings.dp import (
+    EMBEDDING_BETA,
+    EMBEDDING_FLOOR,
+    EMBEDDING_ROUNDS,
+    dp_instant_embedding,
+)
 from service.embeddings.free import free_embedding, stored_top
 from service.embeddings.hashing import EmbeddingHashes, embedding_hashes, new_salt
 from service.embeddings.noise_free import DEFAULT_BLOCK, noise_free_embeddings
@@ -184,14 +189,16 @@ def estimate_seconds(
     splits: int,
     n_jobs: int | None,
     *,
+    floors: Sequence[float] = (EMBEDDING_FLOOR,),
     beta: float,
     steps: int,
     eta: float,
     delta: float,
 ) -> tuple[float, float]:
     """The expected duration of :func:`evaluate_embeddings` with these arguments, from timing
-    a sample after one untimed call of each path (compiling or loading its kernels): one
-    PushFlowCap block of labelled nodes on each thread, as the rows run them; one block of
+    a sample after one untimed call of each path (compiling or loading its kernels): for each
+    PushFlowCap pass (row, sigma, floor), one block of labelled nodes on each thread, as the
+    rows run them; one block of
     noisy-diffusion releases with their free embeddings; two blended releases; two
     classifier fits at a training fraction of at most 0.5 (fit time taken as proportional
     to the training part), on random features and on features that separate the labels.
@@ -203,18 +210,22 @@ def estimate_seconds(
     count = int(nodes.shape[0])
     sample = nodes[: min(16, count)]
     seconds = 0.0
-    passes = ("instant_embedding" in rows) + len(sigmas) * (
-        ("dp_ie_edge" in rows) + ("dp_ie_personalized" in rows)
-    )
-    if passes:
-        block = _pushflowcap_block(graph.n, jobs)
-        noise_free_embeddings(graph, hashes, nodes[:1], 1e-3, Mode.EDGE, beta=EMBEDDING_BETA,
-                              rounds=1, threads=1)  # fmt: skip
-        blocks = nodes[: min(count, block * jobs)]
+    passes: list[tuple[float, Mode, float]] = []  # (sigma, mode, floor) of each PushFlowCap pass
+    if "instant_embedding" in rows:
+        passes.append((UNCAPPED_SIGMA, Mode.EDGE, 0.0))
+    for mode in (Mode.EDGE, Mode.PERSONALIZED):
+        if f"dp_ie_{mode.value}" in rows:
+            passes.extend((sigma, mode, floor) for sigma in sigmas for floor in floors)
+    block = _pushflowcap_block(graph.n, jobs)
+    blocks = nodes[: min(count, block * jobs)]
+    for sigma, mode, floor in passes:
+        noise_free_embeddings(graph, hashes, nodes[:1], sigma, mode, beta=EMBEDDING_BETA,
+                              rounds=1, floor=floor, threads=1)  # fmt: skip
         start = time.perf_counter()
-        noise_free_embeddings(graph, hashes, blocks, 1e-3, Mode.EDGE, beta=EMBEDDING_BETA,
-                              rounds=EMBEDDING_ROUNDS, block=block, threads=jobs)  # fmt: skip
-        seconds += passes * count * (time.perf_counter() - start) / blocks.size
+        noise_free_embeddings(graph, hashes, blocks, sigma, mode, beta=EMBEDDING_BETA,
+                              rounds=EMBEDDING_ROUNDS, floor=floor, block=block,
+                              threads=jobs)  # fmt: skip
+        seconds += count * (time.perf_counter() - start) / blocks.size
     if "free_noisy_diffusion" in rows:
         config = plan_diffusion(max(epsilons), delta, steps, beta, eta, Mode.EDGE).config
         free_diffusion_embeddings(graph, nodes[:1], config, hashes, store_top=1)
@@ -319,9 +330,10 @@ def _dp_ie_rows(
     score: Callable[[np.ndarray], list[FractionScore]],
     progress: Callable[[str], None],
     threads: int | None = None,
+    floor: float = EMBEDDING_FLOOR,
 ) -> list[EmbeddingRow]:
     name = f"dp_ie_{mode.value}"
-    progress(f"{name}: PushFlowCap at sigma {sigma:g}")
+    progress(f"{name}: PushFlowCap at sigma {sigma:g}, floor {floor:g}")
     supports = np.zeros(nodes.shape[0])
 
     def count(i: int, p: np.ndarray) -> None:
@@ -330,7 +342,7 @@ def _dp_ie_rows(
     jobs = threads or default_jobs()
     embedded = noise_free_embeddings(
         graph, hashes, nodes, sigma, mode, beta=EMBEDDING_BETA, rounds=EMBEDDING_ROUNDS,
-        block=_pushflowcap_block(graph.n, jobs), progress=_counting(progress, name),
+        floor=floor, block=_pushflowcap_block(graph.n, jobs), progress=_counting(progress, name),
         inspect=count, threads=jobs,
     )  # fmt: skip
     support = float(np.mean(supports))
@@ -338,7 +350,7 @@ def _dp_ie_rows(
     for eps in epsilons:
         progress(f"{name} sigma {sigma:g} eps {eps:g}")
         released = [
-            dp_instant_embedding(graph, int(s), hashes, eps, sigma, mode, embedded=w)
+            dp_instant_embedding(graph, int(s), hashes, eps, sigma, mode, embedded=w, floor=floor)
             for w, s in zip(embedded, nodes, strict=True)
         ]
         features = np.array([r.values for r in released])
@@ -349,7 +361,7 @@ def _dp_ie_rows(
         if mode is Mode.EDGE:
             exposure, pure = _exposure(plan.curve, int(nodes.shape[0]), delta)
             note = ""
-        extra = {"mean_support": support, "noise_scale": plan.scale}
+        extra = {"mean_support": support, "noise_scale": plan.scale, "floor": floor}
         rows.append(EmbeddingRow(name, eps, sigma, score(features), exposure, pure, note, extra))
     return rows
 
@@ -362,6 +374,7 @@ def evaluate_embeddings(
     rows: Sequence[str] = ROWS,
     k: int = 256,
     sigmas: Sequence[float],
+    floors: Sequence[float] = (EMBEDDING_FLOOR,),
     fractions: Sequence[float],
     splits: int,
     delta: float,
@@ -388,7 +401,7 @@ def evaluate_embeddings(
     if estimate:
         low, high = estimate_seconds(
             graph, labels, hashes, rows, sigmas, epsilons, fractions, splits, n_jobs,
-            beta=beta, steps=steps, eta=eta, delta=delta,
+            floors=floors, beta=beta, steps=steps, eta=eta, delta=delta,
         )  # fmt: skip
         span = _duration(low) if _duration(low) == _duration(high) else _span(low, high)
         progress(
@@ -410,7 +423,7 @@ def evaluate_embeddings(
         jobs = n_jobs or default_jobs()
         features = noise_free_embeddings(
             graph, hashes, nodes, UNCAPPED_SIGMA, Mode.EDGE, beta=EMBEDDING_BETA,
-            rounds=EMBEDDING_ROUNDS, block=_pushflowcap_block(graph.n, jobs),
+            rounds=EMBEDDING_ROUNDS, floor=0.0, block=_pushflowcap_block(graph.n, jobs),
             progress=_counting(progress, "instant_embedding"), threads=jobs,
         )  # fmt: skip
         out.append(EmbeddingRow("instant_embedding", None, None, score(features), None, None,
@@ -420,11 +433,12 @@ def evaluate_embeddings(
         if name not in rows:
             continue
         for sigma in sigmas:
-            out.extend(
-                _dp_ie_rows(
-                    graph, nodes, hashes, mode, sigma, epsilons, delta, score, progress, n_jobs
-                )
-            )
+            for floor in floors:
+                rows_of = _dp_ie_rows(
+                    graph, nodes, hashes, mode, sigma, epsilons, delta, score, progress,
+                    n_jobs, floor,
+                )  # fmt: skip
+                out.extend(rows_of)
     if "free_noisy_diffusion" in rows:
         for eps in epsilons:
             progress(f"free_noisy_diffusion eps {eps:g}")
