@@ -350,6 +350,20 @@ def test_a_service_accounts_read_figure_and_cap(client: TestClient, accounts: Ac
     # a fresh draw past the cap: refused by its admission, before any charge or noise
     fresh = query(client, service, "9", mode="edge", k=5, epsilon=0.1, fresh="true")
     assert fresh.json()["error"]["code"] == "read_cap_exhausted"
+    # so is a DP-IE embedding, alone or in a batch: nothing charged, no noise drawn
+    embedding = client.get(
+        "/v1/embeddings/9", params={"mode": "edge", "epsilon": 0.1, "k": 8},
+        headers=bearer(service),
+    )  # fmt: skip
+    assert embedding.status_code == 403, embedding.text
+    assert embedding.json()["error"]["code"] == "read_cap_exhausted"
+    assert "embedding" not in embedding.json()
+    batch = client.post(
+        "/v1/embeddings/batch", json={"nodes": ["9", "10"], "mode": "edge", "epsilon": 0.1, "k": 8},
+        headers=bearer(service),
+    )  # fmt: skip
+    assert batch.status_code == 200, batch.text
+    assert [item["error"]["code"] for item in batch.json()["items"]] == ["read_cap_exhausted"] * 2
     ledger = ledger_of(client)
     assert ledger.reports.list_charges(service_id) == []
     assert ledger.read_figures.read_view(service_id).releases == 2

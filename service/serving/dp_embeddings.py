@@ -44,7 +44,6 @@ from service.graph.model import Graph
 from service.ledger.records import (
     Admission,
     ChargeReceipt,
-    ReadCapExhausted,
     ReleaseKey,
     StoredRelease,
 )
@@ -184,6 +183,7 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _KeyedReplay
             idempotency_key=p.req.idempotency_key,
             release_key=None if p.req.fresh else p.key,
             quota_epsilon=self.queries.policy.quota_for(principal, p.account_id),
+            read=self.queries.policy.read_for(principal, p.graph.version, None),
         )
 
     # -- after admission ----------------------------------------------------------------------
@@ -196,13 +196,8 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _KeyedReplay
         charge_id = receipt.charge_id
         # the ranking path's replays on this worker show the budget after this charge
         self.replaying.note_budget(p.account_id, receipt.budget)
-        if p.req.principal.type == "service":
-            try:  # before any noise is drawn: a refused read refunds the fresh charge
-                self.replaying.reads.record(p.req, p.graph.version, charge_id, None)
-            except ReadCapExhausted:
-                reason = "refused by the service account's read cap before any noise was drawn"
-                self.ledger.settlement.refund(charge_id, reason=reason)
-                raise
+        if p.req.principal.type == "service":  # counted by its admission: replays need no write
+            self.replaying.reads.counted(p.req, p.graph.version, charge_id, None)
         try:
             if embedded is None:
                 embedded = self.noise_free.vector(
@@ -280,15 +275,8 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _KeyedReplay
     ) -> list[StoredRelease | BaseException]:
         """Every release drawn concurrently on ``run``. The noise-free vectors are computed
         first, a block of seeds per pass over the graph (a failure there leaves each to its
-        own draw, which refunds it). A service account's reads of the group are counted
-        together first (:meth:`ReadFigure.record_group`), before any noise is drawn."""
-        reads = [
-            (p.req, p.graph.version, r.charge_id, None)
-            for _, p, r in admitted
-            if p.req.principal.type == "service"
-        ]
-        if len(reads) > 1:
-            self.replaying.reads.record_group(reads)
+        own draw, which refunds it). A service account's reads were counted by the group's
+        admission, each in its item's turn, before anything was charged or drawn."""
         fresh: dict[tuple[Graph, int, str, float], list[EmbeddingPending]] = {}
         for _, p, _ in admitted:
             key = (p.graph, p.hashes.k, p.req.mode.value, p.sigma)

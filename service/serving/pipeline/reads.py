@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from service.ledger.ledger import Ledger
 from service.ledger.records import ReadCapExhausted
 from service.serving.pipeline.policy import AdmissionPolicy
@@ -51,34 +49,6 @@ class ReadFigure:
         """Note a read its admission counted (the release of a charge admitted with a
         :class:`~service.ledger.records.ReadAsk`), so a replay of it writes nothing."""
         self._remember((req.principal.account_id, version, charge_id, degree_release))
-
-    def record_group(self, reads: Sequence[tuple[QueryRequest, str, int, str | None]]) -> None:
-        """Count a group's releases (``(req, version, charge_id, degree_release)`` each, as
-        :meth:`record` takes them) in one transaction per service account and graph release
-        read, where they fit its read cap together. Where they do not (or the transaction
-        fails), nothing is counted here and each item's :meth:`record` decides in turn, as
-        without this step: the composition only grows, so a group that fits as a whole fits
-        item by item, in any order, and a counted release is known to :meth:`record`. The
-        caller passes service accounts' reads only, as it calls :meth:`record` for them only."""
-        groups: dict[tuple[int, str, str | None], list[int]] = {}
-        for req, version, charge_id, degree in reads:
-            known = (req.principal.account_id, version, charge_id, degree)
-            if known not in self._known_reads:
-                groups.setdefault((req.principal.account_id, version, degree), []).append(charge_id)
-        for (account_id, version, degree), charge_ids in groups.items():
-            if len(charge_ids) < 2:  # one release: its own record() is the same transaction
-                continue
-            try:
-                self.ledger.read_figures.record_reads(
-                    account_id,
-                    charge_ids=charge_ids,
-                    graph_release=None if degree is None else (version, degree),
-                    default_cap_epsilon=self.policy.service_read_cap_epsilon,
-                )
-            except Exception:  # near the cap, or a failure: each item's record() decides
-                continue
-            for charge_id in charge_ids:
-                self._remember((account_id, version, charge_id, degree))
 
     def _remember(self, known: tuple[int, str, int | None, str | None]) -> None:
         if len(self._known_reads) > 100_000:

@@ -85,9 +85,6 @@ class FakeReads:
     def counted(self, req: QueryRequest, version: str, charge_id: int, degree: Any) -> None:
         self.log.append(f"counted {charge_id}")
 
-    def record_group(self, reads: Any) -> None:  # pragma: no cover - must not be called
-        self.log.append("record_group")
-
     def record(self, req: QueryRequest, version: str, charge_id: int, degree: Any) -> None:
         self.log.append(f"record {charge_id}")  # pragma: no cover - must not be called
 
