@@ -57,13 +57,19 @@ class ReaderFigure:
 def reader_figure(session: Session, reader: int, default_cap_epsilon: float | None) -> ReaderFigure:
     """The reader's figure; its cap is its ``read_cap_epsilon``, else ``default_cap_epsilon``
     (None: no cap). An unknown account is :class:`UnknownAccount`."""
-    account, budget = session.get(Account, reader), session.get(Budget, reader)
-    if account is None or budget is None:
+    # one statement for the three rows (an admission's hot path: one round trip, not three)
+    found = session.execute(
+        select(Account, Budget, ReadTotal)
+        .join(Budget, Budget.account_id == Account.id)
+        .outerjoin(ReadTotal, ReadTotal.account_id == Account.id)
+        .where(Account.id == reader)
+    ).first()
+    if found is None:
         raise unknown_account(reader)
+    account, budget, row = found
     delta = budget.delta
     cap = account.read_cap_epsilon
     cap = default_cap_epsilon if cap is None else cap
-    row = session.get(ReadTotal, reader)
     total = RdpCurve.zero() if row is None else RdpCurve.from_json(row.rdp)
     return ReaderFigure(total, 0 if row is None else row.releases, delta, cap, row)
 
