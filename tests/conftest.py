@@ -106,6 +106,14 @@ def pytest_configure(config: pytest.Config) -> None:
     # each other test is a unit of its own).
     if getattr(config.option, "dist", "no") == "load":
         config.option.dist = "loadgroup"
+    # A worker decides at its start, from its own command line, whether to tag its tests
+    # with their xdist_group (pytest-xdist's remote.setup_config reads --dist, which is not
+    # on the line make test gives); without the tag the controller schedules every test on
+    # its own and a grouped module's shared server or Ray instance is started on each worker.
+    # The controller says what it chose (pytest_configure_node below).
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and workerinput.get(_WORKERS_GROUP) is not None:
+        config.option.loadgroup = workerinput[_WORKERS_GROUP]
     # Before the workers start: numba's kernels compiled once into its on-disk cache. On a
     # fresh clone every worker and every server a test starts would otherwise compile the same
     # kernels at once (about 25 CPU seconds each). In two processes: nothing else runs yet.
@@ -117,6 +125,16 @@ def pytest_configure(config: pytest.Config) -> None:
         _write_bytecode()
         _write_rewritten_tests(config)
         assert kernels.wait() == 0, "python -m service.mechanisms.compile_kernels failed"
+
+
+#: The key of the controller's choice of grouping in each worker's workerinput.
+_WORKERS_GROUP = "ppr_loadgroup"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist (controller): tell each worker whether the run schedules by xdist_group."""
+    node.workerinput[_WORKERS_GROUP] = node.config.getvalue("dist") == "loadgroup"
 
 
 def _write_bytecode() -> None:
@@ -163,6 +181,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     together and in their order (a module's shared fixtures are set up once per worker)."""
     slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.path not in slow)
+    if getattr(config.option, "loadgroup", False):
+        for item in items:
+            _tag_with_group(item)
+
+
+def _tag_with_group(item: pytest.Item) -> None:
+    """A worker's test id with its xdist_group after an ``@``, as pytest-xdist tags it (the
+    controller schedules a group's tests as one unit by that suffix). pytest-xdist sets the
+    private ``_nodeid``, which pytest 9.2 no longer reads (the id is a ``NodeId`` in ``_id``):
+    there the tag is set here, in the form xdist reads back."""
+    groups = sorted(
+        {str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+         for m in item.iter_markers("xdist_group")}
+    )  # fmt: skip
+    if not groups or "@" in item.nodeid.rpartition("]")[2]:
+        return  # no group, or xdist's own tag took
+    tagged = f"{item.nodeid}@{'_'.join(groups)}"
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:  # an older pytest reads _nodeid, and xdist's tag took there
+        return
+    item._id = NodeId.parse(tagged)  # type: ignore[attr-defined]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
