@@ -30,7 +30,8 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from request_statements import drop_database, fresh_database  # this folder's, beside it
+from embedding_batch import accounts  # this folder's, beside it
+from request_statements import drop_database, fresh_database
 
 from service.graph.generate import write_generated_edge_list
 from service.graph.loader import load_edge_list
@@ -40,25 +41,6 @@ from service.loadtest.server import served
 def load() -> str:
     one = os.getloadavg()[0]
     return f"{one:.2f}{' (busy)' if one > 1.5 else ''}"
-
-
-def accounts(url: str, seeds: list[str]) -> str:
-    """A service account (both modes, a cap no run reaches) and its key; a user account for
-    every seed (the personalized answers' payers)."""
-    from service.ledger.ledger import Ledger
-
-    ledger = Ledger.from_url(url)
-    try:
-        service = ledger.accounts.create_account(
-            "service", cap_epsilon=1e9, delta=1e-6, label="bench", modes=("edge", "personalized"),
-            quota_epsilon=1e9,
-        )  # fmt: skip
-        key, _ = ledger.api_keys.create_api_key(service.account_id)
-        for seed in seeds:
-            ledger.accounts.create_account("user", node_id=seed, cap_epsilon=1e9, delta=1e-6)
-    finally:
-        ledger.dispose()
-    return key
 
 
 def row(name: str, millis: list[float], extra: str = "") -> None:

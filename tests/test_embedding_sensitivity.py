@@ -58,6 +58,20 @@ def all_graphs(n: int) -> np.ndarray:
     return adjacency
 
 
+def batch_node_arrays(
+    adjacency: np.ndarray, seed: int, threshold: float, mode: Mode
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(caps d T, with T_s = infinity in joint mode; 1 / d, 0 where d = 0; [d = 0]) of each
+    graph of the batch, as the service computes them."""
+    degrees = adjacency.sum(axis=2)
+    cap = degrees * threshold
+    if mode is P:
+        cap[:, seed] = math.inf
+    inv_degree = np.divide(1.0, degrees, out=np.zeros_like(degrees), where=degrees > 0)
+    keeps = (degrees == 0).astype(np.float64)
+    return cap, inv_degree, keeps
+
+
 def batch_pushflowcap(
     adjacency: np.ndarray, seed: int, beta: float, rounds: int, threshold: float, mode: Mode
 ) -> np.ndarray:
@@ -65,15 +79,10 @@ def batch_pushflowcap(
     the service's vectorised kernel (so the results agree to the bit)."""
     alpha = 1.0 - beta
     lazy = (1.0 - alpha) / 2.0
-    degrees = adjacency.sum(axis=2)
-    cap = degrees * threshold
-    if mode is P:
-        cap[:, seed] = math.inf
-    inv_degree = np.divide(1.0, degrees, out=np.zeros_like(degrees), where=degrees > 0)
-    keeps = (degrees == 0).astype(np.float64)
-    residual = np.zeros_like(degrees)
+    cap, inv_degree, keeps = batch_node_arrays(adjacency, seed, threshold, mode)
+    residual = np.zeros_like(cap)
     residual[:, seed] = 1.0
-    pushed = np.zeros_like(degrees)
+    pushed = np.zeros_like(cap)
     for _ in range(rounds):
         flow = np.minimum(residual, np.maximum(cap - pushed, 0.0))
         pushed += flow
@@ -97,15 +106,10 @@ def batch_floored(
     inflows: h = min(max(e_s + P h - tau, 0), c), R times; p = alpha h."""
     alpha = 1.0 - beta
     lazy = (1.0 - alpha) / 2.0
-    degrees = adjacency.sum(axis=2)
-    cap = degrees * threshold
-    if mode is P:
-        cap[:, seed] = math.inf
-    inv_degree = np.divide(1.0, degrees, out=np.zeros_like(degrees), where=degrees > 0)
-    keeps = (degrees == 0).astype(np.float64)
-    start = np.zeros_like(degrees)
+    cap, inv_degree, keeps = batch_node_arrays(adjacency, seed, threshold, mode)
+    start = np.zeros_like(cap)
     start[:, seed] = 1.0
-    pushed = np.zeros_like(degrees)
+    pushed = np.zeros_like(cap)
     for _ in range(rounds):
         spread = np.einsum("gij,gj->gi", adjacency, pushed * inv_degree)
         inflow = start + lazy * (pushed * (1.0 + keeps) + spread)

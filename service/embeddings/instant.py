@@ -15,16 +15,22 @@ import numpy as np
 from service.embeddings.hashing import EmbeddingHashes
 from service.errors import InvalidParameter
 
-__all__ = ["instant_embedding", "log_mass", "theorem_5_1_bound"]
+__all__ = ["entering", "instant_embedding", "log_mass", "theorem_5_1_bound"]
+
+
+def entering(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(v, ln(n p_v)) for the nodes with n p_v > 1, in index order: the only nonzero z."""
+    n = values.shape[0]
+    big = np.flatnonzero(values * n > 1.0)
+    return big, np.log(values[big] * n)
 
 
 def log_mass(p: np.ndarray) -> np.ndarray:
     """z = max(ln(n p), 0) element-wise (0 where p <= 0), in float64."""
     values = np.asarray(p, dtype=np.float64)
-    n = values.shape[0]
-    z = np.zeros(n, dtype=np.float64)
-    big = values * n > 1.0
-    z[big] = np.log(values[big] * n)
+    z = np.zeros(values.shape[0], dtype=np.float64)
+    big, logs = entering(values)
+    z[big] = logs
     return z
 
 
@@ -39,8 +45,7 @@ def instant_embedding(p: np.ndarray, hashes: EmbeddingHashes) -> np.ndarray:
         raise InvalidParameter("p", "must be finite and non-negative (clip released vectors)")
     # only the nodes with n p_v > 1 enter (in index order): the terms left out are +-0.0, and
     # a sum that starts at +0.0 never becomes -0.0, so adding them changes no bit
-    big = np.flatnonzero(values * values.shape[0] > 1.0)
-    z = np.log(values[big] * values.shape[0])
+    big, z = entering(values)
     weights = hashes.signs[big] * z
     out: np.ndarray = np.bincount(hashes.buckets[big], weights=weights, minlength=hashes.k)
     return out

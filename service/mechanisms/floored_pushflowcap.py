@@ -48,6 +48,7 @@ from service.mechanisms.pushflowcap import (
     node_arrays,
     pushflowcap,
     validate_pushflowcap,
+    warm_up_graph,
 )
 from service.privacy.modes import Mode
 
@@ -173,13 +174,7 @@ def floored_pushflowcap_reference(
 
 def warm_up_floored_kernel(indptr: np.ndarray, indices: np.ndarray) -> None:
     """Compile (or load from numba's cache) the kernel for these index dtypes."""
-    tiny_indptr = np.array([0, 1, 2], dtype=indptr.dtype)
-    tiny_indices = np.array([1, 0], dtype=indices.dtype)
-    tiny_indptr.setflags(write=indptr.flags.writeable)
-    tiny_indices.setflags(write=indices.flags.writeable)
-    inv_degree, keeps = np.ones(2), np.zeros(2)
-    for array in (inv_degree, keeps):  # read-only, as node_arrays keeps them
-        array.setflags(write=False)
+    tiny_indptr, tiny_indices, inv_degree, keeps, _ = warm_up_graph(indptr, indices)
     _floored_rounds(
         tiny_indptr, tiny_indices, inv_degree, keeps, np.ones(2), 0, False, 0.25, 0.0, 1,
         np.zeros(2),

@@ -68,6 +68,7 @@ __all__ = [
     "pushflowcap_curve",
     "pushflowcap_dense",
     "validate_pushflowcap",
+    "warm_up_graph",
     "warm_up_kernel",
 ]
 
@@ -156,9 +157,12 @@ def pushflowcap_block(
     return out
 
 
-def warm_up_kernel(indptr: np.ndarray, indices: np.ndarray) -> None:
-    """Compile (or load from numba's cache) the kernel for these index dtypes, on a two-node
-    graph, before traffic arrives."""
+def warm_up_graph(
+    indptr: np.ndarray, indices: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(indptr, indices, 1 / d, keeps, order) of a two-node graph with the dtypes and
+    write flags of ``indptr`` and ``indices`` and of what :func:`node_arrays` keeps: the
+    arguments that make numba compile a PushFlowCap kernel for a served graph."""
     tiny_indptr = np.array([0, 1, 2], dtype=indptr.dtype)
     tiny_indices = np.array([1, 0], dtype=indices.dtype)
     tiny_indptr.setflags(write=indptr.flags.writeable)
@@ -166,6 +170,13 @@ def warm_up_kernel(indptr: np.ndarray, indices: np.ndarray) -> None:
     inv_degree, keeps, order = np.ones(2), np.zeros(2), np.arange(2, dtype=np.int64)
     for array in (inv_degree, keeps, order):  # as node_arrays keeps them
         array.setflags(write=False)
+    return tiny_indptr, tiny_indices, inv_degree, keeps, order
+
+
+def warm_up_kernel(indptr: np.ndarray, indices: np.ndarray) -> None:
+    """Compile (or load from numba's cache) the kernel for these index dtypes, on a two-node
+    graph, before traffic arrives."""
+    tiny_indptr, tiny_indices, inv_degree, keeps, order = warm_up_graph(indptr, indices)
     _capped_push_rounds(
         tiny_indptr, tiny_indices, inv_degree, keeps, np.ones(2), np.zeros(1, dtype=np.int64),
         False, 0.25, 1, np.zeros((2, 1)), order, True,
