@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from service.ledger import Ledger, ReleaseKey, StoredRelease
 from service.ledger.ledger import DEFAULT_STALE_AFTER_SECONDS
+from service.ledger.periods import day_start
 from service.ledger.records import Admission, ChargeReceipt
 from service.ledger.tables import Charge, utcnow
 from service.mechanisms.postprocess import RankedNode
@@ -155,13 +156,16 @@ def refund(receipt: int) -> Action:
 
 
 def age(receipt: int, by: timedelta = timedelta(hours=1)) -> Action:
-    """Make the ``receipt``-th receipt's charge look admitted ``by`` ago."""
+    """Make the ``receipt``-th receipt's charge look admitted ``by`` ago: its admission time
+    and the UTC day it records (``period_start``), so ``ledger verify`` still holds when ``by``
+    reaches back across midnight."""
 
     def act(ledger: Ledger, receipts: list[ChargeReceipt]) -> None:
         with Session(ledger.engine) as session, session.begin():
             charge = session.get(Charge, receipts[receipt].charge_id)
             assert charge is not None
             charge.created_at = utcnow() - by
+            charge.period_start = day_start(charge.created_at)
 
     return act
 
