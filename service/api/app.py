@@ -13,7 +13,7 @@ from fastapi import FastAPI
 
 from service import __version__
 from service.api.error_responses import install_error_handlers
-from service.api.observability import CACHE_EVENTS, observe_request
+from service.api.observability import CACHE_EVENTS, RequestObservation
 from service.api.openapi import install_openapi
 from service.api.pages import install_pages
 from service.api.routes import (
@@ -85,7 +85,7 @@ def create_app(settings: Settings | None = None, *, configure_logs: bool = True)
         max_body_bytes=settings.max_body_bytes,
         max_header_bytes=settings.max_header_bytes,
     )
-    app.middleware("http")(observe_request)  # outermost: request ids and logs cover the limits
+    app.add_middleware(RequestObservation)  # outermost: request ids and logs cover the limits
     install_error_handlers(app)
     app.include_router(batch.router)
     app.include_router(similar.router)  # before any /v1/embeddings/{node} route

@@ -11,7 +11,6 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -22,8 +21,10 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
     from service.privacy.modes import Mode
@@ -116,38 +117,63 @@ def request_id_from(request: Request) -> str:
     return f"{given}.{fresh}" if _SAFE_REQUEST_ID.match(given) else fresh
 
 
-async def observe_request(
-    request: Request, call_next: Callable[[Request], Awaitable[Response]]
-) -> Response:
-    """Middleware: request id, metrics and the access log line."""
-    request_id = request_id_from(request)
-    request.state.request_id = request_id
-    start = time.perf_counter()
-    status = 500
-    try:
+class RequestObservation:
+    """The outermost ASGI middleware: the request id (``request.state.request_id`` and the
+    ``X-Request-ID`` header), the metrics and the access log line of every HTTP request; an
+    exception no handler answered becomes a 500 ``internal_error`` if no response has started.
+
+    A plain ASGI middleware, not Starlette's ``BaseHTTPMiddleware``: the request runs in the
+    caller's task, with no task, stream or queue of its own per request."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        request_id = request_id_from(request)
+        request.state.request_id = request_id
+        start = time.perf_counter()
+        status = 500
+        started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, started
+            if message["type"] == "http.response.start":
+                started = True
+                status = message["status"]
+                MutableHeaders(scope=message)["X-Request-ID"] = request_id
+            await send(message)
+
         try:
-            response = await call_next(request)
-        except Exception as exc:  # not a ServiceError: those are answered by their handler
-            response = internal_error_response(request, exc)
-        status = response.status_code
-        response.headers["X-Request-ID"] = request_id
-        return response
-    finally:
-        elapsed = time.perf_counter() - start
-        route_obj = request.scope.get("route")
-        route = getattr(route_obj, "path_format", getattr(route_obj, "path", "unmatched"))
-        REQUESTS.labels(route, request.method, str(status)).inc()
-        LATENCY.labels(route, request.method).observe(elapsed)
-        access_log.info(
-            "request",
-            extra={
-                "request_id": request_id,
-                "method": request.method,
-                "route": route,
-                "status": status,
-                "duration_ms": round(elapsed * 1000, 2),
-                "account": getattr(request.state, "account_id", None),
-                "epsilon_charged": getattr(request.state, "epsilon_charged", 0.0),
-                "outcome": getattr(request.state, "outcome", "ok" if status < 400 else "error"),
-            },
-        )
+            try:
+                await self.app(scope, receive, send_with_id)
+            except Exception as exc:  # not a ServiceError: those are answered by their handler
+                if started:
+                    raise
+                await internal_error_response(request, exc)(scope, receive, send_with_id)
+        finally:
+            _observe(request, status, time.perf_counter() - start)
+
+
+def _observe(request: Request, status: int, elapsed: float) -> None:
+    """A finished request's metrics and access log line."""
+    route_obj = request.scope.get("route")
+    route = getattr(route_obj, "path_format", getattr(route_obj, "path", "unmatched"))
+    REQUESTS.labels(route, request.method, str(status)).inc()
+    LATENCY.labels(route, request.method).observe(elapsed)
+    access_log.info(
+        "request",
+        extra={
+            "request_id": request.state.request_id,
+            "method": request.method,
+            "route": route,
+            "status": status,
+            "duration_ms": round(elapsed * 1000, 2),
+            "account": getattr(request.state, "account_id", None),
+            "epsilon_charged": getattr(request.state, "epsilon_charged", 0.0),
+            "outcome": getattr(request.state, "outcome", "ok" if status < 400 else "error"),
+        },
+    )
