@@ -166,6 +166,18 @@ def _install_sqlite_hooks(engine: Engine) -> None:
         conn.exec_driver_sql(f"BEGIN {mode}")
 
 
+def autocommit_engine(engine: Engine) -> Engine:
+    """The same engine (same pool) with every statement committed on its own: on PostgreSQL
+    in autocommit, so a statement costs its own round trip and no BEGIN or COMMIT. For the
+    ledger's reads (at PostgreSQL's READ COMMITTED every statement of a transaction takes its
+    own snapshot anyway, so a read sees what it saw inside a transaction; reads take no locks
+    and write nothing) and for writes made in ONE statement, which is atomic on its own.
+    SQLite keeps its transactions: its BEGIN costs no round trip."""
+    if is_sqlite(engine):
+        return engine
+    return engine.execution_options(isolation_level="AUTOCOMMIT")
+
+
 def write_engine(engine: Engine) -> Engine:
     """The same engine (same pool), whose transactions begin IMMEDIATE on SQLite."""
     if is_sqlite(engine):

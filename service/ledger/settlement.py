@@ -22,7 +22,9 @@ from service.ledger.ledger_rows import (
 )
 from service.ledger.locked_rows import (
     CHARGES,
+    RELEASE_COLUMNS,
     RELEASES,
+    STORE_RELEASE_SETTLED,
     charge_last_sign,
     settle,
 )
@@ -163,21 +165,32 @@ class Settlement(LedgerPart):
         a no-op; a charge already refunded (e.g. reconciled) raises :class:`ChargeSettled`, and
         the answer must then be discarded, never sent.
         """
+        if not self._transactions.sqlite:
+            self._store_in_one_statement(release, idempotency_key, principal_account_id)
+            return
         with self._writing() as session:
             now = utcnow()
             moved = settle(session, release.charge_id, "released", now)
             if moved != 1:
-                state = session.scalar(select(Charge.state).where(Charge.id == release.charge_id))
-                if state == "released":
-                    return
-                raise ChargeSettled(
-                    f"charge {release.charge_id} is {state or 'missing'}: its answer is discarded",
-                    details={"charge_id": release.charge_id, "state": state},
-                )
+                _settled_before(session, release.charge_id)
+                return
             session.execute(
                 insert(RELEASES),
                 [release_values(release, idempotency_key, principal_account_id, now)],
             )
+
+    def _store_in_one_statement(
+        self, release: StoredRelease, idempotency_key: str | None, principal_account_id: int
+    ) -> None:
+        """:meth:`store_release` on PostgreSQL: the charge moved and the release inserted by
+        one statement that commits on its own (:data:`STORE_RELEASE_SETTLED`), one round trip."""
+        now = utcnow()
+        values = release_values(release, idempotency_key, principal_account_id, now)
+        params = {"s_charge_id": release.charge_id, "s_now": now}
+        params.update((f"r_{name}", values[name]) for name in RELEASE_COLUMNS)
+        with self._transactions.one_statement() as session:
+            if session.scalar(STORE_RELEASE_SETTLED, params) is None:
+                _settled_before(session, release.charge_id)
 
     def store_releases(
         self, releases: Sequence[tuple[StoredRelease, str | None, int]]
@@ -329,3 +342,15 @@ class Settlement(LedgerPart):
                 return view is not None
         except ChargeSettled:  # released between the read and the refund: its answer won
             return False
+
+
+def _settled_before(session: Session, charge_id: int) -> None:
+    """A charge that did not move to ``released`` now: stored before (a no-op), or refunded or
+    missing (:class:`ChargeSettled`: its answer is discarded, never sent)."""
+    state = session.scalar(select(Charge.state).where(Charge.id == charge_id))
+    if state == "released":
+        return
+    raise ChargeSettled(
+        f"charge {charge_id} is {state or 'missing'}: its answer is discarded",
+        details={"charge_id": charge_id, "state": state},
+    )

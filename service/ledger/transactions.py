@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from service.errors import ServiceError
 from service.ledger.database import (
+    autocommit_engine,
     is_sqlite,
     write_engine,
 )
@@ -126,9 +127,19 @@ class LedgerTransactions:
         self.engine = engine
         self.write_engine = write_engine(engine)
         self.sqlite = is_sqlite(engine)
+        self.autocommit_engine = autocommit_engine(engine)
 
     def reading(self) -> AbstractContextManager[Session]:
-        return transaction(self.engine)
+        """A read, never a write or a lock: on PostgreSQL each statement in autocommit (no
+        BEGIN and COMMIT round trips; :func:`autocommit_engine`)."""
+        return transaction(self.autocommit_engine)
+
+    def one_statement(self) -> AbstractContextManager[Session]:
+        """PostgreSQL only: a session whose every statement commits on its own, for a write
+        made in one statement (atomic by itself) and the reads around it."""
+        if self.sqlite:
+            raise RuntimeError("SQLite writes in transactions, not one statement at a time")
+        return transaction(self.autocommit_engine)
 
     def writing(self) -> AbstractContextManager[Session]:
         """A write transaction: BEGIN IMMEDIATE on SQLite (takes the write lock up front)."""
