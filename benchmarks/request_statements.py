@@ -122,6 +122,11 @@ def main() -> int:
     parser.add_argument("--queries", type=int, default=40)
     parser.add_argument("--epsilon", type=float, default=0.01)
     parser.add_argument("--k", type=int, default=10)
+    parser.add_argument(
+        "--route", choices=["ppr", "embeddings"], default="ppr",
+        help="ppr: GET /v1/ppr/{node}; embeddings: GET /v1/embeddings/{node} (DP-IE, k 256, "
+        "sigma 1e-3 unless --k is given)",
+    )  # fmt: skip
     args = parser.parse_args()
     name = f"ppr_statements_{os.getpid()}"
     url = fresh_database(args.base_url, name)
@@ -144,6 +149,8 @@ def main() -> int:
             seeds = [str(s) for s in graph.external_ids(picks)]
             headers = {"Authorization": f"Bearer {key}"}
             query = f"mode=edge&epsilon={args.epsilon}&k={args.k}"
+            if args.route == "embeddings":
+                query += "&sigma=0.001"
 
             def run(kind: str, paths: list[str], hdrs: dict[str, str]) -> None:
                 client.get(paths[0], headers=hdrs)  # warm: the first request builds caches
@@ -155,10 +162,13 @@ def main() -> int:
                 report(kind, len(paths) - 1, time.perf_counter() - start, statuses)
 
             run("healthz", ["/healthz"] * (args.queries + 1), {})
-            fresh = [f"/v1/ppr/{s}?{query}&fresh=true" for s in seeds[: args.queries + 1]]
+            route = f"/v1/{args.route}"
+            fresh = [f"{route}/{s}?{query}&fresh=true" for s in seeds[: args.queries + 1]]
             run("fresh", fresh, headers)
-            replay = [f"/v1/ppr/{s}?{query}" for s in seeds[: args.queries + 1]]
+            replay = [f"{route}/{s}?{query}" for s in seeds[: args.queries + 1]]
             run("replay", replay, headers)
+            first = [f"{route}/{s}?{query}" for s in seeds[args.queries + 1 :]]
+            run("first ask, default", first, headers)
     finally:
         drop_database(args.base_url, name)
     return 0
