@@ -61,7 +61,7 @@ def test_instant_embedding_natural_log_and_buckets() -> None:
 def test_plan_noise_scale_is_the_snapped_sensitivity_over_epsilon() -> None:
     """b = Delta / eps, Delta = sigma n plus the snapping slack MAX_K h (at most 2^-10 of it) and
     the float64 margins (2.7e-6 of it at the default degree bound and R; their values are
-    checked in tests/unit/embeddings/test_dp_sensitivity.py)."""
+    checked in tests/unit/embeddings/test_dp.py)."""
     plan = plan_dp_instant_embedding(0.5, 1e-3, 1005, rounds=100, degree_bound=10_000)
     h = dp_module.snap_grid(1e-3, 1005)
     assert h == 2.0**-22  # the largest power of two <= 1.005 / 2^22

@@ -29,7 +29,7 @@ __all__ = [
 
 #: The error of numpy's float64 log assumed by :func:`instant_embedding_rounding_margin`, in
 #: units in the last place of the result: numpy states at most 4 for its AVX-512 (SVML) log,
-#: glibc's is below 1; tests/unit/embeddings/test_instant_rounding.py measures it.
+#: glibc's is below 1; tests/unit/embeddings/test_instant.py measures it.
 LOG_ERROR_ULPS = 16
 
 
