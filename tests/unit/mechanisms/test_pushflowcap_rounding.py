@@ -222,3 +222,41 @@ def test_margin_grows_with_the_public_parameters() -> None:
         pushflowcap_rounding_margin(1000, 100, 1.0, 100)
     with pytest.raises(ValueError):  # the bound would not contract: refused, not a wrong number
         pushflowcap_rounding_margin(1000, 10**9, 1.0 - 2.0**-20, 10**6)
+
+
+def test_one_phi_step_is_within_gamma_8_at_the_cap() -> None:
+    """Claim (a) of the proof, node by node, where it is tightest: inflows a few ulps either side
+    of the cap (and of tau), the kernels' own float steps against the exact phi of the same
+    inflow, with the kernels' caps fl(d fl(sigma / (2 fl(2 - alpha)))) against the exact ones."""
+    rng = np.random.default_rng(21)
+    alpha = Fraction(1.0 - EMBEDDING_BETA)
+    bound = gamma(8)
+    worst = 0.0
+    for _ in range(3000):
+        sigma = float(10.0 ** rng.uniform(-7, 0))
+        degree = int(rng.integers(1, 10_000))
+        cap_float = degree * edge_threshold(EMBEDDING_BETA, sigma)
+        cap = degree * Fraction(sigma) / (2 * (2 - alpha))
+        ulps = rng.integers(-8, 9, 3)
+        # dense step: pushed H <= (1 + u)^2 c~, residual r; H' = fl(H + min(r, max(fl(c~ - H), 0)))
+        held = float(cap_float * rng.choice([0.0, 0.3, 0.999999, 1.0]))
+        held = min(held * (1 + float(ulps[0]) * 2.0**-52), cap_float * (1 + 2.0**-53) ** 2)
+        residual = max(cap_float - held, 0.0) * float(rng.choice([0.5, 1.0, 2.0])) + abs(
+            float(ulps[1])
+        ) * math.ulp(cap_float)
+        room = max(cap_float - held, 0.0)
+        pushed = held + min(residual, room)
+        exact = min(Fraction(held) + Fraction(residual), cap)
+        if pushed > 0:
+            worst = max(worst, float(abs(Fraction(pushed) - exact) / Fraction(pushed)))
+            assert abs(Fraction(pushed) - exact) <= Fraction(bound) * Fraction(pushed)
+        # floored step: H = min(max(fl(J - tau), 0), c~) against min(max(J - tau, 0), c)
+        tau = float(rng.choice([0.0, 1e-6, 0.25 / (0.081 * 1000)]))
+        inflow = (cap_float + tau) * (1 + float(ulps[2]) * 2.0**-52)
+        computed = min(max(inflow - tau, 0.0), cap_float)
+        exact = min(max(Fraction(inflow) - Fraction(tau), Fraction(0)), cap)
+        if computed > 0:
+            worst = max(worst, float(abs(Fraction(computed) - exact) / Fraction(computed)))
+            assert abs(Fraction(computed) - exact) <= Fraction(bound) * Fraction(computed)
+    print(f"one phi step: worst relative error {worst:.3g} against gamma_8 = {bound:.3g}")
+    assert worst > 0.1 * bound  # the cases reach near the bound's order
