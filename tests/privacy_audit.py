@@ -50,10 +50,12 @@ from service.embeddings.dp import (
     EMBEDDING_ROUNDS,
     exact_noisy_release,
     plan_dp_instant_embedding,
+    plan_for_graph,
 )
 from service.embeddings.hashing import EmbeddingHashes, embedding_hashes
 from service.embeddings.instant import instant_embedding
 from service.graph.model import Graph
+from service.graph.public_bounds import DEFAULT_MAX_DEGREE_BOUND
 from service.mechanisms.common_neighbours import (
     common_neighbour_counts,
     count_noise_scales,
@@ -715,7 +717,7 @@ def embedding_sampler(
         capped = pushflowcap_with_floor(
             graph, SEED, EMBEDDING_BETA, EMBEDDING_ROUNDS, sigma, mode, EMBEDDING_FLOOR
         )
-    plan = plan_dp_instant_embedding(epsilon, sigma, graph.n)
+    plan = plan_for_graph(epsilon, sigma, graph, rounds=EMBEDDING_ROUNDS)
     embedded = instant_embedding(capped, hashes)
 
     def sample(rng: np.random.Generator, count: int) -> np.ndarray:
@@ -750,7 +752,9 @@ def embedding_case(mode: Mode, pair: str, factor: float) -> AuditCase:
             )
             for e in (on_graph, on_neighbour)
         )
-    plan = plan_dp_instant_embedding(EPSILON, sigma, NODES)
+    plan = plan_dp_instant_embedding(
+        EPSILON, sigma, NODES, rounds=EMBEDDING_ROUNDS, degree_bound=DEFAULT_MAX_DEGREE_BOUND
+    )
     hashes = _audit_hashes(k)
     shift = np.abs(instant_embedding(capped[0], hashes) - instant_embedding(capped[1], hashes))
     loss = float(shift.sum() / plan.scale)

@@ -164,7 +164,8 @@ def test_release_is_one_graph_wide_charge_stored_and_listed(ledger: Ledger, tmp_
     )
     assert release.nodes == graph.n and release.privacy_unit == "edge"
     assert release.release_name.startswith(RELEASE_PREFIX)
-    plan = plan_dp_instant_embedding(0.5, 1e-2, graph.n)  # on sigma n + the snapping slack
+    # on sigma n, the snapping slack and the float64 margins at the public degree bound
+    plan = plan_dp_instant_embedding(0.5, 1e-2, graph.n, rounds=100, degree_bound=10_000)
     composed = dp_instant_embedding_curve(plan.epsilon) * graph.n
     assert release.epsilon == pytest.approx(graph.n * plan.epsilon)
     report = ledger.reports.exposure(delta=1e-6)
@@ -200,7 +201,7 @@ def test_node_list_release_charges_its_nodes_only(ledger: Ledger, tmp_path: Path
         ledger, graph, EmbeddingRequest(1.0, 8, 1e-3, 3, nodes=some), tmp_path,
         cap=None, rng_factory=np.random.default_rng,
     )  # fmt: skip
-    plan = plan_dp_instant_embedding(1.0, 1e-3, graph.n)
+    plan = plan_dp_instant_embedding(1.0, 1e-3, graph.n, rounds=3, degree_bound=10_000)
     assert release.nodes == 10 and release.epsilon == pytest.approx(10 * plan.epsilon)
     assert read_vectors(tmp_path / f"{release.release_name[len(RELEASE_PREFIX) :]}.npz")[1] == some
 

@@ -19,8 +19,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 
 from service.cli import main as cli_main
-from service.embeddings.dp import plan_dp_instant_embedding
+from service.embeddings.dp import EMBEDDING_ROUNDS, plan_dp_instant_embedding
 from service.graph.generate import write_generated_edge_list
+from service.graph.public_bounds import DEFAULT_MAX_DEGREE_BOUND
 from service.ledger import upgrade
 from service.privacy.modes import Mode
 from service.serving.batch import item_idempotency_key
@@ -63,7 +64,9 @@ def test_each_item_is_charged_once_and_a_retry_with_the_key_replays_it(
     first = embed_batch(client, key, nodes, "nightly-1", mode="edge", k=8, epsilon=0.25)
     assert first.status_code == 200, first.text
     body = first.json()
-    plan = plan_dp_instant_embedding(0.25, 1e-3, GRAPH_NODES)
+    plan = plan_dp_instant_embedding(
+        0.25, 1e-3, GRAPH_NODES, rounds=EMBEDDING_ROUNDS, degree_bound=DEFAULT_MAX_DEGREE_BOUND
+    )
     assert [item["node"] for item in body["items"]] == nodes
     answered = [item for item in body["items"] if "error" not in item]
     assert len(answered) == 3, [i["error"] for i in body["items"] if "error" in i]

@@ -378,8 +378,11 @@ def snapped(w: np.ndarray, h: float) -> np.ndarray:
 def test_snapping_adds_at_most_k_h_and_that_much_is_reached() -> None:
     """||round_h(w) - round_h(w')||_1 <= ||w - w'||_1 + k h (each coordinate of either rounding
     moves by at most h / 2), and an adversarial pair comes within any margin of it: so DP-IE
-    calibrates on sigma n + MAX_K h (``dp_ie_sensitivity``), not on sigma n alone."""
-    from service.embeddings.dp import MAX_K, dp_ie_sensitivity, snap_grid
+    calibrates on sigma n + MAX_K h (``dp_ie_sensitivity``, with the float64 margins), not on
+    sigma n alone."""
+    from service.embeddings.dp import MAX_K, SENSITIVITY_SLACK, dp_ie_sensitivity, snap_grid
+    from service.embeddings.instant import instant_embedding_rounding_margin
+    from service.mechanisms.pushflowcap_rounding import pushflowcap_rounding_margin
 
     rng = np.random.default_rng(8)
     k, h = 16, 2.0**-6
@@ -397,7 +400,11 @@ def test_snapping_adds_at_most_k_h_and_that_much_is_reached() -> None:
     sigma, n = 1e-3, 1005
     h = snap_grid(sigma, n)
     assert h <= sigma * n / 2**22 < 2 * h
-    assert dp_ie_sensitivity(sigma, n) == sigma * n + MAX_K * h <= sigma * n * (1 + 2.0**-10)
+    e_p = pushflowcap_rounding_margin(n, 100, EMBEDDING_BETA, 10_000)
+    e_w = instant_embedding_rounding_margin(n)
+    delta = dp_ie_sensitivity(sigma, n, rounds=100, degree_bound=10_000)
+    assert delta == (n * (sigma + 2 * e_p) + 2 * e_w + MAX_K * h) * (1 + SENSITIVITY_SLACK)
+    assert sigma * n + MAX_K * h < delta <= sigma * n * (1 + 2.0**-10 + 3e-6)
 
 
 @pytest.mark.parametrize("floor", [0.0, 0.25])
@@ -405,13 +412,13 @@ def test_snapping_adds_at_most_k_h_and_that_much_is_reached() -> None:
 def test_dp_ie_snapped_sensitivity_end_to_end(mode: Mode, floor: float) -> None:
     """The snapped pre-noise vector round_h(w), h = snap_grid(sigma, n), through the service's
     own functions (PushFlowCap with the floor, 0 being Algorithm 2): within
-    dp_ie_sensitivity(sigma, n) for every protected toggle of a few 5-node graphs and every
-    k = 2 hash function."""
+    dp_ie_sensitivity(sigma, n, ...) (degree bound 4: any 5-node graph) for every protected
+    toggle of a few 5-node graphs and every k = 2 hash function."""
     from service.embeddings.dp import dp_ie_sensitivity, snap_grid
 
     beta, sigma, n = 0.2, 0.2, 5
     h = snap_grid(sigma, n)
-    bound = dp_ie_sensitivity(sigma, n)
+    bound = dp_ie_sensitivity(sigma, n, rounds=ROUNDS, degree_bound=n - 1, beta=beta)
     hashes = all_hashes(n, 2)[::7]
     rng = np.random.default_rng(4)
     adjacency = all_graphs(n)

@@ -93,7 +93,12 @@ import secrets
 import numpy as np
 import pytest
 
-from service.embeddings.dp import DEFAULT_EMBEDDING_SIGMA, plan_dp_instant_embedding
+from service.embeddings.dp import (
+    DEFAULT_EMBEDDING_SIGMA,
+    EMBEDDING_ROUNDS,
+    plan_dp_instant_embedding,
+)
+from service.graph.public_bounds import DEFAULT_MAX_DEGREE_BOUND
 from service.mechanisms.diffusion import noise_free_prefix, noisy_diffusion
 from service.mechanisms.engine import DiffusionJob, run_jobs
 from service.privacy.modes import Mode
@@ -178,9 +183,19 @@ def _protected_cases(factor: float = 1.0) -> list[AuditCase]:
 
 
 #: sigma n over DP-IE's noise scale at epsilon 1 (the audit's), n 16 and the default sigma:
-#: below 1 by the snapping slack (dp_ie_sensitivity) and the scale's rounding up.
+#: below 1 by the snapping slack and the float64 margins (dp_ie_sensitivity, on the audit graph:
+#: its degrees are far below the default bound, taken as public here as in the audit) and the
+#: scale's rounding up.
 BOUND_SHARE = (
-    16 * DEFAULT_EMBEDDING_SIGMA / plan_dp_instant_embedding(1.0, DEFAULT_EMBEDDING_SIGMA, 16).scale
+    16
+    * DEFAULT_EMBEDDING_SIGMA
+    / plan_dp_instant_embedding(
+        1.0,
+        DEFAULT_EMBEDDING_SIGMA,
+        16,
+        rounds=EMBEDDING_ROUNDS,
+        degree_bound=DEFAULT_MAX_DEGREE_BOUND,
+    ).scale
 )
 
 

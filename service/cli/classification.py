@@ -36,7 +36,7 @@ def _num(x: float | None, fmt: str = "{:.3g}") -> str:
 
 
 def run_classification(args: argparse.Namespace) -> int:
-    from service.embeddings.dp import check_k, plan_dp_instant_embedding
+    from service.embeddings.dp import check_k, check_sigma
     from service.evaluation.classification import load_labels
     from service.evaluation.embeddings import evaluate_embeddings
     from service.evaluation.runner import default_delta, validate_parameters
@@ -48,7 +48,7 @@ def run_classification(args: argparse.Namespace) -> int:
         if not 0.0 < fraction < 1.0:
             raise InvalidParameter("fractions", f"must be in (0, 1), got {fraction}")
     for sigma in args.embedding_sigma:
-        plan_dp_instant_embedding(1.0, sigma, 1)  # range check only
+        check_sigma(sigma)
     validate_parameters(
         args.epsilon, 1, 1, args.eta, args.delta, args.beta, args.steps, ["random"], 1e-6,
         args.popular_epsilon,

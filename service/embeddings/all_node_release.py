@@ -50,7 +50,7 @@ from service.embeddings.dp import (
     check_k,
     check_sigma,
     dp_instant_embedding_curve,
-    plan_dp_instant_embedding,
+    plan_for_graph,
 )
 from service.embeddings.hashing import embedding_hashes, new_salt
 from service.embeddings.similar import INDEX_SUFFIX, POINTER, build_index, measure_recall
@@ -192,7 +192,7 @@ def release_embeddings(
     if not out_dir.is_dir():
         raise InvalidParameter("out", f"{out_dir} is not an existing directory")
     check_output_path(out_dir / POINTER, prefix=_TEMPORARY)
-    plan = plan_dp_instant_embedding(request.epsilon, request.sigma, graph.n)
+    plan = plan_for_graph(request.epsilon, request.sigma, graph, rounds=request.rounds)
     count = int(seeds.size)
     curve = dp_instant_embedding_curve(plan.epsilon) * count
     salt = version_salt(ledger, graph.version)

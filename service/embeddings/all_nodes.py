@@ -8,8 +8,9 @@ dp_instant_embedding` in `edge` mode:
    (:mod:`service.mechanisms.floored_pushflowcap`);
 2. w_s = InstantEmbedding(p_s, k) under the version's hash functions;
 3. w_s snapped to the fine grid h, plus exact rounded Laplace noise at scale dyadic_scale(b) on
-   it, b = Delta / eps rounded up with Delta = sigma n + MAX_K h
-   (:func:`service.embeddings.dp.exact_noisy_release`, :func:`plan_dp_instant_embedding`),
+   it, b = Delta / eps rounded up with Delta = n (sigma + 2 e_p) + 2 e_w + MAX_K h (raised by
+   2^-40) for these R and beta and the graph's public degree bound
+   (:func:`service.embeddings.dp.exact_noisy_release`, :func:`plan_for_graph`),
    fresh noise per seed from one OS-entropy generator, rounded to the grid ``score_grid(b)``.
 
 Step 1 runs :func:`service.embeddings.noise_free.capped_vectors`: with the floor, each seed's
@@ -34,7 +35,7 @@ from service.embeddings.dp import (
     check_k,
     check_sigma,
     exact_noisy_release,
-    plan_dp_instant_embedding,
+    plan_for_graph,
 )
 from service.embeddings.hashing import EmbeddingHashes
 from service.embeddings.noise_free import (
@@ -118,7 +119,7 @@ def edge_embeddings(
     The rows are multiples of ``grid`` (a power of two); as float32 they are exact while
     |value| < 2^24 grid (about 65,000 noise scales), which :mod:`service.embeddings.release`
     checks before it stores them as float32."""
-    plan = plan_dp_instant_embedding(epsilon, sigma, graph.n)
+    plan = plan_for_graph(epsilon, sigma, graph, rounds=rounds, beta=beta)
     exact = edge_instant_embeddings(
         graph, hashes, seeds, sigma, beta=beta, rounds=rounds, threads=threads, progress=progress
     )

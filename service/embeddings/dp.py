@@ -8,11 +8,17 @@
    edges not incident to s, answer to s only).
 2. w = InstantEmbedding(p, k) with the version's hash functions: ||w - w'||_1 <= sigma n
    (Theorem 5.1, natural log).
-3. w is snapped to the fine grid h = :func:`snap_grid` (the largest power of two <=
-   sigma n / 2^22): w_h = round_h(w), a deterministic map. Each coordinate moves by at most
-   h / 2, so ||w_h - w'_h||_1 <= sigma n + k h <= sigma n + MAX_K h <= sigma n (1 + 2^-10): the
-   plan is calibrated on that enlarged sensitivity Delta = sigma n + MAX_K h
-   (:func:`dp_ie_sensitivity`), b = Delta / eps rounded UP to six significant digits.
+   Steps 1 and 2 run in float64: the computed p~ is within e_p of the exact p in l1
+   (:func:`service.mechanisms.pushflowcap_rounding.pushflowcap_rounding_margin`, from n, R,
+   beta and the public degree bound) and the computed w~ within e_w of InstantEmbedding(p~)
+   (:func:`service.embeddings.instant.instant_embedding_rounding_margin`), so by Theorem 5.1
+   (n-Lipschitz for any nonnegative vectors) ||w~ - w~'||_1 <= n (sigma + 2 e_p) + 2 e_w.
+3. w~ is snapped to the fine grid h = :func:`snap_grid` (the largest power of two <=
+   sigma n / 2^22): w_h = round_h(w~), a deterministic map, exact in float64. Each coordinate
+   moves by at most h / 2, so ||w_h - w'_h||_1 <= n (sigma + 2 e_p) + 2 e_w + k h: the plan is
+   calibrated on Delta = (n (sigma + 2 e_p) + 2 e_w + MAX_K h)(1 + 2^-40)
+   (:func:`dp_ie_sensitivity`; the factor covers the roundings of Delta, Delta / eps and the
+   charged Delta / b), b = Delta / eps rounded UP to six significant digits.
 4. w_h + h N, N_j = round(L_j / gamma) drawn EXACTLY with gamma = h / b', b' = dyadic_scale(b)
    >= b (:func:`service.mechanisms.exact_laplace.grid_laplace`: uniform integers and exact
    comparisons only, from a fresh OS-entropy generator). Since w_h is a multiple of h, w_h + h N
@@ -38,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.embeddings.hashing import EmbeddingHashes
-from service.embeddings.instant import instant_embedding
+from service.embeddings.instant import instant_embedding, instant_embedding_rounding_margin
 from service.embeddings.parameters import (
     DEFAULT_EMBEDDING_SIGMA,
     DEFAULT_K,
@@ -51,9 +57,11 @@ from service.embeddings.parameters import (
 )
 from service.errors import InvalidParameter
 from service.graph.model import Graph
+from service.graph.public_bounds import public_degree_bound
 from service.mechanisms.exact_laplace import grid_laplace
 from service.mechanisms.floored_pushflowcap import pushflowcap_with_floor
 from service.mechanisms.postprocess import round_to_grid, score_grid
+from service.mechanisms.pushflowcap_rounding import pushflowcap_rounding_margin
 from service.mechanisms.randomness import fresh_generator
 from service.privacy.accountant import RdpCurve
 from service.privacy.curves import laplace_curve
@@ -69,18 +77,24 @@ __all__ = [
     "MAX_K",
     "MAX_SIGMA",
     "MIN_SIGMA",
+    "SENSITIVITY_SLACK",
     "DpEmbedding",
     "dp_ie_sensitivity",
     "dp_instant_embedding",
     "dp_instant_embedding_curve",
     "exact_noisy_release",
     "plan_dp_instant_embedding",
+    "plan_for_graph",
     "snap_grid",
 ]
 
 #: The snapping grid h is at most sigma n / 2^SNAP_BITS: the snapping adds at most
 #: MAX_K h <= sigma n 2^-10 to the sensitivity.
 SNAP_BITS = 22
+#: Delta is raised by this relative amount: its float64 sum, Delta / eps and the charged
+#: Delta / b are fewer than 10 roundings of at most 2^-53 each, so the real sensitivity over
+#: the drawn scale stays below the charged epsilon.
+SENSITIVITY_SLACK = 2.0**-40
 
 
 def check_sigma(sigma: float) -> float:
@@ -106,20 +120,55 @@ def snap_grid(sigma: float, n: int) -> float:
     return float(2.0 ** math.floor(math.log2(sigma * n) - SNAP_BITS))
 
 
-def dp_ie_sensitivity(sigma: float, n: int) -> float:
-    """The l1 sensitivity of the snapped embedding round_h(w), any k <= MAX_K: sigma n
-    (Theorems 4.3, 5.1) plus the snapping's MAX_K h (each coordinate of round_h(w) -
-    round_h(w') differs from that of w - w' by less than h)."""
-    return sigma * n + MAX_K * snap_grid(sigma, n)
+def dp_ie_sensitivity(
+    sigma: float, n: int, *, rounds: int, degree_bound: int, beta: float = EMBEDDING_BETA
+) -> float:
+    """The l1 sensitivity of the snapped embedding round_h(w~) as computed in float64, any
+    k <= MAX_K (module docstring, steps 1-3):
+
+        Delta = (n (sigma + 2 e_p) + 2 e_w + MAX_K h)(1 + SENSITIVITY_SLACK),
+
+    sigma n from Theorems 4.3 and 5.1; e_p PushFlowCap's float64 rounding (R = ``rounds``,
+    ``beta``, a public bound on every degree); e_w InstantEmbedding's; MAX_K h the snapping's.
+    Public parameters only: never the graph's own degrees."""
+    rounding = pushflowcap_rounding_margin(n, rounds, beta, degree_bound)
+    if not rounding <= 1.0:  # e_w holds for ||p~||_1 <= 1 + e_p <= 2
+        raise InvalidParameter("rounds", "PushFlowCap's float64 rounding margin exceeds 1")
+    exact = n * (sigma + 2.0 * rounding) + 2.0 * instant_embedding_rounding_margin(n)
+    return (exact + MAX_K * snap_grid(sigma, n)) * (1.0 + SENSITIVITY_SLACK)
 
 
-def plan_dp_instant_embedding(epsilon: float, sigma: float, n: int) -> LaplacePlan:
-    """Laplace plan of sensitivity :func:`dp_ie_sensitivity` (sigma n (1 + at most 2^-10)):
-    b = Delta / eps, rounded up."""
+def plan_dp_instant_embedding(
+    epsilon: float,
+    sigma: float,
+    n: int,
+    *,
+    rounds: int,
+    degree_bound: int,
+    beta: float = EMBEDDING_BETA,
+) -> LaplacePlan:
+    """Laplace plan of sensitivity :func:`dp_ie_sensitivity` (sigma n (1 + at most 2^-10 + the
+    rounding margins)): b = Delta / eps, rounded up. ``rounds``, ``beta`` and ``degree_bound``
+    are those of the PushFlowCap the release runs (the degree bound public:
+    :func:`plan_for_graph`)."""
     sigma = check_sigma(sigma)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise InvalidParameter("n", f"must be an integer >= 1, got {n!r}")
-    return plan_laplace(epsilon, dp_ie_sensitivity(sigma, n))
+    for name, value, low in (("n", n, 1), ("rounds", rounds, 1), ("degree_bound", degree_bound, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise InvalidParameter(name, f"must be an integer >= {low}, got {value!r}")
+    if not (isinstance(beta, int | float) and math.isfinite(beta) and 0.0 < beta < 1.0):
+        raise InvalidParameter("beta", f"must be in (0, 1), got {beta!r}")
+    sensitivity = dp_ie_sensitivity(sigma, n, rounds=rounds, degree_bound=degree_bound, beta=beta)
+    return plan_laplace(epsilon, sensitivity)
+
+
+def plan_for_graph(
+    epsilon: float, sigma: float, graph: Graph, *, rounds: int, beta: float = EMBEDDING_BETA
+) -> LaplacePlan:
+    """:func:`plan_dp_instant_embedding` for a release on ``graph``: its node count and its
+    public degree bound (:func:`service.graph.public_bounds.public_degree_bound`)."""
+    return plan_dp_instant_embedding(
+        epsilon, sigma, graph.n, rounds=rounds, degree_bound=public_degree_bound(graph), beta=beta
+    )
 
 
 def exact_noisy_release(
@@ -175,7 +224,7 @@ def dp_instant_embedding(
     mode = Mode(mode)
     if hashes.buckets.shape[0] != graph.n:
         raise InvalidParameter("hashes", "were computed for a different node set")
-    plan = plan_dp_instant_embedding(epsilon, sigma, graph.n)
+    plan = plan_for_graph(epsilon, sigma, graph, rounds=rounds, beta=beta)
     if embedded is not None:
         w = np.asarray(embedded, dtype=np.float64)
         if w.shape != (hashes.k,):

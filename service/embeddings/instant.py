@@ -10,12 +10,27 @@ m ln(1 + n ||p - p'||_1 / m) <= n ||p - p'||_1 in l1, m = |supp(p - p')|. So aft
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from service.embeddings.hashing import EmbeddingHashes
 from service.errors import InvalidParameter
+from service.privacy.floating import UNIT_ROUNDOFF, gamma
 
-__all__ = ["entering", "instant_embedding", "log_mass", "theorem_5_1_bound"]
+__all__ = [
+    "LOG_ERROR_ULPS",
+    "entering",
+    "instant_embedding",
+    "instant_embedding_rounding_margin",
+    "log_mass",
+    "theorem_5_1_bound",
+]
+
+#: The error of numpy's float64 log assumed by :func:`instant_embedding_rounding_margin`, in
+#: units in the last place of the result: numpy states at most 4 for its AVX-512 (SVML) log,
+#: glibc's is below 1; tests/unit/embeddings/test_instant.py measures it.
+LOG_ERROR_ULPS = 16
 
 
 def entering(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -58,3 +73,23 @@ def theorem_5_1_bound(p: np.ndarray, q: np.ndarray) -> float:
     if m == 0:
         return 0.0
     return float(m * np.log1p(diff.shape[0] * float(diff.sum()) / m))
+
+
+def instant_embedding_rounding_margin(n: int) -> float:
+    """e_w: a bound on ||w~ - IE(p)||_1, where w~ = :func:`instant_embedding` (p) as computed
+    in float64 and IE(p) its exact value (real ln, exact sums), for any nonnegative p of n
+    entries with ||p||_1 <= 2 and any k (docs/privacy.md, "PushFlowCap's float64 rounding"):
+
+        e_w = n gamma_1 + (2 L u + gamma_n (1 + 2 L u)) (1 + u) 2 n / e,   L = LOG_ERROR_ULPS.
+
+    Per node, y = fl(n p_v) moves ln(max(., 1)) by at most gamma_1 (at most n nodes); the log
+    errs by at most L ulp(ln y) <= 2 L u ln y; each bucket is a float sum of its +-terms, within
+    gamma_n of their absolute sum; and sum of ln y over the entering nodes is at most
+    sum y / e <= (1 + u) 2 n / e (ln y <= y / e). Raised by 2^-30 for its own roundings."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    u = UNIT_ROUNDOFF
+    log_error = 2.0 * LOG_ERROR_ULPS * u
+    logs_total = (1.0 + u) * 2.0 * n / math.e
+    margin = n * gamma(1) + (log_error + gamma(n) * (1.0 + log_error)) * logs_total
+    return margin * (1.0 + 2.0**-30)

@@ -1,9 +1,11 @@
 """Public bounds a graph is checked against before it is served.
 
 Anything the noise is calibrated with must be public: the float64 margin of the diffusion
-(kappa, :mod:`service.privacy.floating`) grows with the largest degree, so it is computed from
-a configured bound on degrees (``PPR_MAX_DEGREE_BOUND``), and a graph that exceeds the bound is
-refused rather than served with a margin that would not cover it. Likewise a configured bound
+(kappa, :mod:`service.privacy.floating`) and that of DP-IE's PushFlowCap
+(:mod:`service.mechanisms.pushflowcap_rounding`) grow with the largest degree, so they are
+computed from a configured bound on degrees (``PPR_MAX_DEGREE_BOUND``,
+:func:`public_degree_bound`), and a graph that exceeds the bound is refused rather than served
+with a margin that would not cover it. Likewise a configured bound
 on the number of edges (``PPR_EDGE_COUNT_BOUND``), when delta is derived from it.
 """
 
@@ -23,6 +25,17 @@ DEFAULT_MAX_DEGREE_BOUND = 10_000
 #: Largest accepted PPR_MAX_DEGREE_BOUND: kappa is 0.22 at 100,000 (22% more noise), and it
 #: grows as the cube of the bound.
 MAX_DEGREE_BOUND_LIMIT = 100_000
+
+
+def public_degree_bound(graph: Graph) -> int:
+    """The degree bound the float64 margins (kappa, DP-IE's rounding margin) are computed from:
+    the graph's public bound (PPR_MAX_DEGREE_BOUND, attached and checked by the serving path),
+    never its own largest degree. A graph never checked against a bound (evaluation, the
+    operator's ``query``) uses the default bound, or its own largest degree if that is higher
+    (such a margin depends on the graph, so nothing served takes that branch)."""
+    if graph.degree_bound is not None:
+        return graph.degree_bound
+    return max(DEFAULT_MAX_DEGREE_BOUND, graph.stats.degree_max)
 
 
 def check_public_bounds(

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from service.graph.model import Graph
-from service.graph.public_bounds import DEFAULT_MAX_DEGREE_BOUND
+from service.graph.public_bounds import public_degree_bound
 from service.mechanisms.grid_noise import draw_pair_noise, grid_step
 from service.mechanisms.operator import StepWorkspace, WalkOperator, aligned_block, walk_operator
 from service.privacy.calibration import DiffusionConfig
@@ -162,14 +162,10 @@ def _put_columns(dest: np.ndarray, columns: list[np.ndarray]) -> None:
 
 
 def margin_degree(graph: Graph) -> int:
-    """The degree the float64 margin kappa is computed from: the graph's public bound
-    (PPR_MAX_DEGREE_BOUND, attached and checked by the serving path), never its own largest
-    degree. A graph never checked against a bound (evaluation, the operator's ``query``) uses
-    the default bound, or its own largest degree if that is higher (such a margin depends on
-    the graph, so nothing served takes that branch)."""
-    if graph.degree_bound is not None:
-        return graph.degree_bound
-    return max(DEFAULT_MAX_DEGREE_BOUND, graph.stats.degree_max)
+    """The degree the float64 margin kappa is computed from:
+    :func:`service.graph.public_bounds.public_degree_bound` (the public bound, never the
+    graph's own largest degree when it is served)."""
+    return public_degree_bound(graph)
 
 
 class _Block:

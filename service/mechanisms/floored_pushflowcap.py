@@ -29,7 +29,9 @@ floor 0 it is Algorithm 2 itself (up to rounding: the kernel adds in another ord
 The kernel keeps the cumulative inflow I = e_s + P h and, each round, evaluates only the nodes
 whose inflow changed in the previous round (the others would compute the h they hold), then
 adds P (h^(i) - h^(i-1)) into I, node by node in the order the nodes were reached. It stops
-after a round in which no node's h changed: the recursion is then at its fixed point.
+after a round in which no node's h changed: the recursion is then at its fixed point. Its
+float64 rounding (and that of Algorithm 2's kernel) is bounded from public parameters by
+:mod:`service.mechanisms.pushflowcap_rounding`, a margin DP-IE's plan adds.
 """
 
 from __future__ import annotations

@@ -22,7 +22,10 @@ with huge thresholds the output is the truncated series alpha sum_{k<R} ((1 - al
 The kernel. :func:`pushflowcap` and :func:`pushflowcap_block` run these rounds in a compiled
 kernel (numba, fastmath off) that returns the SAME float64 vector as :func:`pushflowcap_dense`,
 the numpy/scipy rounds kept as the reference (tests/test_pushflowcap_kernel.py: array_equal,
-no tolerance), so Theorem 4.3 covers it with no new argument. Why each shortcut is exact:
+no tolerance), so Theorem 4.3 covers it with no new argument beyond the reference's own float64
+rounding, which :mod:`service.mechanisms.pushflowcap_rounding` bounds and DP-IE's plan adds (the
+evaluation-only :func:`dp_pushflowcap`, Algorithm 3, adds no such margin). Why each shortcut is
+exact:
 
 - every element-wise operation is the dense one in the same order: f = min(r, max(c - h, 0)),
   f / d as f * (1 / d), h + f, (r - f) + lazy (f (1 + keeps) + y);

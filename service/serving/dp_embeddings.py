@@ -29,7 +29,7 @@ from service.embeddings.dp import (
     EMBEDDING_ROUNDS,
     dp_instant_embedding,
     dp_instant_embedding_curve,
-    plan_dp_instant_embedding,
+    plan_for_graph,
 )
 from service.embeddings.hashing import EmbeddingHashes
 from service.embeddings.noise_free import NoiseFreeEmbeddings
@@ -157,7 +157,9 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _KeyedReplay
         """The request prepared for admission: the hash functions (not noise: before
         admission), the Laplace plan and the mechanism description."""
         hashes = self.spaces.hashes(asked.graph, asked.k)
-        plan = plan_dp_instant_embedding(asked.epsilon, asked.sigma, asked.graph.n)
+        plan = plan_for_graph(
+            asked.epsilon, asked.sigma, asked.graph, rounds=EMBEDDING_ROUNDS, beta=EMBEDDING_BETA
+        )
         block = mechanism_block(
             plan, asked.req.mode, asked.sigma, asked.k, EMBEDDING_BETA, EMBEDDING_ROUNDS,
             hashes.salt_hex,

@@ -43,9 +43,9 @@ class MechanismSettings(BaseSettings):
     )  # fmt: skip
     max_degree_bound: int = Field(
         DEFAULT_MAX_DEGREE_BOUND, ge=1, le=MAX_DEGREE_BOUND_LIMIT,
-        description="A public bound on every node's degree: the float64 margin of the "
-        "diffusion's noise (kappa) is computed from it, never from the graph's own largest "
-        "degree; a graph with a node of higher degree is refused at load.",
+        description="A public bound on every node's degree: the float64 margins of the "
+        "diffusion's noise (kappa) and of DP-IE's sensitivity are computed from it, never from "
+        "the graph's own largest degree; a graph with a node of higher degree is refused at load.",
     )  # fmt: skip
     default_cap_epsilon: float = Field(
         1.0, ge=CAP_EPSILON_MIN, le=CAP_EPSILON_MAX, description="Budget cap of new accounts."

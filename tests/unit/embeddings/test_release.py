@@ -38,7 +38,7 @@ def test_the_release_key_names_k_and_sigma_exactly() -> None:
 
 
 def test_the_statement_gives_delta_zero_for_the_exact_sampler() -> None:
-    plan = plan_dp_instant_embedding(0.5, 1e-3, 1000)
+    plan = plan_dp_instant_embedding(0.5, 1e-3, 1000, rounds=100, degree_bound=10_000)
     block = mechanism_block(plan, Mode.EDGE, 1e-3, 64, 0.9, 100, "ab" * 16)
     assert block["name"] == DP_IE and block["mode"] == "edge" and block["dimension"] == 64
     assert block["noise_scale"] == plan.scale and block["score_grid"] == score_grid(plan.scale)
