@@ -9,8 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import event
 
+from service.cache.replay_cache import ReplayCache
 from service.embeddings.dp import EMBEDDING_ROUNDS, plan_dp_instant_embedding
 from service.embeddings.hashing import embedding_hashes
 from service.embeddings.release import free_embedding_of
@@ -250,3 +253,43 @@ def test_identical_requests_at_once_are_charged_once(
     assert len({tuple(a.json()["embedding"]) for a in answers}) == 1
     assert sum(not a.json()["replayed"] for a in answers) == 1
     assert len(ledger_of(client).reports.list_charges(account_id)) == 1
+
+
+def test_a_release_gone_from_the_cache_is_replayed_through_admission_and_cached_again(
+    client: TestClient, accounts: Accounts, backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before admission a DP-IE request looks for its release in the replay cache only when
+    every worker shares it (Redis): a release evicted from it (or expired) is found by the
+    admission, under the account's lock, and replayed there, charged nothing, and cached again.
+    On PostgreSQL + Redis a first ask reads the ledger's releases once (in admission), not
+    twice; without a shared cache the ledger is read before admission as well."""
+    account_id, key = accounts.user("41")
+    ledger = ledger_of(client)
+    seen: list[str] = []
+
+    @event.listens_for(ledger.engine, "before_cursor_execute")
+    def _statement(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(" ".join(statement.split()[:4]))
+
+    first = embed(client, key, "41", k=8, epsilon=0.1)
+    assert first.status_code == 200, first.text
+    release_reads = sum(s.startswith("SELECT releases.charge_id") for s in seen)
+    assert release_reads == (1 if backend.redis_url else 2), seen
+    (charge,) = ledger.reports.list_charges(account_id)
+    stored = ledger.stored_releases.release_for_charge(charge.charge_id)
+    assert stored is not None
+    cache = client.app.state.runtime.embeddings.dp.replaying.replays  # type: ignore[attr-defined]
+    assert cache.shared is (backend.redis_url is not None)
+    monkeypatch.setattr(cache, "recent", None)  # no decoded copy in this process either
+    cache.store.delete(ReplayCache.key(stored.key))  # evicted
+    again = embed(client, key, "41", k=8, epsilon=0.1)
+    assert again.status_code == 200, again.text
+    assert again.json()["replayed"] is True and again.json()["epsilon_charged"] == 0.0
+    assert again.json()["embedding"] == first.json()["embedding"]
+    assert len(ledger.reports.list_charges(account_id)) == 1  # nothing charged
+    assert cache.store.get(ReplayCache.key(stored.key)) is not None  # cached again
+    seen.clear()
+    third = embed(client, key, "41", k=8, epsilon=0.1)
+    assert third.json()["replayed"] is True
+    assert not any(s.startswith("SELECT releases.charge_id") for s in seen)  # from the cache
+    assert ledger.reports.verify().ok

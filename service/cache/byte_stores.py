@@ -62,6 +62,9 @@ class MemoryStore:
     entries are dropped lazily. A value larger than the whole bound is not stored.
     """
 
+    #: Seen by this process only: another worker's writes are not here.
+    shared = False
+
     def __init__(
         self,
         max_bytes: int = 64 * 2**20,
@@ -156,6 +159,9 @@ class RedisStore:
     Keys are namespaced as ``ppr:<namespace>:<key>`` (``ppr:<key>`` without a namespace).
     Errors propagate: wrap it in :class:`ResilientStore` to survive an outage.
     """
+
+    #: One store for every worker and machine that uses this Redis.
+    shared = True
 
     def __init__(
         self,
@@ -322,6 +328,12 @@ class ResilientStore:
         self.fallback = fallback
         self.on_event = on_event
         self._health = _health or _Health(retry_after_seconds, clock)
+
+    @property
+    def shared(self) -> bool:
+        """True while Redis is used (every worker's writes are seen); False while degraded,
+        when lookups are served by this process's fallback."""
+        return not self._health.degraded
 
     def sibling(self, fallback: ByteStore | None) -> ResilientStore:
         """Another view of the same Redis (same outage state) with its own fallback."""

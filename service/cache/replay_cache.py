@@ -84,6 +84,12 @@ class ReplayCache(CountedCache):
         self.ttl_seconds = ttl_seconds
         self.recent = recent
 
+    @property
+    def shared(self) -> bool:
+        """True when every worker writes its releases here and reads them from here (Redis,
+        reachable now): a release stored by any worker is found, unless evicted or expired."""
+        return bool(getattr(self.store, "shared", False))
+
     def _remember(self, store_key: str, release: StoredRelease) -> None:
         if self.recent is not None:
             self.recent.put(store_key, release)

@@ -146,7 +146,7 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _KeyedReplay
                     raise IdempotencyKeyReused()
                 return Ready(self._replay(stored, asked))
         if not req.fresh:
-            stored = self.replaying.find_release(key)
+            stored = self.replaying.cached_release(key)
             if stored is not None:
                 if req.idempotency_key is not None:
                     return ToBind(_KeyedReplay(asked, stored))
@@ -255,6 +255,9 @@ class DpEmbeddings(GroupAnswers[EmbeddingRequest, EmbeddingPending, _KeyedReplay
         )
 
     def replay_admitted(self, stored: StoredRelease, p: EmbeddingPending) -> EmbeddingAnswer:
+        """An answer from the release admission joined: cached again, so the next identical
+        request is replayed before admission (prepare looks in a shared cache only)."""
+        self.replaying.cache_joined(stored)
         return self._replay(stored, p)
 
     # -- a group (GroupAnswers.answer_many): DP-IE's steps ------------------------------------

@@ -75,6 +75,25 @@ class Replayer:
             self.replays.put(stored)
         return stored
 
+    def cached_release(self, key: ReleaseKey) -> StoredRelease | None:
+        """The stored release a query may be replayed from before admission, where looking is
+        cheap. With a replay cache every worker shares (Redis, reachable), its entry only: a
+        miss (a first ask, or an entry evicted or expired) goes on to admission, which reads the
+        ledger under the account's lock and joins the release it finds, charging nothing (the
+        ledger stays the arbiter; the kind then caches that release again). Without one, the
+        ledger's, as :meth:`find_release`."""
+        if self.replays is not None and self.replays.shared:
+            hit = self.replays.get(key)
+            if hit is not None or self.replays.shared:  # still reachable: the miss is Redis's
+                return hit
+        return self.find_release(key)
+
+    def cache_joined(self, stored: StoredRelease) -> None:
+        """Cache a release that admission joined (found in the ledger, or a twin's), so the
+        next identical query replays it before admission (:meth:`cached_release`)."""
+        if self.replays is not None and self.replays.shared:
+            self.replays.put(stored)
+
     def release_for_idempotency_key(self, req: QueryRequest) -> StoredRelease | None:
         principal, idem = req.principal.account_id, req.idempotency_key or ""
         if self.replays is not None:
