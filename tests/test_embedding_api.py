@@ -269,11 +269,11 @@ def test_a_release_gone_from_the_cache_is_replayed_through_admission_and_cached_
 
     @event.listens_for(ledger.engine, "before_cursor_execute")
     def _statement(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        seen.append(" ".join(statement.split()[:4]))
+        seen.append(" ".join(statement.split()))
 
     first = embed(client, key, "41", k=8, epsilon=0.1)
     assert first.status_code == 200, first.text
-    release_reads = sum(s.startswith("SELECT releases.charge_id") for s in seen)
+    release_reads = sum("FROM releases" in s for s in seen)
     assert release_reads == (1 if backend.redis_url else 2), seen
     (charge,) = ledger.reports.list_charges(account_id)
     stored = ledger.stored_releases.release_for_charge(charge.charge_id)
@@ -291,5 +291,5 @@ def test_a_release_gone_from_the_cache_is_replayed_through_admission_and_cached_
     seen.clear()
     third = embed(client, key, "41", k=8, epsilon=0.1)
     assert third.json()["replayed"] is True
-    assert not any(s.startswith("SELECT releases.charge_id") for s in seen)  # from the cache
+    assert not any("FROM releases" in s for s in seen)  # from the cache
     assert ledger.reports.verify().ok

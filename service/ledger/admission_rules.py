@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.ledger.admission_reads import AdmissionReads
-from service.ledger.group_reads import GroupReads, ReceiptOfNewCharge
+from service.ledger.group_reads import GroupReads, ReceiptOfNewCharge, twin_and_release
 from service.ledger.idempotency import (
     EarlierCharge,
     bound_charge,
@@ -34,9 +33,7 @@ from service.ledger.records import (
     IdempotencyKeyReused,
 )
 from service.ledger.tables import (
-    Charge,
     Spend,
-    as_utc,
     utcnow,
 )
 from service.ledger.transactions import (
@@ -227,20 +224,19 @@ class AdmissionRules(LedgerPart):
             if earlier is not None:
                 return self.reused_receipt(session, earlier, writes)
         if a.release_key is not None and digest is not None:
-            twin = self._twin(session, a.charged_account_id, digest, stale_after_seconds)
-            if twin is None:
-                released = self._release_row(session, a.release_key)
-                if (
-                    released is not None
-                    and a.released_after is not None
-                    and as_utc(released.created_at) <= a.released_after
-                ):
-                    released = None  # too old for the query's refresh policy
-                twin = None if released is None else released.charge_id
+            twin, released = twin_and_release(session, a.charged_account_id, digest, a.release_key)
+            joined: int | None = None
             if twin is not None:
-                self._bind_joined(a, twin, a.charged_account_id, writes)
+                _refuse_stale_twin(twin.id, twin.last_sign, stale_after_seconds)
+                joined = twin.id
+            elif released is not None and (
+                a.released_after is None or released[1] > a.released_after
+            ):  # a release too old for the query's refresh policy is not joined
+                joined = released[0]
+            if joined is not None:
+                self._bind_joined(a, joined, a.charged_account_id, writes)
                 return ChargeReceipt(
-                    charge_id=twin, budget=budget_view(account, account), joined=True
+                    charge_id=joined, budget=budget_view(account, account), joined=True
                 )
         return None
 
@@ -300,26 +296,6 @@ class AdmissionRules(LedgerPart):
                 charge, charged_account_id
             )  # fmt: skip
             reads.bound(a.principal_account_id, a.idempotency_key, held)
-
-    def _twin(
-        self, session: Session, account_id: int, digest: str, stale_after_seconds: float
-    ) -> int | None:
-        """The in-flight charge of an identical query, if any (a stale one is reconciled)."""
-        row = session.scalars(
-            select(Charge)
-            .where(
-                Charge.charged_account_id == account_id,
-                Charge.release_key == digest,
-                Charge.state == "admitted",
-            )
-            .order_by(Charge.id.desc())
-            .limit(1)
-        ).one_or_none()
-        if row is None:
-            return None
-        last_sign = row.heartbeat_at if row.heartbeat_at is not None else row.created_at
-        _refuse_stale_twin(row.id, last_sign, stale_after_seconds)
-        return row.id
 
     def reused_receipt(
         self,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import cast
 
-from sqlalchemy import Table, bindparam, func, select
+from sqlalchemy import Table, bindparam, func, literal, select, union_all
 from sqlalchemy.orm import Session
 
 from service.ledger.idempotency import EarlierCharge, bound_charges
@@ -74,6 +74,68 @@ _RELEASED = (
         RELEASES.c.mechanism_name,
     )
 )
+
+
+#: A lone admission's two lookups in one statement: the newest in-flight charge of an identical
+#: query (``twin``: its id and last sign of life) and the newest stored release of the same key
+#: (``released``: its charge and time), at most one row of each, only the columns used.
+_TWIN_NEWEST = (
+    select(
+        literal("twin").label("kind"),
+        CHARGES.c.id.label("charge_id"),
+        charge_last_sign.label("at"),
+    )
+    .where(
+        CHARGES.c.charged_account_id == bindparam("account"),
+        CHARGES.c.release_key == bindparam("digest"),
+        CHARGES.c.state == "admitted",
+    )
+    .order_by(CHARGES.c.id.desc())
+    .limit(1)
+    .subquery()
+)
+_RELEASED_NEWEST = (
+    select(
+        literal("released").label("kind"),
+        RELEASES.c.charge_id.label("charge_id"),
+        RELEASES.c.created_at.label("at"),
+    )
+    .join(CHARGES, CHARGES.c.id == RELEASES.c.charge_id)
+    .where(
+        RELEASES.c.charged_account_id == bindparam("key_account"),
+        RELEASES.c.node == bindparam("node"),
+        RELEASES.c.graph_version == bindparam("graph_version"),
+        RELEASES.c.mode == bindparam("mode"),
+        RELEASES.c.epsilon == bindparam("epsilon"),
+        RELEASES.c.mechanism_name == bindparam("mechanism"),
+        CHARGES.c.state == "released",
+    )
+    .order_by(RELEASES.c.charge_id.desc())
+    .limit(1)
+    .subquery()
+)
+_TWIN_OR_RELEASED = union_all(select(_TWIN_NEWEST), select(_RELEASED_NEWEST))
+
+
+def twin_and_release(
+    session: Session, account_id: int, digest: str, key: ReleaseKey
+) -> tuple[EarlierCharge | None, tuple[int, datetime] | None]:
+    """For one admission (under its account's lock): the newest in-flight charge of an
+    identical query of ``account_id`` (release key ``digest``), and the charge and time of the
+    newest stored release of ``key`` (epsilon compared exactly), in one statement."""
+    twin: EarlierCharge | None = None
+    released: tuple[int, datetime] | None = None
+    params = {
+        "account": account_id, "digest": digest, "key_account": key.account_id,
+        "node": key.node, "graph_version": key.graph_version, "mode": key.mode,
+        "epsilon": float(key.epsilon), "mechanism": key.mechanism,
+    }  # fmt: skip
+    for row in session.execute(_TWIN_OR_RELEASED, params):
+        if row.kind == "twin":
+            twin = EarlierCharge(int(row.charge_id), account_id, row.at)
+        else:
+            released = (int(row.charge_id), as_utc(row.at))
+    return twin, released
 
 
 @dataclass(frozen=True)
