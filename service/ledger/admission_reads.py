@@ -22,9 +22,14 @@ from sqlalchemy.orm import Session
 
 from service.ledger.budget_rule import fits_under_cap
 from service.ledger.locked_rows import NewCharge
-from service.ledger.read_figures import ReaderFigure, has_read_graph_release, reader_figure
+from service.ledger.read_figures import (
+    ReaderFigure,
+    has_read_graph_release,
+    reader_figure,
+    write_reader_figure,
+)
 from service.ledger.records import ReadAsk, ReadCapExhausted, ReadView
-from service.ledger.tables import EncodedJson, ReadTotal, ServiceRead, utcnow
+from service.ledger.tables import EncodedJson, ServiceRead, utcnow
 from service.ledger.transactions import live_graph_release
 from service.privacy.accountant import RdpCurve
 
@@ -134,15 +139,7 @@ class AdmissionReads:
                     row = {**row, "charge_id": charge.id}
                 rows.append(row)
             state.added = []
-            figure = state.figure
-            row_total = figure.row
-            if row_total is None:
-                row_total = figure.row = ReadTotal(account_id=reader)
-                session.add(row_total)
-            row_total.rdp = figure.total.to_json()
-            row_total.pure_epsilon = figure.total.pure
-            row_total.releases = figure.releases
-            row_total.updated_at = utcnow()
+            write_reader_figure(session, reader, state.figure, utcnow())
         if rows:
             # one prepared statement per row in a pipeline, as ReadFigures.record_reads does
             session.execute(insert(ServiceRead), rows)

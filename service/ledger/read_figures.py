@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Text, insert, select, type_coerce
+from sqlalchemy import Table, Text, bindparam, insert, select, type_coerce, update
 from sqlalchemy.orm import Session
 
 from service.ledger.budget_rule import fits_under_cap
@@ -44,34 +44,72 @@ class _NewRead:
 @dataclass
 class ReaderFigure:
     """A service account's read figure as a transaction holding its spend-row lock reads it:
-    the composition and its count, the delta and cap it is checked at, and its row (None
-    before its first read)."""
+    the composition and its count, the delta and cap it is checked at, and whether its
+    ``read_totals`` row exists (not before its first read)."""
 
     total: RdpCurve
     releases: int
     delta: float
     cap: float | None
-    row: ReadTotal | None
+    stored: bool
+
+
+READ_TOTALS = cast(Table, ReadTotal.__table__)
+#: The reader's cap, delta and read total, one statement (an admission's hot path: one round
+#: trip, no ORM objects).
+_READER_FIGURE = (
+    select(
+        Account.read_cap_epsilon,
+        Budget.delta,
+        READ_TOTALS.c.account_id.label("total_of"),
+        READ_TOTALS.c.rdp,
+        READ_TOTALS.c.releases,
+    )
+    .join(Budget, Budget.account_id == Account.id)
+    .outerjoin(READ_TOTALS, READ_TOTALS.c.account_id == Account.id)
+    .where(Account.id == bindparam("reader"))
+)
+_UPDATE_READ_TOTAL = (
+    update(READ_TOTALS)
+    .where(READ_TOTALS.c.account_id == bindparam("reader"))
+    .values(
+        rdp=bindparam("rdp", type_=READ_TOTALS.c.rdp.type),
+        pure_epsilon=bindparam("pure_epsilon"),
+        releases=bindparam("releases"),
+        updated_at=bindparam("now", type_=READ_TOTALS.c.updated_at.type),
+    )
+)
 
 
 def reader_figure(session: Session, reader: int, default_cap_epsilon: float | None) -> ReaderFigure:
     """The reader's figure; its cap is its ``read_cap_epsilon``, else ``default_cap_epsilon``
     (None: no cap). An unknown account is :class:`UnknownAccount`."""
-    # one statement for the three rows (an admission's hot path: one round trip, not three)
-    found = session.execute(
-        select(Account, Budget, ReadTotal)
-        .join(Budget, Budget.account_id == Account.id)
-        .outerjoin(ReadTotal, ReadTotal.account_id == Account.id)
-        .where(Account.id == reader)
-    ).first()
+    found = session.execute(_READER_FIGURE, {"reader": reader}).first()
     if found is None:
         raise unknown_account(reader)
-    account, budget, row = found
-    delta = budget.delta
-    cap = account.read_cap_epsilon
-    cap = default_cap_epsilon if cap is None else cap
-    total = RdpCurve.zero() if row is None else RdpCurve.from_json(row.rdp)
-    return ReaderFigure(total, 0 if row is None else row.releases, delta, cap, row)
+    cap = default_cap_epsilon if found.read_cap_epsilon is None else found.read_cap_epsilon
+    stored = found.total_of is not None
+    total = RdpCurve.from_json(found.rdp) if stored else RdpCurve.zero()
+    return ReaderFigure(total, int(found.releases) if stored else 0, found.delta, cap, stored)
+
+
+def write_reader_figure(session: Session, reader: int, figure: ReaderFigure, now: Any) -> None:
+    """Write the reader's figure (``total``, ``releases``) to its ``read_totals`` row, made on
+    its first read; under the reader's spend-row lock, so no two transactions make it."""
+    values = {
+        "rdp": figure.total.to_json(), "pure_epsilon": figure.total.pure,
+        "releases": figure.releases, "now": now,
+    }  # fmt: skip
+    if figure.stored:
+        session.execute(_UPDATE_READ_TOTAL, {"reader": reader, **values})
+        return
+    session.execute(
+        insert(READ_TOTALS).values(
+            account_id=reader, rdp=values["rdp"], pure_epsilon=values["pure_epsilon"],
+            releases=values["releases"], updated_at=now,
+        )
+    )  # fmt: skip
+    figure.stored = True
 
 
 def has_read_graph_release(session: Session, reader: int, graph_release_id: int) -> bool:
@@ -111,7 +149,7 @@ class ReadFigures(LedgerPart):
         with self._writing() as session:
             self._lock_principal(session, reader_account_id)
             figure = reader_figure(session, reader_account_id, default_cap_epsilon)
-            delta, cap, total_row = figure.delta, figure.cap, figure.row
+            delta, cap = figure.delta, figure.cap
             total, count = figure.total, figure.releases
             new: list[_NewRead] = []
             wanted = sorted(set(charge_ids))
@@ -170,14 +208,8 @@ class ReadFigures(LedgerPart):
                     for read in new
                 ],
             )  # fmt: skip
-            if total_row is None:
-                total_row = ReadTotal(account_id=reader_account_id)
-                session.add(total_row)
-            total_row.rdp = composed.to_json()
-            total_row.pure_epsilon = composed.pure
-            total_row.releases = count + len(new)
-            total_row.updated_at = now
-            session.flush()
+            figure.total, figure.releases = composed, count + len(new)
+            write_reader_figure(session, reader_account_id, figure, now)
             return ReadView(reader_account_id, after, delta, count + len(new), cap)
 
     def read_view(self, account_id: int, *, default_cap_epsilon: float | None = None) -> ReadView:
