@@ -154,27 +154,33 @@ def _a_worker_killed_while_asked(
     worker storing the release of an admitted charge is SIGKILLed before that release commits,
     every time. The test holds the ``releases`` table locked (SHARE: reads go on, inserts wait)
     until a worker's ledger session waits on it: that worker has admitted a charge, drawn its
-    answer and marked the charge released in a transaction that cannot commit. The worker is
+    answer and is storing its release in a statement that cannot complete. The worker is
     found by the client port of that session (every worker if it has none: a Unix socket),
-    killed, and the lock is let go only once it is dead; its transaction rolls back, so its
-    charge stays admitted, while the other worker stores and answers its own. Then the day's
-    live charges (admitted ones included: nothing is given back on a guess) are under the cap,
-    every answer has its released charge, at least one charge is left admitted, the reconciler
-    refunds exactly those, ledger verify passes, and uvicorn's supervisor forks a worker in
-    place of the dead one."""
+    killed, its database session ended, and the lock is let go only then; its store rolls
+    back, so its charge stays admitted, while the other worker stores and answers its own.
+    Then the day's live charges (admitted ones included: nothing is given back on a guess) are
+    under the cap, every answer has its released charge, at least one charge is left admitted,
+    the reconciler refunds exactly those, ledger verify passes, and uvicorn's supervisor forks a
+    worker in place of the dead one."""
     with open_ledger(postgres_url) as ledger:
         ledger.budgets.set_period(account_id, period="day", period_cap_epsilon=0.2)
         # the lock goes first on the way out: the requests it holds are then answered
         with ThreadPoolExecutor(max_workers=24) as pool, ledger.engine.connect() as lock:
             lock.execute(text("LOCK TABLE releases IN SHARE MODE"))  # until lock.rollback()
             futures = [pool.submit(_or_lost, ask, i) for i in range(24)]
-            port = _client_port_storing_a_release(ledger.engine)
+            port, session = _session_storing_a_release(ledger.engine)
             workers = worker_pids(server.pid)
             victims = [p for p in workers if _has_client_port(p, port)] or workers
             for pid in victims:  # [all workers] only where the connection is not TCP
                 os.kill(pid, signal.SIGKILL)
             for pid in victims:
                 _wait_gone(pid)
+            # The database drops the dead worker's session, as PostgreSQL does once it sees
+            # the client gone (client_connection_check_interval, TCP keepalives). Left
+            # running, its store (one statement on PostgreSQL) would complete when the lock
+            # goes: the release stored and its charge released, replayable, nothing lost.
+            with ledger.engine.connect() as admin:
+                admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": session})
             lock.rollback()
             responses = [future.result() for future in futures]
         answered = {
@@ -199,23 +205,23 @@ def _or_lost(ask: Callable[[int], httpx.Response], i: int) -> httpx.Response | N
         return None  # the connection died with its worker
 
 
-def _client_port_storing_a_release(engine: Engine) -> int:
-    """The client port of the first ledger session of this database found waiting for the
-    ``releases`` table's lock (-1 over a Unix socket)."""
+def _session_storing_a_release(engine: Engine) -> tuple[int, int]:
+    """The client port (-1 over a Unix socket) and the server pid of the first ledger session
+    of this database found waiting for the ``releases`` table's lock."""
     deadline = time.monotonic() + 30
     with engine.connect() as conn:
         while True:
-            port = conn.execute(
+            row = conn.execute(
                 text(
-                    "SELECT coalesce(a.client_port, -1) FROM pg_locks l "
+                    "SELECT coalesce(a.client_port, -1), a.pid FROM pg_locks l "
                     "JOIN pg_stat_activity a ON a.pid = l.pid "
                     "WHERE a.datname = current_database() AND l.locktype = 'relation' "
                     "AND l.relation = 'releases'::regclass AND NOT l.granted LIMIT 1"
                 )
-            ).scalar()
+            ).first()
             conn.rollback()  # a new snapshot of pg_stat_activity each time
-            if port is not None:
-                return int(port)
+            if row is not None:
+                return int(row[0]), int(row[1])
             assert time.monotonic() < deadline, "no worker came to store a release"
             time.sleep(0.005)
 

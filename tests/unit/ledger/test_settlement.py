@@ -13,6 +13,7 @@ from sqlalchemy import event, func, select
 
 from service.ledger import ChargeSettled, Ledger, ReleaseKey, StoredRelease
 from service.ledger.database import upgrade
+from service.ledger.settlement import Settlement
 from service.ledger.tables import Charge, Release
 from service.mechanisms.postprocess import RankedNode
 from service.privacy.curves import laplace_curve
@@ -122,11 +123,12 @@ def _race(ledger: Ledger, account: int, charge_id: int) -> dict[str, str]:
     what each of them made of it."""
     barrier = threading.Barrier(2)
     result: dict[str, str] = {}
+    settlement: Settlement = ledger.settlement
 
     def store() -> None:
         barrier.wait()
         try:
-            ledger.settlement.store_release(
+            settlement.store_release(
                 _release(account, charge_id), idempotency_key=None, principal_account_id=account
             )
             result["store"] = "stored"
@@ -136,7 +138,7 @@ def _race(ledger: Ledger, account: int, charge_id: int) -> dict[str, str]:
     def refund() -> None:
         barrier.wait()
         try:
-            ledger.settlement.refund(charge_id, reason="race")
+            settlement.refund(charge_id, reason="race")
             result["refund"] = "refunded"
         except ChargeSettled:
             result["refund"] = "refused"
