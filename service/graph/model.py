@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse as sp
 
 from service.errors import UnknownNode
 from service.graph.node_ids import NodeIds
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,8 @@ class Graph:
     @cached_property
     def adjacency(self) -> sp.csr_matrix:
         """0/1 symmetric adjacency as a float64 CSR matrix sharing the index arrays."""
+        import scipy.sparse as sp  # here: the commands that only read a graph's ids skip it
+
         data = np.ones(self.indices.shape[0], dtype=np.float64)
         return sp.csr_matrix((data, self.indices, self.indptr), shape=(self.n, self.n))
 
