@@ -128,8 +128,11 @@ def test_computed_within_margin_of_exact(name: str, graph: Graph) -> None:
                 graph.n, rounds, EMBEDDING_BETA, degree_bound
             )
             seeds = sorted({0, graph.n - 1}) if rounds < 100 or graph.n < 20 else [0]
+            # 100 uncapped rounds in rationals on 30 nodes take seconds each: that regime is
+            # covered on the smaller graphs, and at 1 and 3 rounds here
+            sigmas = SIGMAS if rounds < 100 or graph.n < 20 else SIGMAS[:2]
             for mode in (P, E):
-                for sigma in SIGMAS:
+                for sigma in sigmas:
                     for seed in seeds:
                         exact = exact_for(name, seed, rounds, sigma, mode, floor)
                         measured = l1_error(run(graph, seed, rounds, sigma, mode), exact)
@@ -142,8 +145,8 @@ def test_computed_within_margin_of_exact(name: str, graph: Graph) -> None:
 def test_block_kernel_within_margin() -> None:
     """A block of seeds (the all-node release at floor 0) is bit for bit each seed's dense run,
     so the same margin covers it; checked on one graph against the exact recursion."""
-    _, graph = GRAPHS[-1]
-    seeds = np.array([0, 7, 7, 29])
+    graph = dict(GRAPHS)["random 12"]
+    seeds = np.array([0, 7, 7, 11])
     margin = pushflowcap_rounding_margin(graph.n, 100, EMBEDDING_BETA, int(graph.degrees.max()))
     block = pushflowcap_block(graph, seeds, EMBEDDING_BETA, 100, 0.3, E, skip_idle=True)
     for column, seed in enumerate(seeds):
@@ -190,6 +193,8 @@ def test_a_coarser_kernel_is_caught() -> None:
             assert l1_error(coarse, exact) > 100 * margin
             for floor, run, _ in KERNELS.values():
                 for sigma in SIGMAS:
+                    if too_small:  # one case is enough (and the uncapped 30-node ones are slow)
+                        break
                     exact = exact_for(name, 0, 100, sigma, mode, floor)
                     too_small += l1_error(run(graph, 0, 100, sigma, mode), exact) > margin / 1000
     assert too_small > 0
