@@ -137,7 +137,13 @@ class RequestObservation:
         request.state.request_id = request_id
         start = time.perf_counter()
         status = 500
-        started = False
+        started = observed = False
+
+        def observe() -> None:
+            nonlocal observed
+            if not observed:
+                observed = True
+                _observe(request, status, time.perf_counter() - start)
 
         async def send_with_id(message: Message) -> None:
             nonlocal status, started
@@ -145,6 +151,8 @@ class RequestObservation:
                 started = True
                 status = message["status"]
                 MutableHeaders(scope=message)["X-Request-ID"] = request_id
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                observe()  # before the last of the body is sent: logged when it is received
             await send(message)
 
         try:
@@ -155,7 +163,7 @@ class RequestObservation:
                     raise
                 await internal_error_response(request, exc)(scope, receive, send_with_id)
         finally:
-            _observe(request, status, time.perf_counter() - start)
+            observe()
 
 
 def _observe(request: Request, status: int, elapsed: float) -> None:
