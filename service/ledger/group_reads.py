@@ -9,6 +9,9 @@ statement for the whole group, made after the group's locks are taken (so no cha
 accounts can be added meanwhile), and the charges the group itself adds are kept here, so a
 later query of the group finds an earlier one's exactly as a read after a write would.
 
+A query admitted alone reads its twin and its key's newest release with one statement of the
+same two lookups (:func:`twin_and_release`).
+
 Charges of these accounts can still change state under us (a release is stored, a refund is
 made), as they can between one query's reads and its commit: a twin that was released joins
 as before, and one that was refunded is admitted again by the caller.

@@ -69,15 +69,21 @@ _READER_FIGURE = (
     .outerjoin(READ_TOTALS, READ_TOTALS.c.account_id == Account.id)
     .where(Account.id == bindparam("reader"))
 )
+#: A reader's ``read_totals`` row as written: its first read inserts it, later ones update it
+#: (parameters ``reader``, ``rdp``, ``pure_epsilon``, ``releases``, ``now``).
+_READ_TOTAL_VALUES = {
+    "rdp": bindparam("rdp", type_=READ_TOTALS.c.rdp.type),
+    "pure_epsilon": bindparam("pure_epsilon"),
+    "releases": bindparam("releases"),
+    "updated_at": bindparam("now", type_=READ_TOTALS.c.updated_at.type),
+}
+_INSERT_READ_TOTAL = insert(READ_TOTALS).values(
+    account_id=bindparam("reader"), **_READ_TOTAL_VALUES
+)
 _UPDATE_READ_TOTAL = (
     update(READ_TOTALS)
     .where(READ_TOTALS.c.account_id == bindparam("reader"))
-    .values(
-        rdp=bindparam("rdp", type_=READ_TOTALS.c.rdp.type),
-        pure_epsilon=bindparam("pure_epsilon"),
-        releases=bindparam("releases"),
-        updated_at=bindparam("now", type_=READ_TOTALS.c.updated_at.type),
-    )
+    .values(**_READ_TOTAL_VALUES)
 )
 
 
@@ -96,19 +102,11 @@ def reader_figure(session: Session, reader: int, default_cap_epsilon: float | No
 def write_reader_figure(session: Session, reader: int, figure: ReaderFigure, now: Any) -> None:
     """Write the reader's figure (``total``, ``releases``) to its ``read_totals`` row, made on
     its first read; under the reader's spend-row lock, so no two transactions make it."""
-    values = {
-        "rdp": figure.total.to_json(), "pure_epsilon": figure.total.pure,
+    params = {
+        "reader": reader, "rdp": figure.total.to_json(), "pure_epsilon": figure.total.pure,
         "releases": figure.releases, "now": now,
     }  # fmt: skip
-    if figure.stored:
-        session.execute(_UPDATE_READ_TOTAL, {"reader": reader, **values})
-        return
-    session.execute(
-        insert(READ_TOTALS).values(
-            account_id=reader, rdp=values["rdp"], pure_epsilon=values["pure_epsilon"],
-            releases=values["releases"], updated_at=now,
-        )
-    )  # fmt: skip
+    session.execute(_UPDATE_READ_TOTAL if figure.stored else _INSERT_READ_TOTAL, params)
     figure.stored = True
 
 
