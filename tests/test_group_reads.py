@@ -14,22 +14,26 @@ Real SQLite and PostgreSQL (no mocks).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from service.ledger import Ledger, ReleaseKey, StoredRelease
+from service.ledger import DegreeCharge, Ledger, ReleaseKey, StoredRelease
 from service.ledger.ledger import DEFAULT_STALE_AFTER_SECONDS
 from service.ledger.periods import day_start
-from service.ledger.records import Admission, ChargeReceipt
+from service.ledger.records import Admission, ChargeReceipt, ReadAsk
 from service.ledger.tables import Charge, utcnow
 from service.mechanisms.postprocess import RankedNode
 from service.privacy.accountant import RdpCurve
 from service.privacy.calibration import plan_diffusion
+from service.privacy.curves import laplace_curve
 from service.privacy.modes import Mode
 
 DELTA = 3e-6
@@ -419,3 +423,76 @@ def test_a_twin_younger_than_stale_after_seconds_is_joined_not_refunded(
     first, twin = played.receipts
     assert twin.joined and twin.charge_id == first.charge_id
     assert played.states == {first.charge_id: "admitted"}
+
+
+def _statements_of(ledger: Ledger, run: Callable[[], Any]) -> tuple[Any, int]:
+    """What ``run()`` returns, and how many SQL statements it sent (every engine). SQLite
+    inserts a group's charges one row at a time (in process, no round trip), which is not
+    counted; PostgreSQL sends them as one statement in a pipeline."""
+    sent: list[str] = []
+    sqlite = ledger.engine.dialect.name == "sqlite"
+
+    def count(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        if not (sqlite and statement.startswith("INSERT INTO charges")):
+            sent.append(statement)
+
+    event.listen(Engine, "before_cursor_execute", count)
+    try:
+        return run(), len(sent)
+    finally:
+        event.remove(Engine, "before_cursor_execute", count)
+
+
+def test_a_personalized_group_reads_degree_quota_and_graph_release_once(ledger: Ledger) -> None:
+    """A service account's group of personalized ``blended`` queries (its quota checked, its
+    reads counted, each seed user paying the degree release with its first answer): the
+    group's statements do not grow with its size (the degree charges paid before the group,
+    the quota window and the graph release are read once for the group, and no charge is
+    written before the end), and every user pays the release once: not again if it paid
+    before the group, once for two queries in the group."""
+    epsilon_d = 0.05
+    degree = DegreeCharge("g1", epsilon_d, laplace_curve(epsilon_d))
+    service = ledger.accounts.create_account(
+        "service", cap_epsilon=100.0, delta=DELTA, modes=("edge", "personalized"),
+        may_create_seed_accounts=True, quota_epsilon=100.0,
+    ).account_id  # fmt: skip
+    read = ReadAsk(default_cap_epsilon=None, graph_release=("g1", "degree_release"))
+
+    def users(count: int, first: int) -> list[int]:
+        return [
+            ledger.accounts.create_account(
+                "user", node_id=str(first + i), cap_epsilon=10.0, delta=DELTA
+            ).account_id
+            for i in range(count)
+        ]
+
+    def ask(user: int, i: int) -> Admission:
+        return Admission(
+            charged_account_id=user, principal_account_id=service, seed=f"n{user}-{i}",
+            mechanism="blended", mode="personalized", params={"name": "blended"},
+            query_curve=laplace_curve(0.1), query_epsilon=0.1, graph_version="g1",
+            request_id=f"req-{user}-{i}", quota_epsilon=100.0, degree=degree, read=read,
+        )  # fmt: skip
+
+    counts = []
+    for size, first in ((3, 100), (9, 200)):
+        group = users(size, first)
+        paid_before = ledger.admission.admit_and_charge(ask(group[0], 0))
+        assert paid_before.degree_epsilon == epsilon_d
+        asks = [ask(user, 1) for user in group] + [ask(group[1], 2)]
+        outcomes, statements = _statements_of(
+            ledger, functools.partial(ledger.admission.admit_and_charge_many, asks)
+        )
+        counts.append(statements)
+        assert all(isinstance(o, ChargeReceipt) for o in outcomes), outcomes
+        paid = [o.degree_epsilon for o in outcomes if isinstance(o, ChargeReceipt)]
+        # group[0] paid before the group; group[1] pays with its first query, not its second
+        assert paid == [0.0] + [epsilon_d] * (size - 1) + [0.0]
+        for user in group:
+            degree_charges = [
+                c for c in ledger.reports.list_charges(user) if c.mechanism == "degree_release"
+            ]
+            assert len(degree_charges) == 1
+    assert counts[0] == counts[1], counts
+    report = ledger.reports.verify()  # the quota buckets hold every charge to others
+    assert report.ok, report.mismatches

@@ -29,7 +29,7 @@ from service.ledger.read_figures import (
     write_reader_figure,
 )
 from service.ledger.records import ReadAsk, ReadCapExhausted, ReadView
-from service.ledger.tables import EncodedJson, ServiceRead, utcnow
+from service.ledger.tables import EncodedJson, GraphRelease, ServiceRead, utcnow
 from service.ledger.transactions import live_graph_release
 from service.privacy.accountant import RdpCurve
 
@@ -62,6 +62,9 @@ class AdmissionReads:
 
     def __init__(self) -> None:
         self._readers: dict[int, _Reader] = {}
+        #: The live graph-wide releases asked for, by (graph version, mechanism), read once
+        #: per transaction (a group's readers ask for the one degree release, query after query).
+        self._graph_releases: dict[tuple[str, str], GraphRelease | None] = {}
 
     def check(
         self,
@@ -92,7 +95,7 @@ class AdmissionReads:
         ]  # fmt: skip
         release_id = None
         if ask.graph_release is not None:
-            release = live_graph_release(session, *ask.graph_release)
+            release = self._live_graph_release(session, ask.graph_release)
             if release is not None and release.id not in state.graph_releases:
                 if not has_read_graph_release(session, reader, release.id):
                     release_id = release.id
@@ -114,6 +117,11 @@ class AdmissionReads:
                 )  # fmt: skip
                 raise ReadCapExhausted(before, after)
         return PendingRead(reader, composed, rows, release_id)
+
+    def _live_graph_release(self, session: Session, asked: tuple[str, str]) -> GraphRelease | None:
+        if asked not in self._graph_releases:
+            self._graph_releases[asked] = live_graph_release(session, *asked)
+        return self._graph_releases[asked]
 
     def keep(self, pending: PendingRead, charge: NewCharge) -> None:
         """Count ``pending`` (checked by :meth:`check`) for ``charge``, added since."""

@@ -109,11 +109,11 @@ class AdmissionRules(LedgerPart):
         if not isinstance(query_curve, RdpCurve):
             raise TypeError("query_curve must be an RdpCurve")
         quota = a.quota_epsilon is not None and a.principal_account_id != a.charged_account_id
-        reads_charges = quota or (
-            reads is None and (a.idempotency_key is not None or a.release_key is not None)
-        )
-        if reads_charges:
-            writes.write_charges(session)  # the charges this transaction added must be visible
+        if reads is None and (quota or a.idempotency_key is not None or a.release_key is not None):
+            # alone: the charges this transaction added must be visible to the reads below. A
+            # group's reads hold what it added (``reads``), its quota windows add what it
+            # charged, and a period's window writes them itself before reading.
+            writes.write_charges(session)
         release_key = a.release_key
         digest = release_key.digest() if release_key is not None else None
         earlier: ChargeReceipt | ReceiptOfNewCharge | None
@@ -127,7 +127,7 @@ class AdmissionRules(LedgerPart):
             return earlier
         degree = a.degree
         if degree is not None and self._quota_and_degree.paid_degree(
-            session, a.charged_account_id, degree, writes
+            session, a.charged_account_id, degree, writes, reads
         ):
             degree = None
         spent = spent_curve(account)

@@ -1,10 +1,11 @@
 """What the admissions of a group read of earlier charges and releases, read once per group.
 
-Admitting one query reads, under its account's lock, up to three things: the charge its
+Admitting one query reads, under its account's lock, up to four things: the charge its
 Idempotency-Key is bound to, an identical query's charge still in flight (a
-twin), and an identical query's stored release. A group admitted one query at a time would
+twin), an identical query's stored release, and (for an answer built on the degree release)
+the account's charge for that release. A group admitted one query at a time would
 make those reads per query, each after writing the group's charges so far so that they are
-seen: up to three round trips per query while the account's row is locked. Here each is one
+seen: up to four round trips per query while the account's row is locked. Here each is one
 statement for the whole group, made after the group's locks are taken (so no charge of these
 accounts can be added meanwhile), and the charges the group itself adds are kept here, so a
 later query of the group finds an earlier one's exactly as a read after a write would.
@@ -33,10 +34,11 @@ from service.ledger.records import (
     Admission,
     BudgetView,
     ChargeReceipt,
+    DegreeCharge,
     QuotaWindow,
     ReleaseKey,
 )
-from service.ledger.tables import Charge, Release, as_utc
+from service.ledger.tables import DEGREE_RELEASE_CHARGE, Charge, Release, as_utc
 
 CHARGES = cast(Table, Charge.__table__)
 RELEASES = cast(Table, Release.__table__)
@@ -78,6 +80,16 @@ _RELEASED = (
     )
 )
 
+#: The live degree-release charges of a group's accounts (``uq_charges_degree_release_live``
+#: keeps one per account, version and epsilon); the exact triples are picked in Python.
+_DEGREE_PAID = select(
+    CHARGES.c.charged_account_id, CHARGES.c.graph_version, CHARGES.c.epsilon
+).where(
+    CHARGES.c.charged_account_id.in_(bindparam("accounts", expanding=True)),
+    CHARGES.c.mechanism == DEGREE_RELEASE_CHARGE,
+    CHARGES.c.graph_version.in_(bindparam("versions", expanding=True)),
+    CHARGES.c.state != "refunded",
+)
 
 #: A lone admission's two lookups in one statement: the newest in-flight charge of an identical
 #: query (``twin``: its id and last sign of life) and the newest stored release of the same key
@@ -166,10 +178,13 @@ class GroupReads:
         twins: dict[tuple[int, str], EarlierCharge],
         released: dict[ReleaseKey, tuple[int, datetime]],  # charge and time of the newest
         by_key: dict[tuple[int, str], EarlierCharge],
+        degree_paid: set[tuple[int, str, float]] | None = None,
     ) -> None:
         self._twins = twins
         self._released = released
         self._by_key = by_key
+        #: (account, graph version, epsilon) of the degree releases paid before the group.
+        self._degree_paid = set() if degree_paid is None else degree_paid
         self._new_twins: dict[tuple[int, str], NewCharge] = {}
         self._new_by_key: dict[tuple[int, str], NewCharge | EarlierCharge] = {}
         #: Each quota-checked principal's 24-hour window, read at its first check in the
@@ -182,7 +197,10 @@ class GroupReads:
         digests: dict[int, set[str]] = {}
         keys: list[ReleaseKey] = []
         idempotency: set[tuple[int, str]] = set()
+        degrees: set[tuple[int, str, float]] = set()
         for a in admissions:
+            if a.degree is not None:
+                degrees.add((a.charged_account_id, a.degree.graph_version, float(a.degree.epsilon)))
             if a.release_key is not None:
                 keys.append(a.release_key)
                 digests.setdefault(a.charged_account_id, set()).add(a.release_key.digest())
@@ -192,7 +210,13 @@ class GroupReads:
             _read_twins(session, digests),
             _read_released(session, keys),
             _read_by_key(session, idempotency),
+            _read_degree_paid(session, degrees),
         )
+
+    def degree_paid(self, account_id: int, degree: DegreeCharge) -> bool:
+        """Whether the account had a live charge for this degree release before the group
+        (the group's own are on :attr:`AdmissionWrites.degree_paid`)."""
+        return (account_id, degree.graph_version, float(degree.epsilon)) in self._degree_paid
 
     def new_twin(self, account_id: int, digest: str) -> NewCharge | None:
         """The newest charge of this group for an identical query (still in flight)."""
@@ -271,3 +295,19 @@ def _read_by_key(
     session: Session, wanted: set[tuple[int, str]]
 ) -> dict[tuple[int, str], EarlierCharge]:
     return bound_charges(session, wanted) if wanted else {}
+
+
+def _read_degree_paid(
+    session: Session, wanted: set[tuple[int, str, float]]
+) -> set[tuple[int, str, float]]:
+    if not wanted:
+        return set()
+    params = {
+        "accounts": sorted({account for account, _, _ in wanted}),
+        "versions": sorted({version for _, version, _ in wanted}),
+    }
+    found = {
+        (int(row.charged_account_id), str(row.graph_version), float(row.epsilon))
+        for row in session.execute(_DEGREE_PAID, params)
+    }
+    return found & wanted  # epsilon compared exactly, as the lone lookup's SQL compares it

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from service.errors import ServiceError
 from service.ledger.budget_rule import fits_under_cap
+from service.ledger.group_reads import GroupReads
 from service.ledger.idempotency import PopularQuery, bound_query
 from service.ledger.ledger_rows import (
     aware_utc,
@@ -213,13 +214,21 @@ class QuotaAndDegree(LedgerPart):
 
     @staticmethod
     def paid_degree(
-        session: Session, account_id: int, degree: DegreeCharge, writes: AdmissionWrites
+        session: Session,
+        account_id: int,
+        degree: DegreeCharge,
+        writes: AdmissionWrites,
+        reads: GroupReads | None = None,
     ) -> bool:
         """Whether the account has a live charge for this degree release (read under the
-        account's spend lock; the unique index ``uq_charges_degree_release_live`` backs it)."""
+        account's spend lock; the unique index ``uq_charges_degree_release_live`` backs it):
+        charged in this transaction, else, in a group, as the group read it under its locks
+        (``reads``), else read now."""
         key = (account_id, degree.graph_version, float(degree.epsilon))
         if key in writes.degree_paid:
             return True
+        if reads is not None:
+            return reads.degree_paid(account_id, degree)
         return QuotaAndDegree._degree_charge_id(session, account_id, degree) is not None
 
     def admit_degree_release(
