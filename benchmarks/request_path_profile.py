@@ -112,7 +112,7 @@ def main() -> None:
         totals: dict[str, float] = defaultdict(float)
         for stage, names in STAGES.items():
             instrument(getattr(queries, stage), names, stage, totals)
-        instrument(queries.drawing.reads, ["record", "record_group"], "reads", totals)
+        instrument(queries.drawing.reads, ["record"], "reads", totals)
         instrument(queries.engine, ["compute"], "engine", totals)
         instrument(queries.prefixes, ["lookup", "remember"], "prefixes", totals)
         count_statements(totals)
