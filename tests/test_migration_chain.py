@@ -47,6 +47,7 @@ OLD_REVISIONS = [
     "0011_synthetic_release_charges",
     "0012_charge_heartbeat",
     "0013_budget_periods",
+    "0014_quota_buckets",
 ]
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterator, Sequence
+from itertools import pairwise
 from typing import Any, overload
 
 import numpy as np
@@ -128,6 +129,10 @@ class StoredResults(Sequence[RankedNode]):
             scores = self._scores[index].tolist()
             if self._names is not None:
                 names = self._names[index]
+            elif positions.step == 1:  # a run of ids (a top k): their offsets read at once
+                ends = self._offsets[positions.start : positions.stop + 1].tolist()
+                data = self._data
+                names = [data[lo:hi].decode("utf-8") for lo, hi in pairwise(ends)]
             else:
                 names = [self._name(i) for i in positions]
             return [RankedNode(n, s) for n, s in zip(names, scores, strict=True)]

@@ -34,6 +34,7 @@ from service.ledger.records import (
     ChargeSettled,
     StoredRelease,
 )
+from service.ledger.release_rows import STORE_RELEASES_SETTLED, release_columns
 from service.ledger.synthesis_jobs import SynthesisJobs
 from service.ledger.tables import (
     Charge,
@@ -196,13 +197,16 @@ class Settlement(LedgerPart):
         self, releases: Sequence[tuple[StoredRelease, str | None, int]]
     ) -> list[ChargeSettled | None]:
         """Store many released answers, each with its idempotency key and principal, and mark
-        their charges ``released``, in ONE transaction: per release None (stored, or stored
-        before) or :class:`ChargeSettled` (its charge was refunded: discard that answer).
+        their charges ``released``, in ONE transaction (on PostgreSQL one statement committed
+        on its own): per release None (stored, or stored before) or :class:`ChargeSettled`
+        (its charge was refunded: discard that answer).
 
         As :meth:`store_release` for each, and it must commit before any of them is answered.
         """
         if not releases:
             return []
+        if not self._transactions.sqlite:
+            return self._store_many_in_one_statement(releases)
         ids = [release.charge_id for release, _, _ in releases]
         with self._writing() as session:
             now = utcnow()
@@ -233,12 +237,8 @@ class Settlement(LedgerPart):
                 if release.charge_id not in moved:
                     state = states.get(release.charge_id)
                     outcomes.append(
-                        None if state == "released" else ChargeSettled(
-                            f"charge {release.charge_id} is {state or 'missing'}: its answer "
-                            "is discarded",
-                            details={"charge_id": release.charge_id, "state": state},
-                        )
-                    )  # fmt: skip
+                        None if state == "released" else _discarded(release.charge_id, state)
+                    )
                     continue
                 stored.add(release.charge_id)
                 new_rows.append(release_values(release, idempotency_key, principal, now))
@@ -246,6 +246,35 @@ class Settlement(LedgerPart):
             if new_rows:  # one multi-row INSERT, through Core: no ORM object per release
                 session.execute(insert(RELEASES), new_rows)
         return outcomes
+
+    def _store_many_in_one_statement(
+        self, releases: Sequence[tuple[StoredRelease, str | None, int]]
+    ) -> list[ChargeSettled | None]:
+        """:meth:`store_releases` on PostgreSQL: every charge moved and every release inserted
+        by one statement that commits on its own (:data:`STORE_RELEASES_SETTLED`); the states
+        of the charges it did not move are read after it (stored before, or refunded)."""
+        first: dict[int, tuple[StoredRelease, str | None, int]] = {}
+        for item in releases:  # a charge listed twice: stored once, by its first release
+            first.setdefault(item[0].charge_id, item)
+        params = release_columns(list(first.values()), utcnow())
+        with self._transactions.one_statement() as session:
+            stored = session.connection().exec_driver_sql(STORE_RELEASES_SETTLED, params)
+            moved: set[int] = {int(row[0]) for row in stored}
+            others = [charge_id for charge_id in first if charge_id not in moved]
+            states: dict[int, str] = {}
+            if others:
+                rows = session.execute(
+                    select(CHARGES.c.id, CHARGES.c.state).where(
+                        one_of(session, CHARGES.c.id, others)
+                    )
+                )
+                states = {int(row.id): str(row.state) for row in rows}
+        return [
+            None
+            if release.charge_id in moved or states.get(release.charge_id) == "released"
+            else _discarded(release.charge_id, states.get(release.charge_id))
+            for release, _, _ in releases
+        ]
 
     def charge_state(self, charge_id: int) -> str:
         with self._reading() as session:
@@ -350,7 +379,13 @@ def _settled_before(session: Session, charge_id: int) -> None:
     state = session.scalar(select(Charge.state).where(Charge.id == charge_id))
     if state == "released":
         return
-    raise ChargeSettled(
+    raise _discarded(charge_id, state)
+
+
+def _discarded(charge_id: int, state: str | None) -> ChargeSettled:
+    """The error of a release whose charge was not ``admitted`` when it was to be stored (and
+    not released before): refunded or missing, its answer is discarded, never sent."""
+    return ChargeSettled(
         f"charge {charge_id} is {state or 'missing'}: its answer is discarded",
         details={"charge_id": charge_id, "state": state},
     )

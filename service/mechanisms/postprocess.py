@@ -19,7 +19,40 @@ def top_k(scores: np.ndarray, k: int, exclude: np.ndarray | None = None) -> np.n
     """Indices of the k largest scores (clipped at 0), best first, without ``exclude``.
 
     Ties are broken by index so the ranking of a given vector is deterministic.
+
+    The excluded entries are marked below every candidate (-inf; the candidates are >= 0),
+    the k-th largest value is found by a partition of the values alone, every candidate at
+    least that large is kept (so all of a tie at the k-th value are, and ties break by
+    index), and those are sorted by value with a stable sort (they are in index order): the
+    ranking of :func:`top_k_reference`, in about half its time.
     """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    values = np.maximum(np.asarray(scores, dtype=np.float64), 0.0)  # a new array: ours
+    if math.isnan(values.sum()):  # NaN orders nowhere: the reference's ranking, as it was
+        return top_k_reference(scores, k, exclude)
+    n = values.shape[0]
+    candidates = n
+    if exclude is not None and len(exclude):
+        excluded = np.asarray(exclude, dtype=np.int64)
+        values[excluded] = -np.inf  # an index out of range raises, as in the reference
+        candidates -= len({i % n for i in excluded.tolist()})  # each excluded entry once
+    k = min(k, candidates)
+    if k == 0:
+        return np.empty(0, dtype=np.int64)
+    if k < n:
+        kth = np.partition(values, n - k)[n - k]
+        part = np.flatnonzero(values >= kth)
+    else:
+        part = np.arange(n, dtype=np.int64)
+    order = np.argsort(-values[part], kind="stable")
+    return part[order[:k]]
+
+
+def top_k_reference(scores: np.ndarray, k: int, exclude: np.ndarray | None = None) -> np.ndarray:
+    """:func:`top_k` as first written (the candidates' values gathered, ranked by a
+    two-key sort): the ranking :func:`top_k` must give, and what it gives a vector with a
+    NaN."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     values = np.maximum(np.asarray(scores, dtype=np.float64), 0.0)
@@ -78,8 +111,13 @@ def checked_count_grid(grid: float | None, scale: float) -> float:
 
 
 def round_to_grid(scores: np.ndarray, grid: float) -> np.ndarray:
-    """Each score as the nearest integer multiple of ``grid`` (post-processing)."""
-    return np.round(np.asarray(scores, dtype=np.float64) / grid) * grid
+    """Each score as the nearest integer multiple of ``grid`` (post-processing): ties to
+    even, as :func:`numpy.round` (which is :func:`numpy.rint` for 0 decimals), in place on
+    the one new array."""
+    rounded = np.asarray(scores, dtype=np.float64) / grid
+    np.rint(rounded, out=rounded)
+    rounded *= grid
+    return rounded
 
 
 @dataclass(frozen=True)
