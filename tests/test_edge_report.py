@@ -336,7 +336,8 @@ def test_a_report_writes_nothing_and_changes_no_charge(
     assert len(_charges(world["url"])) == 12
     assert _charges(world["url"]) == _charges(twin_url)
     with open_ledger(world["url"]) as a, open_ledger(twin_url) as b:
-        assert (
-            a.reports.exposure(delta=1e-6).to_dict()["epsilon"]
-            == b.reports.exposure(delta=1e-6).to_dict()["epsilon"]
+        # the same charges; each lands on a shard drawn at random, and the shards' curves are
+        # summed in their own order, so the two compositions may differ in the last bits
+        assert a.reports.exposure(delta=1e-6).to_dict()["epsilon"] == pytest.approx(
+            b.reports.exposure(delta=1e-6).to_dict()["epsilon"], rel=1e-12
         )
