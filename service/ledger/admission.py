@@ -231,9 +231,9 @@ class Admissions(LedgerPart):
         # locked (as a charged or a principal row).
         add_exposure = self._shards.group_exposure(session, graph_cap, writes)
 
-        # What the queries look for (keys, twins, releases), read once for the group under
-        # its locks; one INSERT batch at the end instead of one per query (admit_locked
-        # writes the charges added so far only before a quota check, which must see them).
+        # What the queries look for (keys, twins, releases, degree releases paid), read once
+        # for the group under its locks; one INSERT batch at the end instead of one per query
+        # (only a budget period's window, read once per account, writes the charges so far).
         reads = GroupReads.read(session, admissions)
         outcomes: list[
             ChargeReceipt | ServiceError | ReceiptOfNewCharge | tuple[NewCharge, BudgetView]
