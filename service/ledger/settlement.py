@@ -218,15 +218,7 @@ class Settlement(LedgerPart):
                     .returning(CHARGES.c.id)
                 )
             )
-            others = [charge_id for charge_id in ids if charge_id not in moved]
-            states: dict[int, str] = {}
-            if others:
-                rows = session.execute(
-                    select(CHARGES.c.id, CHARGES.c.state).where(
-                        one_of(session, CHARGES.c.id, others)
-                    )
-                )
-                states = {int(row.id): str(row.state) for row in rows}
+            states = _states(session, [charge_id for charge_id in ids if charge_id not in moved])
             outcomes: list[ChargeSettled | None] = []
             stored: set[int] = set()
             new_rows: list[dict[str, Any]] = []
@@ -235,10 +227,7 @@ class Settlement(LedgerPart):
                     outcomes.append(None)
                     continue
                 if release.charge_id not in moved:
-                    state = states.get(release.charge_id)
-                    outcomes.append(
-                        None if state == "released" else _discarded(release.charge_id, state)
-                    )
+                    outcomes.append(_outcome(release.charge_id, moved, states))
                     continue
                 stored.add(release.charge_id)
                 new_rows.append(release_values(release, idempotency_key, principal, now))
@@ -260,21 +249,8 @@ class Settlement(LedgerPart):
         with self._transactions.one_statement() as session:
             stored = session.connection().exec_driver_sql(STORE_RELEASES_SETTLED, params)
             moved: set[int] = {int(row[0]) for row in stored}
-            others = [charge_id for charge_id in first if charge_id not in moved]
-            states: dict[int, str] = {}
-            if others:
-                rows = session.execute(
-                    select(CHARGES.c.id, CHARGES.c.state).where(
-                        one_of(session, CHARGES.c.id, others)
-                    )
-                )
-                states = {int(row.id): str(row.state) for row in rows}
-        return [
-            None
-            if release.charge_id in moved or states.get(release.charge_id) == "released"
-            else _discarded(release.charge_id, states.get(release.charge_id))
-            for release, _, _ in releases
-        ]
+            states = _states(session, [charge_id for charge_id in first if charge_id not in moved])
+        return [_outcome(release.charge_id, moved, states) for release, _, _ in releases]
 
     def charge_state(self, charge_id: int) -> str:
         with self._reading() as session:
@@ -380,6 +356,26 @@ def _settled_before(session: Session, charge_id: int) -> None:
     if state == "released":
         return
     raise _discarded(charge_id, state)
+
+
+def _states(session: Session, charge_ids: list[int]) -> dict[int, str]:
+    """The states of charges a store of releases did not move (stored before, refunded or
+    missing), in one read; nothing to read for none."""
+    if not charge_ids:
+        return {}
+    rows = session.execute(
+        select(CHARGES.c.id, CHARGES.c.state).where(one_of(session, CHARGES.c.id, charge_ids))
+    )
+    return {int(row.id): str(row.state) for row in rows}
+
+
+def _outcome(charge_id: int, moved: set[int], states: dict[int, str]) -> ChargeSettled | None:
+    """A release's outcome in a store of many: None when it is stored (its charge moved now,
+    or released before), else the error that discards its answer."""
+    if charge_id in moved:
+        return None
+    state = states.get(charge_id)
+    return None if state == "released" else _discarded(charge_id, state)
 
 
 def _discarded(charge_id: int, state: str | None) -> ChargeSettled:
