@@ -12,6 +12,7 @@ from service.ledger.admission import DEFAULT_STALE_AFTER_SECONDS
 from service.ledger.ledger import Ledger
 from service.ledger.records import Admission, ChargeReceipt, GraphCap
 from service.ledger.tables import Charge, GraphVersion
+from service.privacy.curves import laplace_curve
 from service.privacy.orders import ORDERS
 
 
@@ -43,6 +44,17 @@ def admit_and_charge(
     return ledger.admission.admit_and_charge(
         Admission(**fields), graph_cap=graph_cap, stale_after_seconds=stale_after_seconds
     )
+
+
+def charge_edge_query(ledger: Ledger, account: int, i: int) -> int:
+    """The id of a new admitted charge of ``account`` for an edge-mode query of seed
+    ``n{i}`` (Laplace curve at epsilon 0.1), as a store of its release needs."""
+    receipt = admit_and_charge(
+        ledger, charged_account_id=account, principal_account_id=account, seed=f"n{i}",
+        mechanism="noisy_diffusion", mode="edge", params={}, query_curve=laplace_curve(0.1),
+        query_epsilon=0.1, graph_version="g1", request_id=f"r{i}",
+    )  # fmt: skip
+    return int(receipt.charge_id)
 
 
 def independent_laplace_epsilon(per_query: float, charges: int, delta: float) -> float:

@@ -19,20 +19,10 @@ from service.ledger.ledger_rows import release_values
 from service.ledger.release_format import StoredResults
 from service.ledger.release_rows import ARRAY_COLUMNS, release_columns
 from service.ledger.tables import Release, encode_json
-from service.privacy.curves import laplace_curve
-from tests.ledger_support import admit_and_charge
+from tests.ledger_support import charge_edge_query
 
 DELTA = 1e-6
 RELEASES = cast(Table, Release.__table__)
-
-
-def _charged(ledger: Ledger, account: int, i: int) -> int:
-    receipt = admit_and_charge(
-        ledger, charged_account_id=account, principal_account_id=account, seed=f"n{i}",
-        mechanism="noisy_diffusion", mode="edge", params={}, query_curve=laplace_curve(0.1),
-        query_epsilon=0.1, graph_version="g1", request_id=f"r{i}",
-    )  # fmt: skip
-    return int(receipt.charge_id)
 
 
 MECHANISM: dict[str, Any] = {"name": "noisy_diffusion", "alpha": 0.15, "steps": [1, 2]}
@@ -72,7 +62,7 @@ def test_the_columns_are_each_rows_values() -> None:
 
 def test_a_group_is_stored_once_and_a_refunded_charges_answer_never(ledger: Ledger) -> None:
     account = ledger.accounts.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
-    ids = [_charged(ledger, account, i) for i in range(4)]
+    ids = [charge_edge_query(ledger, account, i) for i in range(4)]
     ledger.settlement.refund(ids[1], reason="test")
     releases = [_release(account, charge_id) for charge_id in ids]
     again = _release(account, ids[0], n=5)  # listed twice: the first one is stored
@@ -110,7 +100,7 @@ def test_on_postgresql_a_group_is_one_statement_writing_the_rows_of_the_transact
     try:
         account = ledger.accounts.create_account("service", cap_epsilon=10.0, delta=DELTA)
         acct = account.account_id
-        ids = [_charged(ledger, acct, i) for i in range(6)]
+        ids = [charge_edge_query(ledger, acct, i) for i in range(6)]
         releases = [(_release(acct, c), f"key{c}" if c % 2 else None, acct) for c in ids]
         seen: list[tuple[str, bool]] = []
 

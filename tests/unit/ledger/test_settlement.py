@@ -16,19 +16,9 @@ from service.ledger.database import upgrade
 from service.ledger.settlement import Settlement
 from service.ledger.tables import Charge, Release
 from service.mechanisms.postprocess import RankedNode
-from service.privacy.curves import laplace_curve
-from tests.ledger_support import admit_and_charge
+from tests.ledger_support import charge_edge_query
 
 DELTA = 1e-6
-
-
-def _charged(ledger: Ledger, account: int, i: int) -> int:
-    receipt = admit_and_charge(
-        ledger, charged_account_id=account, principal_account_id=account, seed=f"n{i}",
-        mechanism="noisy_diffusion", mode="edge", params={}, query_curve=laplace_curve(0.1),
-        query_epsilon=0.1, graph_version="g1", request_id=f"r{i}",
-    )  # fmt: skip
-    return int(receipt.charge_id)
 
 
 def _release(account: int, charge_id: int) -> StoredRelease:
@@ -49,14 +39,14 @@ def _releases(ledger: Ledger, charge_id: int) -> int:
 
 def test_a_release_is_stored_once_and_a_refunded_charges_answer_never(ledger: Ledger) -> None:
     account = ledger.accounts.create_account("service", cap_epsilon=10.0, delta=DELTA).account_id
-    stored = _release(account, _charged(ledger, account, 1))
+    stored = _release(account, charge_edge_query(ledger, account, 1))
     ledger.settlement.store_release(stored, idempotency_key=None, principal_account_id=account)
     ledger.settlement.store_release(stored, idempotency_key=None, principal_account_id=account)
     assert _state(ledger, stored.charge_id) == "released"
     assert _releases(ledger, stored.charge_id) == 1
     assert ledger.stored_releases.find_release(stored.key) == stored
 
-    refunded = _charged(ledger, account, 2)
+    refunded = charge_edge_query(ledger, account, 2)
     ledger.settlement.refund(refunded, reason="test")
     with pytest.raises(ChargeSettled):
         ledger.settlement.store_release(
@@ -78,7 +68,7 @@ def test_on_postgresql_a_store_is_one_statement_and_a_read_no_transaction(
     ledger = Ledger.from_url(postgres_url)
     try:
         account = ledger.accounts.create_account("service", cap_epsilon=1.0, delta=DELTA)
-        stored = _release(account.account_id, _charged(ledger, account.account_id, 1))
+        stored = _release(account.account_id, charge_edge_query(ledger, account.account_id, 1))
         seen: list[tuple[str, bool]] = []
 
         @event.listens_for(ledger.engine, "before_cursor_execute")
@@ -105,7 +95,7 @@ def test_on_postgresql_a_store_racing_a_refund_one_of_them_wins(postgres_url: st
     try:
         account = ledger.accounts.create_account("service", cap_epsilon=100.0, delta=DELTA)
         for i in range(40):
-            charge_id = _charged(ledger, account.account_id, i)
+            charge_id = charge_edge_query(ledger, account.account_id, i)
             result = _race(ledger, account.account_id, charge_id)
             state, rows = _state(ledger, charge_id), _releases(ledger, charge_id)
             if state == "released":
