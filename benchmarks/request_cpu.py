@@ -25,54 +25,65 @@ import asyncio
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 import numpy as np
 
 
-async def run(requests: int, concurrency: int) -> None:
+@asynccontextmanager
+async def app_in_process(
+    *, personalized: bool = False
+) -> AsyncIterator[tuple[httpx.AsyncClient, Any, dict[str, str]]]:
+    """The app (``create_app`` with the PPR_* settings of the environment), started: an httpx
+    client that sends to it in this process, the graph it serves, and the bearer header of a
+    new service account (``personalized``: one that may also charge seed users)."""
     from service.api.app import create_app
     from service.config import Settings
     from service.loadtest.server import service_account_key
 
-    key = service_account_key(os.environ["PPR_DATABASE_URL"], delta=1e-6)
+    key = service_account_key(os.environ["PPR_DATABASE_URL"], delta=1e-6, personalized=personalized)
     app = create_app(Settings(), configure_logs=False)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
-            graph = app.state.runtime.graphs.current
-            rng = np.random.default_rng()
-            picks = rng.choice(graph.n, size=100, replace=False)
-            seeds = [str(s) for s in graph.external_ids(picks)]
-            auth = {"Authorization": f"Bearer {key}"}
-            query = "mode=edge&epsilon=0.01&k=10"
-            for seed in seeds:  # the releases the replays read
-                response = await client.get(f"/v1/ppr/{seed}?{query}", headers=auth)
+            yield client, app.state.runtime.graphs.current, {"Authorization": f"Bearer {key}"}
+
+
+async def run(requests: int, concurrency: int) -> None:
+    async with app_in_process() as (client, graph, auth):
+        rng = np.random.default_rng()
+        picks = rng.choice(graph.n, size=100, replace=False)
+        seeds = [str(s) for s in graph.external_ids(picks)]
+        query = "mode=edge&epsilon=0.01&k=10"
+        for seed in seeds:  # the releases the replays read
+            response = await client.get(f"/v1/ppr/{seed}?{query}", headers=auth)
+            response.raise_for_status()
+
+        async def send(paths: list[str], headers: dict[str, str]) -> None:
+            for path in paths:
+                response = await client.get(path, headers=headers)
                 response.raise_for_status()
 
-            async def send(paths: list[str], headers: dict[str, str]) -> None:
-                for path in paths:
-                    response = await client.get(path, headers=headers)
-                    response.raise_for_status()
-
-            kinds: list[tuple[str, Callable[[int], str], dict[str, str], int]] = [
-                ("healthz", lambda i: "/healthz", {}, requests),
-                ("replay", lambda i: f"/v1/ppr/{seeds[i % 100]}?{query}", auth, requests),
-                ("fresh", lambda i: f"/v1/ppr/{seeds[i % 100]}?{query}&fresh=true", auth,
-                 max(requests // 10, 1)),
-            ]  # fmt: skip
-            for kind, path_of, headers, count in kinds:
-                paths = [path_of(i) for i in range(count)]
-                cpu, wall = time.process_time(), time.perf_counter()
-                await asyncio.gather(*(send(paths[i::concurrency], headers)
-                                       for i in range(concurrency)))  # fmt: skip
-                cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-                print(
-                    f"{kind}: {count} requests, {concurrency} at once: "
-                    f"CPU {cpu / count * 1000:.3f} ms/request, "
-                    f"wall {wall / count * 1000:.2f} ms/request"
-                )
+        kinds: list[tuple[str, Callable[[int], str], dict[str, str], int]] = [
+            ("healthz", lambda i: "/healthz", {}, requests),
+            ("replay", lambda i: f"/v1/ppr/{seeds[i % 100]}?{query}", auth, requests),
+            ("fresh", lambda i: f"/v1/ppr/{seeds[i % 100]}?{query}&fresh=true", auth,
+             max(requests // 10, 1)),
+        ]  # fmt: skip
+        for kind, path_of, headers, count in kinds:
+            paths = [path_of(i) for i in range(count)]
+            cpu, wall = time.process_time(), time.perf_counter()
+            await asyncio.gather(*(send(paths[i::concurrency], headers)
+                                   for i in range(concurrency)))  # fmt: skip
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            print(
+                f"{kind}: {count} requests, {concurrency} at once: "
+                f"CPU {cpu / count * 1000:.3f} ms/request, "
+                f"wall {wall / count * 1000:.2f} ms/request"
+            )
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
 """Thread CPU per fresh query, by ledger stage and by thread, through the whole app in one process.
 
-Builds the app (``create_app`` with the PPR_* settings of the environment; the ledger at
-``PPR_DATABASE_URL`` must be migrated), makes a service account and its key (``--mode
+Builds the app as ``request_cpu.py`` does (``create_app`` with the PPR_* settings of the
+environment; the ledger at ``PPR_DATABASE_URL`` must be migrated), with a service account (``--mode
 personalized``: one that may charge seed users, whose accounts the server must be allowed to
 create: ``PPR_CREATE_SEED_ACCOUNTS=true``), asks once for each of ``--pool`` random seeds (so
 their prefixes are cached and, personalized, their users exist), then sends ``--requests``
@@ -35,8 +35,8 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import numpy as np
+from request_cpu import app_in_process
 
 from service.ledger import admission, admission_reads, locked_rows, settlement
 
@@ -84,42 +84,32 @@ def thread_seconds() -> dict[int, float]:
 
 
 async def run(args: argparse.Namespace) -> None:
-    from service.api.app import create_app
-    from service.config import Settings
-    from service.loadtest.server import service_account_key
-
     personalized = args.mode == "personalized"
-    key = service_account_key(os.environ["PPR_DATABASE_URL"], delta=1e-6, personalized=personalized)
-    app = create_app(Settings(), configure_logs=False)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
-            graph = app.state.runtime.graphs.current
-            rng = np.random.default_rng()
-            pool = [str(s) for s in graph.external_ids(rng.choice(graph.n, args.pool, False))]
-            seeds = [pool[i] for i in rng.integers(0, len(pool), size=args.requests)]
-            auth = {"Authorization": f"Bearer {key}"}
-            query = (
-                f"mode=personalized&mechanism={args.mechanism}&epsilon=0.1&k=20&fresh=true"
-                if personalized
-                else "mode=edge&epsilon=0.01&k=10&fresh=true"
-            )
-            for seed in pool:  # prefixes cached, seed users' accounts made
-                (await client.get(f"/v1/ppr/{seed}?{query}", headers=auth)).raise_for_status()
-            SECONDS.clear()
-            CALLS.clear()
-            left = iter(seeds)
+    async with app_in_process(personalized=personalized) as (client, graph, auth):
+        rng = np.random.default_rng()
+        pool = [str(s) for s in graph.external_ids(rng.choice(graph.n, args.pool, False))]
+        seeds = [pool[i] for i in rng.integers(0, len(pool), size=args.requests)]
+        query = (
+            f"mode=personalized&mechanism={args.mechanism}&epsilon=0.1&k=20&fresh=true"
+            if personalized
+            else "mode=edge&epsilon=0.01&k=10&fresh=true"
+        )
+        for seed in pool:  # prefixes cached, seed users' accounts made
+            (await client.get(f"/v1/ppr/{seed}?{query}", headers=auth)).raise_for_status()
+        SECONDS.clear()
+        CALLS.clear()
+        left = iter(seeds)
 
-            async def send() -> None:
-                for seed in left:
-                    response = await client.get(f"/v1/ppr/{seed}?{query}", headers=auth)
-                    response.raise_for_status()
+        async def send() -> None:
+            for seed in left:
+                response = await client.get(f"/v1/ppr/{seed}?{query}", headers=auth)
+                response.raise_for_status()
 
-            before = thread_seconds()
-            cpu, wall = time.process_time(), time.perf_counter()
-            await asyncio.gather(*(send() for _ in range(args.concurrency)))
-            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-            after = thread_seconds()
+        before = thread_seconds()
+        cpu, wall = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(send() for _ in range(args.concurrency)))
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        after = thread_seconds()
     n = args.requests
     groups = CALLS["group admission"]
     print(
