@@ -178,13 +178,13 @@ class GroupReads:
         twins: dict[tuple[int, str], EarlierCharge],
         released: dict[ReleaseKey, tuple[int, datetime]],  # charge and time of the newest
         by_key: dict[tuple[int, str], EarlierCharge],
-        degree_paid: set[tuple[int, str, float]] | None = None,
+        degree_paid: set[tuple[int, str, float]],
     ) -> None:
         self._twins = twins
         self._released = released
         self._by_key = by_key
         #: (account, graph version, epsilon) of the degree releases paid before the group.
-        self._degree_paid = set() if degree_paid is None else degree_paid
+        self._degree_paid = degree_paid
         self._new_twins: dict[tuple[int, str], NewCharge] = {}
         self._new_by_key: dict[tuple[int, str], NewCharge | EarlierCharge] = {}
         #: Each quota-checked principal's 24-hour window, read at its first check in the
@@ -200,7 +200,7 @@ class GroupReads:
         degrees: set[tuple[int, str, float]] = set()
         for a in admissions:
             if a.degree is not None:
-                degrees.add((a.charged_account_id, a.degree.graph_version, float(a.degree.epsilon)))
+                degrees.add(a.degree.paid_key(a.charged_account_id))
             if a.release_key is not None:
                 keys.append(a.release_key)
                 digests.setdefault(a.charged_account_id, set()).add(a.release_key.digest())
@@ -216,7 +216,7 @@ class GroupReads:
     def degree_paid(self, account_id: int, degree: DegreeCharge) -> bool:
         """Whether the account had a live charge for this degree release before the group
         (the group's own are on :attr:`AdmissionWrites.degree_paid`)."""
-        return (account_id, degree.graph_version, float(degree.epsilon)) in self._degree_paid
+        return degree.paid_key(account_id) in self._degree_paid
 
     def new_twin(self, account_id: int, digest: str) -> NewCharge | None:
         """The newest charge of this group for an identical query (still in flight)."""

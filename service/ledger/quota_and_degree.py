@@ -117,7 +117,7 @@ def add_degree_charge(
         release_key=None,
         exposure_shard=0,
     )
-    writes.degree_paid.add((account_id, degree.graph_version, float(degree.epsilon)))
+    writes.degree_paid.add(degree.paid_key(account_id))
     return charge
 
 
@@ -224,8 +224,7 @@ class QuotaAndDegree(LedgerPart):
         account's spend lock; the unique index ``uq_charges_degree_release_live`` backs it):
         charged in this transaction, else, in a group, as the group read it under its locks
         (``reads``), else read now."""
-        key = (account_id, degree.graph_version, float(degree.epsilon))
-        if key in writes.degree_paid:
+        if degree.paid_key(account_id) in writes.degree_paid:
             return True
         if reads is not None:
             return reads.degree_paid(account_id, degree)

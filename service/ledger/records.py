@@ -126,6 +126,11 @@ class DegreeCharge:
     epsilon: float
     curve: Any  # RdpCurve of the release (Laplace at epsilon)
 
+    def paid_key(self, account_id: int) -> tuple[int, str, float]:
+        """What identifies the account's one live charge for this release: (account, graph
+        version, epsilon), epsilon compared exactly (as the ledger's lookup compares it)."""
+        return (account_id, self.graph_version, float(self.epsilon))
+
 
 @dataclass(frozen=True)
 class SyntheticCharge:
