@@ -239,20 +239,57 @@ def _kth(scores: np.ndarray, r: int) -> float:
     return float(np.partition(scores, scores.shape[0] - r)[scores.shape[0] - r])
 
 
+def floor_of(scores: np.ndarray, known: np.ndarray | None, r: int) -> float:
+    """A value at most the r-th largest of ``scores``: the smallest of ``scores[known]`` when
+    ``known`` holds r positions (at least r scores reach it), else -inf. The r largest scores,
+    with every tie of the r-th, are among those at least it; the hold-out check passes the
+    last weight's top r, whose blends under the next weight are close to its top."""
+    if known is None or r <= 0 or known.shape[0] < r:
+        return -math.inf
+    return float(scores[known].min())
+
+
+def _above(scores: np.ndarray, floor: float) -> np.ndarray | None:
+    """The positions of the scores at least ``floor`` (None: all of them)."""
+    return None if floor == -math.inf else np.flatnonzero(scores >= floor)
+
+
 def _settle(
-    state: LazyCandidates, a: float, b: float, r: int, fixed: np.ndarray | None = None
+    state: LazyCandidates,
+    a: float,
+    b: float,
+    r: int,
+    fixed: np.ndarray | None = None,
+    known: np.ndarray | None = None,
 ) -> np.ndarray:
     """Draw until the top r of (``fixed`` scores and) the candidates under (a, b) are known;
-    returns the known candidates' scores."""
+    returns the known candidates' scores. ``known``: r positions of the pool (``fixed``, then
+    the candidates; the pool only grows at its end) whose r-th largest score bounds the top's
+    from below, so that only the scores reaching it are partitioned (the same r-th largest:
+    :func:`floor_of`)."""
     if r <= 0:
         return mix(a, state.values, b, state.z)
     while True:
         scores = mix(a, state.values, b, state.z)
         every = scores if fixed is None else np.concatenate([fixed, scores])
-        kth = _kth(every, r)
+        above = _above(every, floor_of(every, known, r))
+        kth = _kth(every if above is None else every[above], r)
         if state.undrawn() == 0 or kth > state.bound(a, b):
             return scores
         state.advance(a, b, kth)
+
+
+def ranked_first_above(
+    scores: np.ndarray, indices: np.ndarray, r: int, known: np.ndarray | None
+) -> np.ndarray:
+    """:func:`service.mechanisms.blended.ranked_first` (positions of the r best, ties by
+    ``indices``), reading only the scores at least :func:`floor_of`: the r best and every tie
+    of the r-th are among them, so the answer is the same."""
+    above = _above(scores, floor_of(scores, known, r))
+    if above is None:
+        return ranked_first(scores, indices, r)
+    first: np.ndarray = above[ranked_first(scores[above], indices[above], r)]
+    return first
 
 
 @dataclass(frozen=True)
@@ -356,14 +393,14 @@ def blended_draw(
     weight = 0.5
     if depth_h > 0:
         gains = []
-        is_friend = np.zeros(0, dtype=bool)
+        last: np.ndarray | None = None  # the last weight's top, positions into the pool
         for w in WEIGHTS:
             a, b = coefficients(float(w), r_counts, r_degrees, plan.candidate_scale)
             fixed = mix(a, friend_values, b, friend_z)
-            scores = np.concatenate([fixed, _settle(state, a, b, depth_h, fixed)])
+            scores = np.concatenate([fixed, _settle(state, a, b, depth_h, fixed, last)])
             ids = np.concatenate([friends, state.ids])
-            is_friend = np.arange(ids.shape[0]) < nf
-            gains.append(recovery_gain(is_friend[ranked_first(scores, ids, depth_h)]))
+            last = ranked_first_above(scores, ids, depth_h, last)
+            gains.append(recovery_gain(last < nf))  # the pool's first nf are the friends
         weight = choose_weight(np.array(gains))
     if not signal:
         weight = min(weight, NO_SIGNAL_WEIGHT_CAP)

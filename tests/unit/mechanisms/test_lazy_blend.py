@@ -305,3 +305,51 @@ def test_the_completion_check_fails_when_the_undrawn_nodes_are_ignored(
     monkeypatch.setattr(LazyCandidates, "bound", lambda self, a, b: -math.inf)
     with pytest.raises(AssertionError):
         test_every_completion_of_the_draw_gives_the_same_answer(monkeypatch, 4)
+
+
+def _hold_out_answers(graph_seeds: list[tuple[int, int]]) -> list[tuple[object, ...]]:
+    """``blended_top``'s answers for generated graphs' seeds, each from its own fixed generator."""
+    answers: list[tuple[object, ...]] = []
+    for nodes, edges in graph_seeds:
+        graph = generate_graph(nodes, edges, seed=nodes)
+        noisy = round_to_grid(
+            graph.degrees + np.random.default_rng(nodes).laplace(0.0, DEGREE_SCALE, graph.n),
+            count_grid(DEGREE_SCALE),
+        )
+        noisy.setflags(write=False)
+        pick = np.random.default_rng(edges)
+        for i, seed in enumerate(pick.choice(np.flatnonzero(graph.degrees > 0), 12, False)):
+            plan = plan_two_scale(float(pick.choice([0.1, 0.5, 2.0])))
+            k = int(graph.degrees[seed]) + int(pick.choice([1, 20, 300]))
+            top = blended_top(graph, int(seed), plan, noisy, DEGREE_SCALE, k,
+                              np.random.default_rng(i))  # fmt: skip
+            answers.append((top.indices.tolist(), top.scores.tolist(), top.weight))
+    return answers
+
+
+GRAPHS_OF_THE_HOLD_OUT = [(300, 600), (2000, 20000), (5000, 100000)]
+
+
+def test_the_hold_out_check_reads_the_same_top_above_the_last_weights_floor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each weight of the hold-out check partitions only the scores at least the last weight's
+    top's r-th (``floor_of``): the same answers, bit for bit and from the same generators, as
+    partitioning every score."""
+    fast = _hold_out_answers(GRAPHS_OF_THE_HOLD_OUT)
+    monkeypatch.setattr(lazy_blend, "floor_of", lambda scores, known, r: -math.inf)
+    assert fast == _hold_out_answers(GRAPHS_OF_THE_HOLD_OUT)
+
+
+def test_the_hold_out_check_changes_with_a_floor_above_the_top(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Control: a floor at the largest of the last top's scores (not the smallest) drops nodes
+    of the top, and some answer changes."""
+    fast = _hold_out_answers(GRAPHS_OF_THE_HOLD_OUT)
+    monkeypatch.setattr(
+        lazy_blend,
+        "floor_of",
+        lambda scores, known, r: -math.inf if known is None else float(scores[known].max()),
+    )
+    assert fast != _hold_out_answers(GRAPHS_OF_THE_HOLD_OUT)
