@@ -255,37 +255,45 @@ def _above(scores: np.ndarray, floor: float) -> np.ndarray | None:
 
 
 def _settle(
+    state: LazyCandidates, a: float, b: float, r: int, fixed: np.ndarray | None = None
+) -> np.ndarray:
+    """Draw until the top r of (``fixed`` scores and) the candidates under (a, b) are known;
+    returns the known candidates' scores."""
+    if r <= 0:
+        return mix(a, state.values, b, state.z)
+    every, _ = _settled(state, a, b, r, fixed, None)
+    return every if fixed is None else every[fixed.shape[0] :]
+
+
+def _settled(
     state: LazyCandidates,
     a: float,
     b: float,
     r: int,
-    fixed: np.ndarray | None = None,
-    known: np.ndarray | None = None,
-) -> np.ndarray:
-    """Draw until the top r of (``fixed`` scores and) the candidates under (a, b) are known;
-    returns the known candidates' scores. ``known``: r positions of the pool (``fixed``, then
-    the candidates; the pool only grows at its end) whose r-th largest score bounds the top's
-    from below, so that only the scores reaching it are partitioned (the same r-th largest:
-    :func:`floor_of`)."""
-    if r <= 0:
-        return mix(a, state.values, b, state.z)
+    fixed: np.ndarray | None,
+    known: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """:func:`_settle` for r >= 1, returning the pool's scores (``fixed``, then the
+    candidates'; the pool only grows at its end) and the positions of those at least
+    :func:`floor_of` (None: all), whose r-th largest settles it. ``known``: r positions of the
+    pool whose r-th largest score bounds the top's from below, so that only the scores reaching
+    it are partitioned (the same r-th largest)."""
     while True:
         scores = mix(a, state.values, b, state.z)
         every = scores if fixed is None else np.concatenate([fixed, scores])
         above = _above(every, floor_of(every, known, r))
         kth = _kth(every if above is None else every[above], r)
         if state.undrawn() == 0 or kth > state.bound(a, b):
-            return scores
+            return every, above
         state.advance(a, b, kth)
 
 
-def ranked_first_above(
-    scores: np.ndarray, indices: np.ndarray, r: int, known: np.ndarray | None
+def _ranked_first_in(
+    scores: np.ndarray, indices: np.ndarray, r: int, above: np.ndarray | None
 ) -> np.ndarray:
     """:func:`service.mechanisms.blended.ranked_first` (positions of the r best, ties by
-    ``indices``), reading only the scores at least :func:`floor_of`: the r best and every tie
-    of the r-th are among them, so the answer is the same."""
-    above = _above(scores, floor_of(scores, known, r))
+    ``indices``) read from the scores at ``above`` (None: all), which hold the r best and every
+    tie of the r-th (:func:`floor_of`): the same answer."""
     if above is None:
         return ranked_first(scores, indices, r)
     first: np.ndarray = above[ranked_first(scores[above], indices[above], r)]
@@ -394,12 +402,14 @@ def blended_draw(
     if depth_h > 0:
         gains = []
         last: np.ndarray | None = None  # the last weight's top, positions into the pool
+        ids = friends
         for w in WEIGHTS:
             a, b = coefficients(float(w), r_counts, r_degrees, plan.candidate_scale)
             fixed = mix(a, friend_values, b, friend_z)
-            scores = np.concatenate([fixed, _settle(state, a, b, depth_h, fixed, last)])
-            ids = np.concatenate([friends, state.ids])
-            last = ranked_first_above(scores, ids, depth_h, last)
+            scores, above = _settled(state, a, b, depth_h, fixed, last)
+            if ids.shape[0] != scores.shape[0]:  # the pool grew (at its end)
+                ids = np.concatenate([friends, state.ids])
+            last = _ranked_first_in(scores, ids, depth_h, above)
             gains.append(recovery_gain(last < nf))  # the pool's first nf are the friends
         weight = choose_weight(np.array(gains))
     if not signal:
