@@ -86,6 +86,7 @@ def build_ppr_query_service(
         ),
         engine=engine,
         ledger_group_max=settings.ledger_group_max if group_commit else 1,
+        ranking_draws_at_once=settings.ranking_draws_at_once,
     )
 
 
@@ -108,6 +109,7 @@ class PprQueryService(GroupAnswers[QueryRequest, Pending, KeyedReplay, Answer]):
         degree_releases: DegreeReleases,
         engine: DiffusionEngine | None,
         ledger_group_max: int,
+        ranking_draws_at_once: int = 1,
     ) -> None:
         self.engine = engine if engine is not None else DiffusionEngine()
         self.graphs = graphs
@@ -134,6 +136,7 @@ class PprQueryService(GroupAnswers[QueryRequest, Pending, KeyedReplay, Answer]):
         self.drawing = Drawer(
             engine=self.engine, prefixes=prefixes, ledger=ledger, reads=reads,
             note_budget=self.replaying.note_budget, replay_store_top=replay_store_top,
+            ranking_draws_at_once=ranking_draws_at_once,
         )  # fmt: skip
         self.storing = Storer(ledger, replays, ledger_group_max)
         self.live = LiveCharges(

@@ -21,6 +21,12 @@ class ServingSettings(BaseSettings):
     engine_concurrency: int = Field(
         16, ge=1, le=1024, description="Queries computing at once per worker process."
     )
+    ranking_draws_at_once: int = Field(
+        1, ge=1, le=1024,
+        description="Count-ranking draws (common_neighbours, friends_of_friends, blended) one "
+        "worker computes at once; the others wait their turn. A draw holds the interpreter lock "
+        "nearly throughout, so more at once share one core and add switching.",
+    )  # fmt: skip
     engine_queue: int = Field(
         512, ge=0, description="Queries waiting for the engine per worker (503 beyond)."
     )

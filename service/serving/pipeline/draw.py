@@ -11,6 +11,7 @@ seed's neighbours on replay); it is not yet stored, and must be before it is ans
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -46,6 +47,7 @@ class Drawer:
         reads: ReadFigure,
         note_budget: Callable[[int, BudgetView], None],
         replay_store_top: int,
+        ranking_draws_at_once: int = 1,
     ) -> None:
         self.engine = engine
         self.prefixes = prefixes
@@ -53,6 +55,9 @@ class Drawer:
         self.reads = reads
         self.note_budget = note_budget
         self.replay_store_top = replay_store_top
+        # the count rankings' draws hold the interpreter lock nearly throughout: 16 at once
+        # took 3.2x the CPU of one at a time (docs/notes/performance-blended-draws-2026-11-30.md)
+        self._ranking_turns = threading.BoundedSemaphore(ranking_draws_at_once)
 
     def draw(self, p: Pending, receipt: ChargeReceipt) -> StoredRelease:
         """The admitted query's noisy release (not yet stored: it must be, before answering)."""
@@ -135,8 +140,9 @@ class Drawer:
             self.ledger.settlement.refund(charge_id, reason="failed before any noise was drawn")
             raise
         keep = self.replay_store_top + int(graph.degrees[seed])
-        best, scores, _, extra = draw_ranked(graph, seed, plan, rng, keep)
-        results = stored_results(graph, best, scores)
+        with self._ranking_turns:
+            best, scores, _, extra = draw_ranked(graph, seed, plan, rng, keep)
+            results = stored_results(graph, best, scores)
         return results, {**mechanism, **extra}
 
     # -- a group --------------------------------------------------------------------------

@@ -8,12 +8,16 @@ are fakes that record what they are asked.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, cast
 
 import numpy as np
+import pytest
 
 from service.config import MechanismSettings
 from service.graph.build import build_graph
@@ -21,14 +25,16 @@ from service.ledger.records import BudgetView, ChargeReceipt, ReleaseKey, Stored
 from service.mechanisms.engine import EngineResult
 from service.mechanisms.registry import RankingMechanism
 from service.privacy.modes import Mode
+from service.serving.pipeline import draw
 from service.serving.pipeline.draw import Drawer
 from service.serving.pipeline.items import Admitted, Pending
 from service.serving.planner import DiffusionPlanner
-from service.serving.rankings import plan_ranking
+from service.serving.rankings import draw_ranked, plan_ranking
 from service.serving.schemas import Principal, QueryRequest
 
 GRAPH = build_graph(np.array([0, 1, 2, 3, 0]), np.array([1, 2, 3, 4, 2]))
 USER = Principal(account_id=4, type="user", node_id="2", modes=("personalized",))
+WAIT = 5.0  # upper bound on a wait for other threads (never reached when things work)
 BUDGET = BudgetView(account_id=4, spent_epsilon=0.0, cap_epsilon=1.0, remaining_epsilon=1.0,
                     delta=1e-6)  # fmt: skip
 
@@ -89,11 +95,12 @@ class FakeReads:
         self.log.append(f"record {charge_id}")  # pragma: no cover - must not be called
 
 
-def drawer(log: list[str], failing: set[int] | None = None) -> Drawer:
+def drawer(log: list[str], failing: set[int] | None = None, at_once: int = 1) -> Drawer:
     return Drawer(
         engine=cast(Any, FakeEngine(log, failing or set())), prefixes=cast(Any, FakePrefixes()),
         ledger=cast(Any, FakeLedger(log)), reads=cast(Any, FakeReads(log)),
         note_budget=lambda account, budget: None, replay_store_top=3,
+        ranking_draws_at_once=at_once,
     )  # fmt: skip
 
 
@@ -164,3 +171,40 @@ def test_a_service_accounts_reads_were_counted_by_admission_the_draw_writes_none
         "counted 100",
         "counted 101",
     ]
+
+
+@pytest.mark.parametrize("at_once", [1, 3])
+def test_count_rankings_draw_at_most_ranking_draws_at_once_together(
+    monkeypatch: pytest.MonkeyPatch, at_once: int
+) -> None:
+    """Eight count-ranking draws run on eight threads: no more than ``at_once`` draw at one
+    time, and with room for three, three do (the others waited their turn, none was lost)."""
+    inside, most, lock = [0], [0], threading.Lock()
+    full = threading.Barrier(at_once, timeout=WAIT) if at_once > 1 else None
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        try:
+            if full is not None:
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    full.wait()  # the first at_once meet here: they are inside together
+                    full.abort()  # the later ones pass at once
+            time.sleep(0.01)
+            return draw_ranked(*args, **kwargs)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    monkeypatch.setattr(draw, "draw_ranked", counted)
+    log: list[str] = []
+    group = [admitted(i, str(i % 5), RankingMechanism.COMMON_NEIGHBOURS) for i in range(8)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+
+        def run(thunks: list[Callable[[], Any]]) -> list[Any]:
+            return list(pool.map(lambda thunk: thunk(), thunks))
+
+        drawn = drawer(log, at_once=at_once).draw_group(group, run)
+    assert [cast(StoredRelease, r).charge_id for r in drawn] == list(range(100, 108))
+    assert most[0] == at_once
