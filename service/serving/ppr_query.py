@@ -109,7 +109,7 @@ class PprQueryService(GroupAnswers[QueryRequest, Pending, KeyedReplay, Answer]):
         degree_releases: DegreeReleases,
         engine: DiffusionEngine | None,
         ledger_group_max: int,
-        ranking_draws_at_once: int = 1,
+        ranking_draws_at_once: int,
     ) -> None:
         self.engine = engine if engine is not None else DiffusionEngine()
         self.graphs = graphs

@@ -47,7 +47,7 @@ class Drawer:
         reads: ReadFigure,
         note_budget: Callable[[int, BudgetView], None],
         replay_store_top: int,
-        ranking_draws_at_once: int = 1,
+        ranking_draws_at_once: int,
     ) -> None:
         self.engine = engine
         self.prefixes = prefixes
