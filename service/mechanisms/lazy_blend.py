@@ -52,6 +52,7 @@ from service.mechanisms.blended import (
 )
 from service.mechanisms.common_neighbours import neighbourhood_counts, require_personalized
 from service.mechanisms.exact_laplace import dyadic_scale, gamma_ratio, rounded_laplace
+from service.mechanisms.hold_out import settled_tops
 from service.mechanisms.lazy_top_k import (
     LevelLaw,
     binomial_count,
@@ -300,6 +301,59 @@ def _ranked_first_in(
     return first
 
 
+def _hold_out_gains(
+    state: LazyCandidates,
+    friends: np.ndarray,
+    friend_values: np.ndarray,
+    friend_z: np.ndarray,
+    r: int,
+    r_counts: float,
+    r_degrees: float,
+    counts_scale: float,
+) -> np.ndarray:
+    """The hold-out check: under each weight of the grid, the recovery gain of the pool's top r
+    (friends first, then the candidates), drawing until each top is settled. The settled
+    weights are read in one compiled pass (:func:`service.mechanisms.hold_out.settled_tops`);
+    a weight that is not settled yet draws here, as one weight at a time would, and the pass
+    goes on from the next one with the grown pool."""
+    weights = [coefficients(float(w), r_counts, r_degrees, counts_scale) for w in WEIGHTS]
+    a_s = np.array([a for a, _ in weights])
+    b_s = np.array([b for _, b in weights])
+    nf = friends.shape[0]
+    tops = np.empty((len(weights), r), dtype=np.int64)
+    gains = np.empty(len(weights))
+    start = 0
+    while start < len(weights):
+        ids = np.concatenate([friends, state.ids])
+        values = np.concatenate([friend_values, state.values])
+        z = np.concatenate([friend_z, state.z])
+        stop = settled_tops(a_s, b_s, values, z, ids, r, start, _bound_state(state), tops)
+        for w in range(start, stop):
+            gains[w] = recovery_gain(tops[w] < nf)  # the pool's first nf are the friends
+        if stop == len(weights):
+            break
+        a, b = weights[stop]
+        last = tops[stop - 1] if stop > 0 else None
+        scores, above = _settled(state, a, b, r, mix(a, friend_values, b, friend_z), last)
+        ids = np.concatenate([friends, state.ids])
+        tops[stop] = _ranked_first_in(scores, ids, r, above)
+        gains[stop] = recovery_gain(tops[stop] < nf)
+        start = stop + 1
+    return gains
+
+
+def _bound_state(state: LazyCandidates) -> tuple[int, float | None, float]:
+    """What ``state.bound(a, b)`` reads: the undrawn count, g (T - 1) (None: T is +inf) and
+    the standardized degree at H."""
+    undrawn = state.undrawn()
+    if undrawn == 0:
+        return 0, None, 0.0
+    z_head = float(state.standard.z(state.standard.order[state.head : state.head + 1])[0])
+    if state.threshold is None:
+        return undrawn, None, z_head
+    return undrawn, float(state.threshold - 1) * state.grid, z_head
+
+
 @dataclass(frozen=True)
 class BlendedTop:
     """The served top: ``indices`` and ``scores`` (rounded to ``grid``, clipped at 0), best
@@ -400,18 +454,9 @@ def blended_draw(
     depth_h = min(nf, VALIDATION_DEPTH, n - 1)
     weight = 0.5
     if depth_h > 0:
-        gains = []
-        last: np.ndarray | None = None  # the last weight's top, positions into the pool
-        ids = friends
-        for w in WEIGHTS:
-            a, b = coefficients(float(w), r_counts, r_degrees, plan.candidate_scale)
-            fixed = mix(a, friend_values, b, friend_z)
-            scores, above = _settled(state, a, b, depth_h, fixed, last)
-            if ids.shape[0] != scores.shape[0]:  # the pool grew (at its end)
-                ids = np.concatenate([friends, state.ids])
-            last = _ranked_first_in(scores, ids, depth_h, above)
-            gains.append(recovery_gain(last < nf))  # the pool's first nf are the friends
-        weight = choose_weight(np.array(gains))
+        gains = _hold_out_gains(state, friends, friend_values, friend_z, depth_h, r_counts,
+                                r_degrees, plan.candidate_scale)  # fmt: skip
+        weight = choose_weight(gains)
     if not signal:
         weight = min(weight, NO_SIGNAL_WEIGHT_CAP)
 

@@ -330,12 +330,20 @@ def _hold_out_answers(graph_seeds: list[tuple[int, int]]) -> list[tuple[object, 
 GRAPHS_OF_THE_HOLD_OUT = [(300, 600), (2000, 20000), (5000, 100000)]
 
 
+def _none_settled(*args: object) -> object:
+    """``settled_tops`` settling no weight: it returns ``start``, and every weight of the
+    hold-out check is read with numpy, one at a time."""
+    return args[6]
+
+
 def test_the_hold_out_check_reads_the_same_top_above_the_last_weights_floor(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Each weight of the hold-out check partitions only the scores at least the last weight's
-    top's r-th (``floor_of``): the same answers, bit for bit and from the same generators, as
-    partitioning every score."""
+    """A weight of the hold-out check read with numpy (one not settled by the compiled pass;
+    here every weight) partitions only the scores at least the last weight's top's r-th
+    (``floor_of``): the same answers, bit for bit and from the same generators, as partitioning
+    every score."""
+    monkeypatch.setattr(lazy_blend, "settled_tops", _none_settled)
     fast = _hold_out_answers(GRAPHS_OF_THE_HOLD_OUT)
     monkeypatch.setattr(lazy_blend, "floor_of", lambda scores, known, r: -math.inf)
     assert fast == _hold_out_answers(GRAPHS_OF_THE_HOLD_OUT)
@@ -346,10 +354,25 @@ def test_the_hold_out_check_changes_with_a_floor_above_the_top(
 ) -> None:
     """Control: a floor at the largest of the last top's scores (not the smallest) drops nodes
     of the top, and some answer changes."""
+    monkeypatch.setattr(lazy_blend, "settled_tops", _none_settled)
     fast = _hold_out_answers(GRAPHS_OF_THE_HOLD_OUT)
     monkeypatch.setattr(
         lazy_blend,
         "floor_of",
         lambda scores, known, r: -math.inf if known is None else float(scores[known].max()),
     )
-    assert fast != _hold_out_answers(GRAPHS_OF_THE_HOLD_OUT)
+    try:
+        broken: list[tuple[object, ...]] | None = _hold_out_answers(GRAPHS_OF_THE_HOLD_OUT)
+    except ValueError:  # a top of fewer than r nodes
+        broken = None
+    assert fast != broken
+
+
+def test_the_compiled_hold_out_check_gives_the_same_answers_as_one_weight_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The settled weights read in one compiled pass (``settled_tops``): the same answers, bit
+    for bit and from the same generators, as reading every weight with numpy, one at a time."""
+    compiled = _hold_out_answers(GRAPHS_OF_THE_HOLD_OUT)
+    monkeypatch.setattr(lazy_blend, "settled_tops", _none_settled)
+    assert compiled == _hold_out_answers(GRAPHS_OF_THE_HOLD_OUT)
