@@ -52,8 +52,8 @@ from service.privacy.laplace import LaplacePlan
 from service.serving.embedding_schemas import EmbeddingAnswer, EmbeddingRequest
 from service.serving.embedding_spaces import EmbeddingSpaces
 from service.serving.pipeline.errors import IdempotencyKeyReused
-from service.serving.pipeline.group import GroupAnswers, Run
-from service.serving.pipeline.items import Admitted, Ready, Step, ToAdmit, ToBind
+from service.serving.pipeline.group import GroupAnswers
+from service.serving.pipeline.items import Admitted, Ready, Run, Step, ToAdmit, ToBind
 from service.serving.ppr_query import PprQueryService
 from service.serving.schemas import QueryRequest
 

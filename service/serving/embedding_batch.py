@@ -29,7 +29,7 @@ from service.serving.embedding_query import (
     EmbeddingQueryService,
     EmbeddingRequest,
 )
-from service.serving.pipeline.group import Run
+from service.serving.pipeline.items import Run
 from service.serving.schemas import Principal
 
 __all__ = ["EmbeddingBatchItem", "EmbeddingBatchRequest", "answer_embedding_batch"]

@@ -34,7 +34,7 @@ from service.serving.embedding_schemas import (
     FreeEmbeddingRequest,
 )
 from service.serving.embedding_spaces import EmbeddingSpaces
-from service.serving.pipeline.group import Run
+from service.serving.pipeline.items import Run
 from service.serving.ppr_query import PprQueryService
 from service.serving.rankings import degree_release_name
 from service.serving.schemas import Principal, QueryRequest

@@ -28,13 +28,14 @@ from service.serving.pipeline.admit import Admitter, ranking_admission
 from service.serving.pipeline.answer import fresh_answer, popular_answer
 from service.serving.pipeline.draw import Drawer
 from service.serving.pipeline.graph_caps import GraphCaps
-from service.serving.pipeline.group import GroupAnswers, Run
+from service.serving.pipeline.group import GroupAnswers
 from service.serving.pipeline.items import (
     Admitted,
     KeyedReplay,
     Pending,
     PopularPending,
     Ready,
+    Run,
     Step,
     ToAdmit,
 )

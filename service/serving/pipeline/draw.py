@@ -28,7 +28,7 @@ from service.mechanisms.randomness import fresh_generator
 from service.privacy.calibration import DiffusionPlan
 from service.privacy.modes import Mode
 from service.serving.pipeline.admit import degree_release_of
-from service.serving.pipeline.items import Admitted, Pending, Started
+from service.serving.pipeline.items import Admitted, Pending, Run, Started, run_in_turn
 from service.serving.pipeline.prefixes import PrefixProvider
 from service.serving.pipeline.reads import ReadFigure
 from service.serving.rankings import RankingPlan, draw_ranked
@@ -57,6 +57,7 @@ class Drawer:
         self.replay_store_top = replay_store_top
         # the count rankings' draws hold the interpreter lock nearly throughout: 16 at once
         # took 3.2x the CPU of one at a time (docs/notes/performance-blended-draws-2026-11-30.md)
+        self.ranking_draws_at_once = ranking_draws_at_once
         self._ranking_turns = threading.BoundedSemaphore(ranking_draws_at_once)
 
     def draw(self, p: Pending, receipt: ChargeReceipt) -> StoredRelease:
@@ -140,21 +141,19 @@ class Drawer:
             self.ledger.settlement.refund(charge_id, reason="failed before any noise was drawn")
             raise
         keep = self.replay_store_top + int(graph.degrees[seed])
-        with self._ranking_turns:
-            best, scores, _, extra = draw_ranked(graph, seed, plan, rng, keep)
-            results = stored_results(graph, best, scores)
-        return results, {**mechanism, **extra}
+        best, scores, _, extra = draw_ranked(graph, seed, plan, rng, keep)
+        return stored_results(graph, best, scores), {**mechanism, **extra}
 
     # -- a group --------------------------------------------------------------------------
 
     def draw_group(
         self,
         admitted: list[Admitted[Pending]],
-        run: Callable[[list[Callable[[], Any]]], list[Any]],
+        run: Run,
     ) -> list[StoredRelease | BaseException]:
         """Each admitted query's release (charged to it: no twin's), or its error, in order.
         Every diffusion goes to the engine before the first is waited for, so they share a
-        block without a thread each; the rest run on ``run``."""
+        block without a thread each; the rest are drawn in turns (:meth:`_in_turns`)."""
         started: dict[int, Started | StoredRelease | BaseException] = {}
         thunks: list[Callable[[], Any]] = []
         with self.engine.together():  # an idle engine starts them as one block
@@ -166,7 +165,7 @@ class Drawer:
                         started[j] = exc
                 else:
                     thunks.append(functools.partial(self.draw, p, r))
-        ran = iter(run(thunks) if thunks else [])
+        ran = iter(self._in_turns(thunks, run))
         drawn: list[StoredRelease | BaseException] = []
         for j, (_, p, _) in enumerate(admitted):
             if j not in started:
@@ -178,6 +177,36 @@ class Drawer:
             except Exception as exc:
                 drawn.append(exc)
         return drawn
+
+    def _in_turns(self, thunks: list[Callable[[], Any]], run: Run) -> list[Any]:
+        """The count rankings' draws, each one's release or exception, in order: shared among
+        at most ``ranking_draws_at_once`` turns, each drawing its share one after the other,
+        each draw holding one of the worker's ``ranking_draws_at_once`` slots (shared by every
+        group and batch, so a batch's draws do not keep a lone query waiting for all of them).
+        One turn runs on this thread: no thread is woken per draw (16 threads taking one slot
+        in turn spent a tenth of a worker's time handing it over); more run on ``run``."""
+        turns = min(self.ranking_draws_at_once, len(thunks))
+        if turns == 0:
+            return []
+        shares = [thunks[t::turns] for t in range(turns)]
+        if turns == 1:
+            drawn = [self._turn(shares[0])]
+        else:
+            drawn = run([functools.partial(self._turn, share) for share in shares])
+        out: list[Any] = [None] * len(thunks)
+        for t, share in enumerate(drawn):
+            if isinstance(share, BaseException):  # pragma: no cover - a turn catches its own
+                share = [share] * len(shares[t])
+            out[t::turns] = share
+        return out
+
+    def _turn(self, share: list[Callable[[], Any]]) -> list[Any]:
+        """One turn: its draws one after the other, each holding a slot while it draws."""
+        return run_in_turn([functools.partial(self._in_slot, thunk) for thunk in share])
+
+    def _in_slot(self, thunk: Callable[[], Any]) -> Any:
+        with self._ranking_turns:
+            return thunk()
 
 
 def stored_results(graph: Graph, best: np.ndarray, scores: np.ndarray) -> StoredResults:

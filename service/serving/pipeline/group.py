@@ -43,9 +43,11 @@ from service.serving.pipeline.items import (
     PopularPending,
     PreparedGroup,
     Ready,
+    Run,
     Step,
     ToAdmit,
     ToBind,
+    run_in_turn,
 )
 from service.serving.pipeline.refusals import RefusalLog
 from service.serving.pipeline.replay import Replayer
@@ -54,22 +56,8 @@ from service.serving.pipeline.store import Storer
 #: A kind's request.
 R = TypeVar("R")
 
-#: Runs thunks concurrently and returns each one's result or exception, in order.
-Run = Callable[[list[Callable[[], Any]]], list[Any]]
-
 #: A query's outcome, and a settled one told to ``on_ready`` at once.
 Settle = Callable[[int, Any], None]
-
-
-def run_in_turn(thunks: list[Callable[[], Any]]) -> list[Any]:
-    """:data:`Run` on this thread, one thunk after the other (a lone query's draws)."""
-    out: list[Any] = []
-    for thunk in thunks:
-        try:
-            out.append(thunk())
-        except Exception as exc:
-            out.append(exc)
-    return out
 
 
 class GroupAnswers(ABC, Generic[R, P, B, A]):

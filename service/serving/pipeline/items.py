@@ -25,6 +25,20 @@ from service.privacy.modes import Mode
 from service.serving.rankings import RankingPlan, ReleasedDegrees
 from service.serving.schemas import QueryRequest
 
+#: Runs thunks concurrently and returns each one's result or exception, in order.
+Run = Callable[[list[Callable[[], Any]]], list[Any]]
+
+
+def run_in_turn(thunks: list[Callable[[], Any]]) -> list[Any]:
+    """:data:`Run` on this thread, one thunk after the other (a lone query's draws)."""
+    out: list[Any] = []
+    for thunk in thunks:
+        try:
+            out.append(thunk())
+        except Exception as exc:
+            out.append(exc)
+    return out
+
 
 class Prepared(Protocol):
     """What the stages shared by every kind of charged query (admission, twins, storing) read

@@ -128,7 +128,9 @@ def in_order(log: list[str]) -> Callable[[list[Callable[[], Any]]], list[Any]]:
     return run
 
 
-def test_diffusions_go_to_the_engine_together_and_the_rest_run_on_run() -> None:
+def test_diffusions_go_to_the_engine_together_and_the_rest_are_drawn_in_turns() -> None:
+    """With one slot, a group's count rankings are drawn on its own thread (``run`` is not
+    asked), after every diffusion has gone to the engine."""
     log: list[str] = []
     group = [
         admitted(0, "0", RankingMechanism.NOISY_DIFFUSION),
@@ -136,7 +138,7 @@ def test_diffusions_go_to_the_engine_together_and_the_rest_run_on_run() -> None:
         admitted(2, "3", RankingMechanism.NOISY_DIFFUSION),
     ]
     drawn = drawer(log).draw_group(group, in_order(log))
-    assert log == ["together", "submit 0", "submit 3", "end together", "run 1"]
+    assert log == ["together", "submit 0", "submit 3", "end together"]
     assert all(isinstance(release, StoredRelease) for release in drawn)
     assert [cast(StoredRelease, r).charge_id for r in drawn] == [100, 101, 102]
     assert [cast(StoredRelease, r).key.node for r in drawn] == ["0", "1", "3"]
@@ -208,3 +210,41 @@ def test_count_rankings_draw_at_most_ranking_draws_at_once_together(
         drawn = drawer(log, at_once=at_once).draw_group(group, run)
     assert [cast(StoredRelease, r).charge_id for r in drawn] == list(range(100, 108))
     assert most[0] == at_once
+
+
+@pytest.mark.parametrize("at_once, turns", [(1, 0), (3, 3), (16, 8)])
+def test_a_groups_count_rankings_are_shared_among_at_most_at_once_turns(
+    monkeypatch: pytest.MonkeyPatch, at_once: int, turns: int
+) -> None:
+    """Eight count rankings: one slot draws them all on the calling thread, in order; more
+    slots hand ``run`` one turn per slot (at most one per draw), each drawing its share in
+    turn; the releases come back in the group's order, a failed draw as its own error."""
+    threads: list[int] = []
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.get_ident())
+        if args[1] == GRAPH.index_of("4"):
+            raise MemoryError("the draw failed")
+        return draw_ranked(*args, **kwargs)
+
+    monkeypatch.setattr(draw, "draw_ranked", recorded)
+    log: list[str] = []
+    group = [admitted(i, str(i % 5), RankingMechanism.COMMON_NEIGHBOURS) for i in range(8)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+
+        def run(thunks: list[Callable[[], Any]]) -> list[Any]:
+            log.append(f"run {len(thunks)}")
+            return list(pool.map(lambda thunk: thunk(), thunks))
+
+        drawn = drawer(log, at_once=at_once).draw_group(group, run)
+    assert [entry for entry in log if entry.startswith("run")] == (
+        [f"run {turns}"] if turns else []
+    )
+    here = {threading.get_ident()}
+    assert set(threads) == here if turns == 0 else not set(threads) & here
+    for i, release in enumerate(drawn):
+        if i % 5 == 4:
+            assert isinstance(release, MemoryError)
+        else:
+            assert cast(StoredRelease, release).charge_id == 100 + i
+            assert cast(StoredRelease, release).key.node == str(i % 5)

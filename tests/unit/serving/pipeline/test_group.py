@@ -27,16 +27,18 @@ from service.ledger.records import (
     ReleaseKey,
     StoredRelease,
 )
-from service.serving.pipeline.group import GroupAnswers, Run, run_in_turn
+from service.serving.pipeline.group import GroupAnswers
 from service.serving.pipeline.items import (
     Admitted,
     AdmittedGroup,
     PopularPending,
     PreparedGroup,
     Ready,
+    Run,
     Step,
     ToAdmit,
     ToBind,
+    run_in_turn,
 )
 
 BUDGET = BudgetView(account_id=1, spent_epsilon=0.0, cap_epsilon=1.0, remaining_epsilon=1.0,
