@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import pytest
 
-from service.serving.coalescer import QueryCoalescer
+from service.serving.coalescer import GATHERING_BACKOFF, QueryCoalescer
 from service.serving.schemas import Answer, QueryRequest
 
 WAIT = 5.0  # upper bound on any wait for another thread (never reached when things work)
@@ -107,7 +107,7 @@ def test_an_idle_coalescer_starts_a_group_at_once() -> None:
     fake = FakeGroups()
 
     async def main() -> None:
-        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1)
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1, gather_seconds=0.0)
         task = asyncio.create_task(coalescer.answer(req("a")))
         await asyncio.sleep(0)  # answer() ran up to its await: the group is already formed
         assert coalescer.waiting == 0
@@ -122,7 +122,7 @@ def test_queries_queued_behind_a_running_group_form_the_next_group() -> None:
     fake = FakeGroups(hold={0})
 
     async def main() -> None:
-        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1)
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1, gather_seconds=0.0)
         first = asyncio.create_task(coalescer.answer(req("a")))
         await wait_event(fake.entered(0))
         rest = [asyncio.create_task(coalescer.answer(req(x))) for x in "bcd"]
@@ -146,7 +146,7 @@ def test_waiting_queries_are_split_into_groups_of_at_most_max_group() -> None:
     fake = FakeGroups(hold={0})
 
     async def main() -> None:
-        coalescer = QueryCoalescer(fake, max_group=2, groups_in_flight=1)
+        coalescer = QueryCoalescer(fake, max_group=2, groups_in_flight=1, gather_seconds=0.0)
         first = asyncio.create_task(coalescer.answer(req("q0")))
         await wait_event(fake.entered(0))
         names = [f"q{i}" for i in range(1, 6)]
@@ -165,7 +165,7 @@ def test_two_groups_in_flight_run_at_once_and_the_third_waits() -> None:
     fake = FakeGroups(hold={0, 1})
 
     async def main() -> None:
-        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=2)
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=2, gather_seconds=0.0)
         a = asyncio.create_task(coalescer.answer(req("a")))
         await wait_event(fake.entered(0))
         b = asyncio.create_task(coalescer.answer(req("b")))  # one group runs: starts another
@@ -191,7 +191,7 @@ def test_an_outcome_given_to_on_ready_is_answered_before_the_group_ends() -> Non
     fake = FakeGroups(hold={0}, early={"a"})
 
     async def main() -> None:
-        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1)
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1, gather_seconds=0.0)
         a = asyncio.create_task(coalescer.answer(req("a")))
         await wait_event(fake.entered(0))
         assert await a == ans("early a")  # the group is still held running
@@ -208,7 +208,7 @@ def test_an_early_outcome_in_a_larger_group_answers_only_that_query() -> None:
     fake = FakeGroups(hold={0, 1}, early={"c"})
 
     async def main() -> None:
-        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1)
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1, gather_seconds=0.0)
         a = asyncio.create_task(coalescer.answer(req("a")))
         await wait_event(fake.entered(0))
         b, c = (asyncio.create_task(coalescer.answer(req(x))) for x in "bc")
@@ -229,7 +229,7 @@ def test_a_per_item_error_is_raised_only_to_its_query() -> None:
     fake = FakeGroups(hold={0})
 
     async def main() -> None:
-        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1)
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1, gather_seconds=0.0)
         first = asyncio.create_task(coalescer.answer(req("a")))
         await wait_event(fake.entered(0))
         tasks = [asyncio.create_task(coalescer.answer(req(x))) for x in ("b", "err c", "d")]
@@ -247,7 +247,7 @@ def test_an_error_of_the_whole_group_goes_to_every_query_of_that_group_only() ->
     fake = FakeGroups(hold={0})
 
     async def main() -> None:
-        coalescer = QueryCoalescer(fake, max_group=2, groups_in_flight=1)
+        coalescer = QueryCoalescer(fake, max_group=2, groups_in_flight=1, gather_seconds=0.0)
         first = asyncio.create_task(coalescer.answer(req("a")))
         await wait_event(fake.entered(0))
         tasks = [asyncio.create_task(coalescer.answer(req(x))) for x in ("b", "boom", "e")]
@@ -267,7 +267,7 @@ def test_a_group_returning_the_wrong_number_of_outcomes_fails_each_query() -> No
         return [ans("one"), ans("two")]  # two outcomes for one query
 
     async def main() -> None:
-        coalescer = QueryCoalescer(short, max_group=8, groups_in_flight=1)
+        coalescer = QueryCoalescer(short, max_group=8, groups_in_flight=1, gather_seconds=0.0)
         with pytest.raises(RuntimeError, match="wrong number of outcomes"):
             await coalescer.answer(req("a"))
 
@@ -278,7 +278,7 @@ def test_a_cancelled_caller_does_not_cancel_its_running_group() -> None:
     fake = FakeGroups(hold={0})
 
     async def main() -> None:
-        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1)
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1, gather_seconds=0.0)
         task = asyncio.create_task(coalescer.answer(req("a")))
         await wait_event(fake.entered(0))
         task.cancel()
@@ -298,7 +298,7 @@ def test_a_query_cancelled_while_waiting_is_still_given_to_the_next_group() -> N
     fake = FakeGroups(hold={0})
 
     async def main() -> None:
-        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1)
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1, gather_seconds=0.0)
         first = asyncio.create_task(coalescer.answer(req("a")))
         await wait_event(fake.entered(0))
         gone = asyncio.create_task(coalescer.answer(req("b")))
@@ -318,4 +318,115 @@ def test_a_query_cancelled_while_waiting_is_still_given_to_the_next_group() -> N
 @pytest.mark.parametrize(("max_group", "groups_in_flight"), [(0, 1), (1, 0), (0, 0), (-1, 1)])
 def test_the_constructor_rejects_sizes_below_one(max_group: int, groups_in_flight: int) -> None:
     with pytest.raises(ValueError, match=">= 1"):
-        QueryCoalescer(FakeGroups(), max_group=max_group, groups_in_flight=groups_in_flight)
+        QueryCoalescer(
+            FakeGroups(), max_group=max_group, groups_in_flight=groups_in_flight, gather_seconds=0
+        )
+
+
+def test_the_constructor_rejects_a_negative_gathering_window() -> None:
+    with pytest.raises(ValueError, match="gather_seconds"):
+        QueryCoalescer(FakeGroups(), max_group=8, groups_in_flight=1, gather_seconds=-0.001)
+
+
+#: A gathering window no test waits out: a group that waited for it would fail ``WAIT``.
+LONG_WINDOW = 60.0
+
+
+async def _one_running_three_waiting(
+    coalescer: QueryCoalescer, fake: FakeGroups
+) -> list[asyncio.Task[Answer]]:
+    """Group 0 holds "x" while "abc" queue behind it; group 0 is let go and answered."""
+    alone = asyncio.create_task(coalescer.answer(req("x")))
+    await wait_event(fake.entered(0))
+    three = [asyncio.create_task(coalescer.answer(req(q))) for q in "abc"]
+    await asyncio.sleep(0)
+    fake.gate(0).set()
+    assert await alone == ans("answer x")
+    return three
+
+
+def test_after_a_group_the_next_waits_for_as_many_queries_as_were_in_flight() -> None:
+    """Cohorts of 1 and 3 callers merge: the group of one ends with three queries waiting,
+    and the next starts when its caller's next query has come too."""
+    fake = FakeGroups(hold={0})
+
+    async def main() -> None:
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1,
+                                   gather_seconds=LONG_WINDOW)  # fmt: skip
+        three = await _one_running_three_waiting(coalescer, fake)
+        await asyncio.sleep(0.01)
+        assert fake.groups == [["x"]] and coalescer.waiting == 3  # gathering
+        back = asyncio.create_task(coalescer.answer(req("y")))  # x's caller is back
+        assert len(await asyncio.gather(*three, back)) == 4
+        assert fake.groups == [["x"], ["a", "b", "c", "y"]]
+
+    run(main)
+
+
+def test_a_gathering_group_starts_with_what_waits_when_the_window_ends() -> None:
+    fake = FakeGroups(hold={0})
+
+    async def main() -> None:
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1, gather_seconds=0.05)
+        three = await _one_running_three_waiting(coalescer, fake)
+        assert len(await asyncio.gather(*three)) == 3  # nobody else came: they went alone
+        assert fake.groups == [["x"], ["a", "b", "c"]]
+
+    run(main)
+
+
+def test_after_a_gathering_ends_short_the_next_groups_do_not_gather() -> None:
+    """Callers that do not come back: after a gathering that ended short, the next
+    ``GATHERING_BACKOFF`` group starts that would gather start with what waits instead (each
+    would otherwise wait out the window); then gathering is tried again."""
+    fake = FakeGroups(hold={0})
+
+    async def main() -> None:
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1, gather_seconds=0.05)
+        await asyncio.gather(*await _one_running_three_waiting(coalescer, fake))
+        assert fake.groups == [["x"], ["a", "b", "c"]]  # that gathering ended short
+        coalescer.gather_seconds = LONG_WINDOW  # a gathering now lasts until filled
+        for i in range(2 * GATHERING_BACKOFF):  # two queries at once, each group of one
+            p, q = (asyncio.create_task(coalescer.answer(req(f"{x}{i}"))) for x in "pq")
+            await p
+            await asyncio.wait({q}, timeout=0.5)  # its group of one, unless it gathers
+            if not q.done():  # q waits for p's caller: gathering again
+                break
+        else:
+            raise AssertionError("gathering never came back")
+        filler = asyncio.create_task(coalescer.answer(req("back")))
+        await asyncio.wait_for(asyncio.gather(q, filler), WAIT)
+        assert fake.groups[-1] == [f"q{i}", "back"]
+        # round 0's two starts would have gathered (3, then 2 in flight), later rounds' q
+        # only (p's group of one is filled by one query): that is GATHERING_BACKOFF starts
+        assert i == GATHERING_BACKOFF - 1
+
+    run(main)
+
+
+def test_a_gathering_group_never_waits_for_more_than_max_group() -> None:
+    fake = FakeGroups(hold={0})
+
+    async def main() -> None:
+        coalescer = QueryCoalescer(fake, max_group=3, groups_in_flight=1,
+                                   gather_seconds=LONG_WINDOW)  # fmt: skip
+        three = await _one_running_three_waiting(coalescer, fake)
+        assert len(await asyncio.wait_for(asyncio.gather(*three), WAIT)) == 3
+        assert fake.groups == [["x"], ["a", "b", "c"]]
+
+    run(main)
+
+
+def test_one_caller_after_another_is_never_kept_gathering() -> None:
+    """A caller sending one query after another: each group held one query, and one waiting
+    query fills the next, so none waits for the window."""
+    fake = FakeGroups()
+
+    async def main() -> None:
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1,
+                                   gather_seconds=LONG_WINDOW)  # fmt: skip
+        for x in "abcde":
+            assert await asyncio.wait_for(coalescer.answer(req(x)), WAIT) == ans(f"answer {x}")
+        assert fake.groups == [[x] for x in "abcde"]
+
+    run(main)

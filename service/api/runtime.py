@@ -317,6 +317,7 @@ def build_runtime(
             lambda reqs, on_ready: queries.answer_many(reqs, batch.run_all, on_ready),
             max_group=settings.ledger_group_max,
             groups_in_flight=settings.query_groups_in_flight,
+            gather_seconds=settings.query_group_gather_ms / 1000.0,
         )
     similar = SimilarIndexHolder(
         settings.embedding_release_dir,

@@ -51,6 +51,14 @@ class ServingSettings(BaseSettings):
         "block and one storing transaction; a query arriving while fewer run starts at once. "
         "0: each single query runs on its own thread (still group-committed).",
     )  # fmt: skip
+    query_group_gather_ms: float = Field(
+        20.0, ge=0.0, le=1000.0,
+        description="Within this many milliseconds of a group's end, the next group of single "
+        "queries starts once as many wait as were in flight when it ended (under load, its "
+        "callers' next queries and those already waiting), else at the end of the window; an "
+        "idle worker starts a query at once; after a window ends short, the next 8 groups do not "
+        "wait. 0: the next group takes what waits when one ends.",
+    )  # fmt: skip
     twin_wait_seconds: float = Field(
         10.0, ge=0.0,
         description="How long a query waits for an identical in-flight query's release "
