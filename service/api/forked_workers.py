@@ -38,6 +38,7 @@ from fastapi import FastAPI
 
 from service.config import Settings
 from service.graph.model import Graph
+from service.mechanisms import hold_out
 from service.mechanisms.engine import warm_engine
 from service.mechanisms.operator import WalkOperator
 
@@ -102,6 +103,7 @@ def _compile_for(graph: Graph) -> None:
         personalized=np.array([True, False]),
     )
     warm_engine(graph, op)  # the block engine's own variants (noise, gather), both modes
+    hold_out.warm_up()  # blended's hold-out check
 
 
 def fork_workers() -> bool:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-__all__ = ["settled_tops"]
+__all__ = ["settled_tops", "warm_up"]
 
 
 def _settled_tops(
@@ -126,3 +126,13 @@ def settled_tops(
         float(z_head),
         tops,
     )
+
+
+def warm_up() -> int:
+    """Compile (or load from numba's cache) the pass's one variant: the service's supervisor
+    does it before it forks its workers, so no worker's first ``blended`` answer waits for it.
+    Returns the pass's answer on a pool of one node (1: its one weight settled)."""
+    tops = np.empty((1, 1), dtype=np.int64)
+    one, zero = np.ones(1), np.zeros(1)
+    ids = np.zeros(1, dtype=np.int64)
+    return settled_tops(one, one, zero, zero, ids, 1, 0, (0, None, 0.0), tops)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from service.mechanisms.blended import mix, ranked_first
-from service.mechanisms.hold_out import settled_tops
+from service.mechanisms.hold_out import settled_tops, warm_up
 
 
 def _pool(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -86,3 +86,7 @@ def test_a_top_larger_than_the_pool_is_refused() -> None:
     tops = np.empty((1, 6), dtype=np.int64)
     with pytest.raises(ValueError, match="top's size"):
         settled_tops(np.ones(1), np.ones(1), values, z, ids, 6, 0, (0, None, 0.0), tops)
+
+
+def test_the_warm_up_runs_the_compiled_pass() -> None:
+    assert warm_up() == 1  # a pool of one node, nothing undrawn: its one weight is settled
