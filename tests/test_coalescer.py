@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
@@ -37,8 +38,11 @@ class FakeGroups:
     number (0-based) is in ``hold`` wait for ``gate(n)`` before returning; ``early`` names
     queries resolved through ``on_ready`` as soon as their group starts."""
 
-    def __init__(self, hold: set[int] | None = None, early: set[str] | None = None) -> None:
+    def __init__(
+        self, hold: set[int] | None = None, early: set[str] | None = None, delay: float = 0.0
+    ) -> None:
         self.hold = hold or set()
+        self.delay = delay  # seconds every group takes
         self.early = early or set()
         self.groups: list[list[str]] = []
         self._lock = threading.Lock()
@@ -75,6 +79,7 @@ class FakeGroups:
             self.entered(n).set()
             if n in self.hold:
                 assert self.gate(n).wait(WAIT), f"group {n} was never released"
+            time.sleep(self.delay)
             if "boom" in names:
                 raise RuntimeError("the whole group failed")
             return [
@@ -331,16 +336,18 @@ def test_the_constructor_rejects_a_negative_gathering_window() -> None:
 #: A gathering window no test waits out: a group that waited for it would fail ``WAIT``.
 LONG_WINDOW = 60.0
 
+#: A window, and groups that take longer than it (a shorter group is followed at once).
+WINDOW, SLOW = 0.1, 0.12
 
-async def _one_running_three_waiting(
-    coalescer: QueryCoalescer, fake: FakeGroups
-) -> list[asyncio.Task[Answer]]:
-    """Group 0 holds "x" while "abc" queue behind it; group 0 is let go and answered."""
+#: Long enough for the event loop to start a group that is not held, well within ``WINDOW``.
+SETTLE = 0.02
+
+
+async def _one_running_three_waiting(coalescer: QueryCoalescer) -> list[asyncio.Task[Answer]]:
+    """Group 0 runs "x" while "abc" queue behind it; x is answered (its group is slow)."""
     alone = asyncio.create_task(coalescer.answer(req("x")))
-    await wait_event(fake.entered(0))
-    three = [asyncio.create_task(coalescer.answer(req(q))) for q in "abc"]
     await asyncio.sleep(0)
-    fake.gate(0).set()
+    three = [asyncio.create_task(coalescer.answer(req(q))) for q in "abc"]
     assert await alone == ans("answer x")
     return three
 
@@ -348,13 +355,12 @@ async def _one_running_three_waiting(
 def test_after_a_group_the_next_waits_for_as_many_queries_as_were_in_flight() -> None:
     """Cohorts of 1 and 3 callers merge: the group of one ends with three queries waiting,
     and the next starts when its caller's next query has come too."""
-    fake = FakeGroups(hold={0})
+    fake = FakeGroups(delay=SLOW)
 
     async def main() -> None:
-        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1,
-                                   gather_seconds=LONG_WINDOW)  # fmt: skip
-        three = await _one_running_three_waiting(coalescer, fake)
-        await asyncio.sleep(0.01)
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1, gather_seconds=WINDOW)
+        three = await _one_running_three_waiting(coalescer)
+        await asyncio.sleep(SETTLE)
         assert fake.groups == [["x"]] and coalescer.waiting == 3  # gathering
         back = asyncio.create_task(coalescer.answer(req("y")))  # x's caller is back
         assert len(await asyncio.gather(*three, back)) == 4
@@ -364,12 +370,44 @@ def test_after_a_group_the_next_waits_for_as_many_queries_as_were_in_flight() ->
 
 
 def test_a_gathering_group_starts_with_what_waits_when_the_window_ends() -> None:
+    fake = FakeGroups(delay=SLOW)
+
+    async def main() -> None:
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1, gather_seconds=WINDOW)
+        three = await _one_running_three_waiting(coalescer)
+        assert len(await asyncio.gather(*three)) == 3  # nobody else came: they went alone
+        assert fake.groups == [["x"], ["a", "b", "c"]]
+
+    run(main)
+
+
+def test_a_gathering_group_never_waits_for_more_than_max_group() -> None:
+    fake = FakeGroups(delay=SLOW)
+
+    async def main() -> None:
+        coalescer = QueryCoalescer(fake, max_group=3, groups_in_flight=1, gather_seconds=WINDOW)
+        three = await _one_running_three_waiting(coalescer)
+        await asyncio.sleep(SETTLE)
+        assert fake.groups == [["x"], ["a", "b", "c"]]  # started at once
+        await asyncio.gather(*three)
+
+    run(main)
+
+
+def test_a_group_shorter_than_the_window_is_followed_at_once() -> None:
+    """Replays and refusals make short groups: holding the next one for their callers would
+    cost more than the group it saves."""
     fake = FakeGroups(hold={0})
 
     async def main() -> None:
-        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1, gather_seconds=0.05)
-        three = await _one_running_three_waiting(coalescer, fake)
-        assert len(await asyncio.gather(*three)) == 3  # nobody else came: they went alone
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1,
+                                   gather_seconds=LONG_WINDOW)  # fmt: skip
+        alone = asyncio.create_task(coalescer.answer(req("x")))
+        await wait_event(fake.entered(0))
+        three = [asyncio.create_task(coalescer.answer(req(q))) for q in "abc"]
+        await asyncio.sleep(0)
+        fake.gate(0).set()  # group 0 ran for far less than the window
+        assert len(await asyncio.wait_for(asyncio.gather(alone, *three), WAIT)) == 4
         assert fake.groups == [["x"], ["a", "b", "c"]]
 
     run(main)
@@ -379,40 +417,25 @@ def test_after_a_gathering_ends_short_the_next_groups_do_not_gather() -> None:
     """Callers that do not come back: after a gathering that ended short, the next
     ``GATHERING_BACKOFF`` group starts that would gather start with what waits instead (each
     would otherwise wait out the window); then gathering is tried again."""
-    fake = FakeGroups(hold={0})
+    fake = FakeGroups(delay=SLOW)
 
     async def main() -> None:
-        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1, gather_seconds=0.05)
-        await asyncio.gather(*await _one_running_three_waiting(coalescer, fake))
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1, gather_seconds=WINDOW)
+        await asyncio.gather(*await _one_running_three_waiting(coalescer))
         assert fake.groups == [["x"], ["a", "b", "c"]]  # that gathering ended short
-        coalescer.gather_seconds = LONG_WINDOW  # a gathering now lasts until filled
         for i in range(2 * GATHERING_BACKOFF):  # two queries at once, each group of one
             p, q = (asyncio.create_task(coalescer.answer(req(f"{x}{i}"))) for x in "pq")
             await p
-            await asyncio.wait({q}, timeout=0.5)  # its group of one, unless it gathers
-            if not q.done():  # q waits for p's caller: gathering again
+            await asyncio.sleep(SETTLE)
+            if coalescer.waiting:  # q waits for p's caller: gathering again
                 break
+            await q
         else:
             raise AssertionError("gathering never came back")
-        filler = asyncio.create_task(coalescer.answer(req("back")))
-        await asyncio.wait_for(asyncio.gather(q, filler), WAIT)
-        assert fake.groups[-1] == [f"q{i}", "back"]
+        await q
         # round 0's two starts would have gathered (3, then 2 in flight), later rounds' q
         # only (p's group of one is filled by one query): that is GATHERING_BACKOFF starts
         assert i == GATHERING_BACKOFF - 1
-
-    run(main)
-
-
-def test_a_gathering_group_never_waits_for_more_than_max_group() -> None:
-    fake = FakeGroups(hold={0})
-
-    async def main() -> None:
-        coalescer = QueryCoalescer(fake, max_group=3, groups_in_flight=1,
-                                   gather_seconds=LONG_WINDOW)  # fmt: skip
-        three = await _one_running_three_waiting(coalescer, fake)
-        assert len(await asyncio.wait_for(asyncio.gather(*three), WAIT)) == 3
-        assert fake.groups == [["x"], ["a", "b", "c"]]
 
     run(main)
 

@@ -20,7 +20,9 @@ only once as many queries wait as were in flight when it ended (that group's and
 waiting then: the cohorts merge), or ``max_group``; at the end of the window it starts with
 what waits. An idle service, or a caller sending one query after another, starts at once:
 the window is measured from the last group's end, and one waiting query fills a group of
-one. (Waiting only for the ended group's own size kept two cohorts of 8 alternating.) Callers
+one. (Waiting only for the ended group's own size kept two cohorts of 8 alternating.) A
+group that took less than the window (replays, refusals: answers the ledger already holds) is
+followed at once: holding the next would cost more than the group it saves. Callers
 that do not come back (independent requests, each from its own user) would make every group
 wait out the window: a gathering that ends short stops gathering for the next
 :data:`GATHERING_BACKOFF` groups, so such traffic pays the window once in that many groups.
@@ -71,7 +73,8 @@ class QueryCoalescer:
         self.gather_seconds = gather_seconds
         self._waiting: deque[tuple[QueryRequest, asyncio.Future[Answer]]] = deque()
         self._running: set[asyncio.Task[None]] = set()
-        self._last_size = 0  # the queries in flight when the last group ended, and when
+        self._last_size = 0  # the queries to wait for after the last group (0: none), and
+        # when it ended
         self._last_end = -math.inf
         self._gathering: asyncio.TimerHandle | None = None
         self._skip_gathering = 0  # groups left that start without gathering
@@ -137,6 +140,7 @@ class QueryCoalescer:
         def on_ready(i: int, outcome: Answer | BaseException) -> None:
             loop.call_soon_threadsafe(_resolve, futures[i], outcome)
 
+        started = loop.time()
         try:
             outcomes: list[Any] = await to_thread.run_sync(
                 self._answer_many, [req for req, _ in group], on_ready
@@ -151,7 +155,9 @@ class QueryCoalescer:
             raise
         self.groups += 1
         self.queries += len(group)
-        self._last_size, self._last_end = len(group) + len(self._waiting), loop.time()
+        self._last_end = loop.time()
+        long = self._last_end - started >= self.gather_seconds  # else the next is not held
+        self._last_size = len(group) + len(self._waiting) if long else 0
         for future, outcome in zip(futures, outcomes, strict=True):
             _resolve(future, outcome)
 
