@@ -23,6 +23,7 @@ from sqlalchemy import Engine, text
 from service.api.app import create_app
 from service.config import Settings
 from service.ledger.ledger import Ledger
+from tests.connection_support import new_connection_each
 
 #: A small deterministic graph keeps the API tests fast; answers still use the full engine.
 GRAPH_NODES = 400
@@ -156,15 +157,16 @@ def wait_until_ready(
     """Until ``process`` (a server writing to ``log``) answers ``/readyz`` with 200 at
     ``base_url``; fails with the log's end if it exits or is not ready within ``seconds``."""
     deadline = time.monotonic() + seconds
-    while True:
-        assert process.poll() is None, log.read_text()[-4000:]
-        try:
-            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, log.read_text()[-4000:]
-        time.sleep(0.2)
+    with new_connection_each(base_url, timeout=2) as http:
+        while True:
+            assert process.poll() is None, log.read_text()[-4000:]
+            try:
+                if http.get("/readyz").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(0.2)
 
 
 def _healthz_pids(server: Server) -> set[int]:
@@ -200,25 +202,29 @@ def uvicorn_server(
     server = Server(f"http://127.0.0.1:{port}", log_path, proc.pid)
     try:
         deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited:\n{log_path.read_text()}")
-            loaded = sum(1 for line in server.log_lines() if line.get("message") == "graph loaded")
-            if loaded >= workers:
-                try:
-                    if httpx.get(f"{server.base_url}/readyz", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server not ready in 120 s:\n{log_path.read_text()}")
-            time.sleep(0.2)
-        # Every worker has finished starting once each has answered a request of its own (a
-        # new connection each time, so the kernel can hand it to any worker).
-        while len(_healthz_pids(server)) < workers and time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                httpx.get(f"{server.base_url}/healthz", timeout=2)
-            time.sleep(0.02)
+        # one client for the polls (building one per poll took ~25 ms of CPU, its TLS context)
+        with new_connection_each(server.base_url, timeout=2) as http:
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server exited:\n{log_path.read_text()}")
+                loaded = sum(
+                    1 for line in server.log_lines() if line.get("message") == "graph loaded"
+                )
+                if loaded >= workers:
+                    try:
+                        if http.get("/readyz").status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"server not ready in 120 s:\n{log_path.read_text()}")
+                time.sleep(0.2)
+            # Every worker has finished starting once each has answered a request of its own
+            # (a new connection each time, so the kernel can hand it to any worker).
+            while len(_healthz_pids(server)) < workers and time.monotonic() < deadline:
+                with contextlib.suppress(httpx.HTTPError):
+                    http.get("/healthz")
+                time.sleep(0.02)
         yield server
     finally:
         proc.terminate()

@@ -23,6 +23,7 @@ from tests.api_support import (
     user_with_key,
     uvicorn_server,
 )
+from tests.connection_support import new_connection_each
 from tests.test_api import (  # fixtures by name
     REDIS_URL,
     Accounts,
@@ -194,12 +195,10 @@ def test_overload_is_503_with_retry_after_and_nothing_charged(backend: Backend) 
     env = {"PPR_ENGINE_CONCURRENCY": "1", "PPR_ENGINE_QUEUE": "0"}
     with uvicorn_server(backend, extra_env=env) as server:
 
-        def ask(i: int) -> httpx.Response:
-            with httpx.Client(base_url=server.base_url, timeout=60) as http:
-                return http.get("/v1/ppr/9", params={"fresh": "true", "k": 3},
-                                headers=bearer(key))  # fmt: skip
+        def ask(i: int) -> httpx.Response:  # a new connection each
+            return http.get("/v1/ppr/9", params={"fresh": "true", "k": 3}, headers=bearer(key))
 
-        with ThreadPoolExecutor(max_workers=30) as pool:
+        with new_connection_each(server.base_url) as http, ThreadPoolExecutor(30) as pool:
             responses = list(pool.map(ask, range(30)))
     statuses = [r.status_code for r in responses]
     assert set(statuses) <= {200, 403, 503} and 503 in statuses

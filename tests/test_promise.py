@@ -33,6 +33,7 @@ from tests.api_support import (
     uvicorn_server,
 )
 from tests.conftest import POSTGRES_BASE_URL
+from tests.connection_support import new_connection_each
 from tests.ledger_support import admit_and_charge
 from tests.test_api import Accounts, backend, query  # noqa: F401  (the backend fixture)
 
@@ -48,12 +49,11 @@ def verify(database_url: str) -> dict[str, Any]:
 def _sixteen_identical(base_url: str, key: str, node: str) -> list[httpx.Response]:
     barrier = threading.Barrier(16)
 
-    def ask(_: int) -> httpx.Response:
-        with httpx.Client(base_url=base_url, timeout=60) as http:
-            barrier.wait()
-            return http.get(f"/v1/ppr/{node}", params={"k": 10}, headers=bearer(key))
+    def ask(_: int) -> httpx.Response:  # a new connection each
+        barrier.wait()
+        return http.get(f"/v1/ppr/{node}", params={"k": 10}, headers=bearer(key))
 
-    with ThreadPoolExecutor(max_workers=16) as pool:
+    with new_connection_each(base_url) as http, ThreadPoolExecutor(max_workers=16) as pool:
         return list(pool.map(ask, range(16)))
 
 
