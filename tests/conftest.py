@@ -10,6 +10,7 @@ only if the server does not answer), ``ledger_url`` (both, ids "sqlite" and "pos
 from __future__ import annotations
 
 import compileall
+import gc
 import os
 import subprocess
 import sys
@@ -174,6 +175,16 @@ def _write_rewritten_tests(config: pytest.Config) -> None:
             cache.mkdir(exist_ok=True)
             source_hash, code = _rewrite_test(module, config)
             _write_pyc(state, code, source_hash, pyc)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection made (every test module, the service and its dependencies, imported)
+    lives until the process ends: moved out of the cyclic garbage collector's sight
+    (``gc.freeze``), so that its full collections during the tests stop walking it each time.
+    A worker holds about 1.3 M objects after collection; three API test modules in one process
+    spent 5.5 CPU-s of 45 s in the collector, 3.1 after the freeze."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
