@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import logging
 import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +119,31 @@ def check_synthetic_release(settings: Any) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    with _collector_paused() as resume:
+        return _run(args, resume)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[Callable[[], None]]:
+    """The cyclic garbage collector off while the server starts; yields ``resume``, which
+    turns it back on (if it was on) once the supervisor is prepared, and which runs on exit in
+    any case. Start-up imports and builds about 220k objects and frees few, and the collector
+    walked them about 500 times: 0.2 of the 1.6 CPU-s the imports took. The supervisor
+    collects once before it forks (``prepare_supervisor``), so nothing is left uncollected."""
+    was_on = gc.isenabled()
+    gc.disable()
+
+    def resume() -> None:
+        if was_on:
+            gc.enable()
+
+    try:
+        yield resume
+    finally:
+        resume()
+
+
+def _run(args: argparse.Namespace, resume_collector: Callable[[], None]) -> int:
     from pydantic import ValidationError
 
     from service.config import Settings, settings_error
@@ -146,14 +173,14 @@ def run(args: argparse.Namespace) -> int:
         metrics_dir = tempfile.mkdtemp(prefix="ppr-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
-        return _run_configured(settings)
+        return _run_configured(settings, resume_collector)
     finally:
         if metrics_dir is not None:  # the workers' metric files die with this run
             shutil.rmtree(metrics_dir, ignore_errors=True)
             del os.environ["PROMETHEUS_MULTIPROC_DIR"]
 
 
-def _run_configured(settings: Any) -> int:
+def _run_configured(settings: Any, resume_collector: Callable[[], None]) -> int:
     """``run`` once the settings are read and the metrics' home is set."""
     from service.ledger.ledger import Ledger, LedgerUnavailable
 
@@ -188,6 +215,7 @@ def _run_configured(settings: Any) -> int:
     from service.api.forked_workers import fork_workers, prepare_supervisor
 
     prepare_supervisor(settings)
+    resume_collector()  # start-up is done: collected and frozen
     if empty:  # a fresh ledger, and a graph that loaded: what to do next (the README's quick start)
         print(quick_start(settings.host, settings.port), file=sys.stderr, flush=True)
     app = "service.api.forked_workers:preloaded_app"
