@@ -137,18 +137,28 @@ class LazyCandidates:
         after = self.excluded.shape[0] - int(np.searchsorted(self.excluded, self.head))
         return int((self.n - self.head) - after - self.sparse_drawn.shape[0])
 
+    def z_head(self) -> float:
+        """The standardized degree at H (the largest of any node not yet in the dense region)."""
+        return float(self.standard.z(self.standard.order[self.head : self.head + 1])[0])
+
+    def bound_terms(self) -> tuple[int, float | None, float]:
+        """What :meth:`bound` is made of: R, ``g (T - 1)`` (None: T is +inf) and the
+        standardized degree at H (R = 0: nothing is left, the other two are not read)."""
+        undrawn = self.undrawn()
+        if undrawn == 0:
+            return 0, None, 0.0
+        top = None if self.threshold is None else float(self.threshold - 1) * self.grid
+        return undrawn, top, self.z_head()
+
     def bound(self, a: float, b: float) -> float:
         """U(a, b): no undrawn node scores above it under the blend (a, b); -inf if none is
         left."""
-        if self.undrawn() == 0:
+        undrawn, top, z_head = self.bound_terms()
+        if undrawn == 0:
             return -math.inf
-        z_head = self.standard.z(self.standard.order[self.head : self.head + 1])
-        if self.threshold is None:
-            if a > 0.0:
-                return math.inf
-            return float(mix(a, np.zeros(1), b, z_head)[0])
-        top = np.array([float(self.threshold - 1) * self.grid])
-        return float(mix(a, top, b, z_head)[0])
+        if top is None and a > 0.0:
+            return math.inf
+        return float(mix(a, np.array([0.0 if top is None else top]), b, np.array([z_head]))[0])
 
     def _add(self, positions: np.ndarray, levels: np.ndarray) -> None:
         nodes = self.standard.order[positions].astype(np.int64)
@@ -212,7 +222,7 @@ class LazyCandidates:
             wanted = s_top + min(1.0, budget / remaining) * (1.0 - s_top)
             self.lower(None if budget >= remaining else _level_at(self.law, wanted))
             return
-        z_head = float(self.standard.z(self.standard.order[self.head : self.head + 1])[0])
+        z_head = self.z_head()
         needed = math.floor((kth - b * z_head) / (a * self.grid))  # a g (T' - 1) + b z_H < kth
         if top is not None:
             needed = min(needed, top - 1)
@@ -327,7 +337,7 @@ def _hold_out_gains(
         ids = np.concatenate([friends, state.ids])
         values = np.concatenate([friend_values, state.values])
         z = np.concatenate([friend_z, state.z])
-        stop = settled_tops(a_s, b_s, values, z, ids, r, start, _bound_state(state), tops)
+        stop = settled_tops(a_s, b_s, values, z, ids, r, start, state.bound_terms(), tops)
         for w in range(start, stop):
             gains[w] = recovery_gain(tops[w] < nf)  # the pool's first nf are the friends
         if stop == len(weights):
@@ -340,18 +350,6 @@ def _hold_out_gains(
         gains[stop] = recovery_gain(tops[stop] < nf)
         start = stop + 1
     return gains
-
-
-def _bound_state(state: LazyCandidates) -> tuple[int, float | None, float]:
-    """What ``state.bound(a, b)`` reads: the undrawn count, g (T - 1) (None: T is +inf) and
-    the standardized degree at H."""
-    undrawn = state.undrawn()
-    if undrawn == 0:
-        return 0, None, 0.0
-    z_head = float(state.standard.z(state.standard.order[state.head : state.head + 1])[0])
-    if state.threshold is None:
-        return undrawn, None, z_head
-    return undrawn, float(state.threshold - 1) * state.grid, z_head
 
 
 @dataclass(frozen=True)
