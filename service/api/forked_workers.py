@@ -38,7 +38,7 @@ from fastapi import FastAPI
 
 from service.config import Settings
 from service.graph.model import Graph
-from service.mechanisms import hold_out
+from service.mechanisms import hold_out, ranking_kernels
 from service.mechanisms.engine import warm_engine
 from service.mechanisms.operator import WalkOperator
 
@@ -104,6 +104,7 @@ def _compile_for(graph: Graph) -> None:
     )
     warm_engine(graph, op)  # the block engine's own variants (noise, gather), both modes
     hold_out.warm_up()  # blended's hold-out check
+    ranking_kernels.warm_up()  # the count rankings' compiled steps (blended, lazy top-k)
 
 
 def fork_workers() -> bool:

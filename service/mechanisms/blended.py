@@ -50,6 +50,7 @@ touching s, plus the graph version's eps_d once.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from dataclasses import dataclass
@@ -63,6 +64,7 @@ from service.mechanisms.common_neighbours import (
     two_scale_common_neighbours,
 )
 from service.mechanisms.randomness import fresh_generator
+from service.mechanisms.ranking_kernels import ranked_positions
 from service.privacy.laplace import TwoScalePlan
 from service.privacy.modes import Mode
 
@@ -268,23 +270,20 @@ def mix(a: float, counts: np.ndarray, b: float, z: np.ndarray) -> np.ndarray:
 def ranked_first(scores: np.ndarray, indices: np.ndarray, r: int) -> np.ndarray:
     """Positions (into ``scores``) of the ``r`` best by score descending, ties by ``indices``
     ascending."""
-    size = scores.shape[0]
-    r = min(int(r), size)
-    if r <= 0:
-        return np.zeros(0, dtype=np.int64)
-    if r < size:
-        part = np.argpartition(-scores, r - 1)[:r]
-        part = np.flatnonzero(scores >= scores[part].min())  # every tie of the r-th
-    else:
-        part = np.arange(size)
-    order = np.lexsort((indices[part], -scores[part]))
-    return part[order][:r].astype(np.int64)
+    return ranked_positions(scores, indices, r)  # compiled; ties of both by position
 
 
 def recovery_gain(is_friend: np.ndarray) -> float:
     """DCG of a ranked list with gain 1 per friend (``is_friend`` in rank order)."""
-    depth = is_friend.shape[0]
-    return float(np.sum(is_friend / np.log2(np.arange(2, depth + 2))))
+    return float(np.sum(is_friend / _discounts(is_friend.shape[0])))
+
+
+@functools.lru_cache(maxsize=64)
+def _discounts(depth: int) -> np.ndarray:
+    """DCG's discounts log2(2), ..., log2(depth + 1) (read-only: shared by every call)."""
+    out = np.log2(np.arange(2, depth + 2))
+    out.flags.writeable = False
+    return out
 
 
 def choose_weight(gains: np.ndarray) -> float:

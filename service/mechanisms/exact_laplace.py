@@ -48,6 +48,7 @@ of the smallest allowed ``2^-50``) are exact int64s but not exact float64s.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from fractions import Fraction
@@ -379,6 +380,14 @@ def _positive_int(name: str, value: object) -> int:
 
 
 def _checked_ratio(s: object, t: object) -> tuple[int, int]:
+    if type(s) is int and type(t) is int:  # plain ints (the samplers' own): checked once each
+        return _checked_int_ratio(s, t)
+    return _checked_int_ratio(_positive_int("s", s), _positive_int("t", t))
+
+
+@functools.lru_cache(maxsize=64)
+def _checked_int_ratio(s: int, t: int) -> tuple[int, int]:
+    """(s, t), checked (a refusal is not cached: it raises again)."""
     s, t = _positive_int("s", s), _positive_int("t", t)
     if t >= MAX_DENOMINATOR:
         raise InvalidParameter("t", f"must be below 2^52, got {t}")
@@ -397,14 +406,14 @@ def _raw_words(rng: np.random.Generator, out: np.ndarray) -> None:
 class _Stream:
     """A generator's raw words, in chunks, and the kernel's state over them."""
 
-    def __init__(self, rng: np.random.Generator, chunk: int) -> None:
+    def __init__(self, rng: np.random.Generator, chunk: int, scratch: int) -> None:
         self.rng = rng
         self.chunk = chunk
         self.words = np.empty(chunk, dtype=np.uint64)
         _raw_words(rng, self.words)
         self.state = np.zeros(3, dtype=np.int64)
         self.bits = np.zeros(1, dtype=np.uint64)
-        self.scratch = np.zeros((3, _SCRATCH_WORDS), dtype=np.uint64)
+        self.scratch = np.zeros((3, scratch), dtype=np.uint64)
 
     def refill(self) -> None:
         """Keep the unread tail (the unfinished draw's words) and append fresh words; a draw
@@ -444,8 +453,7 @@ def _fill(
     ``table`` (tests only) replaces the table of thresholds."""
     if out.shape[0] == 0:
         return
-    stream = _Stream(rng, chunk)
-    stream.scratch = np.zeros((3, scratch), dtype=np.uint64)
+    stream = _Stream(rng, chunk, scratch)
     if table is None:
         table = exp_table()
     bound = _max_k(s, t)

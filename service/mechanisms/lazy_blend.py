@@ -63,6 +63,7 @@ from service.mechanisms.lazy_top_k import (
 )
 from service.mechanisms.postprocess import checked_count_grid, round_to_grid, score_grid
 from service.mechanisms.randomness import fresh_generator
+from service.mechanisms.ranking_kernels import kth_largest
 from service.privacy.laplace import TwoScalePlan
 from service.privacy.modes import Mode
 
@@ -158,7 +159,9 @@ class LazyCandidates:
             return -math.inf
         if top is None and a > 0.0:
             return math.inf
-        return float(mix(a, np.array([0.0 if top is None else top]), b, np.array([z_head]))[0])
+        # mix's formula on one node, in Python floats: the same two products and sum, each
+        # rounded to double as numpy rounds them
+        return a * (0.0 if top is None else top) + b * z_head
 
     def _add(self, positions: np.ndarray, levels: np.ndarray) -> None:
         nodes = self.standard.order[positions].astype(np.int64)
@@ -247,7 +250,7 @@ def _kth(scores: np.ndarray, r: int) -> float:
         return math.inf
     if scores.shape[0] < r:
         return -math.inf
-    return float(np.partition(scores, scores.shape[0] - r)[scores.shape[0] - r])
+    return kth_largest(scores, r)
 
 
 def floor_of(scores: np.ndarray, known: np.ndarray | None, r: int) -> float:
@@ -428,11 +431,13 @@ def blended_draw(
     found[found] = nodes[at[found]] == friends[found]
     friend_counts = np.zeros(friends.shape[0])
     friend_counts[found] = counts[at[found]]
-    others = ~np.isin(nodes, friends) & (nodes != seed)
+    others = nodes != seed
+    others[at[found]] = False  # the friends among the nodes
     explicit, counts = nodes[others], counts[others]
     candidate_values = counts + rounded_laplace(rng, s_c, t_c, explicit.shape[0]) * grid
     friend_values = friend_counts + rounded_laplace(rng, s_f, t_f, friends.shape[0]) * grid
-    excluded = np.union1d(np.union1d(explicit, friends), np.array([seed], dtype=np.int64))
+    # the three are disjoint, each without repeats: their sorted union
+    excluded = np.sort(np.concatenate([explicit, friends, np.array([seed], dtype=np.int64)]))
     state = LazyCandidates(
         rng, LevelLaw(s_c, t_c), grid, standard, excluded, explicit, candidate_values
     )

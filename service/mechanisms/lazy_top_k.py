@@ -55,6 +55,7 @@ import numpy as np
 from service.mechanisms.exact_bernoulli import exp_neg_bounds
 from service.mechanisms.exact_binomial import binomial_half
 from service.mechanisms.exact_laplace import rounded_laplace
+from service.mechanisms.ranking_kernels import first_distinct, geometric_levels
 
 __all__ = [
     "LazyTop",
@@ -168,12 +169,8 @@ def range_levels(
     while have < count:
         batch = max(16, 2 * (count - have))
         z = rounded_laplace(rng, law.s, law.t, batch)
-        if a is not None and a >= 1:
-            g = np.abs(z[z != 0]) - 1  # geometric, ratio exp(-gamma)
-            x = a + (g if b is None else g % (b - a))
-        elif b is not None and b <= 0:
-            g = np.abs(z[z != 0]) - 1
-            x = (b - 1) - (g if a is None else g % (b - a))
+        if (a is not None and a >= 1) or (b is not None and b <= 0):  # |N| - 1 is geometric
+            x = geometric_levels(z, a, b)
         else:  # across 0: rejection from N itself
             keep = np.ones(z.shape[0], dtype=bool)
             if a is not None:
@@ -200,9 +197,9 @@ def distinct_uniform(rng: np.random.Generator, m: int, count: int) -> np.ndarray
         if limit < 1 << 64:
             words = words[words < np.uint64(limit)]
         stream = np.concatenate([stream, (words % np.uint64(m)).astype(np.int64)])
-        values, first = np.unique(stream, return_index=True)
-        if values.shape[0] >= count:
-            return stream[np.sort(first)[:count]]
+        distinct = first_distinct(stream, count)
+        if distinct.shape[0] == count:
+            return distinct
 
 
 def lazy_rank_to_index(excluded: np.ndarray, ranks: np.ndarray) -> np.ndarray:
