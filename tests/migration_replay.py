@@ -14,6 +14,10 @@ as shipped), :func:`install` wraps ``alembic.command.upgrade``, which
   (the one value the migrations draw at random);
 - anything else (another revision, a database that is not empty, no connection) runs Alembic.
 
+On PostgreSQL a later migration of an empty database to head first looks for a spare ledger
+set aside when the database was recycled (tests/spare_ledgers.py) and renames it into place
+instead of replaying (the replay's DDL is most of the server's work for a test's ledger).
+
 So a replayed database holds the same schema, rows and revision as a migrated one (its
 ``ledger_meta`` differs only by the new id; the exposure shards' ``updated_at`` is the
 recording's). ``test_a_replayed_migration_matches_a_real_one`` (tests/test_migration_chain.py)
@@ -29,6 +33,8 @@ from typing import Any
 
 from alembic import command
 from sqlalchemy import Connection, event, inspect, text
+
+from tests import spare_ledgers
 
 _real_upgrade = command.upgrade
 _lock = threading.Lock()
@@ -119,8 +125,9 @@ def upgrade(cfg: Any, revision: str, *args: Any, **kwargs: Any) -> None:
         recording = _recordings.get(conn.dialect.name)
         if recording is None:
             _record(cfg, revision, conn)
-        else:
+        elif not spare_ledgers.swap_in(conn):
             _replay(recording, conn)
+        spare_ledgers.remember(conn)
 
 
 def install() -> None:

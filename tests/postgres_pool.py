@@ -5,9 +5,11 @@ the suite makes a few hundred. A database a test is done with is recycled instea
 process (one per xdist worker): every other session on it is ended, it is renamed to a new
 unique name (so a straggler that reconnects to the old name fails as it would after a drop),
 its database-level settings are reset, and every schema in it is dropped and ``public``
-recreated as a new database has it. What the next test gets is empty like a new database,
-under a name never used before; anything that cannot be recycled that way (the database was
-renamed or dropped by the test, a session does not end, an older server) is dropped as before.
+recreated as a new database has it (but a ledger the test left at head with its schema
+unchanged: that one is reset and kept out of sight for the next migration, see
+tests/spare_ledgers.py). What the next test gets is empty like a new database, under a name
+never used before; anything that cannot be recycled that way (the database was renamed or
+dropped by the test, a session does not end, an older server) is dropped as before.
 The recycled databases are dropped when the session ends.
 """
 
@@ -20,6 +22,8 @@ from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
+
+from tests import spare_ledgers
 
 #: The prefix of every database the tests make (``ppr_test_<hex>``).
 PREFIX = "ppr_test_"
@@ -88,6 +92,7 @@ def _recycle(admin: Engine, base: URL, name: str) -> str | None:
         )
         try:
             with engine.connect() as conn:
+                spare_ledgers.set_aside(conn)
                 emptied = _emptied(conn)
         finally:
             engine.dispose()
@@ -119,19 +124,21 @@ def _renamed_once_alone(conn: Connection, name: str, fresh: str) -> bool:
 
 
 def _emptied(conn: Connection) -> bool:
-    """Every schema dropped (with all it holds) and ``public`` as a new database has it;
-    whether nothing is left."""
+    """Every schema but a spare ledger dropped (with all it holds) and ``public`` as a new
+    database has it; whether nothing else is left."""
     schemas = conn.exec_driver_sql(
         f"SELECT nspname FROM pg_namespace WHERE {_USER_SCHEMA.format(column='nspname')}"
     ).scalars()
     for schema in list(schemas):
-        conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
+        if schema != spare_ledgers.SPARE_SCHEMA:
+            conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
     conn.exec_driver_sql("CREATE SCHEMA public AUTHORIZATION pg_database_owner")
     conn.exec_driver_sql("GRANT USAGE ON SCHEMA public TO PUBLIC")
     conn.exec_driver_sql("COMMENT ON SCHEMA public IS 'standard public schema'")
     left = conn.exec_driver_sql(
         "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        f"WHERE {_USER_SCHEMA.format(column='n.nspname')}"
+        f"WHERE {_USER_SCHEMA.format(column='n.nspname')} AND n.nspname <> %(spare)s",
+        {"spare": spare_ledgers.SPARE_SCHEMA},
     ).scalar_one()
     return int(left) == 0
 

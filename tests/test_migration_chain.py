@@ -289,3 +289,79 @@ def test_a_replayed_migration_matches_a_real_one(
                 assert ledger.reports.verify().ok
             finally:
                 ledger.dispose()
+
+
+def _schemas_and_sequences(url: str) -> tuple[set[str], dict[str, tuple[int, bool]]]:
+    """The database's own schemas, and where each sequence in ``public`` stands."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            schemas = set(
+                conn.execute(
+                    text("SELECT nspname FROM pg_namespace WHERE nspname !~ '^pg_' "
+                         "AND nspname <> 'information_schema'")
+                ).scalars()
+            )  # fmt: skip
+            names = conn.execute(
+                text("SELECT sequencename FROM pg_sequences WHERE schemaname = 'public'")
+            ).scalars()
+            positions = {}
+            for name in list(names):
+                last, called = conn.execute(
+                    text(f'SELECT last_value, is_called FROM "{name}"')
+                ).one()
+                positions[str(name)] = (int(last), bool(called))
+    finally:
+        engine.dispose()
+    return schemas, positions
+
+
+@pytest.mark.postgres
+def test_a_reused_ledger_matches_a_real_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PostgreSQL ledger a test wrote to is reset and kept out of sight when its database is
+    recycled, and renamed into place when the next test migrates that database
+    (tests/spare_ledgers.py): the next test sees an empty database, and once migrated the
+    ledger Alembic makes (schema, rows, sequence positions), with an id of its own."""
+    from tests import migration_replay
+    from tests.conftest import postgres_database
+    from tests.spare_ledgers import SPARE_SCHEMA
+
+    with postgres_database() as used:
+        upgrade(used)  # recorded or replayed: this process now knows a fresh ledger
+        ledger = Ledger.from_url(used)
+        try:  # rows and sequence positions the reset must undo
+            for node in ("1", "2", "3"):
+                account = ledger.accounts.create_account(
+                    "user", node_id=node, cap_epsilon=1.0, delta=1e-6
+                )
+                ledger.api_keys.create_api_key(account.account_id)
+        finally:
+            ledger.dispose()
+        used_id = _ledger_id(used)
+    with postgres_database() as reused, postgres_database() as real:
+        schemas, _ = _schemas_and_sequences(reused)  # the database just given back, renamed
+        assert schemas == {"public", SPARE_SCHEMA}
+        assert _ledger_contents(reused) == ({}, {})  # what a test sees: an empty database
+        upgrade(reused)
+        with monkeypatch.context() as patched:
+            patched.setattr(command, "upgrade", migration_replay._real_upgrade)
+            upgrade(real)
+        assert _ledger_contents(reused) == _ledger_contents(real)
+        schemas, positions = _schemas_and_sequences(reused)
+        assert schemas == {"public"}  # the spare is the ledger now
+        assert positions == _schemas_and_sequences(real)[1]
+        assert len({used_id, _ledger_id(reused), _ledger_id(real)}) == 3
+        ledger = Ledger.from_url(reused)
+        try:
+            assert ledger.reports.verify().ok
+            account = ledger.accounts.create_account(
+                "user", node_id="1", cap_epsilon=1.0, delta=1e-6
+            )  # the first account again: its id is where a new ledger's first one is
+        finally:
+            ledger.dispose()
+        ledger = Ledger.from_url(real)
+        try:
+            first = ledger.accounts.create_account("user", node_id="1", cap_epsilon=1.0, delta=1e-6)
+        finally:
+            ledger.dispose()
+        assert account.account_id == first.account_id

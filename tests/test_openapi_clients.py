@@ -35,6 +35,11 @@ from tests.api_support import GRAPH_EDGES, GRAPH_NODES, Backend, user_with_key, 
 OPERATION_ID = re.compile(r"^[a-z][a-z0-9]*(?:[A-Z][a-z0-9]*)*$")
 PACKAGE = "ppr_generated_client"
 
+# The served document (built from a new app, about 0.5 CPU-s) and the client generated from it
+# (openapi-python-client, about 1.2) are module fixtures: its tests run on one xdist worker, so
+# that they are made once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_openapi_clients")
+
 
 @pytest.fixture(scope="module")
 def schema() -> dict[str, Any]:
