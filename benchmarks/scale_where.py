@@ -83,7 +83,7 @@ def _instrument() -> None:
         _timed(owner, "binomial_count", "binomial_count")
         _timed(owner, "distinct_uniform", "distinct_uniform")
     for owner in (fof, lb):
-        _timed(owner, "neighbourhood_counts", "neighbourhood_counts")
+        _timed(owner, "split_neighbourhood", "split_neighbourhood")
     _timed(fof, "lazy_top", "lazy_top")
     for name in ("lower", "extend"):
         _timed(lb.LazyCandidates, name, name)

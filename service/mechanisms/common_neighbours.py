@@ -14,6 +14,8 @@ friend counts or one candidate count, never both: docs/ranking.md, Lemma 3).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from service.errors import InvalidParameter
@@ -28,10 +30,12 @@ from service.mechanisms.lazy_top_k import lazy_rank_to_index, lazy_top
 from service.mechanisms.operator import walk_operator
 from service.mechanisms.postprocess import checked_count_grid
 from service.mechanisms.randomness import fresh_generator
+from service.mechanisms.ranking_kernels import ranked_positions
 from service.privacy.laplace import COMMON_NEIGHBOUR_SENSITIVITY, LaplacePlan, TwoScalePlan
 from service.privacy.modes import Mode
 
 __all__ = [
+    "Neighbourhood",
     "common_neighbour_counts",
     "common_neighbours_top",
     "count_noise_scales",
@@ -39,6 +43,7 @@ __all__ = [
     "noisy_common_neighbours",
     "ranked_candidates",
     "require_personalized",
+    "split_neighbourhood",
     "two_scale_common_neighbours",
 ]
 
@@ -146,13 +151,45 @@ def neighbourhood_counts(graph: Graph, seed: int) -> tuple[np.ndarray, np.ndarra
     return nodes.astype(np.int64), counts.astype(np.float64)
 
 
+@dataclass(frozen=True)
+class Neighbourhood:
+    """The seed's friends and the other nodes with a common neighbour, with their counts:
+    ``friends`` (sorted, without the seed) and ``friend_counts``; ``explicit`` (sorted, neither
+    a friend nor the seed) and ``counts``; ``excluded``, the sorted union of the three (the
+    nodes that are not lazy)."""
+
+    friends: np.ndarray
+    friend_counts: np.ndarray
+    explicit: np.ndarray
+    counts: np.ndarray
+    excluded: np.ndarray
+
+
+def split_neighbourhood(graph: Graph, seed: int) -> Neighbourhood:
+    """:func:`neighbourhood_counts` split into the seed's friends and the other candidates."""
+    nodes, counts = neighbourhood_counts(graph, seed)
+    friends = np.unique(graph.neighbors(seed).astype(np.int64))
+    friends = friends[friends != seed]  # no self-loops in a Graph; the seed is never ranked
+    at = np.searchsorted(nodes, friends)  # every friend has the seed as a common neighbour...
+    found = at < nodes.shape[0]
+    found[found] = nodes[at[found]] == friends[found]
+    friend_counts = np.zeros(friends.shape[0])
+    friend_counts[found] = counts[at[found]]  # ...but the seed is no friend of itself
+    others = nodes != seed
+    others[at[found]] = False  # the friends among the nodes
+    explicit = nodes[others]
+    # disjoint, each without repeats: their sorted union
+    excluded = np.sort(np.concatenate([explicit, friends, np.array([seed], dtype=np.int64)]))
+    return Neighbourhood(friends, friend_counts, explicit, counts[others], excluded)
+
+
 def ranked_candidates(
     indices: np.ndarray, values: np.ndarray, k: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """The first ``k`` of ``indices`` by ``values`` clipped at 0, ties by index, as
     :func:`service.mechanisms.postprocess.top_k` ranks them: (indices, clipped values)."""
     clipped = np.maximum(np.asarray(values, dtype=np.float64), 0.0)
-    order = np.lexsort((indices, -clipped))[:k]
+    order = ranked_positions(clipped, indices, k)  # np.lexsort((indices, -clipped))[:k]
     return indices[order], clipped[order]
 
 

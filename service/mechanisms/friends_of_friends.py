@@ -20,9 +20,9 @@ import numpy as np
 from service.errors import InvalidParameter
 from service.graph.model import Graph
 from service.mechanisms.common_neighbours import (
-    neighbourhood_counts,
     ranked_candidates,
     require_personalized,
+    split_neighbourhood,
     two_scale_common_neighbours,
 )
 from service.mechanisms.exact_laplace import dyadic_scale, gamma_ratio, rounded_laplace
@@ -86,24 +86,15 @@ def friends_of_friends_top(
     require_personalized(mode, "friends_of_friends")
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    nodes, counts = neighbourhood_counts(graph, seed)
+    hood = split_neighbourhood(graph, seed)
     rng = rng if rng is not None else fresh_generator()
     grid = checked_count_grid(grid, min(plan.friend_scale, plan.candidate_scale))
     s_f, t_f = gamma_ratio(grid, dyadic_scale(plan.friend_scale))
     s_c, t_c = gamma_ratio(grid, dyadic_scale(plan.candidate_scale))
-    friends = np.unique(graph.neighbors(seed).astype(np.int64))
-    friends = friends[friends != seed]  # no self-loops in a Graph; the seed is never ranked
-    at = np.searchsorted(nodes, friends)  # every friend has the seed as a common neighbour...
-    found = at < nodes.shape[0]
-    found[found] = nodes[at[found]] == friends[found]
-    friend_counts = np.zeros(friends.shape[0])
-    friend_counts[found] = counts[at[found]]  # ...but the seed is no friend of itself
-    others = ~np.isin(nodes, friends) & (nodes != seed)
-    explicit, counts = nodes[others], counts[others]
+    friends, explicit, excluded = hood.friends, hood.explicit, hood.excluded
     # the candidates' noise first, then the friends' (grid_laplace's order of scales)
-    candidate_values = counts + rounded_laplace(rng, s_c, t_c, explicit.shape[0]) * grid
-    friend_values = friend_counts + rounded_laplace(rng, s_f, t_f, friends.shape[0]) * grid
-    excluded = np.union1d(np.union1d(explicit, friends), np.array([seed], dtype=np.int64))
+    candidate_values = hood.counts + rounded_laplace(rng, s_c, t_c, explicit.shape[0]) * grid
+    friend_values = hood.friend_counts + rounded_laplace(rng, s_f, t_f, friends.shape[0]) * grid
     lazy_count = graph.n - excluded.shape[0]
     k = min(int(k), graph.n - 1)
     lazy = lazy_top(rng, s_c, t_c, lazy_count, max(1, k - friends.shape[0]), minimum=True)

@@ -50,7 +50,7 @@ from service.mechanisms.blended import (
     score_noise,
     top_reliability,
 )
-from service.mechanisms.common_neighbours import neighbourhood_counts, require_personalized
+from service.mechanisms.common_neighbours import require_personalized, split_neighbourhood
 from service.mechanisms.exact_laplace import dyadic_scale, gamma_ratio, rounded_laplace
 from service.mechanisms.hold_out import settled_tops
 from service.mechanisms.lazy_top_k import (
@@ -423,23 +423,12 @@ def blended_draw(
     s_f, t_f = gamma_ratio(grid, dyadic_scale(plan.friend_scale))
     s_c, t_c = gamma_ratio(grid, dyadic_scale(plan.candidate_scale))
     standard = degree_standard(degrees, degrees_scale)
-    nodes, counts = neighbourhood_counts(graph, seed)
-    friends = np.unique(graph.neighbors(seed).astype(np.int64))
-    friends = friends[friends != seed]
-    at = np.searchsorted(nodes, friends)
-    found = at < nodes.shape[0]
-    found[found] = nodes[at[found]] == friends[found]
-    friend_counts = np.zeros(friends.shape[0])
-    friend_counts[found] = counts[at[found]]
-    others = nodes != seed
-    others[at[found]] = False  # the friends among the nodes
-    explicit, counts = nodes[others], counts[others]
-    candidate_values = counts + rounded_laplace(rng, s_c, t_c, explicit.shape[0]) * grid
-    friend_values = friend_counts + rounded_laplace(rng, s_f, t_f, friends.shape[0]) * grid
-    # the three are disjoint, each without repeats: their sorted union
-    excluded = np.sort(np.concatenate([explicit, friends, np.array([seed], dtype=np.int64)]))
+    hood = split_neighbourhood(graph, seed)
+    friends, explicit = hood.friends, hood.explicit
+    candidate_values = hood.counts + rounded_laplace(rng, s_c, t_c, explicit.shape[0]) * grid
+    friend_values = hood.friend_counts + rounded_laplace(rng, s_f, t_f, friends.shape[0]) * grid
     state = LazyCandidates(
-        rng, LevelLaw(s_c, t_c), grid, standard, excluded, explicit, candidate_values
+        rng, LevelLaw(s_c, t_c), grid, standard, hood.excluded, explicit, candidate_values
     )
     friend_z = standard.z(friends)
     nf = friends.shape[0]
