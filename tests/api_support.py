@@ -23,6 +23,7 @@ from sqlalchemy import Engine, text
 from service.api.app import create_app
 from service.config import Settings
 from service.ledger.ledger import Ledger
+from service.loadtest.server import wait_until_serving
 from tests.connection_support import new_connection_each
 
 #: A small deterministic graph keeps the API tests fast; answers still use the full engine.
@@ -204,21 +205,7 @@ def uvicorn_server(
         deadline = time.monotonic() + 120
         # one client for the polls (building one per poll took ~25 ms of CPU, its TLS context)
         with new_connection_each(server.base_url, timeout=2) as http:
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"server exited:\n{log_path.read_text()}")
-                loaded = sum(
-                    1 for line in server.log_lines() if line.get("message") == "graph loaded"
-                )
-                if loaded >= workers:
-                    try:
-                        if http.get("/readyz").status_code == 200:
-                            break
-                    except httpx.HTTPError:
-                        pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"server not ready in 120 s:\n{log_path.read_text()}")
-                time.sleep(0.2)
+            wait_until_serving(proc, http, log_path, workers, 120)
             # Every worker has finished starting once each has answered a request of its own
             # (a new connection each time, so the kernel can hand it to any worker).
             while len(_healthz_pids(server)) < workers and time.monotonic() < deadline:

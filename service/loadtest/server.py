@@ -29,6 +29,33 @@ def _graph_loaded_lines(log_path: Path) -> int:
     return count
 
 
+def wait_until_serving(
+    proc: subprocess.Popen[bytes],
+    http: httpx.Client,
+    log_path: Path,
+    workers: int,
+    timeout_s: float,
+) -> None:
+    """Until each of ``workers`` has logged that its graph is loaded (in ``log_path``) and
+    ``/readyz`` answers 200 through ``http`` (a client whose base URL is the server's); a
+    ``ServiceError`` with the log's end if the process exits or ``timeout_s`` passes first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-4000:]
+            raise ServiceError(f"the server exited with status {proc.returncode}:\n{tail}")
+        if _graph_loaded_lines(log_path) >= workers:
+            try:
+                if http.get("/readyz").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+        if time.monotonic() > deadline:
+            tail = log_path.read_text(errors="replace")[-4000:]
+            raise ServiceError(f"the server was not ready in {timeout_s:.0f} s:\n{tail}")
+        time.sleep(0.2)
+
+
 @contextmanager
 def served(
     *,
@@ -78,20 +105,8 @@ def served_process(
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + ready_timeout_s
-        while True:
-            if proc.poll() is not None:
-                tail = log_path.read_text(errors="replace")[-2000:]
-                raise ServiceError(f"the server exited with status {proc.returncode}:\n{tail}")
-            if _graph_loaded_lines(log_path) >= workers:
-                try:
-                    if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-            if time.monotonic() > deadline:
-                raise ServiceError(f"the server was not ready in {ready_timeout_s:.0f} s")
-            time.sleep(0.2)
+        with httpx.Client(base_url=base_url, timeout=2) as http:
+            wait_until_serving(proc, http, log_path, workers, ready_timeout_s)
         yield base_url, proc
     finally:
         proc.terminate()
