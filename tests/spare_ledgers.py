@@ -100,20 +100,22 @@ class _FreshLedger:
 _fresh: _FreshLedger | None = None
 
 
-def _tables(conn: Connection) -> list[str]:
+def _relations(conn: Connection, kinds: tuple[str, ...]) -> list[str]:
+    """The names of ``public``'s relations of these ``relkind``s, sorted."""
     found = conn.exec_driver_sql(
         "SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace "
-        "AND relkind IN ('r', 'p') ORDER BY relname"
+        "AND relkind = ANY(%(kinds)s) ORDER BY relname",
+        {"kinds": list(kinds)},
     ).scalars()
     return [str(name) for name in found]
+
+
+def _tables(conn: Connection) -> list[str]:
+    return _relations(conn, ("r", "p"))
 
 
 def _sequences(conn: Connection) -> list[str]:
-    found = conn.exec_driver_sql(
-        "SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace "
-        "AND relkind = 'S' ORDER BY relname"
-    ).scalars()
-    return [str(name) for name in found]
+    return _relations(conn, ("S",))
 
 
 def remember(conn: Connection) -> None:
