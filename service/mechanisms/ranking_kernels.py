@@ -4,6 +4,8 @@ replace, without the fixed cost of a dozen numpy calls on a few thousand values 
 - :func:`ranked_positions`: the positions of the r best scores, ties by index, as
   ``np.lexsort`` over the scores at least the r-th largest ranks them
   (:func:`service.mechanisms.blended.ranked_first`).
+- :func:`kth_largest`: the r-th largest score, the value ``np.partition`` reads
+  (:func:`service.mechanisms.lazy_blend`'s ``_kth``).
 - :func:`first_distinct`: the first ``count`` distinct values of a stream, in stream order, as
   ``np.unique(..., return_index=True)`` finds them
   (:func:`service.mechanisms.lazy_top_k.distinct_uniform`).
