@@ -17,19 +17,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
+from service.ledger.array_writes import insert_rows
 from service.ledger.budget_rule import fits_under_cap
 from service.ledger.locked_rows import NewCharge
 from service.ledger.read_figures import (
+    SERVICE_READS,
     ReaderFigure,
     has_read_graph_release,
     reader_figure,
     write_reader_figure,
 )
 from service.ledger.records import ReadAsk, ReadCapExhausted, ReadView
-from service.ledger.tables import EncodedJson, GraphRelease, ServiceRead, utcnow
+from service.ledger.tables import EncodedJson, GraphRelease, utcnow
 from service.ledger.transactions import live_graph_release
 from service.privacy.accountant import RdpCurve
 
@@ -148,7 +149,5 @@ class AdmissionReads:
                 rows.append(row)
             state.added = []
             write_reader_figure(session, reader, state.figure, utcnow())
-        if rows:
-            # one prepared statement per row in a pipeline, as ReadFigures.record_reads does
-            session.execute(insert(ServiceRead), rows)
-            session.flush()
+        if rows:  # one statement on PostgreSQL, as ReadFigures.record_reads writes them
+            insert_rows(session, SERVICE_READS, rows)

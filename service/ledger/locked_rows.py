@@ -19,6 +19,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, Table, any_, bindparam, func, insert, select, text, update
 from sqlalchemy.orm import Session
 
+from service.ledger.array_writes import insert_rows, update_rows
 from service.ledger.id_lists import id_array, is_postgresql
 from service.ledger.periods import day_start
 from service.ledger.quota_buckets import ChargeFigures, add_to_buckets
@@ -60,19 +61,6 @@ _LOCK_SPEND_ONLY = (
 _LOCK_SHARD = select(SHARDS).where(SHARDS.c.shard == bindparam("shard")).with_for_update()
 _LOCK_ALL_SHARDS = select(SHARDS).order_by(SHARDS.c.shard).with_for_update()
 _OTHER_SHARDS = select(SHARDS).where(SHARDS.c.shard != bindparam("shard"))
-_WRITE_SPEND = (
-    update(SPEND)
-    .where(SPEND.c.account_id == bindparam("w_account_id"))
-    .values(
-        rdp=bindparam("w_rdp", type_=SPEND.c.rdp.type),
-        pure_epsilon=bindparam("w_pure_epsilon"),
-        grid_version=bindparam("w_grid_version"),
-        charges=bindparam("w_charges"),
-        epsilon=bindparam("w_epsilon"),
-        last_charge_at=bindparam("w_last_charge_at", type_=SPEND.c.last_charge_at.type),
-        updated_at=bindparam("w_updated_at", type_=SPEND.c.updated_at.type),
-    )
-)
 _WRITE_SHARD = (
     update(SHARDS)
     .where(SHARDS.c.shard == bindparam("w_shard"))
@@ -85,13 +73,13 @@ _WRITE_SHARD = (
 )
 _INSERT_CHARGES = insert(CHARGES).returning(CHARGES.c.id, sort_by_parameter_order=True)
 #: PostgreSQL: ids for new charges from the table's own sequence, in one short statement; the
-#: charges are then inserted with them by one prepared statement executed per row in a
-#: pipeline. A multi-row ``INSERT ... RETURNING`` has too many parameters for psycopg's cache
-#: of parsed statements, and parsing it again took half of a 200-charge admission.
+#: charges are then inserted with them by one statement of one array per column
+#: (service/ledger/array_writes.py). A multi-row ``INSERT ... RETURNING`` has too many
+#: parameters for psycopg's cache of parsed statements, and parsing it again took half of a
+#: 200-charge admission.
 _RESERVE_CHARGE_IDS = text(
     "SELECT nextval(pg_get_serial_sequence('charges', 'id')) FROM generate_series(1, :n)"
 )
-_INSERT_CHARGES_WITH_IDS = insert(CHARGES)
 _INSERT_BINDINGS = insert(BINDINGS)
 _SETTLE = (
     update(CHARGES)
@@ -334,8 +322,9 @@ class AdmissionWrites:
             rows = [charge.values for charge in pending]
             if len(rows) > 1 and is_postgresql(session):
                 ids = sorted(session.scalars(_RESERVE_CHARGE_IDS, {"n": len(rows)}))
-                session.execute(
-                    _INSERT_CHARGES_WITH_IDS,
+                insert_rows(
+                    session,
+                    CHARGES,
                     [{**row, "id": charge_id} for row, charge_id in zip(rows, ids, strict=True)],
                 )
             else:
@@ -380,15 +369,17 @@ class AdmissionWrites:
     def finish(self, session: Session) -> None:
         """Write everything still pending (before the transaction commits)."""
         self.write_charges(session)
-        if self._accounts:
-            session.execute(
-                _WRITE_SPEND,
+        if self._accounts:  # one statement on PostgreSQL, whatever the number of accounts
+            update_rows(
+                session,
+                SPEND,
+                "account_id",
                 [
                     {
-                        "w_account_id": a.account_id, "w_rdp": a.rdp,
-                        "w_pure_epsilon": a.pure_epsilon, "w_grid_version": a.grid_version,
-                        "w_charges": a.charges, "w_epsilon": a.epsilon,
-                        "w_last_charge_at": a.last_charge_at, "w_updated_at": a.updated_at,
+                        "account_id": a.account_id, "rdp": a.rdp, "pure_epsilon": a.pure_epsilon,
+                        "grid_version": a.grid_version, "charges": a.charges,
+                        "epsilon": a.epsilon, "last_charge_at": a.last_charge_at,
+                        "updated_at": a.updated_at,
                     }
                     for a in self._accounts.values()
                 ],

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -51,6 +51,21 @@ from service.privacy.orders import GRID_VERSION
 
 #: The rolling window of a service account's spending quota.
 QUOTA_WINDOW = timedelta(hours=24)
+
+#: An account's live charge for a degree release (built once: building the statement per
+#: call cost more than running it).
+_DEGREE_CHARGE_ID = (
+    select(Charge.id)
+    .where(
+        Charge.charged_account_id == bindparam("account_id"),
+        Charge.mechanism == DEGREE_RELEASE_CHARGE,
+        Charge.graph_version == bindparam("graph_version"),
+        Charge.epsilon == bindparam("epsilon"),
+        Charge.state != "refunded",
+    )
+    .order_by(Charge.id)
+    .limit(1)
+)
 
 
 class UnknownSyntheticRelease(ServiceError):
@@ -322,16 +337,12 @@ class QuotaAndDegree(LedgerPart):
     def _degree_charge_id(session: Session, account_id: int, degree: DegreeCharge) -> int | None:
         """The account's live charge for this degree release, if any (under its spend lock)."""
         return session.scalar(
-            select(Charge.id)
-            .where(
-                Charge.charged_account_id == account_id,
-                Charge.mechanism == DEGREE_RELEASE_CHARGE,
-                Charge.graph_version == degree.graph_version,
-                Charge.epsilon == float(degree.epsilon),
-                Charge.state != "refunded",
-            )
-            .order_by(Charge.id)
-            .limit(1)
+            _DEGREE_CHARGE_ID,
+            {
+                "account_id": account_id,
+                "graph_version": degree.graph_version,
+                "epsilon": float(degree.epsilon),
+            },
         )
 
     # -- a synthetic release ------------------------------------------------------------------

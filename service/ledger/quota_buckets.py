@@ -22,8 +22,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from sqlalchemy import ColumnElement, and_, delete, func, insert, select
+from sqlalchemy import (
+    BindParameter,
+    ColumnElement,
+    Select,
+    and_,
+    bindparam,
+    delete,
+    func,
+    insert,
+    select,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -47,7 +58,7 @@ def bucket_start(moment: datetime) -> datetime:
     return _EPOCH + timedelta(microseconds=elapsed - elapsed % width)
 
 
-def charges_to_others(principal: int) -> ColumnElement[bool]:
+def charges_to_others(principal: int | BindParameter[int]) -> ColumnElement[bool]:
     """A service account's live charges to other accounts: what its quota counts."""
     return and_(
         Charge.principal_account_id == principal,
@@ -72,6 +83,17 @@ def window_sum(session: Session, principal: int, since: datetime) -> float:
     """The same sum as :func:`exact_window_sum`, from the buckets after the one holding
     ``since`` and the charges of that bucket made after ``since``."""
     first_whole = bucket_start(since) + QUOTA_BUCKET
+    row = session.execute(
+        _WINDOW_SUM, {"principal": principal, "since": since, "first_whole": first_whole}
+    ).one()  # one round trip for both
+    return float(row[0] or 0.0) + float(row[1] or 0.0)
+
+
+def _window_sum() -> Select[Any]:
+    """:func:`window_sum`'s statement, built once (building it per call cost more than
+    running it): the whole buckets' sum and the partial bucket's charges' sum."""
+    principal: BindParameter[int] = bindparam("principal")
+    first_whole: BindParameter[datetime] = bindparam("first_whole")
     whole = (
         select(func.coalesce(func.sum(QuotaBucket.epsilon), 0.0))
         .where(
@@ -84,13 +106,15 @@ def window_sum(session: Session, principal: int, since: datetime) -> float:
         select(func.coalesce(func.sum(Charge.epsilon), 0.0))
         .where(
             charges_to_others(principal),
-            Charge.created_at > since,
+            Charge.created_at > bindparam("since"),
             Charge.created_at < first_whole,
         )
         .scalar_subquery()
     )
-    row = session.execute(select(whole, partial)).one()  # one round trip for both
-    return float(row[0] or 0.0) + float(row[1] or 0.0)
+    return select(whole, partial)
+
+
+_WINDOW_SUM = _window_sum()
 
 
 def oldest_freeing(
@@ -162,20 +186,34 @@ def add_to_buckets(session: Session, charges: Iterable[ChargeFigures], *, sign: 
     totals = bucket_totals(charges, sign=sign)
     if not totals:
         return
-    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    upsert = _ADD_TO_BUCKET[session.get_bind().dialect.name == "postgresql"]
     for (principal, start), (eps, count) in sorted(totals.items()):
-        statement = dialect.insert(QuotaBucket).values(
-            principal_account_id=principal, bucket_start=start, epsilon=eps, charges=count
-        )
         session.execute(
-            statement.on_conflict_do_update(
-                index_elements=[QuotaBucket.principal_account_id, QuotaBucket.bucket_start],
-                set_={
-                    "epsilon": QuotaBucket.epsilon + statement.excluded.epsilon,
-                    "charges": QuotaBucket.charges + statement.excluded.charges,
-                },
-            )
+            upsert,
+            {"b_principal": principal, "b_start": start, "b_epsilon": eps, "b_charges": count},
         )
+
+
+def _add_to_bucket(dialect: Any) -> Any:
+    """The upsert of one bucket's addition, built once per dialect (building it per call,
+    ``excluded`` and all, cost more than executing it)."""
+    statement = dialect.insert(QuotaBucket).values(
+        principal_account_id=bindparam("b_principal"),
+        bucket_start=bindparam("b_start"),
+        epsilon=bindparam("b_epsilon"),
+        charges=bindparam("b_charges"),
+    )
+    return statement.on_conflict_do_update(
+        index_elements=[QuotaBucket.principal_account_id, QuotaBucket.bucket_start],
+        set_={
+            "epsilon": QuotaBucket.epsilon + statement.excluded.epsilon,
+            "charges": QuotaBucket.charges + statement.excluded.charges,
+        },
+    )
+
+
+#: By "is the dialect PostgreSQL's": its upsert, else SQLite's.
+_ADD_TO_BUCKET = {True: _add_to_bucket(postgresql), False: _add_to_bucket(sqlite)}
 
 
 def buckets_from_charges(session: Session) -> dict[tuple[int, datetime], tuple[float, int]]:

@@ -10,6 +10,7 @@ from typing import Any, cast
 from sqlalchemy import Table, Text, bindparam, insert, select, type_coerce, update
 from sqlalchemy.orm import Session
 
+from service.ledger.array_writes import insert_rows
 from service.ledger.budget_rule import fits_under_cap
 from service.ledger.id_lists import one_of
 from service.ledger.records import (
@@ -55,6 +56,7 @@ class ReaderFigure:
 
 
 READ_TOTALS = cast(Table, ReadTotal.__table__)
+SERVICE_READS = cast(Table, ServiceRead.__table__)
 #: The reader's cap, delta and read total, one statement (an admission's hot path: one round
 #: trip, no ORM objects).
 _READER_FIGURE = (
@@ -110,17 +112,16 @@ def write_reader_figure(session: Session, reader: int, figure: ReaderFigure, now
     figure.stored = True
 
 
+_HAS_READ_GRAPH_RELEASE = select(ServiceRead.id).where(
+    ServiceRead.reader_account_id == bindparam("reader"),
+    ServiceRead.graph_release_id == bindparam("release"),
+)
+
+
 def has_read_graph_release(session: Session, reader: int, graph_release_id: int) -> bool:
     """Whether the reader's figure counts the graph-wide release already."""
-    return (
-        session.scalar(
-            select(ServiceRead.id).where(
-                ServiceRead.reader_account_id == reader,
-                ServiceRead.graph_release_id == graph_release_id,
-            )
-        )
-        is not None
-    )
+    found = session.scalar(_HAS_READ_GRAPH_RELEASE, {"reader": reader, "release": graph_release_id})
+    return found is not None
 
 
 class ReadFigures(LedgerPart):
@@ -193,10 +194,11 @@ class ReadFigures(LedgerPart):
             if cap is not None and not fits_under_cap(after, cap):
                 raise ReadCapExhausted(before, after)
             now = utcnow()
-            # one prepared statement per row in a pipeline (a multi-row INSERT of many reads
-            # has too many parameters for psycopg's cache of parsed statements)
-            session.execute(
-                insert(ServiceRead),
+            # one statement of one array per column on PostgreSQL (a multi-row INSERT of many
+            # reads has too many parameters for psycopg's cache of parsed statements)
+            insert_rows(
+                session,
+                SERVICE_READS,
                 [
                     {
                         "reader_account_id": reader_account_id, "charge_id": read.charge_id,

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, bindparam, select
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -95,14 +95,18 @@ def unknown_account(account_id: int) -> UnknownAccount:
     )
 
 
+#: Built once: building the statement per call cost more than running it.
+_LIVE_GRAPH_RELEASE = select(GraphRelease).where(
+    GraphRelease.graph_version == bindparam("version"),
+    GraphRelease.mechanism == bindparam("mechanism"),
+    GraphRelease.state != "refunded",
+)
+
+
 def live_graph_release(session: Session, version: str, mechanism: str) -> GraphRelease | None:
     """The version's graph-wide release of ``mechanism`` that is not refunded, if any."""
     return session.scalars(
-        select(GraphRelease).where(
-            GraphRelease.graph_version == version,
-            GraphRelease.mechanism == mechanism,
-            GraphRelease.state != "refunded",
-        )
+        _LIVE_GRAPH_RELEASE, {"version": version, "mechanism": mechanism}
     ).one_or_none()
 
 
