@@ -95,7 +95,7 @@ class RdpCurve:
         rdp = np.array(self.rdp, dtype=np.float64)
         if rdp.shape != ORDERS.shape:
             raise ValueError(f"curve has {rdp.shape} values, grid has {ORDERS.shape}")
-        if np.any(rdp < 0) or np.any(np.isnan(rdp)) or not self.pure >= 0:
+        if not (rdp >= 0.0).all() or not self.pure >= 0:  # NaN >= 0 is False: refused too
             raise ValueError("an RDP curve is non-negative and not NaN")
         if not 0.0 <= self.sampler_tv < math.inf:
             raise ValueError("a sampler coupling failure is a finite non-negative probability")

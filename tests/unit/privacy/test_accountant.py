@@ -1,11 +1,13 @@
 """service/privacy/accountant.py: the conversion with its order-only terms computed once is the
-closed form (Balle et al. 2020) computed afresh, to the bit."""
+closed form (Balle et al. 2020) computed afresh, to the bit; a curve with a negative or NaN
+value is refused, zeros and infinities are curves."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from service.privacy.accountant import rdp_to_epsilon, sound_epsilon
+from service.privacy.accountant import RdpCurve, rdp_to_epsilon, sound_epsilon
 from service.privacy.orders import ORDERS
 
 
@@ -34,3 +36,23 @@ def test_a_wrong_term_is_caught() -> None:
     rdp = np.linspace(0.01, 5.0, ORDERS.shape[0])
     wrong = max(0.0, float(np.min(rdp + np.log1p(-1.0 / ORDERS) - np.log(ORDERS) / (ORDERS - 1))))
     assert rdp_to_epsilon(rdp, np.inf, 1e-6) != wrong
+
+
+@pytest.mark.parametrize(
+    ("at", "value", "pure"),
+    [(0, -1e-300, 1.0), (99, float("nan"), 1.0), (5, 0.0, -0.5), (5, 0.0, float("nan"))],
+)
+def test_a_curve_with_a_negative_or_nan_value_is_refused(
+    at: int, value: float, pure: float
+) -> None:
+    rdp = np.zeros_like(ORDERS)
+    rdp[at] = value
+    with pytest.raises(ValueError, match="non-negative and not NaN"):
+        RdpCurve(rdp, pure)
+
+
+def test_zero_and_infinite_values_make_a_curve() -> None:
+    rdp = np.zeros_like(ORDERS)
+    rdp[-1] = np.inf
+    curve = RdpCurve(rdp, np.inf) + RdpCurve.zero()
+    assert curve.rdp[-1] == np.inf and curve.rdp[0] == 0.0 and curve.pure == np.inf
