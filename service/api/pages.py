@@ -25,7 +25,6 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from service.api.routes import dashboard
 from service.errors import NotFound, shown
 
 DASHBOARD_CSP = (
@@ -90,9 +89,9 @@ def _docs_csp(html: str, *, workers: bool = False) -> str:
 
 
 def install_pages(app: FastAPI) -> None:
-    """Add the dashboard's API, the ``/admin`` page and offline ``/docs`` and ``/redoc``.
-    Build ``app`` with ``docs_url=None, redoc_url=None`` (these replace FastAPI's CDN pages)."""
-    app.include_router(dashboard.router)
+    """Add the ``/admin`` page and offline ``/docs`` and ``/redoc`` (the dashboard's API is
+    among the app's shared routes, ``service.api.app.api_routes``). Build ``app`` with
+    ``docs_url=None, redoc_url=None`` (these replace FastAPI's CDN pages)."""
     page_files = dashboard_assets()
     doc_files = docs_assets()
     openapi_url = app.openapi_url or "/openapi.json"
