@@ -228,6 +228,8 @@ def test_a_refused_key_is_named_with_its_code_and_fails_the_run(
     assert "answers by status:" in spent_run.stdout
     (fresh,) = [line for line in spent_run.stdout.splitlines() if line.strip().startswith("fresh:")]
     assert "403 x" in fresh and "403 budget_exhausted" in fresh
+    assert "CPU per request over each phase (from /proc):" in spent_run.stdout
+    assert "  fresh phase: server " in spent_run.stdout
     assert "error [key_refused]: the key was refused in the fresh phase: 403 budget_exhausted" in (
         spent_run.stderr
     )

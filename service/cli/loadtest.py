@@ -131,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
     from service.config import MechanismSettings, Settings
     from service.errors import InvalidParameter
     from service.graph.configured import load_configured_graph
+    from service.loadtest.cpu_share import describe
     from service.loadtest.report import (
         has_errors,
         reference_rps,
@@ -253,6 +254,9 @@ def run(args: argparse.Namespace) -> int:
         print("answers by status:")
         for result in results:
             print(f"  {status_breakdown(result)}")
+        print("CPU per request over each phase (from /proc):")
+        for result in results:
+            print(f"  {result.phase} phase: {describe(result.cpu_ms_per_request)}")
     for line in refusals(results, personalized=args.mode == "personalized"):
         print(f"error [key_refused]: {line}", file=sys.stderr)
     if has_errors(results):

@@ -25,6 +25,9 @@ class PhaseResult:
     #: Answers that were not 2xx, by "STATUS error_code" (the envelope's code; "-" if none).
     error_codes: dict[str, int] = field(default_factory=dict)
     socket_errors: int = 0  # connections refused or reset, and timeouts
+    #: CPU milliseconds per request by group over the phase, and ``machine_busy``
+    #: (service/loadtest/cpu_share.py); None where /proc cannot be read.
+    cpu_ms_per_request: dict[str, float] | None = None
 
     @property
     def rps(self) -> float:

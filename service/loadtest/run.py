@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 import httpx
 
 from service.errors import ServiceError
+from service.loadtest import cpu_share
 from service.loadtest.httpx_driver import run_httpx
 from service.loadtest.report import PhaseResult
 from service.loadtest.workload import Workload
@@ -101,6 +102,7 @@ def run_phases(
     on_result: Callable[[PhaseResult], None] | None = None,
 ) -> list[PhaseResult]:
     drive = run_wrk if plan.driver == "wrk" else run_httpx
+    port = httpx.URL(base_url).port or 80  # whose server processes the CPU figures count
     results: list[PhaseResult] = []
     prepared = False
     for workload in workloads(plan, key):
@@ -115,8 +117,12 @@ def run_phases(
         if plan.warmup_seconds > 0 and workload.kind != "path":
             drive(base_url, workload, concurrency=concurrency, seconds=plan.warmup_seconds,
                   timeout_s=timeout)  # fmt: skip
+        before = cpu_share.sample(port)
         result = drive(
             base_url, workload, concurrency=concurrency, seconds=plan.seconds, timeout_s=timeout
+        )
+        result.cpu_ms_per_request = cpu_share.per_request(
+            before, cpu_share.sample(port), result.requests
         )
         results.append(result)
         if on_result is not None:
