@@ -63,22 +63,25 @@ def update_rows(session: Session, table: Table, key: str, rows: Sequence[Row]) -
     if len({row[key] for row in rows}) != len(rows):
         raise ValueError(f"update_rows: a {table.name}.{key} is listed twice")
     if not is_postgresql(session):
-        for columns, same in _by_columns(rows).items():
+        for columns, same in _by_columns(rows, key).items():
             session.connection().execute(
                 _update_statement(table, key, columns),
                 [{f"w_{name}": row[name] for name in columns} for row in same],
             )
         return
     dialect = session.get_bind().dialect
-    for columns, same in _by_columns(rows).items():
+    for columns, same in _by_columns(rows, key).items():
         sql = _update_sql(table, key, columns, dialect)
         session.connection().exec_driver_sql(sql, _arrays(table, columns, same, dialect))
 
 
-def _by_columns(rows: Sequence[Row]) -> dict[tuple[str, ...], list[Row]]:
-    """The rows by the (sorted) columns they name, each set in the order first met."""
+def _by_columns(rows: Sequence[Row], key: str | None = None) -> dict[tuple[str, ...], list[Row]]:
+    """The rows by the (sorted) columns they name, each set in the order first met; with a
+    ``key``, rows that name nothing else (nothing to set) are left out."""
     groups: dict[tuple[str, ...], list[Row]] = {}
     for row in rows:
+        if key is not None and len(row) == 1:
+            continue
         groups.setdefault(tuple(sorted(row)), []).append(row)
     return groups
 
