@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sqlalchemy import String, any_, bindparam, select
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from service.bounds import ACCOUNT_TYPES, AccountType
 from service.errors import ECHO_MAX, InvalidParameter, echoed, shown
-from service.ledger.id_lists import is_postgresql
+from service.ledger.id_lists import is_postgresql, one_of_bound
 from service.ledger.ledger_rows import (
     account_record,
     valid_cap,
@@ -44,12 +43,8 @@ _USER_ACCOUNTS_FOR_NODES_QUERY = select(Account.user_node_id, Account.id, Budget
 #: it): the nodes are one text array on PostgreSQL (one statement text for any number of
 #: nodes, parsed once by psycopg), an expanding ``IN`` elsewhere.
 _USER_ACCOUNTS_FOR_NODES = {
-    postgresql: _USER_ACCOUNTS_FOR_NODES_QUERY.where(
-        Account.user_node_id == any_(bindparam("nodes", type_=ARRAY(String)))
-        if postgresql
-        else Account.user_node_id.in_(bindparam("nodes", expanding=True))
-    )
-    for postgresql in (False, True)
+    postgresql: _USER_ACCOUNTS_FOR_NODES_QUERY.where(listed)
+    for postgresql, listed in one_of_bound(Account.user_node_id, "nodes").items()
 }
 
 

@@ -17,7 +17,7 @@ from sqlalchemy import BindParameter, ColumnElement, Integer, any_, bindparam
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import QueryableAttribute, Session
 
-__all__ = ["id_array", "is_postgresql", "one_of"]
+__all__ = ["id_array", "is_postgresql", "one_of", "one_of_bound"]
 
 
 def is_postgresql(session: Session) -> bool:
@@ -38,3 +38,15 @@ def one_of(
     if is_postgresql(session):
         return column == any_(id_array(None, ids))
     return column.in_(list(ids))
+
+
+def one_of_bound(
+    column: ColumnElement[Any] | QueryableAttribute[Any], name: str
+) -> dict[bool, ColumnElement[bool]]:
+    """``column`` is one of the list bound as ``name`` when the statement runs, for statements
+    built once: by "is the dialect PostgreSQL's", ``= ANY`` one array of the column's type
+    (:func:`one_of`'s form), else an expanding ``IN``."""
+    return {
+        True: column == any_(bindparam(name, type_=ARRAY(column.type))),
+        False: column.in_(bindparam(name, expanding=True)),
+    }

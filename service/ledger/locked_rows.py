@@ -16,11 +16,11 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Table, any_, bindparam, func, insert, select, text, update
+from sqlalchemy import CursorResult, Table, bindparam, func, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from service.ledger.array_writes import insert_rows, update_rows
-from service.ledger.id_lists import id_array, is_postgresql
+from service.ledger.id_lists import is_postgresql, one_of_bound
 from service.ledger.periods import day_start
 from service.ledger.quota_buckets import ChargeFigures, add_to_buckets
 from service.ledger.tables import (
@@ -197,14 +197,10 @@ _LOCK_ACCOUNTS_QUERY = select(SPEND, *_BUDGET_COLUMNS).join_from(
 )
 #: The accounts of a list (service/ledger/id_lists.py: one array on PostgreSQL, IN elsewhere).
 _LOCK_ACCOUNTS = {
-    postgresql: _LOCK_ACCOUNTS_QUERY.where(
-        SPEND.c.account_id == any_(id_array("account_ids"))
-        if postgresql
-        else SPEND.c.account_id.in_(bindparam("account_ids", expanding=True))
-    )
+    postgresql: _LOCK_ACCOUNTS_QUERY.where(listed)
     .order_by(SPEND.c.account_id)
     .with_for_update(of=SPEND)
-    for postgresql in (False, True)
+    for postgresql, listed in one_of_bound(SPEND.c.account_id, "account_ids").items()
 }
 
 

@@ -38,6 +38,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from service.ledger.id_lists import is_postgresql
 from service.ledger.tables import Charge, QuotaBucket
 
 #: The width of a bucket. The partial bucket at the window's start is read from the charges,
@@ -186,7 +187,7 @@ def add_to_buckets(session: Session, charges: Iterable[ChargeFigures], *, sign: 
     totals = bucket_totals(charges, sign=sign)
     if not totals:
         return
-    upsert = _ADD_TO_BUCKET[session.get_bind().dialect.name == "postgresql"]
+    upsert = _ADD_TO_BUCKET[is_postgresql(session)]
     for (principal, start), (eps, count) in sorted(totals.items()):
         session.execute(
             upsert,

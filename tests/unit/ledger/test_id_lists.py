@@ -1,6 +1,7 @@
-"""``one_of`` (service/ledger/id_lists.py) on SQLite and PostgreSQL: it selects exactly the
-rows of the listed ids, for an empty list, one id and hundreds, and on PostgreSQL its statement
-is one text with one parameter whatever the number of ids (what psycopg parses once)."""
+"""``one_of`` and ``one_of_bound`` (service/ledger/id_lists.py) on SQLite and PostgreSQL: they
+select exactly the rows of the listed ids (or names: ``one_of_bound`` takes the column's own
+type), for an empty list, one id and hundreds, and on PostgreSQL ``one_of``'s statement is one
+text with one parameter whatever the number of ids (what psycopg parses once)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from service.ledger.id_lists import one_of
+from service.ledger.id_lists import is_postgresql, one_of, one_of_bound
 
 ROWS = Table("rows", MetaData(), Column("id", Integer, primary_key=True), Column("name", String))
 
@@ -33,6 +34,13 @@ def test_one_of_selects_the_listed_rows(ledger_url: str, ids: list[int]) -> None
             where = one_of(session, ROWS.c.id, ids)
             found: list[int] = list(session.scalars(select(ROWS.c.id).where(where)))
             assert sorted(found) == sorted({i for i in ids if i < 500})
+            by_id = select(ROWS.c.id).where(one_of_bound(ROWS.c.id, "ids")[is_postgresql(session)])
+            assert sorted(session.scalars(by_id, {"ids": ids})) == sorted(found)
+            names = select(ROWS.c.id).where(
+                one_of_bound(ROWS.c.name, "names")[is_postgresql(session)]
+            )
+            named: list[int] = list(session.scalars(names, {"names": [f"r{i}" for i in ids]}))
+            assert sorted(named) == sorted(found)
     finally:
         ROWS.drop(engine, checkfirst=True)
         engine.dispose()
