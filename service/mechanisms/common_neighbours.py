@@ -36,11 +36,13 @@ from service.privacy.modes import Mode
 
 __all__ = [
     "Neighbourhood",
+    "NoisyNeighbourhood",
     "common_neighbour_counts",
     "common_neighbours_top",
     "count_noise_scales",
     "neighbourhood_counts",
     "noisy_common_neighbours",
+    "noisy_neighbourhood",
     "ranked_candidates",
     "require_personalized",
     "split_neighbourhood",
@@ -181,6 +183,35 @@ def split_neighbourhood(graph: Graph, seed: int) -> Neighbourhood:
     # disjoint, each without repeats: their sorted union
     excluded = np.sort(np.concatenate([explicit, friends, np.array([seed], dtype=np.int64)]))
     return Neighbourhood(friends, friend_counts, explicit, counts[others], excluded)
+
+
+@dataclass(frozen=True)
+class NoisyNeighbourhood:
+    """A :class:`Neighbourhood` with its explicit counts released on ``grid``: c + g N at the
+    candidates' scale (``candidate_values``, drawn first), then at the friends'
+    (``friend_values``), grid_laplace's order of scales; ``candidate_ratio``, the candidates'
+    (s, t), which the lazy nodes' noise shares."""
+
+    hood: Neighbourhood
+    grid: float
+    candidate_ratio: tuple[int, int]
+    candidate_values: np.ndarray
+    friend_values: np.ndarray
+
+
+def noisy_neighbourhood(
+    graph: Graph, seed: int, plan: TwoScalePlan, rng: np.random.Generator, grid: float | None
+) -> NoisyNeighbourhood:
+    """The seed's :class:`Neighbourhood` and the noise of its explicit counts, as
+    ``friends_of_friends`` and ``blended`` draw them before their lazy nodes; ``grid``: as
+    :func:`two_scale_common_neighbours` takes it."""
+    grid = checked_count_grid(grid, min(plan.friend_scale, plan.candidate_scale))
+    s_f, t_f = gamma_ratio(grid, dyadic_scale(plan.friend_scale))
+    s_c, t_c = gamma_ratio(grid, dyadic_scale(plan.candidate_scale))
+    hood = split_neighbourhood(graph, seed)
+    candidates = hood.counts + rounded_laplace(rng, s_c, t_c, hood.explicit.shape[0]) * grid
+    friends = hood.friend_counts + rounded_laplace(rng, s_f, t_f, hood.friends.shape[0]) * grid
+    return NoisyNeighbourhood(hood, grid, (s_c, t_c), candidates, friends)
 
 
 def ranked_candidates(

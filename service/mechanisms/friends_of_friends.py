@@ -20,14 +20,12 @@ import numpy as np
 from service.errors import InvalidParameter
 from service.graph.model import Graph
 from service.mechanisms.common_neighbours import (
+    noisy_neighbourhood,
     ranked_candidates,
     require_personalized,
-    split_neighbourhood,
     two_scale_common_neighbours,
 )
-from service.mechanisms.exact_laplace import dyadic_scale, gamma_ratio, rounded_laplace
 from service.mechanisms.lazy_top_k import lazy_rank_to_index, lazy_top
-from service.mechanisms.postprocess import checked_count_grid
 from service.mechanisms.randomness import fresh_generator
 from service.privacy.laplace import TwoScalePlan
 from service.privacy.modes import Mode
@@ -86,15 +84,11 @@ def friends_of_friends_top(
     require_personalized(mode, "friends_of_friends")
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    hood = split_neighbourhood(graph, seed)
     rng = rng if rng is not None else fresh_generator()
-    grid = checked_count_grid(grid, min(plan.friend_scale, plan.candidate_scale))
-    s_f, t_f = gamma_ratio(grid, dyadic_scale(plan.friend_scale))
-    s_c, t_c = gamma_ratio(grid, dyadic_scale(plan.candidate_scale))
+    noisy = noisy_neighbourhood(graph, seed, plan, rng, grid)  # the candidates' noise first
+    hood, grid, (s_c, t_c) = noisy.hood, noisy.grid, noisy.candidate_ratio
     friends, explicit, excluded = hood.friends, hood.explicit, hood.excluded
-    # the candidates' noise first, then the friends' (grid_laplace's order of scales)
-    candidate_values = hood.counts + rounded_laplace(rng, s_c, t_c, explicit.shape[0]) * grid
-    friend_values = hood.friend_counts + rounded_laplace(rng, s_f, t_f, friends.shape[0]) * grid
+    candidate_values, friend_values = noisy.candidate_values, noisy.friend_values
     lazy_count = graph.n - excluded.shape[0]
     k = min(int(k), graph.n - 1)
     lazy = lazy_top(rng, s_c, t_c, lazy_count, max(1, k - friends.shape[0]), minimum=True)

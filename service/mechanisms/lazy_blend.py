@@ -50,8 +50,7 @@ from service.mechanisms.blended import (
     score_noise,
     top_reliability,
 )
-from service.mechanisms.common_neighbours import require_personalized, split_neighbourhood
-from service.mechanisms.exact_laplace import dyadic_scale, gamma_ratio, rounded_laplace
+from service.mechanisms.common_neighbours import noisy_neighbourhood, require_personalized
 from service.mechanisms.hold_out import settled_tops
 from service.mechanisms.lazy_top_k import (
     LevelLaw,
@@ -61,7 +60,7 @@ from service.mechanisms.lazy_top_k import (
     range_levels,
     range_probability_bits,
 )
-from service.mechanisms.postprocess import checked_count_grid, round_to_grid, score_grid
+from service.mechanisms.postprocess import round_to_grid, score_grid
 from service.mechanisms.randomness import fresh_generator
 from service.mechanisms.ranking_kernels import kth_largest
 from service.privacy.laplace import TwoScalePlan
@@ -419,14 +418,11 @@ def blended_draw(
         raise ValueError(f"k must be >= 1, got {k}")
     n = graph.n
     rng = rng if rng is not None else fresh_generator()
-    grid = checked_count_grid(grid, min(plan.friend_scale, plan.candidate_scale))
-    s_f, t_f = gamma_ratio(grid, dyadic_scale(plan.friend_scale))
-    s_c, t_c = gamma_ratio(grid, dyadic_scale(plan.candidate_scale))
     standard = degree_standard(degrees, degrees_scale)
-    hood = split_neighbourhood(graph, seed)
+    noisy = noisy_neighbourhood(graph, seed, plan, rng, grid)
+    hood, grid, (s_c, t_c) = noisy.hood, noisy.grid, noisy.candidate_ratio
     friends, explicit = hood.friends, hood.explicit
-    candidate_values = hood.counts + rounded_laplace(rng, s_c, t_c, explicit.shape[0]) * grid
-    friend_values = hood.friend_counts + rounded_laplace(rng, s_f, t_f, friends.shape[0]) * grid
+    candidate_values, friend_values = noisy.candidate_values, noisy.friend_values
     state = LazyCandidates(
         rng, LevelLaw(s_c, t_c), grid, standard, hood.excluded, explicit, candidate_values
     )
