@@ -86,6 +86,7 @@ __all__ = [
     "mix",
     "ranked_first",
     "recovery_gain",
+    "recovery_gains",
     "reliability",
     "score_noise",
     "signal_threshold",
@@ -278,6 +279,13 @@ def recovery_gain(is_friend: np.ndarray) -> float:
     return float(np.sum(is_friend / _discounts(is_friend.shape[0])))
 
 
+def recovery_gains(is_friend: np.ndarray) -> np.ndarray:
+    """:func:`recovery_gain` of each row of ``is_friend`` (lists of one length, in rank order),
+    in one reduction: numpy sums each row as it sums one list, so the gains are the same."""
+    gains: np.ndarray = np.sum(is_friend / _discounts(is_friend.shape[1]), axis=1)
+    return gains
+
+
 @functools.lru_cache(maxsize=64)
 def _discounts(depth: int) -> np.ndarray:
     """DCG's discounts log2(2), ..., log2(depth + 1) (read-only: shared by every call)."""
@@ -289,8 +297,11 @@ def _discounts(depth: int) -> np.ndarray:
 def choose_weight(gains: np.ndarray) -> float:
     """The median of the grid weights whose gain is within TIE_TOLERANCE of the best."""
     gains = np.asarray(gains, dtype=np.float64)
-    best = WEIGHTS[gains >= gains.max() * (1.0 - TIE_TOLERANCE)]
-    return float(np.median(best))
+    best = WEIGHTS[gains >= gains.max() * (1.0 - TIE_TOLERANCE)].tolist()
+    # the median of the ascending grid's subset, as np.median takes it (the middle one, or
+    # the mean of the middle two: their sum halved)
+    middle = len(best) // 2
+    return float(best[middle] if len(best) % 2 else (best[middle - 1] + best[middle]) / 2.0)
 
 
 def final_shift(friend_mixed: np.ndarray, top_mixed: np.ndarray, pool_max: float) -> tuple[

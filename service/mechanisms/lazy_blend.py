@@ -47,6 +47,7 @@ from service.mechanisms.blended import (
     mix,
     ranked_first,
     recovery_gain,
+    recovery_gains,
     score_noise,
     top_reliability,
 )
@@ -131,15 +132,23 @@ class LazyCandidates:
         self.head = 0  # H
         self.threshold: int | None = None  # T (None: +inf, nothing drawn in the sparse region)
         self.sparse_drawn = np.zeros(0, dtype=np.int64)  # positions >= H drawn, sorted
+        # undrawn() and z_head(), kept until a move changes them (None: not known)
+        self._undrawn: int | None = None
+        self._z_head: float | None = None
 
     def undrawn(self) -> int:
         """R: the nodes of Z in the sparse region not drawn yet."""
-        after = self.excluded.shape[0] - int(np.searchsorted(self.excluded, self.head))
-        return int((self.n - self.head) - after - self.sparse_drawn.shape[0])
+        if self._undrawn is None:
+            after = self.excluded.shape[0] - int(np.searchsorted(self.excluded, self.head))
+            self._undrawn = int((self.n - self.head) - after - self.sparse_drawn.shape[0])
+        return self._undrawn
 
     def z_head(self) -> float:
         """The standardized degree at H (the largest of any node not yet in the dense region)."""
-        return float(self.standard.z(self.standard.order[self.head : self.head + 1])[0])
+        if self._z_head is None:
+            head = self.standard.order[self.head : self.head + 1]
+            self._z_head = float(self.standard.z(head)[0])
+        return self._z_head
 
     def bound_terms(self) -> tuple[int, float | None, float]:
         """What :meth:`bound` is made of: R, ``g (T - 1)`` (None: T is +inf) and the
@@ -183,6 +192,7 @@ class LazyCandidates:
         self._add(fresh, levels)
         self.sparse_drawn = self.sparse_drawn[self.sparse_drawn >= head]
         self.head = head
+        self._undrawn = self._z_head = None
 
     def lower(self, threshold: int | None) -> None:
         """Lower T to ``threshold`` (None: -inf, draw every undrawn node): the number of the R
@@ -208,6 +218,7 @@ class LazyCandidates:
         self._add(positions, levels)
         self.sparse_drawn = _merged(self.sparse_drawn, positions)
         self.threshold = threshold
+        self._undrawn = remaining - count
 
     def advance(self, a: float, b: float, kth: float) -> None:
         """One move towards ``U(a, b) < kth`` (``kth`` -inf: too few known nodes yet)."""
@@ -340,8 +351,8 @@ def _hold_out_gains(
         values = np.concatenate([friend_values, state.values])
         z = np.concatenate([friend_z, state.z])
         stop = settled_tops(a_s, b_s, values, z, ids, r, start, state.bound_terms(), tops)
-        for w in range(start, stop):
-            gains[w] = recovery_gain(tops[w] < nf)  # the pool's first nf are the friends
+        if stop > start:  # the pool's first nf are the friends
+            gains[start:stop] = recovery_gains(tops[start:stop] < nf)
         if stop == len(weights):
             break
         a, b = weights[stop]
@@ -453,9 +464,10 @@ def blended_draw(
     depth = min(max(k - nf, 0), m)
     friend_mixed = mix(a, friend_values, b, friend_z)
     mixed = _settle(state, a, b, max(depth, 1)) if m > 0 else np.zeros(0)
-    served = ranked_first(mixed, state.ids, depth)
+    # the smallest blend of the ranked top `depth` is the depth-th largest (ties or not)
+    served_min = np.array([kth_largest(mixed, depth)]) if depth > 0 else mixed[:0]
     pool_max = float(np.concatenate([friend_mixed, mixed]).max(initial=-math.inf))
-    low, high = final_shift(friend_mixed, mixed[served], pool_max if n > 1 else 0.0)
+    low, high = final_shift(friend_mixed, served_min, pool_max if n > 1 else 0.0)
     noise = score_noise(a, b, plan.candidate_scale, degrees_scale, standard.spread)
     sgrid = score_grid(noise)
     friend_scores = round_to_grid(friend_mixed - low + 1.0 + (high - low + 1.0), sgrid)

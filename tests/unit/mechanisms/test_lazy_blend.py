@@ -164,6 +164,12 @@ def test_the_chi_square_test_rejects_ignoring_the_undrawn_nodes(
 # -- the bound and the moves ----------------------------------------------------------------
 
 
+def _undrawn_counted(state: LazyCandidates) -> int:
+    """R counted node by node: the positions from H on that are neither excluded nor drawn."""
+    taken = set(state.excluded.tolist()) | set(state.sparse_drawn.tolist())
+    return sum(1 for position in range(state.head, state.n) if position not in taken)
+
+
 def test_no_undrawn_node_scores_above_the_bound() -> None:
     """After any moves, drawing every node left (lower T to -inf) finds none above U(a, b)
     for any blend, and every node of Z exactly once."""
@@ -181,6 +187,8 @@ def test_no_undrawn_node_scores_above_the_bound() -> None:
             else:
                 top = state.threshold if state.threshold is not None else 6
                 state.lower(top - int(rng.integers(1, 4)))
+            assert state.undrawn() == _undrawn_counted(state), trial  # kept across moves
+            assert state.z_head() == standard.z(standard.order[state.head : state.head + 1])[0]
         blends = [(float(a), float(b)) for a, b in rng.uniform(0.0, 2.0, (5, 2))] + [(0.0, 1.0)]
         bounds = [state.bound(a, b) for a, b in blends]
         before = state.ids.shape[0]

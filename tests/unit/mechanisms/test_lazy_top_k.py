@@ -238,6 +238,19 @@ def test_digits_are_those_of_the_probability() -> None:
     assert digits.bit(400) in (0, 1)  # far digits: the precision grows
 
 
+def test_a_range_asked_again_reuses_its_interval_and_keeps_its_digits() -> None:
+    law = lazy_top_k.LevelLaw(3, 50)
+    first = range_probability_bits(law, None, 40, 17, 40)
+    digits = [first.bit(i) for i in range(1, 300)]  # far digits: a higher precision, kept too
+    kept = lazy_top_k._probability_interval.cache_info()
+    again = range_probability_bits(law, None, 40, 17, 40)
+    assert [again.bit(i) for i in range(1, 300)] == digits
+    after = lazy_top_k._probability_interval.cache_info()
+    assert after.hits > kept.hits and after.misses == kept.misses
+    lazy_top_k._probability_interval.cache_clear()  # computed anew: the same digits
+    assert [range_probability_bits(law, None, 40, 17, 40).bit(i) for i in range(1, 300)] == digits
+
+
 def test_binomial_count_has_the_binomial_law() -> None:
     law = lazy_top_k.LevelLaw(1, 4)
     p = 0.5 * math.exp(-(2 - 0.5) / 4)  # P(N >= 2)
