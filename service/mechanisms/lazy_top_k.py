@@ -170,6 +170,39 @@ def binomial_count(rng: np.random.Generator, trials: int, digits: range_probabil
     return below
 
 
+#: The most draws one batch of :func:`range_levels` asks for beyond twice what it lacks (a
+#: range of small probability takes several batches instead of one huge one).
+LEVEL_BATCH_LIMIT = 1 << 16
+
+
+def _acceptance(law: LevelLaw, a: int | None, b: int | None, one_sided: bool) -> float:
+    """A float estimate of the share of draws of N that :func:`range_levels` keeps: P(N != 0)
+    for a range on one side of 0, else P(a <= N < b) (sizes batches only, never the law)."""
+    gamma = law.s / law.t
+    if one_sided:
+        return math.exp(-gamma / 2.0)
+
+    def tail(j: int | None, infinite: float) -> float:  # S(j); None: the given limit
+        if j is None:
+            return infinite
+        if j >= 1:
+            return 0.5 * math.exp(-gamma * (j - 0.5))
+        return 1.0 - 0.5 * math.exp(-gamma * (0.5 - j))
+
+    return tail(a, 1.0) - tail(b, 0.0)
+
+
+def _batch_for(missing: int, accepted: float) -> int:
+    """Draws for one batch that yields ``missing`` kept ones with high probability when a draw
+    is kept with probability about ``accepted`` (the mean, three standard deviations and 16
+    more; at most ``LEVEL_BATCH_LIMIT`` beyond twice ``missing``: a later batch draws the
+    rest). Any batch size gives the same law: the draws are i.i.d. and the first ``count``
+    kept ones are taken."""
+    mean = missing / max(accepted, 1e-12)
+    wanted = math.ceil(mean + 3.0 * math.sqrt(mean)) + 16
+    return int(min(wanted, max(16, 2 * missing) + LEVEL_BATCH_LIMIT))
+
+
 def range_levels(
     rng: np.random.Generator, law: LevelLaw, count: int, a: int | None, b: int | None
 ) -> np.ndarray:
@@ -178,12 +211,14 @@ def range_levels(
         return np.zeros(0, dtype=np.int64)
     if a is not None and b is not None and b - a == 1:
         return np.full(count, a, dtype=np.int64)
+    one_sided = (a is not None and a >= 1) or (b is not None and b <= 0)
+    accepted = _acceptance(law, a, b, one_sided)
     parts: list[np.ndarray] = []
     have = 0
     while have < count:
-        batch = max(16, 2 * (count - have))
+        batch = _batch_for(count - have, accepted)
         z = rounded_laplace(rng, law.s, law.t, batch)
-        if (a is not None and a >= 1) or (b is not None and b <= 0):  # |N| - 1 is geometric
+        if one_sided:  # |N| - 1 is geometric
             x = geometric_levels(z, a, b)
         else:  # across 0: rejection from N itself
             keep = np.ones(z.shape[0], dtype=bool)

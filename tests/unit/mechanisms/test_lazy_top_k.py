@@ -296,6 +296,33 @@ def test_range_levels_stay_in_their_range_with_the_conditional_law() -> None:
     assert stats.chisquare(observed, weights / weights.sum() * DRAWS).pvalue > ALPHA
 
 
+def test_range_levels_draw_about_what_they_keep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch is sized by the range's probability (a cost, never the law): a range on one
+    side of 0 or a wide one across it takes one batch of about ``count`` draws, not twice as
+    many; a range across 0 of small probability several bounded batches, and still ``count``
+    levels in the range."""
+    drawn: list[int] = []
+    real = lazy_top_k.rounded_laplace
+
+    def counted(rng: np.random.Generator, s: int, t: int, count: int) -> np.ndarray:
+        drawn.append(count)
+        return real(rng, s, t, count)
+
+    monkeypatch.setattr(lazy_top_k, "rounded_laplace", counted)
+    rng = np.random.default_rng(12)
+    law = lazy_top_k.LevelLaw(1, 320)  # the service's gamma at epsilon 0.1
+    for a, b in ((1759, None), (1537, 1759), (None, 1759), (None, 0)):
+        drawn.clear()
+        x = range_levels(rng, law, 2200, a, b)
+        assert x.shape == (2200,) and len(drawn) == 1 and 2200 < drawn[0] < 2400, (a, b)
+    drawn.clear()
+    x = range_levels(rng, law, 3000, 0, 1)  # P(N = 0) is 1/640: several batches
+    assert x.tolist() == [0] * 3000  # (one level: no draw is needed)
+    x = range_levels(rng, lazy_top_k.LevelLaw(1, 2000), 200, -1, 2)  # about 1/1300 kept
+    assert x.shape == (200,) and set(x.tolist()) <= {-1, 0, 1}
+    assert max(drawn) <= 2 * 200 + lazy_top_k.LEVEL_BATCH_LIMIT and len(drawn) > 1
+
+
 def test_distinct_uniform_is_a_uniform_sequence_of_distinct_values() -> None:
     rng = np.random.default_rng(10)
     draws = [tuple(distinct_uniform(rng, 5, 2).tolist()) for _ in range(DRAWS)]
