@@ -81,9 +81,10 @@ MIN_BLOCK = 2048
 
 
 def _merged(first: np.ndarray, second: np.ndarray) -> np.ndarray:
-    """The sorted union of two disjoint arrays of distinct positions (``np.union1d`` without
-    its hashing: the callers' arrays never share a value)."""
-    return np.sort(np.concatenate([first, second]))
+    """The sorted union of two disjoint sorted arrays of distinct positions (``np.union1d``
+    without its hashing: the callers' arrays never share a value; a stable sort merges the two
+    runs)."""
+    return np.sort(np.concatenate([first, second]), kind="stable")
 
 
 def _tail(law: LevelLaw, j: int | None) -> float:
@@ -211,7 +212,10 @@ class LazyCandidates:
                 self.law, None, self.threshold, threshold, self.threshold
             )
             count = binomial_count(self.rng, remaining, digits)
-        ranks = distinct_uniform(self.rng, remaining, count)
+        # a uniform subset, in ascending order: its levels are i.i.d. and drawn apart from it,
+        # so the order they are paired in does not change the law (sorted, the positions are
+        # found by a search that walks forward, and come sorted)
+        ranks = np.sort(distinct_uniform(self.rng, remaining, count))
         taken = _merged(self.excluded[self.excluded >= self.head], self.sparse_drawn)
         positions = lazy_rank_to_index(taken - self.head, ranks) + self.head
         levels = range_levels(self.rng, self.law, count, threshold, self.threshold)
