@@ -523,7 +523,15 @@ def gamma_ratio(grid: float, scale: float) -> tuple[int, int]:
     for name, value in (("grid", grid), ("scale", scale)):
         if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
             raise InvalidParameter(name, f"must be a finite number > 0, got {value!r}")
-    ratio = Fraction(float(grid)) / Fraction(float(scale))
+    return _reduced_ratio(float(grid), float(scale))
+
+
+@functools.lru_cache(maxsize=256)
+def _reduced_ratio(grid: float, scale: float) -> tuple[int, int]:
+    """:func:`gamma_ratio` of two valid floats, kept: a process asks for the same few (its
+    plans' scales on their grids), and the exact fractions cost more than the draws of a small
+    neighbourhood."""
+    ratio = Fraction(grid) / Fraction(scale)
     return _checked_ratio(ratio.numerator, ratio.denominator)
 
 

@@ -238,6 +238,11 @@ def test_gamma_ratio_is_exact_and_reduced() -> None:
         gamma_ratio(1.0, 1.0 + 2.0**-52)  # t = 2^52 + 1: a scale with a 53-bit mantissa
     with pytest.raises(InvalidParameter):
         gamma_ratio(2.0**-60, 1.0)  # gamma below 2^-50
+    with pytest.raises(InvalidParameter):  # a refusal is not kept: asked again, refused again
+        gamma_ratio(2.0**-60, 1.0)
+    assert gamma_ratio(2.0**-2, scale) == (s, t)  # kept: the same ratio
+    with pytest.raises(InvalidParameter):
+        gamma_ratio(float("nan"), scale)
     with pytest.raises(InvalidParameter):
         dyadic_scale(0.0)
 
