@@ -24,6 +24,7 @@ section 5, "The sampler's share of delta"). Summing the releases' own stated del
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -41,12 +42,22 @@ _ORDERS_MINUS_ONE = ORDERS - 1.0
 assert np.all(np.isfinite(_LOG1P_TERM)) and np.all(_ORDERS_MINUS_ONE > 0.0)
 
 
+@functools.lru_cache(maxsize=64)
+def _delta_term(delta: float) -> np.ndarray:
+    """``(log(delta) + log(alpha)) / (alpha - 1)`` over the grid, for one delta (read-only, kept:
+    a ledger converts at the few deltas its accounts have; the same floating-point operations
+    as computing it every time)."""
+    term: np.ndarray = (np.log(delta) + _LOG_ORDERS) / _ORDERS_MINUS_ONE
+    term.setflags(write=False)
+    return term
+
+
 def rdp_to_epsilon(rdp: np.ndarray, pure: float, delta: float) -> float:
     """Smallest epsilon the curve certifies at ``delta`` (vectorised over the grid)."""
     if not 0.0 < delta < 1.0:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
     rdp = np.asarray(rdp, dtype=np.float64)
-    eps = rdp + _LOG1P_TERM - (np.log(delta) + _LOG_ORDERS) / _ORDERS_MINUS_ONE
+    eps = rdp + _LOG1P_TERM - _delta_term(delta)
     best = float(np.min(eps))
     return max(0.0, min(best, float(pure)))
 
@@ -109,9 +120,20 @@ class RdpCurve:
         return cls(np.zeros_like(ORDERS), 0.0)
 
     def __add__(self, other: RdpCurve) -> RdpCurve:
-        return RdpCurve(
-            self.rdp + other.rdp, self.pure + other.pure, self.sampler_tv + other.sampler_tv
-        )
+        if not isinstance(other, RdpCurve):
+            return NotImplemented
+        # the sum of two checked curves passes the checks (non-negative values, possibly
+        # infinite, add to non-negative values, never NaN): built without checking again
+        tv = self.sampler_tv + other.sampler_tv
+        if tv == math.inf:  # pragma: no cover - two finite probabilities' sum overflowing
+            return RdpCurve(self.rdp + other.rdp, self.pure + other.pure, tv)  # refused
+        rdp = self.rdp + other.rdp
+        rdp.setflags(write=False)
+        total = object.__new__(RdpCurve)
+        object.__setattr__(total, "rdp", rdp)
+        object.__setattr__(total, "pure", self.pure + other.pure)
+        object.__setattr__(total, "sampler_tv", tv)
+        return total
 
     def __mul__(self, times: int) -> RdpCurve:
         """``times`` identical compositions."""

@@ -56,3 +56,27 @@ def test_zero_and_infinite_values_make_a_curve() -> None:
     rdp[-1] = np.inf
     curve = RdpCurve(rdp, np.inf) + RdpCurve.zero()
     assert curve.rdp[-1] == np.inf and curve.rdp[0] == 0.0 and curve.pure == np.inf
+
+
+def test_a_kept_delta_term_converts_as_a_fresh_one() -> None:
+    rng = np.random.default_rng(7)
+    for delta in (1e-6, 1e-9, 1e-6, 1e-9):  # the second time of each, from the kept term
+        for _ in range(50):
+            rdp = rng.exponential(1.0, ORDERS.shape) * ORDERS
+            assert rdp_to_epsilon(rdp, np.inf, delta) == _closed_form(rdp, np.inf, delta)
+
+
+def test_a_sum_of_curves_is_the_checked_curve_of_the_sums() -> None:
+    rng = np.random.default_rng(8)
+    for _ in range(200):
+        first = RdpCurve(rng.exponential(1.0, ORDERS.shape), float(rng.exponential()), 1e-12)
+        rdp = rng.exponential(1.0, ORDERS.shape)
+        rdp[rng.random(ORDERS.shape) < 0.05] = np.inf
+        second = RdpCurve(rdp, float(rng.choice([np.inf, 2.5])), float(rng.random() * 1e-9))
+        total = first + second
+        checked = RdpCurve(first.rdp + second.rdp, first.pure + second.pure,
+                           first.sampler_tv + second.sampler_tv)  # fmt: skip
+        assert total == checked and not total.rdp.flags.writeable
+        assert type(total.pure) is float and type(total.sampler_tv) is float
+    with pytest.raises(TypeError):
+        RdpCurve.zero() + 1.0  # type: ignore[operator]
