@@ -98,8 +98,12 @@ def is_json_media_type(content_type: str | None) -> bool:
 class StrictRoute(APIRoute):
     """An :class:`APIRoute` that parses numbers strictly and wants JSON bodies labelled."""
 
+    def request_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        """What answers a request once its numbers and body are checked: FastAPI's handler."""
+        return super().get_route_handler()
+
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
+        handler = self.request_handler()
         numbers = [
             ("query" if isinstance(field.field_info, params.Query) else "path", field.alias, kind)
             for field in get_flat_params(self.dependant)

@@ -8,18 +8,18 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from service.api.deps import EngineTurn, PrincipalDep, RuntimeDep
+from service.api.direct_route import DirectRoute
 from service.api.error_responses import DuplicateHeader
 from service.api.models import Budget, ErrorResponse, PprAnswer, Reads
 from service.api.observability import count_answer
 from service.api.params import K_LIMIT, IdempotencyKeyHeader, NodeIdPath, QueryBool
-from service.api.strict import StrictRoute
 from service.errors import Forbidden
 from service.mechanisms.registry import RankingMechanism
 from service.privacy.modes import Mode
 from service.serving.refresh import REFRESH_HELP, REFRESH_PATTERN, parse_refresh
 from service.serving.schemas import QueryRequest
 
-router = APIRouter(prefix="/v1", tags=["queries"], route_class=StrictRoute)
+router = APIRouter(prefix="/v1", tags=["queries"], route_class=DirectRoute)
 
 _ERRORS: dict[int | str, dict[str, object]] = {
     401: {"model": ErrorResponse, "description": "missing, malformed, unknown or revoked key"},
