@@ -24,8 +24,9 @@ that are plain fields (no sequences, models or JSON); dependencies that are ``as
 functions or ``async`` generators taking only the request (or connection) and other such
 dependencies. Another route keeps FastAPI's handler, and so does a request while the app
 overrides dependencies or FastAPI's telemetry traces the request. It leans on FastAPI's
-internals (the helpers its own handler calls); ``tests/unit/api/test_direct_route.py`` checks
-that both ways answer alike.
+internals (the helpers its own handler calls), so ``pyproject.toml`` pins FastAPI's minor
+series; ``tests/unit/api/test_direct_route.py`` checks that both ways answer alike, and is the
+check to run before moving the pin.
 """
 
 from __future__ import annotations
