@@ -66,12 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     nodes, edges = (int(x) for x in args.generate.split(","))
     sides = {"before": args.before_dir.resolve(), "after": args.after_dir.resolve()}
+    shared = [str(nodes), str(edges), args.mechanism, str(args.seeds)]
     procs = {
         label: subprocess.Popen(
-            [sys.executable, "-c", SIDE, str(root), str(nodes), str(edges), args.mechanism,
-             str(args.seeds)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [sys.executable, "-c", SIDE, str(root), *shared],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         for label, root in sides.items()
     }
     try:
