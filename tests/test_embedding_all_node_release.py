@@ -286,6 +286,9 @@ def test_index_below_the_recall_target_is_answered_exactly(
     measured = json.loads((tmp_path / POINTER).read_text())["files"]["index"]
     assert 0.0 <= measured["recall_at_10"] <= 1.0 and measured["ef"] == 128
     index = SimilarIndex.load(tmp_path)
+    # the measured recall is random (a sample of rows, a multi-threaded build): taken as the
+    # target here, so that only the depth decides; the index's quality has its own test
+    monkeypatch.setattr(similar, "RECALL_TARGET", measured["recall_at_10"])
     assert not index.exact(128) and index.exact(64)  # a shallower search than measured
     monkeypatch.setattr(similar, "RECALL_TARGET", 1.01)  # as if the index had missed it
     assert index.exact(128)
