@@ -26,12 +26,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import bindparam, create_engine, insert, make_url, update
+from request_statements import drop_database, fresh_database  # this folder's, beside it
+from sqlalchemy import bindparam, insert, update
 from sqlalchemy.orm import Session
 
 from service.ledger import Ledger
 from service.ledger.array_writes import insert_rows, update_rows
-from service.ledger.database import upgrade
 from service.ledger.locked_rows import CHARGES, SPEND
 from service.ledger.tables import EncodedJson, encode_json
 
@@ -114,12 +114,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
     name = f"ppr_group_writes_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(args.base_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    url = make_url(args.base_url).set(database=name).render_as_string(hide_password=False)
+    url = fresh_database(args.base_url, name)
     try:
-        upgrade(url)
         ledger = Ledger.from_url(url)
         accounts = [
             ledger.accounts.create_account(
@@ -143,9 +139,7 @@ def main() -> None:
                 figures[form].append((time.thread_time() - started) / args.transactions)
         ledger.dispose()
     finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+        drop_database(args.base_url, name)
     print(f"{args.rows} charges and {args.rows} spend rows a transaction, thread CPU (ms):")
     print("| form | " + " | ".join(f"round {i + 1}" for i in range(args.rounds)) + " |")
     print("| --- |" + " --- |" * args.rounds)
