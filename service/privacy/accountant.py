@@ -42,24 +42,34 @@ _ORDERS_MINUS_ONE = ORDERS - 1.0
 assert np.all(np.isfinite(_LOG1P_TERM)) and np.all(_ORDERS_MINUS_ONE > 0.0)
 
 
-@functools.lru_cache(maxsize=64)
 def _delta_term(delta: float) -> np.ndarray:
-    """``(log(delta) + log(alpha)) / (alpha - 1)`` over the grid, for one delta (read-only, kept:
-    a ledger converts at the few deltas its accounts have; the same floating-point operations
-    as computing it every time)."""
+    """``(log(delta) + log(alpha)) / (alpha - 1)`` over the grid, for one delta."""
     term: np.ndarray = (np.log(delta) + _LOG_ORDERS) / _ORDERS_MINUS_ONE
+    return term
+
+
+@functools.lru_cache(maxsize=64)
+def _kept_delta_term(delta: float) -> np.ndarray:
+    """:func:`_delta_term`, kept (read-only): a ledger converts at the few deltas its accounts
+    have. Not for :func:`sound_epsilon`'s iterates, each a delta of its own."""
+    term = _delta_term(delta)
     term.setflags(write=False)
     return term
+
+
+def _epsilon_at(rdp: np.ndarray, pure: float, term: np.ndarray) -> float:
+    """The conversion with delta's term given (the same floating-point operations as computing
+    it in place)."""
+    eps = np.asarray(rdp, dtype=np.float64) + _LOG1P_TERM - term
+    best = float(np.min(eps))
+    return max(0.0, min(best, float(pure)))
 
 
 def rdp_to_epsilon(rdp: np.ndarray, pure: float, delta: float) -> float:
     """Smallest epsilon the curve certifies at ``delta`` (vectorised over the grid)."""
     if not 0.0 < delta < 1.0:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
-    rdp = np.asarray(rdp, dtype=np.float64)
-    eps = rdp + _LOG1P_TERM - _delta_term(delta)
-    best = float(np.min(eps))
-    return max(0.0, min(best, float(pure)))
+    return _epsilon_at(rdp, pure, _kept_delta_term(delta))
 
 
 #: Fixed-point iterations of :func:`sound_epsilon` before it gives up (returns infinity).
@@ -79,7 +89,8 @@ def sound_epsilon(rdp: np.ndarray, pure: float, sampler_tv: float, delta: float)
         # (1 + e^eps) T, computed so that a huge eps gives an infinite share, not an overflow
         share = sampler_tv * (1.0 + math.exp(min(eps, 700.0)))
         left = delta - share
-        return math.inf if not left > 0.0 else rdp_to_epsilon(rdp, pure, left)
+        # 0 < left < delta < 1: converted with its own term, not kept (every iterate's differs)
+        return math.inf if not left > 0.0 else _epsilon_at(rdp, pure, _delta_term(left))
 
     # converted() is non-decreasing in eps: iterate up from below to the least fixed point
     eps = converted(0.0)
