@@ -87,25 +87,6 @@ def _merged(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     return np.sort(np.concatenate([first, second]), kind="stable")
 
 
-def _tail(law: LevelLaw, j: int | None) -> float:
-    """A float estimate of S(j) = P(N >= j) (None: +inf); for choosing thresholds only."""
-    if j is None:
-        return 0.0
-    gamma = law.s / law.t
-    if j >= 1:
-        return 0.5 * math.exp(-gamma * (j - 0.5))
-    return 1.0 - 0.5 * math.exp(-gamma * (0.5 - j))
-
-
-def _level_at(law: LevelLaw, v: float) -> int:
-    """A level j with S(j) about ``v`` (float estimate, for choosing thresholds only)."""
-    gamma = law.s / law.t
-    v = min(max(v, 1e-300), 1.0 - 1e-16)
-    if v <= 0.5:
-        return math.floor(0.5 + math.log(1.0 / (2.0 * v)) / gamma)
-    return math.floor(0.5 - math.log(1.0 / (2.0 * (1.0 - v))) / gamma)
-
-
 class LazyCandidates:
     """The candidates' released counts, drawn lazily: the explicit ones and the drawn nodes of
     Z as ``ids`` / ``values`` (c~) / ``z`` (standardized d~), and the state (H, T) bounding the
@@ -234,22 +215,22 @@ class LazyCandidates:
             self.extend(max(2 * self.head, MIN_BLOCK))
             return
         top = self.threshold
-        s_top = _tail(self.law, top)
+        s_top = self.law.tail_estimate(top)
         if kth == -math.inf:
             wanted = s_top + min(1.0, budget / remaining) * (1.0 - s_top)
-            self.lower(None if budget >= remaining else _level_at(self.law, wanted))
+            self.lower(None if budget >= remaining else self.law.level_estimate(wanted))
             return
         z_head = self.z_head()
         needed = math.floor((kth - b * z_head) / (a * self.grid))  # a g (T' - 1) + b z_H < kth
         if top is not None:
             needed = min(needed, top - 1)
-        expected = remaining * (_tail(self.law, needed) - s_top) / max(1.0 - s_top, 1e-300)
+        expected = remaining * (self.law.tail_estimate(needed) - s_top) / max(1.0 - s_top, 1e-300)
         if expected <= budget:
             self.lower(needed)
             return
         # too many at once: draw a budget's worth from the top, and widen the dense region
         wanted = s_top + min(1.0, budget / remaining) * (1.0 - s_top)
-        partial = _level_at(self.law, wanted)
+        partial = self.law.level_estimate(wanted)
         if top is None or partial < top:
             self.lower(partial)
         if b > 0.0 and self.head < self.n:

@@ -83,6 +83,25 @@ class LevelLaw:
     s: int
     t: int
 
+    def tail_estimate(self, j: int | None) -> float:
+        """A float estimate of S(j) = P(N >= j), 0 for None (+inf): it chooses thresholds and
+        sizes batches, never the law."""
+        if j is None:
+            return 0.0
+        gamma = self.s / self.t
+        if j >= 1:
+            return 0.5 * math.exp(-gamma * (j - 0.5))
+        return 1.0 - 0.5 * math.exp(-gamma * (0.5 - j))
+
+    def level_estimate(self, v: float) -> int:
+        """A level j with S(j) about ``v`` (the inverse of :meth:`tail_estimate`, ``v`` held in
+        [1e-300, 1 - 1e-16]; for thresholds only)."""
+        gamma = self.s / self.t
+        v = min(max(v, 1e-300), 1.0 - 1e-16)
+        if v <= 0.5:
+            return math.floor(0.5 + math.log(1.0 / (2.0 * v)) / gamma)
+        return math.floor(0.5 - math.log(1.0 / (2.0 * (1.0 - v))) / gamma)
+
     def tail(self, j: int | None, precision: int, *, lower: bool) -> tuple[int, int]:
         """S(j) = P(N >= j) as (lo, hi) over 2^precision; j None is -inf (``lower``: 1) or
         +inf (0)."""
@@ -178,18 +197,9 @@ LEVEL_BATCH_LIMIT = 1 << 16
 def _acceptance(law: LevelLaw, a: int | None, b: int | None, one_sided: bool) -> float:
     """A float estimate of the share of draws of N that :func:`range_levels` keeps: P(N != 0)
     for a range on one side of 0, else P(a <= N < b) (sizes batches only, never the law)."""
-    gamma = law.s / law.t
     if one_sided:
-        return math.exp(-gamma / 2.0)
-
-    def tail(j: int | None, infinite: float) -> float:  # S(j); None: the given limit
-        if j is None:
-            return infinite
-        if j >= 1:
-            return 0.5 * math.exp(-gamma * (j - 0.5))
-        return 1.0 - 0.5 * math.exp(-gamma * (0.5 - j))
-
-    return tail(a, 1.0) - tail(b, 0.0)
+        return math.exp(-law.s / law.t / 2.0)
+    return (1.0 if a is None else law.tail_estimate(a)) - law.tail_estimate(b)
 
 
 def _batch_for(missing: int, accepted: float) -> int:
@@ -266,24 +276,12 @@ def _next_threshold(
     """A threshold below ``top`` whose range holds about ``wanted`` of the ``remaining``
     nodes, by float estimates (the choice only affects the cost, never the law); None: take
     them all (the threshold -inf)."""
-    gamma = law.s / law.t
-
-    def tail(j: int | None) -> float:
-        if j is None:
-            return 0.0
-        if j >= 1:
-            return 0.5 * math.exp(-gamma * (j - 0.5))
-        return 1.0 - 0.5 * math.exp(-gamma * (0.5 - j))
-
-    base_top = tail(top)
-    base_low = 1.0 if lower is None else tail(lower)
+    base_top = law.tail_estimate(top)
+    base_low = 1.0 if lower is None else law.tail_estimate(lower)
     v = base_top + min(1.0, wanted / max(remaining, 1)) * (base_low - base_top)
     if wanted >= remaining or v >= 1.0 - 1e-9:
         return None
-    if v <= 0.5:
-        guess = math.floor(0.5 + math.log(1.0 / (2.0 * max(v, 1e-300))) / gamma)
-    else:
-        guess = math.floor(0.5 - math.log(1.0 / (2.0 * (1.0 - v))) / gamma)
+    guess = law.level_estimate(v)
     if top is not None:
         if top >= 2:
             guess = max(1, min(guess, top - 1))
