@@ -277,9 +277,11 @@ def test_two_workers_bind_keys_under_concurrent_fresh_draws(two_workers: TwoWork
     with new_connection_each(server.base_url) as fresh, ThreadPoolExecutor(8) as pool:
         drawers = [pool.submit(fresh_draws) for _ in range(2)]
         # two racing first requests per key, then retries mixed with the fresh draws
-        for _ in range(4):
-            list(pool.map(ask, [k for k in keys for _ in range(2)]))
-        stop.set()
+        try:  # a failed ask ends the draws too, instead of leaving them to spend the budget
+            for _ in range(4):
+                list(pool.map(ask, [k for k in keys for _ in range(2)]))
+        finally:
+            stop.set()
         made = sum(d.result() for d in drawers)
     log = two_workers.log_since(start)
 
