@@ -19,14 +19,22 @@ generators; the service never does.
 
 from __future__ import annotations
 
-import io
 import math
 import re
 from fractions import Fraction
+from typing import Any
 
 import numba
 import numpy as np
 import pytest
+from numba.core.compiler import CompilerBase, DefaultPassBuilder, Flags, compile_extra
+from numba.core.compiler_machinery import AnalysisPass, PassManager, register_pass
+from numba.core.registry import cpu_target
+from numba.core.typed_passes import (
+    AnnotateTypes,
+    IRLegalization,
+    NoPythonSupportedFeatureValidation,
+)
 from scipy import stats
 
 from service.errors import InvalidParameter
@@ -607,10 +615,55 @@ def test_a_wrong_tiny_gamma_is_rejected_by_the_same_test() -> None:
     assert stats.chisquare(cells, p * draws.shape[0]).pvalue > 1e-4
 
 
+@register_pass(mutates_CFG=False, analysis_only=True)
+class StopAfterTypeAnnotation(AnalysisPass):
+    """The last pass of :class:`TypingOnlyCompiler`: its result is the type annotation."""
+
+    _name = "stop_after_type_annotation"
+
+    def __init__(self) -> None:
+        AnalysisPass.__init__(self)
+
+    def run_pass(self, state: Any) -> bool:
+        state.cr = state.type_annotation
+        return False
+
+
+class TypingOnlyCompiler(CompilerBase):
+    """numba's nopython pipeline up to its type annotation, without the lowering to LLVM and
+    machine code: the untyped and typed passes, then the lowering pipeline's validation,
+    legalisation and annotation (the annotation inspect_types prints), and stop."""
+
+    def define_pipelines(self) -> list[PassManager]:
+        passes = PassManager("typing only")
+        passes.passes.extend(DefaultPassBuilder.define_untyped_pipeline(self.state).passes)
+        passes.passes.extend(DefaultPassBuilder.define_typed_pipeline(self.state).passes)
+        passes.add_pass(NoPythonSupportedFeatureValidation, "validate features")
+        passes.add_pass(IRLegalization, "legalise the IR")
+        passes.add_pass(AnnotateTypes, "annotate types")
+        passes.add_pass(StopAfterTypeAnnotation, "stop")
+        passes.finalize()
+        return [passes]
+
+
+def typed_listing(function: Any, signature: tuple[Any, ...]) -> str:
+    """numba's type annotation of ``function`` (a Python function) at ``signature``, as
+    ``inspect_types`` lists it, typed afresh in nopython mode without NRT (as the kernels)."""
+    flags = Flags()
+    flags.nrt = False
+    flags.no_cpython_wrapper = True
+    annotation = compile_extra(
+        cpu_target.typing_context, cpu_target.target_context, function, signature, None,
+        flags, {}, pipeline_class=TypingOnlyCompiler,
+    )  # fmt: skip
+    return str(annotation)
+
+
 @pytest.mark.slow
 def test_no_float_in_the_compiled_integer_path() -> None:
     """numba types a uint64/int64 mix as float64: no value in the kernels is a float (each
-    compiled afresh here, since a copy loaded from numba's cache carries no type listing)."""
+    typed afresh here, since a copy loaded from numba's cache carries no type listing; typing
+    alone, as the types are fixed before the lowering, which took a third of the time)."""
     u64, i64 = numba.types.uint64, numba.types.int64
     words, ints, table = u64[::1], i64[::1], u64[:, ::1]
     guide = numba.types.int32[::1]
@@ -627,10 +680,21 @@ def test_no_float_in_the_compiled_integer_path() -> None:
         exact_bernoulli.bernoulli_exp_kernel: (words, ints, words, u64, u64),
     }
     for kernel, signature in signatures.items():
-        fresh = numba.njit(_nrt=False, cache=False)(kernel.py_func)  # type: ignore[attr-defined]
-        fresh.compile(signature)
-        listing = io.StringIO()
-        fresh.inspect_types(file=listing)
-        typed = re.findall(r"::\s*(\w+)", listing.getvalue())
+        listing = typed_listing(kernel.py_func, signature)  # type: ignore[attr-defined]
+        typed = re.findall(r"::\s*(\w+)", listing)
         assert "uint64" in typed, kernel
         assert not [name for name in typed if "float" in name], kernel
+
+
+def test_the_type_listing_shows_a_float_in_an_integer_function() -> None:
+    """Control: typing alone lists a float value of an integer function (a true division of
+    a uint64 by an int64), so the test above can fail."""
+
+    def divided(a: int, b: int) -> float:
+        c = a / b
+        return c
+
+    typed = re.findall(
+        r"::\s*(\w+)", typed_listing(divided, (numba.types.uint64, numba.types.int64))
+    )
+    assert "uint64" in typed and "float64" in typed
