@@ -69,10 +69,17 @@ def exact_pushflowcap(
     pushed = [Fraction(0)] * n
     for _ in range(rounds):
         share = [pushed[u] / degrees[u] if degrees[u] else Fraction(0) for u in range(n)]
+        # the shares over one common denominator: a node's inflow is then a sum of integers,
+        # reduced once, where adding Fractions one by one took a gcd of growing numbers each
+        # (the same exact sums)
+        common = math.lcm(*(s.denominator for s in share))
+        scaled = [s.numerator * (common // s.denominator) for s in share]
         following = []
         for v in range(n):
             keep = 2 if degrees[v] == 0 else 1
-            inflow = lazy * (keep * pushed[v] + sum((share[u] for u in neighbours[v]), Fraction(0)))
+            inflow = lazy * (
+                keep * pushed[v] + Fraction(sum(scaled[u] for u in neighbours[v]), common)
+            )
             if v == seed:
                 inflow += 1
             h = max(inflow - tau, Fraction(0))
