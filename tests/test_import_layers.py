@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -84,16 +85,16 @@ def imports_of(source: str, text: str, *, is_package: bool = False) -> list[Impo
     return found
 
 
-def _all_imports() -> list[Import]:
+@cache
+def all_imports() -> list[Import]:
+    """Every import of a module of service/ by one, read once per process when a test asks
+    (not at collection, which every xdist worker does: 0.8 CPU-s each)."""
     return [
         i
         for name, path in MODULES.items()
         for i in imports_of(name, path.read_text(), is_package=path.name == "__init__.py")
         if i.target == "service" or i.target.startswith("service.")
     ]
-
-
-IMPORTS = _all_imports()
 
 
 def _known(target: str) -> str | None:
@@ -155,7 +156,7 @@ def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_circle_among_the_modules_of_service() -> None:
     edges: dict[str, set[str]] = {name: set() for name in MODULES}
     lines: dict[tuple[str, str], int] = {}
-    for imp in IMPORTS:
+    for imp in all_imports():
         if not imp.module_level:
             continue
         for target in _run_on_import(imp):
@@ -233,7 +234,7 @@ RULES = [
 def test_no_module_imports_from_a_floor_above_its_own(rule: Rule) -> None:
     broken = [
         str(imp)
-        for imp in IMPORTS
+        for imp in all_imports()
         if rule.applies(floor(imp.source))
         and (target := _known(imp.target)) is not None
         and not rule.allows(target)
@@ -270,5 +271,6 @@ def test_the_checker_sees_type_checking_relative_and_lazy_imports() -> None:
 def test_the_checker_reads_the_whole_package() -> None:
     assert len(MODULES) > 200 and "service.api.app" in MODULES
     assert any(
-        i.source == "service.api.app" and _known(i.target) == "service.config" for i in IMPORTS
+        i.source == "service.api.app" and _known(i.target) == "service.config"
+        for i in all_imports()
     )
