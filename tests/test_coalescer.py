@@ -413,6 +413,45 @@ def test_a_group_shorter_than_the_window_is_followed_at_once() -> None:
     run(main)
 
 
+def test_a_group_answered_before_admission_is_followed_at_once_however_long() -> None:
+    """A group whose every query was answered early (replays on a busy worker) ran no
+    charged query: however long it took, the next group starts with what waits."""
+    fake = FakeGroups(delay=SLOW, early={"x"})
+
+    async def main() -> None:
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1, gather_seconds=WINDOW)
+        alone = asyncio.create_task(coalescer.answer(req("x")))
+        await asyncio.sleep(0)
+        three = [asyncio.create_task(coalescer.answer(req(q))) for q in "abc"]
+        assert await alone == ans("early x")
+        await wait_event(fake.done(0))  # group 0 outlasted the window
+        await asyncio.sleep(SETTLE)
+        assert fake.groups == [["x"], ["a", "b", "c"]]  # started at once, not gathering
+        assert len(await asyncio.wait_for(asyncio.gather(*three), WAIT)) == 3
+
+    run(main)
+
+
+def test_a_group_with_one_charged_query_among_early_answers_still_gathers() -> None:
+    fake = FakeGroups(delay=SLOW, early={"w", "x"})
+
+    async def main() -> None:
+        coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1, gather_seconds=WINDOW)
+        alone = asyncio.create_task(coalescer.answer(req("w")))
+        await asyncio.sleep(0)
+        mixed = [asyncio.create_task(coalescer.answer(req(q))) for q in "xz"]
+        assert await alone == ans("early w")
+        await wait_event(fake.entered(1))  # after an all-early group: at once
+        three = [asyncio.create_task(coalescer.answer(req(q))) for q in "abc"]
+        assert await asyncio.gather(*mixed) == [ans("early x"), ans("answer z")]
+        await asyncio.sleep(SETTLE)
+        assert fake.groups == [["w"], ["x", "z"]] and coalescer.waiting == 3  # gathering
+        assert len(await asyncio.wait_for(asyncio.gather(*three), WAIT)) == 3
+        assert fake.groups[-1] == ["a", "b", "c"]
+
+    run(main)
+
+
 def test_after_a_gathering_ends_short_the_next_groups_do_not_gather() -> None:
     """Callers that do not come back: after a gathering that ended short, the next
     ``GATHERING_BACKOFF`` group starts that would gather start with what waits instead (each

@@ -21,8 +21,10 @@ waiting then: the cohorts merge), or ``max_group``; at the end of the window it 
 what waits. An idle service, or a caller sending one query after another, starts at once:
 the window is measured from the last group's end, and one waiting query fills a group of
 one. (Waiting only for the ended group's own size kept two cohorts of 8 alternating.) A
-group that took less than the window (replays, refusals: answers the ledger already holds) is
-followed at once: holding the next would cost more than the group it saves. Callers
+group that took less than the window, or whose every query was answered before admission
+(replays, refusals, errors: answers that cost no admission, engine or storing transaction),
+is followed at once: holding the next would cost more than the group it saves, and a busy
+worker's replay groups can outlast the window. Callers
 that do not come back (independent requests, each from its own user) would make every group
 wait out the window: a gathering that ends short stops gathering for the next
 :data:`GATHERING_BACKOFF` groups, so such traffic pays the window once in that many groups.
@@ -137,7 +139,10 @@ class QueryCoalescer:
         loop = asyncio.get_running_loop()
         futures = [future for _, future in group]
 
+        early: set[int] = set()  # the queries answered before the group's end
+
         def on_ready(i: int, outcome: Answer | BaseException) -> None:
+            early.add(i)
             loop.call_soon_threadsafe(_resolve, futures[i], outcome)
 
         started = loop.time()
@@ -156,7 +161,9 @@ class QueryCoalescer:
         self.groups += 1
         self.queries += len(group)
         self._last_end = loop.time()
-        long = self._last_end - started >= self.gather_seconds  # else the next is not held
+        # the next group is held only after one that ran charged queries for the window
+        charged = len(early) < len(group)
+        long = charged and self._last_end - started >= self.gather_seconds
         self._last_size = len(group) + len(self._waiting) if long else 0
         for future, outcome in zip(futures, outcomes, strict=True):
             _resolve(future, outcome)

@@ -56,9 +56,10 @@ class ServingSettings(BaseSettings):
         description="Within this many milliseconds of a group's end, the next group of single "
         "queries starts once as many wait as were in flight when it ended (under load, its "
         "callers' next queries and those already waiting), else at the end of the window; an "
-        "idle worker starts a query at once, and a group that took less than the window (replays) "
-        "is followed at once; after a window ends short, the next 8 groups do not wait. 0: the "
-        "next group takes what waits when one ends.",
+        "idle worker starts a query at once, and a group that took less than the window, or "
+        "answered all its queries before admission (replays), is followed at once; after a "
+        "window ends short, the next 8 groups do not wait. 0: the next group takes what waits "
+        "when one ends.",
     )  # fmt: skip
     twin_wait_seconds: float = Field(
         10.0, ge=0.0,
