@@ -123,6 +123,60 @@ def test_the_event_loop_check_shares_the_redis_bucket_and_falls_back_when_redis_
     down.close()
 
 
+@pytest.mark.redis
+def test_event_loop_takes_that_arrive_together_go_in_one_call_each_counted_once() -> None:
+    """Takes from one event loop that wait together are one script call, one bucket step
+    each in arrival order: the burst exactly, per key, and takes arriving while a call is in
+    flight go in the next one."""
+    if not redis_answers():
+        pytest.skip(f"Redis does not answer at {REDIS_URL}")
+    namespace = f"test-{uuid.uuid4().hex}"
+    buckets = RedisBuckets(REDIS_URL, 0.001, 10, namespace=namespace)
+
+    async def main() -> None:
+        keys = ["a"] * 12 + ["b"] * 3
+        waits = await asyncio.gather(*(buckets.take_async(key) for key in keys))
+        assert buckets.calls == 1
+        assert waits[:10] == [0.0] * 10 and all(w > 100 for w in waits[10:12])  # a: burst
+        assert waits[12:] == [0.0] * 3  # b: its own bucket
+        first = asyncio.create_task(buckets.take_async("c"))
+        while buckets.calls == 1:  # the first take's call is sent
+            await asyncio.sleep(0)
+        later = [asyncio.create_task(buckets.take_async("c")) for _ in range(12)]
+        assert await first == 0.0
+        later_waits = await asyncio.gather(*later)
+        assert buckets.calls == 3  # the twelve went together, after the first
+        assert later_waits[:9] == [0.0] * 9 and all(w > 100 for w in later_waits[9:])
+
+    try:
+        asyncio.run(main())
+    finally:
+        buckets.client.delete(*buckets.client.keys(f"ppr:{namespace}:*"))
+        buckets.close()
+
+
+@pytest.mark.redis
+def test_a_cancelled_caller_does_not_lose_the_other_takes_of_its_call() -> None:
+    if not redis_answers():
+        pytest.skip(f"Redis does not answer at {REDIS_URL}")
+    namespace = f"test-{uuid.uuid4().hex}"
+    buckets = RedisBuckets(REDIS_URL, 0.001, 2, namespace=namespace)
+
+    async def main() -> None:
+        gone = asyncio.create_task(buckets.take_async("a"))
+        stays = asyncio.create_task(buckets.take_async("a"))
+        await asyncio.sleep(0)
+        gone.cancel()  # its client went away: its take is still made, as sent
+        assert await stays == 0.0
+        assert await buckets.take_async("a") > 100  # both tokens were taken
+
+    try:
+        asyncio.run(main())
+    finally:
+        buckets.client.delete(*buckets.client.keys(f"ppr:{namespace}:*"))
+        buckets.close()
+
+
 async def checks_of(limiter: RateLimiter, count: int) -> list[str]:
     """``count`` checks of account 1 from the event loop: "ok" or "429" each."""
     out = []

@@ -93,38 +93,51 @@ class LocalBuckets:
             return wait
 
 
-#: One atomic step of a token bucket held in a Redis hash {tokens, at}; Redis's clock.
-#: Returns {1, "0"} when a token was taken, else {0, "<seconds to wait>"}.
+#: One atomic step of each key's token bucket, held in a Redis hash {tokens, at}, in the order of
+#: KEYS (a key given twice takes twice), on Redis's clock read once for the call. Returns, per
+#: key, {1, "0"} when a token was taken, else {0, "<seconds to wait>"}, flattened.
 TOKEN_BUCKET_LUA = """
 local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
-local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
-local tokens = tonumber(state[1])
-local at = tonumber(state[2])
-if tokens == nil or at == nil then
-  tokens = burst
-  at = now
+local ttl = math.ceil(burst / rate * 1000) + 1000
+local out = {}
+for i, key in ipairs(KEYS) do
+  local state = redis.call('HMGET', key, 'tokens', 'at')
+  local tokens = tonumber(state[1])
+  local at = tonumber(state[2])
+  if tokens == nil or at == nil then
+    tokens = burst
+    at = now
+  end
+  tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
+  local allowed = 0
+  local wait = 0
+  if tokens >= 1 then
+    tokens = tokens - 1
+    allowed = 1
+  else
+    wait = (1 - tokens) / rate
+  end
+  redis.call('HSET', key, 'tokens', tostring(tokens), 'at', tostring(now))
+  redis.call('PEXPIRE', key, ttl)
+  out[2 * i - 1] = allowed
+  out[2 * i] = tostring(wait)
 end
-tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
-local allowed = 0
-local wait = 0
-if tokens >= 1 then
-  tokens = tokens - 1
-  allowed = 1
-else
-  wait = (1 - tokens) / rate
-end
-redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
-redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 1000)
-return {allowed, tostring(wait)}
+return out
 """
 
 
 class RedisBuckets:
-    """Token buckets in Redis under ``ppr:<namespace>:rate:<key>``, one atomic script call per
-    request. Errors propagate (the :class:`RateLimiter` falls back to its local buckets)."""
+    """Token buckets in Redis under ``ppr:<namespace>:rate:<key>``, updated by one atomic
+    script call. Errors propagate (the :class:`RateLimiter` falls back to its local buckets).
+
+    From the event loop (:meth:`take_async`), the takes that arrive while a call is in flight
+    go together in the next call, one script step per take in arrival order: an idle worker's
+    take is sent at once, and a busy worker pays one round trip (and redis-py's per-call
+    work) for many requests instead of one each. Each key's step is the same atomic update
+    as alone, so a bucket shared by workers and machines counts every take exactly once."""
 
     def __init__(self, url: str, rate: float, burst: float, *, namespace: str) -> None:
         import redis
@@ -137,17 +150,53 @@ class RedisBuckets:
         self.prefix = f"ppr:{namespace}:rate:"
         self._async_client: Any = None
         self._async_script: Any = None
+        self._waiting: list[tuple[str, asyncio.Future[float]]] = []
+        self._sending = False
+        self.calls = 0  # script calls sent from the event loop (for tests and metrics)
         self.client: Any = redis.Redis.from_url(
             url, socket_connect_timeout=0.5, socket_timeout=0.5, retry=Retry(NoBackoff(), 0)
         )
         self._script = self.client.register_script(TOKEN_BUCKET_LUA)
 
     def take(self, key: str) -> float:
-        return _wait(self._script(keys=[self.prefix + key], args=[self.rate, self.burst]))
+        """0.0 if a token of ``key``'s bucket was taken, else the seconds until one is."""
+        return _waits(self._script(keys=[self.prefix + key], args=[self.rate, self.burst]))[0]
 
     async def take_async(self, key: str) -> float:
         """:meth:`take` from an event loop, on an asyncio client of its own (made on first
-        use, in the loop that uses it): no thread is held while Redis answers."""
+        use, in the loop that uses it): no thread is held while Redis answers, and takes
+        that wait for a call in flight are sent together."""
+        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self._waiting.append((key, future))
+        if not self._sending:
+            self._sending = True
+            asyncio.get_running_loop().create_task(self._send_waiting())
+        return await future
+
+    async def _send_waiting(self) -> None:
+        """Send what waits, one call at a time, until nothing does."""
+        try:
+            while self._waiting:
+                takes, self._waiting = self._waiting, []
+                try:
+                    waits = await self._call([self.prefix + key for key, _ in takes])
+                except Exception as exc:  # every take of the call falls back alike
+                    for _, future in takes:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                except BaseException:  # cancelled (the loop is closing): no take hangs
+                    for _, future in takes + self._waiting:
+                        future.cancel()
+                    self._waiting = []
+                    raise
+                for (_, future), wait in zip(takes, waits, strict=True):
+                    if not future.done():
+                        future.set_result(wait)
+        finally:
+            self._sending = False
+
+    async def _call(self, keys: list[str]) -> list[float]:
         if self._async_script is None:
             import redis.asyncio
             from redis.asyncio.retry import Retry as AsyncRetry
@@ -158,19 +207,25 @@ class RedisBuckets:
                 retry=AsyncRetry(NoBackoff(), 0),
             )  # fmt: skip
             self._async_script = self._async_client.register_script(TOKEN_BUCKET_LUA)
-        return _wait(
-            await self._async_script(keys=[self.prefix + key], args=[self.rate, self.burst])
-        )
+        self.calls += 1
+        reply = await self._async_script(keys=keys, args=[self.rate, self.burst])
+        waits = _waits(reply)
+        if len(waits) != len(keys):
+            raise RuntimeError(f"the token bucket script answered {len(waits)} of {len(keys)}")
+        return waits
 
     def close(self) -> None:
         self.client.close()
         # the asyncio client's connections close with its event loop
 
 
-def _wait(reply: Any) -> float:
-    """The seconds to wait from the token bucket script's reply (0.0: a token was taken)."""
-    allowed, wait = reply
-    return 0.0 if int(allowed) == 1 else float(wait)
+def _waits(reply: Any) -> list[float]:
+    """The seconds to wait for each key, from the token bucket script's reply (0.0: a token
+    was taken)."""
+    return [
+        0.0 if int(allowed) == 1 else float(wait)
+        for allowed, wait in zip(reply[::2], reply[1::2], strict=True)
+    ]
 
 
 class RateLimiter:
