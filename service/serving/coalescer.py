@@ -21,10 +21,10 @@ waiting then: the cohorts merge), or ``max_group``; at the end of the window it 
 what waits. An idle service, or a caller sending one query after another, starts at once:
 the window is measured from the last group's end, and one waiting query fills a group of
 one. (Waiting only for the ended group's own size kept two cohorts of 8 alternating.) A
-group that took less than the window, or whose every query was answered before admission
-(replays, refusals, errors: answers that cost no admission, engine or storing transaction),
-is followed at once: holding the next would cost more than the group it saves, and a busy
-worker's replay groups can outlast the window. Callers
+group that took less than the window, or whose every query was answered early (replays,
+refusals, errors: no release drawn or stored), is followed at once: holding the next would
+cost more than the group it saves, and a busy worker's replay groups can outlast the window.
+Callers
 that do not come back (independent requests, each from its own user) would make every group
 wait out the window: a gathering that ends short stops gathering for the next
 :data:`GATHERING_BACKOFF` groups, so such traffic pays the window once in that many groups.
