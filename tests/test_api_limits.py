@@ -5,6 +5,7 @@ that say little."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -175,6 +176,33 @@ def test_a_cancelled_caller_does_not_lose_the_other_takes_of_its_call() -> None:
     finally:
         buckets.client.delete(*buckets.client.keys(f"ppr:{namespace}:*"))
         buckets.close()
+
+
+def test_takes_waiting_behind_a_call_that_fails_fall_back_with_it() -> None:
+    """A Redis that accepts connections and never answers: the first call times out, and the
+    takes that waited behind it fail with it (each falls back to the process's own bucket)
+    instead of being sent in a second call that would wait out its own timeout."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)  # connections are queued by the kernel, never read
+    port = silent.getsockname()[1]
+    limiter = RateLimiter(1000, 2000, redis_url=f"redis://127.0.0.1:{port}/0", namespace="x")
+    assert limiter.remote is not None
+    remote = limiter.remote
+
+    async def main() -> list[str]:
+        first = asyncio.create_task(checks_of(limiter, 1))
+        while remote.calls == 0:  # the first take's call is sent
+            await asyncio.sleep(0)
+        behind = [asyncio.create_task(checks_of(limiter, 1)) for _ in range(5)]
+        return [answer for done in await asyncio.gather(first, *behind) for answer in done]
+
+    try:
+        assert asyncio.run(main()) == ["ok"] * 6  # the process's own bucket answered
+        assert remote.calls == 1
+    finally:
+        limiter.close()
+        silent.close()
 
 
 async def checks_of(limiter: RateLimiter, count: int) -> list[str]:

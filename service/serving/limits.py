@@ -180,7 +180,10 @@ class RedisBuckets:
                 takes, self._waiting = self._waiting, []
                 try:
                     waits = await self._call([self.prefix + key for key, _ in takes])
-                except Exception as exc:  # every take of the call falls back alike
+                except Exception as exc:
+                    # every take of the call falls back, and so do those that waited behind
+                    # it: they fall back at once instead of waiting out another timeout
+                    takes, self._waiting = takes + self._waiting, []
                     for _, future in takes:
                         if not future.done():
                             future.set_exception(exc)
