@@ -151,7 +151,7 @@ class RedisBuckets:
         self._async_client: Any = None
         self._async_script: Any = None
         self._waiting: list[tuple[str, asyncio.Future[float]]] = []
-        self._sending = False
+        self._sending: asyncio.Task[None] | None = None  # the task sending them (kept alive)
         self.calls = 0  # script calls sent from the event loop (for tests and metrics)
         self.client: Any = redis.Redis.from_url(
             url, socket_connect_timeout=0.5, socket_timeout=0.5, retry=Retry(NoBackoff(), 0)
@@ -168,9 +168,8 @@ class RedisBuckets:
         that wait for a call in flight are sent together."""
         future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         self._waiting.append((key, future))
-        if not self._sending:
-            self._sending = True
-            asyncio.get_running_loop().create_task(self._send_waiting())
+        if self._sending is None:
+            self._sending = asyncio.get_running_loop().create_task(self._send_waiting())
         return await future
 
     async def _send_waiting(self) -> None:
@@ -197,7 +196,7 @@ class RedisBuckets:
                     if not future.done():
                         future.set_result(wait)
         finally:
-            self._sending = False
+            self._sending = None
 
     async def _call(self, keys: list[str]) -> list[float]:
         if self._async_script is None:
