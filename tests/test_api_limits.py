@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import socket
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
+import redis
 from fastapi.testclient import TestClient
 
 from service.serving.limits import EngineGate, Overloaded, RateLimited, RateLimiter, RedisBuckets
@@ -86,12 +88,26 @@ def test_rate_limit_in_process_is_per_account(backend: Backend) -> None:
         assert ledger_of(client).reports.list_charges(None, limit=10) == []
 
 
-@pytest.mark.redis
-def test_redis_token_bucket_is_atomic_across_clients() -> None:
+@pytest.fixture
+def bucket_namespace() -> Iterator[str]:
+    """A namespace of token buckets in the test Redis for one test, its keys removed after
+    (skipped when Redis does not answer)."""
     if not redis_answers():
         pytest.skip(f"Redis does not answer at {REDIS_URL}")
     namespace = f"test-{uuid.uuid4().hex}"
-    buckets = [RedisBuckets(REDIS_URL, 0.001, 10, namespace=namespace) for _ in range(4)]
+    yield namespace
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = client.keys(f"ppr:{namespace}:*")
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
+@pytest.mark.redis
+def test_redis_token_bucket_is_atomic_across_clients(bucket_namespace: str) -> None:
+    buckets = [RedisBuckets(REDIS_URL, 0.001, 10, namespace=bucket_namespace) for _ in range(4)]
     try:
         with ThreadPoolExecutor(max_workers=8) as pool:
             waits = list(pool.map(lambda i: buckets[i % 4].take("acct"), range(40)))
@@ -99,24 +115,20 @@ def test_redis_token_bucket_is_atomic_across_clients() -> None:
         assert all(w > 100 for w in waits if w > 0.0)  # 1 token per 1000 s
         assert buckets[0].take("other") == 0.0  # buckets are per key
     finally:
-        buckets[0].client.delete(*buckets[0].client.keys(f"ppr:{namespace}:*"))
         for b in buckets:
             b.close()
 
 
 @pytest.mark.redis
-def test_the_event_loop_check_shares_the_redis_bucket_and_falls_back_when_redis_is_down() -> None:
-    if not redis_answers():
-        pytest.skip(f"Redis does not answer at {REDIS_URL}")
-    namespace = f"test-{uuid.uuid4().hex}"
-    limiter = RateLimiter(0.001, 3, redis_url=REDIS_URL, namespace=namespace)
+def test_the_event_loop_check_shares_the_redis_bucket_and_falls_back_when_redis_is_down(
+    bucket_namespace: str,
+) -> None:
+    limiter = RateLimiter(0.001, 3, redis_url=REDIS_URL, namespace=bucket_namespace)
 
     try:
         limiter.check(1)  # the thread path takes one token of the same Redis bucket
         assert asyncio.run(checks_of(limiter, 3)) == ["ok", "ok", "429"]
     finally:
-        assert limiter.remote is not None
-        limiter.remote.client.delete(*limiter.remote.client.keys(f"ppr:{namespace}:*"))
         limiter.close()
     # Redis down (nothing listens): the process's own bucket answers, nothing raises but 429
     down = RateLimiter(0.001, 2, redis_url=f"redis://127.0.0.1:{free_port()}/0", namespace="x")
@@ -125,14 +137,13 @@ def test_the_event_loop_check_shares_the_redis_bucket_and_falls_back_when_redis_
 
 
 @pytest.mark.redis
-def test_event_loop_takes_that_arrive_together_go_in_one_call_each_counted_once() -> None:
+def test_event_loop_takes_that_arrive_together_go_in_one_call_each_counted_once(
+    bucket_namespace: str,
+) -> None:
     """Takes from one event loop that wait together are one script call, one bucket step
     each in arrival order: the burst exactly, per key, and takes arriving while a call is in
     flight go in the next one."""
-    if not redis_answers():
-        pytest.skip(f"Redis does not answer at {REDIS_URL}")
-    namespace = f"test-{uuid.uuid4().hex}"
-    buckets = RedisBuckets(REDIS_URL, 0.001, 10, namespace=namespace)
+    buckets = RedisBuckets(REDIS_URL, 0.001, 10, namespace=bucket_namespace)
 
     async def main() -> None:
         keys = ["a"] * 12 + ["b"] * 3
@@ -152,16 +163,14 @@ def test_event_loop_takes_that_arrive_together_go_in_one_call_each_counted_once(
     try:
         asyncio.run(main())
     finally:
-        buckets.client.delete(*buckets.client.keys(f"ppr:{namespace}:*"))
         buckets.close()
 
 
 @pytest.mark.redis
-def test_a_cancelled_caller_does_not_lose_the_other_takes_of_its_call() -> None:
-    if not redis_answers():
-        pytest.skip(f"Redis does not answer at {REDIS_URL}")
-    namespace = f"test-{uuid.uuid4().hex}"
-    buckets = RedisBuckets(REDIS_URL, 0.001, 2, namespace=namespace)
+def test_a_cancelled_caller_does_not_lose_the_other_takes_of_its_call(
+    bucket_namespace: str,
+) -> None:
+    buckets = RedisBuckets(REDIS_URL, 0.001, 2, namespace=bucket_namespace)
 
     async def main() -> None:
         gone = asyncio.create_task(buckets.take_async("a"))
@@ -174,7 +183,6 @@ def test_a_cancelled_caller_does_not_lose_the_other_takes_of_its_call() -> None:
     try:
         asyncio.run(main())
     finally:
-        buckets.client.delete(*buckets.client.keys(f"ppr:{namespace}:*"))
         buckets.close()
 
 
