@@ -152,7 +152,7 @@ class RedisBuckets:
         self._async_script: Any = None
         self._waiting: list[tuple[str, asyncio.Future[float]]] = []
         self._sending: asyncio.Task[None] | None = None  # the task sending them (kept alive)
-        self.calls = 0  # script calls sent from the event loop (for tests and metrics)
+        self.calls = 0  # script calls sent from the event loop (read by the tests)
         self.client: Any = redis.Redis.from_url(
             url, socket_connect_timeout=0.5, socket_timeout=0.5, retry=Retry(NoBackoff(), 0)
         )
