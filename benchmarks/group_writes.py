@@ -32,8 +32,8 @@ from sqlalchemy.orm import Session
 
 from service.ledger import Ledger
 from service.ledger.array_writes import insert_rows, update_rows
+from service.ledger.json_text import EncodedJson, encode_json
 from service.ledger.locked_rows import CHARGES, SPEND
-from service.ledger.tables import EncodedJson, encode_json
 
 SPEND_COLUMNS = (
     "rdp", "pure_epsilon", "grid_version", "charges", "epsilon", "last_charge_at", "updated_at",

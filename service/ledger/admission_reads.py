@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from service.ledger.array_writes import insert_rows
 from service.ledger.budget_rule import fits_under_cap
+from service.ledger.json_text import EncodedJson
 from service.ledger.locked_rows import NewCharge
 from service.ledger.read_figures import (
     SERVICE_READS,
@@ -30,7 +31,7 @@ from service.ledger.read_figures import (
     write_reader_figure,
 )
 from service.ledger.records import ReadAsk, ReadCapExhausted, ReadView
-from service.ledger.tables import EncodedJson, GraphRelease, utcnow
+from service.ledger.tables import GraphRelease, utcnow
 from service.ledger.transactions import live_graph_release
 from service.privacy.accountant import RdpCurve
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from service.bounds import AccountType
 from service.errors import InvalidParameter
+from service.ledger.json_text import EncodedJson
 from service.ledger.locked_rows import (
     LockedAccount,
     LockedShard,
@@ -35,7 +36,6 @@ from service.ledger.tables import (
     ApiKey,
     Budget,
     Charge,
-    EncodedJson,
     ExposureShard,
     Release,
     Spend,

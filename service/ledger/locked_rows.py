@@ -21,18 +21,10 @@ from sqlalchemy.orm import Session
 
 from service.ledger.array_writes import insert_rows, update_rows
 from service.ledger.id_lists import is_postgresql, one_of_bound
+from service.ledger.json_text import EncodedJson, encode_json
 from service.ledger.periods import day_start
 from service.ledger.quota_buckets import ChargeFigures, add_to_buckets
-from service.ledger.tables import (
-    Budget,
-    Charge,
-    EncodedJson,
-    ExposureShard,
-    IdempotencyBinding,
-    Release,
-    Spend,
-    encode_json,
-)
+from service.ledger.tables import Budget, Charge, ExposureShard, IdempotencyBinding, Release, Spend
 
 CHARGES = cast(Table, Charge.__table__)
 RELEASES = cast(Table, Release.__table__)

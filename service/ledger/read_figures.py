@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -13,19 +12,12 @@ from sqlalchemy.orm import Session
 from service.ledger.array_writes import insert_rows
 from service.ledger.budget_rule import fits_under_cap
 from service.ledger.id_lists import one_of
+from service.ledger.json_text import EncodedJson, decode_curve_json
 from service.ledger.records import (
     ReadCapExhausted,
     ReadView,
 )
-from service.ledger.tables import (
-    Account,
-    Budget,
-    Charge,
-    EncodedJson,
-    ReadTotal,
-    ServiceRead,
-    utcnow,
-)
+from service.ledger.tables import Account, Budget, Charge, ReadTotal, ServiceRead, utcnow
 from service.ledger.transactions import LedgerPart, unknown_account
 from service.privacy.accountant import RdpCurve
 
@@ -171,7 +163,7 @@ class ReadFigures(LedgerPart):
                 ):
                     curve = parsed.get(rdp)
                     if curve is None:
-                        curve = parsed[rdp] = RdpCurve.from_json(json.loads(rdp))
+                        curve = parsed[rdp] = RdpCurve.from_json(decode_curve_json(rdp))
                     new.append(
                         _NewRead(charge_id, None, epsilon, EncodedJson(rdp), curve.pure, curve)
                     )

@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from service.ledger.json_text import encode_json
 from service.ledger.records import StoredRelease
 from service.ledger.release_format import results_json
-from service.ledger.tables import encode_json
 
 #: The columns of ``releases`` the statement fills from arrays, with each array's SQL type, in
 #: the order of the statement (``charge_id`` first; ``created_at`` is one value for all rows).

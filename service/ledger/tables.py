@@ -6,8 +6,9 @@ its row with ``revoked_at`` set.
 
 Portable choices:
 
-* JSON is stored as TEXT written by :func:`json.dumps`, so Python floats round-trip exactly
-  (``repr``) on both databases, including ``Infinity``.
+* JSON is stored as TEXT (:func:`encode_json`: orjson, or :func:`json.dumps` for what orjson
+  would not write the same way), so Python floats round-trip exactly (shortest round-trip
+  digits) on both databases, including ``Infinity``.
 * The "one account per seed node" rule is a plain UNIQUE on ``accounts.user_node_id``, a copy
   of ``node_id`` set only for user accounts (NULLs never collide on either database).
 * Timestamps are ``TIMESTAMP WITH TIME ZONE`` on PostgreSQL and naive UTC text on SQLite.
@@ -15,7 +16,6 @@ Portable choices:
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,7 +23,6 @@ from sqlalchemy import (
     Boolean,
     CheckConstraint,
     DateTime,
-    Dialect,
     Double,
     ForeignKey,
     Index,
@@ -35,7 +34,8 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
-from sqlalchemy.types import TypeDecorator
+
+from service.ledger.json_text import CurveText, JsonText
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -44,37 +44,6 @@ NAMING_CONVENTION = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
-
-
-def encode_json(value: Any) -> str:
-    """The TEXT a :class:`JsonText` column stores for ``value``."""
-    return json.dumps(value, separators=(",", ":"), sort_keys=True)
-
-
-class EncodedJson(str):
-    """A value already encoded by :func:`encode_json`: a :class:`JsonText` column stores it as
-    is (so a value written many times, or also sent elsewhere, is encoded once)."""
-
-    __slots__ = ()
-
-
-class JsonText(TypeDecorator[Any]):
-    """A JSON value stored as TEXT (exact float round-trip on every backend)."""
-
-    impl = Text
-    cache_ok = True
-
-    def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
-        if value is None:
-            return None
-        if isinstance(value, EncodedJson):
-            return str(value)
-        return encode_json(value)
-
-    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
-        if value is None:
-            return None
-        return json.loads(value)
 
 
 def utcnow() -> datetime:
@@ -167,7 +136,7 @@ class Spend(Base):
     )
 
     account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
-    rdp: Mapped[dict[str, Any]] = mapped_column(JsonText, nullable=False)
+    rdp: Mapped[dict[str, Any]] = mapped_column(CurveText, nullable=False)
     pure_epsilon: Mapped[float] = mapped_column(Double, nullable=False)
     grid_version: Mapped[int] = mapped_column(Integer, nullable=False)
     charges: Mapped[int] = mapped_column(Integer, nullable=False)
@@ -251,7 +220,7 @@ class Charge(Base):
     mode: Mapped[str] = mapped_column(String, nullable=False)
     params: Mapped[dict[str, Any]] = mapped_column(JsonText, nullable=False)
     epsilon: Mapped[float] = mapped_column(Double, nullable=False)
-    rdp: Mapped[dict[str, Any]] = mapped_column(JsonText, nullable=False)
+    rdp: Mapped[dict[str, Any]] = mapped_column(CurveText, nullable=False)
     pure_epsilon: Mapped[float] = mapped_column(Double, nullable=False)
     grid_version: Mapped[int] = mapped_column(Integer, nullable=False)
     graph_version: Mapped[str] = mapped_column(String, nullable=False)
@@ -383,7 +352,7 @@ class ExposureShard(Base):
     __tablename__ = "exposure_shards"
 
     shard: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
-    rdp: Mapped[dict[str, Any]] = mapped_column(JsonText, nullable=False)
+    rdp: Mapped[dict[str, Any]] = mapped_column(CurveText, nullable=False)
     pure_epsilon: Mapped[float] = mapped_column(Double, nullable=False)
     charges: Mapped[int] = mapped_column(Integer, nullable=False)
     updated_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
@@ -410,7 +379,7 @@ class GraphRelease(Base):
     graph_version: Mapped[str] = mapped_column(String, nullable=False)
     mechanism: Mapped[str] = mapped_column(String, nullable=False)
     epsilon: Mapped[float] = mapped_column(Double, nullable=False)
-    rdp: Mapped[dict[str, Any]] = mapped_column(JsonText, nullable=False)
+    rdp: Mapped[dict[str, Any]] = mapped_column(CurveText, nullable=False)
     pure_epsilon: Mapped[float] = mapped_column(Double, nullable=False)
     state: Mapped[str] = mapped_column(String(16), nullable=False)
     exposure_shard: Mapped[int] = mapped_column(Integer, nullable=False)
@@ -486,7 +455,7 @@ class ServiceRead(Base):
         ForeignKey("graph_releases.id"), nullable=True
     )
     epsilon: Mapped[float] = mapped_column(Double, nullable=False)
-    rdp: Mapped[dict[str, Any]] = mapped_column(JsonText, nullable=False)
+    rdp: Mapped[dict[str, Any]] = mapped_column(CurveText, nullable=False)
     pure_epsilon: Mapped[float] = mapped_column(Double, nullable=False)
     created_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)
 
@@ -498,7 +467,7 @@ class ReadTotal(Base):
     __tablename__ = "read_totals"
 
     account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
-    rdp: Mapped[dict[str, Any]] = mapped_column(JsonText, nullable=False)
+    rdp: Mapped[dict[str, Any]] = mapped_column(CurveText, nullable=False)
     pure_epsilon: Mapped[float] = mapped_column(Double, nullable=False)
     releases: Mapped[int] = mapped_column(Integer, nullable=False)
     updated_at: Mapped[datetime] = mapped_column(Timestamp, nullable=False, default=utcnow)

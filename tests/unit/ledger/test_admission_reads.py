@@ -14,9 +14,10 @@ from sqlalchemy.orm import Session
 
 from service.ledger import Ledger, ReadCapExhausted
 from service.ledger.admission_reads import AdmissionReads
+from service.ledger.json_text import EncodedJson
 from service.ledger.locked_rows import NewCharge
 from service.ledger.records import Admission, ChargeReceipt, ReadAsk
-from service.ledger.tables import Charge, EncodedJson, Refusal, ServiceRead
+from service.ledger.tables import Charge, Refusal, ServiceRead
 from service.privacy.curves import laplace_curve
 
 DELTA = 1e-6

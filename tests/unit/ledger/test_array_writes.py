@@ -27,7 +27,8 @@ from sqlalchemy.orm import Session
 
 from service.ledger.array_writes import insert_rows, update_rows
 from service.ledger.database import make_engine
-from service.ledger.tables import EncodedJson, JsonText, Timestamp, encode_json
+from service.ledger.json_text import EncodedJson, JsonText, encode_json
+from service.ledger.tables import Timestamp
 
 
 def _table(name: str) -> Table:

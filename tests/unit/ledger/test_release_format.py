@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.graph.node_ids import ListedIds, PackedIds, utf8_join
+from service.ledger.json_text import encode_json
 from service.ledger.release_format import (
     FORMAT,
     FORMAT_NODE_LIST,
@@ -25,7 +26,6 @@ from service.ledger.release_format import (
     encode_results,
     results_json,
 )
-from service.ledger.tables import encode_json
 from service.mechanisms.postprocess import RankedNode
 from tests.graph_helpers import graph_from_edges
 

@@ -15,10 +15,11 @@ from sqlalchemy import Table, event, select, text
 
 from service.ledger import ChargeSettled, Ledger, ReleaseKey, StoredRelease
 from service.ledger.database import upgrade
+from service.ledger.json_text import encode_json
 from service.ledger.ledger_rows import release_values
 from service.ledger.release_format import StoredResults
 from service.ledger.release_rows import ARRAY_COLUMNS, release_columns
-from service.ledger.tables import Release, encode_json
+from service.ledger.tables import Release
 from tests.ledger_support import charge_edge_query
 
 DELTA = 1e-6
