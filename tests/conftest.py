@@ -107,6 +107,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # each other test is a unit of its own).
     if getattr(config.option, "dist", "no") == "load":
         config.option.dist = "loadgroup"
+    # The order below is the schedule (pytest-xdist would otherwise sort the units by size,
+    # pytest_collection_modifyitems does that itself).
+    if getattr(config.option, "dist", "no") == "loadgroup":
+        config.option.loadscopereorder = False
     # A worker decides at its start, from its own command line, whether to tag its tests
     # with their xdist_group (pytest-xdist's remote.setup_config reads --dist, which is not
     # on the line make test gives); without the tag the controller schedules every test on
@@ -189,12 +193,46 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The modules with a test marked ``slow`` first, then the others, each module's tests
-    together and in their order (a module's shared fixtures are set up once per worker)."""
+    together and in their order (a module's shared fixtures are set up once per worker).
+    Scheduled by xdist_group: see :func:`_schedule`."""
     slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.path not in slow)
     if getattr(config.option, "loadgroup", False):
         for item in items:
+            if item.get_closest_marker("waits") is not None:
+                item.add_marker(pytest.mark.xdist_group(f"waits-{item.path.stem}"))
             _tag_with_group(item)
+        items[:] = _schedule(items)
+
+
+def _unit(item: pytest.Item) -> str:
+    """What the controller hands to a worker at once: the test's xdist_group, else the test
+    (as pytest-xdist's LoadGroupScheduling splits a test id)."""
+    nodeid = item.nodeid
+    return nodeid.rsplit("@", 1)[-1] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
+
+
+def _schedule(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The units in the order the workers take them: the groups, largest first, then the
+    single tests in their order (what pytest-xdist's own reordering gave), and a module marked
+    ``waits`` as one unit placed among the single tests, the waiting modules evenly apart. Run
+    together they left the machine idle: consecutive in the order, a waiting module's tests
+    went to all three workers at once (in a run of the suite, test_api_refresh_policy's
+    3-second sleeps on all three: 1.2-1.5 of the two cores busy over those 20 s, 1.8-2.0 in
+    most of the run); as one unit each they wait on one worker while the other two compute."""
+    units: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        units.setdefault(_unit(item), []).append(item)
+    waiting = [u for u in units.values() if u[0].get_closest_marker("waits") is not None]
+    ordered = sorted(
+        (u for u in units.values() if u[0].get_closest_marker("waits") is None),
+        key=lambda unit: -len(unit),
+    )  # fmt: skip
+    singles = next((i for i, unit in enumerate(ordered) if len(unit) == 1), len(ordered))
+    spacing = (len(ordered) - singles) / (len(waiting) + 1)
+    for k in reversed(range(len(waiting))):
+        ordered.insert(singles + round((k + 1) * spacing), waiting[k])
+    return [item for unit in ordered for item in unit]
 
 
 def _tag_with_group(item: pytest.Item) -> None:

@@ -8,11 +8,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
+import pytest
 from fastapi.testclient import TestClient
 
 from service.graph.generate import write_generated_edge_list
 from tests.api_support import GRAPH_EDGES, GRAPH_NODES, Backend, bearer
 from tests.test_api import Accounts, accounts, backend, charge_count, client, query
+
+# it mostly waits (15.2 s, 1.9 CPU-s in a run of the suite): scheduled apart, conftest.py
+pytestmark = pytest.mark.waits
 
 
 def test_a_hundred_asks_in_one_graph_version_charge_once_and_a_reload_once_more(

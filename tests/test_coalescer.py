@@ -19,6 +19,9 @@ import pytest
 from service.serving.coalescer import GATHERING_BACKOFF, QueryCoalescer
 from service.serving.schemas import Answer, QueryRequest
 
+# it mostly waits (4.1 s, 0.1 CPU-s in a run of the suite): scheduled apart, conftest.py
+pytestmark = pytest.mark.waits
+
 WAIT = 5.0  # upper bound on any wait for another thread (never reached when things work)
 
 OnReady = Callable[[int, Answer | BaseException], None]

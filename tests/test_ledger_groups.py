@@ -28,6 +28,9 @@ from service.privacy.modes import Mode
 from service.serving.group_commit import GroupCommitter
 from tests.ledger_support import admit_and_charge, count_charges
 
+# it mostly waits (4.7 s, 1.2 CPU-s in a run of the suite): scheduled apart, conftest.py
+pytestmark = pytest.mark.waits
+
 DELTA = 3e-6
 
 

@@ -23,6 +23,9 @@ from tests import test_api
 from tests.api_support import Backend, bearer, ledger_of, running_app
 from tests.test_api import Accounts
 
+# it mostly waits (9.6 s, 1.2 CPU-s in a run of the suite): scheduled apart, conftest.py
+pytestmark = pytest.mark.waits
+
 backend = test_api.backend
 
 # -- the heartbeat thread, with a fake ledger --------------------------------------------------

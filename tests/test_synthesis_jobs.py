@@ -24,6 +24,9 @@ from service.synthetic.privdpr import PrivdprParams
 from service.synthetic.release import Request, plan_request, start_job, synthesize_release
 from service.synthetic.sampling import erdos_renyi
 
+# it mostly waits (10.7 s, 3.6 CPU-s in a run of the suite): scheduled apart, conftest.py
+pytestmark = pytest.mark.waits
+
 _TINY = PrivdprParams(embedding_dim=8, hidden_dim=4, start_nodes=8, walks=1, walk_length=4,
                       epochs=1, score_rounds=2)  # fmt: skip
 

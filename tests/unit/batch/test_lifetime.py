@@ -12,6 +12,9 @@ import pytest
 
 from service.batch import lifetime
 
+# it mostly waits (3.2 s, 0.2 CPU-s in a run of the suite): scheduled apart, conftest.py
+pytestmark = pytest.mark.waits
+
 FORK = multiprocessing.get_context("fork")
 
 
