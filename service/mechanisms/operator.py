@@ -38,6 +38,16 @@ from service.mechanisms.randomness import fresh_generator
 _NO_NOISE = np.zeros((0, 1), dtype=np.int64)
 
 
+#: Below this many stored entries times columns, a pass over the rows runs on the calling thread:
+#: handing half of the rows to the second thread costs more than it saves. One block step's
+#: passes (``fused_step``), one thread against two, uncontended: 140 nodes / 1,400 entries
+#: 17-34 us against 76-102 us at widths 1-64; 2,000 nodes / 40,000 entries, width 4: 166 against
+#: 254 us, width 64: 449 against 432 us; ego-Facebook (176,468 entries), width 1: 255 against
+#: 265 us, width 4: 566 against 453 us. With another Python thread busy, each hand-off also
+#: waits for the GIL: ego-Facebook width 1, 10.6 ms against 40.7 ms.
+SPLIT_WORK = 400_000
+
+
 def default_threads() -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
@@ -102,6 +112,7 @@ class WalkOperator:
         bounds[0], bounds[-1] = 0, self.n
         self._rows = [(int(lo), int(hi)) for lo, hi in itertools.pairwise(bounds)]
         self._pool = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
+        self._entries = int(graph.indptr[-1])
         self._indptr = graph.indptr
         self._indices = graph.indices
         self._kernel = block_kernel()
@@ -133,19 +144,20 @@ class WalkOperator:
     def pool(self) -> ThreadPoolExecutor | None:
         return self._pool
 
+    def splits(self, width: int) -> bool:
+        """Whether a pass over the rows of a block of ``width`` columns is split over the
+        threads (:data:`SPLIT_WORK`); each row's values are the same either way."""
+        return self._pool is not None and self._entries * max(width, 1) >= SPLIT_WORK
+
     def adjacency_product(self, z: np.ndarray) -> np.ndarray:
         """A z for a float64 vector (n,) or C-ordered block (n, B), in float64."""
         z = np.ascontiguousarray(z, dtype=np.float64)
         out = np.empty(z.shape, dtype=np.float64)
         kernel = self._kernel
         if kernel is not None:
-            args = (self._indptr, self._indices, z.reshape(self.n, -1), out.reshape(self.n, -1))
-            if self._pool is None:
-                kernel(*args, 0, self.n)
-                return out
-            parts = [self._pool.submit(kernel, *args, lo, hi) for lo, hi in self.row_blocks]
-            for part in parts:
-                part.result()
+            rows = z.reshape(self.n, -1)
+            self._on_rows(kernel, self._indptr, self._indices, rows, out.reshape(self.n, -1),
+                          width=rows.shape[1])  # fmt: skip
             return out
         if self._pool is None:  # pragma: no cover - numba is a dependency
             for lo, hi, block in self._blocks:
@@ -194,7 +206,7 @@ class WalkOperator:
         etas = np.ascontiguousarray(etas, dtype=np.float64)
         betas = np.ascontiguousarray(betas, dtype=np.float64)
         seeds = np.ascontiguousarray(seeds, dtype=np.int64)
-        self._on_rows(clip_rows, x, self.degrees, self.inv_degree, etas, z)
+        self._on_rows(clip_rows, x, self.degrees, self.inv_degree, etas, z, width=width)
         seed_clipped = np.full(width, np.nan)
         p = np.flatnonzero(personalized)
         if p.size:  # the seed's threshold is 1 in personalized mode
@@ -223,7 +235,7 @@ class WalkOperator:
                 raise ValueError("noise must be S x n with one slot in [-1, S) per column")
         self._on_rows(walk_rows, self._indptr, self._indices, z, x, self.degrees, etas,
                       self._isolated_mask, betas, seed_rows, seeds, seed_clipped, 1.0 - betas,
-                      noise, slots, grids, limits, out)  # fmt: skip
+                      noise, slots, grids, limits, out, width=width)  # fmt: skip
         return out
 
     def columns(
@@ -239,11 +251,14 @@ class WalkOperator:
         if scratch is None or scratch.shape[0] < len(columns) or scratch.shape[1] != self.n:
             scratch = np.empty((len(columns), self.n), dtype=np.float64)
         dest = scratch[: len(columns)]
-        self._on_rows(self._gather, block, np.asarray(columns, dtype=np.int64), dest)
+        self._on_rows(self._gather, block, np.asarray(columns, dtype=np.int64), dest,
+                      width=len(columns))  # fmt: skip
         return [row.copy() for row in dest]
 
-    def _on_rows(self, kernel: Callable[..., None], *args: Any) -> None:
-        if self._pool is None:
+    def _on_rows(self, kernel: Callable[..., None], *args: Any, width: int) -> None:
+        """``kernel(*args, lo, hi)`` over all rows: on this thread, or split over the threads
+        by row blocks when :meth:`splits` says so."""
+        if self._pool is None or not self.splits(width):
             kernel(*args, 0, self.n)
             return
         parts = [self._pool.submit(kernel, *args, lo, hi) for lo, hi in self._rows]

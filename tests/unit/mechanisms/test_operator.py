@@ -1,0 +1,70 @@
+"""The walk operator's passes over the rows (``service/mechanisms/operator.py``): small passes run
+on the calling thread, large ones are split over the threads, and the values are the same bit
+for bit either way, for the fused block step (with noise), the product and the column gather."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.graph.generate import write_generated_edge_list
+from service.graph.loader import load_edge_list
+from service.graph.model import Graph
+from service.mechanisms.operator import SPLIT_WORK, StepWorkspace, WalkOperator
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory: pytest.TempPathFactory) -> Graph:
+    path: Path = tmp_path_factory.mktemp("operator") / "graph.txt"
+    write_generated_edge_list(path, 3_000, 40_000, seed=5)
+    return load_edge_list(path)
+
+
+def _step(op: WalkOperator, x: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    width = x.shape[1]
+    slots = np.where(np.arange(width) % 2 == 0, np.arange(width) // 2, -1)
+    out = op.fused_step(
+        x,
+        seeds=np.arange(width) * 7 % op.n,
+        betas=np.full(width, 0.8),
+        etas=np.full(width, 1e-4),
+        personalized=np.arange(width) % 3 == 0,
+        workspace=StepWorkspace(),
+        noise=noise,
+        slots=slots,
+        grids=np.full(width, 2.0**-30),
+        limits=np.full(width, 2**40, dtype=np.int64),
+    )
+    assert out is not None
+    return out.copy()
+
+
+@pytest.mark.parametrize("width", [1, 4, 8, 64])
+def test_one_thread_and_two_give_the_same_values(graph: Graph, width: int) -> None:
+    single, split = WalkOperator(graph, threads=1), WalkOperator(graph, threads=2)
+    entries = int(graph.indptr[-1])
+    assert split.splits(width) == (entries * width >= SPLIT_WORK)
+    assert not single.splits(width)
+    rng = np.random.default_rng(width)  # a test's inputs, not a serving path
+    x = rng.random((graph.n, width)) * 1e-3
+    noise = rng.integers(-50, 50, size=((width + 1) // 2, graph.n), dtype=np.int64)
+    assert np.array_equal(_step(single, x, noise), _step(split, x, noise))
+    assert np.array_equal(single.adjacency_product(x), split.adjacency_product(x))
+    columns = list(range(0, width, 3))
+    for a, b in zip(single.columns(x, columns), split.columns(x, columns), strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_both_paths_are_taken_on_this_graph(graph: Graph) -> None:
+    """The widths above cover a pass on the calling thread and a split one."""
+    op = WalkOperator(graph, threads=2)
+    assert not op.splits(1) and op.splits(64)
+
+
+def test_a_small_graph_never_splits(tmp_path: Path) -> None:
+    path = tmp_path / "small.txt"
+    write_generated_edge_list(path, 140, 700, seed=3)
+    op = WalkOperator(load_edge_list(path), threads=2)
+    assert not any(op.splits(width) for width in (1, 8, 64, 256))
