@@ -1,9 +1,10 @@
 """The batched diffusion engine: many queries' diffusions computed together, one block at a time.
 
 Every query is one column of a dense float64 block X (n x B). One diffusion step of the whole
-block is one sparse product A Z against the block (split by rows over both cores), while each
-column keeps its own seed, thresholds, beta, step count, noise scale and its own generator
-seeded from the OS entropy source:
+block is one sparse product A Z against the block (split by rows over both cores when it is
+large enough: ``SPLIT_WORK`` in operator.py), while each column keeps its own seed,
+thresholds, beta, step count, noise scale and its own generator seeded from the OS entropy
+source:
 
     C = min(max(X, 0), T)            T[:, j] = eta_j d  (T[s_j, j] = 1 in personalized mode)
     X = beta * (A (C / d) + C) / 2 + (1 - beta) e_s      (a degree-0 node keeps its mass)

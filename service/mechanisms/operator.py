@@ -2,7 +2,8 @@
 
 The product A Z is the only O(|E|) work of a diffusion step. Z is a float64 vector or a dense
 float64 block (n x B, one column per query); the adjacency is split into row blocks, one per
-thread (scipy's sparse kernels release the GIL), and every product accumulates in float64.
+thread (scipy's sparse kernels release the GIL) when the pass is large enough to gain from it
+(:data:`SPLIT_WORK`), and every product accumulates in float64.
 
 Why float64 (docs/privacy.md, "Floating point and the sensitivity bound"): the calibration
 assumes a per-step distortion of at most rho = 2 beta eta. A float32 kernel measured 1.00004 rho
