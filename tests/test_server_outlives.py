@@ -161,7 +161,6 @@ def test_a_real_failure_after_an_outage_stops_the_server_with_a_non_zero_status(
     """The database does not exist when the server starts (an outage: the server starts and
     answers 503); it then appears un-migrated (a real failure): the server stops, non-zero."""
     url = own_postgres.url("later")
-    port = free_port()
     env = {
         **os.environ,
         "PPR_GRAPH_PATH": str(graph_path),
@@ -173,17 +172,18 @@ def test_a_real_failure_after_an_outage_stops_the_server_with_a_non_zero_status(
     }
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     log_path = tmp_path / "server.log"
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "service", "serve", "--port", str(port), "--workers", "2"],
-            env=env, stdout=log_file, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    server = Server(f"http://127.0.0.1:{port}", log_path, proc.pid)
+    for attempt in range(3):
+        proc, server = _serve_on_a_free_port(env, log_path)
+        try:
+            _wait_for_both_workers_without_ledger(proc, server, log_path)
+            break
+        except _PortTaken:
+            assert attempt < 2, log_path.read_text()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
     try:
-        wait_until(
-            lambda: len(set(messages(server, "serving 503 ledger_unavailable"))) == 2,
-            "both workers serving without their ledger",
-        )
         assert ask(server, "/healthz").status_code == 200
         assert ask(server, "/readyz").status_code == 503
         refused = ask(server, "/v1/ppr/1", "ppr_" + "x" * 30)
@@ -200,6 +200,45 @@ def test_a_real_failure_after_an_outage_stops_the_server_with_a_non_zero_status(
     assert returncode != 0, log
     assert "the runtime cannot be built" in log
     assert "failed to start" in log
+
+
+class _PortTaken(Exception):
+    """The port :func:`free_port` chose was bound by another process before the server."""
+
+
+def _serve_on_a_free_port(
+    env: dict[str, str], log_path: Path
+) -> tuple[subprocess.Popen[bytes], Server]:
+    port = free_port()
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service", "serve", "--port", str(port), "--workers", "2"],
+            env=env, stdout=log_file, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    return proc, Server(f"http://127.0.0.1:{port}", log_path, proc.pid)
+
+
+def _still_running(proc: subprocess.Popen[bytes], log_path: Path) -> bool:
+    """True while the server runs; raises when it has stopped: :class:`_PortTaken` when its
+    port was taken in between (it is started again on another), else with its log."""
+    if proc.poll() is None:
+        return True
+    log = log_path.read_text()
+    if "Address already in use" in log:
+        raise _PortTaken(log)
+    raise AssertionError(f"the server stopped before both workers served:\n{log}")
+
+
+def _wait_for_both_workers_without_ledger(
+    proc: subprocess.Popen[bytes], server: Server, log_path: Path
+) -> None:
+    wait_until(
+        lambda: (
+            _still_running(proc, log_path)
+            and len(set(messages(server, "serving 503 ledger_unavailable"))) == 2
+        ),
+        "both workers serving without their ledger",
+    )
 
 
 @pytest.mark.parametrize("when", ["after_the_revision_check", "after_the_ledger_opened"])
