@@ -16,7 +16,11 @@ the last account created of the kind the name says (``ADMIN_KEY`` an admin,
 and ``/readyz`` answered. A block after ``<!-- doc-block: postgres -->`` runs with a fresh
 PostgreSQL database in place of the one it names (and Redis as it says); one after
 ``<!-- doc-block: fresh-ledger -->`` on a ledger of its own (its comments give a fresh ledger's
-ids). Every command must exit 0. When a ``json`` block follows a shell block, the last command's
+ids). A line that is one ``.venv/bin/python -m service ...`` command (no pipe, redirection or
+command substitution) has its arguments expanded by bash as written and runs in a child forked
+from a process that has imported the service once (tests/cli_runner_support.py: a new
+interpreter for each of the ~30 such lines cost 0.8 CPU-s each); every other line runs in bash.
+Every command must exit 0. When a ``json`` block follows a shell block, the last command's
 output must have its shape: the same top-level fields, every field it names, and the same
 mechanism.
 
@@ -45,6 +49,7 @@ from sqlalchemy.exc import OperationalError
 
 from service.ledger import LedgerNotMigrated
 from tests.api_support import free_port, wait_until_ready
+from tests.cli_runner_support import CliRunner, Completed
 from tests.test_api import REDIS_URL, forget_cached_keys, redis_answers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,6 +177,7 @@ class Run:
     workdir: Path
     port: int
     env: dict[str, str]
+    cli: CliRunner | None = None
     keys: dict[str, str] = field(default_factory=dict)  # account type -> last key printed
     servers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     databases: list[str] = field(default_factory=list)
@@ -204,15 +210,25 @@ def _stop(server: subprocess.Popen[bytes]) -> None:
             server.wait(timeout=30)
 
 
+@pytest.fixture(scope="session")
+def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliRunner]:
+    """The process the blocks' ``python -m service`` lines are forked from (one a worker)."""
+    runner = CliRunner(tmp_path_factory.mktemp("cli-runner"))
+    try:
+        yield runner
+    finally:
+        runner.close()
+
+
 @pytest.fixture
-def run(tmp_path: Path) -> Iterator[Run]:
+def run(tmp_path: Path, cli: CliRunner) -> Iterator[Run]:
     workdir = tmp_path / "reader"
     workdir.mkdir()
     # a reader's checkout: what the blocks name, without writing into the repository
     for name in (".venv", "Makefile", "pyproject.toml", "Dockerfile", "docker-compose.yml"):
         (workdir / name).symlink_to(REPO / name)
     url = f"sqlite:///{tmp_path / 'ppr-ledger.db'}"
-    state = Run(workdir=workdir, port=free_port(), env=_environment(tmp_path, url))
+    state = Run(workdir=workdir, port=free_port(), env=_environment(tmp_path, url), cli=cli)
     try:
         yield state
     finally:
@@ -293,6 +309,50 @@ def _postgres(line: str, state: Run, names: dict[str, str]) -> str:
     return re.sub(re.escape(PG) + r"(\w+)", lambda m: PG + fresh(m[1]), line)
 
 
+#: A line that is one ``python -m service`` command of the reader's venv (and what follows it).
+CLI_LINE = re.compile(r"^\s*\.venv/bin/python -m service(?=\s|$)")
+
+
+def _cli_arguments(line: str, env: dict[str, str]) -> list[str] | None:
+    """The arguments of a line that is one ``.venv/bin/python -m service`` command, expanded by
+    bash as written (variables, quotes, a trailing comment); None for any other line (a pipe,
+    a redirection, a command substitution, more than one command)."""
+    found = CLI_LINE.match(line)
+    if found is None or "`" in line or "$(" in line:
+        return None
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        if any(set(token) <= set(lexer.punctuation_chars) for token in lexer):
+            return None
+    except ValueError:  # an unclosed quote: bash's to report
+        return None
+    done = subprocess.run(
+        ["bash", "-c", "printf '%s\\0'" + line[found.end() :]], env=env, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, f"bash could not expand {line!r}: {done.stderr}"
+    return done.stdout.split("\0")[:-1]
+
+
+def _run_line(line: str, state: Run, env: dict[str, str], envfile: Path) -> Completed:
+    """One line: a ``python -m service`` command forked from the runner (the environment is
+    unchanged by it), any other in bash, the environment it leaves read back into ``env``."""
+    arguments = _cli_arguments(line, env) if state.cli is not None else None
+    if arguments is not None and state.cli is not None:
+        return state.cli.run(arguments, env=env, cwd=state.workdir, timeout=600)
+    script = f"{line}\nstatus=$?\nenv -0 > {shlex.quote(str(envfile))}\nexit $status\n"
+    done = subprocess.run(
+        ["bash", "-c", script], cwd=state.workdir, env=env, capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+    if done.returncode == 0:
+        env.clear()
+        pairs = [item.split("=", 1) for item in envfile.read_text().split("\0")]
+        env.update({pair[0]: pair[1] for pair in pairs if len(pair) == 2})
+    return Completed(done.args, done.returncode, done.stdout, done.stderr)
+
+
 def _execute(block: Block, state: Run, env: dict[str, str]) -> str:
     """Run the block line by line in one bash environment; the last command's output."""
     envfile = state.workdir / ".block-env"
@@ -317,15 +377,8 @@ def _execute(block: Block, state: Run, env: dict[str, str]) -> str:
                 started.append(server)
                 _wait_ready(server, port, log)
                 continue
-            script = f"{line}\nstatus=$?\nenv -0 > {shlex.quote(str(envfile))}\nexit $status\n"
-            done = subprocess.run(
-                ["bash", "-c", script], cwd=state.workdir, env=env, capture_output=True,
-                text=True, timeout=600,
-            )  # fmt: skip
+            done = _run_line(line, state, env, envfile)
             assert done.returncode == 0, f"{block.name}: {raw}\n{done.stdout}\n{done.stderr}"
-            env.clear()
-            pairs = [item.split("=", 1) for item in envfile.read_text().split("\0")]
-            env.update({pair[0]: pair[1] for pair in pairs if len(pair) == 2})
             out = done.stdout
             _remember_keys(out, state)
     finally:
@@ -385,10 +438,12 @@ def test_every_shell_block_runs_as_written(run: Run, tmp_path: Path, part: Part)
     for block in part.blocks:
         if block.marker == "fresh-ledger":
             own = f"sqlite:///{tmp_path / f'fresh-{len(executed)}.db'}"
-            subprocess.run(
-                [str(REPO / ".venv/bin/python"), "-m", "service", "db", "upgrade"],
-                env=dict(env, PPR_DATABASE_URL=own), check=True, capture_output=True,
+            assert run.cli is not None
+            migrated = run.cli.run(
+                ["db", "upgrade"], env=dict(env, PPR_DATABASE_URL=own), cwd=run.workdir,
+                timeout=600,
             )  # fmt: skip
+            assert migrated.returncode == 0, f"db upgrade of {own}: {migrated.stderr}"
             saved = dict(run.keys)
             _execute(block, run, dict(env, PPR_DATABASE_URL=own))
             run.keys = saved  # its keys are of another ledger
