@@ -2,34 +2,44 @@
 command line (and what its commands import) once, then forks a child for each command.
 
 Starting the interpreter and importing the service (SQLAlchemy, NumPy, pydantic, the ledger)
-is most of a short command's cost: 0.7-0.9 CPU-s of an ``accounts list``. The child forked for
-a command runs ``python -m service`` the way the interpreter does (``runpy``: the package's
-``__main__``, ``sys.argv`` as it sets it), in the command's working directory and environment,
-with its own stdout and stderr and stdin from /dev/null, and exits with the command's exit
-status (a ``SystemExit``'s code, 1 and the traceback for an exception that escapes). What it
-cannot see is a fresh interpreter: the runner's modules are already imported (nothing runs at
-their import that reads the environment: settings are read when a command builds them), and
-``PYTHON*`` variables of the command's environment are not read again.
+is most of a short command's cost: 0.7-0.9 CPU-s of an ``accounts list``, 1.5 of a server's
+2.6. The child forked for a command runs ``python -m service`` the way the interpreter does
+(``runpy``: the package's ``__main__``, ``sys.argv`` as it sets it), in the command's working
+directory and environment, with its own stdout and stderr and stdin from /dev/null, and exits
+with the command's exit status (a ``SystemExit``'s code; 1 and the traceback for an exception
+that escapes). What it cannot see is a fresh interpreter: the runner's modules are already
+imported (nothing runs at their import that reads the environment: settings are read when a
+command builds them), and ``PYTHON*`` variables of the command's environment are not read
+again. A server (``start`` of ``serve``) is forked from the runner after it imported what a
+server imports, except what imports prometheus_client: that decides at its import, from the
+environment, where a server's metrics live (``serve`` sets it for several workers); the
+server then forks its workers itself, as it does when started on its own.
 
 The runner is started with ``python -m tests.cli_runner_support`` and reads one JSON request a
-line on stdin (argv, env, cwd, two output paths); for each it writes the child's pid, then its
-exit status, one line each.
+line on stdin (an id, argv, env, cwd, two output paths); it answers ``started ID PID`` when it
+has forked the command's child and ``exited PID STATUS`` when that child has ended (statuses as
+``subprocess`` gives them: minus the signal for a killed one). When its stdin closes it stops
+what still runs (SIGTERM, then SIGKILL) and exits. :func:`shared` is this process's runner.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import os
 import runpy
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,6 +57,24 @@ PRELOADED = (
     "sqlalchemy.dialects.postgresql.psycopg",
 )
 
+#: Imported before the first server is forked: what ``serve`` imports, but nothing that
+#: imports prometheus_client (see the module's docstring; the runner checks).
+SERVER_PRELOADED = (
+    "service.cli.serve",
+    "service.api.forked_workers",
+    "service.graph.configured",
+    "service.graph.public_bounds",
+    "service.serving.sandbox",
+    "service.serving.batch",
+    "service.mechanisms.engine",
+    "service.graph.node_set",
+    "service.api.open_files",
+    "uvicorn",
+    "uvicorn.supervisors",
+    "fastapi",
+    "redis",
+)
+
 
 @dataclass
 class Completed:
@@ -59,57 +87,152 @@ class Completed:
     stderr: str
 
 
-class CliRunner:
-    """The test side: starts the runner process and runs commands in it, one at a time."""
+class ForkedProcess:
+    """A command the runner forked: what the tests use of a ``subprocess.Popen``."""
 
-    def __init__(self, workdir: Path) -> None:
-        self._workdir = workdir
+    def __init__(self, runner: CliRunner, pid: int, args: list[str]) -> None:
+        self._runner = runner
+        self.pid = pid
+        self.args = args
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._runner.read_replies(0)
+            self.returncode = self._runner.exited.pop(self.pid, None)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(["python", "-m", "service", *self.args], timeout)
+            self._runner.read_replies(left)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, number: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, number)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class CliRunner:
+    """The test side: starts the runner process and has it fork commands."""
+
+    def __init__(self) -> None:
+        self._outputs = Path(tempfile.mkdtemp(prefix="cli-runner-"))
         self._count = 0
+        self._pending = b""
+        self.started: dict[int, int] = {}  # request id -> pid
+        self.exited: dict[int, int] = {}  # pid -> exit status, until its process reads it
         self._process = subprocess.Popen(
             [sys.executable, "-m", "tests.cli_runner_support"], cwd=REPO,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )  # fmt: skip
 
-    def run(self, args: list[str], env: dict[str, str], cwd: Path, timeout: float) -> Completed:
-        """``python -m service *args`` in ``cwd`` with ``env``; killed after ``timeout`` s."""
-        assert self._process.stdin is not None and self._process.stdout is not None
+    def start(
+        self, args: list[str], *, env: dict[str, str], cwd: Path, stdout: Path, stderr: Path,
+        server: bool = False,
+    ) -> ForkedProcess:  # fmt: skip
+        """``python -m service *args`` forked in ``cwd`` with ``env``, its output written to
+        ``stdout`` and ``stderr`` (one file when they are the same path); ``server``: after
+        the runner has imported what a server imports."""
+        assert self._process.stdin is not None
         self._count += 1
-        out = self._workdir / f"cli-{self._count}.out"
-        err = self._workdir / f"cli-{self._count}.err"
-        request = {"args": args, "env": env, "cwd": str(cwd), "stdout": str(out),
-                   "stderr": str(err)}  # fmt: skip
+        request = {"id": self._count, "args": args, "env": env, "cwd": str(cwd),
+                   "stdout": str(stdout), "stderr": str(stderr), "server": server}  # fmt: skip
         self._process.stdin.write(json.dumps(request).encode() + b"\n")
         self._process.stdin.flush()
-        pid = int(self._reply(self._process.stdout, 60, args))
-        try:
-            status = int(self._reply(self._process.stdout, timeout, args))
-        except TimeoutError:
-            os.kill(pid, signal.SIGKILL)
-            raise
-        return Completed(args, status, out.read_text(), err.read_text())
+        deadline = time.monotonic() + 120
+        while self._count not in self.started:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"the command runner did not fork python -m service {args}")
+            self.read_replies(left)
+        return ForkedProcess(self, self.started.pop(self._count), args)
 
-    def _reply(self, stream: BinaryIO, timeout: float, args: list[str]) -> str:
+    def run(self, args: list[str], *, env: dict[str, str], cwd: Path, timeout: float) -> Completed:
+        """``python -m service *args`` in ``cwd`` with ``env``, to its end; killed after
+        ``timeout`` s (``subprocess.TimeoutExpired``, as ``subprocess.run`` raises)."""
+        out = self._outputs / f"{self._count}.out"
+        err = self._outputs / f"{self._count}.err"
+        process = self.start(args, env=env, cwd=cwd, stdout=out, stderr=err)
+        try:
+            status = process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise
+        try:
+            return Completed(args, status, out.read_text(), err.read_text())
+        finally:
+            out.unlink()
+            err.unlink()
+
+    def read_replies(self, timeout: float | None) -> None:
+        """The runner's answers that arrive within ``timeout`` s (None: until one does)."""
+        stream = self._process.stdout
+        assert stream is not None
         ready, _, _ = select.select([stream], [], [], timeout)
         if not ready:
-            raise TimeoutError(f"python -m service {' '.join(args)}: no answer in {timeout} s")
-        line = stream.readline()
-        if not line:
+            return
+        data = os.read(stream.fileno(), 65536)
+        if not data:
             raise RuntimeError(
-                f"the command runner (tests/cli_runner_support.py) exited (status "
-                f"{self._process.wait()}) while running python -m service {' '.join(args)}"
+                f"the command runner (tests/cli_runner_support.py) exited with status "
+                f"{self._process.wait()}"
             )
-        return line.decode().strip()
+        *lines, self._pending = (self._pending + data).split(b"\n")
+        for line in lines:
+            kind, first, second = line.decode().split()
+            if kind == "started":
+                self.started[int(first)] = int(second)
+            else:
+                self.exited[int(first)] = int(second)
 
     def close(self) -> None:
         if self._process.stdin is not None:
             self._process.stdin.close()
         try:
-            self._process.wait(timeout=30)
+            self._process.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
         if self._process.stdout is not None:
             self._process.stdout.close()
+        shutil.rmtree(self._outputs, ignore_errors=True)
+
+
+_shared: CliRunner | None = None
+
+
+def shared() -> CliRunner:
+    """This process's runner, started on first use and closed when the process exits."""
+    global _shared
+    if _shared is None or _shared._process.poll() is not None:
+        _shared = CliRunner()
+        atexit.register(_shared.close)
+    return _shared
+
+
+def run_cli(
+    args: list[str], *, env: dict[str, str] | None = None, cwd: Path = REPO,
+    timeout: float = 600,
+) -> Completed:  # fmt: skip
+    """``python -m service *args`` forked from :func:`shared` (``env``: the whole
+    environment, default this process's)."""
+    return shared().run(args, env=dict(os.environ if env is None else env), cwd=cwd,
+                        timeout=timeout)  # fmt: skip
+
+
+# --- the runner process ---
 
 
 def _exit_status(code: Any) -> int:
@@ -122,20 +245,33 @@ def _exit_status(code: Any) -> int:
     return 1
 
 
-def _child(request: dict[str, Any]) -> None:
+def _outputs(request: dict[str, Any]) -> dict[str, int]:
+    """The command's output files, opened (truncated) before its fork: they exist once the
+    runner answers ``started``."""
+    return {
+        path: os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        for path in dict.fromkeys((request["stdout"], request["stderr"]))
+    }
+
+
+def _child(request: dict[str, Any], opened: dict[str, int], wakeup: tuple[int, int]) -> None:
     """In the forked child: the command, as ``python -m service`` runs it; never returns."""
     status = 1
     try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in wakeup:
+            os.close(fd)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
-        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-            opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(opened, fd)
-            os.close(opened)
+        os.close(devnull)
+        os.dup2(opened[request["stdout"]], 1)
+        os.dup2(opened[request["stderr"]], 2)
+        for each in opened.values():
+            os.close(each)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.argv = ["-m", *request["args"]]
         try:
             runpy.run_module("service", run_name="__main__", alter_sys=True)
@@ -145,8 +281,6 @@ def _child(request: dict[str, Any]) -> None:
         except BaseException:
             traceback.print_exc()
             status = 1
-        import atexit
-
         atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -154,26 +288,81 @@ def _child(request: dict[str, Any]) -> None:
         os._exit(status)
 
 
+def _write(line: str) -> None:
+    os.write(1, line.encode() + b"\n")
+
+
 def serve() -> None:
-    """The runner's loop: a request a line on stdin, the pid and the exit status on stdout."""
+    """The runner's loop (see the module's docstring)."""
     for name in PRELOADED:
         importlib.import_module(name)
     # every command's parser module, as build_parser imports them
     importlib.import_module("service.cli").build_parser("python -m service")
-    requests = sys.stdin.buffer
-    replies = sys.stdout.buffer
-    for line in requests:
-        request = json.loads(line)
-        replies.flush()
-        sys.stderr.flush()
-        pid = os.fork()
+    servers_preloaded = False
+    wakeup = os.pipe()
+    for fd in wakeup:
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(wakeup[1])
+    signal.signal(signal.SIGCHLD, lambda number, frame: None)
+    running: set[int] = set()
+    pending = b""
+    while True:
+        ready, _, _ = select.select([0, wakeup[0]], [], [])
+        if wakeup[0] in ready:
+            while True:
+                try:
+                    if not os.read(wakeup[0], 4096):
+                        break
+                except BlockingIOError:
+                    break
+        while running:
+            try:
+                pid, wait_status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            running.discard(pid)
+            _write(f"exited {pid} {os.waitstatus_to_exitcode(wait_status)}")
+        if 0 not in ready:
+            continue
+        data = os.read(0, 65536)
+        if not data:
+            break
+        *lines, pending = (pending + data).split(b"\n")
+        for line in lines:
+            request = json.loads(line)
+            if request["server"] and not servers_preloaded:
+                for name in SERVER_PRELOADED:
+                    importlib.import_module(name)
+                assert "prometheus_client" not in sys.modules, "a preload imported it"
+                servers_preloaded = True
+            sys.stdout.flush()
+            sys.stderr.flush()
+            opened = _outputs(request)
+            pid = os.fork()
+            if pid == 0:
+                _child(request, opened, wakeup)
+            for each in opened.values():
+                os.close(each)
+            running.add(pid)
+            _write(f"started {request['id']} {pid}")
+    _stop(running)
+
+
+def _stop(running: set[int]) -> None:
+    """What still runs when the tests' process has gone: SIGTERM, then SIGKILL after 20 s."""
+    for pid in running:
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    while running and time.monotonic() < deadline:
+        pid, _ = os.waitpid(-1, os.WNOHANG)
         if pid == 0:
-            _child(request)
-        replies.write(f"{pid}\n".encode())
-        replies.flush()
-        _, wait_status = os.waitpid(pid, 0)
-        replies.write(f"{os.waitstatus_to_exitcode(wait_status)}\n".encode())
-        replies.flush()
+            time.sleep(0.05)
+        running.discard(pid)
+    for pid in running:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
 
 
 if __name__ == "__main__":

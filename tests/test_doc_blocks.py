@@ -49,7 +49,7 @@ from sqlalchemy.exc import OperationalError
 
 from service.ledger import LedgerNotMigrated
 from tests.api_support import free_port, wait_until_ready
-from tests.cli_runner_support import CliRunner, Completed
+from tests.cli_runner_support import CliRunner, Completed, shared
 from tests.test_api import REDIS_URL, forget_cached_keys, redis_answers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -210,25 +210,15 @@ def _stop(server: subprocess.Popen[bytes]) -> None:
             server.wait(timeout=30)
 
 
-@pytest.fixture(scope="session")
-def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliRunner]:
-    """The process the blocks' ``python -m service`` lines are forked from (one a worker)."""
-    runner = CliRunner(tmp_path_factory.mktemp("cli-runner"))
-    try:
-        yield runner
-    finally:
-        runner.close()
-
-
 @pytest.fixture
-def run(tmp_path: Path, cli: CliRunner) -> Iterator[Run]:
+def run(tmp_path: Path) -> Iterator[Run]:
     workdir = tmp_path / "reader"
     workdir.mkdir()
     # a reader's checkout: what the blocks name, without writing into the repository
     for name in (".venv", "Makefile", "pyproject.toml", "Dockerfile", "docker-compose.yml"):
         (workdir / name).symlink_to(REPO / name)
     url = f"sqlite:///{tmp_path / 'ppr-ledger.db'}"
-    state = Run(workdir=workdir, port=free_port(), env=_environment(tmp_path, url), cli=cli)
+    state = Run(workdir=workdir, port=free_port(), env=_environment(tmp_path, url), cli=shared())
     try:
         yield state
     finally:
