@@ -334,7 +334,7 @@ def test_toggling_one_edge_changes_nothing_outside_the_noise(
             assert main(["embeddings", "release", "--graph", str(path), "--database-url", url,
                          "--epsilon", "1", "--k", "16", "--rounds", "3", "--no-progress",
                          "--out", env["PPR_EMBEDDING_RELEASE_DIR"]]) == 0  # fmt: skip
-            with uvicorn_server(backend, workers=workers, extra_env=env) as server:
+            with uvicorn_server(backend, workers=workers, extra_env=env, forked=True) as server:
                 transcripts[name], versions[name] = _transcript(server.base_url, keys)
             if redis_url is not None:
                 forget_cached_keys(url, redis_url)

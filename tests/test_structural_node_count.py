@@ -155,7 +155,7 @@ def test_without_a_node_list_n_shows_only_where_documented(
             env = {"PPR_GRAPH_SNAPSHOT_DIR": str(tmp_path / name),
                    "PPR_EMBEDDING_RELEASE_DIR": str(release_dir)}  # fmt: skip
             backend = Backend(store, url, redis_url, path)
-            with uvicorn_server(backend, workers=workers, extra_env=env) as server:
+            with uvicorn_server(backend, workers=workers, extra_env=env, forked=True) as server:
                 transcripts[name], _ = _transcript(server.base_url, keys)
                 warnings[name] = [
                     str(line.get("message")) for line in server.log_lines()

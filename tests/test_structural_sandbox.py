@@ -124,7 +124,7 @@ def test_the_sandbox_shows_nothing_of_the_private_graph_beyond_the_release(
             released[name] = out.read_bytes()
             backend = Backend(store, url, redis_url, out)
             env = {"PPR_NODES_PATH": str(nodes), "PPR_GRAPH_SNAPSHOT_DIR": str(tmp_path / name)}
-            with uvicorn_server(backend, workers=workers, extra_env=env) as server:
+            with uvicorn_server(backend, workers=workers, extra_env=env, forked=True) as server:
                 transcripts[name] = _transcript(server.base_url, keys, [_release_id(url)])
             if redis_url is not None:
                 forget_cached_keys(url, redis_url)
