@@ -53,6 +53,9 @@ PRELOADED = (
     "service.batch.run",
     "service.batch.lifetime",
     "service.cli.edge_report",
+    "service.graph.loader",
+    "service.loadtest.run",
+    "service.loadtest.httpx_driver",
     "sqlalchemy.dialects.sqlite",
     "sqlalchemy.dialects.postgresql.psycopg",
 )

@@ -1,13 +1,15 @@
 """``python -m service loadtest``: it starts the real service, drives every phase with both
-drivers, and reports what was sent (the figures themselves are never asserted on)."""
+drivers, and reports what was sent (the figures themselves are never asserted on).
+
+The command runs forked from a process that has imported the service
+(tests/cli_runner_support.py: ``run_cli``), not in a new interpreter each time; the server a
+``--start`` run starts is its own subprocess, as always."""
 
 from __future__ import annotations
 
 import json
 import os
 import sqlite3
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from service.loadtest.report import PhaseResult, refusals
 from service.loadtest.workload import Workload
 from service.loadtest.wrk_driver import lua_string, script_for, wrk_available
 from tests.api_support import Backend, free_port, uvicorn_server
+from tests.cli_runner_support import run_cli
 
 #: The started server without its background prefix table: the phases and the refused key do
 #: not depend on it, and building it takes an interpreter and seconds per run; waiting for
@@ -36,16 +39,13 @@ def loadtest(
     graph_path: Path, tmp_path: Path, *extra: str, env: dict[str, str] | None = None
 ) -> dict[str, object]:
     command = [
-        sys.executable, "-m", "service", "loadtest", "--start", "--workers", "1",
+        "loadtest", "--start", "--workers", "1",
         "--port", str(free_port()), "--graph", str(graph_path),
         "--database-url", f"sqlite:///{tmp_path / 'ledger.db'}",
         "--duration", "0.5", "--warmup", "0", "--concurrency", "4", "--replay-seeds", "5",
         "--json", *extra,
     ]  # fmt: skip
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=300, check=False,
-        env={**os.environ, **(env or {})},
-    )  # fmt: skip
+    done = run_cli(command, env={**os.environ, **(env or {})}, timeout=300)
     assert done.returncode == 0, done.stderr
     result: dict[str, object] = json.loads(done.stdout)
     return result
@@ -101,17 +101,12 @@ def test_a_started_server_is_measured_once_its_prefix_table_is_ready(tmp_path: P
 
 
 def test_bad_flags_are_one_line_errors(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "service", "loadtest", "--phases", "healthz,nope"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    done = run_cli(["loadtest", "--phases", "healthz,nope"])
     assert done.returncode == 2
     assert "healthz, fresh, replay, mixed, batch" in done.stderr
-    done = subprocess.run(
-        [sys.executable, "-m", "service", "loadtest", "--graph", str(tmp_path / "none.txt"),
-         "--url", "http://127.0.0.1:1"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    done = run_cli(
+        ["loadtest", "--graph", str(tmp_path / "none.txt"), "--url", "http://127.0.0.1:1"]
+    )
     assert done.returncode == 2
     assert done.stderr.startswith("error [invalid_parameter]: graph:")
 
@@ -143,22 +138,16 @@ def test_the_mechanism_goes_with_every_ranking_request() -> None:
 
 
 def test_a_mechanism_the_mode_does_not_offer_is_refused_before_the_run() -> None:
-    command = [sys.executable, "-m", "service", "loadtest", "--url", "http://127.0.0.1:1"]
-    done = subprocess.run(
-        [*command, "--mechanism", "blended"], capture_output=True, text=True, check=False
-    )  # the default mode is edge
+    command = ["loadtest", "--url", "http://127.0.0.1:1"]
+    done = run_cli([*command, "--mechanism", "blended"])  # the default mode is edge
     assert done.returncode == 2
     assert done.stderr.startswith("error [invalid_parameter]: mechanism:")
     assert "personalized mode only" in done.stderr
-    done = subprocess.run(
-        [*command, "--mechanism", "nope"], capture_output=True, text=True, check=False
-    )
+    done = run_cli([*command, "--mechanism", "nope"])
     assert done.returncode == 2
     assert "blended" in done.stderr  # argparse lists the choices
-    done = subprocess.run(
-        [sys.executable, "-m", "service", "loadtest", "--help"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+    done = run_cli(["loadtest", "--help"])
+    assert done.returncode == 0, done.stderr
     assert "--mechanism" in done.stdout
 
 
@@ -211,19 +200,15 @@ def test_a_refused_key_is_named_with_its_code_and_fails_the_run(
     finally:
         ledger.dispose()
     # one server for both runs (a run's own --start is the other tests' subject)
-    with uvicorn_server(Backend("sqlite", url, None, graph_path), extra_env=NO_TABLE) as server:
+    backend = Backend("sqlite", url, None, graph_path)
+    with uvicorn_server(backend, extra_env=NO_TABLE, forked=True) as server:
         command = [
-            sys.executable, "-m", "service", "loadtest", "--url", server.base_url,
+            "loadtest", "--url", server.base_url,
             "--graph", str(graph_path), "--database-url", url, "--duration", "0.5",
             "--warmup", "0", "--concurrency", "2", "--phases", "healthz,fresh", "--driver", "httpx",
         ]  # fmt: skip
-        spent_run = subprocess.run(
-            [*command, "--key", key], capture_output=True, text=True, timeout=300, check=False
-        )
-        unknown_run = subprocess.run(
-            [*command, "--key", "ppr_not_a_key"], capture_output=True, text=True, timeout=300,
-            check=False,
-        )  # fmt: skip
+        spent_run = run_cli([*command, "--key", key], timeout=300)
+        unknown_run = run_cli([*command, "--key", "ppr_not_a_key"], timeout=300)
     assert spent_run.returncode == 1, spent_run.stderr
     assert "answers by status:" in spent_run.stdout
     (fresh,) = [line for line in spent_run.stdout.splitlines() if line.strip().startswith("fresh:")]
