@@ -91,7 +91,7 @@ def served(tmp_path: Path) -> Iterator[tuple[str, Seeded]]:
     upgrade(url)
     seeded = Seeded(url)
     backend = Backend("sqlite", url, None, graph_path)
-    with uvicorn_server(backend, extra_env={"PPR_GRAPH_CAP_EPSILON": "10"}) as server:
+    with uvicorn_server(backend, extra_env={"PPR_GRAPH_CAP_EPSILON": "10"}, forked=True) as server:
         base = server.base_url
         with httpx.Client(base_url=base, timeout=30) as http:
             for node, epsilons in (("19", [0.2, 0.2, 0.3, 0.1, 0.25] + [0.05] * 12), ("20", [0.5]),

@@ -283,7 +283,7 @@ def test_engine_gate_bounds_the_queue() -> None:
 def test_overload_is_503_with_retry_after_and_nothing_charged(backend: Backend) -> None:
     _, key = user_with_key(backend.database_url, "9")
     env = {"PPR_ENGINE_CONCURRENCY": "1", "PPR_ENGINE_QUEUE": "0"}
-    with uvicorn_server(backend, extra_env=env) as server:
+    with uvicorn_server(backend, extra_env=env, forked=True) as server:
 
         def ask(i: int) -> httpx.Response:  # a new connection each
             return http.get("/v1/ppr/9", params={"fresh": "true", "k": 3}, headers=bearer(key))

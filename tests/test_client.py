@@ -89,7 +89,7 @@ def running_service(
             )
             admin_key, _ = ledger.api_keys.create_api_key(admin.account_id)
         env = {"PPR_DEFAULT_CAP_EPSILON": "1.0", **(extra_env or {})}
-        with uvicorn_server(backend, extra_env=env) as server:
+        with uvicorn_server(backend, extra_env=env, forked=True) as server:
             yield Service(backend, server, admin_key)
 
 

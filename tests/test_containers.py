@@ -179,7 +179,7 @@ def test_the_health_check_follows_ppr_port(tmp_path: Path) -> None:
     compose_check = compose_file["services"]["api"]["healthcheck"]["test"][1:]
     for command in (image_check, compose_check):
         assert command[0] == "python"
-    with uvicorn_server(Backend("sqlite", url, None, graph)) as server:
+    with uvicorn_server(Backend("sqlite", url, None, graph), forked=True) as server:
         port = server.base_url.rsplit(":", 1)[1]
         for command in (image_check, compose_check):
             for expected, env_port in ((0, port), (1, "1")):

@@ -65,7 +65,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         "PPR_HTTP_KEEP_ALIVE_SECONDS": "600",  # held connections stay for the bound's test
         "PPR_HTTP_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
     }
-    with uvicorn_server(Backend("sqlite", url, None, graph_path), extra_env=env) as server:
+    backend = Backend("sqlite", url, None, graph_path)
+    with uvicorn_server(backend, extra_env=env, forked=True) as server:
         host, port = server.base_url.removeprefix("http://").split(":")
         yield Served(server, host, int(port), url)
 

@@ -230,7 +230,7 @@ def two_workers(
     folder = tmp_path_factory.mktemp("two-workers")
     with (
         backend_on(request.param, folder) as backend,
-        uvicorn_server(backend, workers=2) as server,
+        uvicorn_server(backend, workers=2, forked=True) as server,
     ):
         yield TwoWorkers(backend, server)
 

@@ -145,7 +145,7 @@ def test_the_generated_client_asks_a_live_server_a_query(generated: Path, tmp_pa
     _, key = user_with_key(url, "5", cap_epsilon=10.0)
     client_module = importlib.import_module(PACKAGE)
     get_ppr = importlib.import_module(f"{PACKAGE}.api.queries.get_ppr")
-    with uvicorn_server(Backend("sqlite", url, None, graph_path)) as server:
+    with uvicorn_server(Backend("sqlite", url, None, graph_path), forked=True) as server:
         client = client_module.AuthenticatedClient(base_url=server.base_url, token=key)
         with client as http:
             answer = get_ppr.sync(node_id="5", client=http, k=5, epsilon=0.1)

@@ -79,7 +79,7 @@ def test_sixteen_identical_requests_charge_once_on_the_embedded_default(tmp_path
 
     write_generated_edge_list(graph, 400, 2400, seed=7)
     account, key = user_with_key(url, "17")
-    with uvicorn_server(Backend("sqlite", url, None, graph), workers=1) as server:
+    with uvicorn_server(Backend("sqlite", url, None, graph), workers=1, forked=True) as server:
         responses = _sixteen_identical(server.base_url, key, "17")
     _assert_one_charge(responses, url, account)
 
@@ -95,7 +95,9 @@ def test_sixteen_identical_requests_charge_once_on_two_workers(
 
     write_generated_edge_list(graph, 400, 2400, seed=7)
     account, key = user_with_key(postgres_url, "17")
-    with uvicorn_server(Backend("postgres", postgres_url, None, graph), workers=2) as server:
+    with uvicorn_server(
+        Backend("postgres", postgres_url, None, graph), workers=2, forked=True
+    ) as server:
         responses = _sixteen_identical(server.base_url, key, "17")
         served_by = {
             line["pid"] for line in server.log_lines() if line.get("route") == "/v1/ppr/{node_id}"

@@ -351,7 +351,7 @@ def test_two_workers_make_one_degree_release(postgres_url: str, tmp_path: Path) 
     try:
         with (
             uvicorn_server(
-                backend, workers=2, extra_env={"PPR_DEFAULT_MECHANISM": "blended"}
+                backend, workers=2, extra_env={"PPR_DEFAULT_MECHANISM": "blended"}, forked=True
             ) as server,
             new_connection_each(server.base_url) as fresh,
         ):

@@ -321,7 +321,7 @@ def test_the_sandbox_charge_holds_on_two_workers(tmp_path: Path) -> None:
         for method, out in files.items():
             node = synthetic_node(out)
             sandboxed = Backend("postgres", url, REDIS_URL, out)
-            with uvicorn_server(sandboxed, workers=2, extra_env=env) as server:
+            with uvicorn_server(sandboxed, workers=2, extra_env=env, forked=True) as server:
                 outcomes = _race(server.base_url, node, keys)
             for response in outcomes["at_cap"]:  # nothing free: every answer refused
                 if response.request.method == "GET":
