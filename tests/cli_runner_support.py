@@ -10,7 +10,8 @@ with the command's exit status (a ``SystemExit``'s code; 1 and the traceback for
 that escapes). What it cannot see is a fresh interpreter: the runner's modules are already
 imported (nothing runs at their import that reads the environment: settings are read when a
 command builds them), and ``PYTHON*`` variables of the command's environment are not read
-again. A server (``start`` of ``serve``) is forked from the runner after it imported what a
+again; what the runner's imports printed (a warning, say) each child prints first, as a new
+interpreter would. A server (``start`` of ``serve``) is forked from the runner after it imported what a
 server imports, except what imports prometheus_client: that decides at its import, from the
 environment, where a server's metrics live (``serve`` sets it for several workers); the
 server then forks its workers itself, as it does when started on its own.
@@ -257,7 +258,36 @@ def _outputs(request: dict[str, Any]) -> dict[str, int]:
     }
 
 
-def _child(request: dict[str, Any], opened: dict[str, int], wakeup: tuple[int, int]) -> None:
+def _preload(names: tuple[str, ...], build_parser: bool = False) -> tuple[bytes, bytes]:
+    """``names`` imported (and the command line's parser built); what the imports printed to
+    stdout and stderr (a warning, say), which each child then prints first, as a new
+    interpreter importing them would."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        try:
+            for name in names:
+                importlib.import_module(name)
+            if build_parser:  # every command's parser module, as build_parser imports them
+                importlib.import_module("service.cli").build_parser("python -m service")
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, original in zip((1, 2), saved, strict=True):
+                os.dup2(original, fd)
+                os.close(original)
+        out.seek(0)
+        err.seek(0)
+        return out.read(), err.read()
+
+
+def _child(
+    request: dict[str, Any], opened: dict[str, int], wakeup: tuple[int, int],
+    printed: list[tuple[bytes, bytes]],
+) -> None:  # fmt: skip
     """In the forked child: the command, as ``python -m service`` runs it; never returns."""
     status = 1
     try:
@@ -272,6 +302,9 @@ def _child(request: dict[str, Any], opened: dict[str, int], wakeup: tuple[int, i
         os.dup2(opened[request["stderr"]], 2)
         for each in opened.values():
             os.close(each)
+        for out, err in printed:
+            os.write(1, out)
+            os.write(2, err)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -297,11 +330,8 @@ def _write(line: str) -> None:
 
 def serve() -> None:
     """The runner's loop (see the module's docstring)."""
-    for name in PRELOADED:
-        importlib.import_module(name)
-    # every command's parser module, as build_parser imports them
-    importlib.import_module("service.cli").build_parser("python -m service")
-    servers_preloaded = False
+    printed = [_preload(PRELOADED, build_parser=True)]
+    server_printed: tuple[bytes, bytes] | None = None
     wakeup = os.pipe()
     for fd in wakeup:
         os.set_blocking(fd, False)
@@ -335,17 +365,16 @@ def serve() -> None:
         *lines, pending = (pending + data).split(b"\n")
         for line in lines:
             request = json.loads(line)
-            if request["server"] and not servers_preloaded:
-                for name in SERVER_PRELOADED:
-                    importlib.import_module(name)
+            if request["server"] and server_printed is None:
+                server_printed = _preload(SERVER_PRELOADED)
                 assert "prometheus_client" not in sys.modules, "a preload imported it"
-                servers_preloaded = True
             sys.stdout.flush()
             sys.stderr.flush()
             opened = _outputs(request)
             pid = os.fork()
             if pid == 0:
-                _child(request, opened, wakeup)
+                extra = [server_printed] if request["server"] and server_printed else []
+                _child(request, opened, wakeup, printed + extra)
             for each in opened.values():
                 os.close(each)
             running.add(pid)
