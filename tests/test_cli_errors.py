@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from service.cli import main
+from tests.cli_runner_support import run_cli
 
 
 def fails(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -123,10 +124,9 @@ def test_serve_a_file_that_is_not_a_graph_is_one_line_whatever_the_workers(
     graph.write_bytes(content)
     env = {**os.environ, "PPR_DATABASE_URL": f"sqlite:///{tmp_path / 'ledger.db'}"}
     env.pop("PPR_GRAPH_PATH", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "service", "serve", "--graph", str(graph), "--auto-migrate",
-         "--port", "1", "--workers", workers],
-        env=env, capture_output=True, text=True, timeout=120,
+    done = run_cli(
+        ["serve", "--graph", str(graph), "--auto-migrate", "--port", "1", "--workers", workers],
+        env=env, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr

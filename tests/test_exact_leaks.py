@@ -8,8 +8,6 @@ delta; now exactly, stating 0), and kappa used the graph's own largest degree.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +31,7 @@ from service.privacy.sampler import count_release_delta
 from service.privacy.state_grid import step_noise_plan
 from service.serving.graph_identity import as_served
 from tests.api_support import Backend, bearer, open_ledger, running_app, user_with_key
+from tests.cli_runner_support import run_cli
 from tests.ledger_support import graph_fingerprint_of
 
 # --------------------------------------------------------------------------- finding 1
@@ -160,10 +159,10 @@ def test_serve_refuses_a_node_list_that_misses_an_edge_in_one_line(tmp_path: Pat
     edges.write_text("1 2\n2 7\n")
     nodes = tmp_path / "n.txt"
     nodes.write_text("1\n2\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "service", "serve", "--graph", str(edges), "--nodes", str(nodes),
+    done = run_cli(
+        ["serve", "--graph", str(edges), "--nodes", str(nodes),
          "--database-url", f"sqlite:///{tmp_path / 'l.db'}", "--auto-migrate"],
-        capture_output=True, text=True, timeout=120,
+        timeout=120,
     )  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
@@ -201,9 +200,8 @@ def test_delta_does_not_depend_on_the_number_of_edges(monkeypatch: pytest.Monkey
 
 @pytest.mark.parametrize("value", ["0", "1", "1.5", "-1e-6"])
 def test_a_delta_outside_its_range_is_one_line_and_exit_2(value: str, tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "service", "serve"],
-        capture_output=True, text=True, timeout=60,
+    done = run_cli(
+        ["serve"], timeout=60,
         env={"PATH": "/usr/bin:/bin", "PPR_DEFAULT_DELTA": value, "HOME": str(tmp_path)},
     )  # fmt: skip
     lines = done.stderr.strip().splitlines()
@@ -433,10 +431,10 @@ def test_admin_reload_over_the_bound_is_422_and_keeps_the_graph(
 def test_serve_refuses_a_graph_over_the_degree_bound(tmp_path: Path) -> None:
     edges = tmp_path / "e.txt"
     edges.write_text("".join(f"0 {i}\n" for i in range(1, 6)))
-    done = subprocess.run(
-        [sys.executable, "-m", "service", "serve", "--graph", str(edges),
+    done = run_cli(
+        ["serve", "--graph", str(edges),
          "--database-url", f"sqlite:///{tmp_path / 'l.db'}", "--auto-migrate"],
-        capture_output=True, text=True, timeout=120,
+        timeout=120,
         env={"PATH": "/usr/bin:/bin", "PPR_MAX_DEGREE_BOUND": "4", "HOME": str(tmp_path)},
     )  # fmt: skip
     assert done.returncode == 2

@@ -11,8 +11,6 @@ import json
 import os
 import re
 import shlex
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +23,7 @@ from service.cli import build_parser, main
 from service.config import Settings
 from service.ledger import upgrade
 from tests.api_support import free_port, wait_until_ready
+from tests.cli_runner_support import shared as shared_runner
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
@@ -283,16 +282,16 @@ def test_serve_prints_the_readme_quick_start_on_an_empty_ledger(tmp_path: Path) 
 
 @contextmanager
 def _serving(env: dict[str, str], cwd: Path, log: Path) -> Iterator[str]:
-    """``python -m service serve`` on a free port with ``env``, its output in ``log``: its base
+    """``python -m service serve`` on a free port with ``env`` (forked from the command runner),
+    its output in ``log``: its base
     URL once ``/readyz`` answers (the log in the failure if it stops or is not ready within
     180 s); terminated on exit."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    with open(log, "wb") as sink:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "service", "serve", "--port", str(port)],
-            cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    # forked from the command runner (tests/cli_runner_support.py), not a new interpreter
+    server = shared_runner().start(
+        ["serve", "--port", str(port)], env=env, cwd=cwd, stdout=log, stderr=log, server=True
+    )
     try:
         wait_until_ready(server, base, log, seconds=180)
         yield base
