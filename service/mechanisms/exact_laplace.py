@@ -409,8 +409,7 @@ class _Stream:
     def __init__(self, rng: np.random.Generator, chunk: int, scratch: int) -> None:
         self.rng = rng
         self.chunk = chunk
-        self.words = np.empty(chunk, dtype=np.uint64)
-        _raw_words(rng, self.words)
+        self.words: np.ndarray = rng.bit_generator.random_raw(chunk)  # a new uint64 array
         self.state = np.zeros(3, dtype=np.int64)
         self.bits = np.zeros(1, dtype=np.uint64)
         self.scratch = np.zeros((3, scratch), dtype=np.uint64)

@@ -14,9 +14,10 @@ from __future__ import annotations
 import numpy as np
 
 from service.mechanisms.exact_laplace import rounded_laplace
+from service.mechanisms.exact_words import jit
 from service.privacy.state_grid import INPUT_CLAMP, NOISE_SATURATION, StepNoise
 
-__all__ = ["draw_pair_noise", "grid_step"]
+__all__ = ["draw_pair_noise", "grid_step", "saturated_pair_sum"]
 
 
 def draw_pair_noise(rng: np.random.Generator, plan: StepNoise, n: int, out: np.ndarray) -> None:
@@ -24,8 +25,20 @@ def draw_pair_noise(rng: np.random.Generator, plan: StepNoise, n: int, out: np.n
     ``rng`` (N1 the first n, N2 the next n), each saturated at +-NOISE_SATURATION grid units
     (see :data:`service.privacy.state_grid.NOISE_SATURATION`)."""
     draws = rounded_laplace(rng, plan.s, plan.t, 2 * n)
-    np.clip(draws, -NOISE_SATURATION, NOISE_SATURATION, out=draws)
-    np.add(draws[:n], draws[n:], out=out)
+    saturated_pair_sum(draws, np.int64(NOISE_SATURATION), out)
+
+
+@jit
+def saturated_pair_sum(
+    draws: np.ndarray, bound: np.int64, out: np.ndarray
+) -> None:  # pragma: no cover
+    """``out[i] = clip(draws[i], +-bound) + clip(draws[n + i], +-bound)``, n = ``out``'s
+    length (``draws`` holds 2n): numpy's clip and add in one pass."""
+    n = out.shape[0]
+    for i in range(n):
+        first = min(max(draws[i], -bound), bound)
+        second = min(max(draws[n + i], -bound), bound)
+        out[i] = first + second
 
 
 def grid_step(values: np.ndarray, noise: np.ndarray, grid: float, limit: int) -> np.ndarray:
