@@ -409,7 +409,8 @@ class _Stream:
     def __init__(self, rng: np.random.Generator, chunk: int, scratch: int) -> None:
         self.rng = rng
         self.chunk = chunk
-        self.words: np.ndarray = rng.bit_generator.random_raw(chunk)  # a new uint64 array
+        # random_raw's new array as it is (no copy: it is uint64 and contiguous already)
+        self.words = np.ascontiguousarray(rng.bit_generator.random_raw(chunk), dtype=np.uint64)
         self.state = np.zeros(3, dtype=np.int64)
         self.bits = np.zeros(1, dtype=np.uint64)
         self.scratch = np.zeros((3, scratch), dtype=np.uint64)
