@@ -19,6 +19,9 @@ STAMP := $(VENV)/.installed
 # everything but NO_BYTECODE, the parts of the dependencies nothing here imports (their test
 # suites, Ray's libraries beside its core, the installers, the type checker), 41% of the files
 # (uv's --compile-bytecode of all of them took 22-31 CPU-s, this 16-24, same hour, busy machine).
+# Last, numba's kernels are compiled into their on-disk cache (about 25 CPU-s, 11-12 s on two
+# cores), once per install, as a deployment would: the first server and the test run then load
+# them (make test still compiles, before its workers start, any that changed since).
 NO_BYTECODE := /tests?/|/ray/(rllib|train|tune|llm|serve|data)/|/site-packages/(pip|setuptools|mypy|mypyc)/
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv --without-pip $(VENV)
@@ -28,6 +31,7 @@ $(STAMP): pyproject.toml
 			&& $(BIN)/python -m pip install --quiet -e ".[dev]")
 	$(BIN)/python -m compileall -q -j 0 -x '$(NO_BYTECODE)' \
 		"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null
+	$(BIN)/python -m service.mechanisms.compile_kernels --parallel >/dev/null
 	touch $(STAMP)
 
 install: $(STAMP)
