@@ -282,13 +282,11 @@ def test_serve_prints_the_readme_quick_start_on_an_empty_ledger(tmp_path: Path) 
 
 @contextmanager
 def _serving(env: dict[str, str], cwd: Path, log: Path) -> Iterator[str]:
-    """``python -m service serve`` on a free port with ``env`` (forked from the command runner),
-    its output in ``log``: its base
-    URL once ``/readyz`` answers (the log in the failure if it stops or is not ready within
-    180 s); terminated on exit."""
+    """``python -m service serve`` on a free port with ``env``, forked from the command runner
+    (tests/cli_runner_support.py), its output in ``log``: its base URL once ``/readyz`` answers
+    (the log in the failure if it stops or is not ready within 180 s); terminated on exit."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    # forked from the command runner (tests/cli_runner_support.py), not a new interpreter
     server = shared_runner().start(
         ["serve", "--port", str(port)], env=env, cwd=cwd, stdout=log, stderr=log, server=True
     )
