@@ -3,9 +3,9 @@
 For graph sizes n, public degree bounds D and calibrated scales b (as b / eta), prints the grid
 g the plan chooses, gamma = g / b'', and the extra noise ``b'' / b - 1`` split into its parts:
 the float64 distortion margin kappa, the float64 kernel's error on any state (s_float / rho), the
-grid's rounding (``(n + 4) g / beta^L / rho``) and the rounding of b'' to 8 significant bits.
+grid's rounding (``(1 + beta) n g / rho``) and the rounding of b'' to 8 significant bits.
 
-    .venv/bin/python benchmarks/state_grid_cost.py [--eta 1e-7] [--beta 0.8] [--noisy-steps 6]
+    .venv/bin/python benchmarks/state_grid_cost.py [--eta 1e-7] [--beta 0.8]
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--eta", type=float, default=1e-7)
     parser.add_argument("--beta", type=float, default=0.8)
-    parser.add_argument("--noisy-steps", type=int, default=6)
     args = parser.parse_args()
-    eta, beta, steps = args.eta, args.beta, args.noisy_steps
+    eta, beta = args.eta, args.beta
     rho = 2 * beta * eta
-    print(f"eta {eta:g}, beta {beta:g}, L {steps} noisy steps, rho {rho:g}")
+    print(f"eta {eta:g}, beta {beta:g}, rho {rho:g}")
     print("| n | D | b / eta | grid g | gamma = g / b'' | kappa | s_float / rho "
           "| grid / rho | b'' / b - 1 |")  # fmt: skip
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -36,8 +35,7 @@ def main() -> None:
                       (10**6, 1_000), (10**7, 1_000)):  # fmt: skip
         for c in (80.0, 800.0):
             b = eta * c
-            plan = step_noise_plan(b, n=n, max_degree=degree, eta=eta, beta=beta,
-                                   noisy_steps=steps)  # fmt: skip
+            plan = step_noise_plan(b, n=n, max_degree=degree, eta=eta, beta=beta)
             kappa = float64_distortion_margin(degree, eta, beta)
             s_float = float_contraction_slack(n, degree, eta, beta)
             grid_part = (plan.slack - s_float) / rho

@@ -391,7 +391,7 @@ def test_kappa_comes_from_the_public_bound_not_the_graph(ledger: Ledger) -> None
         job = DiffusionJob(0, config, rng=np.random.default_rng(1))
         run_jobs(served, [job])
         scales.append(job.noise_scale)
-    plan = step_noise_plan(1e-5, n=41, max_degree=500, eta=1e-7, beta=0.8, noisy_steps=1)
+    plan = step_noise_plan(1e-5, n=41, max_degree=500, eta=1e-7, beta=0.8)
     assert scales[0] == scales[1] == plan.scale
 
 

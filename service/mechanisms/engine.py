@@ -8,7 +8,7 @@ source:
 
     C = min(max(X, 0), T)            T[:, j] = eta_j d  (T[s_j, j] = 1 in personalized mode)
     X = beta * (A (C / d) + C) / 2 + (1 - beta) e_s      (a degree-0 node keeps its mass)
-    X[:, j] = clip(round_g(clip(X[:, j])) + g (N1 + N2))   on column j's noisy steps (its
+    X[:, j] = clip(round_g(clip(X[:, j])) + g M)     on column j's noisy steps (its
                                      last L_j steps): the grid step (service/privacy/state_grid.py)
 
 Columns join a running block at its next step boundary and leave it when their K-th step is
@@ -16,9 +16,10 @@ done, so queries arriving while the engine is busy share the sparse products of 
 already running, a query arriving when the engine is idle starts at once, and a cold query
 (no cached noise-free prefix) runs its K - L noise-free steps in the same block as everyone
 else. Noise is drawn only for columns on their noisy steps, each from its own generator, by
-the exact sampler (:func:`service.mechanisms.grid_noise.draw_pair_noise`: N1 the first n
-draws, N2 the next n). The noise-free prefix x_m of a
-cold column is handed back with its result (for the protected prefix cache), never released.
+the exact sampler (:func:`service.mechanisms.grid_noise.draw_pair_noise`: one draw a node of
+the pair sum M = round((L1 + L2) / gamma), the spec's two noise vectors drawn as their sum).
+The noise-free prefix x_m of a cold column is handed back with its result (for the protected
+prefix cache), never released.
 
 The single-query function :func:`service.mechanisms.diffusion.noisy_diffusion` runs the same
 block code with one column, in the caller's thread.
@@ -194,7 +195,7 @@ class _Block:
             if c.noisy_steps > 0:
                 job.noise = step_noise_plan(
                     c.noise_scale, n=self.graph.n, max_degree=self._max_degree, eta=c.eta,
-                    beta=c.beta, noisy_steps=c.noisy_steps,
+                    beta=c.beta,
                 )  # fmt: skip
             if job.done_steps >= c.steps:  # nothing left to do (one personalized step)
                 if not job.future.done():
@@ -287,7 +288,7 @@ class _Block:
         return self._columns
 
     def _draw_noise(self, noisy: list[int]) -> np.ndarray:
-        """N1 + N2 of each noisy column (row q for column noisy[q], int64 grid units), each
+        """The noise M of each noisy column (row q for column noisy[q], int64 grid units), each
         from its own generator (:func:`service.mechanisms.grid_noise.draw_pair_noise`).
 
         The columns are split over both threads (the sampler releases the GIL)."""
@@ -310,7 +311,7 @@ class _Block:
         return noise
 
     def _draw(self, noisy: list[int], noise: np.ndarray, slots: range) -> None:
-        """Column noisy[q]'s N1 + N2 into noise[q], from its own generator."""
+        """Column noisy[q]'s noise M into noise[q], from its own generator."""
         for q in slots:
             job = self.jobs[noisy[q]]
             rng = job.rng

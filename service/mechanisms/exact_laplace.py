@@ -1,4 +1,5 @@
-"""An exact sampler of the rounded Laplace law, from uniform random integers only.
+"""Exact samplers of the rounded Laplace law and of the rounded sum of two Laplace draws,
+from uniform random integers only (their compiled kernel: :mod:`service.mechanisms.laplace_kernel`).
 
 For a rational ``gamma = s / t`` (positive Python ints) :func:`rounded_laplace` draws
 ``N = round(L / gamma)`` with ``L ~ Lap(1)`` (density ``exp(-|x|) / 2``). So ``g * N`` has exactly
@@ -23,6 +24,20 @@ docs/privacy.md, "The Laplace sampler and its stated delta"; in short:
   drawn. ``floor(2 t y)`` is ``h`` or ``h + 1`` with ``2 t w1 = h 2^64 + l`` (``w1`` the first word
   of ``y``): ``h`` when ``l <= 2^64 - 2t``, otherwise (probability ``2t / 2^64``) ``h + 1`` exactly
   when ``0.w2 w3 ... >= (2^64 - l) / (2t)``.
+
+The pair sum (:func:`rounded_laplace_pair_sum`): ``M = round((L1 + L2) / gamma)``, L1, L2
+independent Lap(1), one draw of the sum's law rather than two draws: ``X = |L1 + L2|`` has density
+``(1 + x) e^-x / 2`` and survival ``S(x) = e^-x (1 + x / 2)``, and ``|M| = floor((floor(2 t X) +
+s) / (2 s))`` with a uniform sign, as above. ``z = floor(2^m X)`` inverts one uniform against
+``T_i = S(i / 2^m)`` (:func:`service.mechanisms.exp_thresholds.pair_sum_table`); on the cell z
+the remainder's density is proportional to ``(2^m + z + y) e^(-y / 2^m)``, so the uniform ``y``
+the gate and chain accept is also accepted with probability ``(2^m + z + y) / (2^m + z + 1)``:
+outright unless a uniform ``r < 1 / (2^m + z + 1)`` (16 reservoir bits decide it but in a
+cell of probability ``2^-16``, then fresh words against the rational), and then exactly when a
+fresh uniform is below ``y``. Past the table, ``P(X >= a + x | X >= a) = e^-x (1 + x / (2 + a))``
+with ``a = J / 2^m``: the pair-sum law again with probability ``2 / (2 + a)``, Exp(1) otherwise
+(drawn from the exponential table, memoryless, from there on). About 2.4 raw words a draw, one
+draw where two Laplace draws took 4.3.
 
 Every comparison is exact: a uniform is the binary expansion ``0.w1 w2 ...`` of raw 64-bit
 words drawn lazily, and a comparison whose first words are equal goes on with the SAME
@@ -60,22 +75,11 @@ from service.mechanisms.exact_bernoulli import (
     bernoulli_exp,
     bernoulli_ratio,
     bernoulli_scaled,
-    mul_high_low,
     uniform_below,
 )
-from service.mechanisms.exact_words import (
-    DEEP,
-    DIGITS,
-    EXHAUSTED,
-    OK,
-    carry,
-    jit,
-    jit_inline,
-    next_gate,
-    threshold_tie,
-    von_neumann_chain,
-)
-from service.mechanisms.exp_thresholds import ExpTable, exp_table
+from service.mechanisms.exact_words import DEEP, DIGITS, EXHAUSTED, OK
+from service.mechanisms.exp_thresholds import ExpTable, deeper_table, exp_table, pair_sum_table
+from service.mechanisms.laplace_kernel import OVERFLOW, rounded_laplace_kernel
 
 __all__ = [
     "MAX_DENOMINATOR",
@@ -89,6 +93,7 @@ __all__ = [
     "gamma_ratio",
     "grid_laplace",
     "rounded_laplace",
+    "rounded_laplace_pair_sum",
     "uniform_below",
 ]
 
@@ -103,271 +108,14 @@ SCALE_BITS = 20
 
 _U64_MAX = (1 << 64) - 1
 
-# kernel status codes (state[2]): those of exact_words (OK 0, EXHAUSTED 1, DEEP 3, DIGITS 4)
-# and this one
-_OVERFLOW = 2
-
 #: Raw words per draw the wrapper asks for (a draw reads about 2.1 at small gamma, fewer at
-#: large gamma).
+#: large gamma; a draw of the pair sum about 2.4).
 _WORDS_PER_DRAW = 2.2
+_PAIR_SUM_WORDS_PER_DRAW = 2.45
 #: Most raw words the wrapper holds at once (512 KiB).
 _MAX_CHUNK = 1 << 16
 #: Words of a uniform beyond its first that the scratch array holds at first.
 _SCRATCH_WORDS = 4
-
-
-# --- the kernel -------------------------------------------------------------------------
-# Compiled without numba's reference counting (``_nrt=False``): the kernel allocates nothing.
-# The draw loop keeps its state (buffer position, bit reservoir) in local variables and reads
-# the state arrays only at entry and on return. The rare paths (a uniform's first word equal
-# to a threshold's, a remainder whose gate bits are all zero, a cell boundary of floor(2 t y)
-# inside y's first word) are separate calls, to the kernels of exact_words. All integer
-# arithmetic on words is in uint64 (numba would turn a uint64/int64 mix into float64).
-
-
-@jit_inline
-def _thresholds_above(
-    w: np.uint64, guide: np.ndarray, guide_shift: np.uint64, first: np.ndarray
-) -> np.int64:  # pragma: no cover
-    """``a = #{i in 1..J: first[i] > w}`` for a word ``w >= first[J]``: the guide's cell of
-    ``w`` bounds it, ``lo <= a <= hi <= J - 1``, and a binary search finds the largest ``a`` in
-    ``[lo, hi]`` with ``first[a] > w`` (``first[lo] > w``; ``first`` strictly decreasing). Most
-    cells are one or two thresholds wide (``hi <= lo + 1``): one comparison decides them."""
-    packed = np.int64(guide[w >> guide_shift])
-    lo = packed & np.int64(0xFFFF)
-    b = packed >> np.int64(16)
-    a = lo + np.int64(first[lo + np.int64(1)] > w)  # lo <= J - 1
-    if b > lo + np.int64(1):  # about 2% of the words: a wider cell
-        while a < b:  # the largest a in [a, b] with first[a] > w
-            mid = (a + b + np.int64(1)) >> np.int64(1)
-            if first[mid] > w:
-                a = mid
-            else:
-                b = mid - np.int64(1)
-    return a
-
-
-@jit_inline
-def _magnitude(
-    z: np.uint64, high: np.uint64, m: np.uint64, two_t: np.uint64, s: np.uint64,
-    s_shift: np.int64,
-) -> np.int64:  # fmt: skip  # pragma: no cover
-    """|N| = floor((floor(2 t E) + s) / (2 s)) for E in the cell ``z`` of width 2^-m with
-    ``floor(2 t y) = high``: floor(2 t E) = 2 t k + floor((2 t r + high) / 2^m), z = 2^m k + r
-    (floor(2 t E) + s < 2^64 under the guard on k); a shift when 2s is a power of two."""
-    one = np.uint64(1)
-    total = (z >> m) * two_t + (((z & ((one << m) - one)) * two_t + high) >> m) + s
-    if s_shift >= 0:
-        return np.int64(total >> np.uint64(s_shift))
-    return np.int64(total // (s + s))
-
-
-@jit_inline
-def _cell_magnitude(
-    z: np.uint64, m: np.uint64, two_t: np.uint64, s: np.uint64, s_shift: np.int64
-) -> np.int64:  # pragma: no cover
-    """|N| when every E in the cell ``z`` gives the same one (floor(2 t y) takes the values
-    0 .. 2t - 1 and |N| is monotone in it), else -1: y need not be drawn."""
-    low_end = _magnitude(z, np.uint64(0), m, two_t, s, s_shift)
-    high_end = _magnitude(z, two_t - np.uint64(1), m, two_t, s, s_shift)
-    return low_end if low_end == high_end else np.int64(-1)
-
-
-#: (the signed draw, position, reservoir, bits left, status)
-_DrawResult = tuple[np.int64, np.int64, np.uint64, np.int64, np.int64]
-
-
-@jit
-def _draw(
-    words: np.ndarray, pos: np.int64, reservoir: np.uint64, left: np.int64, scratch: np.ndarray,
-    first: np.ndarray, deeper: np.ndarray, guide: np.ndarray, m: np.uint64,
-    guide_shift: np.uint64, s: np.uint64, t: np.uint64, s_shift: np.int64, coarse: bool,
-    max_k: np.uint64,
-) -> _DrawResult:  # fmt: skip  # pragma: no cover
-    """One draw from word ``pos`` (module docstring), every path: the tail of z, ties with a
-    threshold's first word, the chain of a remainder whose gate is zero, a cell boundary of
-    floor(2 t y) inside y's first word. The kernel's fast path computes the same thing when
-    none of them occurs. A status other than ``OK`` leaves the draw unfinished."""
-    n_words = words.shape[0]
-    one = np.uint64(1)
-    zero = np.uint64(0)
-    two_t = t + t
-    room = zero - two_t  # 2^64 - 2t
-    length = np.int64(first.shape[0] - 1)
-    length_u = np.uint64(length)
-    edge = first[length]
-    status = np.int64(OK)
-    # z = floor(2^m E): the index of the uniform among the thresholds T_i = exp(-i / 2^m)
-    z = zero
-    while True:
-        if pos >= n_words:
-            return np.int64(0), pos, reservoir, left, np.int64(EXHAUSTED)
-        w = words[pos]
-        pos += 1
-        if w < edge:  # U < T_J: z >= J, and z - J is drawn afresh (memoryless)
-            z += length_u
-            if (z >> m) > max_k:
-                return np.int64(0), pos, reservoir, left, np.int64(_OVERFLOW)
-            continue
-        a = _thresholds_above(w, guide, guide_shift, first)
-        if first[a + 1] == w:  # a + 1 <= J since w >= first[J]
-            less, pos, status = threshold_tie(words, pos, deeper, a + np.int64(1))
-            if status != OK:
-                return np.int64(0), pos, reservoir, left, status
-            if less:
-                a += np.int64(1)
-        z += np.uint64(a)
-        if (z >> m) > max_k:
-            return np.int64(0), pos, reservoir, left, np.int64(_OVERFLOW)
-        if a < length:
-            break
-    magnitude = _cell_magnitude(z, m, two_t, s, s_shift) if coarse else np.int64(-1)
-    if magnitude < 0:
-        # the remainder y, density e^(-y / 2^m) / const on [0, 1): a uniform accepted when
-        # its gate (m bits of the reservoir) is not all zero, else by the chain
-        while True:
-            if pos >= n_words:
-                return np.int64(0), pos, reservoir, left, np.int64(EXHAUSTED)
-            y = words[pos]
-            pos += 1
-            y_depth = np.int64(1)
-            gate, pos, reservoir, left, drawn = next_gate(words, pos, reservoir, left, m)
-            if not drawn:
-                return np.int64(0), pos, reservoir, left, np.int64(EXHAUSTED)
-            if gate != zero:
-                break
-            accepted, y_depth, pos, reservoir, left, status = von_neumann_chain(
-                words, pos, scratch, y, reservoir, left, m
-            )
-            if status != OK:
-                return np.int64(0), pos, reservoir, left, status
-            if accepted:
-                break
-        high, low = mul_high_low(two_t, y)
-        if low > room:
-            up, pos, status = carry(words, pos, scratch, y_depth, low, two_t)
-            if status != OK:
-                return np.int64(0), pos, reservoir, left, status
-            if up:
-                high += one
-        magnitude = _magnitude(z, high, m, two_t, s, s_shift)
-    if left == 0:
-        if pos >= n_words:
-            return np.int64(0), pos, reservoir, left, np.int64(EXHAUSTED)
-        reservoir = words[pos]
-        pos += 1
-        left = np.int64(64)
-    negative = np.int64(reservoir & one)  # the sign: -magnitude when 1
-    reservoir = reservoir >> one
-    left -= 1
-    return (magnitude ^ -negative) + negative, pos, reservoir, left, np.int64(OK)
-
-
-@jit
-def _rounded_laplace_kernel(
-    words: np.ndarray, state: np.ndarray, bits: np.ndarray, scratch: np.ndarray,
-    first: np.ndarray, deeper: np.ndarray, guide: np.ndarray, m: np.uint64,
-    guide_shift: np.uint64, s: np.uint64, t: np.uint64, s_shift: np.int64, coarse: bool,
-    max_k: np.uint64, out: np.ndarray, start: np.int64,
-) -> np.int64:  # fmt: skip  # pragma: no cover
-    """Fill ``out[start:]``; returns the index of the first draw not made (``out.shape[0]``
-    when done). state = (next word, bits left in the reservoir ``bits[0]``, status). On
-    running out of words, of scratch or of threshold words the state is rewound to that
-    draw's first word. ``s_shift``: log2(2s) when 2s is a power of two, else -1; ``coarse``:
-    try to decide |N| from z alone (gamma > 2^-m).
-
-    The usual draw (no tail, no tie, a guide cell with at most two candidates, a nonzero
-    gate, no cell boundary inside y's first word, four words left in the buffer) is computed
-    here without a call; any other draw is computed again from its first word by
-    :func:`_draw`, which reads the same words the same way."""
-    n_words = words.shape[0]
-    pos = state[0]
-    left = state[1]
-    reservoir = bits[0]
-    one = np.uint64(1)
-    zero = np.uint64(0)
-    two_t = t + t
-    room = zero - two_t  # 2^64 - 2t
-    length = np.int64(first.shape[0] - 1)
-    edge = first[length]
-    small_k = (np.uint64(length) >> m) <= max_k  # no z of the table leaves the guard
-    count = out.shape[0]
-    i = start
-    status = np.int64(OK)
-    fine = small_k and not coarse
-    while i < count:
-        if fine and pos + 4 <= n_words:
-            # gamma <= 2^-m: U and y, the gate, the sign, read without a branch on them
-            w = words[pos]
-            y = words[pos + 1]
-            p = pos + 2
-            a = _thresholds_above(w, guide, guide_shift, first)
-            gate, p, res, bits_left, _ = next_gate(words, p, reservoir, left, m)
-            if bits_left == 0:
-                res = words[p]
-                p += 1
-                bits_left = np.int64(64)
-            z = np.uint64(a)
-            high, low = mul_high_low(two_t, y)
-            magnitude = _magnitude(z, high, m, two_t, s, s_shift)
-            # not the usual draw: U < T_J, a tie with a threshold, a zero gate, a boundary
-            usual = (
-                (w >= edge)
-                & (first[min(a + np.int64(1), length)] != w)
-                & (gate != zero)
-                & (low <= room)
-            )
-            if usual:
-                negative = np.int64(res & one)
-                out[i] = (magnitude ^ -negative) + negative
-                pos = p
-                reservoir = res >> one
-                left = bits_left - 1
-                i += 1
-                continue
-        elif small_k and pos + 4 <= n_words:
-            w = words[pos]
-            a = _thresholds_above(w, guide, guide_shift, first)
-            if w >= edge and first[a + np.int64(1)] != w:  # a <= J - 1 since w >= first[J]
-                z = np.uint64(a)
-                p = pos + 1
-                res = reservoir
-                bits_left = left
-                magnitude = _cell_magnitude(z, m, two_t, s, s_shift) if coarse else np.int64(-1)
-                usual = True
-                if magnitude < 0:
-                    y = words[p]
-                    p += 1
-                    gate, p, res, bits_left, _ = next_gate(words, p, res, bits_left, m)
-                    high, low = mul_high_low(two_t, y)
-                    usual = (gate != zero) & (low <= room)
-                    magnitude = _magnitude(z, high, m, two_t, s, s_shift)
-                if usual:
-                    if bits_left == 0:
-                        res = words[p]
-                        p += 1
-                        bits_left = np.int64(64)
-                    negative = np.int64(res & one)
-                    out[i] = (magnitude ^ -negative) + negative
-                    pos = p
-                    reservoir = res >> one
-                    left = bits_left - 1
-                    i += 1
-                    continue
-        value, next_pos, next_reservoir, next_left, status = _draw(
-            words, pos, reservoir, left, scratch, first, deeper, guide, m, guide_shift, s, t,
-            s_shift, coarse, max_k,
-        )  # fmt: skip
-        if status != OK:
-            break  # the state stays at the draw's first word (pos, reservoir, left)
-        out[i] = value
-        pos, reservoir, left = next_pos, next_reservoir, next_left
-        i += 1
-    state[0] = pos
-    state[1] = left
-    state[2] = status
-    bits[0] = reservoir
-    return i
 
 
 # --- validation and the Python API ----------------------------------------------------
@@ -435,27 +183,39 @@ class _Stream:
         self.state[2] = OK
 
 
-def _chunk_for(count: int) -> int:
-    return max(64, min(_MAX_CHUNK, int(count * _WORDS_PER_DRAW) + 64))
+def _chunk_for(count: int, per_draw: float = _WORDS_PER_DRAW) -> int:
+    return max(64, min(_MAX_CHUNK, int(count * per_draw) + 64))
 
 
 def _max_k(s: int, t: int) -> int:
-    """The largest integer part k of E with 2t (k + 1) + s < 2^64."""
+    """The largest integer part k of X with 2t (k + 1) + s < 2^64."""
     return (_U64_MAX - s) // (2 * t) - 1
+
+
+def _tail_table(table: ExpTable) -> ExpTable:
+    """The table a draw reads past ``table``'s last threshold: ``table`` itself for the
+    Laplace law (memoryless), the exponential table of the same shape for the pair sum."""
+    if not table.pair_sum:
+        return table
+    return exp_table(table.fraction_bits, table.first.shape[0] - 1, table.guide_bits, table.words)
 
 
 def _fill(
     rng: np.random.Generator, s: int, t: int, out: np.ndarray, chunk: int,
     max_k: int | None = None, scratch: int = _SCRATCH_WORDS, table: ExpTable | None = None,
+    pair_sum: bool = False,
 ) -> None:  # fmt: skip
-    """Fill ``out`` with draws from chunks of ``chunk`` raw words; ``max_k`` (tests only)
-    lowers the overflow guard on k, ``scratch`` (tests only) the scratch words at first,
-    ``table`` (tests only) replaces the table of thresholds."""
+    """Fill ``out`` with draws (of the pair-sum law when ``pair_sum``) from chunks of ``chunk``
+    raw words; ``max_k`` (tests only) lowers the overflow guard on k, ``scratch`` (tests only)
+    the scratch words at first, ``table`` (tests only) replaces the table of thresholds (a
+    pair-sum table for the pair sum)."""
     if out.shape[0] == 0:
         return
     stream = _Stream(rng, chunk, scratch)
     if table is None:
-        table = exp_table()
+        table = pair_sum_table() if pair_sum else exp_table()
+    if table.pair_sum != pair_sum:
+        raise ValueError("the table is not of the law drawn")
     bound = _max_k(s, t)
     limit = bound if max_k is None else min(max_k, bound)
     m = table.fraction_bits
@@ -464,25 +224,30 @@ def _fill(
     coarse = (s << m) > t  # gamma > 2^-m: z alone often decides |N|
     done = 0
     while True:
+        tail = _tail_table(table)
         done = int(
-            _rounded_laplace_kernel(
+            rounded_laplace_kernel(
                 stream.words, stream.state, stream.bits, stream.scratch, table.first,
-                table.deeper, table.guide, np.uint64(m), np.uint64(64 - table.guide_bits),
-                np.uint64(s), np.uint64(t), np.int64(s_shift), coarse, np.uint64(limit), out,
-                np.int64(done),
+                table.deeper, table.guide, tail.first, tail.deeper, tail.guide, np.uint64(m),
+                np.uint64(64 - table.guide_bits), np.uint64(s), np.uint64(t), np.int64(s_shift),
+                coarse, np.uint64(limit), pair_sum, out, np.int64(done),
             )
         )  # fmt: skip
-        if stream.state[2] == _OVERFLOW:
+        if stream.state[2] == OVERFLOW:
             raise OverflowError(
                 "an exact Laplace draw left the 64-bit range (probability below e^-1534)"
             )
         if done == out.shape[0]:
             return
         if stream.state[2] == DIGITS:
-            table = exp_table(
-                table.fraction_bits, table.first.shape[0] - 1, table.guide_bits, 2 * table.words
-            )
+            table = deeper_table(table)
         stream.refill()
+
+
+def _checked_count(count: object) -> int:
+    if isinstance(count, bool) or not isinstance(count, int | np.integer) or count < 0:
+        raise InvalidParameter("count", f"must be a non-negative integer, got {count!r}")
+    return int(count)
 
 
 def rounded_laplace(rng: np.random.Generator, s: int, t: int, count: int) -> np.ndarray:
@@ -493,10 +258,19 @@ def rounded_laplace(rng: np.random.Generator, s: int, t: int, count: int) -> np.
     draws. In the service ``rng`` is a fresh OS-entropy generator
     (:func:`service.mechanisms.randomness.fresh_generator`)."""
     s, t = _checked_ratio(s, t)
-    if isinstance(count, bool) or not isinstance(count, int | np.integer) or count < 0:
-        raise InvalidParameter("count", f"must be a non-negative integer, got {count!r}")
-    out = np.empty(int(count), dtype=np.int64)
-    _fill(rng, s, t, out, _chunk_for(int(count)))
+    out = np.empty(_checked_count(count), dtype=np.int64)
+    _fill(rng, s, t, out, _chunk_for(out.shape[0]))
+    return out
+
+
+def rounded_laplace_pair_sum(rng: np.random.Generator, s: int, t: int, count: int) -> np.ndarray:
+    """``count`` independent draws of M = round((L1 + L2) / gamma), L1, L2 independent Lap(1),
+    gamma = ``s / t`` (as :func:`rounded_laplace` requires), as int64, exactly: one draw of the
+    sum's law (density ``(1 + |x|) e^-|x| / 4``), not two draws rounded apart (module
+    docstring)."""
+    s, t = _checked_ratio(s, t)
+    out = np.empty(_checked_count(count), dtype=np.int64)
+    _fill(rng, s, t, out, _chunk_for(out.shape[0], _PAIR_SUM_WORDS_PER_DRAW), pair_sum=True)
     return out
 
 

@@ -2,43 +2,30 @@
 
 A noisy step of a column takes the kernel's ``phi(f(x))``, clamps it to ``[-INPUT_CLAMP,
 INPUT_CLAMP]``, rounds it to the nearest multiple of the column's grid ``g``, adds ``g`` times the
-integer noise ``N1 + N2`` (two vectors of n exact draws of ``round(L / gamma)``, L ~ Lap(1),
-from :func:`service.mechanisms.exact_laplace.rounded_laplace`) and clamps the result to
-``[-STATE_CLAMP, STATE_CLAMP]``. The compiled step kernel does this in its pass over the rows
-(``service.mechanisms.kernels``); :func:`grid_step` is the same arithmetic in numpy, for the
-path without numba and for the tests.
+integer noise ``M`` and clamps the result to ``[-STATE_CLAMP, STATE_CLAMP]``. ``M`` is a vector of
+n exact draws of ``round((L1 + L2) / gamma)``, L1, L2 independent Lap(1): the spec's two noise
+vectors ``xi1 + xi2`` drawn as their sum's law, one draw a node, and rounded once
+(:func:`service.mechanisms.exact_laplace.rounded_laplace_pair_sum`). The compiled step kernel
+does this in its pass over the rows (``service.mechanisms.kernels``); :func:`grid_step` is the
+same arithmetic in numpy, for the path without numba and for the tests.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from service.mechanisms.exact_laplace import rounded_laplace
-from service.mechanisms.exact_words import jit
+from service.mechanisms.exact_laplace import rounded_laplace_pair_sum
 from service.privacy.state_grid import INPUT_CLAMP, NOISE_SATURATION, StepNoise
 
-__all__ = ["draw_pair_noise", "grid_step", "saturated_pair_sum"]
+__all__ = ["draw_pair_noise", "grid_step"]
 
 
 def draw_pair_noise(rng: np.random.Generator, plan: StepNoise, n: int, out: np.ndarray) -> None:
-    """``out[:] = N1 + N2`` (int64) for one noisy step of one column: 2n exact draws from
-    ``rng`` (N1 the first n, N2 the next n), each saturated at +-NOISE_SATURATION grid units
+    """``out[:] = M`` (int64) for one noisy step of one column: n exact draws of the pair sum
+    ``round((L1 + L2) / gamma)`` from ``rng``, each saturated at +-NOISE_SATURATION grid units
     (see :data:`service.privacy.state_grid.NOISE_SATURATION`)."""
-    draws = rounded_laplace(rng, plan.s, plan.t, 2 * n)
-    saturated_pair_sum(draws, np.int64(NOISE_SATURATION), out)
-
-
-@jit
-def saturated_pair_sum(
-    draws: np.ndarray, bound: np.int64, out: np.ndarray
-) -> None:  # pragma: no cover
-    """``out[i] = clip(draws[i], +-bound) + clip(draws[n + i], +-bound)``, n = ``out``'s
-    length (``draws`` holds 2n): numpy's clip and add in one pass."""
-    n = out.shape[0]
-    for i in range(n):
-        first = min(max(draws[i], -bound), bound)
-        second = min(max(draws[n + i], -bound), bound)
-        out[i] = first + second
+    draws = rounded_laplace_pair_sum(rng, plan.s, plan.t, n)
+    np.clip(draws, -NOISE_SATURATION, NOISE_SATURATION, out=out)
 
 
 def grid_step(values: np.ndarray, noise: np.ndarray, grid: float, limit: int) -> np.ndarray:

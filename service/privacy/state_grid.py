@@ -5,26 +5,27 @@ The privacy analysis of the noisy diffusion (privacy-spec.md, Mechanism 1) is an
 Laplace noise to a float64 state, so the served iteration is run on a grid ``g Z^n`` instead
 (docs/privacy.md, "The diffusion on a grid"): every noisy step computes
 
-    u_k = round_g(clip_4(F~_G(x_{k-1}))) + g N1_k + g N2_k,     x_k = clip_2(u_k)
+    u_k = round_g(clip_4(F~_G(x_{k-1}))) + g M_k,     x_k = clip_2(u_k)
 
 where ``F~_G`` is the float64 kernel, ``round_g`` rounds to the nearest multiple of ``g``,
-``clip_c`` clamps every coordinate to ``[-c, c]``, and N1, N2 are vectors of n independent
-draws of the exact law of ``round(L / gamma)`` (L ~ Lap(1), gamma = g / b), drawn by the exact
-integer sampler :mod:`service.mechanisms.exact_laplace`. ``g N1`` has exactly the law of
-``round_g(b L)``: post-processing of a Laplace draw, so its shift by a grid vector v costs at most
-what Lap(b)'s shift by v costs. Everything else in the analysis carries over with the per-step
-distortion ``rho`` replaced by
+``clip_c`` clamps every coordinate to ``[-c, c]``, and M is a vector of n independent draws of
+the exact law of ``round((L1 + L2) / gamma)`` (L1, L2 independent Lap(1), gamma = g / b), drawn by
+the exact integer sampler :mod:`service.mechanisms.exact_laplace`. Since the first term is on the
+grid, ``u_k = round_g(c_k)`` with ``c_k = R_k + b (L1 + L2)``: the grid process is the rounding
+of a process with continuous noise ``xi1 + xi2`` (the spec's, drawn as their sum) whose maps are
+``Psi_G = round_g . clip_4 . F~_G . clip_2 . round_g``. The analysis carries over with the
+per-step distortion ``rho`` replaced by
 
-    rho'' = rho (1 + kappa) + s_float + (n + 4) g / beta^L,
+    rho'' = rho (1 + kappa) + s_float + (1 + beta) n g,
 
 kappa the float64 distortion margin (:mod:`service.privacy.floating`), ``s_float`` the float64
 error of the kernel on any state (the contraction ``||F~(x) - F~(y)|| <= beta ||x - y||`` holds
-up to it), ``n g`` the rounding of the state (per coordinate ``|round(a) - round(b)| <= |a - b|
-+ g``), and the rest the grid's share of each shift the analysis splits. Since every term of the
-curve depends on the distortion and the scale only through their ratio, the noise is drawn at
-``b'' >= b rho'' / rho`` and the curve and the charged epsilon are exactly those calibrated.
-``b''`` is rounded up to a float with :data:`SCALE_MANTISSA_BITS` significant bits so that
-``gamma = g / b''`` is a ratio of integers the sampler can use exactly.
+up to it), and ``(1 + beta) n g`` the two roundings of ``Psi_G`` (per coordinate ``|round(a) -
+round(b)| <= |a - b| + g``; the inner one passes through the beta-contraction). Since every term
+of the curve depends on the distortion and the scale only through their ratio, the noise is
+drawn at ``b'' >= b rho'' / rho`` and the curve and the charged epsilon are exactly those
+calibrated. ``b''`` is rounded up to a float with :data:`SCALE_MANTISSA_BITS` significant bits so
+that ``gamma = g / b''`` is a ratio of integers the sampler can use exactly.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ __all__ = [
 #: eta times a degree; the clamp bounds what the noise adds.
 STATE_CLAMP = 2.0
 #: The kernel's output is clamped to [-INPUT_CLAMP, INPUT_CLAMP] before it is rounded (in grid
-#: units at most 2^61), so that it and two noise draws saturated at +-2^61 sum in an int64.
+#: units at most 2^61), so that it and a noise draw saturated at +-2^61 sum in an int64.
 INPUT_CLAMP = 4.0
 #: The smallest grid: STATE_CLAMP / g <= 2^60 and INPUT_CLAMP / g <= 2^61.
 MIN_STATE_GRID = 2.0**-59
@@ -121,25 +122,26 @@ def float_contraction_slack(n: int, max_degree: int, eta: float, beta: float) ->
     return 2.0 * (gamma(big_d + 5) * (1.0 + mass) + conversion) * (1.0 + UNIT_ROUNDOFF)
 
 
-# Plans are kept, one per (scale, graph size, degree bound, eta, beta, steps) in use: a plan is an
+# Plans are kept, one per (scale, graph size, degree bound, eta, beta) in use: a plan is an
 # immutable value of public figures, and a batch of queries would compute the same one each.
 @lru_cache(maxsize=1024)
 def step_noise_plan(
-    noise_scale: float, *, n: int, max_degree: int, eta: float, beta: float, noisy_steps: int
+    noise_scale: float, *, n: int, max_degree: int, eta: float, beta: float
 ) -> StepNoise:
     """The grid and the drawn scale of a diffusion calibrated at ``noise_scale`` (b) on a graph
     of ``n`` nodes (public: the node list) under the public degree bound ``max_degree``.
 
-    g is the largest power of two with ``(n + 4) g / beta^L <= GRID_SHARE rho``, but at least
+    g is the largest power of two with ``(1 + beta) n g <= GRID_SHARE rho``, but at least
     :data:`MIN_STATE_GRID` and at least ``b 2^MIN_GAMMA_EXPONENT`` (rounded up to a power of
     two); the slack it leaves is charged in the scale whatever it is."""
     if not (noise_scale > 0 and math.isfinite(noise_scale)):
         raise ValueError(f"need a finite noise scale > 0, got {noise_scale!r}")
-    if n < 1 or noisy_steps < 1:
-        raise ValueError("need n >= 1 and at least one noisy step")
+    if n < 1:
+        raise ValueError("need n >= 1")
     rho = 2.0 * beta * eta
     kappa = float64_distortion_margin(max_degree, eta, beta)
-    spread = (n + 4) / beta**noisy_steps
+    # the two roundings of a noisy step's map, (1 + beta) n g (rounded up)
+    spread = math.nextafter((1.0 + beta) * n, math.inf)
     grid = max(
         _power_of_two_at_most(GRID_SHARE * rho / spread),
         MIN_STATE_GRID,

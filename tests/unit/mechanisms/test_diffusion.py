@@ -10,7 +10,7 @@ import pytest
 from service.errors import InvalidParameter
 from service.graph.public_bounds import DEFAULT_MAX_DEGREE_BOUND
 from service.mechanisms.diffusion import DiffusionConfig, noise_free_prefix, noisy_diffusion
-from service.mechanisms.exact_laplace import rounded_laplace
+from service.mechanisms.exact_laplace import rounded_laplace_pair_sum
 from service.mechanisms.randomness import fresh_generator
 from service.privacy.calibration import plan_diffusion
 from service.privacy.curves import distortion
@@ -45,24 +45,22 @@ def dense_noisy_diffusion(
     adjacency: np.ndarray, seed: int, config: DiffusionConfig, rng: np.random.Generator
 ) -> np.ndarray:
     """Per noisy step, the grid step of docs/privacy.md ("The diffusion on a grid"), written
-    out: the step clamped to +-INPUT_CLAMP and rounded to the grid g, plus g (N1 + N2) with 2n
-    exact rounded-Laplace draws (N1 the first n) at gamma = g / b'' of the plan for the default
-    public degree bound (the graph's degrees are below it), clamped to +-STATE_CLAMP."""
+    out: the step clamped to +-INPUT_CLAMP and rounded to the grid g, plus g M with n exact
+    draws of the pair sum round((L1 + L2) / gamma) at gamma = g / b'' of the plan for the
+    default public degree bound (the graph's degrees are below it), clamped to +-STATE_CLAMP."""
     n = adjacency.shape[0]
     assert int(adjacency.sum(axis=0).max()) <= DEFAULT_MAX_DEGREE_BOUND
     plan = step_noise_plan(
         config.noise_scale, n=n, max_degree=DEFAULT_MAX_DEGREE_BOUND, eta=config.eta,
-        beta=config.beta, noisy_steps=config.noisy_steps,
+        beta=config.beta,
     )  # fmt: skip
     x = np.zeros(n)
     x[seed] = 1.0
     for k in range(1, config.steps + 1):
         x = dense_phi_f(adjacency, x, seed, config.beta, config.eta, config.mode)
         if k > config.steps - config.noisy_steps:
-            draws = rounded_laplace(rng, plan.s, plan.t, 2 * n)
-            units = (
-                np.rint(np.clip(x, -INPUT_CLAMP, INPUT_CLAMP) / plan.grid) + draws[:n] + draws[n:]
-            )
+            draws = rounded_laplace_pair_sum(rng, plan.s, plan.t, n)
+            units = np.rint(np.clip(x, -INPUT_CLAMP, INPUT_CLAMP) / plan.grid) + draws
             x = np.clip(units, -plan.limit, plan.limit) * plan.grid
     return x
 

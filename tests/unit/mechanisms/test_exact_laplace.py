@@ -38,7 +38,7 @@ from numba.core.typed_passes import (
 from scipy import stats
 
 from service.errors import InvalidParameter
-from service.mechanisms import exact_bernoulli, exact_words
+from service.mechanisms import exact_bernoulli, exact_words, laplace_kernel
 from service.mechanisms import exact_laplace as el
 from service.mechanisms import exp_thresholds as et
 from service.mechanisms.exact_laplace import (
@@ -51,7 +51,7 @@ from service.mechanisms.exact_laplace import (
     rounded_laplace,
     uniform_below,
 )
-from tests.unit.mechanisms.test_exp_thresholds import threshold_word
+from tests.unit.mechanisms.test_exp_thresholds import pair_sum_threshold_word, threshold_word
 
 GAMMAS = [(1, 256), (1, 3), (1, 1), (5, 2), (7, 1)]
 
@@ -292,15 +292,19 @@ class ScriptedWords:
 
 def reference_draws(
     words: list[int], s: int, t: int, count: int, m: int = et.FRACTION_BITS,
-    length: int = et.TABLE_LENGTH,
+    length: int = et.TABLE_LENGTH, pair_sum: bool = False,
 ) -> list[int]:  # fmt: skip
     """The sampler written out with Python integers and unbounded lists (module docstring):
-    the same words in the same order. z = floor(2^m E) counts the thresholds T_i = exp(-i /
+    the same words in the same order. z = floor(2^m X) counts the thresholds T_i = P(X >= i /
     2^m), i = 1..J, above a uniform U (compared word by word, drawing U's further words on a
-    tie), a fresh U adding J when U < T_J; |N| from z alone when every E in [z, z + 1) / 2^m
+    tie), a fresh U adding J when U < T_J; |N| from z alone when every X in [z, z + 1) / 2^m
     gives it and gamma > 2^-m; otherwise a remainder y accepted by its gate or its chain, and
-    floor(2 t E) = floor((2 t z + floor(2 t y)) / 2^m), floor(2 t y) from the interval of y's
-    words; the sign bit last."""
+    floor(2 t X) = floor((2 t z + floor(2 t y)) / 2^m), floor(2 t y) from the interval of y's
+    words; the sign bit last. ``pair_sum``: X = |L1 + L2|, its own thresholds; past them the
+    same law again when a uniform r < 2^(m+1) / (2^(m+1) + J), else Exp(1) (the exponential
+    thresholds from there on); y also accepted with probability (2^m + z + y) / (2^m + z + 1):
+    outright unless r < 1 / (2^m + z + 1), then when a fresh uniform u < y. r: LINEAR_BITS bits
+    of the reservoir, then fresh words."""
     stream = iter(words)
     reservoir = left = 0
 
@@ -312,12 +316,12 @@ def reference_draws(
         reservoir, left = reservoir >> bits, left - bits
         return value
 
-    def below(u: list[int], i: int) -> bool:  # U < T_i, U's words drawn as needed
+    def below(u: list[int], i: int, pair: bool) -> bool:  # U < T_i, U's words drawn as needed
         d = 0
         while True:
             if d == len(u):
                 u.append(next(stream))
-            digit = threshold_word(i, m, d)
+            digit = pair_sum_threshold_word(i, m, d) if pair else threshold_word(i, m, d)
             if u[d] != digit:
                 return u[d] < digit
             d += 1
@@ -331,17 +335,32 @@ def reference_draws(
             new.append(next(stream))
         return new[d] < old[d]
 
+    def ratio_below(num: int, den: int) -> bool:  # r < num / den
+        k = laplace_kernel.LINEAR_BITS
+        h, scaled = take(k), num << k
+        if h * den >= scaled or (h + 1) * den <= scaled:
+            return (h + 1) * den <= scaled
+        rest = scaled - h * den  # the further words against rest / den, a digit at a time
+        while rest:
+            digit, rest = divmod(rest << 64, den)
+            word = next(stream)
+            if word != digit:
+                return word < digit
+        return False
+
     out = []
     for _ in range(count):
-        z = 0
+        z, linear = 0, pair_sum
         while True:
             u = [next(stream)]
             i = 0
-            while i < length and below(u, i + 1):
+            while i < length and below(u, i + 1, linear):
                 i += 1
             z += i
             if i < length:
                 break
+            if linear:
+                linear = ratio_below(2 ** (m + 1), 2 ** (m + 1) + length)
         magnitude = None
         if (s << m) > t:
             lo = ((2 * t * z >> m) + s) // (2 * s)
@@ -351,18 +370,21 @@ def reference_draws(
         if magnitude is None:
             while True:  # the remainder
                 y = [next(stream)]
-                if take(m) != 0:
-                    break
-                previous, odd = y, True  # u_1's gate was 0: compare v_1 with y
-                while True:
-                    v = [next(stream)]
-                    if not less(v, previous):
-                        break  # the chain breaks at this odd or even index
-                    previous, odd = v, not odd
-                    if take(m) != 0:
-                        break  # u_j >= 2^-m > u_(j-1): the chain breaks at this index
-                if odd:
-                    break
+                odd = True
+                if take(m) == 0:
+                    previous = y  # u_1's gate was 0: compare v_1 with y
+                    while True:
+                        v = [next(stream)]
+                        if not less(v, previous):
+                            break  # the chain breaks at this odd or even index
+                        previous, odd = v, not odd
+                        if take(m) != 0:
+                            break  # u_j >= 2^-m > u_(j-1): the chain breaks at this index
+                if not odd:
+                    continue
+                if linear and ratio_below(1, 2**m + i + 1) and not less([next(stream)], y):
+                    continue
+                break
             while True:  # floor(2 t y) from y in [Y / 2^(64d), (Y + 1) / 2^(64d))
                 bits = 64 * len(y)
                 value = int.from_bytes(b"".join(w.to_bytes(8, "big") for w in y), "big")
@@ -547,12 +569,12 @@ def test_words_per_draw(s: int, t: int) -> None:
     table = et.exp_table()
     out = np.empty(count, dtype=np.int64)
     two_s = 2 * s
-    done = el._rounded_laplace_kernel(
+    done = laplace_kernel.rounded_laplace_kernel(
         words, state, np.zeros(1, dtype=np.uint64), np.zeros((3, 4), dtype=np.uint64),
-        table.first, table.deeper, table.guide, np.uint64(table.fraction_bits),
-        np.uint64(64 - table.guide_bits), np.uint64(s), np.uint64(t),
-        np.int64(two_s.bit_length() - 1 if two_s & (two_s - 1) == 0 else -1),
-        (s << table.fraction_bits) > t, np.uint64(el._max_k(s, t)), out, np.int64(0),
+        table.first, table.deeper, table.guide, table.first, table.deeper, table.guide,
+        np.uint64(table.fraction_bits), np.uint64(64 - table.guide_bits), np.uint64(s),
+        np.uint64(t), np.int64(two_s.bit_length() - 1 if two_s & (two_s - 1) == 0 else -1),
+        (s << table.fraction_bits) > t, np.uint64(el._max_k(s, t)), False, out, np.int64(0),
     )  # fmt: skip
     assert done == count and state[2] == 0
     per_draw = int(state[0]) / count
@@ -667,11 +689,15 @@ def test_no_float_in_the_compiled_integer_path() -> None:
     u64, i64 = numba.types.uint64, numba.types.int64
     words, ints, table = u64[::1], i64[::1], u64[:, ::1]
     guide = numba.types.int32[::1]
-    # scratch, first, deeper, guide, m, guide_shift, s, t, s_shift, coarse, max_k
-    shared = (table, words, table, guide, u64, u64, u64, u64, i64, numba.types.boolean, u64)
+    boolean = numba.types.boolean
+    # scratch, first, deeper, guide, the tail's first, deeper, guide, m, guide_shift, s, t,
+    # s_shift, coarse, max_k, pair_sum
+    shared = (table, words, table, guide, words, table, guide, u64, u64, u64, u64, i64, boolean,
+              u64, boolean)  # fmt: skip
     signatures = {
-        el._rounded_laplace_kernel: (words, ints, words, *shared, ints, i64),
-        el._draw: (words, i64, u64, i64, *shared),
+        laplace_kernel.rounded_laplace_kernel: (words, ints, words, *shared, ints, i64),
+        laplace_kernel.draw_one: (words, i64, u64, i64, *shared),
+        laplace_kernel.ratio_gate: (words, i64, u64, i64, table, u64, u64),
         exact_words.von_neumann_chain: (words, i64, table, u64, u64, i64, u64),
         exact_words.threshold_tie: (words, i64, table, i64),
         exact_words.tie: (words, i64, table, i64, i64, i64),
