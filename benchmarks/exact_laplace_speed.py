@@ -8,8 +8,11 @@ runs of ``--count`` draws each, on a fresh OS-entropy generator, plus the raw wo
 draw consumed on average. Rates are per second of wall-clock time and per second of this
 process's CPU time (the latter is less sensitive to other load on the machine); the rows "per
 call" draw ``--count`` in calls of ``--call`` draws (2n for a noisy diffusion step on n nodes:
-the engine's calls). The script measures whichever checkout it sits in, so the same file
-copied into an older checkout measures that one.
+the engine's calls before it drew the pair sum). The rows ``rounded_laplace_pair_sum`` draw the
+pair sum round((L1 + L2) / gamma), one draw where the noisy diffusion took two Laplace draws
+(a pair's rate is to be set beside half the Laplace rate). The script measures whichever
+checkout it sits in, so the same file copied into an older checkout measures that one (the
+pair-sum rows are skipped where the sampler does not exist).
 
     .venv/bin/python benchmarks/exact_laplace_speed.py [--count 2000000] [--repeats 3] \
         [--call 200000]
@@ -26,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
+from service.mechanisms import exact_laplace
 from service.mechanisms.exact_laplace import dyadic_scale, gamma_ratio, rounded_laplace
 from service.mechanisms.randomness import fresh_generator, laplace_noise
 
@@ -111,6 +115,18 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"| exact rounded_laplace, {args.call:,} per call | {label} ({s}/{t}) "
             f"| {wall:,.0f} | {cpu:,.0f} | - |"
+        )
+    pair_sum = getattr(exact_laplace, "rounded_laplace_pair_sum", None)
+    for label in ("2^-43", "1e-9", "1/256") if pair_sum is not None else ():
+        s, t = cases[label]
+        rng = fresh_generator()
+        wall, cpu = best_rate(lambda n, s=s, t=t, rng=rng: pair_sum(rng, s, t, n), args.count,
+                              args.repeats)  # fmt: skip
+        counting = CountingWords()
+        pair_sum(counting, s, t, args.count)
+        print(
+            f"| exact rounded_laplace_pair_sum (a pair a draw) | {label} ({s}/{t}) | {wall:,.0f} "
+            f"| {cpu:,.0f} | {counting.words / args.count:.2f} |"
         )
     rng = fresh_generator()
     wall, cpu = best_rate(lambda n: laplace_noise(rng, 1.0, n), args.count, args.repeats)
