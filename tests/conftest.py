@@ -181,6 +181,19 @@ def _write_rewritten_tests(config: pytest.Config) -> None:
             _write_pyc(state, code, source_hash, pyc)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session) -> Iterator[object]:
+    """Collection (every test module imported, with the service and its dependencies) without
+    the cyclic garbage collector: what it builds lives until the process ends (see below), and
+    the collector's passes over it while it grew were about a seventh of a worker's collection
+    (collect-only, same hour: 7.4 CPU-s with the collector on, 6.4 with it off)."""
+    gc.disable()
+    try:
+        return (yield)
+    finally:
+        gc.enable()
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """What collection made (every test module, the service and its dependencies, imported)
     lives until the process ends: moved out of the cyclic garbage collector's sight
