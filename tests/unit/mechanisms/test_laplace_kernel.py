@@ -1,6 +1,7 @@
-"""The exact sampler of the pair sum M = round((L1 + L2) / gamma), L1, L2 independent Lap(1)
-(service/mechanisms/exact_laplace.py, ``rounded_laplace_pair_sum``; its kernel in
-laplace_kernel.py): the noisy diffusion's noise on its state grid.
+"""The exact samplers' compiled kernel (service/mechanisms/laplace_kernel.py) drawing the pair
+sum M = round((L1 + L2) / gamma), L1, L2 independent Lap(1) (``rounded_laplace_pair_sum`` in
+exact_laplace.py): the noisy diffusion's noise on its state grid. The same kernel's Laplace law
+is tested in test_exact_laplace.py.
 
 X = |L1 + L2| has density (1 + x) e^-x / 2 and survival F(x) = e^-x (1 + x / 2), so
 P(|M| >= j) = F((j - 1/2) gamma) for j >= 1 and the sign is uniform. The law is checked by
