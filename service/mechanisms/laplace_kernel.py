@@ -156,6 +156,24 @@ def _uniform_below_y(
     return less, y_depth, pos, status
 
 
+#: (the signed draw, position, reservoir, bits left)
+_SignedResult = tuple[np.int64, np.int64, np.uint64, np.int64]
+
+
+@jit_inline
+def _signed(
+    words: np.ndarray, pos: np.int64, reservoir: np.uint64, left: np.int64, magnitude: np.int64
+) -> _SignedResult:  # pragma: no cover
+    """``magnitude`` signed by the reservoir's next bit (-magnitude when it is 1), a fresh word
+    taken first when no bit is left (the caller has checked that ``words[pos]`` exists)."""
+    if left == 0:
+        reservoir = words[pos]
+        pos += 1
+        left = np.int64(64)
+    negative = np.int64(reservoir & np.uint64(1))
+    return (magnitude ^ -negative) + negative, pos, reservoir >> np.uint64(1), left - 1
+
+
 #: (the signed draw, position, reservoir, bits left, status)
 _DrawResult = tuple[np.int64, np.int64, np.uint64, np.int64, np.int64]
 
@@ -259,16 +277,10 @@ def draw_one(
             if up:
                 high += one
         magnitude = _magnitude(z, high, m, two_t, s, s_shift)
-    if left == 0:
-        if pos >= n_words:
-            return np.int64(0), pos, reservoir, left, np.int64(EXHAUSTED)
-        reservoir = words[pos]
-        pos += 1
-        left = np.int64(64)
-    negative = np.int64(reservoir & one)  # the sign: -magnitude when 1
-    reservoir = reservoir >> one
-    left -= 1
-    return (magnitude ^ -negative) + negative, pos, reservoir, left, np.int64(OK)
+    if left == 0 and pos >= n_words:
+        return np.int64(0), pos, reservoir, left, np.int64(EXHAUSTED)
+    value, pos, reservoir, left = _signed(words, pos, reservoir, left, magnitude)
+    return value, pos, reservoir, left, np.int64(OK)
 
 
 @jit
@@ -321,7 +333,7 @@ def rounded_laplace_kernel(
             if pair_sum:
                 h, p, res, bits_left, _ = next_gate(words, p, res, bits_left, linear_bits)
                 usual &= h * _linear_bound(m, a) >= outright
-            if bits_left == 0:
+            if bits_left == 0:  # the sign's word, read before the branch on the draw
                 res = words[p]
                 p += 1
                 bits_left = np.int64(64)
@@ -331,11 +343,8 @@ def rounded_laplace_kernel(
             # not the usual draw: U < T_J, a tie with a threshold, a zero gate, a boundary
             usual &= (w >= edge) & (first[min(a + np.int64(1), length)] != w) & (low <= room)
             if usual:
-                negative = np.int64(res & one)
-                out[i] = (magnitude ^ -negative) + negative
-                pos = p
-                reservoir = res >> one
-                left = bits_left - 1
+                value, pos, reservoir, left = _signed(words, p, res, bits_left, magnitude)
+                out[i] = value
                 i += 1
                 continue
         elif small_k and pos + 4 <= n_words:
@@ -359,15 +368,8 @@ def rounded_laplace_kernel(
                         usual &= h * _linear_bound(m, a) >= outright
                     magnitude = _magnitude(z, high, m, two_t, s, s_shift)
                 if usual:
-                    if bits_left == 0:
-                        res = words[p]
-                        p += 1
-                        bits_left = np.int64(64)
-                    negative = np.int64(res & one)
-                    out[i] = (magnitude ^ -negative) + negative
-                    pos = p
-                    reservoir = res >> one
-                    left = bits_left - 1
+                    value, pos, reservoir, left = _signed(words, p, res, bits_left, magnitude)
+                    out[i] = value
                     i += 1
                     continue
         value, next_pos, next_reservoir, next_left, status = draw_one(
