@@ -10,9 +10,11 @@ process's CPU time (the latter is less sensitive to other load on the machine); 
 call" draw ``--count`` in calls of ``--call`` draws (2n for a noisy diffusion step on n nodes:
 the engine's calls before it drew the pair sum). The rows ``rounded_laplace_pair_sum`` draw the
 pair sum round((L1 + L2) / gamma), one draw where the noisy diffusion took two Laplace draws
-(a pair's rate is to be set beside half the Laplace rate). The script measures whichever
-checkout it sits in, so the same file copied into an older checkout measures that one (the
-pair-sum rows are skipped where the sampler does not exist).
+(a pair's rate is to be set beside half the Laplace rate); the rows "from a word stream" draw
+it as the engine does (``pair_sum_from_stream``: an SFC64 word stream stepped in the compiled
+kernel, clamped, in calls of ``--stream-call`` draws, one column's noisy step). The script
+measures whichever checkout it sits in, so the same file copied into an older checkout
+measures that one (the pair-sum rows are skipped where the sampler does not exist).
 
     .venv/bin/python benchmarks/exact_laplace_speed.py [--count 2000000] [--repeats 3] \
         [--call 200000]
@@ -24,6 +26,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -77,11 +80,26 @@ def in_calls(rng: np.random.Generator, s: int, t: int, call: int) -> object:
     return draw
 
 
+def stream_calls(from_stream: Any, s: int, t: int, call: int) -> object:
+    """Draws in calls of ``call`` from one word stream, as one column's noisy steps."""
+    from service.mechanisms.word_stream import stream_from
+
+    stream = stream_from(fresh_generator())
+    out = np.empty(call, dtype=np.int64)
+
+    def draw(count: int) -> None:
+        for start in range(0, count, call):
+            from_stream(stream, s, t, out[: min(call, count - start)], 2**62)
+
+    return draw
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=2_000_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--call", type=int, default=200_000)
+    parser.add_argument("--stream-call", type=int, default=4039)
     args = parser.parse_args(argv)
     rounded_laplace(fresh_generator(), 1, 3, 10)  # compile (or load the cache) first
     cases = {
@@ -127,6 +145,16 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"| exact rounded_laplace_pair_sum (a pair a draw) | {label} ({s}/{t}) | {wall:,.0f} "
             f"| {cpu:,.0f} | {counting.words / args.count:.2f} |"
+        )
+    from_stream = getattr(exact_laplace, "pair_sum_from_stream", None)
+    for label in ("2^-43", "1e-9") if from_stream is not None else ():
+        s, t = cases[label]
+        wall, cpu = best_rate(
+            stream_calls(from_stream, s, t, args.stream_call), args.count, args.repeats
+        )
+        print(
+            f"| exact pair sum from a word stream, {args.stream_call:,} per call | {label} "
+            f"({s}/{t}) | {wall:,.0f} | {cpu:,.0f} | - |"
         )
     rng = fresh_generator()
     wall, cpu = best_rate(lambda n: laplace_noise(rng, 1.0, n), args.count, args.repeats)

@@ -15,9 +15,10 @@ Columns join a running block at its next step boundary and leave it when their K
 done, so queries arriving while the engine is busy share the sparse products of the queries
 already running, a query arriving when the engine is idle starts at once, and a cold query
 (no cached noise-free prefix) runs its K - L noise-free steps in the same block as everyone
-else. Noise is drawn only for columns on their noisy steps, each from its own generator, by
-the exact sampler (:func:`service.mechanisms.grid_noise.draw_pair_noise`: one draw a node of
-the pair sum M = round((L1 + L2) / gamma), the spec's two noise vectors drawn as their sum).
+else. Noise is drawn only for columns on their noisy steps, each from its own word stream
+(seeded by its own generator: :mod:`service.mechanisms.word_stream`), by the exact sampler
+(:func:`service.mechanisms.grid_noise.draw_pair_noise`: one draw a node of the pair sum
+M = round((L1 + L2) / gamma), the spec's two noise vectors drawn as their sum).
 The noise-free prefix x_m of a cold column is handed back with its result (for the protected
 prefix cache), never released.
 
@@ -42,6 +43,7 @@ from service.graph.model import Graph
 from service.graph.public_bounds import public_degree_bound
 from service.mechanisms.grid_noise import draw_pair_noise, grid_step
 from service.mechanisms.operator import StepWorkspace, WalkOperator, aligned_block, walk_operator
+from service.mechanisms.word_stream import stream_from
 from service.privacy.calibration import DiffusionConfig
 from service.privacy.modes import Mode
 from service.privacy.state_grid import StepNoise, step_noise_plan
@@ -85,6 +87,7 @@ class DiffusionJob:
     computed_prefix: np.ndarray | None = None
     noise: StepNoise | None = None  # the grid and the drawn scale, set when the job starts
     noise_drawn: bool = False
+    stream: np.ndarray | None = None  # the noise's word stream, seeded by rng at the first draw
 
     @property
     def noise_scale(self) -> float:
@@ -289,7 +292,8 @@ class _Block:
 
     def _draw_noise(self, noisy: list[int]) -> np.ndarray:
         """The noise M of each noisy column (row q for column noisy[q], int64 grid units), each
-        from its own generator (:func:`service.mechanisms.grid_noise.draw_pair_noise`).
+        from its own word stream (:func:`service.mechanisms.grid_noise.draw_pair_noise`),
+        seeded by the column's generator at its first noisy step.
 
         The columns are split over both threads (the sampler releases the GIL)."""
         for i in noisy:
@@ -311,12 +315,13 @@ class _Block:
         return noise
 
     def _draw(self, noisy: list[int], noise: np.ndarray, slots: range) -> None:
-        """Column noisy[q]'s noise M into noise[q], from its own generator."""
+        """Column noisy[q]'s noise M into noise[q], from its own word stream."""
         for q in slots:
             job = self.jobs[noisy[q]]
-            rng = job.rng
-            assert rng is not None and job.noise is not None, "a noisy step needs its generator"
-            draw_pair_noise(rng, job.noise, self.graph.n, noise[q])
+            assert job.rng is not None and job.noise is not None, "a noisy step needs its generator"
+            if job.stream is None:
+                job.stream = stream_from(job.rng)
+            draw_pair_noise(job.stream, job.noise, self.graph.n, noise[q])
 
 
 def warm_engine(graph: Graph, op: WalkOperator | None = None) -> None:

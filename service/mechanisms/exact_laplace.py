@@ -79,7 +79,8 @@ from service.mechanisms.exact_bernoulli import (
 )
 from service.mechanisms.exact_words import DEEP, DIGITS, EXHAUSTED, OK
 from service.mechanisms.exp_thresholds import ExpTable, deeper_table, exp_table, pair_sum_table
-from service.mechanisms.laplace_kernel import OVERFLOW, rounded_laplace_kernel
+from service.mechanisms.laplace_kernel import OVERFLOW, rounded_laplace_kernel, streamed_kernel
+from service.mechanisms.word_stream import fill_words
 
 __all__ = [
     "MAX_DENOMINATOR",
@@ -92,6 +93,7 @@ __all__ = [
     "dyadic_scale",
     "gamma_ratio",
     "grid_laplace",
+    "pair_sum_from_stream",
     "rounded_laplace",
     "rounded_laplace_pair_sum",
     "uniform_below",
@@ -116,6 +118,11 @@ _PAIR_SUM_WORDS_PER_DRAW = 2.45
 _MAX_CHUNK = 1 << 16
 #: Words of a uniform beyond its first that the scratch array holds at first.
 _SCRATCH_WORDS = 4
+#: Raw words of an SFC64 stream the sampler holds at once (8 KiB: they are read while still in
+#: the core's first-level cache).
+_STREAM_BUFFER = 1024
+#: The clamp of a draw that is not clamped.
+_NO_SATURATION = 2**63 - 1
 
 
 # --- validation and the Python API ----------------------------------------------------
@@ -146,22 +153,32 @@ def _checked_int_ratio(s: int, t: int) -> tuple[int, int]:
     return s, t
 
 
-def _raw_words(rng: np.random.Generator, out: np.ndarray) -> None:
-    """``out[:] = rng.bit_generator.random_raw(len(out))``."""
-    out[:] = rng.bit_generator.random_raw(out.shape[0])
-
-
 class _Stream:
-    """A generator's raw words, in chunks, and the kernel's state over them."""
+    """Raw words in a buffer, and the kernel's state over them. The words come from a numpy
+    generator (``random_raw``, a chunk at a time) or, when ``source`` is an SFC64 word stream
+    (:mod:`service.mechanisms.word_stream`), from that stream: then the compiled kernel
+    refills the buffer itself (:func:`~service.mechanisms.laplace_kernel.streamed_kernel`) and
+    comes back only when one draw needs more words than the buffer holds."""
 
-    def __init__(self, rng: np.random.Generator, chunk: int, scratch: int) -> None:
-        self.rng = rng
+    def __init__(self, source: np.random.Generator | np.ndarray, chunk: int, scratch: int) -> None:
+        self.source = source
+        self.sfc = (
+            source if type(source) is np.ndarray else None
+        )  # not isinstance: a stand-in generator may refuse __class__
         self.chunk = chunk
-        # random_raw's new array as it is (no copy: it is uint64 and contiguous already)
-        self.words = np.ascontiguousarray(rng.bit_generator.random_raw(chunk), dtype=np.uint64)
+        if self.sfc is None:  # random_raw's new array as it is (uint64 and contiguous already)
+            self.words = np.ascontiguousarray(self._raw(chunk), dtype=np.uint64)
+        else:
+            self.words = np.empty(chunk, dtype=np.uint64)
+            fill_words(self.sfc, self.words, np.int64(0))
         self.state = np.zeros(3, dtype=np.int64)
         self.bits = np.zeros(1, dtype=np.uint64)
         self.scratch = np.zeros((3, scratch), dtype=np.uint64)
+
+    def _raw(self, count: int) -> np.ndarray:
+        rng: np.random.Generator = self.source  # type: ignore[assignment]
+        words: np.ndarray = rng.bit_generator.random_raw(count)
+        return words
 
     def refill(self) -> None:
         """Keep the unread tail (the unfinished draw's words) and append fresh words; a draw
@@ -178,7 +195,10 @@ class _Stream:
                 self.words = words
             else:
                 self.words[:kept] = self.words[start:].copy()
-            _raw_words(self.rng, self.words[kept:])
+            if self.sfc is None:
+                self.words[kept:] = self._raw(self.words.shape[0] - kept)
+            else:
+                fill_words(self.sfc, self.words, np.int64(kept))
             self.state[0] = 0
         self.state[2] = OK
 
@@ -201,38 +221,39 @@ def _tail_table(table: ExpTable) -> ExpTable:
 
 
 def _fill(
-    rng: np.random.Generator, s: int, t: int, out: np.ndarray, chunk: int,
+    source: np.random.Generator | np.ndarray, s: int, t: int, out: np.ndarray, chunk: int,
     max_k: int | None = None, scratch: int = _SCRATCH_WORDS, table: ExpTable | None = None,
-    pair_sum: bool = False,
+    pair_sum: bool = False, saturation: int = _NO_SATURATION,
 ) -> None:  # fmt: skip
     """Fill ``out`` with draws (of the pair-sum law when ``pair_sum``) from chunks of ``chunk``
-    raw words; ``max_k`` (tests only) lowers the overflow guard on k, ``scratch`` (tests only)
-    the scratch words at first, ``table`` (tests only) replaces the table of thresholds (a
-    pair-sum table for the pair sum)."""
+    raw words of ``source`` (a numpy generator, or an SFC64 word stream: see :class:`_Stream`);
+    ``max_k`` (tests only) lowers the overflow guard on k, ``scratch`` (tests only) the scratch
+    words at first, ``table`` (tests only) replaces the table of thresholds (a pair-sum table
+    for the pair sum). From an SFC64 stream each draw is clamped to ``+-saturation``."""
     if out.shape[0] == 0:
         return
-    stream = _Stream(rng, chunk, scratch)
-    if table is None:
-        table = pair_sum_table() if pair_sum else exp_table()
-    if table.pair_sum != pair_sum:
-        raise ValueError("the table is not of the law drawn")
-    bound = _max_k(s, t)
-    limit = bound if max_k is None else min(max_k, bound)
-    m = table.fraction_bits
-    two_s = 2 * s
-    s_shift = two_s.bit_length() - 1 if two_s & (two_s - 1) == 0 else -1
-    coarse = (s << m) > t  # gamma > 2^-m: z alone often decides |N|
+    stream = _Stream(source, chunk, scratch)
+    if stream.sfc is None and saturation != _NO_SATURATION:
+        raise ValueError("draws are clamped only when they come from an SFC64 stream")
+    table = _law_table(table, pair_sum)
+    rounding = _rounding_args(s, t, table.fraction_bits, max_k)
     done = 0
     while True:
-        tail = _tail_table(table)
-        done = int(
-            rounded_laplace_kernel(
-                stream.words, stream.state, stream.bits, stream.scratch, table.first,
-                table.deeper, table.guide, tail.first, tail.deeper, tail.guide, np.uint64(m),
-                np.uint64(64 - table.guide_bits), np.uint64(s), np.uint64(t), np.int64(s_shift),
-                coarse, np.uint64(limit), pair_sum, out, np.int64(done),
-            )
-        )  # fmt: skip
+        if stream.sfc is None:
+            done = int(
+                rounded_laplace_kernel(
+                    stream.words, stream.state, stream.bits, stream.scratch,
+                    *_table_args(table), *rounding, pair_sum, out, np.int64(done),
+                )
+            )  # fmt: skip
+        else:
+            done = int(
+                streamed_kernel(
+                    stream.sfc, stream.words, stream.state, stream.bits, stream.scratch,
+                    *_table_args(table), *rounding, pair_sum, out, np.int64(done),
+                    np.int64(saturation),
+                )
+            )  # fmt: skip
         if stream.state[2] == OVERFLOW:
             raise OverflowError(
                 "an exact Laplace draw left the 64-bit range (probability below e^-1534)"
@@ -242,6 +263,46 @@ def _fill(
         if stream.state[2] == DIGITS:
             table = deeper_table(table)
         stream.refill()
+
+
+#: The kernel's arguments from the table: thresholds, their further words, the guide (the law's
+#: and the tail's), m, the guide's shift.
+_TableArgs = tuple[
+    np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.uint64, np.uint64
+]
+#: The kernel's arguments from gamma: s, t, log2(2s) or -1, coarse, the guard on k.
+_RoundingArgs = tuple[np.uint64, np.uint64, np.int64, bool, np.uint64]
+
+
+def _law_table(table: ExpTable | None, pair_sum: bool) -> ExpTable:
+    """The table of thresholds of the law drawn (``table`` if given: tests only)."""
+    if table is None:
+        return pair_sum_table() if pair_sum else exp_table()
+    if table.pair_sum != pair_sum:
+        raise ValueError("the table is not of the law drawn")
+    return table
+
+
+def _table_args(table: ExpTable) -> _TableArgs:
+    """The kernel's arguments that come from the table: its thresholds, the tail's, m and the
+    guide's shift."""
+    tail = _tail_table(table)
+    return (
+        table.first, table.deeper, table.guide, tail.first, tail.deeper, tail.guide,
+        np.uint64(table.fraction_bits), np.uint64(64 - table.guide_bits),
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=64)
+def _rounding_args(s: int, t: int, m: int, max_k: int | None) -> _RoundingArgs:
+    """The kernel's arguments that come from gamma = s / t: s, t, log2(2s) (or -1), whether
+    z alone often decides |N| (gamma > 2^-m), the guard on k (lowered by ``max_k``: tests)."""
+    bound = _max_k(s, t)
+    limit = bound if max_k is None else min(max_k, bound)
+    two_s = 2 * s
+    s_shift = two_s.bit_length() - 1 if two_s & (two_s - 1) == 0 else -1
+    coarse = (s << m) > t
+    return np.uint64(s), np.uint64(t), np.int64(s_shift), coarse, np.uint64(limit)
 
 
 def _checked_count(count: object) -> int:
@@ -272,6 +333,20 @@ def rounded_laplace_pair_sum(rng: np.random.Generator, s: int, t: int, count: in
     out = np.empty(_checked_count(count), dtype=np.int64)
     _fill(rng, s, t, out, _chunk_for(out.shape[0], _PAIR_SUM_WORDS_PER_DRAW), pair_sum=True)
     return out
+
+
+def pair_sum_from_stream(
+    stream: np.ndarray, s: int, t: int, out: np.ndarray, saturation: int
+) -> None:
+    """``out[:]`` = draws of :func:`rounded_laplace_pair_sum`'s law, each clamped to
+    ``[-saturation, saturation]``, from the SFC64 stream ``stream`` (a word stream of
+    :mod:`service.mechanisms.word_stream`, advanced past the words read): the same draws
+    as ``rounded_laplace_pair_sum`` gives from numpy's SFC64 generator at the stream's state,
+    clamped, with the raw words produced in compiled code."""
+    s, t = _checked_ratio(s, t)
+    if not 0 <= saturation < 2**63:
+        raise InvalidParameter("saturation", f"must be in [0, 2^63), got {saturation!r}")
+    _fill(stream, s, t, out, _STREAM_BUFFER, pair_sum=True, saturation=saturation)
 
 
 def dyadic_scale(scale: float, bits: int = SCALE_BITS) -> float:

@@ -5,7 +5,9 @@ INPUT_CLAMP]``, rounds it to the nearest multiple of the column's grid ``g``, ad
 integer noise ``M`` and clamps the result to ``[-STATE_CLAMP, STATE_CLAMP]``. ``M`` is a vector of
 n exact draws of ``round((L1 + L2) / gamma)``, L1, L2 independent Lap(1): the spec's two noise
 vectors ``xi1 + xi2`` drawn as their sum's law, one draw a node, and rounded once
-(:func:`service.mechanisms.exact_laplace.rounded_laplace_pair_sum`). The compiled step kernel
+(:func:`service.mechanisms.exact_laplace.rounded_laplace_pair_sum`'s law), from the query's
+SFC64 word stream (:mod:`service.mechanisms.word_stream`, seeded by its generator) through
+:func:`service.mechanisms.exact_laplace.pair_sum_from_stream`. The compiled step kernel
 does this in its pass over the rows (``service.mechanisms.kernels``); :func:`grid_step` is the
 same arithmetic in numpy, for the path without numba and for the tests.
 """
@@ -14,18 +16,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.mechanisms.exact_laplace import rounded_laplace_pair_sum
+from service.mechanisms.exact_laplace import pair_sum_from_stream
 from service.privacy.state_grid import INPUT_CLAMP, NOISE_SATURATION, StepNoise
 
 __all__ = ["draw_pair_noise", "grid_step"]
 
 
-def draw_pair_noise(rng: np.random.Generator, plan: StepNoise, n: int, out: np.ndarray) -> None:
-    """``out[:] = M`` (int64) for one noisy step of one column: n exact draws of the pair sum
-    ``round((L1 + L2) / gamma)`` from ``rng``, each saturated at +-NOISE_SATURATION grid units
-    (see :data:`service.privacy.state_grid.NOISE_SATURATION`)."""
-    draws = rounded_laplace_pair_sum(rng, plan.s, plan.t, n)
-    np.clip(draws, -NOISE_SATURATION, NOISE_SATURATION, out=out)
+def draw_pair_noise(stream: np.ndarray, plan: StepNoise, n: int, out: np.ndarray) -> None:
+    """``out[:n] = M`` (int64) for one noisy step of one column: n exact draws of the pair sum
+    ``round((L1 + L2) / gamma)`` from the column's word stream ``stream`` (advanced past the
+    words read), each saturated at +-NOISE_SATURATION grid units (see
+    :data:`service.privacy.state_grid.NOISE_SATURATION`)."""
+    pair_sum_from_stream(stream, plan.s, plan.t, out[:n], NOISE_SATURATION)
 
 
 def grid_step(values: np.ndarray, noise: np.ndarray, grid: float, limit: int) -> np.ndarray:

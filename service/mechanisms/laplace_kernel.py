@@ -42,8 +42,16 @@ from service.mechanisms.exact_words import (
     tie,
     von_neumann_chain,
 )
+from service.mechanisms.word_stream import fill_words
 
-__all__ = ["LINEAR_BITS", "OVERFLOW", "draw_one", "ratio_gate", "rounded_laplace_kernel"]
+__all__ = [
+    "LINEAR_BITS",
+    "OVERFLOW",
+    "draw_one",
+    "ratio_gate",
+    "rounded_laplace_kernel",
+    "streamed_kernel",
+]
 
 #: Kernel status (state[2]) of an integer part past the guard; the others are exact_words'
 #: (OK 0, EXHAUSTED 1, DEEP 3, DIGITS 4).
@@ -386,3 +394,41 @@ def rounded_laplace_kernel(
     state[2] = status
     bits[0] = reservoir
     return i
+
+
+@jit
+def streamed_kernel(
+    stream: np.ndarray, words: np.ndarray, state: np.ndarray, bits: np.ndarray,
+    scratch: np.ndarray, first: np.ndarray, deeper: np.ndarray, guide: np.ndarray,
+    tail_first: np.ndarray, tail_deeper: np.ndarray, tail_guide: np.ndarray, m: np.uint64,
+    guide_shift: np.uint64, s: np.uint64, t: np.uint64, s_shift: np.int64, coarse: bool,
+    max_k: np.uint64, pair_sum: bool, out: np.ndarray, start: np.int64, saturation: np.int64,
+) -> np.int64:  # fmt: skip  # pragma: no cover
+    """:func:`rounded_laplace_kernel` over an SFC64 stream (:mod:`service.mechanisms.word_stream`)
+    instead of a buffer that the caller refills: ``words[state[0]:]`` are the stream's next
+    unread words, and when a draw runs out of them the unread ones move to the front and the
+    rest of ``words`` is filled from ``stream``, here, so the words read are the stream's in
+    order, each once. Each draw made is clamped to ``[-saturation, saturation]``. Returns the
+    index of the first draw not made; ``state[2]`` says why it stopped: ``OK`` (done), the
+    kernel's ``DEEP``, ``DIGITS`` or ``OVERFLOW``, or ``EXHAUSTED`` when one draw needs more
+    words than ``words`` holds (the caller gives it a larger buffer). Either way the state is
+    at that draw's first word, as the kernel leaves it."""
+    i = start
+    n_words = words.shape[0]
+    while True:
+        done = rounded_laplace_kernel(
+            words, state, bits, scratch, first, deeper, guide, tail_first, tail_deeper,
+            tail_guide, m, guide_shift, s, t, s_shift, coarse, max_k, pair_sum, out, i,
+        )  # fmt: skip
+        for j in range(i, done):
+            out[j] = min(max(out[j], -saturation), saturation)
+        i = done
+        first_unread = state[0]
+        if state[2] != EXHAUSTED or first_unread == 0:
+            return i
+        kept = n_words - first_unread
+        for j in range(kept):
+            words[j] = words[first_unread + j]
+        fill_words(stream, words, np.int64(kept))
+        state[0] = 0
+        state[2] = OK

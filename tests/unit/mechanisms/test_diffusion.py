@@ -10,12 +10,13 @@ import pytest
 from service.errors import InvalidParameter
 from service.graph.public_bounds import DEFAULT_MAX_DEGREE_BOUND
 from service.mechanisms.diffusion import DiffusionConfig, noise_free_prefix, noisy_diffusion
-from service.mechanisms.exact_laplace import rounded_laplace_pair_sum
+from service.mechanisms.exact_laplace import pair_sum_from_stream
 from service.mechanisms.randomness import fresh_generator
+from service.mechanisms.word_stream import seeded
 from service.privacy.calibration import plan_diffusion
 from service.privacy.curves import distortion
 from service.privacy.modes import Mode
-from service.privacy.state_grid import INPUT_CLAMP, step_noise_plan
+from service.privacy.state_grid import INPUT_CLAMP, NOISE_SATURATION, step_noise_plan
 from tests.graph_helpers import graph_from_edges, random_graph
 
 P, E = Mode.PERSONALIZED, Mode.EDGE
@@ -47,7 +48,9 @@ def dense_noisy_diffusion(
     """Per noisy step, the grid step of docs/privacy.md ("The diffusion on a grid"), written
     out: the step clamped to +-INPUT_CLAMP and rounded to the grid g, plus g M with n exact
     draws of the pair sum round((L1 + L2) / gamma) at gamma = g / b'' of the plan for the
-    default public degree bound (the graph's degrees are below it), clamped to +-STATE_CLAMP."""
+    default public degree bound (the graph's degrees are below it), each saturated at
+    +-NOISE_SATURATION, clamped to +-STATE_CLAMP. The draws come from one SFC64 word stream
+    seeded by the generator's first three raw words, carried from step to step."""
     n = adjacency.shape[0]
     assert int(adjacency.sum(axis=0).max()) <= DEFAULT_MAX_DEGREE_BOUND
     plan = step_noise_plan(
@@ -56,10 +59,12 @@ def dense_noisy_diffusion(
     )  # fmt: skip
     x = np.zeros(n)
     x[seed] = 1.0
+    stream = seeded(rng.bit_generator.random_raw(3))
     for k in range(1, config.steps + 1):
         x = dense_phi_f(adjacency, x, seed, config.beta, config.eta, config.mode)
         if k > config.steps - config.noisy_steps:
-            draws = rounded_laplace_pair_sum(rng, plan.s, plan.t, n)
+            draws = np.empty(n, dtype=np.int64)
+            pair_sum_from_stream(stream, plan.s, plan.t, draws, NOISE_SATURATION)
             units = np.rint(np.clip(x, -INPUT_CLAMP, INPUT_CLAMP) / plan.grid) + draws
             x = np.clip(units, -plan.limit, plan.limit) * plan.grid
     return x

@@ -13,6 +13,7 @@ from service.mechanisms.engine import DiffusionEngine, DiffusionJob, EngineFailu
 from service.mechanisms.exact_laplace import rounded_laplace_pair_sum
 from service.mechanisms.grid_noise import draw_pair_noise, grid_step
 from service.mechanisms.operator import walk_operator
+from service.mechanisms.word_stream import numpy_generator, stream_from
 from service.privacy.calibration import DiffusionConfig, plan_diffusion
 from service.privacy.modes import Mode
 from service.privacy.state_grid import INPUT_CLAMP, NOISE_SATURATION, step_noise_plan
@@ -228,14 +229,18 @@ def test_the_compiled_grid_step_is_the_documented_arithmetic() -> None:
 
 def test_pair_noise_is_one_saturated_pair_sum_draw_a_node() -> None:
     """``draw_pair_noise`` is n draws of the pair sum round((L1 + L2) / gamma) at the plan's
-    gamma, each clipped at +-NOISE_SATURATION (n = 1 and 301), from the generator's words in
-    order."""
+    gamma, each clipped at +-NOISE_SATURATION (n = 1 and 301), from the column's word stream
+    in order: the draws numpy's SFC64 generator at the stream's state gives."""
     plan = step_noise_plan(1e-3, n=301, max_degree=40, eta=1e-3, beta=0.8)
     for n in (1, 301):
-        out = np.empty(n, dtype=np.int64)
-        draw_pair_noise(np.random.default_rng(11), plan, n, out)
-        draws = rounded_laplace_pair_sum(np.random.default_rng(11), plan.s, plan.t, n)
-        np.testing.assert_array_equal(out, np.clip(draws, -NOISE_SATURATION, NOISE_SATURATION))
+        stream = stream_from(np.random.default_rng(11))
+        start = stream.copy()
+        out = np.full(n + 1, 7, dtype=np.int64)
+        draw_pair_noise(stream, plan, n, out)
+        draws = rounded_laplace_pair_sum(numpy_generator(start), plan.s, plan.t, n)
+        np.testing.assert_array_equal(out[:n], np.clip(draws, -NOISE_SATURATION, NOISE_SATURATION))
+        assert out[n] == 7  # only the n nodes' entries are written
+        assert not np.array_equal(stream, start)  # the stream moved past the words read
     assert np.abs(out).max() > 0
 
 

@@ -13,7 +13,10 @@ and against controls the same tests reject (a Laplace law of the same variance, 
 without its linear factor, the exponential thresholds). The kernel is checked to be the same
 function of the word stream as the plain reference of test_exact_laplace.py, on random words
 and on words that tie and sit on the ratio gates' boundaries, whatever the buffer, scratch and
-table sizes. Tests use seeded generators; the service never does.
+table sizes. Over an SFC64 word stream (``streamed_kernel``, which refills its buffer itself:
+the diffusion's noise) the draws are those of the buffered path from numpy's SFC64 at the
+stream's state, whatever the buffer, with a deeper table when one runs out, clamped at the
+saturation. Tests use seeded generators; the service never does.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from service.errors import InvalidParameter
 from service.mechanisms import exact_laplace as el
 from service.mechanisms import exp_thresholds as et
 from service.mechanisms import laplace_kernel
 from service.mechanisms.exact_laplace import gamma_ratio, rounded_laplace_pair_sum
+from service.mechanisms.word_stream import numpy_generator, stream_from
 from tests.unit.mechanisms.test_exact_laplace import (
     THIRD,
     ScriptedWords,
@@ -270,3 +275,101 @@ def test_words_per_draw(s: int, t: int) -> None:
     words = np.random.PCG64(5).random_raw(5 * count)
     _, read = run_kernel(words, s, t, count, et.pair_sum_table(), pair_sum=True)
     assert 2.2 < read / count < 2.5, read / count
+
+
+# --- the kernel over an SFC64 word stream (streamed_kernel, pair_sum_from_stream) -----------
+
+
+def buffered(stream: np.ndarray, s: int, t: int, count: int, pair_sum: bool, **kwargs: object):  # type: ignore[no-untyped-def]
+    """The draws of the buffered path (random_raw chunks) from numpy's SFC64 generator at the
+    stream's state."""
+    out = np.empty(count, dtype=np.int64)
+    el._fill(numpy_generator(stream), s, t, out, 4096, pair_sum=pair_sum, **kwargs)  # type: ignore[arg-type]
+    return out
+
+
+@pytest.mark.parametrize("pair_sum", [True, False])
+@pytest.mark.parametrize(("s", "t"), [(1, 2**43), (1, 11_274_289_152), (65, 4096), (1, 1), (5, 2)])
+def test_streamed_draws_are_the_generators_draws(pair_sum: bool, s: int, t: int) -> None:
+    """From an SFC64 stream the kernel refills its buffer itself, keeping an unfinished draw's
+    words: the draws are those the buffered path makes from numpy's SFC64 at the stream's
+    state, whatever the buffer (with 1 or 2 words every draw outgrows it and comes back for a
+    larger one)."""
+    for buffer in (1, 2, 3, 8, 64, el._STREAM_BUFFER):
+        stream = stream_from(np.random.default_rng(buffer * 7 + t % 1000 + s))
+        expected = buffered(stream, s, t, 3000, pair_sum)
+        out = np.empty(3000, dtype=np.int64)
+        el._fill(stream, s, t, out, buffer, pair_sum=pair_sum)
+        assert out.tolist() == expected.tolist(), buffer
+    assert len(set(expected.tolist())) > 4  # not a degenerate stream (9 values at gamma 5/2)
+
+
+def stream_starting_with(word: int, seed: int) -> np.ndarray:
+    """An SFC64 state whose first word is ``word`` (the word is a + b + counter)."""
+    b, c, counter = np.random.default_rng(seed).integers(0, 2**63, size=3).tolist()
+    a = (word - b - counter) % 2**64
+    return np.array([a, b, c, counter], dtype=np.uint64)
+
+
+def test_a_streamed_draw_past_the_tables_words_gets_a_deeper_table(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A first word equal to a threshold's first word, with a one-word table: the draw comes
+    back for a deeper table and is drawn again from the same words, as on the buffered path."""
+    deepened: list[int] = []
+    deeper = et.deeper_table
+
+    def counted(table: et.ExpTable) -> et.ExpTable:
+        deepened.append(table.deeper.shape[1])
+        return deeper(table)
+
+    monkeypatch.setattr(el, "deeper_table", counted)
+    table = et.pair_sum_table(words=1)
+    for i in (1, 64, et.TABLE_LENGTH - 1):
+        stream = stream_starting_with(pair_sum_threshold_word(i, et.FRACTION_BITS, 0), i)
+        expected = buffered(stream, 1, 2**20, 50, True, table=table)
+        deepened.clear()
+        out = np.empty(50, dtype=np.int64)
+        el._fill(stream, 1, 2**20, out, el._STREAM_BUFFER, table=table, pair_sum=True)
+        assert deepened, "the first word did not tie with the threshold"
+        assert out.tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("saturation", [0, 1, 5, 2**40])
+def test_streamed_draws_are_clamped_at_the_saturation(saturation: int) -> None:
+    stream = stream_from(np.random.default_rng(saturation))
+    expected = buffered(stream, 1, 64, 20_000, True)
+    out = np.empty(20_000, dtype=np.int64)
+    el.pair_sum_from_stream(stream, 1, 64, out, saturation)
+    assert out.tolist() == np.clip(expected, -saturation, saturation).tolist()
+
+
+def test_the_saturation_is_checked_and_only_streamed_draws_are_clamped() -> None:
+    out = np.empty(4, dtype=np.int64)
+    stream = stream_from(np.random.default_rng(1))
+    for bad in (-1, 2**63):
+        with pytest.raises(InvalidParameter, match="saturation"):
+            el.pair_sum_from_stream(stream, 1, 64, out, bad)
+    with pytest.raises(ValueError, match="SFC64"):
+        el._fill(np.random.default_rng(1), 1, 3, out, 64, pair_sum=True, saturation=5)
+
+
+def test_the_stream_moves_on_along_its_own_words() -> None:
+    """After a call the stream is its own sequence, further on than every word the draws read
+    (at least two a draw here): later draws never reuse a word."""
+    stream = stream_from(np.random.default_rng(3))
+    reference = numpy_generator(stream)
+    out = np.empty(1000, dtype=np.int64)
+    el.pair_sum_from_stream(stream, 1, 2**43, out, 2**62)
+    moved = 0
+    while not np.array_equal(reference.bit_generator.state["state"]["state"], stream):
+        reference.bit_generator.random_raw(1)
+        moved += 1
+        assert moved <= 20 * out.shape[0], "the stream left its own sequence"
+    assert moved >= 2 * out.shape[0]
+
+
+@pytest.mark.parametrize(("s", "t"), [(1, 2**43), (5, 2)])
+def test_streamed_law_at_a_fine_and_a_coarse_gamma(s: int, t: int) -> None:
+    """The law, drawn the way the diffusion draws it: chi-square at gamma 2^-43 and 5/2."""
+    draws = np.empty(300_000, dtype=np.int64)
+    el.pair_sum_from_stream(stream_from(np.random.default_rng(t % 977)), s, t, draws, 2**62)
+    assert chi_square_pvalue(draws, s / t) > 1e-4
