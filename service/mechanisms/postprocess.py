@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -163,10 +164,59 @@ def ranked_indices(
     exclude_neighbors: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`ranked_results` by internal index: (indices, scores rounded to the grid and
-    clipped at 0), best first, without an object per entry."""
-    scores = round_to_grid(scores, grid)
+    clipped at 0), best first, without an object per entry.
+
+    With a power-of-two grid (:func:`score_grid`'s) the ranking is :func:`top_k_units` of the
+    scores in grid units: the ranking :func:`top_k` gives the rounded scores, since
+    multiplying by a power of two keeps their order and their ties."""
+    units = np.asarray(scores, dtype=np.float64) / grid
+    np.rint(units, out=units)  # round_to_grid's multiples of the grid, counted in grids
     exclude = np.array([seed], dtype=np.int64)
     if exclude_neighbors:
         exclude = np.concatenate([exclude, graph.neighbors(seed).astype(np.int64)])
-    best = top_k(scores, k, exclude)
-    return best, np.maximum(scores[best], 0.0)
+    best = top_k_units(units, k, exclude) if math.frexp(grid)[0] == 0.5 else None
+    if best is None:
+        units *= grid  # round_to_grid(scores, grid)
+        best = top_k(units, k, exclude)
+        return best, np.maximum(units[best], 0.0)
+    return best, np.maximum(units[best], 0.0) * grid
+
+
+def top_k_units(units: np.ndarray, k: int, exclude: np.ndarray | None = None) -> np.ndarray | None:
+    """:func:`top_k` of integer-valued scores (float64; a grid's multiples counted in grids),
+    from one unsigned 64-bit key per entry: ``(top - max(units, 0)) << b | index`` with ``top``
+    the largest clipped score and ``b`` the bits of an index, so that ascending keys are
+    descending scores, ties by index. The keys are distinct: the k smallest are found by a
+    partition and sorted as integers (no stable sort of floats), and the excluded entries get
+    a key above every other. None when a key would not fit in 63 bits (or a score is NaN):
+    the caller ranks with :func:`top_k`."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    n = units.shape[0]
+    bits = max(1, (n - 1).bit_length())
+    clipped = np.maximum(units, 0.0)
+    top = float(clipped.max()) if n else 0.0
+    if not top < 2.0 ** (63 - bits):  # NaN fails this too
+        return None
+    keys = np.uint64(top) - clipped.astype(np.uint64)
+    keys <<= np.uint64(bits)
+    keys |= _index_words(n)
+    candidates = n
+    if exclude is not None and len(exclude):
+        excluded = np.asarray(exclude, dtype=np.int64)
+        keys[excluded] = np.uint64(2**64 - 1)  # an index out of range raises, as in top_k
+        candidates -= len({i % n for i in excluded.tolist()})  # each excluded entry once
+    k = min(k, candidates)
+    if k == 0:
+        return np.empty(0, dtype=np.int64)
+    best = np.sort(np.partition(keys, k - 1)[:k] if k < n else keys)
+    best &= np.uint64((1 << bits) - 1)
+    return best.astype(np.int64)
+
+
+@functools.lru_cache(maxsize=8)
+def _index_words(n: int) -> np.ndarray:
+    """0, 1, ..., n - 1 as uint64 (read-only: shared by every ranking of an n-node graph)."""
+    words = np.arange(n, dtype=np.uint64)
+    words.setflags(write=False)
+    return words

@@ -11,11 +11,13 @@ import pytest
 from service.mechanisms.diffusion import noisy_diffusion
 from service.mechanisms.postprocess import (
     NOISELESS_GRID,
+    ranked_indices,
     ranked_results,
     round_to_grid,
     score_grid,
     top_k,
     top_k_reference,
+    top_k_units,
 )
 from service.privacy.calibration import plan_diffusion
 from service.privacy.modes import Mode
@@ -86,6 +88,67 @@ def test_top_k_ranks_every_vector_as_the_reference_does() -> None:
         assert got.dtype == expected.dtype and got.tolist() == expected.tolist(), (
             scores, k, exclude,
         )  # fmt: skip
+
+
+def test_top_k_units_ranks_integer_scores_as_top_k_does() -> None:
+    """The integer keys rank integer-valued scores as :func:`top_k` does, index for index:
+    many ties, negative scores and signed zeros (clipped to 0), scores up to 2^40, excluded
+    entries (repeated, negative), k past the candidates, index widths of 1 to 13 bits."""
+    rng = np.random.default_rng(20261201)
+    for trial in range(3000):
+        n = int(rng.integers(1, 70)) if trial % 10 else int(rng.integers(70, 5000))
+        kind = trial % 3
+        if kind == 0:
+            units = rng.integers(-3, 4, n).astype(float)
+        elif kind == 1:
+            units = np.rint(rng.standard_normal(n) * 2.0 ** int(rng.integers(0, 40)))
+        else:
+            units = np.where(rng.random(n) < 0.5, -0.0, rng.integers(0, 5, n).astype(float))
+        exclude = None
+        if trial % 3:
+            exclude = rng.integers(-n, n, int(rng.integers(0, 4)))
+        k = int(rng.integers(1, n + 3))
+        got = top_k_units(units, k, exclude)
+        expected = top_k(units, k, exclude)
+        assert got is not None
+        assert got.dtype == np.int64 and got.tolist() == expected.tolist(), (units, k, exclude)
+
+
+def test_top_k_units_declines_scores_its_keys_cannot_hold() -> None:
+    """With 4039 entries an index takes 12 bits: a clipped score must stay below 2^51. At the
+    bound, NaN or infinity the caller ranks with top_k."""
+    units = np.zeros(4039)
+    units[7] = 2.0**51 - 1
+    units[9] = 2.0**51 - 2
+    ranked = top_k_units(units, 3)
+    assert ranked is not None and ranked.tolist() == top_k(units, 3).tolist() == [7, 9, 0]
+    for bad in (2.0**51, np.inf, np.nan):
+        units[7] = bad
+        assert top_k_units(units, 3) is None
+    with pytest.raises(ValueError, match="k must be"):
+        top_k_units(np.zeros(3), 0)
+    with pytest.raises(IndexError):
+        top_k_units(np.zeros(3), 1, np.array([3]))
+
+
+@pytest.mark.parametrize("grid", [2.0**-20, 2.0**-3, 3e-7])
+def test_ranked_indices_rank_the_rounded_scores(grid: float) -> None:
+    """Through the keys (a power-of-two grid) or through top_k (any other grid): the ranking
+    and the values of top_k over round_to_grid's scores."""
+    graph = random_graph(300, 0.05, np.random.default_rng(2))
+    rng = np.random.default_rng(3)
+    for trial in range(40):
+        scores = rng.standard_normal(graph.n) * 2.0**-16 * (1 + trial % 5)
+        scores[rng.random(graph.n) < 0.2] = 0.0
+        seed = int(rng.integers(graph.n))
+        for exclude_neighbors in (False, True):
+            best, values = ranked_indices(graph, seed, scores, 50, grid=grid,
+                                          exclude_neighbors=exclude_neighbors)  # fmt: skip
+            rounded = round_to_grid(scores, grid)
+            exclude = [seed, *graph.neighbors(seed).tolist()] if exclude_neighbors else [seed]
+            expected = top_k(rounded, 50, np.array(exclude))
+            assert best.tolist() == expected.tolist()
+            assert values.tolist() == np.maximum(rounded[expected], 0.0).tolist()
 
 
 def test_rounding_to_the_grid_is_numpys_round_bit_for_bit() -> None:
