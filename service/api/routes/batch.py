@@ -6,9 +6,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 
 from service.api.batch_models import BatchAnswer, BatchQuery
+from service.api.compact_json import CompactJSONResponse
 from service.api.deps import EngineTurn, PrincipalDep, RuntimeDep
 from service.api.models import ErrorResponse
 from service.api.observability import CHARGES, EPSILON_CHARGED, REFUSALS, REPLAYS
@@ -47,7 +47,7 @@ def ppr_batch(
     _turn: EngineTurn,
     body: BatchQuery,
     idempotency_key: IdempotencyKeyHeader = None,
-) -> JSONResponse:
+) -> CompactJSONResponse:
     """Private PPR answers for many seeds, one item per node in the order given.
 
     Each item is admitted, charged and answered exactly as `GET /v1/ppr/{node}` would be
@@ -92,7 +92,7 @@ def ppr_batch(
     }
     if runtime.sandbox is not None:
         answered["synthetic"] = True
-    return JSONResponse(answered)
+    return CompactJSONResponse(answered)
 
 
 def check_batch_size(nodes: Sequence[str], most: int) -> None:
