@@ -19,6 +19,7 @@ rational ``x``) gives the sampler's thresholds and the lazy top-k's probabilitie
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
 from fractions import Fraction
@@ -27,6 +28,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 from numba import njit
+from numba.extending import intrinsic
 
 from service.errors import InvalidParameter
 
@@ -73,20 +75,31 @@ def _next_word(words: np.ndarray, state: np.ndarray) -> Any:  # pragma: no cover
     return words[pos]
 
 
+def _mul_128(typingctx: Any, a: Any, b: Any) -> Any:  # pragma: no cover - compiled
+    """The 128-bit product of two uint64 as (high, low): one widening multiply (LLVM's i128
+    ``mul``, a single instruction on 64-bit machines, where four 32-bit products and their
+    carries took about 7% of a pair-sum draw)."""
+    ir: Any = importlib.import_module("llvmlite.ir")
+    types: Any = importlib.import_module("numba.core.types")
+    sig = types.UniTuple(types.uint64, 2)(types.uint64, types.uint64)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        wide = ir.IntType(128)
+        product = builder.mul(builder.zext(args[0], wide), builder.zext(args[1], wide))
+        low = builder.trunc(product, ir.IntType(64))
+        high = builder.trunc(builder.lshr(product, ir.Constant(wide, 64)), ir.IntType(64))
+        return context.make_tuple(builder, signature.return_type, [high, low])
+
+    return sig, codegen
+
+
+_MUL_128: Any = intrinsic(_mul_128)
+
+
 @_jit_inline
 def mul_high_low(a: np.uint64, b: np.uint64) -> tuple[np.uint64, np.uint64]:  # pragma: no cover
     """The 128-bit product a * b as (high, low) 64-bit halves."""
-    mask = np.uint64(0xFFFFFFFF)
-    shift = np.uint64(32)
-    a_lo, a_hi = a & mask, a >> shift
-    b_lo, b_hi = b & mask, b >> shift
-    p0 = a_lo * b_lo
-    p1 = a_lo * b_hi
-    p2 = a_hi * b_lo
-    p3 = a_hi * b_hi
-    mid = (p0 >> shift) + (p1 & mask) + (p2 & mask)
-    high = p3 + (p1 >> shift) + (p2 >> shift) + (mid >> shift)
-    low = (mid << shift) | (p0 & mask)
+    high, low = _MUL_128(np.uint64(a), np.uint64(b))
     return high, low
 
 
