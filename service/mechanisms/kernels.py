@@ -216,7 +216,8 @@ def _compile_step() -> StepKernels | None:
         then + lifts[k] (= 1 - beta_k) at column k's seed; then, on the columns with a noise
         slot (slots[k] >= 0), the grid step of service.privacy.state_grid in the same pass:
         with g = grids[k], the value clamped to [-INPUT_CLAMP, INPUT_CLAMP], divided by g
-        (exact: a power of two) and rounded to an integer, plus the integer noise
+        (exact: a power of two, so multiplied by 1 / g, which is exact too) and rounded to an
+        integer, plus the integer noise
         noise[slots[k], i], clamped to [-limits[k], limits[k]], times g.
 
         c = min(max(x, 0), eta_k d_i) is the row's own clipped value, recomputed here as the
@@ -229,6 +230,11 @@ def _compile_step() -> StepKernels | None:
         width = out.shape[1]
         noisy = noise.shape[0] > 0
         acc = np.zeros(width)
+        # 1 / g, exact: g is a power of two, so v * (1 / g) is v / g, without a division
+        inverse_grids = np.zeros(width)
+        for k in range(width):
+            if noisy and slots[k] >= 0:
+                inverse_grids[k] = 1.0 / grids[k]
         last = indptr[hi]
         for i in range(lo, hi):
             start = indptr[i]
@@ -300,14 +306,13 @@ def _compile_step() -> StepKernels | None:
                             v = input_clamp
                         elif v < -input_clamp:
                             v = -input_clamp
-                        g = grids[k]
-                        units = np.int64(np.rint(v / g)) + noise[q, i]
+                        units = np.int64(np.rint(v * inverse_grids[k])) + noise[q, i]
                         limit = limits[k]
                         if units > limit:
                             units = limit
                         elif units < -limit:
                             units = -limit
-                        out[i, k] = np.float64(units) * g
+                        out[i, k] = np.float64(units) * grids[k]
 
     clip = njit(nogil=True, cache=True, fastmath=False)(clip_rows)
     walk = njit(nogil=True, cache=True, fastmath=False)(walk_rows)
