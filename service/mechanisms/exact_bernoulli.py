@@ -96,11 +96,33 @@ def _mul_128(typingctx: Any, a: Any, b: Any) -> Any:  # pragma: no cover - compi
 _MUL_128: Any = intrinsic(_mul_128)
 
 
-@_jit_inline
-def mul_high_low(a: np.uint64, b: np.uint64) -> tuple[np.uint64, np.uint64]:  # pragma: no cover
-    """The 128-bit product a * b as (high, low) 64-bit halves."""
+def _wide_product(a: np.uint64, b: np.uint64) -> tuple[np.uint64, np.uint64]:  # pragma: no cover
+    """The 128-bit product a * b as (high, low) 64-bit halves, by one widening multiply."""
     high, low = _MUL_128(np.uint64(a), np.uint64(b))
     return high, low
+
+
+def _split_product(a: np.uint64, b: np.uint64) -> tuple[np.uint64, np.uint64]:
+    """The same from four 32-bit products and their carries: what runs where numba's compiler
+    is off (``NUMBA_DISABLE_JIT``, as in the wheel's test), since an intrinsic runs only
+    compiled."""
+    mask = np.uint64(0xFFFFFFFF)
+    shift = np.uint64(32)
+    a_lo, a_hi = a & mask, a >> shift
+    b_lo, b_hi = b & mask, b >> shift
+    p0 = a_lo * b_lo
+    p1 = a_lo * b_hi
+    p2 = a_hi * b_lo
+    p3 = a_hi * b_hi
+    mid = (p0 >> shift) + (p1 & mask) + (p2 & mask)
+    high = p3 + (p1 >> shift) + (p2 >> shift) + (mid >> shift)
+    low = (mid << shift) | (p0 & mask)
+    return high, low
+
+
+#: The 128-bit product a * b as (high, low) 64-bit halves (compiled: one widening multiply).
+_COMPILED: bool = not importlib.import_module("numba.core.config").DISABLE_JIT
+mul_high_low = _jit_inline(_wide_product if _COMPILED else _split_product)
 
 
 @_jit_inline

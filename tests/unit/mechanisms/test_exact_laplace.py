@@ -148,14 +148,19 @@ def test_only_raw_words_are_drawn() -> None:
 
 
 def test_the_widening_multiply_is_the_128_bit_product() -> None:
-    """``mul_high_low`` (one LLVM i128 multiply): the high and low words of a * b, against
-    Python's integers, at the corners and on random words."""
+    """``mul_high_low`` (one LLVM i128 multiply; four 32-bit products where numba's compiler is
+    off): the high and low words of a * b, against Python's integers, at the corners and on
+    random words."""
     edges = [0, 1, 2**32 - 1, 2**32, 2**32 + 1, 2**63 - 1, 2**63, 2**64 - 2, 2**64 - 1]
     pairs = [(a, b) for a in edges for b in edges]
     words = np.random.default_rng(12).integers(0, 2**64 - 1, (5000, 2), dtype=np.uint64)
     pairs += [(int(a), int(b)) for a, b in words]
     for a, b in pairs:
         high, low = exact_bernoulli.mul_high_low(np.uint64(a), np.uint64(b))
+        assert (int(high), int(low)) == divmod(a * b, 2**64), (a, b)
+    # the four 32-bit products, which run where numba's compiler is off
+    for a, b in pairs[:2000]:
+        high, low = exact_bernoulli._split_product(np.uint64(a), np.uint64(b))
         assert (int(high), int(low)) == divmod(a * b, 2**64), (a, b)
 
 
