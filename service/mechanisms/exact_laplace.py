@@ -162,9 +162,8 @@ class _Stream:
 
     def __init__(self, source: np.random.Generator | np.ndarray, chunk: int, scratch: int) -> None:
         self.source = source
-        self.sfc = (
-            source if type(source) is np.ndarray else None
-        )  # not isinstance: a stand-in generator may refuse __class__
+        # type(), not isinstance: the tests' stand-in generators may refuse __class__
+        self.sfc = source if type(source) is np.ndarray else None
         self.chunk = chunk
         if self.sfc is None:  # random_raw's new array as it is (uint64 and contiguous already)
             self.words = np.ascontiguousarray(self._raw(chunk), dtype=np.uint64)
@@ -340,10 +339,12 @@ def pair_sum_from_stream(
 ) -> None:
     """``out[:]`` = draws of :func:`rounded_laplace_pair_sum`'s law, each clamped to
     ``[-saturation, saturation]``, from the SFC64 stream ``stream`` (a word stream of
-    :mod:`service.mechanisms.word_stream`, advanced past the words read): the same draws
-    as ``rounded_laplace_pair_sum`` gives from numpy's SFC64 generator at the stream's state,
-    clamped, with the raw words produced in compiled code."""
+    :mod:`service.mechanisms.word_stream`; it moves past every word it put in the buffer,
+    read or not): the same draws as ``rounded_laplace_pair_sum`` gives from numpy's SFC64
+    generator at the stream's state, clamped, with the raw words produced in compiled code."""
     s, t = _checked_ratio(s, t)
+    if type(stream) is not np.ndarray or stream.dtype != np.uint64 or stream.shape != (4,):
+        raise InvalidParameter("stream", "must be an SFC64 word stream: 4 uint64 words")
     if not 0 <= saturation < 2**63:
         raise InvalidParameter("saturation", f"must be in [0, 2^63), got {saturation!r}")
     _fill(stream, s, t, out, _STREAM_BUFFER, pair_sum=True, saturation=saturation)

@@ -342,7 +342,7 @@ def test_streamed_draws_are_clamped_at_the_saturation(saturation: int) -> None:
     assert out.tolist() == np.clip(expected, -saturation, saturation).tolist()
 
 
-def test_the_saturation_is_checked_and_only_streamed_draws_are_clamped() -> None:
+def test_the_stream_and_saturation_are_checked_and_only_streamed_draws_are_clamped() -> None:
     out = np.empty(4, dtype=np.int64)
     stream = stream_from(np.random.default_rng(1))
     for bad in (-1, 2**63):
@@ -350,6 +350,9 @@ def test_the_saturation_is_checked_and_only_streamed_draws_are_clamped() -> None
             el.pair_sum_from_stream(stream, 1, 64, out, bad)
     with pytest.raises(ValueError, match="SFC64"):
         el._fill(np.random.default_rng(1), 1, 3, out, 64, pair_sum=True, saturation=5)
+    for not_a_stream in (np.random.default_rng(1), stream.astype(np.int64), stream[:3]):
+        with pytest.raises(InvalidParameter, match="stream"):
+            el.pair_sum_from_stream(not_a_stream, 1, 64, out, 5)  # type: ignore[arg-type]
 
 
 def test_the_stream_moves_on_along_its_own_words() -> None:
