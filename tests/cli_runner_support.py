@@ -10,11 +10,12 @@ with the command's exit status (a ``SystemExit``'s code; 1 and the traceback for
 that escapes). What it cannot see is a fresh interpreter: the runner's modules are already
 imported (nothing runs at their import that reads the environment: settings are read when a
 command builds them), and ``PYTHON*`` variables of the command's environment are not read
-again; what the runner's imports printed (a warning, say) each child prints first, as a new
-interpreter would. A server (``start`` of ``serve``) is forked from the runner after it
-imported what a server imports, except what imports prometheus_client: that decides at its
-import, from the environment, where a server's metrics live (``serve`` sets it for several
-workers); the server then forks its workers itself, as it does when started on its own.
+again (``TMPDIR`` is: where temporary files go is decided anew in each child); what the
+runner's imports printed (a warning, say) each child prints first, as a new interpreter would.
+A server (``start`` of ``serve``) is forked from the runner after it imported what a server
+imports, except what imports prometheus_client: that decides at its import, from the
+environment, where a server's metrics live (``serve`` sets it for several workers); the server
+then forks its workers itself, as it does when started on its own.
 
 The runner is started with ``python -m tests.cli_runner_support`` and reads one JSON request a
 line on stdin (an id, argv, env, cwd, two output paths); it answers ``started ID PID`` when it
@@ -329,6 +330,9 @@ def _child(
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        # where temporary files go is read from TMPDIR on first use and kept: the runner's
+        # own use (its preloading) must not decide it for the command
+        tempfile.tempdir = None
         sys.argv = ["-m", *request["args"]]
         try:
             runpy.run_module("service", run_name="__main__", alter_sys=True)

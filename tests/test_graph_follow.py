@@ -34,7 +34,7 @@ def test_a_reload_on_one_worker_reaches_the_other(postgres_url: str, tmp_path: P
         with new_connection_each(server_url, timeout=30) as fresh, ThreadPoolExecutor(16) as pool:
             return set(pool.map(ask, range(count)))
 
-    with uvicorn_server(backend, workers=2, extra_env=env) as server:
+    with uvicorn_server(backend, workers=2, extra_env=env, forked=True) as server:
         before = versions(server.base_url)
         assert len(before) == 1
         with open_ledger(postgres_url) as ledger:

@@ -284,7 +284,7 @@ def test_workers_share_one_mapping_follow_a_reload_and_a_restarted_worker_maps_i
     directory = tmp_path / "graph-snapshots"
     backend = Backend("postgres", postgres_url, None, graph_path)
     env = {"PPR_GRAPH_VERSION_CHECK_MS": "200", "PPR_GRAPH_SNAPSHOT_DIR": str(directory)}
-    with uvicorn_server(backend, workers=2, extra_env=env) as server:
+    with uvicorn_server(backend, workers=2, extra_env=env, forked=True) as server:
         first = snapshot_path(directory, file_fingerprint(graph_path))
         workers = _worker_pids(server.log_lines())
         assert len(workers) == 2

@@ -369,7 +369,7 @@ def test_two_workers_map_one_table_file_built_by_one_process(
             )
 
     with (
-        uvicorn_server(backend, workers=2, extra_env=env) as server,
+        uvicorn_server(backend, workers=2, extra_env=env, forked=True) as server,
         new_connection_each(server.base_url, timeout=30) as fresh,
     ):
         graph = served()

@@ -65,7 +65,7 @@ def test_fifty_concurrent_queries_on_two_workers_never_pass_the_cap(
 
     tmp = graph_path.parent / "tmp"
     tmp.mkdir()
-    with uvicorn_server(backend, workers=2, extra_env={"TMPDIR": str(tmp)}) as server:
+    with uvicorn_server(backend, workers=2, extra_env={"TMPDIR": str(tmp)}, forked=True) as server:
         assert [p.name[:12] for p in tmp.iterdir()] == ["ppr-metrics-"]
 
         def ask(i: int) -> httpx.Response:  # a new connection each
@@ -115,7 +115,7 @@ def test_two_workers_never_pass_a_daily_cap(postgres_url: str, graph_path: Path)
     assert fits == 3
     params = {"fresh": "true", "k": 5, "epsilon": 0.03, "mechanism": "common_neighbours"}
     with (
-        uvicorn_server(backend, workers=2) as server,
+        uvicorn_server(backend, workers=2, forked=True) as server,
         new_connection_each(server.base_url) as fresh,
     ):
 
@@ -358,7 +358,7 @@ def test_concurrent_retries_with_one_idempotency_key_charge_once(
 
     tmp = graph_path.parent / "tmp"
     tmp.mkdir()
-    with uvicorn_server(backend, workers=2, extra_env={"TMPDIR": str(tmp)}) as server:
+    with uvicorn_server(backend, workers=2, extra_env={"TMPDIR": str(tmp)}, forked=True) as server:
         assert [p.name[:12] for p in tmp.iterdir()] == ["ppr-metrics-"]
 
         def ask(i: int) -> httpx.Response:  # a new connection each
