@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ import pytest
 from service.graph.generate import write_generated_edge_list
 from service.loadtest.soak import rss_bytes, worker_pids
 from tests.api_support import free_port
+from tests.cli_runner_support import run_cli
 
 
 def test_rss_and_workers_of_a_missing_process_are_empty() -> None:
@@ -28,16 +27,16 @@ def test_a_short_soak_reports_errors_memory_per_worker_and_verifies(tmp_path: Pa
     graph = tmp_path / "graph.txt"
     write_generated_edge_list(graph, 300, 1500, seed=3)
     command = [
-        sys.executable, "-m", "service", "soak", "--minutes", "0.05", "--interval", "1",
+        "soak", "--minutes", "0.05", "--interval", "1",
         "--warmup", "0.5", "--measure-seconds", "1", "--load-fraction", "0.25",
         "--concurrency", "4", "--workers", "2",
         "--port", str(free_port()), "--graph", str(graph),
         "--database-url", f"sqlite:///{tmp_path / 'ledger.db'}",
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("PPR_")}
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=600, check=False, env=env
-    )
+    # forked from the command runner (tests/cli_runner_support.py); the server it starts and
+    # measures is a new interpreter, as soak starts it
+    done = run_cli(command, env=env, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert re.search(r"^requests: [\d,]+ in 3 s .* errors: 0 ", out, re.M), out
