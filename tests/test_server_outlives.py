@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,8 +31,6 @@ from tests.api_support import (
     user_with_key,
     uvicorn_server,
 )
-from tests.cli_runner_support import ForkedProcess
-from tests.cli_runner_support import shared as shared_runner
 from tests.connection_support import new_connection_each
 from tests.own_postgres import OwnPostgres, can_run
 
@@ -206,18 +206,19 @@ class _PortTaken(Exception):
     """The port :func:`free_port` chose was bound by another process before the server."""
 
 
-def _serve_on_a_free_port(env: dict[str, str], log_path: Path) -> tuple[ForkedProcess, Server]:
-    """``serve --workers 2`` forked from the command runner (tests/cli_runner_support.py): the
-    subject is how the server stops, not how its interpreter starts."""
+def _serve_on_a_free_port(
+    env: dict[str, str], log_path: Path
+) -> tuple[subprocess.Popen[bytes], Server]:
     port = free_port()
-    proc = shared_runner().start(
-        ["serve", "--port", str(port), "--workers", "2"],
-        env=env, cwd=Path.cwd(), stdout=log_path, stderr=log_path, server=True,
-    )  # fmt: skip
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service", "serve", "--port", str(port), "--workers", "2"],
+            env=env, stdout=log_file, stderr=subprocess.STDOUT,
+        )  # fmt: skip
     return proc, Server(f"http://127.0.0.1:{port}", log_path, proc.pid)
 
 
-def _still_running(proc: ForkedProcess, log_path: Path) -> bool:
+def _still_running(proc: subprocess.Popen[bytes], log_path: Path) -> bool:
     """True while the server runs; raises when it has stopped: :class:`_PortTaken` when its
     port was taken in between (it is started again on another), else with its log."""
     if proc.poll() is None:
@@ -229,7 +230,7 @@ def _still_running(proc: ForkedProcess, log_path: Path) -> bool:
 
 
 def _wait_for_both_workers_without_ledger(
-    proc: ForkedProcess, server: Server, log_path: Path
+    proc: subprocess.Popen[bytes], server: Server, log_path: Path
 ) -> None:
     wait_until(
         lambda: (
