@@ -42,6 +42,11 @@ def spent_after(n: int) -> float:
 
 GROUP = 3  # admissions per transaction in the processes that admit in groups
 
+# The processes are forked from multiprocessing's fork server, which a test process starts once
+# (importing this module and the ledger, about 1.2 CPU-s) and keeps: the tests run on one xdist
+# worker, so one fork server serves them all.
+pytestmark = pytest.mark.xdist_group("test_ledger_concurrency")
+
 
 def attempt(account: int, principal: int, proc: int, i: int, curve: RdpCurve) -> Admission:
     """Process ``proc``'s ``i``-th admission; the first SHARED_KEYS keys are shared by all."""
