@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from sqlalchemy import create_engine, text
 
 from service.batch import BatchOptions, BatchSummary, FailureInjection
@@ -15,6 +16,12 @@ from tests.shared_data import shared_file
 
 #: Fewer diffusion steps than the default keep the tests quick; the path is the same.
 STEPS = 20
+
+#: The mark of the modules that run the local engine in the test process (test_batch,
+#: test_batch_embeddings): one xdist worker runs them all, so the multiprocessing fork server
+#: their pools are forked from (started once a process, importing the engine) is started once,
+#: not on every worker their tests land on.
+LOCAL_POOL_GROUP = pytest.mark.xdist_group("batch_local_pool")
 
 
 def facebook_graph() -> Path:

@@ -21,6 +21,7 @@ from service.ledger import Ledger
 from service.privacy.modes import Mode
 from service.serving.planner import DiffusionPlanner
 from tests.batch_support import (
+    LOCAL_POOL_GROUP,
     STEPS,
     answered_or_replayed,
     assert_exactly_once,
@@ -33,6 +34,8 @@ from tests.batch_support import (
 )
 from tests.ledger_support import admit_and_charge, count_charges
 from tests.test_cache import REDIS_URL
+
+pytestmark = LOCAL_POOL_GROUP
 
 #: Eight blocks of 40: block 3's worker is killed with at most blocks 0-6 submitted (two workers
 #: keep four blocks in flight), so the run has blocks answered before the kill, the blocks in

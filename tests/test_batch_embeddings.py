@@ -26,6 +26,7 @@ from service.embeddings.release import stored_values
 from service.ledger import Ledger
 from service.privacy.modes import Mode
 from tests.batch_support import (
+    LOCAL_POOL_GROUP,
     assert_exactly_once,
     facebook_graph,
     migrated,
@@ -35,6 +36,8 @@ from tests.batch_support import (
 )
 from tests.ledger_support import count_charges
 from tests.test_cache import REDIS_URL
+
+pytestmark = LOCAL_POOL_GROUP
 
 K = 16
 SEEDS = 6
