@@ -18,5 +18,6 @@ def test_every_kernel_family_is_compiled_and_timed(parallel: bool) -> None:
         "discrete Gaussian",
         "diffusion engine",
         "PushFlowCap",
+        "count rankings",
     }
     assert all(value >= 0 for value in seconds.values())
