@@ -62,6 +62,13 @@ def test_released_rankings_are_multiples_of_the_grid(mode: Mode) -> None:
     assert values == sorted(values, reverse=True)
 
 
+def exclusions_and_k(rng: np.random.Generator, trial: int, n: int) -> tuple[np.ndarray | None, int]:
+    """A ranking trial's excluded entries (none on every third trial; else up to 3, repeated
+    or negative) and its k (up to 2 past the n entries)."""
+    exclude = rng.integers(-n, n, int(rng.integers(0, 4))) if trial % 3 else None
+    return exclude, int(rng.integers(1, n + 3))
+
+
 def test_top_k_ranks_every_vector_as_the_reference_does() -> None:
     """The partition-and-stable-sort ranking is the two-key sort's, index for index: ties
     (many, signed zeros, infinities), excluded entries (repeated, negative), k past the
@@ -79,10 +86,7 @@ def test_top_k_ranks_every_vector_as_the_reference_does() -> None:
         else:
             scores = rng.integers(0, 3, n).astype(float)
             scores[rng.random(n) < 0.1] = np.inf
-        exclude = None
-        if trial % 3:
-            exclude = rng.integers(-n, n, int(rng.integers(0, 4)))
-        k = int(rng.integers(1, n + 3))
+        exclude, k = exclusions_and_k(rng, trial, n)
         expected = top_k_reference(scores, k, exclude)
         got = top_k(scores, k, exclude)
         assert got.dtype == expected.dtype and got.tolist() == expected.tolist(), (
@@ -104,10 +108,7 @@ def test_top_k_units_ranks_integer_scores_as_top_k_does() -> None:
             units = np.rint(rng.standard_normal(n) * 2.0 ** int(rng.integers(0, 40)))
         else:
             units = np.where(rng.random(n) < 0.5, -0.0, rng.integers(0, 5, n).astype(float))
-        exclude = None
-        if trial % 3:
-            exclude = rng.integers(-n, n, int(rng.integers(0, 4)))
-        k = int(rng.integers(1, n + 3))
+        exclude, k = exclusions_and_k(rng, trial, n)
         got = top_k_units(units, k, exclude)
         expected = top_k(units, k, exclude)
         assert got is not None
