@@ -115,10 +115,17 @@ def round_to_grid(scores: np.ndarray, grid: float) -> np.ndarray:
     """Each score as the nearest integer multiple of ``grid`` (post-processing): ties to
     even, as :func:`numpy.round` (which is :func:`numpy.rint` for 0 decimals), in place on
     the one new array."""
-    rounded = np.asarray(scores, dtype=np.float64) / grid
-    np.rint(rounded, out=rounded)
+    rounded = grid_units(scores, grid)
     rounded *= grid
     return rounded
+
+
+def grid_units(scores: np.ndarray, grid: float) -> np.ndarray:
+    """Each score's nearest integer multiple of ``grid`` counted in grids (ties to even), as
+    a new float64 array of integer values: :func:`round_to_grid` before its last product."""
+    units = np.asarray(scores, dtype=np.float64) / grid
+    np.rint(units, out=units)
+    return units
 
 
 @dataclass(frozen=True)
@@ -169,8 +176,7 @@ def ranked_indices(
     With a power-of-two grid (:func:`score_grid`'s) the ranking is :func:`top_k_units` of the
     scores in grid units: the ranking :func:`top_k` gives the rounded scores, since
     multiplying by a power of two keeps their order and their ties."""
-    units = np.asarray(scores, dtype=np.float64) / grid
-    np.rint(units, out=units)  # round_to_grid's multiples of the grid, counted in grids
+    units = grid_units(scores, grid)
     exclude = np.array([seed], dtype=np.int64)
     if exclude_neighbors:
         exclude = np.concatenate([exclude, graph.neighbors(seed).astype(np.int64)])
