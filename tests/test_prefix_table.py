@@ -215,8 +215,9 @@ def test_a_directory_others_may_write_gets_no_table(graph: Graph, tmp_path: Path
 def test_no_table_is_built_on_a_disk_without_room_for_it_and_the_headroom(
     graph: Graph, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    free = shutil.disk_usage(tmp_path).free
-    monkeypatch.setattr(prefix_tables, "DISK_HEADROOM_BYTES", free)  # no byte to spare
+    # The whole file system's size: more than can ever be free. Its free space at one moment
+    # would not do, since other processes free space between that reading and the build's check.
+    monkeypatch.setattr(prefix_tables, "DISK_HEADROOM_BYTES", shutil.disk_usage(tmp_path).total)
     tables = SharedPrefixTables(tmp_path / "snap", 2**30, MechanismSettings(), lambda: graph)
     tables.follow(now=True, wait=True)
     assert tables.lookup(graph, 0, Mode.EDGE, 0.8, 1e-7, 94) is None
