@@ -111,6 +111,24 @@ def test_bad_flags_are_one_line_errors(tmp_path: Path) -> None:
     assert done.stderr.startswith("error [invalid_parameter]: graph:")
 
 
+def test_a_ledger_database_that_does_not_answer_is_refused_before_the_server_starts(
+    graph_path: Path, postgres_url: str
+) -> None:
+    """A database that does not exist on a live PostgreSQL: one line naming it and the
+    server's reason, before a server is started (it would have kept reconnecting for the
+    run's whole wait)."""
+    missing = postgres_url.rsplit("/", 1)[0] + "/ppr_no_such_database"
+    done = run_cli(
+        ["loadtest", "--start", "--workers", "1", "--port", str(free_port()),
+         "--graph", str(graph_path), "--database-url", missing, "--duration", "0.5"],
+        timeout=60,
+    )  # fmt: skip
+    assert done.returncode != 0
+    first = done.stderr.strip().splitlines()[-1]
+    assert first.startswith("error [ledger_unavailable]: the ledger database postgresql")
+    assert "ppr_no_such_database" in first and "does not exist" in first
+
+
 def test_the_wrk_script_carries_any_node_id_and_the_key() -> None:
     assert lua_string('a"b\\c\né') == '"a\\034b\\092c\\010\\195\\169"'
     workload = Workload(

@@ -29,6 +29,42 @@ def _graph_loaded_lines(log_path: Path) -> int:
     return count
 
 
+#: How long the check before a start waits for the ledger's database to answer.
+DATABASE_CHECK_SECONDS = 5
+
+
+def check_database(database_url: str) -> None:
+    """Refuse at once, with the driver's reason, a ledger database that does not answer: a
+    server started on it would keep reconnecting in the background with ``/readyz`` at 503,
+    and the run would only fail when its wait for the server ran out, minutes later."""
+    from sqlalchemy import create_engine, make_url, text
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy.pool import NullPool
+
+    from service.ledger.transactions import LedgerUnavailable
+
+    url = make_url(database_url)
+    timeout = {"connect_timeout": DATABASE_CHECK_SECONDS}
+    engine = create_engine(
+        url,
+        poolclass=NullPool,
+        connect_args=timeout if url.get_backend_name() == "postgresql" else {},
+    )
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        shown = url.render_as_string(hide_password=True)
+        raise LedgerUnavailable(
+            f"the ledger database {shown} does not answer ({reason}); start it, create the "
+            "database, or give another --database-url",
+            details={"database_url": shown},
+        ) from None
+    finally:
+        engine.dispose()
+
+
 def wait_until_serving(
     proc: subprocess.Popen[bytes],
     http: httpx.Client,
@@ -90,7 +126,10 @@ def served_process(
     extra_env: dict[str, str] | None = None,
     ready_timeout_s: float = 180.0,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """As ``served``, yielding the server's process too (its children are the workers)."""
+    """As ``served``, yielding the server's process too (its children are the workers). A
+    ledger database that does not answer is refused before the server starts
+    (:func:`check_database`)."""
+    check_database(database_url)
     command = [
         sys.executable, "-m", "service", "serve", "--host", "127.0.0.1", "--port", str(port),
         "--workers", str(workers), "--database-url", database_url, "--auto-migrate",
