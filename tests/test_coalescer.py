@@ -402,7 +402,7 @@ async def _four_in_a_group(coalescer: QueryCoalescer) -> None:
     "abcy": it ends with four queries in flight and none waiting."""
     three = await _one_running_three_waiting(coalescer)
     back = asyncio.create_task(coalescer.answer(req("y")))
-    assert len(await asyncio.gather(*three, back)) == 4
+    assert len(await asyncio.wait_for(asyncio.gather(*three, back), WAIT)) == 4
 
 
 def test_the_window_counts_from_the_first_caller_back_not_from_the_groups_end() -> None:
@@ -451,9 +451,7 @@ def test_a_group_shorter_than_the_window_gathers_its_callers_for_as_long_as_it_t
 
     async def main() -> None:
         coalescer = QueryCoalescer(fake, max_group=8, groups_in_flight=1, gather_seconds=WINDOW)
-        three = await _one_running_three_waiting(coalescer)
-        back = asyncio.create_task(coalescer.answer(req("y")))
-        assert len(await asyncio.wait_for(asyncio.gather(*three, back), WAIT)) == 4
+        await _four_in_a_group(coalescer)
         assert fake.groups == [["x"], ["a", "b", "c", "y"]]
 
     run(main)
