@@ -45,7 +45,11 @@ _NO_NOISE = np.zeros((0, 1), dtype=np.int64)
 #: 17-34 us against 76-102 us at widths 1-64; 2,000 nodes / 40,000 entries, width 4: 166 against
 #: 254 us, width 64: 449 against 432 us; ego-Facebook (176,468 entries), width 1: 255 against
 #: 265 us, width 4: 566 against 453 us. With another Python thread busy, each hand-off also
-#: waits for the GIL: ego-Facebook width 1, 10.6 ms against 40.7 ms.
+#: waits for the GIL: ego-Facebook width 1, 10.6 ms against 40.7 ms. A pass over the rows' own
+#: values (the clip pass, the column gather) counts rows times columns instead. A split pass runs
+#: its last row block on the calling thread, so it wakes one pool thread, not two: on a graph the
+#: size of ego-Facebook at width 16 (``benchmarks/engine_profile.py``), a sparse step's CPU went
+#: from 1.76-1.81 to 1.38-1.56 ms warm and from 1.36-1.39 to 1.17-1.25 ms cold.
 SPLIT_WORK = 400_000
 
 
@@ -145,10 +149,13 @@ class WalkOperator:
     def pool(self) -> ThreadPoolExecutor | None:
         return self._pool
 
-    def splits(self, width: int) -> bool:
+    def splits(self, width: int, *, per_row: bool = False) -> bool:
         """Whether a pass over the rows of a block of ``width`` columns is split over the
-        threads (:data:`SPLIT_WORK`); each row's values are the same either way."""
-        return self._pool is not None and self._entries * max(width, 1) >= SPLIT_WORK
+        threads (:data:`SPLIT_WORK`); each row's values are the same either way. A pass that
+        reads each stored entry counts entries times columns; one that reads only the rows'
+        own values (``per_row``: the clip pass, the column gather) counts rows times columns."""
+        work = self.n if per_row else self._entries
+        return self._pool is not None and work * max(width, 1) >= SPLIT_WORK
 
     def adjacency_product(self, z: np.ndarray) -> np.ndarray:
         """A z for a float64 vector (n,) or C-ordered block (n, B), in float64."""
@@ -207,7 +214,8 @@ class WalkOperator:
         etas = np.ascontiguousarray(etas, dtype=np.float64)
         betas = np.ascontiguousarray(betas, dtype=np.float64)
         seeds = np.ascontiguousarray(seeds, dtype=np.int64)
-        self._on_rows(clip_rows, x, self.degrees, self.inv_degree, etas, z, width=width)
+        self._on_rows(clip_rows, x, self.degrees, self.inv_degree, etas, z, width=width,
+                      per_row=True)  # fmt: skip
         seed_clipped = np.full(width, np.nan)
         p = np.flatnonzero(personalized)
         if p.size:  # the seed's threshold is 1 in personalized mode
@@ -253,18 +261,25 @@ class WalkOperator:
             scratch = np.empty((len(columns), self.n), dtype=np.float64)
         dest = scratch[: len(columns)]
         self._on_rows(self._gather, block, np.asarray(columns, dtype=np.int64), dest,
-                      width=len(columns))  # fmt: skip
+                      width=len(columns), per_row=True)  # fmt: skip
         return [row.copy() for row in dest]
 
-    def _on_rows(self, kernel: Callable[..., None], *args: Any, width: int) -> None:
-        """``kernel(*args, lo, hi)`` over all rows: on this thread, or split over the threads
-        by row blocks when :meth:`splits` says so."""
-        if self._pool is None or not self.splits(width):
+    def _on_rows(
+        self, kernel: Callable[..., None], *args: Any, width: int, per_row: bool = False
+    ) -> None:
+        """``kernel(*args, lo, hi)`` over all rows: on this thread, or split by row blocks
+        when :meth:`splits` says so, the last block on this thread (the kernels release the
+        GIL) and the others on the pool, so that a split pass wakes one thread fewer."""
+        if self._pool is None or not self.splits(width, per_row=per_row):
             kernel(*args, 0, self.n)
             return
-        parts = [self._pool.submit(kernel, *args, lo, hi) for lo, hi in self._rows]
-        for part in parts:
-            part.result()
+        *others, (lo, hi) = self._rows
+        parts = [self._pool.submit(kernel, *args, a, b) for a, b in others]
+        try:
+            kernel(*args, lo, hi)
+        finally:  # the other blocks write into the same buffers: wait for them either way
+            for part in parts:
+                part.result()
 
     def apply(self, y: np.ndarray) -> np.ndarray:
         """W y for a float64 vector (n,) or block (n, B)."""

@@ -4,6 +4,7 @@ for bit either way, for the fused block step (with noise), the product and the c
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -41,12 +42,13 @@ def _step(op: WalkOperator, x: np.ndarray, noise: np.ndarray) -> np.ndarray:
     return out.copy()
 
 
-@pytest.mark.parametrize("width", [1, 4, 8, 64])
+@pytest.mark.parametrize("width", [1, 4, 8, 64, 256])
 def test_one_thread_and_two_give_the_same_values(graph: Graph, width: int) -> None:
     single, split = WalkOperator(graph, threads=1), WalkOperator(graph, threads=2)
     entries = int(graph.indptr[-1])
     assert split.splits(width) == (entries * width >= SPLIT_WORK)
-    assert not single.splits(width)
+    assert split.splits(width, per_row=True) == (graph.n * width >= SPLIT_WORK)
+    assert not single.splits(width) and not single.splits(width, per_row=True)
     rng = np.random.default_rng(width)  # a test's inputs, not a serving path
     x = rng.random((graph.n, width)) * 1e-3
     noise = rng.integers(-50, 50, size=((width + 1) // 2, graph.n), dtype=np.int64)
@@ -58,9 +60,42 @@ def test_one_thread_and_two_give_the_same_values(graph: Graph, width: int) -> No
 
 
 def test_both_paths_are_taken_on_this_graph(graph: Graph) -> None:
-    """The widths above cover a pass on the calling thread and a split one."""
+    """The widths above cover a pass on the calling thread and a split one, for the passes
+    over the stored entries and for those over the rows' own values."""
     op = WalkOperator(graph, threads=2)
     assert not op.splits(1) and op.splits(64)
+    assert not op.splits(64, per_row=True) and op.splits(256, per_row=True)
+
+
+def test_a_pass_over_the_rows_reads_only_its_own_values(graph: Graph) -> None:
+    """The clip pass and the column gather cost rows times columns, not entries times
+    columns: a width at which the product splits leaves them on the calling thread."""
+    op = WalkOperator(graph, threads=2)
+    width = 8
+    assert op.splits(width) and not op.splits(width, per_row=True)
+
+
+def test_a_split_pass_runs_its_last_block_here_and_waits_for_the_others(graph: Graph) -> None:
+    """One block runs on the calling thread; when it fails, the error comes only after the
+    pool's blocks have finished (they write into the same buffers)."""
+    op = WalkOperator(graph, threads=2)
+    caller = threading.get_ident()
+    ran: list[tuple[int, int, int]] = []
+    release = threading.Event()
+
+    def kernel(lo: int, hi: int) -> None:
+        if threading.get_ident() == caller:
+            ran.append((lo, hi, caller))
+            raise RuntimeError("the calling thread's block failed")
+        release.wait(5.0)
+        ran.append((lo, hi, threading.get_ident()))
+
+    threading.Timer(0.05, release.set).start()
+    with pytest.raises(RuntimeError, match="calling thread"):
+        op._on_rows(kernel, width=64)
+    assert sorted((lo, hi) for lo, hi, _ in ran) == op.row_blocks
+    assert ran[-1][2] != caller  # the pool's block finished before the error was raised
+    assert [hi for _, hi, who in ran if who == caller] == [graph.n]
 
 
 def test_a_small_graph_never_splits(tmp_path: Path) -> None:
