@@ -13,8 +13,13 @@ with the commit and the machine's load average (``os.getloadavg``) at the start 
 * ``python -m service bench --generate 100000,2000000 --mode edge --epsilon 0.01
   --mechanisms noisy_cold noisy_warm naive_reference --batch 32``: warm and cold noisy
   diffusion in blocks of 32 queries against the naive reference (the papers' style).
-* The papers' own code on their 10k-node / 330k-edge held-out graph: neither is in this
-  repository, so those rows say "not measured here" and why; no figure is made up.
+* With ``--papers-code DIR`` (a checkout of the papers' repository, Graph-COM/DP_GraphDiffusion,
+  which is not part of this one) and ``--papers-python`` (a Python with its requirements):
+  ``python -m service bench --generate 10312,333983`` (the size of their 10k-node / 330k-edge
+  held-out blog network, which is not here either; ``--papers-graph FILE`` gives a graph file
+  instead) with ``--papers-code``: warm blocks of 32 and a lone cold query against their
+  ``PrivatePageRankClip`` on the same graph and seeds. Without ``--papers-code`` those two rows
+  say "not measured" and why; no figure is made up.
 
 Everything it creates is removed at the end: the PostgreSQL database (named
 ``ppr_speed_targets_<pid>_<time>``, created on ``--postgres-url``'s server and dropped), the
@@ -31,6 +36,7 @@ wrk and bench keep both cores of a 2-core machine busy).
 
     make bench
     make bench BENCH_ARGS="--json"
+    make bench BENCH_ARGS="--papers-code ../DP_GraphDiffusion --papers-python ../pv/bin/python"
     .venv/bin/python benchmarks/speed_targets.py
     .venv/bin/python benchmarks/speed_targets.py --json > targets.json
     .venv/bin/python benchmarks/speed_targets.py --generate 20000,400000 --duration 4
@@ -123,9 +129,13 @@ PAPERS_COLD = Target(
 )
 PAPERS_TARGETS = (PAPERS_WARM, PAPERS_COLD)
 PAPERS_REASON = (
-    "not measured here: neither the papers' code nor their 10k-node / 330k-edge held-out "
-    "graph is on this machine"
+    "not measured: give --papers-code DIR (a checkout of Graph-COM/DP_GraphDiffusion) and "
+    "--papers-python (a Python with its requirements)"
 )
+#: The size of the papers' held-out blog network (BlogCatalog): the generated stand-in's.
+PAPERS_GENERATE = (10_312, 333_983)
+#: Seeds timed one at a time against the papers' code (each of its queries takes ~0.2 s).
+PAPERS_QUERIES = 20
 
 
 @dataclass(frozen=True)
@@ -252,6 +262,21 @@ def engine_rows(report: Mapping[str, Any]) -> list[Row]:
     return rows
 
 
+def papers_rows(report: Mapping[str, Any]) -> list[Row]:
+    """The rows against the papers' code from ``bench --papers-code --json``'s report: warm
+    blocks of 32 and a lone cold query, each as the papers' p50 over the service's."""
+    papers = _number(_latency(report, "papers_code", 1), "p50_ms", "papers' code row")
+    rows = []
+    for target, mechanism, batch in ((PAPERS_WARM, "noisy_warm", BLOCK),
+                                     (PAPERS_COLD, "noisy_cold", 1)):  # fmt: skip
+        row = _latency(report, mechanism, batch)
+        speedup = _number(row, "speedup_vs_papers", f"{mechanism} row")
+        per_query = _number(row, "p50_ms", f"{mechanism} row")
+        shown = f"{speedup:,.1f}x ({per_query:,.2f} against {papers:,.1f} ms a query)"
+        rows.append(Row(target, speedup, shown))
+    return rows
+
+
 def not_measured_rows() -> list[Row]:
     return [Row(target, None, PAPERS_REASON, "not measured") for target in PAPERS_TARGETS]
 
@@ -292,7 +317,7 @@ def tally(rows: Sequence[Row]) -> str:
     not_measured = sum(1 for row in rows if row.status == "not measured")
     failed = sum(1 for row in rows if row.status == "failed")
     if not_measured:
-        parts.append(f"{not_measured} not measured here")
+        parts.append(f"{not_measured} not measured")
     if failed:
         parts.append(f"{failed} FAILED to measure")
     return "; ".join(parts)
@@ -458,6 +483,23 @@ def measure_engine(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def measure_papers(args: argparse.Namespace) -> dict[str, Any]:
+    """``bench --papers-code`` on the held-out graph's stand-in (or ``--papers-graph``)."""
+    if args.papers_graph is not None:
+        source = ["--graph", str(args.papers_graph)]
+    else:
+        source = ["--generate", ",".join(str(x) for x in PAPERS_GENERATE)]
+    command = [
+        sys.executable, "-m", "service", "bench", *source, "--mode", "edge",
+        "--epsilon", str(EPSILON), "--mechanisms", "noisy_cold", "noisy_warm",
+        "--batch", str(BLOCK), "--queries", str(PAPERS_QUERIES),
+        "--batch-repeats", str(args.batch_repeats), "--papers-code", str(args.papers_code),
+        "--papers-python", args.papers_python, "--json",
+    ]  # fmt: skip
+    report: dict[str, Any] = run_tool("bench", command, env=os.environ, timeout=args.timeout)
+    return report
+
+
 def describe_setup(args: argparse.Namespace, load_report: Mapping[str, Any]) -> dict[str, str]:
     """What each tool measured on, one line each (with where the targets are stated, when the
     run was made elsewhere)."""
@@ -470,7 +512,21 @@ def describe_setup(args: argparse.Namespace, load_report: Mapping[str, Any]) -> 
         else f" (targets: {DEFAULT_GENERATE[0]:,} / {DEFAULT_GENERATE[1]:,})"
     )
     size = f"{graph['nodes']:,} nodes / {graph['edges']:,} edges" if graph else "no report"
+    if args.papers_code is None:
+        papers = "papers' code: not given (--papers-code)"
+    else:
+        graph_text = (
+            args.papers_graph.name
+            if args.papers_graph is not None
+            else f"generated {PAPERS_GENERATE[0]:,} nodes / {PAPERS_GENERATE[1]:,} edges (the "
+            "held-out graph's size; the graph itself is not here)"
+        )
+        papers = (
+            f"papers' code: {args.papers_code} under {args.papers_python}, bench on "
+            f"{graph_text}, edge mode, epsilon {EPSILON:g}, {PAPERS_QUERIES} seeds"
+        )
     return {
+        "papers": papers,
         "load": (
             f"loadtest: PostgreSQL + Redis, {args.workers} workers, {args.graph.name} "
             f"({size}{stated}), "
@@ -537,6 +593,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="blocks of 32 bench times per engine (default 3)",
     )
     parser.add_argument(
+        "--papers-code",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="a checkout of the papers' code (Graph-COM/DP_GraphDiffusion): measures the two "
+        "rows against it (default: not measured)",
+    )
+    parser.add_argument(
+        "--papers-python",
+        default=sys.executable,
+        metavar="PYTHON",
+        help="the Python that runs the papers' code, with its requirements (default: this one)",
+    )
+    parser.add_argument(
+        "--papers-graph",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the graph to compare with the papers' code on (default: a generated graph of "
+        "their held-out graph's size, 10312,333983)",
+    )
+    parser.add_argument(
         "--timeout",
         type=positive_float,
         default=1200.0,
@@ -567,7 +645,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MeasurementFailed as exc:
         failures.append(f"engine: {exc}")
         rows += failed_rows(ENGINE_TARGETS, str(exc))
-    rows += not_measured_rows()
+    papers_report: dict[str, Any] = {}
+    if args.papers_code is None:
+        rows += not_measured_rows()
+    else:
+        try:
+            papers_report = measure_papers(args)
+            rows += papers_rows(papers_report)
+        except MeasurementFailed as exc:
+            failures.append(f"papers' code: {exc}")
+            rows += failed_rows(PAPERS_TARGETS, str(exc))
     load_end = os.getloadavg()
     elapsed = time.monotonic() - started
 
@@ -582,7 +669,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rows": [row.to_dict() for row in rows],
             "summary": tally(rows),
             "failures": failures,
-            "reports": finite({"loadtest": load_report, "bench": engine_report}),
+            "reports": finite(
+                {"loadtest": load_report, "bench": engine_report, "papers": papers_report}
+            ),
         }, indent=2, allow_nan=False))  # fmt: skip
     else:
         print(f"speed targets; commit {head}; {cpus} CPUs")
@@ -592,6 +681,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("(the machine was busy at the start: figures are lower than on a quiet one)")
         print(setup["load"])
         print(setup["engine"])
+        print(setup["papers"])
         print()
         print(table(rows))
         print()

@@ -141,6 +141,7 @@ COVERING_SUITES: dict[str, tuple[str, ...]] = {
     # `ledger edge-report`, `ledger verify`, `ledger reconcile`
     "service/cli/ledger.py": ("tests/test_edge_report.py", "tests/test_promise.py"),
     "service/cli/loadtest.py": ("tests/test_loadtest.py",),
+    "service/cli/papers_driver.py": ("tests/unit/cli/test_papers_code.py",),
     "service/cli/plan.py": ("tests/test_budget_plan.py",),
     "service/cli/query.py": ("tests/test_engine_cli.py",),
     "service/cli/quickstart.py": ("tests/test_readme.py",),

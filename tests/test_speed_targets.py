@@ -142,6 +142,27 @@ def test_the_engine_rows_from_a_bench_report() -> None:
         st.engine_rows(without_blocks)
 
 
+def test_the_rows_against_the_papers_code_from_a_bench_report() -> None:
+    """Warm blocks of 32 and a lone cold query, each the papers' p50 over the service's."""
+    report = _bench_report()
+    papers_ms = 240.0
+    for row in report["latency"]:
+        row["speedup_vs_papers"] = papers_ms / row["p50_ms"]
+    report["latency"].append({"mechanism": "papers_code", "batch": 1, "p50_ms": papers_ms,
+                              "speedup_vs_papers": 1.0})  # fmt: skip
+    rows = _by_key(st.papers_rows(report))
+    assert list(rows) == [t.key for t in st.PAPERS_TARGETS]
+    # warm: 1,000 / 120 ms a query in blocks of 32; cold: 150 ms alone
+    assert rows["papers_warm_block_x"].cells()[1:] == [
+        "28.8x (8.33 against 240.0 ms a query)", "0.29", "no",
+    ]  # fmt: skip
+    assert rows["papers_lone_cold_x"].figure == pytest.approx(1.6)
+    assert rows["papers_lone_cold_x"].met is False
+    without_papers = _bench_report()
+    with pytest.raises(st.MeasurementFailed, match="papers_code row"):
+        st.papers_rows(without_papers)
+
+
 def test_the_table_the_tally_and_the_rows_not_measured() -> None:
     rows = [
         *st.load_rows(_load_report()),
@@ -154,11 +175,9 @@ def test_the_table_the_tally_and_the_rows_not_measured() -> None:
     assert len(lines) == 2 + len(rows)
     papers = [line for line in lines if "papers' code" in line]
     assert len(papers) == 2
-    assert all(line.endswith("| - | - |") and "not measured here" in line for line in papers)
+    assert all(line.endswith("| - | - |") and "give --papers-code" in line for line in papers)
     assert sum(line.endswith("| FAILED |") for line in lines) == 2
-    assert st.tally(rows) == (
-        "4 of 5 measured targets met; 2 not measured here; 2 FAILED to measure"
-    )
+    assert st.tally(rows) == ("4 of 5 measured targets met; 2 not measured; 2 FAILED to measure")
     assert [row.to_dict()["met"] for row in st.not_measured_rows()] == [None, None]
     (failed,) = st.failed_rows([st.WARM_BLOCK], "cannot connect | refused\n(Background: ...)")
     assert failed.shown == "measurement failed: cannot connect / refused"

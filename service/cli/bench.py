@@ -8,6 +8,9 @@ friends first), both as the service draws them: the ranked top ``replay_store_to
 the seed's degree, by the lazy top-k, and ``blended`` (the two-scale counts blended with the
 graph version's DP degree release, drawn and summarized once before timing as the service
 stores it; the same ranked top, by its lazy top-k).
+With ``--papers-code DIR`` (a checkout of the papers' repository, which this project does not
+hold) it also times the papers' own ``PrivatePageRankClip`` on the same graph and seeds, under
+``--papers-python`` (service/cli/papers_code.py), and adds a ratio to it.
 Each row has a ``batch`` field: 1 for one query at a time; with ``--batch B`` (default 32) cold
 and warm noisy diffusion are also timed as blocks of B queries on the batched engine's kernel,
 reported per query (block time / B).
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import gc
 import resource
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -71,6 +75,13 @@ def register(subparsers: Any) -> None:
                         "default 32; none to skip")  # fmt: skip
     parser.add_argument("--batch-repeats", type=positive_int, default=3, metavar="R",
                         help="blocks timed per batch size")  # fmt: skip
+    parser.add_argument("--papers-code", type=Path, metavar="DIR",
+                        help="also time the papers' own code on the same graph and seeds: a "
+                        "checkout of Graph-COM/DP_GraphDiffusion (its model.py); adds a "
+                        "papers_code row and an 'x papers' column")  # fmt: skip
+    parser.add_argument("--papers-python", default=sys.executable, metavar="PYTHON",
+                        help="the Python that runs the papers' code, with their requirements "
+                        "(numpy, scipy, pandas); default: this one")  # fmt: skip
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(handler=run)
 
@@ -211,6 +222,10 @@ def run(args: argparse.Namespace) -> int:
             "mechanisms",
             "blended, friends_of_friends and common_neighbours are personalized only",
         )
+    if args.papers_code is not None:  # before anything is timed: a clear error, at once
+        from service.cli.papers_code import check_papers_code
+
+        check_papers_code(args.papers_code, args.papers_python)
     gc.collect()
     rss_before = _rss_bytes()
     start = time.perf_counter()
@@ -256,8 +271,21 @@ def run(args: argparse.Namespace) -> int:
             block = _batched(graph, block_seeds, config, warm=name == "noisy_warm")
             batched[(name, size)] = [_timed(block) / size for _ in range(args.batch_repeats)]
 
+    papers: dict[str, Any] | None = None
+    if args.papers_code is not None:
+        from service.cli.papers_code import time_papers_code
+
+        times = time_papers_code(
+            graph, seed_list, config, epsilon=plan.epsilon, delta=delta,
+            directory=args.papers_code, python=args.papers_python,
+        )  # fmt: skip
+        timings["papers_code"] = times.seconds
+        papers = {"code": str(args.papers_code), "environment": times.environment,
+                  "setup_seconds": times.setup_seconds}  # fmt: skip
+
     naive = timings.get("naive_reference")
     naive_p50 = _percentiles(naive)[0] if naive else None
+    papers_p50 = _percentiles(timings["papers_code"])[0] if papers else None
     rows: list[dict[str, Any]] = []
     measured = [((name, 1), samples) for name, samples in timings.items()]
     measured += sorted(batched.items())
@@ -267,6 +295,7 @@ def run(args: argparse.Namespace) -> int:
             "mechanism": name, "batch": size, "p50_ms": p50, "p90_ms": p90,
             "queries": len(samples) * size,
             "speedup_vs_naive": (naive_p50 / p50) if naive_p50 else None,
+            "speedup_vs_papers": (papers_p50 / p50) if papers_p50 else None,
         })  # fmt: skip
     graph_report: dict[str, Any] = {
             "nodes": graph.n, "edges": graph.m, "version": graph.version,
@@ -282,6 +311,8 @@ def run(args: argparse.Namespace) -> int:
             "noise_scale": config.noise_scale, "mode": config.mode.value,
         },
         "threads": walk_operator(graph).threads,
+        "seeds": seed_list,
+        "papers_code": papers,
         "latency": rows,
     }  # fmt: skip
     if args.json:
@@ -297,11 +328,16 @@ def run(args: argparse.Namespace) -> int:
         f"noisy diffusion: eps {plan.epsilon:.4g} at delta {delta:.3g}, K {config.steps}, "
         f"L {config.noisy_steps} noisy steps, b {config.noise_scale:.4g}, {len(seeds)} seeds"
     )
+    if papers:
+        print(f"papers' code: {papers['code']} ({papers['environment']}), set up in "
+              f"{papers['setup_seconds']:.2f} s (untimed, like the graph load)")  # fmt: skip
+    ratios = [("x naive (p50)", "speedup_vs_naive")] if naive_p50 else []
+    ratios += [("x papers (p50)", "speedup_vs_papers")] if papers_p50 else []
     print_table(
-        ["mechanism", "batch", "p50 ms/query", "p90 ms/query", "x naive (p50)"],
+        ["mechanism", "batch", "p50 ms/query", "p90 ms/query", *(title for title, _ in ratios)],
         [
             [r["mechanism"], str(r["batch"]), f"{r['p50_ms']:.2f}", f"{r['p90_ms']:.2f}",
-             "-" if r["speedup_vs_naive"] is None else f"{r['speedup_vs_naive']:.1f}"]
+             *("-" if r[key] is None else f"{r[key]:.1f}" for _, key in ratios)]
             for r in rows
         ],
     )  # fmt: skip
