@@ -16,7 +16,7 @@ step adds two Laplace vectors of scale ``sigma / sqrt(2)`` each, so both sides d
 two Lap(b) vectors a noisy step.
 
 Output (stdout, one JSON object): ``seconds`` (one per seed, in the order given),
-``setup_seconds``, ``nodes``, and the versions of Python, numpy, scipy and pandas it ran with.
+``setup_seconds``, and the versions of Python, numpy, scipy and pandas it ran with.
 A failure prints one line to stderr and exits with status 1.
 """
 
@@ -79,7 +79,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "seconds": seconds,
         "setup_seconds": setup,
-        "nodes": int(edges.to_numpy().max()) + 1,
         "python": platform.python_version(),
         "numpy": np.__version__,
         "scipy": scipy.__version__,
