@@ -9,20 +9,24 @@ Graph Diffusion with Applications in Personalized PageRanks*, repository
 Graph-COM/DP_GraphDiffusion).
 
 It calls their method as their ``main.py`` does for ``--method our``: ``PrivatePageRankClip``
-built once on the edge list (untimed, like the service's graph load), then, for each seed in
-turn, ``propagate_selected(np.array([seed]), noise_type='Laplacian')`` (personalized, noise
+built once on the edge list (untimed, like the service's graph load), then, for each seed bench
+sends, ``propagate_selected(np.array([seed]), noise_type='Laplacian')`` (personalized, noise
 from the first step on), timed with ``time.perf_counter``. ``sigma`` is ``b * sqrt(2)``: their
 step adds two Laplace vectors of scale ``sigma / sqrt(2)`` each, so both sides draw the same
 two Lap(b) vectors a noisy step.
 
-Output (stdout, one JSON object): ``seconds`` (one per seed, in the order given),
-``setup_seconds``, and the versions of Python, numpy, scipy and pandas it ran with.
-A failure prints one line to stderr and exits with status 1.
+Protocol (one JSON object a line, so that bench can time its own query and theirs for the same
+seed one after the other): once set up, it prints ``setup_seconds`` and the versions of Python,
+numpy, scipy and pandas it runs with; then for each line bench writes (a seed) it prints
+``{"seconds": ...}``; it exits at the end of its input. What their code prints goes to stderr.
+A failure prints one line to stderr and
+exits with status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
@@ -30,7 +34,7 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 #: The class and call of the papers' ``main.py`` for their own method.
 PAPERS_CLASS = "PrivatePageRankClip"
@@ -57,37 +61,37 @@ def _load_model(code: Path) -> Any:
     return getattr(module, PAPERS_CLASS)
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def serve(args: argparse.Namespace, requests: TextIO, replies: TextIO) -> None:
     import numpy as np
     import pandas as pd  # type: ignore[import-untyped]
     import scipy
 
-    model = _load_model(args.code)
+    with contextlib.redirect_stdout(sys.stderr):  # what their code prints stays off the replies
+        model = _load_model(args.code)
     edges = pd.read_csv(args.edges, sep=" ", header=None, names=["node1", "node2"])
     graph = _Graph(args.nodes, edges)
     start = time.perf_counter()
-    method = model(
-        graph, epsilon=args.epsilon, delta=args.delta, eta=args.eta,
-        sigma=args.scale * math.sqrt(2.0), beta=args.beta, max_iter=args.steps, sample=False,
-    )  # fmt: skip
-    setup = time.perf_counter() - start
-    seconds = []
-    for seed in args.seeds:
-        start = time.perf_counter()
-        method.propagate_selected(np.array([seed]), noise_type="Laplacian")
-        seconds.append(time.perf_counter() - start)
-    return {
-        "seconds": seconds,
-        "setup_seconds": setup,
+    with contextlib.redirect_stdout(sys.stderr):
+        method = model(
+            graph, epsilon=args.epsilon, delta=args.delta, eta=args.eta,
+            sigma=args.scale * math.sqrt(2.0), beta=args.beta, max_iter=args.steps,
+            sample=False,
+        )  # fmt: skip
+    ready = {
+        "setup_seconds": time.perf_counter() - start,
         "python": platform.python_version(),
         "numpy": np.__version__,
         "scipy": scipy.__version__,
         "pandas": pd.__version__,
     }
-
-
-def _seeds(text: str) -> list[int]:
-    return [int(part) for part in text.split(",")]
+    print(json.dumps(ready), file=replies, flush=True)
+    for line in requests:
+        seed = int(line)
+        with contextlib.redirect_stdout(sys.stderr):
+            start = time.perf_counter()
+            method.propagate_selected(np.array([seed]), noise_type="Laplacian")
+            seconds = time.perf_counter() - start
+        print(json.dumps({"seconds": seconds}), file=replies, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,7 +99,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--code", type=Path, required=True, help="directory with model.py")
     parser.add_argument("--edges", type=Path, required=True, help="'u v' lines, 0-based")
     parser.add_argument("--nodes", type=int, required=True)
-    parser.add_argument("--seeds", type=_seeds, required=True, help="comma-separated ids")
     parser.add_argument("--beta", type=float, required=True)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--eta", type=float, required=True)
@@ -104,11 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delta", type=float, required=True)
     args = parser.parse_args(argv)
     try:
-        report = run(args)
+        serve(args, sys.stdin, sys.stdout)
     except Exception as exc:  # reported to bench, which says what to do about it
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(report))
     return 0
 
 

@@ -22,9 +22,8 @@ import pytest
 from service.cli import main as cli_main
 from service.cli.papers_code import (
     PapersCodeFailed,
+    PapersSession,
     check_papers_code,
-    parse_report,
-    time_papers_code,
     write_edge_list,
 )
 from service.cli.papers_driver import PAPERS_CLASS
@@ -35,7 +34,7 @@ from service.privacy.calibration import plan_diffusion
 from service.privacy.modes import Mode
 
 STAND_IN = """
-import json, os
+import json, os, time
 import numpy as np
 import scipy.sparse as sp
 
@@ -54,8 +53,11 @@ class PrivatePageRankClip:
                        "max_iter": max_iter, "sample": sample, "calls": []}
 
     def propagate_selected(self, sampled_indices, noise_type, personalize=True):
+        print("Calibrated Noise: 0.1")  # their code prints; the driver keeps it off its replies
         if os.environ.get("STAND_IN_FAILS"):
             raise MemoryError("the stand-in ran out of memory")
+        if os.environ.get("STAND_IN_SLOW"):
+            time.sleep(float(os.environ["STAND_IN_SLOW"]))
         self.record["calls"].append([sampled_indices.tolist(), noise_type, personalize])
         with open(RECORD, "w") as f:
             json.dump(self.record, f)
@@ -83,16 +85,11 @@ def test_the_papers_class_gets_bench_s_graph_seeds_and_parameters(
 ) -> None:
     config = plan_diffusion(0.5, 1e-6, 12, 0.7, 1e-5, Mode.EDGE).config
     seeds = [17, 3, 42]
-    times = time_papers_code(
-        graph,
-        seeds,
-        config,
-        epsilon=0.5,
-        delta=1e-6,
-        directory=stand_in,
-    )
-    assert len(times.seconds) == 3 and all(s > 0 for s in times.seconds)
-    assert "pandas" in times.environment and times.setup_seconds > 0
+    with PapersSession(graph, config, epsilon=0.5, delta=1e-6, directory=stand_in) as papers:
+        assert "pandas" in papers.environment and papers.setup_seconds > 0
+        times = [papers.time(seed) for seed in seeds]
+    assert len(times) == 3 and all(t > 0 for t in times)
+    assert not Path(papers._tmp.name).exists()  # the edge list is removed
     record = json.loads((stand_in / "record.json").read_text())
     # the same noise: their step adds two Laplace vectors of scale sigma / sqrt(2) each
     assert record["sigma"] == pytest.approx(config.noise_scale * math.sqrt(2.0), rel=1e-15)
@@ -136,25 +133,29 @@ def test_the_papers_code_failing_is_one_error_with_its_reason(
 ) -> None:
     config = plan_diffusion(0.5, 1e-6, 12, 0.7, 1e-5, Mode.EDGE).config
     monkeypatch.setenv("STAND_IN_FAILS", "1")
-    with pytest.raises(PapersCodeFailed, match=r"status 1.*MemoryError: the stand-in ran out"):
-        time_papers_code(graph, [1], config, epsilon=0.5, delta=1e-6, directory=stand_in)
-    (stand_in / "model.py").write_text("class Other:\n    pass\n")
+    failed = r"failed a query from 1 \(status 1\): MemoryError: the stand"
+    with (
+        PapersSession(graph, config, epsilon=0.5, delta=1e-6, directory=stand_in) as papers,
+        pytest.raises(PapersCodeFailed, match=failed),
+    ):
+        papers.time(1)
     monkeypatch.delenv("STAND_IN_FAILS")
-    with pytest.raises(PapersCodeFailed, match=f"has no class {PAPERS_CLASS}"):
-        time_papers_code(graph, [1], config, epsilon=0.5, delta=1e-6, directory=stand_in)
+    (stand_in / "model.py").write_text("class Other:\n    pass\n")
+    with pytest.raises(PapersCodeFailed, match=rf"failed set up .*has no class {PAPERS_CLASS}"):
+        PapersSession(graph, config, epsilon=0.5, delta=1e-6, directory=stand_in)
 
 
-@pytest.mark.parametrize(
-    "text",
-    ["", "not json", json.dumps({"seconds": [0.1]}),
-     json.dumps({"seconds": [0.1], "setup_seconds": 1.0, "python": "3", "numpy": "2",
-                 "scipy": "1", "pandas": "3"}),
-     json.dumps({"seconds": [0.1, 0.0], "setup_seconds": 1.0, "python": "3", "numpy": "2",
-                 "scipy": "1", "pandas": "3"})],
-)  # fmt: skip
-def test_a_report_without_one_positive_time_per_seed_is_refused(text: str) -> None:
-    with pytest.raises(PapersCodeFailed):
-        parse_report(text, 2)
+def test_the_papers_code_that_does_not_answer_in_time_is_stopped(
+    stand_in: Path, graph: Graph, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = plan_diffusion(0.5, 1e-6, 12, 0.7, 1e-5, Mode.EDGE).config
+    monkeypatch.setenv("STAND_IN_SLOW", "30")
+    papers = PapersSession(graph, config, epsilon=0.5, delta=1e-6, directory=stand_in, timeout=1.0)
+    with pytest.raises(PapersCodeFailed, match=r"did not answer \(a query from 2\) in 1 s"):
+        papers.time(2)
+    papers.close()  # ends the process (killed: it is still asleep) and removes the edge list
+    assert papers._process.returncode is not None
+    assert not Path(papers._tmp.name).exists()
 
 
 def test_bench_adds_the_papers_row_and_its_ratio(
