@@ -249,32 +249,37 @@ def _latency(report: Mapping[str, Any], mechanism: str, batch: int) -> Mapping[s
     raise MeasurementFailed(f"the bench report has no {mechanism} row at batch {batch}")
 
 
+def _speedup_rows(
+    report: Mapping[str, Any],
+    reference_ms: float,
+    field: str,
+    wanted: Sequence[tuple[Target, str, int]],
+) -> list[Row]:
+    """One row a (target, mechanism, batch): the bench row's ``field`` (a speed-up over the
+    reference, whose p50 is ``reference_ms``)."""
+    rows = []
+    for target, mechanism, batch in wanted:
+        row = _latency(report, mechanism, batch)
+        speedup = _number(row, field, f"{mechanism} row")
+        per_query = _number(row, "p50_ms", f"{mechanism} row")
+        shown = f"{speedup:,.1f}x ({per_query:,.2f} against {reference_ms:,.1f} ms a query)"
+        rows.append(Row(target, speedup, shown))
+    return rows
+
+
 def engine_rows(report: Mapping[str, Any]) -> list[Row]:
     """The engine targets' rows from ``bench --json``'s report."""
     naive = _number(_latency(report, "naive_reference", 1), "p50_ms", "naive reference row")
-    rows = []
-    for target, mechanism in ((WARM_BLOCK, "noisy_warm"), (COLD_BLOCK, "noisy_cold")):
-        row = _latency(report, mechanism, BLOCK)
-        speedup = _number(row, "speedup_vs_naive", f"{mechanism} row")
-        per_query = _number(row, "p50_ms", f"{mechanism} row")
-        shown = f"{speedup:,.1f}x ({per_query:,.2f} against {naive:,.1f} ms a query)"
-        rows.append(Row(target, speedup, shown))
-    return rows
+    wanted = [(WARM_BLOCK, "noisy_warm", BLOCK), (COLD_BLOCK, "noisy_cold", BLOCK)]
+    return _speedup_rows(report, naive, "speedup_vs_naive", wanted)
 
 
 def papers_rows(report: Mapping[str, Any]) -> list[Row]:
     """The rows against the papers' code from ``bench --papers-code --json``'s report: warm
     blocks of 32 and a lone cold query, each as the papers' p50 over the service's."""
     papers = _number(_latency(report, "papers_code", 1), "p50_ms", "papers' code row")
-    rows = []
-    for target, mechanism, batch in ((PAPERS_WARM, "noisy_warm", BLOCK),
-                                     (PAPERS_COLD, "noisy_cold", 1)):  # fmt: skip
-        row = _latency(report, mechanism, batch)
-        speedup = _number(row, "speedup_vs_papers", f"{mechanism} row")
-        per_query = _number(row, "p50_ms", f"{mechanism} row")
-        shown = f"{speedup:,.1f}x ({per_query:,.2f} against {papers:,.1f} ms a query)"
-        rows.append(Row(target, speedup, shown))
-    return rows
+    wanted = [(PAPERS_WARM, "noisy_warm", BLOCK), (PAPERS_COLD, "noisy_cold", 1)]
+    return _speedup_rows(report, papers, "speedup_vs_papers", wanted)
 
 
 def not_measured_rows() -> list[Row]:
