@@ -219,7 +219,9 @@ def load_rows(report: Mapping[str, Any]) -> list[Row]:
         shown_batch += f", p50 {_number(batch, 'p50_ms', 'batch phase') / 1000:,.1f} s a call"
     else:
         shown_batch += " within the phase: give a longer --duration"
-    shown_batch += f", {batch_errors:,} errors)" if batch_errors else ")"
+    shown_batch += f", {batch_errors:,} errors" if batch_errors else ""
+    # the machine's speed drifts between runs and days; /healthz in the same run measures it
+    shown_batch += f"; {seeds / reference:.3f} seeds per /healthz request)"
 
     share = _number(fresh, "rps", "fresh phase") / reference
     p99 = _number(fresh, "p99_ms", "fresh phase")

@@ -76,7 +76,8 @@ def test_the_load_rows_from_a_loadtest_report() -> None:
     assert rows["batch_seeds_per_s"].figure == pytest.approx(1800.0)
     assert rows["batch_seeds_per_s"].met is True
     assert rows["batch_seeds_per_s"].cells()[1:] == [
-        "1,800 seeds/s (90 calls finished, p50 0.7 s a call)", "1.20", "yes",
+        "1,800 seeds/s (90 calls finished, p50 0.7 s a call; 0.600 seeds per /healthz request)",
+        "1.20", "yes",
     ]  # fmt: skip
     # fresh: 500 of 3,000 req/s
     fresh = rows["fresh_share_of_healthz"]
