@@ -17,7 +17,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -277,9 +277,10 @@ class WalkOperator:
         parts = [self._pool.submit(kernel, *args, a, b) for a, b in others]
         try:
             kernel(*args, lo, hi)
-        finally:  # the other blocks write into the same buffers: wait for them either way
-            for part in parts:
-                part.result()
+        finally:  # the other blocks write into the same buffers: wait for all of them first
+            wait(parts)
+        for part in parts:
+            part.result()
 
     def apply(self, y: np.ndarray) -> np.ndarray:
         """W y for a float64 vector (n,) or block (n, B)."""

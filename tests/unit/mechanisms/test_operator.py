@@ -5,6 +5,7 @@ for bit either way, for the fused block step (with noise), the product and the c
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -122,3 +123,22 @@ def test_the_product_is_scipy_s_bit_for_bit(graph: Graph, width: int, threads: i
     expected = adjacency @ (z[:, 0] if width == 1 else z)
     got = op.adjacency_product(z[:, 0] if width == 1 else z)
     assert np.array_equal(got, expected)
+
+
+def test_a_failed_pool_block_is_raised_after_every_block_has_finished(graph: Graph) -> None:
+    """With three threads, two blocks run on the pool: the first fails at once, the second is
+    still writing; the error comes only after the second has finished."""
+    op = WalkOperator(graph, threads=3)
+    (first, _), (second, _), _ = op.row_blocks
+    finished: list[int] = []
+
+    def kernel(lo: int, hi: int) -> None:
+        if lo == first:
+            raise RuntimeError("the pool's first block failed")
+        if lo == second:
+            time.sleep(0.2)
+        finished.append(lo)
+
+    with pytest.raises(RuntimeError, match="first block failed"):
+        op._on_rows(kernel, width=64)
+    assert sorted(finished) == sorted(lo for lo, _ in op.row_blocks[1:])
