@@ -57,10 +57,10 @@ class ServingSettings(BaseSettings):
         "many wait as were in flight when it ended (under load, its callers' next queries and "
         "those already waiting), else at the end of a window of this many milliseconds (or of "
         "the ended group's duration, if shorter) counted from the first query to arrive since "
-        "that end; a query arriving 2 windows or more after the end starts at once (an idle "
-        "worker), a group that answered all its queries before admission (replays) is followed "
-        "at once, and after a window that ends short the next 8 groups do not wait. 0: the next "
-        "group takes what waits when one ends.",
+        "that end; a query arriving twice this many milliseconds or more after the end starts "
+        "at once (an idle worker), a group that answered all its queries before admission "
+        "(replays) is followed at once, and after a window that ends short the next 8 groups "
+        "do not wait. 0: the next group takes what waits when one ends.",
     )  # fmt: skip
     twin_wait_seconds: float = Field(
         10.0, ge=0.0,
