@@ -56,7 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -636,32 +636,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"commit {head}; load average {load_text(load_start)} on {cpus} CPUs")
     failures: list[str] = []
     rows: list[Row] = []
-    load_report: dict[str, Any] = {}
-    engine_report: dict[str, Any] = {}
-    try:
+
+    def measured(
+        label: str,
+        targets: Sequence[Target],
+        measure: Callable[[], dict[str, Any]],
+        to_rows: Callable[[Mapping[str, Any]], list[Row]],
+    ) -> dict[str, Any]:
+        """A tool's report, its rows added; on a failed measurement, failed rows and {}."""
+        try:
+            report = measure()
+            rows.extend(to_rows(report))
+            return report
+        except MeasurementFailed as exc:
+            failures.append(f"{label}: {exc}")
+            rows.extend(failed_rows(targets, str(exc)))
+            return {}
+
+    def measure_load_here() -> dict[str, Any]:
         if not args.graph.is_file():
             raise MeasurementFailed(f"no graph at {args.graph} (give --graph)")
-        load_report = measure_load(args, failures)
-        rows += load_rows(load_report)
-    except MeasurementFailed as exc:
-        failures.append(f"load: {exc}")
-        rows += failed_rows(LOAD_TARGETS, str(exc))
-    try:
-        engine_report = measure_engine(args)
-        rows += engine_rows(engine_report)
-    except MeasurementFailed as exc:
-        failures.append(f"engine: {exc}")
-        rows += failed_rows(ENGINE_TARGETS, str(exc))
+        return measure_load(args, failures)
+
+    load_report = measured("load", LOAD_TARGETS, measure_load_here, load_rows)
+    engine_report = measured("engine", ENGINE_TARGETS, lambda: measure_engine(args), engine_rows)
     papers_report: dict[str, Any] = {}
     if args.papers_code is None:
         rows += not_measured_rows()
     else:
-        try:
-            papers_report = measure_papers(args)
-            rows += papers_rows(papers_report)
-        except MeasurementFailed as exc:
-            failures.append(f"papers' code: {exc}")
-            rows += failed_rows(PAPERS_TARGETS, str(exc))
+        papers_report = measured(
+            "papers' code", PAPERS_TARGETS, lambda: measure_papers(args), papers_rows
+        )
     load_end = os.getloadavg()
     elapsed = time.monotonic() - started
 
