@@ -79,7 +79,8 @@ def write_edge_list(graph: Graph, path: Path) -> None:
 class PapersSession:
     """The papers' ``PrivatePageRankClip`` on ``graph``, built once in the driver's process;
     :meth:`time` runs one query there and returns its seconds. Use it as a context manager:
-    leaving it ends the process and removes the edge list."""
+    leaving it ends the process and removes the edge list. The caller checks ``directory`` and
+    ``python`` first (:func:`check_papers_code`: bench does, before it loads the graph)."""
 
     def __init__(
         self,
@@ -92,7 +93,6 @@ class PapersSession:
         python: str = sys.executable,
         timeout: float = PAPERS_TIMEOUT,
     ) -> None:
-        check_papers_code(directory, python)
         self.timeout = timeout
         self._stuck = False
         self._tmp = tempfile.TemporaryDirectory(prefix="ppr-papers-code-")
