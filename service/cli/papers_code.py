@@ -92,8 +92,9 @@ class PapersSession:
         directory: Path,
         python: str = sys.executable,
         timeout: float = PAPERS_TIMEOUT,
+        setup_timeout: float = PAPERS_TIMEOUT,
     ) -> None:
-        self.timeout = timeout
+        self.timeout = timeout  # a query's; the set-up (imports, their class) has its own
         self._stuck = False
         self._tmp = tempfile.TemporaryDirectory(prefix="ppr-papers-code-")
         tmp = Path(self._tmp.name)
@@ -111,7 +112,7 @@ class PapersSession:
             text=True, bufsize=1,
         )  # fmt: skip
         try:
-            ready = self._reply("set up")
+            ready = self._reply("set up", setup_timeout)
             self.setup_seconds = float(ready["setup_seconds"])
             self.environment = (
                 f"Python {ready['python']}, numpy {ready['numpy']}, scipy {ready['scipy']}, "
@@ -138,7 +139,7 @@ class PapersSession:
             self._process.stdin.flush()
         except BrokenPipeError:
             raise self._failed("while a query was sent") from None
-        reply = self._reply(f"a query from {int(seed)}")
+        reply = self._reply(f"a query from {int(seed)}", self.timeout)
         seconds = reply.get("seconds")
         if not isinstance(seconds, int | float) or not seconds > 0:
             raise PapersCodeFailed(f"the papers' code reported {seconds!r} seconds a query")
@@ -161,16 +162,14 @@ class PapersSession:
         self._errors.close()
         self._tmp.cleanup()
 
-    def _reply(self, what: str) -> dict[str, Any]:
-        """The driver's next line as JSON, within the timeout."""
+    def _reply(self, what: str, timeout: float) -> dict[str, Any]:
+        """The driver's next line as JSON, within ``timeout`` seconds."""
         stdout = self._process.stdout
         assert stdout is not None
-        ready, _, _ = select.select([stdout], [], [], self.timeout)
+        ready, _, _ = select.select([stdout], [], [], timeout)
         if not ready:
             self._stuck = True  # close() kills it rather than wait for it
-            raise PapersCodeFailed(
-                f"the papers' code did not answer ({what}) in {self.timeout:.0f} s"
-            )
+            raise PapersCodeFailed(f"the papers' code did not answer ({what}) in {timeout:.0f} s")
         line = stdout.readline()
         if not line:
             raise self._failed(what)
