@@ -331,6 +331,86 @@ def _compile_step_once() -> StepKernels | None:
     return _STEP
 
 
+def _compile_walk_column() -> Callable[..., None] | None:
+    try:
+        from numba import njit
+    except ImportError:  # pragma: no cover
+        return None
+    input_clamp = INPUT_CLAMP
+
+    def walk_column(
+        indptr: Any,
+        indices: Any,
+        z: Any,
+        x: Any,
+        degrees: Any,
+        eta: float,
+        isolated: Any,
+        beta: float,
+        seed: int,
+        seed_clipped: float,
+        lift: float,
+        noise: Any,
+        grid: float,
+        limit: int,
+        out: Any,
+        lo: int,
+        hi: int,
+    ) -> None:  # pragma: no cover - compiled
+        """walk_rows for a block of one column, on 1-D arrays with the column's parameters as
+        scalars: the same operations in the same order, so the same values bit for bit (a
+        lone query releases what its column of a block releases), without the block's
+        per-column loops and buffers (15% of a width-1 pass on a 10k-node graph). ``noise``
+        is the column's integer noise (n,) on a noisy step, empty on a noise-free one."""
+        noisy = noise.shape[0] > 0
+        inverse_grid = 1.0 / grid if noisy else 0.0
+        personalized = seed_clipped == seed_clipped  # not NaN: the seed's own threshold
+        for i in range(lo, hi):
+            total = 0.0
+            for jj in range(indptr[i], indptr[i + 1]):
+                total += z[indices[jj]]
+            if i == seed and personalized:
+                c = seed_clipped
+            else:
+                c = x[i]
+                if c < 0.0:
+                    c = 0.0
+                t = eta * degrees[i]
+                if c > t:
+                    c = t
+            v = total
+            if isolated[i]:
+                v += c
+            v += c
+            v *= 0.5
+            v *= beta
+            if i == seed:
+                v += lift
+            if noisy:
+                if v > input_clamp:
+                    v = input_clamp
+                elif v < -input_clamp:
+                    v = -input_clamp
+                units = np.int64(np.rint(v * inverse_grid)) + noise[i]
+                if units > limit:
+                    units = limit
+                elif units < -limit:
+                    units = -limit
+                v = np.float64(units) * grid
+            out[i] = v
+
+    compiled: Callable[..., None] = njit(nogil=True, cache=True, fastmath=False)(walk_column)
+    return compiled
+
+
+_WALK_COLUMN: Callable[..., None] | None = _compile_walk_column()
+
+
+def walk_column_kernel() -> Callable[..., None] | None:
+    """``walk_column`` compiled (the walk pass of a one-column block), or None."""
+    return _WALK_COLUMN
+
+
 def _compile_gather() -> Callable[..., None] | None:
     try:
         from numba import njit
@@ -360,4 +440,4 @@ def gather_kernel() -> Callable[..., None] | None:
 
 def cached_kernels() -> list[Any]:
     """The compiled kernels that numba caches on disk (none without numba)."""
-    return [k for k in (_KERNEL, *(_STEP or ()), _GATHER) if k is not None]
+    return [k for k in (_KERNEL, *(_STEP or ()), _WALK_COLUMN, _GATHER) if k is not None]

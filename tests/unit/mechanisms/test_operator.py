@@ -14,7 +14,15 @@ import pytest
 from service.graph.generate import write_generated_edge_list
 from service.graph.loader import load_edge_list
 from service.graph.model import Graph
-from service.mechanisms.operator import SPLIT_WORK, StepWorkspace, WalkOperator
+from service.mechanisms import operator as operator_module
+from service.mechanisms.operator import (
+    COMPACT_INDEX_NODES,
+    SPLIT_WORK,
+    StepWorkspace,
+    WalkOperator,
+    compact_indices,
+)
+from tests.graph_helpers import graph_from_edges, random_graph
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +119,8 @@ def test_a_small_graph_never_splits(tmp_path: Path) -> None:
 def test_the_product_is_scipy_s_bit_for_bit(graph: Graph, width: int, threads: int) -> None:
     """Each row's sum runs over its CSR list in order from 0.0, as scipy's CSR product does
     (docs/privacy.md, "Floating point and the sensitivity bound"): the kernels' gathers (an
-    unsigned index, four neighbours a pass, prefetch hints) change no rounding."""
+    unsigned index, a 16-bit copy of the indices, four neighbours a pass, prefetch hints)
+    change no rounding."""
     import scipy.sparse as sp
 
     op = WalkOperator(graph, threads=threads)
@@ -142,3 +151,70 @@ def test_a_failed_pool_block_is_raised_after_every_block_has_finished(graph: Gra
     with pytest.raises(RuntimeError, match="first block failed"):
         op._on_rows(kernel, width=64)
     assert sorted(finished) == sorted(lo for lo, _ in op.row_blocks[1:])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_one_column_step_is_its_column_of_a_block_bit_for_bit(
+    threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A block of one column takes the one-column walk pass (1-D arrays, scalar parameters);
+    it gives each column of a wider block bit for bit: personalized and edge seeds, an
+    isolated seed and isolated rows, noisy and noise-free columns, values past the input clamp
+    and noise past the limit."""
+    base = random_graph(400, 0.02, np.random.default_rng(11))
+    edges = [(u, v) for u in range(base.n) for v in base.neighbors(u).tolist() if u < v < 380]
+    graph = graph_from_edges(edges, n=base.n)  # rows 380.. (and any others) are isolated
+    isolated = np.flatnonzero(graph.degrees == 0)
+    assert isolated.size >= 20
+    op = WalkOperator(graph, threads=threads)
+    if threads == 2:  # split at width 1 on this small graph too
+        monkeypatch.setattr(operator_module, "SPLIT_WORK", 1)
+        assert op.splits(1)
+    width = 12
+    rng = np.random.default_rng(12)  # a test's inputs, not a serving path
+    x = np.abs(rng.normal(size=(graph.n, width))) * 1e-3
+    x[:30] = 9.0  # past INPUT_CLAMP after the step with the large thresholds below
+    x[::7] *= -1.0
+    seeds = np.array([int(isolated[0]) if k == 3 else 5 * k + 1 for k in range(width)])
+    betas = np.linspace(0.5, 0.9, width)
+    etas = np.where(np.arange(width) % 4 == 1, 50.0, 1e-3)
+    personalized = np.arange(width) % 3 == 0
+    slots = np.array([-1 if k in (0, 5) else k % 3 for k in range(width)], dtype=np.int64)
+    grids = 2.0 ** -np.arange(20, 20 + width, dtype=np.float64)
+    limits = (2.0 / grids).astype(np.int64)
+    limits[7] = 3
+    noise = rng.integers(-(2**61), 2**61, size=(3, graph.n), dtype=np.int64)
+    noise[:, ::2] //= 2**40
+    block = op.fused_step(x, seeds=seeds, betas=betas, etas=etas, personalized=personalized,
+                          noise=noise, slots=slots, grids=grids, limits=limits)  # fmt: skip
+    assert block is not None
+    block = block.copy()
+    for k in range(width):
+        one = slice(k, k + 1)
+        alone = op.fused_step(
+            np.ascontiguousarray(x[:, one]), seeds=seeds[one], betas=betas[one],
+            etas=etas[one], personalized=personalized[one], workspace=StepWorkspace(),
+            noise=noise[slots[k]][None, :] if slots[k] >= 0 else None,
+            slots=np.zeros(1, np.int64) if slots[k] >= 0 else None,
+            grids=grids[one], limits=limits[one],
+        )  # fmt: skip
+        assert alone is not None
+        np.testing.assert_array_equal(alone[:, 0], block[:, k])
+
+
+def test_graphs_up_to_65536_nodes_are_walked_through_16_bit_indices() -> None:
+    """The kernels read a read-only uint16 copy of the indices up to COMPACT_INDEX_NODES
+    nodes (the same values), and the graph's own int32 array above."""
+    assert COMPACT_INDEX_NODES == 65_536
+    for n, dtype in ((COMPACT_INDEX_NODES, np.uint16), (COMPACT_INDEX_NODES + 1, np.int32)):
+        graph = graph_from_edges([(0, n - 1), (1, n - 2), (0, 1)], n=n)
+        indices = compact_indices(graph)
+        assert indices.dtype == dtype and not indices.flags.writeable
+        assert np.array_equal(indices.astype(np.int64), graph.indices.astype(np.int64))
+        if dtype == np.int32:
+            assert indices is graph.indices
+        op = WalkOperator(graph, threads=1)
+        z = np.arange(n, dtype=np.float64)
+        expected = np.zeros(n)
+        expected[[0, n - 1, 1, n - 2]] = [n - 1 + 1, 0, n - 2 + 0, 1]
+        assert np.array_equal(op.adjacency_product(z), expected)
