@@ -185,6 +185,9 @@ class _Block:
         self._workspace = StepWorkspace()
         self._noise = np.empty((0, graph.n), dtype=np.int64)
         self._columns = np.empty((0, graph.n), dtype=np.float64)
+        # each column's seed, beta, eta, personalized: None after the columns changed
+        self._column_parameters: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None
+        self._column_parameters = None
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -213,12 +216,14 @@ class _Block:
         _put_columns(x[:, len(self.jobs) :], columns)
         self.x = x
         self.jobs.extend(fresh)
+        self._column_parameters = None
 
     def fail(self, exc: BaseException) -> None:
         for job in self.jobs:
             if not job.future.done():
                 job.future.set_exception(EngineFailure(exc, noise_drawn=job.noise_drawn))
         self.jobs = []
+        self._column_parameters = None
         self.x = np.empty((self.graph.n, 0), dtype=np.float64)
 
     def step(self) -> None:
@@ -243,13 +248,14 @@ class _Block:
                 plan = jobs[i].noise
                 assert plan is not None, "a noisy step needs the query's grid"
                 grids[i], limits[i] = plan.grid, plan.limit
+        seeds, betas, etas, personalized = self._parameters()
         out = thresholded_step(
             self.op,
             before,
-            seeds=np.array([j.seed for j in jobs], dtype=np.int64),
-            betas=np.array([j.config.beta for j in jobs]),
-            etas=np.array([j.config.eta for j in jobs]),
-            personalized=np.array([j.config.mode is Mode.PERSONALIZED for j in jobs]),
+            seeds=seeds,
+            betas=betas,
+            etas=etas,
+            personalized=personalized,
             workspace=self._workspace,
             noise=noise,
             slots=slots,
@@ -278,11 +284,26 @@ class _Block:
         if finished:
             keep = [i for i in range(width) if jobs[i].done_steps < jobs[i].config.steps]
             self.jobs = [jobs[i] for i in keep]
+            self._column_parameters = None
             kept = aligned_block(self.graph.n, len(keep))
             out = np.take(out, keep, axis=1, out=kept, mode="clip")
         self.x = out
         if out is self._workspace.out:  # the previous block is free: the next step's result
             self._workspace.swap(before)
+
+    def _parameters(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Each column's seed, beta, eta and whether it is personalized, built once for the
+        block's columns (again after a column joins or leaves: ``admit``, ``fail`` and ``step``
+        reset them), not at every step."""
+        jobs = self.jobs
+        if self._column_parameters is None:
+            self._column_parameters = (
+                np.array([j.seed for j in jobs], dtype=np.int64),
+                np.array([j.config.beta for j in jobs]),
+                np.array([j.config.eta for j in jobs]),
+                np.array([j.config.mode is Mode.PERSONALIZED for j in jobs]),
+            )
+        return self._column_parameters
 
     def _scratch(self, rows: int) -> np.ndarray:
         """A C-ordered buffer of at least ``rows`` x n for copying columns out of the block."""

@@ -354,6 +354,8 @@ def _compile_walk_column() -> Callable[..., None] | None:
         grid: float,
         limit: int,
         out: Any,
+        inv_degree: Any,
+        z_next: Any,
         lo: int,
         hi: int,
     ) -> None:  # pragma: no cover - compiled
@@ -361,8 +363,15 @@ def _compile_walk_column() -> Callable[..., None] | None:
         scalars: the same operations in the same order, so the same values bit for bit (a
         lone query releases what its column of a block releases), without the block's
         per-column loops and buffers (15% of a width-1 pass on a 10k-node graph). ``noise``
-        is the column's integer noise (n,) on a noisy step, empty on a noise-free one."""
+        is the column's integer noise (n,) on a noisy step, empty on a noise-free one.
+
+        Unless ``z_next`` is empty, it also writes the next step's clip pass of each row,
+        ``z_next[i] = min(max(out[i], 0), t_i) / d_i`` (as clip_rows: times 1 / d_i), with the
+        seed's threshold 1 when ``seed_clipped`` is not NaN (personalized), so that the next
+        step needs no clip pass of its own. (A zero's sign there may differ from clip_rows',
+        which changes no sum: the sums start at +0.0.)"""
         noisy = noise.shape[0] > 0
+        clip_next = z_next.shape[0] > 0
         inverse_grid = 1.0 / grid if noisy else 0.0
         personalized = seed_clipped == seed_clipped  # not NaN: the seed's own threshold
         for i in range(lo, hi):
@@ -398,6 +407,13 @@ def _compile_walk_column() -> Callable[..., None] | None:
                     units = -limit
                 v = np.float64(units) * grid
             out[i] = v
+            if clip_next:
+                if v < 0.0:
+                    v = 0.0
+                t = 1.0 if i == seed and personalized else eta * degrees[i]
+                if v > t:
+                    v = t
+                z_next[i] = v * inv_degree[i]
 
     compiled: Callable[..., None] = njit(nogil=True, cache=True, fastmath=False)(walk_column)
     return compiled

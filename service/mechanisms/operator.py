@@ -17,7 +17,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,8 @@ from service.mechanisms.randomness import fresh_generator
 _NO_NOISE = np.zeros((0, 1), dtype=np.int64)
 #: No noise for a one-column block's walk pass (:func:`service.mechanisms.kernels.walk_column`).
 _NO_COLUMN_NOISE = np.zeros(0, dtype=np.int64)
+#: No next step's clip pass for it to write.
+_NO_FLOATS = np.zeros(0, dtype=np.float64)
 
 
 #: Below this many stored entries times columns, a pass over the rows runs on the calling thread:
@@ -95,23 +97,46 @@ def aligned_block(rows: int, columns: int) -> np.ndarray:
 class StepWorkspace:
     """Reusable n x B buffers of one block step (clipped / d, result), cache-line aligned, so
     that a block of steady width allocates (and page-faults) nothing per step. (The clipped
-    block itself is not stored: the walk kernel recomputes a row's own clipped value.)"""
+    block itself is not stored: the walk kernel recomputes a row's own clipped value.)
+
+    A block of one column also keeps ``z_next``: its walk pass writes the next step's clipped
+    / d there, and ``clipped_for`` records which result (the array object, never written
+    again before the next step reads it) and which (seed, eta, personalized) it belongs to."""
 
     def __init__(self) -> None:
         self.z: np.ndarray
         self.out: np.ndarray
+        self.z_next: np.ndarray
+        self.clipped_for: tuple[np.ndarray, tuple[int, float, bool]] | None
         self.clear()
 
     def clear(self) -> None:
         """Drop the buffers."""
-        self.z = self.out = np.empty((0, 0), dtype=np.float64)
+        self.z = self.out = self.z_next = np.empty((0, 0), dtype=np.float64)
+        self.clipped_for = None
 
     def fits(self, x: np.ndarray) -> bool:
         """Make the buffers x's shape (reallocating if it changed); False if ``x`` is one."""
         if self.out.shape != x.shape:
             self.clear()  # the old buffers go before the new ones are allocated
             self.z, self.out = (aligned_block(*x.shape) for _ in "zo")
-        return not any(np.may_share_memory(x, b) for b in (self.z, self.out))
+            if x.shape[1] == 1:
+                self.z_next = aligned_block(*x.shape)
+        return not any(np.may_share_memory(x, b) for b in (self.z, self.out, self.z_next))
+
+    def holds_clipped(self, x: np.ndarray, key: tuple[int, float, bool]) -> bool:
+        """Whether ``z`` holds the clipped / d of the one-column result ``x`` for ``key``."""
+        return (
+            self.clipped_for is not None
+            and self.clipped_for[0] is x
+            and (self.clipped_for[1] == key)
+        )
+
+    def clipped_next(self, out: np.ndarray, key: tuple[int, float, bool]) -> None:
+        """The walk pass that wrote ``out`` wrote its clipped / d into ``z_next``: the next
+        step's ``z``."""
+        self.z, self.z_next = self.z_next, self.z
+        self.clipped_for = (out, key)
 
     def swap(self, x: np.ndarray) -> None:
         """Take ``x`` (no longer needed, same shape) as the next step's result buffer."""
@@ -171,9 +196,11 @@ class WalkOperator:
             return
         column = np.zeros((self.n, 1))
         for noise in (_NO_COLUMN_NOISE, np.zeros((1, self.n), dtype=np.int64)[0]):
-            self._walk_column(self._indptr, self._indices, column[:, 0], column[:, 0],
-                              self.degrees, 1.0, self._isolated_mask, 0.5, 0, np.nan, 0.5,
-                              noise, 1.0, 0, column[:, 0], 0, 0)  # fmt: skip
+            for z_next in (_NO_FLOATS, column[:, 0]):
+                self._walk_column(self._indptr, self._indices, column[:, 0], column[:, 0],
+                                  self.degrees, 1.0, self._isolated_mask, 0.5, 0, np.nan, 0.5,
+                                  noise, 1.0, 0, column[:, 0], self.inv_degree, z_next,
+                                  0, 0)  # fmt: skip
 
     @property
     def row_blocks(self) -> list[tuple[int, int]]:
@@ -246,6 +273,13 @@ class WalkOperator:
             z, out = np.empty_like(x), np.empty_like(x)
         width = x.shape[1]
         etas = np.ascontiguousarray(etas, dtype=np.float64)
+        if width == 1 and self._walk_column is not None:  # a lone query: 1-D, scalars
+            return self._one_column_step(
+                clip_rows, self._walk_column, x, z, out, workspace, etas,
+                seed=int(seeds[0]), beta=float(betas[0]),
+                personalized=bool(personalized[0]), noise=noise, slots=slots, grids=grids,
+                limits=limits,
+            )  # fmt: skip
         betas = np.ascontiguousarray(betas, dtype=np.float64)
         seeds = np.ascontiguousarray(seeds, dtype=np.int64)
         self._on_rows(clip_rows, x, self.degrees, self.inv_degree, etas, z, width=width,
@@ -260,33 +294,84 @@ class WalkOperator:
             noise, slots = _NO_NOISE, np.full(width, -1, dtype=np.int64)
             grids, limits = np.ones(width), np.zeros(width, dtype=np.int64)
         else:
-            if noise.dtype != np.int64:
-                raise ValueError("the grid step's noise is integer (int64) grid units")
-            noise = np.ascontiguousarray(noise)
-            slots = np.ascontiguousarray(slots, dtype=np.int64)
-            grids = np.ascontiguousarray(grids, dtype=np.float64)
-            limits = np.ascontiguousarray(limits, dtype=np.int64)
-            if (
-                noise.shape[1] != self.n
-                or slots.shape != (width,)
-                or grids.shape != (width,)
-                or limits.shape != (width,)
-                or slots.max() >= len(noise)
-            ):
-                raise ValueError("noise must be S x n with one slot in [-1, S) per column")
-        if width == 1 and self._walk_column is not None:  # a lone query: 1-D, scalars
-            slot = int(slots[0])
-            self._on_rows(self._walk_column, self._indptr, self._indices, z[:, 0], x[:, 0],
-                          self.degrees, float(etas[0]), self._isolated_mask, float(betas[0]),
-                          int(seeds[0]), float(seed_clipped[0]), float(1.0 - betas[0]),
-                          noise[slot] if slot >= 0 else _NO_COLUMN_NOISE, float(grids[0]),
-                          int(limits[0]), out[:, 0], width=1)  # fmt: skip
-            return out
+            noise, slots, grids, limits = self._checked_noise(noise, slots, grids, limits, width)
         seed_rows = np.zeros(self.n, dtype=np.bool_)
         seed_rows[seeds] = True
         self._on_rows(walk_rows, self._indptr, self._indices, z, x, self.degrees, etas,
                       self._isolated_mask, betas, seed_rows, seeds, seed_clipped, 1.0 - betas,
                       noise, slots, grids, limits, out, width=width)  # fmt: skip
+        return out
+
+    def _checked_noise(
+        self,
+        noise: np.ndarray,
+        slots: np.ndarray,
+        grids: np.ndarray,
+        limits: np.ndarray,
+        width: int,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The noise arguments of :meth:`fused_step`, C-ordered, or ValueError."""
+        if noise.dtype != np.int64:
+            raise ValueError("the grid step's noise is integer (int64) grid units")
+        noise = np.ascontiguousarray(noise)
+        slots = np.ascontiguousarray(slots, dtype=np.int64)
+        grids = np.ascontiguousarray(grids, dtype=np.float64)
+        limits = np.ascontiguousarray(limits, dtype=np.int64)
+        if (
+            noise.shape[1] != self.n
+            or slots.shape != (width,)
+            or grids.shape != (width,)
+            or limits.shape != (width,)
+            or slots.max() >= len(noise)
+        ):
+            raise ValueError("noise must be S x n with one slot in [-1, S) per column")
+        return noise, slots, grids, limits
+
+    def _one_column_step(
+        self,
+        clip_rows: Callable[..., None],
+        walk_column: Callable[..., None],
+        x: np.ndarray,
+        z: np.ndarray,
+        out: np.ndarray,
+        workspace: StepWorkspace | None,
+        etas: np.ndarray,
+        *,
+        seed: int,
+        beta: float,
+        personalized: bool,
+        noise: np.ndarray | None,
+        slots: np.ndarray | None,
+        grids: np.ndarray | None,
+        limits: np.ndarray | None,
+    ) -> np.ndarray:
+        """fused_step for a block of one column: the one-column walk pass, which also writes
+        the next step's clip pass when the result is the workspace's (``clipped_next``), so
+        that a chain of steps through one workspace runs one pass a step."""
+        key = (seed, float(etas[0]), personalized)
+        clipped = workspace is not None and z is workspace.z and workspace.holds_clipped(x, key)
+        if not clipped:
+            self._on_rows(clip_rows, x, self.degrees, self.inv_degree, etas, z, width=1,
+                          per_row=True)  # fmt: skip
+        seed_clipped = np.nan
+        if personalized:  # the seed's threshold is 1 in personalized mode
+            c = np.minimum(np.maximum(x[seed, 0], 0.0), 1.0)
+            seed_clipped = float(c)
+            if not clipped:
+                z[seed, 0] = c * self.inv_degree[seed]
+        noise_row, grid, limit = _NO_COLUMN_NOISE, 1.0, 0
+        if noise is not None and slots is not None and grids is not None and limits is not None:
+            noise, slots, grids, limits = self._checked_noise(noise, slots, grids, limits, 1)
+            if slots[0] >= 0:
+                noise_row, grid, limit = noise[slots[0]], float(grids[0]), int(limits[0])
+        chained = workspace is not None and out is workspace.out
+        z_next = workspace.z_next[:, 0] if workspace is not None and chained else _NO_FLOATS
+        self._on_rows(walk_column, self._indptr, self._indices, z[:, 0], x[:, 0],
+                      self.degrees, key[1], self._isolated_mask, beta, seed, seed_clipped,
+                      1.0 - beta, noise_row, grid, limit, out[:, 0], self.inv_degree, z_next,
+                      width=1)  # fmt: skip
+        if workspace is not None and chained:
+            workspace.clipped_next(out, key)
         return out
 
     def columns(
@@ -320,7 +405,8 @@ class WalkOperator:
         try:
             kernel(*args, lo, hi)
         finally:  # the other blocks write into the same buffers: wait for all of them first
-            wait(parts)
+            for part in parts:
+                part.exception()  # waits; raises nothing (below, result() does)
         for part in parts:
             part.result()
 

@@ -218,3 +218,39 @@ def test_graphs_up_to_65536_nodes_are_walked_through_16_bit_indices() -> None:
         expected = np.zeros(n)
         expected[[0, n - 1, 1, n - 2]] = [n - 1 + 1, 0, n - 2 + 0, 1]
         assert np.array_equal(op.adjacency_product(z), expected)
+
+
+@pytest.mark.parametrize("personalized", [True, False])
+def test_a_one_column_walk_pass_writes_the_next_steps_clip_pass(
+    graph: Graph, personalized: bool
+) -> None:
+    """Steps chained through one workspace (each walk pass writes the next step's clipped / d)
+    give what steps with a clip pass of their own give, bit for bit, noisy steps included; a
+    result that is not the last one returned, or another seed or eta, gets its own clip pass."""
+    rng = np.random.default_rng(21)  # a test's inputs, not a serving path
+    op = WalkOperator(graph, threads=2)
+    args = {"seeds": np.array([17]), "betas": np.array([0.8]), "etas": np.array([1e-4]),
+            "personalized": np.array([personalized])}  # fmt: skip
+    noise = rng.integers(-(2**20), 2**20, size=(1, graph.n), dtype=np.int64)
+    noisy = {"noise": noise, "slots": np.zeros(1, np.int64), "grids": np.array([2.0**-30]),
+             "limits": np.array([2**40], dtype=np.int64)}  # fmt: skip
+    x = np.zeros((graph.n, 1))
+    x[17] = 1.0
+    chained, fresh = StepWorkspace(), x.copy()
+    for step in range(8):
+        extra = noisy if step >= 5 else {}
+        out = op.fused_step(x, **args, workspace=chained, **extra)
+        expected = op.fused_step(fresh, **args, workspace=StepWorkspace(), **extra)
+        assert out is not None and expected is not None
+        assert np.array_equal(out, expected)
+        fresh = expected.copy()
+        before, x = x, out
+        chained.swap(before)  # as the engine does: the spent input is the next result buffer
+        assert chained.holds_clipped(out, (17, 1e-4, personalized))
+    copy = x.copy()  # the same values in another array: a clip pass of its own
+    assert not chained.holds_clipped(copy, (17, 1e-4, personalized))
+    assert not chained.holds_clipped(x, (17, 2e-4, personalized))
+    other = {**args, "etas": np.array([2e-4])}
+    a = op.fused_step(x, **other, workspace=chained)
+    assert a is not None
+    assert np.array_equal(a, op.fused_step(copy, **other, workspace=StepWorkspace()))
