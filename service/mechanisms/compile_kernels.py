@@ -11,7 +11,8 @@ kernels are compiled on the built-in demo graph, and the noise drawn is discarde
 numba compiles one variant of a kernel per argument type, read-only flags included, so the
 graph kernels are compiled for each kind of graph the service holds: in memory and mapped from
 a snapshot (every worker's), each with int32 row offsets and with int64 ones (a graph of more
-than 2^31 stored entries; test graphs built through scipy).
+than 2^31 stored entries; test graphs built through scipy), and each walked through 16-bit
+column indices (graphs of at most 65,536 nodes) and through the graph's own int32 ones.
 """
 
 from __future__ import annotations
@@ -109,8 +110,13 @@ def _discrete_gaussian() -> None:
 
 def _diffusion_engine() -> None:
     from service.mechanisms.engine import warm_engine
+    from service.mechanisms.operator import WalkOperator
 
-    _warm_each_kind(warm_engine)
+    def warm(kind: Graph) -> None:
+        warm_engine(kind)  # 16-bit indices: the demo graph is below COMPACT_INDEX_NODES
+        warm_engine(kind, WalkOperator(kind, threads=1, compact=False))  # larger graphs'
+
+    _warm_each_kind(warm)
 
 
 def _pushflowcap() -> None:

@@ -149,7 +149,7 @@ class StepWorkspace:
 class WalkOperator:
     """Applies W = (I + P) / 2 with P = A D^-1; a node of degree 0 keeps its mass (W e_i = e_i)."""
 
-    def __init__(self, graph: Graph, threads: int | None = None) -> None:
+    def __init__(self, graph: Graph, threads: int | None = None, *, compact: bool = True) -> None:
         self.n = graph.n
         # float64 degrees and 1/degree: the graph's own arrays (shared pages when it was
         # mapped from a snapshot), not a copy per process
@@ -165,7 +165,9 @@ class WalkOperator:
         self._pool = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
         self._entries = int(graph.indptr[-1])
         self._indptr = graph.indptr
-        self._indices = compact_indices(graph)
+        # compact=False: the graph's own indices at any size (the kernels' variant for graphs
+        # above COMPACT_INDEX_NODES, which compile_kernels compiles on the demo graph)
+        self._indices = compact_indices(graph) if compact else graph.indices
         self._kernel = block_kernel()
         self._step = step_kernels()
         self._gather = gather_kernel()
