@@ -18,7 +18,7 @@ from service.config import Settings
 from service.graph.configured import load_configured_graph
 from service.graph.generate import write_generated_edge_list
 from service.graph.loader import load_edge_list
-from service.graph.model import Graph
+from service.graph.model import COMPACT_INDEX_NODES, Graph
 from service.graph.node_ids import PackedIds
 from service.graph.snapshot import (
     SnapshotInvalid,
@@ -93,7 +93,11 @@ def test_the_kernels_read_the_mapped_arrays_without_copying(
     reference = load_edge_list(graph_file)
     op = WalkOperator(mapped, threads=2)
     assert np.shares_memory(op._indptr, mapped.indptr)
-    assert np.shares_memory(op._indices, mapped.indices)
+    assert mapped.n <= COMPACT_INDEX_NODES  # the kernels read the mapped 16-bit indices
+    assert op._indices is mapped.derived["compact_indices"] is mapped.compact_indices
+    assert op._indices.dtype == np.uint16 and not op._indices.flags.owndata
+    assert np.array_equal(op._indices, mapped.indices)
+    assert np.shares_memory(WalkOperator(mapped, compact=False)._indices, mapped.indices)
     assert op.degrees is mapped.derived["float_degrees"]
     assert op.inv_degree is mapped.derived["inverse_degrees"]
     assert not op.inv_degree.flags.owndata and not op.inv_degree.flags.writeable

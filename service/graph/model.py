@@ -15,6 +15,14 @@ if TYPE_CHECKING:
     import scipy.sparse as sp
 
 
+#: Graphs with at most this many nodes are walked through a 16-bit copy of their column
+#: indices (:attr:`Graph.compact_indices`): the stream of indices a pass reads halves, and on a
+#: graph the size of the held-out blog network (10,312 nodes, 667,966 entries) each thread's
+#: half of it fits in its core's 1 MiB L2 cache. 94 width-1 passes there, split over two
+#: threads: 57-62 against 44-49 ms. The sums are the same bit for bit (same entries, order).
+COMPACT_INDEX_NODES = 1 << 16
+
+
 @dataclass(frozen=True)
 class GraphStats:
     """Summary numbers of a loaded graph (safe to show to admins; no per-node data).
@@ -101,6 +109,20 @@ class Graph:
         if mapped is not None:
             return mapped
         out = self.degrees.astype(np.float64)
+        out.setflags(write=False)
+        return out
+
+    @cached_property
+    def compact_indices(self) -> np.ndarray:
+        """The column indices the walk kernels read: a read-only uint16 copy of ``indices``
+        (2 bytes an entry; mapped from a snapshot when there is one, so the workers share it)
+        when the graph has at most :data:`COMPACT_INDEX_NODES` nodes, else ``indices``."""
+        if self.n > COMPACT_INDEX_NODES:
+            return self.indices
+        mapped = self.derived.get("compact_indices")
+        if mapped is not None:
+            return mapped
+        out = self.indices.astype(np.uint16)
         out.setflags(write=False)
         return out
 

@@ -43,13 +43,13 @@ import numpy as np
 
 from service.atomic_files import atomic_file
 from service.errors import GraphLoadError
-from service.graph.model import Graph, GraphStats
+from service.graph.model import COMPACT_INDEX_NODES, Graph, GraphStats
 from service.graph.node_ids import PackedIds
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2
-MAGIC = b"PPRCSR\x00\x02"
+FORMAT = 3
+MAGIC = b"PPRCSR\x00\x03"
 ALIGN = 64
 SUFFIX = ".csr"
 STALE_SECONDS = 7 * 24 * 3600.0
@@ -57,6 +57,8 @@ STALE_SECONDS = 7 * 24 * 3600.0
 
 _CSR_ARRAYS = ("indptr", "indices", "degrees")
 _DERIVED_ARRAYS = ("float_degrees", "inverse_degrees")  # what the walk operator reads
+#: ... and, for a graph of at most COMPACT_INDEX_NODES nodes, its 16-bit column indices
+_COMPACT = "compact_indices"
 
 
 class SnapshotInvalid(ValueError):
@@ -105,6 +107,8 @@ def write_snapshot(graph: Graph, path: Path, source_fingerprint: str) -> None:
     )
     arrays: dict[str, np.ndarray] = {name: getattr(graph, name) for name in _CSR_ARRAYS}
     arrays.update({name: getattr(graph, name) for name in _DERIVED_ARRAYS})
+    if graph.n <= COMPACT_INDEX_NODES:
+        arrays[_COMPACT] = graph.compact_indices
     arrays.update(packed.arrays)
     layout: dict[str, dict[str, Any]] = {}
     offset = 0
@@ -301,7 +305,7 @@ def _graph_of(mapping: mmap.mmap, path: Path, size: int, expected: str | None) -
             ids=ids,
             version=str(header["version"]),
             stats=GraphStats(**header["stats"]),
-            derived={name: arrays[name] for name in _DERIVED_ARRAYS},
+            derived={name: arrays[name] for name in (*_DERIVED_ARRAYS, _COMPACT) if name in arrays},
         )
     except SnapshotInvalid:
         raise

@@ -57,24 +57,6 @@ _NO_FLOATS = np.zeros(0, dtype=np.float64)
 #: from 1.76-1.81 to 1.38-1.56 ms warm and from 1.36-1.39 to 1.17-1.25 ms cold.
 SPLIT_WORK = 400_000
 
-#: Graphs with at most this many nodes are walked through a 16-bit copy of their column
-#: indices (:func:`compact_indices`): the stream of indices a pass reads halves, and on a graph
-#: the size of the held-out blog network (10,312 nodes, 667,966 entries) each thread's half of
-#: it fits in its core's 1 MiB L2 cache. 94 width-1 passes there, split over two threads: 57-62
-#: against 44-49 ms. The sums are the same bit for bit (same entries, same order).
-COMPACT_INDEX_NODES = 1 << 16
-
-
-def compact_indices(graph: Graph) -> np.ndarray:
-    """The column indices the kernels read: a read-only uint16 copy of ``graph.indices`` (2
-    bytes an entry in each process: 0.35 MiB for ego-Facebook) when the graph has at most
-    :data:`COMPACT_INDEX_NODES` nodes, else the graph's own int32 array."""
-    if graph.n > COMPACT_INDEX_NODES:
-        return graph.indices
-    compact = graph.indices.astype(np.uint16)
-    compact.setflags(write=False)
-    return compact
-
 
 def default_threads() -> int:
     return max(1, min(2, os.cpu_count() or 1))
@@ -165,9 +147,10 @@ class WalkOperator:
         self._pool = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
         self._entries = int(graph.indptr[-1])
         self._indptr = graph.indptr
-        # compact=False: the graph's own indices at any size (the kernels' variant for graphs
-        # above COMPACT_INDEX_NODES, which compile_kernels compiles on the demo graph)
-        self._indices = compact_indices(graph) if compact else graph.indices
+        # 16-bit indices on graphs of at most COMPACT_INDEX_NODES (service/graph/model.py);
+        # compact=False: the graph's own at any size (the kernels' variant for larger graphs,
+        # which compile_kernels compiles on the demo graph)
+        self._indices = graph.compact_indices if compact else graph.indices
         self._kernel = block_kernel()
         self._step = step_kernels()
         self._gather = gather_kernel()

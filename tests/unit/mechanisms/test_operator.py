@@ -13,15 +13,9 @@ import pytest
 
 from service.graph.generate import write_generated_edge_list
 from service.graph.loader import load_edge_list
-from service.graph.model import Graph
+from service.graph.model import COMPACT_INDEX_NODES, Graph
 from service.mechanisms import operator as operator_module
-from service.mechanisms.operator import (
-    COMPACT_INDEX_NODES,
-    SPLIT_WORK,
-    StepWorkspace,
-    WalkOperator,
-    compact_indices,
-)
+from service.mechanisms.operator import SPLIT_WORK, StepWorkspace, WalkOperator
 from tests.graph_helpers import graph_from_edges, random_graph
 
 
@@ -203,17 +197,18 @@ def test_a_one_column_step_is_its_column_of_a_block_bit_for_bit(
 
 
 def test_graphs_up_to_65536_nodes_are_walked_through_16_bit_indices() -> None:
-    """The kernels read a read-only uint16 copy of the indices up to COMPACT_INDEX_NODES
-    nodes (the same values), and the graph's own int32 array above."""
+    """The kernels read the graph's read-only uint16 copy of its indices up to
+    COMPACT_INDEX_NODES nodes (the same values), and the graph's own int32 array above."""
     assert COMPACT_INDEX_NODES == 65_536
     for n, dtype in ((COMPACT_INDEX_NODES, np.uint16), (COMPACT_INDEX_NODES + 1, np.int32)):
         graph = graph_from_edges([(0, n - 1), (1, n - 2), (0, 1)], n=n)
-        indices = compact_indices(graph)
+        indices = graph.compact_indices
         assert indices.dtype == dtype and not indices.flags.writeable
         assert np.array_equal(indices.astype(np.int64), graph.indices.astype(np.int64))
         if dtype == np.int32:
             assert indices is graph.indices
         op = WalkOperator(graph, threads=1)
+        assert np.shares_memory(op._indices, indices)  # the graph's, not a copy of its own
         z = np.arange(n, dtype=np.float64)
         expected = np.zeros(n)
         expected[[0, n - 1, 1, n - 2]] = [n - 1 + 1, 0, n - 2 + 0, 1]
@@ -252,5 +247,6 @@ def test_a_one_column_walk_pass_writes_the_next_steps_clip_pass(
     assert not chained.holds_clipped(x, (17, 2e-4, personalized))
     other = {**args, "etas": np.array([2e-4])}
     a = op.fused_step(x, **other, workspace=chained)
-    assert a is not None
-    assert np.array_equal(a, op.fused_step(copy, **other, workspace=StepWorkspace()))
+    b = op.fused_step(copy, **other, workspace=StepWorkspace())
+    assert a is not None and b is not None
+    assert np.array_equal(a, b)
