@@ -346,10 +346,11 @@ class _Block:
 
 
 def warm_engine(graph: Graph, op: WalkOperator | None = None) -> None:
-    """Run a short cold and a warm query of each mode through the block engine on ``graph``
-    and discard them: numba compiles (or loads) every kernel variant this graph's arrays
-    need (their dtypes and read-only flags) before the graph takes traffic, not in its first
-    queries. The noise comes from the OS like any query's and is never released."""
+    """Run a short cold and a warm query of each mode through the block engine on ``graph``,
+    alone and as a block of two, and discard them: numba compiles (or loads) every kernel
+    variant this graph's arrays need (their dtypes and read-only flags) before the graph
+    takes traffic, not in its first queries. The noise comes from the OS like any query's
+    and is never released."""
     from service.mechanisms.randomness import fresh_generator
     from service.privacy.curves import min_noise_free_steps
 
@@ -364,6 +365,10 @@ def warm_engine(graph: Graph, op: WalkOperator | None = None) -> None:
         warm = DiffusionJob(0, config, rng=fresh_generator(), prefix=prefix, keep_prefix=False)
         _run_block(graph, op, [warm])
         warm.future.result()
+        pair = [DiffusionJob(0, config, rng=fresh_generator()) for _ in range(2)]
+        _run_block(graph, op, pair)  # a block of columns: the block kernels, not the lone pass
+        for job in pair:
+            job.future.result()
 
 
 def run_jobs(graph: Graph, jobs: list[DiffusionJob]) -> None:
