@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -102,15 +103,20 @@ class Graph:
         builds it on first use, so the serving path reads ``ids`` instead)."""
         return self.ids.as_array()
 
+    def _mapped_or(self, name: str, compute: Callable[[], np.ndarray]) -> np.ndarray:
+        """The derived array ``name`` mapped from a snapshot, else ``compute()`` made
+        read-only."""
+        mapped = self.derived.get(name)
+        if mapped is not None:
+            return mapped
+        out = compute()
+        out.setflags(write=False)
+        return out
+
     @cached_property
     def float_degrees(self) -> np.ndarray:
         """``degrees`` as float64 (read-only; mapped from a snapshot when there is one)."""
-        mapped = self.derived.get("float_degrees")
-        if mapped is not None:
-            return mapped
-        out = self.degrees.astype(np.float64)
-        out.setflags(write=False)
-        return out
+        return self._mapped_or("float_degrees", lambda: self.degrees.astype(np.float64))
 
     @cached_property
     def compact_indices(self) -> np.ndarray:
@@ -119,24 +125,19 @@ class Graph:
         when the graph has at most :data:`COMPACT_INDEX_NODES` nodes, else ``indices``."""
         if self.n > COMPACT_INDEX_NODES:
             return self.indices
-        mapped = self.derived.get("compact_indices")
-        if mapped is not None:
-            return mapped
-        out = self.indices.astype(np.uint16)
-        out.setflags(write=False)
-        return out
+        return self._mapped_or("compact_indices", lambda: self.indices.astype(np.uint16))
 
     @cached_property
     def inverse_degrees(self) -> np.ndarray:
         """1 / degree, 0 for an isolated node (float64, read-only; mapped from a snapshot
         when there is one)."""
-        mapped = self.derived.get("inverse_degrees")
-        if mapped is not None:
-            return mapped
-        d = self.float_degrees
-        out: np.ndarray = np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
-        out.setflags(write=False)
-        return out
+
+        def inverse() -> np.ndarray:
+            d = self.float_degrees
+            out: np.ndarray = np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
+            return out
+
+        return self._mapped_or("inverse_degrees", inverse)
 
     @property
     def n(self) -> int:
