@@ -43,7 +43,7 @@ import numpy as np
 
 from service.atomic_files import atomic_file
 from service.errors import GraphLoadError
-from service.graph.model import COMPACT_INDEX_NODES, Graph, GraphStats
+from service.graph.model import Graph, GraphStats
 from service.graph.node_ids import PackedIds
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ STALE_SECONDS = 7 * 24 * 3600.0
 
 _CSR_ARRAYS = ("indptr", "indices", "degrees")
 _DERIVED_ARRAYS = ("float_degrees", "inverse_degrees")  # what the walk operator reads
-#: ... and, for a graph of at most COMPACT_INDEX_NODES nodes, its 16-bit column indices
+#: ... and, for a graph small enough (COMPACT_INDEX_NODES), its 16-bit column indices
 _COMPACT = "compact_indices"
 
 
@@ -107,7 +107,7 @@ def write_snapshot(graph: Graph, path: Path, source_fingerprint: str) -> None:
     )
     arrays: dict[str, np.ndarray] = {name: getattr(graph, name) for name in _CSR_ARRAYS}
     arrays.update({name: getattr(graph, name) for name in _DERIVED_ARRAYS})
-    if graph.n <= COMPACT_INDEX_NODES:
+    if graph.compact_indices is not graph.indices:  # a 16-bit copy (a small graph)
         arrays[_COMPACT] = graph.compact_indices
     arrays.update(packed.arrays)
     layout: dict[str, dict[str, Any]] = {}

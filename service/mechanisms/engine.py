@@ -179,7 +179,7 @@ class _Block:
     def __init__(self, graph: Graph, op: WalkOperator) -> None:
         self.graph = graph
         self.op = op
-        self.jobs: list[DiffusionJob] = []
+        self._jobs: tuple[DiffusionJob, ...] = ()
         self.x = np.empty((graph.n, 0), dtype=np.float64)
         self._max_degree = margin_degree(graph)
         self._workspace = StepWorkspace()
@@ -187,6 +187,17 @@ class _Block:
         self._columns = np.empty((0, graph.n), dtype=np.float64)
         # each column's seed, beta, eta, personalized: None after the columns changed
         self._column_parameters: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None
+        self._column_parameters = None
+
+    @property
+    def jobs(self) -> tuple[DiffusionJob, ...]:
+        """The block's columns' queries, in column order."""
+        return self._jobs
+
+    @jobs.setter
+    def jobs(self, jobs: tuple[DiffusionJob, ...]) -> None:
+        """The only way the columns change: their parameters are built again at the next step."""
+        self._jobs = jobs
         self._column_parameters = None
 
     def __len__(self) -> int:
@@ -215,15 +226,13 @@ class _Block:
         x[:, : len(self.jobs)] = self.x
         _put_columns(x[:, len(self.jobs) :], columns)
         self.x = x
-        self.jobs.extend(fresh)
-        self._column_parameters = None
+        self.jobs = (*self.jobs, *fresh)
 
     def fail(self, exc: BaseException) -> None:
         for job in self.jobs:
             if not job.future.done():
                 job.future.set_exception(EngineFailure(exc, noise_drawn=job.noise_drawn))
-        self.jobs = []
-        self._column_parameters = None
+        self.jobs = ()
         self.x = np.empty((self.graph.n, 0), dtype=np.float64)
 
     def step(self) -> None:
@@ -283,8 +292,7 @@ class _Block:
                 job.future.set_result(EngineResult(scores, prefix))
         if finished:
             keep = [i for i in range(width) if jobs[i].done_steps < jobs[i].config.steps]
-            self.jobs = [jobs[i] for i in keep]
-            self._column_parameters = None
+            self.jobs = tuple(jobs[i] for i in keep)
             kept = aligned_block(self.graph.n, len(keep))
             out = np.take(out, keep, axis=1, out=kept, mode="clip")
         self.x = out
@@ -293,8 +301,8 @@ class _Block:
 
     def _parameters(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Each column's seed, beta, eta and whether it is personalized, built once for the
-        block's columns (again after a column joins or leaves: ``admit``, ``fail`` and ``step``
-        reset them), not at every step."""
+        block's columns (again after they change: the ``jobs`` setter resets them), not at
+        every step."""
         jobs = self.jobs
         if self._column_parameters is None:
             self._column_parameters = (

@@ -108,10 +108,8 @@ class StepWorkspace:
 
     def holds_clipped(self, x: np.ndarray, key: tuple[int, float, bool]) -> bool:
         """Whether ``z`` holds the clipped / d of the one-column result ``x`` for ``key``."""
-        return (
-            self.clipped_for is not None
-            and self.clipped_for[0] is x
-            and (self.clipped_for[1] == key)
+        return self.clipped_for is not None and (
+            self.clipped_for[0] is x and self.clipped_for[1] == key
         )
 
     def clipped_next(self, out: np.ndarray, key: tuple[int, float, bool]) -> None:
