@@ -1,20 +1,24 @@
 """Where a block of the batched engine spends its time, phase by phase (wall and CPU).
 
-Runs blocks of B queries on ``run_jobs`` (the engine's block code) on a generated graph, warm
-(noise-free prefix given: the L noisy steps only) and cold (all K steps), and times each phase
-of a block step by wrapping the engine's functions:
+Runs blocks of B queries on ``run_jobs`` (the engine's block code) on a generated graph (or an
+edge list), warm (noise-free prefix given: the L noisy steps only) and cold (all K steps), and
+times each phase of a block step by wrapping the engine's functions:
 
 * ``sparse step``: clip + the CSR block product, with the noisy columns' xi1 + xi2 added in
   the product's pass over the rows (``thresholded_step``), both threads;
-* ``noise draws``: each noisy column's 2n float64 exponentials and sign words (compiled
-  ziggurat on its own PCG64DXSM generator) turned into its xi1 + xi2 (``_draw_noise``), columns
-  split over both threads;
+* ``noise draws``: each noisy column's n exact draws of the pair sum's law (one integer
+  xi1 + xi2 a node, in grid units) from its own word stream (``_draw_noise``), columns split
+  over both threads;
 * ``admit``: building the block from the start vectors.
 
 CPU time is the process's (all threads), so on an idle 2-core machine wall ~ CPU / 2 for the
 parallel phases; on a loaded machine compare CPU times. Usage:
 
     python benchmarks/engine_profile.py --generate 100000,2000000 --batch 32 --repeats 3
+    python benchmarks/engine_profile.py --graph ../shared/data/facebook_combined.txt --epsilon 0.01
+
+``--graph FILE`` profiles an edge list the service would load (the HTTP benchmarks' graph)
+instead of a generated one.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from typing import Any
 import numpy as np
 
 import service.mechanisms.engine as engine
+from service.errors import GraphLoadError
 from service.graph.generate import generate_graph
+from service.graph.loader import load_edge_list
 from service.mechanisms.randomness import fresh_generator
 from service.privacy.calibration import DiffusionConfig, plan_diffusion
 from service.privacy.modes import Mode
@@ -51,12 +57,24 @@ def _wrap(samples: Samples, name: str, fn: Callable[..., Any]) -> Callable[..., 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--generate", default="100000,2000000", metavar="NODES,EDGES")
+    parser.add_argument(
+        "--graph",
+        default=None,
+        metavar="FILE",
+        help="an edge list to profile instead of a generated graph",
+    )
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epsilon", type=float, default=0.1)
     args = parser.parse_args()
-    nodes, edges = (int(p) for p in args.generate.split(","))
-    graph = generate_graph(nodes, edges, seed=0)
+    if args.graph is not None:
+        try:
+            graph = load_edge_list(args.graph)
+        except GraphLoadError as exc:
+            parser.error(str(exc))
+    else:
+        nodes, edges = (int(p) for p in args.generate.split(","))
+        graph = generate_graph(nodes, edges, seed=0)
     delta = min(1e-6, 1.0 / graph.m)
     config = plan_diffusion(args.epsilon, delta, 100, 0.8, 1e-7, Mode.EDGE).config
     seeds = np.random.default_rng(12345).choice(graph.n, args.batch, replace=False)
