@@ -56,12 +56,10 @@ def _wrap(samples: Samples, name: str, fn: Callable[..., Any]) -> Callable[..., 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--generate", default="100000,2000000", metavar="NODES,EDGES")
-    parser.add_argument(
-        "--graph",
-        default=None,
-        metavar="FILE",
-        help="an edge list to profile instead of a generated graph",
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--generate", default="100000,2000000", metavar="NODES,EDGES")
+    source.add_argument(
+        "--graph", metavar="FILE", help="an edge list to profile instead of a generated graph"
     )
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
