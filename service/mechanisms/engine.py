@@ -41,7 +41,7 @@ import numpy as np
 
 from service.graph.model import Graph
 from service.graph.public_bounds import public_degree_bound
-from service.mechanisms.grid_noise import draw_pair_noise, grid_step
+from service.mechanisms.grid_noise import draw_pair_noise, draw_pair_noises, grid_step
 from service.mechanisms.operator import StepWorkspace, WalkOperator, aligned_block, walk_operator
 from service.mechanisms.word_stream import stream_from
 from service.privacy.calibration import DiffusionConfig
@@ -344,13 +344,27 @@ class _Block:
         return noise
 
     def _draw(self, noisy: list[int], noise: np.ndarray, slots: range) -> None:
-        """Column noisy[q]'s noise M into noise[q], from its own word stream."""
+        """Column noisy[q]'s noise M into noise[q], from its own word stream: the columns of
+        one plan (their gamma) in one compiled call, each stream moved on in place."""
+        by_plan: dict[tuple[int, int], list[int]] = {}
         for q in slots:
             job = self.jobs[noisy[q]]
             assert job.rng is not None and job.noise is not None, "a noisy step needs its generator"
             if job.stream is None:
                 job.stream = stream_from(job.rng)
-            draw_pair_noise(job.stream, job.noise, self.graph.n, noise[q])
+            by_plan.setdefault((job.noise.s, job.noise.t), []).append(q)
+        for group in by_plan.values():
+            jobs = [self.jobs[noisy[q]] for q in group]
+            plan = jobs[0].noise
+            assert plan is not None
+            if len(group) == 1:
+                assert jobs[0].stream is not None
+                draw_pair_noise(jobs[0].stream, plan, self.graph.n, noise[group[0]])
+                continue
+            streams = np.stack([job.stream for job in jobs])  # type: ignore[misc]
+            draw_pair_noises(streams, plan, noise, np.array(group, dtype=np.int64))
+            for job, moved in zip(jobs, streams, strict=True):
+                job.stream = moved
 
 
 def warm_engine(graph: Graph, op: WalkOperator | None = None) -> None:

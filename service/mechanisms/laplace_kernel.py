@@ -50,6 +50,7 @@ __all__ = [
     "draw_one",
     "ratio_gate",
     "rounded_laplace_kernel",
+    "streamed_columns_kernel",
     "streamed_kernel",
 ]
 
@@ -432,3 +433,41 @@ def streamed_kernel(
         fill_words(stream, words, np.int64(kept))
         state[0] = 0
         state[2] = OK
+
+
+@jit
+def streamed_columns_kernel(
+    streams: np.ndarray, rows: np.ndarray, words: np.ndarray, state: np.ndarray,
+    bits: np.ndarray, scratch: np.ndarray, first: np.ndarray, deeper: np.ndarray,
+    guide: np.ndarray, tail_first: np.ndarray, tail_deeper: np.ndarray, tail_guide: np.ndarray,
+    m: np.uint64, guide_shift: np.uint64, s: np.uint64, t: np.uint64, s_shift: np.int64,
+    coarse: bool, max_k: np.uint64, pair_sum: bool, out: np.ndarray, column: np.int64,
+    saturation: np.int64, done: np.ndarray,
+) -> np.int64:  # fmt: skip  # pragma: no cover
+    """:func:`streamed_kernel` for several columns in one call: from ``column`` on, row
+    ``rows[c]`` of ``out`` gets its draws from the stream ``streams[c]``, each column as one
+    call of :func:`streamed_kernel` on a fresh buffer makes them (``words`` filled from that
+    column's stream, the state and reservoir at zero, the scratch cleared), so the draws and
+    the words each stream moves past are the same. Returns the first column not finished:
+    ``streams.shape[0]`` when all are; otherwise the kernel stopped in that column (``state[2]``
+    says why, as :func:`streamed_kernel` leaves it), ``done[0]`` draws of it made, and its
+    buffer, state, reservoir and scratch are left for the caller to finish it."""
+    one_column = out.shape[1]
+    for c in range(column, streams.shape[0]):
+        stream = streams[c]
+        row = out[rows[c]]
+        fill_words(stream, words, np.int64(0))
+        state[0] = 0
+        state[1] = 0
+        state[2] = OK
+        bits[0] = np.uint64(0)
+        scratch[:] = np.uint64(0)
+        made = streamed_kernel(
+            stream, words, state, bits, scratch, first, deeper, guide, tail_first, tail_deeper,
+            tail_guide, m, guide_shift, s, t, s_shift, coarse, max_k, pair_sum, row,
+            np.int64(0), saturation,
+        )  # fmt: skip
+        if made != one_column:
+            done[0] = made
+            return np.int64(c)
+    return np.int64(streams.shape[0])

@@ -376,3 +376,93 @@ def test_streamed_law_at_a_fine_and_a_coarse_gamma(s: int, t: int) -> None:
     draws = np.empty(300_000, dtype=np.int64)
     el.pair_sum_from_stream(stream_from(np.random.default_rng(t % 977)), s, t, draws, 2**62)
     assert chi_square_pvalue(draws, s / t) > 1e-4
+
+
+# --- several columns in one call (streamed_columns_kernel, pair_sums_from_streams) -----------
+
+
+def column_streams(count: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.stack([stream_from(rng) for _ in range(count)])
+
+
+@pytest.mark.parametrize(("s", "t"), [(1, 2**43), (1, 11_274_289_152), (65, 4096), (5, 2)])
+def test_columns_in_one_call_are_the_calls_a_column(s: int, t: int) -> None:
+    """Each column's draws, clamped, and where its stream moved on, are those of
+    pair_sum_from_stream on that stream alone, whatever the order of the rows they go to."""
+    streams = column_streams(7, t % 1000 + s)
+    alone = streams.copy()
+    rows = np.array([4, 0, 6, 2, 8, 1, 3], dtype=np.int64)
+    saturation = max(2, 3 * t // s)  # three scales: some draws of every gamma are clamped
+    out = np.full((9, 2000), -7, dtype=np.int64)
+    el.pair_sums_from_streams(streams, s, t, out, rows, saturation)
+    for c, row in enumerate(rows):
+        expected = np.empty(2000, dtype=np.int64)
+        el.pair_sum_from_stream(alone[c], s, t, expected, saturation)
+        assert out[row].tolist() == expected.tolist(), c
+    assert np.array_equal(streams, alone)
+    assert (out[[5, 7]] == -7).all()  # rows no column names are left alone
+    assert len(set(out[rows].ravel().tolist())) > 4
+    assert (np.abs(out[rows]) == saturation).any()
+
+
+@pytest.mark.parametrize("buffer", [1, 2, 3, 8])
+def test_a_column_that_outgrows_the_buffer_is_finished_as_alone(buffer: int) -> None:
+    """With 1 to 8 words of buffer most draws need more words than it holds: the kernel stops
+    in that column, which is finished on its own path, and the next columns go on in one
+    call; the draws and streams are those of the buffered path column by column."""
+    streams = column_streams(3, buffer)
+    alone = streams.copy()
+    out = np.empty((3, 300), dtype=np.int64)
+    el.pair_sums_from_streams(streams, 1, 2**43, out, np.arange(3), 2**62, buffer=buffer)
+    for c in range(3):
+        expected = np.empty(300, dtype=np.int64)
+        el._fill(alone[c], 1, 2**43, expected, buffer, pair_sum=True, saturation=2**62)
+        assert out[c].tolist() == expected.tolist(), c
+    assert np.array_equal(streams, alone)
+
+
+def test_a_column_past_the_tables_words_gets_a_deeper_table_alone(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A column whose first word ties with a threshold of a one-word table comes back for a
+    deeper table for itself; the columns after it start again from the one-word table."""
+    deepened: list[int] = []
+    deeper = et.deeper_table
+
+    def counted(table: et.ExpTable) -> et.ExpTable:
+        deepened.append(table.deeper.shape[1])
+        return deeper(table)
+
+    monkeypatch.setattr(el, "deeper_table", counted)
+    table = et.pair_sum_table(words=1)
+    tie = stream_starting_with(pair_sum_threshold_word(64, et.FRACTION_BITS, 0), 64)
+    streams = np.stack([column_streams(1, 9)[0], tie, tie.copy()])
+    alone = streams.copy()
+    out = np.empty((3, 50), dtype=np.int64)
+    el.pair_sums_from_streams(streams, 1, 2**20, out, np.arange(3), 2**62, table=table)
+    # each tying column deepens the one-word table (no word past its first) for itself
+    assert deepened == [0, 0]
+    for c in range(3):
+        expected = buffered(alone[c], 1, 2**20, 50, True, table=table)
+        assert out[c].tolist() == expected.tolist(), c
+
+
+def test_columns_in_one_call_check_their_arguments() -> None:
+    streams = column_streams(2, 1)
+    out = np.zeros((2, 5), dtype=np.int64)
+    rows = np.arange(2)
+    for bad_streams in (streams[:, :3], streams.astype(np.int64), streams[0], streams.T.copy()):
+        with pytest.raises(InvalidParameter, match="streams"):
+            el.pair_sums_from_streams(bad_streams, 1, 64, out, rows, 5)
+    for bad_out in (out.astype(np.int32), out[0]):
+        with pytest.raises(InvalidParameter, match="out"):
+            el.pair_sums_from_streams(streams, 1, 64, bad_out, rows, 5)
+    for bad_rows in (np.array([0, 2]), np.array([-1, 0]), np.arange(3), rows.astype(np.int32)):
+        with pytest.raises(InvalidParameter, match="rows"):
+            el.pair_sums_from_streams(streams, 1, 64, out, bad_rows, 5)
+    with pytest.raises(InvalidParameter, match="saturation"):
+        el.pair_sums_from_streams(streams, 1, 64, out, rows, -1)
+    with pytest.raises(InvalidParameter, match="gamma"):
+        el.pair_sums_from_streams(streams, 1, 2**51, out, rows, 5)
+    before = streams.copy()
+    el.pair_sums_from_streams(streams, 1, 64, np.zeros((2, 0), dtype=np.int64), rows, 5)
+    assert np.array_equal(streams, before), "no draw to make: no stream moves, as alone"
