@@ -1,14 +1,21 @@
 """The stored form of a released ranking: compact, exact, and cheap to write and read.
 
 A release keeps up to ``PPR_REPLAY_STORE_TOP`` (1000) results so that replays can answer any
-k, and is written twice per fresh query (ledger row and replay cache). Three forms exist;
+k, and is written twice per fresh query (ledger row and replay cache). Four forms exist;
 readers accept all of them:
 
-- ``utf8+lengths+f64le`` (written now): the node ids' UTF-8 bytes concatenated, each id's
-  length in bytes (one byte each when every id is shorter than 256 bytes, else four), and the
-  scores' float64 bytes, each base64 in a JSON object. Written from the graph's packed id
-  table without a Python string per id; read lazily, so a replay of k = 20 from a
-  1000-entry release decodes 20 ids.
+- ``zlib:lengths+utf8+f64planes`` (written now): one base64 field ``packed``, DEFLATE (zlib,
+  level 1) of the ids' lengths in bytes (``length_bytes`` each: one when every id is shorter
+  than 256 bytes, else four), the ids' UTF-8 bytes concatenated, and the scores' float64
+  bytes by byte plane (every score's lowest byte, then every score's next byte, ...), with
+  the number of results in ``count`` and the inflated bytes in ``size`` (inflating stops
+  there: a corrupted document cannot blow up). Released scores are multiples of a power-of-two grid
+  with few significant bits, and ranked, so their planes repeat: a release of 1,000 results
+  on ego-Facebook takes about 4.3 kB of text here against 17 kB in the form before (PostgreSQL
+  compressed that to 8.9 kB; it cannot compress this one further), and ids are still built
+  lazily, so a replay of k = 20 decodes 20 ids.
+- ``utf8+lengths+f64le``: the same three columns uncompressed, each base64 in its own field
+  (``nodes``, ``lengths``, ``length_bytes``, ``scores``).
 - ``nodes+f64le``: the node ids as a JSON list of strings, and the scores as above.
 - a JSON list of ``[node, score]`` pairs (the first form).
 
@@ -18,6 +25,7 @@ The scores are the same float64 values bit for bit in every form.
 from __future__ import annotations
 
 import base64
+import zlib
 from collections.abc import Iterator, Sequence
 from itertools import pairwise
 from typing import Any, overload
@@ -27,9 +35,13 @@ import numpy as np
 from service.graph.node_ids import utf8_join
 from service.mechanisms.postprocess import RankedNode
 
-#: The form written now, and the one before it (JSON objects; the first form is a list).
-FORMAT = "utf8+lengths+f64le"
+#: The form written now, and the two before it (JSON objects; the first form is a list).
+FORMAT = "zlib:lengths+utf8+f64planes"
+FORMAT_COLUMNS = "utf8+lengths+f64le"
 FORMAT_NODE_LIST = "nodes+f64le"
+#: DEFLATE's level for the packed form: level 1 packs a release within 4% of level 6's size in
+#: under half its time.
+_ZLIB_LEVEL = 1
 
 
 class UnreadableResults(ValueError):
@@ -71,12 +83,15 @@ def encode_results(results: Sequence[RankedNode]) -> dict[str, Any]:
         data, lengths = utf8_join([r.node for r in results])
         scores = np.asarray([r.score for r in results], dtype=np.float64)
     width = "<u1" if not len(lengths) or int(lengths.max()) < 256 else "<u4"
+    count = len(scores)
+    planes = np.asarray(scores, dtype="<f8").view(np.uint8).reshape(count, 8).T.tobytes()
+    body = np.asarray(lengths).astype(width).tobytes() + data + planes
     return {
         "format": FORMAT,
-        "nodes": _b64(data),
-        "lengths": _b64(np.asarray(lengths).astype(width).tobytes()),
+        "count": count,
         "length_bytes": np.dtype(width).itemsize,
-        "scores": _b64(np.asarray(scores, dtype="<f8").tobytes()),
+        "size": len(body),
+        "packed": _b64(zlib.compress(body, _ZLIB_LEVEL)),
     }
 
 
@@ -169,8 +184,11 @@ def decode_results(stored: Any) -> Sequence[RankedNode]:
             return [RankedNode(str(node), float(score)) for node, score in stored]
         except (TypeError, ValueError) as exc:
             raise UnreadableResults("stored results: a pair is not [node, score]") from exc
-    if not isinstance(stored, dict) or stored.get("format") not in (FORMAT, FORMAT_NODE_LIST):
+    known = (FORMAT, FORMAT_COLUMNS, FORMAT_NODE_LIST)
+    if not isinstance(stored, dict) or stored.get("format") not in known:
         raise UnreadableResults("stored results are in an unknown form")
+    if stored["format"] == FORMAT:
+        return _decode_packed(stored)
     raw_scores = _unb64(stored.get("scores"), "scores")
     if len(raw_scores) % 8:
         raise UnreadableResults("stored results: the scores are not float64")
@@ -182,14 +200,47 @@ def decode_results(stored: Any) -> Sequence[RankedNode]:
         if not all(isinstance(node, str) for node in nodes):
             raise UnreadableResults("stored results: a node id is not a string")
         return StoredResults.of_lists(nodes, scores)
-    width = stored.get("length_bytes")
-    if type(width) is not int or width not in (1, 4):
-        raise UnreadableResults("stored results: the node lengths have no known width")
+    width = _length_width(stored)
     raw_lengths = _unb64(stored.get("lengths"), "lengths")
     if len(raw_lengths) % width:
         raise UnreadableResults("stored results: the node lengths are cut short")
     lengths = np.frombuffer(raw_lengths, dtype=f"<u{width}")
-    data = _unb64(stored.get("nodes"), "nodes")
+    return _checked_results(_unb64(stored.get("nodes"), "nodes"), lengths, scores)
+
+
+def _length_width(stored: dict[str, Any]) -> int:
+    width = stored.get("length_bytes")
+    if type(width) is not int or width not in (1, 4):
+        raise UnreadableResults("stored results: the node lengths have no known width")
+    return width
+
+
+def _decode_packed(stored: dict[str, Any]) -> StoredResults:
+    """The packed form: inflated to no more than its stated ``size``, then split into its three
+    columns (``count`` lengths, the ids' bytes, ``count`` scores by byte plane)."""
+    count, size = stored.get("count"), stored.get("size")
+    if type(count) is not int or count < 0 or type(size) is not int or size < 0:
+        raise UnreadableResults("stored results: the count or size is not a whole number")
+    width = _length_width(stored)
+    packed = _unb64(stored.get("packed"), "packed")
+    inflate = zlib.decompressobj()
+    try:
+        body = inflate.decompress(packed, size + 1)
+    except zlib.error as exc:
+        raise UnreadableResults("stored results: packed is not zlib data") from exc
+    if len(body) != size or not inflate.eof or inflate.unconsumed_tail or inflate.unused_data:
+        raise UnreadableResults("stored results: packed is not size bytes of zlib data alone")
+    head, tail = count * width, size - 8 * count
+    if tail < head:
+        raise UnreadableResults("stored results: packed holds fewer than count results")
+    lengths = np.frombuffer(body, dtype=f"<u{width}", count=count)
+    planes = np.frombuffer(body, dtype=np.uint8, count=8 * count, offset=tail)
+    scores = planes.reshape(8, count).T.copy().view("<f8").reshape(count)
+    return _checked_results(body[head:tail], lengths, scores)
+
+
+def _checked_results(data: bytes, lengths: np.ndarray, scores: np.ndarray) -> StoredResults:
+    """The columns as results, once the ids are known to be UTF-8 each."""
     results = StoredResults(data, lengths, scores)
     try:
         data.decode("utf-8")

@@ -1,5 +1,5 @@
-"""The stored form of released results (``utf8+lengths+f64le``), the older forms it still
-reads, and the UTF-8 id columns it is written from (``utf8_names`` of both id tables)."""
+"""The stored form of released results (``zlib:lengths+utf8+f64planes``), the older forms it
+still reads, and the UTF-8 id columns it is written from (``utf8_names`` of both id tables)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import base64
 import dataclasses
 import itertools
 import json
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ from service.graph.node_ids import ListedIds, PackedIds, utf8_join
 from service.ledger.json_text import encode_json
 from service.ledger.release_format import (
     FORMAT,
+    FORMAT_COLUMNS,
     FORMAT_NODE_LIST,
     StoredResults,
     UnreadableResults,
@@ -57,6 +59,24 @@ def b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode("ascii")
 
 
+def columns_doc(results: list[RankedNode]) -> dict[str, Any]:
+    """The form before the packed one: the three columns, each base64 on its own."""
+    data, lengths = utf8_join([r.node for r in results])
+    width = 1 if not len(lengths) or int(lengths.max()) < 256 else 4
+    return {
+        "format": FORMAT_COLUMNS,
+        "nodes": b64(data),
+        "lengths": b64(np.asarray(lengths).astype(f"<u{width}").tobytes()),
+        "length_bytes": width,
+        "scores": b64(np.asarray([r.score for r in results], dtype="<f8").tobytes()),
+    }
+
+
+def unpacked(doc: dict[str, Any]) -> bytes:
+    """The inflated body of a packed document."""
+    return zlib.decompress(base64.b64decode(doc["packed"]))
+
+
 def node_list_doc(results: list[RankedNode]) -> dict[str, Any]:
     """The previous form: ids as a JSON list, float64 scores in base64."""
     scores = np.asarray([r.score for r in results], dtype="<f8").tobytes()
@@ -87,15 +107,18 @@ def test_lengths_take_four_bytes_from_an_id_of_256_bytes(size: int, width: int) 
     results = [RankedNode("a", 0.5), RankedNode("b" * size, 0.25), RankedNode("é", 0.0)]
     doc = encode_results(results)
     assert doc["length_bytes"] == width
-    assert len(base64.b64decode(doc["lengths"])) == 3 * width
+    body = unpacked(doc)
+    assert len(body) == doc["size"] == 3 * width + (1 + size + 2) + 3 * 8
+    assert np.frombuffer(body[: 3 * width], f"<u{width}").tolist() == [1, size, 2]
     assert list(decode_results(doc)) == results
+    assert list(decode_results(columns_doc(results))) == results
 
 
 def test_scores_are_bit_identical_after_a_round_trip() -> None:
     special = [0.0, -0.0, 5e-324, 2.0**-1074 * 3, 1e-300, 1.0 - 2.0**-53, float("inf")]
     scores = [2.0**-25 * k for k in range(-40, 41)] + special
     results = [RankedNode(f"n{i}", s) for i, s in enumerate(scores)]
-    for doc in (encode_results(results), node_list_doc(results)):
+    for doc in (encode_results(results), columns_doc(results), node_list_doc(results)):
         decoded = decode_results(doc)
         assert score_bytes(decoded) == score_bytes(results)
         assert score_bytes(decoded[5:20]) == score_bytes(results[5:20])
@@ -154,11 +177,12 @@ def stored_forms(results: list[RankedNode]) -> dict[str, Callable[[], Sequence[R
             [r.node for r in results], [r.score for r in results]
         ),
         "iterated": iterated,
+        "columns_form": lambda: decode_results(columns_doc(results)),
         "node_list_form": lambda: decode_results(node_list_doc(results)),
     }
 
 
-FORM_NAMES = ["lazy", "of_lists", "iterated", "node_list_form"]
+FORM_NAMES = ["lazy", "of_lists", "iterated", "columns_form", "node_list_form"]
 
 
 @pytest.mark.parametrize("form", FORM_NAMES)
@@ -201,14 +225,17 @@ def test_any_slice_is_the_lists_slice(data: st.DataObject) -> None:
 @pytest.mark.parametrize("nodes", list(CASES.values()), ids=list(CASES))
 def test_the_older_forms_read_as_equal_results(nodes: list[str]) -> None:
     results = ranked(nodes)
+    from_columns = decode_results(json.loads(json.dumps(columns_doc(results))))
     from_node_list = decode_results(json.loads(json.dumps(node_list_doc(results))))
     pairs = json.loads(json.dumps([[r.node, r.score] for r in results]))
     from_pairs = decode_results(pairs)
+    assert list(from_columns) == results and from_columns == results
     assert list(from_node_list) == results and from_node_list == results
     assert list(from_pairs) == results
-    assert score_bytes(from_node_list) == score_bytes(results) == score_bytes(from_pairs)
+    assert score_bytes(from_columns) == score_bytes(results) == score_bytes(from_pairs)
+    assert score_bytes(from_node_list) == score_bytes(results)
     # written again, each is in the current form and reads back the same
-    for old in (from_node_list, from_pairs):
+    for old in (from_columns, from_node_list, from_pairs):
         doc = encode_results(old)
         assert doc["format"] == FORMAT and decode_results(doc) == results
         assert results_json(old) == encode_json(doc)
@@ -217,14 +244,32 @@ def test_the_older_forms_read_as_equal_results(nodes: list[str]) -> None:
 # --- corrupted documents ----------------------------------------------------------------------
 
 
+GOOD = [RankedNode("ab", 0.5), RankedNode("é", 0.25), RankedNode("c", 0.0)]
+
+
 def good_doc() -> dict[str, Any]:
-    return encode_results([RankedNode("ab", 0.5), RankedNode("é", 0.25), RankedNode("c", 0.0)])
+    return columns_doc(GOOD)
 
 
 def corrupt(**changes: Any) -> dict[str, Any]:
     doc = good_doc()
     doc.update(changes)
     return {k: v for k, v in doc.items() if v is not None}
+
+
+def corrupt_packed(body: bytes | None = None, **changes: Any) -> dict[str, Any]:
+    """The packed form of GOOD with ``changes``; ``body`` replaces its inflated bytes (and its
+    size)."""
+    doc = encode_results(GOOD)
+    if body is not None:
+        doc.update(size=len(body), packed=b64(zlib.compress(body)))
+    doc.update(changes)
+    return {k: v for k, v in doc.items() if v is not None}
+
+
+#: GOOD's inflated body: lengths 2, 2, 1; b"ab", "é", b"c"; three scores by byte plane.
+GOOD_BODY = unpacked(encode_results(GOOD))
+GOOD_PACKED = zlib.compress(GOOD_BODY)
 
 
 CORRUPTED: dict[str, Any] = {
@@ -252,6 +297,29 @@ CORRUPTED: dict[str, Any] = {
     "old_form_count": {"format": FORMAT_NODE_LIST, "nodes": ["a"], "scores": b64(b"\0" * 16)},
     "old_form_not_text": {"format": FORMAT_NODE_LIST, "nodes": [1, 2], "scores": b64(b"\0" * 16)},
     "old_form_nodes_missing": {"format": FORMAT_NODE_LIST, "scores": b64(b"\0" * 8)},
+    "packed_not_base64": corrupt_packed(packed="not base64!"),
+    "packed_not_zlib": corrupt_packed(packed=b64(b"plain bytes, not zlib")),
+    "packed_cut_short": corrupt_packed(packed=b64(GOOD_PACKED[:-3])),
+    "packed_followed_by_more": corrupt_packed(packed=b64(GOOD_PACKED + b"more")),
+    "packed_larger_than_size": corrupt_packed(size=len(GOOD_BODY) - 1),
+    "packed_smaller_than_size": corrupt_packed(size=len(GOOD_BODY) + 1),
+    "packed_missing": corrupt_packed(packed=None),
+    "packed_count_missing": corrupt_packed(count=None),
+    "packed_size_missing": corrupt_packed(size=None),
+    "packed_count_negative": corrupt_packed(count=-1),
+    "packed_count_text": corrupt_packed(count="3"),
+    "packed_count_bool": corrupt_packed(count=True),
+    "packed_count_float": corrupt_packed(count=3.0),
+    "packed_size_float": corrupt_packed(size=float(len(GOOD_BODY))),
+    "packed_more_results_than_bytes": corrupt_packed(count=10),
+    "packed_fewer_results_than_lengths": corrupt_packed(count=2),
+    "packed_width_2": corrupt_packed(length_bytes=2),
+    "packed_width_4_for_1": corrupt_packed(length_bytes=4),
+    "packed_lengths_too_long": corrupt_packed(bytes([2, 2, 2]) + GOOD_BODY[3:]),
+    "packed_lengths_too_short": corrupt_packed(bytes([1, 2, 1]) + GOOD_BODY[3:]),
+    "packed_non_utf8": corrupt_packed(bytes([2, 2, 1]) + b"ab\xff\xfec" + GOOD_BODY[8:]),
+    "packed_splits_a_character": corrupt_packed(bytes([3, 1, 1]) + GOOD_BODY[3:]),
+    "packed_empty": corrupt_packed(b""),
 }
 
 #: Subtler corruptions (each once raised something other than UnreadableResults): why each is bad.
