@@ -12,7 +12,9 @@ the engine's calls before it drew the pair sum). The rows ``rounded_laplace_pair
 pair sum round((L1 + L2) / gamma), one draw where the noisy diffusion took two Laplace draws
 (a pair's rate is to be set beside half the Laplace rate); the rows "from a word stream" draw
 it as the engine does (``pair_sum_from_stream``: an SFC64 word stream stepped in the compiled
-kernel, clamped, in calls of ``--stream-call`` draws, one column's noisy step). The script
+kernel, clamped, in calls of ``--stream-call`` draws, one column's noisy step), and the rows
+"columns in one call" draw ``--columns`` such columns in one call of ``pair_sums_from_streams``,
+as a thread of the engine draws a block's step (one stream a column). The script
 measures whichever checkout it sits in, so the same file copied into an older checkout
 measures that one (the pair-sum rows are skipped where the sampler does not exist).
 
@@ -94,12 +96,30 @@ def stream_calls(from_stream: Any, s: int, t: int, call: int) -> object:
     return draw
 
 
+def columns_calls(from_streams: Any, s: int, t: int, call: int, columns: int) -> object:
+    """Draws in calls of ``columns`` columns of ``call`` draws, each column from its own word
+    stream, as one engine thread's share of a block's noisy step."""
+    from service.mechanisms.word_stream import stream_from
+
+    rng = fresh_generator()
+    streams = np.stack([stream_from(rng) for _ in range(columns)])
+    out = np.empty((columns, call), dtype=np.int64)
+    rows = np.arange(columns, dtype=np.int64)
+
+    def draw(count: int) -> None:
+        for _ in range(0, count, call * columns):
+            from_streams(streams, s, t, out, rows, 2**62)
+
+    return draw
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=2_000_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--call", type=int, default=200_000)
     parser.add_argument("--stream-call", type=int, default=4039)
+    parser.add_argument("--columns", type=int, default=32)
     args = parser.parse_args(argv)
     rounded_laplace(fresh_generator(), 1, 3, 10)  # compile (or load the cache) first
     cases = {
@@ -155,6 +175,18 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"| exact pair sum from a word stream, {args.stream_call:,} per call | {label} "
             f"({s}/{t}) | {wall:,.0f} | {cpu:,.0f} | - |"
+        )
+    from_streams = getattr(exact_laplace, "pair_sums_from_streams", None)
+    block = args.stream_call * args.columns
+    count = max(1, args.count // block) * block  # whole calls
+    for label in ("2^-43", "1e-9") if from_streams is not None else ():
+        s, t = cases[label]
+        wall, cpu = best_rate(
+            columns_calls(from_streams, s, t, args.stream_call, args.columns), count, args.repeats
+        )
+        print(
+            f"| exact pair sum, {args.columns} columns of {args.stream_call:,} in one call "
+            f"| {label} ({s}/{t}) | {wall:,.0f} | {cpu:,.0f} | - |"
         )
     rng = fresh_generator()
     wall, cpu = best_rate(lambda n: laplace_noise(rng, 1.0, n), args.count, args.repeats)
