@@ -311,9 +311,9 @@ def stream_starting_with(word: int, seed: int) -> np.ndarray:
     return np.array([a, b, c, counter], dtype=np.uint64)
 
 
-def test_a_streamed_draw_past_the_tables_words_gets_a_deeper_table(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """A first word equal to a threshold's first word, with a one-word table: the draw comes
-    back for a deeper table and is drawn again from the same words, as on the buffered path."""
+def count_deepened_tables(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
+    """A list that records, each time a draw asks for a deeper table, how many words past its
+    first the table it deepens holds."""
     deepened: list[int] = []
     deeper = et.deeper_table
 
@@ -322,6 +322,13 @@ def test_a_streamed_draw_past_the_tables_words_gets_a_deeper_table(monkeypatch) 
         return deeper(table)
 
     monkeypatch.setattr(el, "deeper_table", counted)
+    return deepened
+
+
+def test_a_streamed_draw_past_the_tables_words_gets_a_deeper_table(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A first word equal to a threshold's first word, with a one-word table: the draw comes
+    back for a deeper table and is drawn again from the same words, as on the buffered path."""
+    deepened = count_deepened_tables(monkeypatch)
     table = et.pair_sum_table(words=1)
     for i in (1, 64, et.TABLE_LENGTH - 1):
         stream = stream_starting_with(pair_sum_threshold_word(i, et.FRACTION_BITS, 0), i)
@@ -425,14 +432,7 @@ def test_a_column_that_outgrows_the_buffer_is_finished_as_alone(buffer: int) -> 
 def test_a_column_past_the_tables_words_gets_a_deeper_table_alone(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A column whose first word ties with a threshold of a one-word table comes back for a
     deeper table for itself; the columns after it start again from the one-word table."""
-    deepened: list[int] = []
-    deeper = et.deeper_table
-
-    def counted(table: et.ExpTable) -> et.ExpTable:
-        deepened.append(table.deeper.shape[1])
-        return deeper(table)
-
-    monkeypatch.setattr(el, "deeper_table", counted)
+    deepened = count_deepened_tables(monkeypatch)
     table = et.pair_sum_table(words=1)
     tie = stream_starting_with(pair_sum_threshold_word(64, et.FRACTION_BITS, 0), 64)
     streams = np.stack([column_streams(1, 9)[0], tie, tie.copy()])
