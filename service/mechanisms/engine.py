@@ -369,7 +369,7 @@ class _Block:
 
 def warm_engine(graph: Graph, op: WalkOperator | None = None) -> None:
     """Run a short cold and a warm query of each mode through the block engine on ``graph``,
-    alone and as a block of two, and discard them: numba compiles (or loads) every kernel
+    alone and as a block of four, and discard them: numba compiles (or loads) every kernel
     variant this graph's arrays need (their dtypes and read-only flags) before the graph
     takes traffic, not in its first queries. The noise comes from the OS like any query's
     and is never released."""
@@ -387,9 +387,11 @@ def warm_engine(graph: Graph, op: WalkOperator | None = None) -> None:
         warm = DiffusionJob(0, config, rng=fresh_generator(), prefix=prefix, keep_prefix=False)
         _run_block(graph, op, [warm])
         warm.future.result()
-        pair = [DiffusionJob(0, config, rng=fresh_generator()) for _ in range(2)]
-        _run_block(graph, op, pair)  # a block of columns: the block kernels, not the lone pass
-        for job in pair:
+        # a block of columns: the block kernels, not the lone pass, and with two columns of
+        # one gamma a thread, their noise in one call (pair_sums_from_streams)
+        block = [DiffusionJob(0, config, rng=fresh_generator()) for _ in range(4)]
+        _run_block(graph, op, block)
+        for job in block:
             job.future.result()
 
 

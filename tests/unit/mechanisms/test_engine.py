@@ -265,3 +265,21 @@ def test_reused_step_buffers_stay_exact_while_the_block_width_changes() -> None:
     for (seed, config), job in zip(specs, jobs, strict=True):
         alone = noisy_diffusion(graph, seed, config, rng=np.random.default_rng(40 + seed))
         np.testing.assert_array_equal(job.future.result(timeout=1).scores, alone)
+
+
+def test_the_warm_up_draws_several_columns_noise_in_one_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """warm_engine runs a block wide enough that each thread's columns of one gamma draw in
+    one call, so that kernel is compiled (or loaded) before traffic too."""
+    calls: list[int] = []
+    draw_several = engine_module.draw_pair_noises
+
+    def counted(streams: np.ndarray, plan: object, out: np.ndarray, rows: np.ndarray) -> None:
+        calls.append(len(rows))
+        draw_several(streams, plan, out, rows)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_module, "draw_pair_noises", counted)
+    graph = random_graph(60, 0.1, np.random.default_rng(4))
+    engine_module.warm_engine(graph, walk_operator(graph))
+    assert calls and min(calls) >= 2
