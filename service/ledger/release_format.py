@@ -9,11 +9,11 @@ readers accept all of them:
   than 256 bytes, else four), the ids' UTF-8 bytes concatenated, and the scores' float64
   bytes by byte plane (every score's lowest byte, then every score's next byte, ...), with
   the number of results in ``count`` and the inflated bytes in ``size`` (inflating stops
-  there: a corrupted document cannot blow up). Released scores are multiples of a power-of-two grid
-  with few significant bits, and ranked, so their planes repeat: a release of 1,000 results
-  on ego-Facebook takes about 4.3 kB of text here against 17 kB in the form before (PostgreSQL
-  compressed that to 8.9 kB; it cannot compress this one further), and ids are still built
-  lazily, so a replay of k = 20 decodes 20 ids.
+  there: a corrupted document cannot blow up). Released scores are multiples of a
+  power-of-two grid with few significant bits, and ranked, so their planes repeat: a release
+  of 1,000 results on ego-Facebook takes about 4.3 kB of text in this form against 17 kB in
+  the form before (PostgreSQL compressed that to 8.9 kB; it cannot compress this one
+  further), and ids are still built lazily, so a replay of k = 20 decodes 20 ids.
 - ``utf8+lengths+f64le``: the same three columns uncompressed, each base64 in its own field
   (``nodes``, ``lengths``, ``length_bytes``, ``scores``).
 - ``nodes+f64le``: the node ids as a JSON list of strings, and the scores as above.
