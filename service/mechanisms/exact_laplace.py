@@ -337,6 +337,11 @@ def _rounding_args(s: int, t: int, m: int, max_k: int | None) -> _RoundingArgs:
     return np.uint64(s), np.uint64(t), np.int64(s_shift), coarse, np.uint64(limit)
 
 
+def _check_saturation(saturation: int) -> None:
+    if not 0 <= saturation < 2**63:
+        raise InvalidParameter("saturation", f"must be in [0, 2^63), got {saturation!r}")
+
+
 def _checked_count(count: object) -> int:
     if isinstance(count, bool) or not isinstance(count, int | np.integer) or count < 0:
         raise InvalidParameter("count", f"must be a non-negative integer, got {count!r}")
@@ -378,8 +383,7 @@ def pair_sum_from_stream(
     s, t = _checked_ratio(s, t)
     if type(stream) is not np.ndarray or stream.dtype != np.uint64 or stream.shape != (4,):
         raise InvalidParameter("stream", "must be an SFC64 word stream: 4 uint64 words")
-    if not 0 <= saturation < 2**63:
-        raise InvalidParameter("saturation", f"must be in [0, 2^63), got {saturation!r}")
+    _check_saturation(saturation)
     _fill(stream, s, t, out, _STREAM_BUFFER, pair_sum=True, saturation=saturation)
 
 
@@ -407,8 +411,7 @@ def pair_sums_from_streams(
         or (rows.size and not 0 <= int(rows.min()) <= int(rows.max()) < out.shape[0])
     ):  # fmt: skip
         raise InvalidParameter("rows", "must be one int64 row of out per stream")
-    if not 0 <= saturation < 2**63:
-        raise InvalidParameter("saturation", f"must be in [0, 2^63), got {saturation!r}")
+    _check_saturation(saturation)
     count = streams.shape[0]
     if count == 0 or out.shape[1] == 0:
         return
