@@ -48,6 +48,7 @@ OLD_REVISIONS = [
     "0012_charge_heartbeat",
     "0013_budget_periods",
     "0014_quota_buckets",
+    "0015_release_results_lz4",
 ]
 
 
@@ -365,3 +366,48 @@ def test_a_reused_ledger_matches_a_real_one(monkeypatch: pytest.MonkeyPatch) -> 
         finally:
             ledger.dispose()
         assert account.account_id == first.account_id
+
+
+#: The columns 0015 and 0016 compress with LZ4 on PostgreSQL: a release's results and every
+#: stored RDP curve.
+LZ4_COLUMNS = [
+    ("releases", "results"),
+    *((table, "rdp") for table in ("charges", "service_reads", "spend", "exposure_shards",
+                                   "read_totals", "graph_releases")),
+]  # fmt: skip
+
+
+@pytest.mark.postgres
+def test_results_and_curves_are_written_with_lz4(postgres_url: str, tmp_path: Path) -> None:
+    """At head, the values written to the release results and RDP curve columns are compressed
+    with LZ4, not pglz (whose attempt on a 2 kB curve cost more than the rest of its row's
+    insert, and saved nothing); a PostgreSQL built without LZ4 keeps pglz (skipped here)."""
+    upgrade(postgres_url)
+    _write(postgres_url, tmp_path)
+    engine = create_engine(postgres_url)
+    try:
+        with engine.connect() as conn:
+            methods = {
+                (table, column): method
+                for table, column, method in conn.execute(
+                    text("SELECT c.relname, a.attname, a.attcompression FROM pg_attribute a "
+                         "JOIN pg_class c ON c.oid = a.attrelid "
+                         "WHERE c.relnamespace = 'public'::regnamespace")
+                )
+            }  # fmt: skip
+            if methods[("releases", "results")] != "l":
+                pytest.skip("this PostgreSQL has no LZ4: the columns keep pglz")
+            assert {methods[c] for c in LZ4_COLUMNS} == {"l"}
+            written = {
+                (table, column): set(
+                    conn.execute(
+                        text(f"SELECT DISTINCT pg_column_compression({column}) FROM {table}")
+                    ).scalars()
+                )
+                for table, column in LZ4_COLUMNS
+            }
+    finally:
+        engine.dispose()
+    # values under the 2 kB threshold are not compressed at all (NULL); none is pglz
+    assert all(found <= {"lz4", None} for found in written.values()), written
+    assert "lz4" in written[("charges", "rdp")] and "lz4" in written[("spend", "rdp")], written
