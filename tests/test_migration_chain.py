@@ -380,8 +380,8 @@ LZ4_COLUMNS = [
 @pytest.mark.postgres
 def test_results_and_curves_are_written_with_lz4(postgres_url: str, tmp_path: Path) -> None:
     """At head, the values written to the release results and RDP curve columns are compressed
-    with LZ4, not pglz (whose attempt on a 2 kB curve cost more than the rest of its row's
-    insert, and saved nothing); a PostgreSQL built without LZ4 keeps pglz (skipped here)."""
+    with LZ4, not pglz (which tried each 2 kB curve, then stored it uncompressed); a
+    PostgreSQL built without LZ4 keeps pglz (skipped here)."""
     upgrade(postgres_url)
     _write(postgres_url, tmp_path)
     engine = create_engine(postgres_url)
