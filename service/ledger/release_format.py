@@ -5,7 +5,8 @@ k, and is written twice per fresh query (ledger row and replay cache). Four form
 readers accept all of them:
 
 - ``zlib:lengths+utf8+f64planes`` (written now): one base64 field ``packed``, DEFLATE (zlib,
-  level 1) of the ids' lengths in bytes (``length_bytes`` each: one when every id is shorter
+  level 1; run-length matching when every id is decimal digits, :func:`deflate`) of the ids'
+  lengths in bytes (``length_bytes`` each: one when every id is shorter
   than 256 bytes, else four), the ids' UTF-8 bytes concatenated, and the scores' float64
   bytes by byte plane (every score's lowest byte, then every score's next byte, ...), with
   the number of results in ``count`` and the inflated bytes in ``size`` (inflating stops
@@ -42,6 +43,23 @@ FORMAT_NODE_LIST = "nodes+f64le"
 #: DEFLATE's level for the packed form: level 1 packs a release within 4% of level 6's size in
 #: under half its time.
 _ZLIB_LEVEL = 1
+#: zlib's hash memory level (1-9, default 8) for the releases whose ids are all digits.
+_DIGITS_MEM_LEVEL = 6
+
+
+def deflate(body: bytes, digits_only: bool) -> bytes:
+    """The packed form's DEFLATE stream of ``body`` (zlib's format, which every reader inflates
+    alike). When every id is decimal digits (a graph loaded from integer ids), zlib looks only
+    for runs (``Z_RLE``, with hash memory level 6): on 50 ego-Facebook releases of 1,000
+    results, 57 against 82 us a release with the caches cold, and 3,034 against 3,255 bytes.
+    Ids with other characters keep zlib's default matching, which finds their repeated
+    substrings: ids like ``user_0123456`` came out 25% larger with ``Z_RLE``."""
+    if not digits_only:
+        return zlib.compress(body, _ZLIB_LEVEL)
+    packer = zlib.compressobj(
+        _ZLIB_LEVEL, zlib.DEFLATED, zlib.MAX_WBITS, _DIGITS_MEM_LEVEL, zlib.Z_RLE
+    )
+    return packer.compress(body) + packer.flush()
 
 
 class UnreadableResults(ValueError):
@@ -91,7 +109,7 @@ def encode_results(results: Sequence[RankedNode]) -> dict[str, Any]:
         "count": count,
         "length_bytes": np.dtype(width).itemsize,
         "size": len(body),
-        "packed": _b64(zlib.compress(body, _ZLIB_LEVEL)),
+        "packed": _b64(deflate(body, data.isdigit())),
     }
 
 

@@ -25,6 +25,7 @@ from service.ledger.release_format import (
     StoredResults,
     UnreadableResults,
     decode_results,
+    deflate,
     encode_results,
     results_json,
 )
@@ -112,6 +113,29 @@ def test_lengths_take_four_bytes_from_an_id_of_256_bytes(size: int, width: int) 
     assert np.frombuffer(body[: 3 * width], f"<u{width}").tolist() == [1, size, 2]
     assert list(decode_results(doc)) == results
     assert list(decode_results(columns_doc(results))) == results
+
+
+@pytest.mark.parametrize(
+    ("ids", "digits_only"),
+    [
+        ([str(i * 37 % 4039) for i in range(1000)], True),
+        ([f"user_{i * 37 % 4039:07d}" for i in range(1000)], False),
+        ([str(i) for i in range(999)] + ["-1"], False),
+    ],
+)
+def test_ids_all_digits_are_deflated_by_runs_and_others_by_default(
+    ids: list[str], digits_only: bool
+) -> None:
+    """A release whose ids are all decimal digits is deflated with zlib's run-length matching
+    (faster on them, and smaller), any other with zlib's default matching; both inflate
+    alike. (The two streams differ for these releases, so the test tells them apart.)"""
+    results = [RankedNode(node, (len(ids) - i) * 2.0**-30) for i, node in enumerate(ids)]
+    doc = encode_results(results)
+    packed = base64.b64decode(doc["packed"])
+    body = zlib.decompress(packed)
+    assert deflate(body, True) != deflate(body, False)
+    assert packed == deflate(body, digits_only)
+    assert list(decode_results(doc)) == results
 
 
 def test_scores_are_bit_identical_after_a_round_trip() -> None:
