@@ -7,9 +7,9 @@ the end) with a table shaped like the charges (an id, a seed, the curve, a times
 indexes) for each compression: ``pglz`` (PostgreSQL's default), ``lz4`` (what migration 0016
 sets) and no compression (``STORAGE EXTERNAL``). It then inserts ``--transactions``
 transactions of ``--rows`` rows of one diffusion query's curve (epsilon 0.01, edge mode), in
-rounds that alternate the three, and prints per transaction the median wall time, the
-PostgreSQL server process's CPU (from /proc: run it on the database's machine) and the bytes
-stored a curve:
+rounds that alternate the three, and prints per transaction the median wall time,
+PostgreSQL's CPU (every PostgreSQL process on the machine, read from /proc as ``loadtest``
+reads it: run it on the database's machine) and the bytes stored a curve:
 
     .venv/bin/python benchmarks/curve_compression.py --rows 200 --transactions 20 --rounds 4
 
@@ -19,16 +19,15 @@ Not part of the tests.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 import uuid
-from pathlib import Path
 
 from request_statements import drop_database, fresh_database  # this folder's, beside it
 from sqlalchemy import create_engine, text
 
 from service.ledger.json_text import encode_json
+from service.loadtest import cpu_share
 from service.privacy.calibration import plan_diffusion
 from service.privacy.modes import Mode
 
@@ -40,10 +39,10 @@ METHODS = {
 }
 
 
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process on this machine (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def postgres_cpu_seconds() -> float:
+    """CPU seconds of every PostgreSQL process on this machine so far (NaN without /proc)."""
+    now = cpu_share.sample(port=0)  # no server of ours: only its postgres group is read
+    return float("nan") if now is None else now.seconds["postgres"]
 
 
 def main() -> None:
@@ -66,7 +65,6 @@ def main() -> None:
     insert = text("INSERT INTO t (seed, rdp, created_at) VALUES (:seed, :rdp, now())")
     try:
         with engine.connect() as conn:
-            server = int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
             for _ in range(args.rounds):
                 for method, statement in METHODS.items():
                     conn.execute(text("DROP TABLE IF EXISTS t"))
@@ -76,13 +74,13 @@ def main() -> None:
                     conn.execute(text("CREATE INDEX ON t (created_at)"))
                     conn.execute(text(statement))
                     conn.commit()
-                    cpu = process_cpu_seconds(server)
+                    cpu = postgres_cpu_seconds()
                     for _ in range(args.transactions):
                         started = time.perf_counter()
                         conn.execute(insert, rows)
                         conn.commit()
                         walls[method].append(time.perf_counter() - started)
-                    cpus[method].append((process_cpu_seconds(server) - cpu) / args.transactions)
+                    cpus[method].append((postgres_cpu_seconds() - cpu) / args.transactions)
                     size = conn.execute(text("SELECT avg(pg_column_size(rdp)) FROM t")).scalar()
                     stored[method] = float(size)
             conn.execute(text("DROP TABLE t"))
@@ -92,9 +90,8 @@ def main() -> None:
         drop_database(args.base_url, name)
     print(f"{args.rows} rows of a {len(curve):,}-byte curve a transaction, "
           f"{args.transactions} transactions x {args.rounds} rounds a method\n")  # fmt: skip
-    print(
-        "| compression | ms a transaction (median) | server CPU ms a transaction | bytes a curve |"
-    )
+    print("| compression | ms a transaction (median) | PostgreSQL CPU ms a transaction "
+          "| bytes a curve |")  # fmt: skip
     print("| --- | --- | --- | --- |")
     for method in METHODS:
         cpu = ", ".join(f"{c * 1000:.1f}" for c in cpus[method])
